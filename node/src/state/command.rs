@@ -1,0 +1,491 @@
+//! The nouns and verbs of the lock table: commands in, responses and events
+//! out. All of them are plain data (serde) so they travel through the Raft
+//! log unchanged.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use super::limits::MAX_NAME_LEN;
+
+/// A session's id: the log index of the `OpenSession` that created it, so it
+/// is unique for the life of the cluster.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct SessionId(pub u64);
+
+impl fmt::Display for SessionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "session {}", self.0)
+    }
+}
+
+/// A fencing token: the value of the cluster-wide grant counter when the
+/// grant was made. Strictly larger for every later grant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Fence(pub u64);
+
+/// A validated lock or semaphore name: UTF-8, 1..=[`MAX_NAME_LEN`] bytes.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct LockName(String);
+
+impl LockName {
+    /// Checks `name` against the naming rules.
+    pub fn new(name: impl Into<String>) -> Result<Self, Refusal> {
+        let name = name.into();
+        if name.is_empty() || name.len() > MAX_NAME_LEN {
+            return Err(Refusal::InvalidName { len: name.len() });
+        }
+        Ok(LockName(name))
+    }
+
+    /// The name as a string.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::borrow::Borrow<str> for LockName {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for LockName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.0)
+    }
+}
+
+/// What an acquire asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Mode {
+    /// An exclusive lock.
+    Exclusive,
+    /// A shared lock.
+    Shared,
+    /// `weight` permits of a semaphore of `capacity`.
+    Semaphore {
+        /// Permits wanted, 1..=capacity.
+        weight: u32,
+        /// The semaphore's capacity, 1..=[`MAX_CAPACITY`](super::limits::MAX_CAPACITY).
+        capacity: u32,
+    },
+}
+
+impl Mode {
+    /// The weight this mode occupies (1 for locks).
+    pub fn weight(self) -> u32 {
+        match self {
+            Mode::Exclusive | Mode::Shared => 1,
+            Mode::Semaphore { weight, .. } => weight,
+        }
+    }
+
+    /// True for semaphore permits.
+    pub fn is_semaphore(self) -> bool {
+        matches!(self, Mode::Semaphore { .. })
+    }
+}
+
+/// A state-machine command. Client commands carry `(session, seq)` for
+/// exactly-once application; the leader's own commands (expiry, timeouts,
+/// lock-delay) do not.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// Open a session. The new session's id is the command's log index.
+    OpenSession {
+        /// Lease length in milliseconds.
+        ttl_ms: u64,
+        /// Lock-delay applied to the session's locks if it expires.
+        lock_delay_ms: u64,
+        /// Client-chosen value that makes a retried open return the same
+        /// session (0 = no de-duplication).
+        nonce: u64,
+    },
+    /// Close a session, releasing all it holds and cancelling its waits.
+    CloseSession {
+        /// The session to close.
+        session: SessionId,
+        /// Request sequence number.
+        seq: u64,
+    },
+    /// Acquire a lock or semaphore permits.
+    Acquire {
+        /// The session that will hold the grant.
+        session: SessionId,
+        /// Request sequence number.
+        seq: u64,
+        /// Lock or semaphore name (validated in apply).
+        name: String,
+        /// Exclusive, shared or semaphore.
+        mode: Mode,
+        /// 0 = never queue; [`WAIT_FOREVER`](super::limits::WAIT_FOREVER) =
+        /// no timeout; else the leader cancels the wait after this long.
+        timeout_ms: u64,
+        /// Holder value (≤ [`MAX_VALUE_LEN`](super::limits::MAX_VALUE_LEN)).
+        value: Vec<u8>,
+    },
+    /// Release the grant with `fence` on `name` held by `session`.
+    Release {
+        /// The holding session.
+        session: SessionId,
+        /// Request sequence number.
+        seq: u64,
+        /// Lock or semaphore name.
+        name: String,
+        /// The grant's fence.
+        fence: Fence,
+    },
+    /// Proposed by the leader when a session's lease ran out.
+    ExpireSession {
+        /// The session that expired.
+        session: SessionId,
+    },
+    /// Proposed by the leader when a waiter's timeout ran out.
+    CancelWait {
+        /// The waiting session.
+        session: SessionId,
+        /// The name waited for.
+        name: String,
+        /// The sequence number of the waiting acquire (a newer wait by the
+        /// same session is left alone).
+        seq: u64,
+    },
+    /// Proposed by the leader when a lock-delay ran out.
+    EndLockDelay {
+        /// The delayed name.
+        name: String,
+        /// The log index that started the delay (a newer delay is left alone).
+        since: u64,
+    },
+}
+
+/// The outcome of an acquire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Acquired {
+    /// Held now.
+    Granted {
+        /// The grant's fence.
+        fence: Fence,
+        /// The mode held.
+        mode: Mode,
+        /// The log index that made the grant.
+        index: u64,
+    },
+    /// Queued; a `Granted` or `Cancelled` event for this session and name
+    /// follows later.
+    Queued,
+    /// Not granted: a try that found the name busy, or a wait that was
+    /// cancelled (timeout, session end).
+    NotAcquired,
+}
+
+/// The reply to a command. Refusals are values: they change nothing.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Reply {
+    /// A session was opened (or found, for a retried nonce).
+    Opened {
+        /// The session id.
+        session: SessionId,
+        /// Its ttl.
+        ttl_ms: u64,
+        /// Its lock-delay.
+        lock_delay_ms: u64,
+    },
+    /// A session was closed; `released` grants were released.
+    Closed {
+        /// Number of grants released.
+        released: u32,
+    },
+    /// The outcome of an acquire.
+    Acquire(Acquired),
+    /// The outcome of a release: `false` means nothing was held under that
+    /// fence (not an error).
+    Released {
+        /// True if this command released the grant.
+        released: bool,
+    },
+    /// The outcome of an expiry: `false` if the session was already gone.
+    Expired {
+        /// True if the session existed.
+        existed: bool,
+    },
+    /// The outcome of a wait cancellation.
+    Cancelled {
+        /// True if a wait was cancelled.
+        cancelled: bool,
+    },
+    /// The outcome of ending a lock-delay.
+    DelayEnded {
+        /// True if a delay ended.
+        ended: bool,
+    },
+    /// The command was refused and changed nothing.
+    Refused(Refusal),
+}
+
+/// Why a command was refused. Each maps to one gRPC status in `api/`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum Refusal {
+    /// Name empty or longer than `MAX_NAME_LEN` bytes.
+    #[error("lock name must be 1..={max} bytes of UTF-8, got {len}", max = MAX_NAME_LEN)]
+    InvalidName {
+        /// The length given.
+        len: usize,
+    },
+    /// Holder value longer than `MAX_VALUE_LEN`.
+    #[error("holder value of {len} bytes exceeds the limit of {max}", max = super::limits::MAX_VALUE_LEN)]
+    ValueTooLarge {
+        /// The length given.
+        len: usize,
+    },
+    /// Session ttl outside `MIN_SESSION_TTL_MS..=MAX_SESSION_TTL_MS`.
+    #[error("session ttl must be {min}..={max} ms, got {ttl_ms}", min = super::limits::MIN_SESSION_TTL_MS, max = super::limits::MAX_SESSION_TTL_MS)]
+    InvalidTtl {
+        /// The ttl given.
+        ttl_ms: u64,
+    },
+    /// Lock-delay above `MAX_LOCK_DELAY_MS`.
+    #[error("lock-delay must be at most {max} ms, got {lock_delay_ms}", max = super::limits::MAX_LOCK_DELAY_MS)]
+    InvalidLockDelay {
+        /// The delay given.
+        lock_delay_ms: u64,
+    },
+    /// Semaphore capacity outside `1..=MAX_CAPACITY`.
+    #[error("semaphore capacity must be 1..={max}, got {capacity}", max = super::limits::MAX_CAPACITY)]
+    InvalidCapacity {
+        /// The capacity given.
+        capacity: u32,
+    },
+    /// Semaphore weight outside `1..=capacity`.
+    #[error("semaphore weight must be 1..={capacity}, got {weight}")]
+    InvalidWeight {
+        /// The weight given.
+        weight: u32,
+        /// The capacity it must fit.
+        capacity: u32,
+    },
+    /// The semaphore exists with another capacity.
+    #[error("semaphore {name} has capacity {existing}, not {requested}")]
+    CapacityMismatch {
+        /// The semaphore.
+        name: LockName,
+        /// Its capacity.
+        existing: u32,
+        /// The capacity asked for.
+        requested: u32,
+    },
+    /// The name is a lock and a semaphore was asked for, or the reverse.
+    #[error("{name} is a {existing}, not a {requested}")]
+    KindMismatch {
+        /// The name.
+        name: LockName,
+        /// "lock" or "semaphore".
+        existing: String,
+        /// "lock" or "semaphore".
+        requested: String,
+    },
+    /// The session already holds or waits for the name in another mode
+    /// (upgrades and downgrades are not supported).
+    #[error("{session} already holds or waits for {name} in another mode")]
+    OtherMode {
+        /// The session.
+        session: SessionId,
+        /// The name.
+        name: LockName,
+    },
+    /// The session is unknown, closed or expired.
+    #[error("{session} not found (closed or expired)")]
+    SessionNotFound {
+        /// The session.
+        session: SessionId,
+    },
+    /// The sequence number is older than the replies the session remembers.
+    #[error("sequence number {seq} of {session} is older than the remembered window (oldest kept: {floor})")]
+    SequenceTooOld {
+        /// The session.
+        session: SessionId,
+        /// The sequence number given.
+        seq: u64,
+        /// Replies for sequence numbers at or below this are forgotten.
+        floor: u64,
+    },
+    /// Waiting would close a wait-for cycle between sessions.
+    #[error("deadlock: {}", describe_cycle(.cycle))]
+    Deadlock {
+        /// The cycle: each session waits for `name` held by (or queued ahead
+        /// by) the next; the last waits for the first.
+        cycle: Vec<WaitEdge>,
+    },
+    /// The name's queue is full (`MAX_WAITERS_PER_NAME`).
+    #[error("queue of {name} is full ({max} waiters)", max = super::limits::MAX_WAITERS_PER_NAME)]
+    TooManyWaiters {
+        /// The name.
+        name: LockName,
+    },
+    /// The session holds or waits for `MAX_LOCKS_PER_SESSION` names.
+    #[error("{session} holds or waits for the maximum of {max} names", max = super::limits::MAX_LOCKS_PER_SESSION)]
+    TooManyLocks {
+        /// The session.
+        session: SessionId,
+    },
+    /// The cluster has `MAX_SESSIONS` open sessions.
+    #[error("the cluster has the maximum of {max} open sessions", max = super::limits::MAX_SESSIONS)]
+    TooManySessions,
+}
+
+/// One edge of a wait-for cycle: `session` waits for `name`, which `blocker`
+/// holds or is queued for ahead of it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WaitEdge {
+    /// The waiting session.
+    pub session: SessionId,
+    /// The name it waits for.
+    pub name: LockName,
+    /// The session in its way.
+    pub blocker: SessionId,
+}
+
+fn describe_cycle(cycle: &[WaitEdge]) -> String {
+    let mut out = String::new();
+    for (i, e) in cycle.iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        out.push_str(&format!(
+            "{} waits for {} held by or queued for by {}",
+            e.session, e.name, e.blocker
+        ));
+    }
+    out
+}
+
+/// Why a grant ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EndCause {
+    /// Its holder released it.
+    Released,
+    /// Its session was closed.
+    SessionClosed,
+    /// Its session expired.
+    SessionExpired,
+}
+
+/// Why a wait ended without a grant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CancelCause {
+    /// The leader's timer for it ran out.
+    TimedOut,
+    /// Its session was closed or expired.
+    SessionEnded,
+}
+
+/// Something that happened while applying a command. The node uses events to
+/// wake parked acquires, arm the leader's timers and feed watches.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Event {
+    /// A session opened.
+    SessionOpened {
+        /// The session.
+        session: SessionId,
+        /// Its ttl.
+        ttl_ms: u64,
+    },
+    /// A session ended (closed or expired).
+    SessionEnded {
+        /// The session.
+        session: SessionId,
+        /// True if by expiry.
+        expired: bool,
+    },
+    /// A grant was made.
+    Granted {
+        /// The name.
+        name: LockName,
+        /// The holder.
+        session: SessionId,
+        /// The acquire's sequence number.
+        seq: u64,
+        /// The fence.
+        fence: Fence,
+        /// The mode.
+        mode: Mode,
+    },
+    /// A request was queued.
+    Queued {
+        /// The name.
+        name: LockName,
+        /// The waiter.
+        session: SessionId,
+        /// The acquire's sequence number.
+        seq: u64,
+        /// The mode.
+        mode: Mode,
+        /// How long the leader lets it wait.
+        timeout_ms: u64,
+    },
+    /// A grant ended.
+    Ended {
+        /// The name.
+        name: LockName,
+        /// The former holder.
+        session: SessionId,
+        /// The grant's fence.
+        fence: Fence,
+        /// The grant's mode.
+        mode: Mode,
+        /// Why.
+        cause: EndCause,
+    },
+    /// A queued request was dropped without a grant.
+    Cancelled {
+        /// The name.
+        name: LockName,
+        /// The waiter.
+        session: SessionId,
+        /// The acquire's sequence number.
+        seq: u64,
+        /// The mode.
+        mode: Mode,
+        /// Why.
+        cause: CancelCause,
+    },
+    /// A lock-delay began.
+    LockDelayStarted {
+        /// The name.
+        name: LockName,
+        /// The delay.
+        delay_ms: u64,
+        /// The log index that started it (pass to `EndLockDelay`).
+        since: u64,
+    },
+    /// A lock-delay ended.
+    LockDelayEnded {
+        /// The name.
+        name: LockName,
+    },
+}
+
+impl Event {
+    /// The lock name this event concerns, if any.
+    pub fn name(&self) -> Option<&LockName> {
+        match self {
+            Event::SessionOpened { .. } | Event::SessionEnded { .. } => None,
+            Event::Granted { name, .. }
+            | Event::Queued { name, .. }
+            | Event::Ended { name, .. }
+            | Event::Cancelled { name, .. }
+            | Event::LockDelayStarted { name, .. }
+            | Event::LockDelayEnded { name } => Some(name),
+        }
+    }
+}
+
+/// The result of applying one command.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Response {
+    /// The answer for whoever proposed the command.
+    pub reply: Reply,
+    /// What changed, in order.
+    pub events: Vec<Event>,
+}

@@ -1,0 +1,177 @@
+//! Deadlock detection on the wait-for graph between sessions.
+//!
+//! Edges are *necessary* blockers only, so a cycle is a real deadlock and
+//! never a guess: waiter `W` on name `n` has an edge to
+//!
+//! * every waiter queued ahead of it on `n` (FIFO without barging: `W`
+//!   cannot be granted before them), and
+//! * every holder of `n` whose release `W` cannot do without: for a lock,
+//!   holders that conflict with `W` or with a waiter ahead of it; for a
+//!   semaphore, holders whose weight alone keeps `W` (or a waiter ahead)
+//!   from fitting, `weight(h) > capacity - weight(W)`.
+//!
+//! The model is that a session is one thread of control: while it waits, it
+//! does not release what it holds. Clients that run independent work
+//! concurrently use one session per task.
+//!
+//! The graph is acyclic before every acquire (each acquire that would close
+//! a cycle is refused), and only a new wait adds edges that can close one,
+//! so the search starts from the new wait's blockers and looks for the
+//! requester. Each queue is scanned at most once per search (a waiter's
+//! position is found by binary search on its queued index, and the prefix of
+//! a queue already walked is remembered), so the cost is linear in the part
+//! of the graph reachable from the request.
+
+use std::collections::{HashMap, HashSet};
+
+use super::command::{LockName, Mode, SessionId, WaitEdge};
+use super::table::{Lock, LockTable};
+
+/// How much of one name's blockers the search has pushed already.
+#[derive(Default)]
+struct Scanned {
+    /// Waiters `queue[..prefix]` are pushed.
+    prefix: usize,
+    /// All holders are pushed.
+    all_holders: bool,
+    /// Exclusive holders are pushed.
+    exclusive_holders: bool,
+    /// Semaphore holders necessary for this weight are pushed.
+    weight: u32,
+}
+
+impl LockTable {
+    /// If `requester` queuing for `name` in `mode` would close a wait-for
+    /// cycle, returns it, starting with the requester's new edge.
+    pub(super) fn find_cycle(
+        &self,
+        requester: SessionId,
+        name: &LockName,
+        mode: Mode,
+    ) -> Option<Vec<WaitEdge>> {
+        let lock = self.locks.get(name)?;
+        self.search(requester, name, lock, lock.queue.len(), mode)
+    }
+
+    /// Any cycle in the whole wait-for graph (for the invariant checker).
+    pub(super) fn wait_cycle(&self) -> Option<Vec<WaitEdge>> {
+        self.locks.iter().find_map(|(name, lock)| {
+            lock.queue
+                .iter()
+                .enumerate()
+                .find_map(|(pos, w)| self.search(w.session, name, lock, pos, w.mode))
+        })
+    }
+
+    /// Depth-first search from the blockers of `requester` waiting at `pos`
+    /// on `name` back to `requester`.
+    fn search(
+        &self,
+        requester: SessionId,
+        name: &LockName,
+        lock: &Lock,
+        pos: usize,
+        mode: Mode,
+    ) -> Option<Vec<WaitEdge>> {
+        let mut scanned: HashMap<&LockName, Scanned> = HashMap::new();
+        let mut visited: HashSet<SessionId> = HashSet::new();
+        // How each visited session was reached: (waiter, name it waits for).
+        let mut parent: HashMap<SessionId, (SessionId, &LockName)> = HashMap::new();
+        let mut stack: Vec<SessionId> = Vec::new();
+        let mut found: Option<(SessionId, &LockName)> = None;
+
+        let first = blockers(lock, pos, mode, scanned.entry(name).or_default());
+        visited.insert(requester);
+        for b in first {
+            if b == requester {
+                found = Some((requester, name));
+                break;
+            }
+            if visited.insert(b) {
+                parent.insert(b, (requester, name));
+                stack.push(b);
+            }
+        }
+
+        while found.is_none() {
+            let Some(s) = stack.pop() else { break };
+            let Some(session) = self.sessions.get(&s) else { continue };
+            for (n, wait) in &session.waiting {
+                let Some(l) = self.locks.get(n) else { continue };
+                let Some(pos) = l.position(wait.index) else { continue };
+                let m = l.queue[pos].mode;
+                for b in blockers(l, pos, m, scanned.entry(n).or_default()) {
+                    if b == requester {
+                        found = Some((s, n));
+                        break;
+                    }
+                    if visited.insert(b) {
+                        parent.insert(b, (s, n));
+                        stack.push(b);
+                    }
+                }
+                if found.is_some() {
+                    break;
+                }
+            }
+        }
+
+        // Walk back from the edge that reached the requester.
+        let (mut waiter, mut on) = found?;
+        let mut blocker = requester;
+        let mut cycle = Vec::new();
+        loop {
+            cycle.push(WaitEdge { session: waiter, name: on.clone(), blocker });
+            if waiter == requester {
+                break;
+            }
+            blocker = waiter;
+            (waiter, on) = parent[&waiter];
+        }
+        cycle.reverse();
+        Some(cycle)
+    }
+}
+
+/// The sessions a waiter at `pos` in `lock`'s queue (or a new one, with
+/// `pos == queue.len()`) cannot be granted without, minus what this search
+/// already pushed for the same name.
+fn blockers(lock: &Lock, pos: usize, mode: Mode, scanned: &mut Scanned) -> Vec<SessionId> {
+    let mut out = Vec::new();
+    let start = scanned.prefix.min(pos);
+    let ahead = lock.queue.range(start..pos);
+    match lock.capacity {
+        None => {
+            let mut exclusive = mode == Mode::Exclusive;
+            for w in ahead {
+                exclusive |= w.mode == Mode::Exclusive;
+                out.push(w.session);
+            }
+            if exclusive && !scanned.all_holders {
+                out.extend(lock.holders.values().map(|h| h.session));
+                scanned.all_holders = true;
+            } else if !scanned.all_holders && !scanned.exclusive_holders {
+                out.extend(
+                    lock.holders.values().filter(|h| h.mode == Mode::Exclusive).map(|h| h.session),
+                );
+                scanned.exclusive_holders = true;
+            }
+        }
+        Some(capacity) => {
+            let mut weight = mode.weight();
+            for w in ahead {
+                weight = weight.max(w.mode.weight());
+                out.push(w.session);
+            }
+            if weight > scanned.weight {
+                let room = capacity - weight;
+                out.extend(
+                    lock.holders.values().filter(|h| h.mode.weight() > room).map(|h| h.session),
+                );
+                scanned.weight = weight;
+            }
+        }
+    }
+    scanned.prefix = scanned.prefix.max(pos);
+    out
+}

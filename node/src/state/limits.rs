@@ -1,0 +1,43 @@
+//! Every limit the lock table enforces, as a named constant.
+//!
+//! Each one is tested at its edge (the largest accepted value and the first
+//! refused one) in `state::tests`. A request past a limit is refused with a
+//! [`Refusal`](super::Refusal) and changes nothing.
+
+/// Longest lock or semaphore name, in bytes of UTF-8.
+pub const MAX_NAME_LEN: usize = 512;
+
+/// Largest value a holder may attach to a grant, in bytes.
+pub const MAX_VALUE_LEN: usize = 4096;
+
+/// Shortest session ttl. Shorter leases would expire during an ordinary
+/// leader election and make every failover cost every session.
+pub const MIN_SESSION_TTL_MS: u64 = 1_000;
+
+/// Longest session ttl (one hour). A dead client's locks stay held this long
+/// at most.
+pub const MAX_SESSION_TTL_MS: u64 = 3_600_000;
+
+/// Longest lock-delay a session may ask for.
+pub const MAX_LOCK_DELAY_MS: u64 = 60_000;
+
+/// Largest semaphore capacity.
+pub const MAX_CAPACITY: u32 = 1_000_000;
+
+/// Most requests queued on one name.
+pub const MAX_WAITERS_PER_NAME: usize = 10_000;
+
+/// Most names one session may hold or wait for at once.
+pub const MAX_LOCKS_PER_SESSION: usize = 10_000;
+
+/// Most open sessions in the cluster.
+pub const MAX_SESSIONS: usize = 250_000;
+
+/// How many replies each session remembers for exactly-once retries. A
+/// client may have this many requests in flight on one session; a retry of
+/// a request older than the window is refused with `SequenceTooOld` rather
+/// than applied twice.
+pub const MAX_REMEMBERED_REPLIES: usize = 256;
+
+/// `timeout_ms` value meaning "wait without a timeout".
+pub const WAIT_FOREVER: u64 = u64::MAX;

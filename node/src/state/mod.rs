@@ -1,0 +1,56 @@
+//! The lock table: raftlock's whole semantics as a pure, deterministic
+//! state machine.
+//!
+//! Every node applies the same committed [`Command`]s in log order to its own
+//! [`LockTable`] and so holds the same table. That only works if `apply` is a
+//! function of (table, index, command) alone, hence the **determinism
+//! contract** of this module:
+//!
+//! * no clock: time-based decisions (lease expiry, wait timeouts, lock-delay)
+//!   are made by the leader on its monotonic clock and arrive here as
+//!   commands (`ExpireSession`, `CancelWait`, `EndLockDelay`);
+//! * no I/O, no randomness, no async, no threads; nothing from tokio, tonic,
+//!   openraft or sled is imported here;
+//! * no iteration over hash-ordered collections where the order could reach
+//!   the table or a response (the table uses ordered maps throughout);
+//! * a refusal is a value ([`Reply::Refused`]) and changes nothing; the
+//!   storage layer around this module treats its own I/O failures as fatal.
+//!
+//! **Invariants** (checked after every step by the property tests, and by
+//! [`LockTable::check_invariants`]):
+//!
+//! 1. A lock has at most one exclusive holder, and never an exclusive and a
+//!    shared holder together.
+//! 2. A semaphore's holders' weights add up to at most its capacity, which
+//!    is fixed while the semaphore exists.
+//! 3. Queues are FIFO with head-of-line blocking and no barging: a request
+//!    is granted only when everything queued ahead of it was granted, and
+//!    the head of a non-empty queue is never grantable (else it would have
+//!    been granted).
+//! 4. Fences come from one cluster-wide counter: every grant gets a value
+//!    larger than all before it, so successive holders of a name see
+//!    strictly increasing fences.
+//! 5. Holders, waiters and sessions agree: each grant and wait belongs to an
+//!    open session that lists it, and a session holds at most one grant and
+//!    at most one wait per name.
+//! 6. The wait-for graph between sessions has no cycle (see [`deadlock`]).
+//! 7. A name with no holder, waiter or lock-delay has no entry.
+
+mod command;
+pub mod deadlock;
+pub mod limits;
+mod table;
+mod view;
+
+pub use command::{
+    Acquired, CancelCause, Command, EndCause, Event, Fence, LockName, Mode, Refusal, Reply,
+    Response, SessionId, WaitEdge,
+};
+pub use table::LockTable;
+pub use view::{HolderInfo, LockInfo, SessionInfo, SnapshotError, Stats, WaitInfo};
+
+#[cfg(test)]
+mod tests;
+
+#[cfg(test)]
+mod proptests;

@@ -1,0 +1,661 @@
+//! The lock table and its `apply`.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use serde::{Deserialize, Serialize};
+
+use super::command::{
+    Acquired, CancelCause, Command, EndCause, Event, Fence, LockName, Mode, Refusal, Reply,
+    Response, SessionId,
+};
+use super::limits::*;
+
+/// The replicated lock table. See the module docs of [`state`](super) for
+/// the invariants it keeps and the determinism contract.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockTable {
+    /// Open sessions by id.
+    pub(super) sessions: BTreeMap<SessionId, Session>,
+    /// Names that are held, waited for or in lock-delay. A name with none of
+    /// these is removed, so memory follows live use.
+    pub(super) locks: BTreeMap<LockName, Lock>,
+    /// Open-session nonces, so a retried `OpenSession` finds its session.
+    pub(super) nonces: BTreeMap<u64, SessionId>,
+    /// The last fence handed out; the next grant gets `last_fence + 1`.
+    pub(super) last_fence: u64,
+}
+
+/// One open session.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct Session {
+    /// Lease length; the leader's timers use it.
+    pub(super) ttl_ms: u64,
+    /// Lock-delay applied to held names on expiry.
+    pub(super) lock_delay_ms: u64,
+    /// The nonce it was opened with (0 = none).
+    pub(super) nonce: u64,
+    /// Names held, with the grant's fence. One grant per name per session.
+    pub(super) held: BTreeMap<LockName, Fence>,
+    /// Names waited for, with the waiting request.
+    pub(super) waiting: BTreeMap<LockName, WaitRef>,
+    /// Remembered replies for exactly-once retries.
+    pub(super) replies: Replies,
+}
+
+/// Where a session's wait sits in a queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct WaitRef {
+    /// The acquire's sequence number.
+    pub(super) seq: u64,
+    /// The log index that queued it; queues are sorted by it.
+    pub(super) index: u64,
+}
+
+/// A session's remembered replies: the newest [`MAX_REMEMBERED_REPLIES`]
+/// by sequence number, and the highest sequence number forgotten.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct Replies {
+    map: BTreeMap<u64, Reply>,
+    floor: Option<u64>,
+}
+
+enum Lookup {
+    New,
+    Replay(Reply),
+    TooOld(u64),
+}
+
+impl Replies {
+    fn lookup(&self, seq: u64) -> Lookup {
+        if let Some(reply) = self.map.get(&seq) {
+            return Lookup::Replay(reply.clone());
+        }
+        match self.floor {
+            Some(floor) if seq <= floor => Lookup::TooOld(floor),
+            _ => Lookup::New,
+        }
+    }
+
+    fn remember(&mut self, seq: u64, reply: &Reply) {
+        self.map.insert(seq, reply.clone());
+        while self.map.len() > MAX_REMEMBERED_REPLIES {
+            if let Some((old, _)) = self.map.pop_first() {
+                self.floor = Some(self.floor.map_or(old, |f| f.max(old)));
+            }
+        }
+    }
+
+    /// Rewrites a remembered reply whose outcome has since been decided (a
+    /// queued acquire granted or cancelled).
+    fn settle(&mut self, seq: u64, reply: Reply) {
+        if let Some(slot) = self.map.get_mut(&seq) {
+            *slot = reply;
+        }
+    }
+}
+
+/// One name's state.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct Lock {
+    /// `Some(capacity)` for a semaphore, `None` for a lock.
+    pub(super) capacity: Option<u32>,
+    /// Current grants by fence, which is also grant order.
+    pub(super) holders: BTreeMap<Fence, Holder>,
+    /// Sum of holders' weights.
+    pub(super) held_weight: u64,
+    /// Waiting requests in arrival order (ascending `index`).
+    pub(super) queue: VecDeque<Waiter>,
+    /// Lock-delay in force, if any.
+    pub(super) delay: Option<Delay>,
+}
+
+/// A grant.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct Holder {
+    pub(super) session: SessionId,
+    pub(super) seq: u64,
+    pub(super) mode: Mode,
+    pub(super) value: Vec<u8>,
+    /// Log index of the grant.
+    pub(super) index: u64,
+}
+
+/// A queued request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct Waiter {
+    pub(super) session: SessionId,
+    pub(super) seq: u64,
+    pub(super) mode: Mode,
+    pub(super) value: Vec<u8>,
+    pub(super) timeout_ms: u64,
+    /// Log index at which it was queued.
+    pub(super) index: u64,
+}
+
+/// A lock-delay in force.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct Delay {
+    /// Log index that started it.
+    pub(super) since: u64,
+    /// Its length (the leader's timer counts it).
+    pub(super) delay_ms: u64,
+}
+
+impl Lock {
+    fn new(mode: Mode) -> Self {
+        Lock {
+            capacity: match mode {
+                Mode::Semaphore { capacity, .. } => Some(capacity),
+                _ => None,
+            },
+            holders: BTreeMap::new(),
+            held_weight: 0,
+            queue: VecDeque::new(),
+            delay: None,
+        }
+    }
+
+    /// Whether a request in `mode` could be granted if it were at the head of
+    /// the queue (ignores the queue itself).
+    fn compatible(&self, mode: Mode) -> bool {
+        if self.delay.is_some() {
+            return false;
+        }
+        match (self.capacity, mode) {
+            (Some(cap), _) => self.held_weight + u64::from(mode.weight()) <= u64::from(cap),
+            (None, Mode::Shared) => {
+                // If any holder is exclusive it is the only one.
+                self.holders.values().next().is_none_or(|h| h.mode == Mode::Shared)
+            }
+            (None, _) => self.holders.is_empty(),
+        }
+    }
+
+    fn is_idle(&self) -> bool {
+        self.holders.is_empty() && self.queue.is_empty() && self.delay.is_none()
+    }
+
+    pub(super) fn kind(&self) -> &'static str {
+        if self.capacity.is_some() {
+            "semaphore"
+        } else {
+            "lock"
+        }
+    }
+
+    /// Position of the waiter queued at `index` (queues are sorted by it).
+    pub(super) fn position(&self, index: u64) -> Option<usize> {
+        self.queue.binary_search_by_key(&index, |w| w.index).ok()
+    }
+}
+
+fn kind_of(mode: Mode) -> &'static str {
+    if mode.is_semaphore() {
+        "semaphore"
+    } else {
+        "lock"
+    }
+}
+
+impl LockTable {
+    /// An empty table.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Applies one committed command at log `index`.
+    ///
+    /// Deterministic: the same table, index and command always give the same
+    /// new table and the same response. Refusals change nothing.
+    pub fn apply(&mut self, index: u64, command: Command) -> Response {
+        let mut events = Vec::new();
+        let reply = match command {
+            Command::OpenSession { ttl_ms, lock_delay_ms, nonce } => {
+                self.open_session(index, ttl_ms, lock_delay_ms, nonce, &mut events)
+            }
+            Command::CloseSession { session, seq: _ } => {
+                // Closing removes the session and with it its reply window, so
+                // a retried close answers SessionNotFound; clients treat that
+                // as closed.
+                match self.end_session(session, false, index, &mut events) {
+                    Some(released) => Reply::Closed { released },
+                    None => Reply::Refused(Refusal::SessionNotFound { session }),
+                }
+            }
+            Command::Acquire { session, seq, name, mode, timeout_ms, value } => {
+                self.acquire(index, session, seq, name, mode, timeout_ms, value, &mut events)
+            }
+            Command::Release { session, seq, name, fence } => {
+                self.release(index, session, seq, name, fence, &mut events)
+            }
+            Command::ExpireSession { session } => Reply::Expired {
+                existed: self.end_session(session, true, index, &mut events).is_some(),
+            },
+            Command::CancelWait { session, name, seq } => {
+                self.cancel_wait(index, session, name, seq, &mut events)
+            }
+            Command::EndLockDelay { name, since } => {
+                self.end_lock_delay(index, name, since, &mut events)
+            }
+        };
+        Response { reply, events }
+    }
+
+    fn open_session(
+        &mut self,
+        index: u64,
+        ttl_ms: u64,
+        lock_delay_ms: u64,
+        nonce: u64,
+        events: &mut Vec<Event>,
+    ) -> Reply {
+        if !(MIN_SESSION_TTL_MS..=MAX_SESSION_TTL_MS).contains(&ttl_ms) {
+            return Reply::Refused(Refusal::InvalidTtl { ttl_ms });
+        }
+        if lock_delay_ms > MAX_LOCK_DELAY_MS {
+            return Reply::Refused(Refusal::InvalidLockDelay { lock_delay_ms });
+        }
+        if nonce != 0 {
+            if let Some(&session) = self.nonces.get(&nonce) {
+                let s = &self.sessions[&session];
+                return Reply::Opened {
+                    session,
+                    ttl_ms: s.ttl_ms,
+                    lock_delay_ms: s.lock_delay_ms,
+                };
+            }
+        }
+        if self.sessions.len() >= MAX_SESSIONS {
+            return Reply::Refused(Refusal::TooManySessions);
+        }
+        let session = SessionId(index);
+        self.sessions.insert(
+            session,
+            Session {
+                ttl_ms,
+                lock_delay_ms,
+                nonce,
+                held: BTreeMap::new(),
+                waiting: BTreeMap::new(),
+                replies: Replies::default(),
+            },
+        );
+        if nonce != 0 {
+            self.nonces.insert(nonce, session);
+        }
+        events.push(Event::SessionOpened { session, ttl_ms });
+        Reply::Opened { session, ttl_ms, lock_delay_ms }
+    }
+
+    /// Removes a session: cancels its waits, ends its grants (starting
+    /// lock-delay on expiry), then lets the affected queues move on. Returns
+    /// the number of grants ended, or `None` if there was no such session.
+    fn end_session(
+        &mut self,
+        session: SessionId,
+        expired: bool,
+        index: u64,
+        events: &mut Vec<Event>,
+    ) -> Option<u32> {
+        let s = self.sessions.remove(&session)?;
+        if s.nonce != 0 {
+            self.nonces.remove(&s.nonce);
+        }
+        let mut touched: Vec<LockName> = Vec::with_capacity(s.held.len() + s.waiting.len());
+        // Waits go first so that ending the grants cannot hand a name to this
+        // same, dying session.
+        for (name, wait) in s.waiting {
+            if let Some(lock) = self.locks.get_mut(&name) {
+                if let Some(pos) = lock.position(wait.index) {
+                    if let Some(w) = lock.queue.remove(pos) {
+                        events.push(Event::Cancelled {
+                            name: name.clone(),
+                            session,
+                            seq: w.seq,
+                            mode: w.mode,
+                            cause: CancelCause::SessionEnded,
+                        });
+                    }
+                }
+            }
+            touched.push(name);
+        }
+        let cause = if expired { EndCause::SessionExpired } else { EndCause::SessionClosed };
+        let released = s.held.len() as u32;
+        for (name, fence) in s.held {
+            if let Some(lock) = self.locks.get_mut(&name) {
+                if let Some(h) = lock.holders.remove(&fence) {
+                    lock.held_weight -= u64::from(h.mode.weight());
+                    events.push(Event::Ended {
+                        name: name.clone(),
+                        session,
+                        fence,
+                        mode: h.mode,
+                        cause,
+                    });
+                }
+                if expired && s.lock_delay_ms > 0 {
+                    lock.delay = Some(Delay { since: index, delay_ms: s.lock_delay_ms });
+                    events.push(Event::LockDelayStarted {
+                        name: name.clone(),
+                        delay_ms: s.lock_delay_ms,
+                        since: index,
+                    });
+                }
+            }
+            touched.push(name);
+        }
+        events.push(Event::SessionEnded { session, expired });
+        touched.sort_unstable();
+        touched.dedup();
+        for name in &touched {
+            self.promote(name, index, events);
+        }
+        Some(released)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn acquire(
+        &mut self,
+        index: u64,
+        session: SessionId,
+        seq: u64,
+        name: String,
+        mode: Mode,
+        timeout_ms: u64,
+        value: Vec<u8>,
+        events: &mut Vec<Event>,
+    ) -> Reply {
+        let name = match LockName::new(name) {
+            Ok(name) => name,
+            Err(refusal) => return Reply::Refused(refusal),
+        };
+        if value.len() > MAX_VALUE_LEN {
+            return Reply::Refused(Refusal::ValueTooLarge { len: value.len() });
+        }
+        if let Mode::Semaphore { weight, capacity } = mode {
+            if !(1..=MAX_CAPACITY).contains(&capacity) {
+                return Reply::Refused(Refusal::InvalidCapacity { capacity });
+            }
+            if !(1..=capacity).contains(&weight) {
+                return Reply::Refused(Refusal::InvalidWeight { weight, capacity });
+            }
+        }
+        let Some(s) = self.sessions.get(&session) else {
+            return Reply::Refused(Refusal::SessionNotFound { session });
+        };
+        match s.replies.lookup(seq) {
+            Lookup::New => {}
+            Lookup::TooOld(floor) => {
+                return Reply::Refused(Refusal::SequenceTooOld { session, seq, floor })
+            }
+            Lookup::Replay(Reply::Acquire(Acquired::Queued)) => {
+                // A retried blocking acquire (e.g. after a leader change):
+                // answer with where it stands now, keeping its place.
+                return Reply::Acquire(self.standing(session, &name));
+            }
+            Lookup::Replay(reply) => return reply,
+        }
+
+        let lock = self.locks.get(&name);
+        if let Some(lock) = lock {
+            match (lock.capacity, mode) {
+                (Some(_), Mode::Exclusive | Mode::Shared) | (None, Mode::Semaphore { .. }) => {
+                    return Reply::Refused(Refusal::KindMismatch {
+                        name,
+                        existing: lock.kind().to_string(),
+                        requested: kind_of(mode).to_string(),
+                    });
+                }
+                (Some(existing), Mode::Semaphore { capacity, .. }) if existing != capacity => {
+                    return Reply::Refused(Refusal::CapacityMismatch {
+                        name,
+                        existing,
+                        requested: capacity,
+                    });
+                }
+                _ => {}
+            }
+        }
+
+        // Re-acquiring what the session already holds or waits for returns
+        // that grant or wait: a session never deadlocks on itself.
+        if let Some(&fence) = s.held.get(&name) {
+            let holder = lock.and_then(|l| l.holders.get(&fence));
+            return match holder {
+                Some(h) if h.mode == mode => {
+                    let reply =
+                        Reply::Acquire(Acquired::Granted { fence, mode, index: h.index });
+                    self.remember(session, seq, &reply);
+                    reply
+                }
+                _ => Reply::Refused(Refusal::OtherMode { session, name }),
+            };
+        }
+        if let Some(wait) = s.waiting.get(&name) {
+            let same = lock
+                .and_then(|l| l.position(wait.index).map(|p| l.queue[p].mode))
+                .is_some_and(|m| m == mode);
+            if !same {
+                return Reply::Refused(Refusal::OtherMode { session, name });
+            }
+            let reply = Reply::Acquire(Acquired::Queued);
+            self.remember(session, seq, &reply);
+            return reply;
+        }
+        if s.held.len() + s.waiting.len() >= MAX_LOCKS_PER_SESSION {
+            return Reply::Refused(Refusal::TooManyLocks { session });
+        }
+
+        let free = lock.is_none_or(|l| l.queue.is_empty() && l.compatible(mode));
+        if free {
+            let lock = self.locks.entry(name.clone()).or_insert_with(|| Lock::new(mode));
+            let fence = grant(&mut self.last_fence, lock, session, seq, mode, value, index);
+            if let Some(s) = self.sessions.get_mut(&session) {
+                s.held.insert(name.clone(), fence);
+            }
+            events.push(Event::Granted { name, session, seq, fence, mode });
+            let reply = Reply::Acquire(Acquired::Granted { fence, mode, index });
+            self.remember(session, seq, &reply);
+            return reply;
+        }
+        // Busy, so the lock exists.
+        if timeout_ms == 0 {
+            let reply = Reply::Acquire(Acquired::NotAcquired);
+            self.remember(session, seq, &reply);
+            return reply;
+        }
+        if lock.is_some_and(|l| l.queue.len() >= MAX_WAITERS_PER_NAME) {
+            return Reply::Refused(Refusal::TooManyWaiters { name });
+        }
+        if let Some(cycle) = self.find_cycle(session, &name, mode) {
+            return Reply::Refused(Refusal::Deadlock { cycle });
+        }
+        let Some(lock) = self.locks.get_mut(&name) else {
+            unreachable!("a busy name has an entry");
+        };
+        lock.queue.push_back(Waiter { session, seq, mode, value, timeout_ms, index });
+        if let Some(s) = self.sessions.get_mut(&session) {
+            s.waiting.insert(name.clone(), WaitRef { seq, index });
+        }
+        events.push(Event::Queued { name, session, seq, mode, timeout_ms });
+        let reply = Reply::Acquire(Acquired::Queued);
+        self.remember(session, seq, &reply);
+        reply
+    }
+
+    /// Where `session` stands on `name` right now.
+    fn standing(&self, session: SessionId, name: &LockName) -> Acquired {
+        let Some(s) = self.sessions.get(&session) else {
+            return Acquired::NotAcquired;
+        };
+        if let Some(fence) = s.held.get(name) {
+            if let Some(h) = self.locks.get(name).and_then(|l| l.holders.get(fence)) {
+                return Acquired::Granted { fence: *fence, mode: h.mode, index: h.index };
+            }
+        }
+        if s.waiting.contains_key(name) {
+            return Acquired::Queued;
+        }
+        Acquired::NotAcquired
+    }
+
+    fn remember(&mut self, session: SessionId, seq: u64, reply: &Reply) {
+        if let Some(s) = self.sessions.get_mut(&session) {
+            s.replies.remember(seq, reply);
+        }
+    }
+
+    fn release(
+        &mut self,
+        index: u64,
+        session: SessionId,
+        seq: u64,
+        name: String,
+        fence: Fence,
+        events: &mut Vec<Event>,
+    ) -> Reply {
+        let name = match LockName::new(name) {
+            Ok(name) => name,
+            Err(refusal) => return Reply::Refused(refusal),
+        };
+        let Some(s) = self.sessions.get_mut(&session) else {
+            return Reply::Refused(Refusal::SessionNotFound { session });
+        };
+        match s.replies.lookup(seq) {
+            Lookup::New => {}
+            Lookup::TooOld(floor) => {
+                return Reply::Refused(Refusal::SequenceTooOld { session, seq, floor })
+            }
+            Lookup::Replay(reply) => return reply,
+        }
+        // Owner check: the session must hold this very grant.
+        let released = if s.held.get(&name) == Some(&fence) {
+            s.held.remove(&name);
+            let lock = self.locks.get_mut(&name).expect("a held name has an entry");
+            let h = lock.holders.remove(&fence).expect("the session's grant is in the lock");
+            lock.held_weight -= u64::from(h.mode.weight());
+            events.push(Event::Ended {
+                name: name.clone(),
+                session,
+                fence,
+                mode: h.mode,
+                cause: EndCause::Released,
+            });
+            self.promote(&name, index, events);
+            true
+        } else {
+            false
+        };
+        let reply = Reply::Released { released };
+        self.remember(session, seq, &reply);
+        reply
+    }
+
+    fn cancel_wait(
+        &mut self,
+        index: u64,
+        session: SessionId,
+        name: String,
+        seq: u64,
+        events: &mut Vec<Event>,
+    ) -> Reply {
+        let name = match LockName::new(name) {
+            Ok(name) => name,
+            Err(refusal) => return Reply::Refused(refusal),
+        };
+        let Some(s) = self.sessions.get_mut(&session) else {
+            return Reply::Cancelled { cancelled: false };
+        };
+        let Some(wait) = s.waiting.get(&name).copied().filter(|w| w.seq == seq) else {
+            return Reply::Cancelled { cancelled: false };
+        };
+        s.waiting.remove(&name);
+        s.replies.settle(seq, Reply::Acquire(Acquired::NotAcquired));
+        if let Some(lock) = self.locks.get_mut(&name) {
+            if let Some(w) = lock.position(wait.index).and_then(|p| lock.queue.remove(p)) {
+                events.push(Event::Cancelled {
+                    name: name.clone(),
+                    session,
+                    seq,
+                    mode: w.mode,
+                    cause: CancelCause::TimedOut,
+                });
+            }
+        }
+        // The cancelled wait may have been holding up those behind it.
+        self.promote(&name, index, events);
+        Reply::Cancelled { cancelled: true }
+    }
+
+    fn end_lock_delay(
+        &mut self,
+        index: u64,
+        name: String,
+        since: u64,
+        events: &mut Vec<Event>,
+    ) -> Reply {
+        let name = match LockName::new(name) {
+            Ok(name) => name,
+            Err(refusal) => return Reply::Refused(refusal),
+        };
+        let Some(lock) = self.locks.get_mut(&name) else {
+            return Reply::DelayEnded { ended: false };
+        };
+        if lock.delay.map(|d| d.since) != Some(since) {
+            return Reply::DelayEnded { ended: false };
+        }
+        lock.delay = None;
+        events.push(Event::LockDelayEnded { name: name.clone() });
+        self.promote(&name, index, events);
+        Reply::DelayEnded { ended: true }
+    }
+
+    /// Grants from the head of `name`'s queue while the head is compatible
+    /// (FIFO, head-of-line blocking), then drops the entry if it is idle.
+    fn promote(&mut self, name: &LockName, index: u64, events: &mut Vec<Event>) {
+        let Some(lock) = self.locks.get_mut(name) else {
+            return;
+        };
+        while lock.queue.front().is_some_and(|w| lock.compatible(w.mode)) {
+            let w = lock.queue.pop_front().expect("front exists");
+            let fence =
+                grant(&mut self.last_fence, lock, w.session, w.seq, w.mode, w.value, index);
+            if let Some(s) = self.sessions.get_mut(&w.session) {
+                s.waiting.remove(name);
+                s.held.insert(name.clone(), fence);
+                s.replies.settle(
+                    w.seq,
+                    Reply::Acquire(Acquired::Granted { fence, mode: w.mode, index }),
+                );
+            }
+            events.push(Event::Granted {
+                name: name.clone(),
+                session: w.session,
+                seq: w.seq,
+                fence,
+                mode: w.mode,
+            });
+        }
+        if lock.is_idle() {
+            self.locks.remove(name);
+        }
+    }
+}
+
+/// Hands out the next fence and records the holder.
+fn grant(
+    last_fence: &mut u64,
+    lock: &mut Lock,
+    session: SessionId,
+    seq: u64,
+    mode: Mode,
+    value: Vec<u8>,
+    index: u64,
+) -> Fence {
+    *last_fence += 1;
+    let fence = Fence(*last_fence);
+    lock.held_weight += u64::from(mode.weight());
+    lock.holders.insert(fence, Holder { session, seq, mode, value, index });
+    fence
+}

@@ -1,0 +1,349 @@
+//! Read-only views of the table (for reads, the leader's timers and
+//! watches), snapshot encoding, and the invariant checker.
+
+use std::collections::BTreeSet;
+use std::ops::Bound;
+
+use serde::{Deserialize, Serialize};
+
+use super::command::{Fence, LockName, Mode, SessionId};
+use super::limits::WAIT_FOREVER;
+use super::table::LockTable;
+
+/// One holder, as readers see it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HolderInfo {
+    /// The holding session.
+    pub session: SessionId,
+    /// The grant's fence.
+    pub fence: Fence,
+    /// The mode held.
+    pub mode: Mode,
+    /// The holder's value.
+    pub value: Vec<u8>,
+    /// Log index of the grant.
+    pub index: u64,
+}
+
+/// One waiter, as readers and the leader's timers see it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WaitInfo {
+    /// The waiting session.
+    pub session: SessionId,
+    /// The name waited for.
+    pub name: LockName,
+    /// The acquire's sequence number.
+    pub seq: u64,
+    /// The mode asked for.
+    pub mode: Mode,
+    /// How long it may wait ([`WAIT_FOREVER`] = no limit).
+    pub timeout_ms: u64,
+    /// Log index at which it was queued.
+    pub index: u64,
+}
+
+/// One name's state.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockInfo {
+    /// The name.
+    pub name: LockName,
+    /// `Some(capacity)` for a semaphore.
+    pub capacity: Option<u32>,
+    /// Holders in grant order.
+    pub holders: Vec<HolderInfo>,
+    /// Waiters in queue order.
+    pub waiters: Vec<WaitInfo>,
+    /// True while a lock-delay is in force.
+    pub lock_delayed: bool,
+}
+
+/// One session, as the leader's timers see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SessionInfo {
+    /// The session.
+    pub session: SessionId,
+    /// Its ttl.
+    pub ttl_ms: u64,
+    /// Its lock-delay.
+    pub lock_delay_ms: u64,
+}
+
+/// Counts for status and metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Open sessions.
+    pub sessions: u64,
+    /// Names with an entry.
+    pub names: u64,
+    /// Held grants.
+    pub grants: u64,
+    /// Queued requests.
+    pub waiters: u64,
+    /// The last fence handed out.
+    pub last_fence: u64,
+}
+
+/// A snapshot that cannot be decoded.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    /// The format version is not one this build reads.
+    #[error("unsupported lock-table snapshot version {0} (this build reads {SNAPSHOT_VERSION})")]
+    Version(u8),
+    /// The bytes are not a valid snapshot.
+    #[error("corrupt lock-table snapshot: {0}")]
+    Corrupt(String),
+}
+
+/// Format version of [`LockTable::to_snapshot`]'s output, its first byte.
+pub const SNAPSHOT_VERSION: u8 = 1;
+
+impl LockTable {
+    /// The state of `name`, if it has any.
+    pub fn describe(&self, name: &LockName) -> Option<LockInfo> {
+        self.locks.get(name).map(|lock| LockInfo {
+            name: name.clone(),
+            capacity: lock.capacity,
+            holders: lock
+                .holders
+                .iter()
+                .map(|(fence, h)| HolderInfo {
+                    session: h.session,
+                    fence: *fence,
+                    mode: h.mode,
+                    value: h.value.clone(),
+                    index: h.index,
+                })
+                .collect(),
+            waiters: lock
+                .queue
+                .iter()
+                .map(|w| WaitInfo {
+                    session: w.session,
+                    name: name.clone(),
+                    seq: w.seq,
+                    mode: w.mode,
+                    timeout_ms: w.timeout_ms,
+                    index: w.index,
+                })
+                .collect(),
+            lock_delayed: lock.delay.is_some(),
+        })
+    }
+
+    /// Up to `limit` names starting with `prefix`, strictly after `after`
+    /// (when given), in name order.
+    pub fn list(&self, prefix: &str, after: Option<&str>, limit: usize) -> Vec<LockInfo> {
+        let start = match after {
+            Some(after) if after >= prefix => Bound::Excluded(after),
+            _ => Bound::Included(prefix),
+        };
+        self.locks
+            .range::<str, _>((start, Bound::Unbounded))
+            .take_while(|(name, _)| name.as_str().starts_with(prefix))
+            .take(limit)
+            .filter_map(|(name, _)| self.describe(name))
+            .collect()
+    }
+
+    /// Whether `fence` is a current grant on `name`, and the largest fence
+    /// currently held on it.
+    pub fn check_fence(&self, name: &LockName, fence: Fence) -> (bool, Option<Fence>) {
+        match self.locks.get(name) {
+            None => (false, None),
+            Some(lock) => {
+                (lock.holders.contains_key(&fence), lock.holders.keys().next_back().copied())
+            }
+        }
+    }
+
+    /// A session's settings, if it is open.
+    pub fn session(&self, session: SessionId) -> Option<SessionInfo> {
+        self.sessions.get(&session).map(|s| SessionInfo {
+            session,
+            ttl_ms: s.ttl_ms,
+            lock_delay_ms: s.lock_delay_ms,
+        })
+    }
+
+    /// Every open session (the leader re-arms their leases on election).
+    pub fn sessions(&self) -> impl Iterator<Item = SessionInfo> + '_ {
+        self.sessions.iter().map(|(id, s)| SessionInfo {
+            session: *id,
+            ttl_ms: s.ttl_ms,
+            lock_delay_ms: s.lock_delay_ms,
+        })
+    }
+
+    /// Every queued request (the leader re-arms their timeouts on election).
+    pub fn waits(&self) -> impl Iterator<Item = WaitInfo> + '_ {
+        self.locks.iter().flat_map(|(name, lock)| {
+            lock.queue.iter().map(move |w| WaitInfo {
+                session: w.session,
+                name: name.clone(),
+                seq: w.seq,
+                mode: w.mode,
+                timeout_ms: w.timeout_ms,
+                index: w.index,
+            })
+        })
+    }
+
+    /// Every lock-delay in force as `(name, since, delay_ms)` (the leader
+    /// re-arms them on election).
+    pub fn delays(&self) -> impl Iterator<Item = (&LockName, u64, u64)> + '_ {
+        self.locks
+            .iter()
+            .filter_map(|(name, lock)| lock.delay.map(|d| (name, d.since, d.delay_ms)))
+    }
+
+    /// Counts for status and metrics. Linear in the number of names.
+    pub fn stats(&self) -> Stats {
+        let mut stats = Stats {
+            sessions: self.sessions.len() as u64,
+            names: self.locks.len() as u64,
+            last_fence: self.last_fence,
+            ..Stats::default()
+        };
+        for lock in self.locks.values() {
+            stats.grants += lock.holders.len() as u64;
+            stats.waiters += lock.queue.len() as u64;
+        }
+        stats
+    }
+
+    /// The last fence handed out.
+    pub fn last_fence(&self) -> Fence {
+        Fence(self.last_fence)
+    }
+
+    /// Encodes the whole table: a version byte, then bincode.
+    pub fn to_snapshot(&self) -> Vec<u8> {
+        let mut out = vec![SNAPSHOT_VERSION];
+        bincode::serialize_into(&mut out, self).expect("serializing to a Vec cannot fail");
+        out
+    }
+
+    /// Decodes a table written by [`to_snapshot`](Self::to_snapshot).
+    pub fn from_snapshot(bytes: &[u8]) -> Result<Self, SnapshotError> {
+        match bytes.split_first() {
+            Some((&SNAPSHOT_VERSION, rest)) => {
+                let table: LockTable =
+                    bincode::deserialize(rest).map_err(|e| SnapshotError::Corrupt(e.to_string()))?;
+                table.check_invariants().map_err(SnapshotError::Corrupt)?;
+                Ok(table)
+            }
+            Some((&v, _)) => Err(SnapshotError::Version(v)),
+            None => Err(SnapshotError::Corrupt("empty".into())),
+        }
+    }
+
+    /// Checks invariants 1–7 of the [module docs](super); the first broken
+    /// one is described in the error. Linear in the table's size.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut fences = BTreeSet::new();
+        for (name, lock) in &self.locks {
+            let exclusive = lock.holders.values().filter(|h| h.mode == Mode::Exclusive).count();
+            if exclusive > 1 || (exclusive == 1 && lock.holders.len() > 1) {
+                return Err(format!("{name}: exclusive holder with other holders"));
+            }
+            let weight: u64 = lock.holders.values().map(|h| u64::from(h.mode.weight())).sum();
+            if weight != lock.held_weight {
+                return Err(format!("{name}: held weight {} != sum {weight}", lock.held_weight));
+            }
+            match lock.capacity {
+                Some(cap) => {
+                    if weight > u64::from(cap) {
+                        return Err(format!("{name}: weight {weight} over capacity {cap}"));
+                    }
+                    let modes = lock.holders.values().map(|h| h.mode).chain(lock.queue.iter().map(|w| w.mode));
+                    for m in modes {
+                        if !matches!(m, Mode::Semaphore { capacity, .. } if capacity == cap) {
+                            return Err(format!("{name}: {m:?} on semaphore of {cap}"));
+                        }
+                    }
+                }
+                None => {
+                    if lock.holders.values().chain([]).any(|h| h.mode.is_semaphore())
+                        || lock.queue.iter().any(|w| w.mode.is_semaphore())
+                    {
+                        return Err(format!("{name}: semaphore mode on a lock"));
+                    }
+                }
+            }
+            if let Some(head) = lock.queue.front() {
+                let mut probe = lock.clone();
+                probe.queue.clear();
+                if probe_compatible(&probe, head.mode) {
+                    return Err(format!("{name}: head of queue is grantable"));
+                }
+            }
+            if lock.queue.iter().zip(lock.queue.iter().skip(1)).any(|(a, b)| a.index >= b.index) {
+                return Err(format!("{name}: queue out of index order"));
+            }
+            if lock.holders.is_empty() && lock.queue.is_empty() && lock.delay.is_none() {
+                return Err(format!("{name}: idle entry kept"));
+            }
+            for (fence, h) in &lock.holders {
+                if fence.0 > self.last_fence || !fences.insert(*fence) {
+                    return Err(format!("{name}: fence {} reused or ahead of counter", fence.0));
+                }
+                let s = self.sessions.get(&h.session).ok_or(format!("{name}: holder's session gone"))?;
+                if s.held.get(name) != Some(fence) {
+                    return Err(format!("{name}: {} does not list its grant", h.session));
+                }
+            }
+            let mut seen = BTreeSet::new();
+            for w in &lock.queue {
+                if !seen.insert(w.session) {
+                    return Err(format!("{name}: {} queued twice", w.session));
+                }
+                let s = self.sessions.get(&w.session).ok_or(format!("{name}: waiter's session gone"))?;
+                if s.waiting.get(name).map(|r| (r.seq, r.index)) != Some((w.seq, w.index)) {
+                    return Err(format!("{name}: {} does not list its wait", w.session));
+                }
+                if w.timeout_ms == 0 {
+                    return Err(format!("{name}: a try was queued"));
+                }
+                let _ = WAIT_FOREVER;
+            }
+        }
+        for (id, s) in &self.sessions {
+            for (name, fence) in &s.held {
+                let ok = self.locks.get(name).and_then(|l| l.holders.get(fence)).is_some_and(|h| h.session == *id);
+                if !ok {
+                    return Err(format!("{id} lists a grant on {name} the lock does not have"));
+                }
+            }
+            for name in s.waiting.keys() {
+                if s.held.contains_key(name) {
+                    return Err(format!("{id} both holds and waits for {name}"));
+                }
+                if !self.locks.get(name).is_some_and(|l| l.queue.iter().any(|w| w.session == *id)) {
+                    return Err(format!("{id} lists a wait on {name} the queue does not have"));
+                }
+            }
+            if s.nonce != 0 && self.nonces.get(&s.nonce) != Some(id) {
+                return Err(format!("{id}: nonce not indexed"));
+            }
+        }
+        if self.nonces.len() != self.sessions.values().filter(|s| s.nonce != 0).count() {
+            return Err("stale nonce entries".into());
+        }
+        if let Some(cycle) = self.wait_cycle() {
+            return Err(format!("wait-for cycle through {cycle:?}"));
+        }
+        Ok(())
+    }
+}
+
+/// `Lock::compatible` without the queue, visible to the checker.
+fn probe_compatible(lock: &super::table::Lock, mode: Mode) -> bool {
+    if lock.delay.is_some() {
+        return false;
+    }
+    match (lock.capacity, mode) {
+        (Some(cap), _) => lock.held_weight + u64::from(mode.weight()) <= u64::from(cap),
+        (None, Mode::Shared) => lock.holders.values().all(|h| h.mode == Mode::Shared),
+        (None, _) => lock.holders.is_empty(),
+    }
+}

@@ -1,0 +1,2 @@
+//! Cluster integration tests for raftlock. The `TestCluster` harness arrives
+//! with the replicated-node issue.
