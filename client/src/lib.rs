@@ -1,7 +1,37 @@
 //! Async Rust client for raftlock.
 //!
-//! The full client (sessions, guards, leader following) arrives with the
-//! client issue; for now this crate re-exports the generated gRPC stubs so
-//! other languages' users and early tools can talk to a node.
+//! ```no_run
+//! # async fn demo() -> Result<(), raftlock_client::Error> {
+//! use std::time::Duration;
+//! use raftlock_client::Client;
+//!
+//! let client = Client::connect(["127.0.0.1:7101", "127.0.0.1:7102", "127.0.0.1:7103"]).await?;
+//! let session = client.session(Duration::from_secs(10)).await?;
+//! let guard = session.lock("jobs/nightly").await?;
+//! // Pass the fence to every store you write while holding the lock.
+//! println!("holding with fence {}", guard.fence());
+//! guard.release().await?;
+//! session.close().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! * [`Client`] finds the leader, follows leader hints and retries with
+//!   jittered exponential backoff under a deadline.
+//! * [`Session`] keeps its lease alive in the background and reports
+//!   ([`Session::lost`]) when it may be gone, without cancelling anything.
+//! * [`Guard`]s release on drop; `release()` is idempotent.
+//! * [`fence`] is what a downstream store embeds to refuse stale writers.
 
+mod client;
+mod election;
+mod error;
+pub mod fence;
+mod guard;
+mod session;
+
+pub use client::{Client, ClientOptions, LEADER_ADDR_KEY};
+pub use election::Election;
+pub use error::{Error, Result};
+pub use guard::{Guard, Mode};
 pub use raftlock_proto::v1 as proto;
+pub use session::{LeaseState, Semaphore, Session, SessionOptions, WAIT_FOREVER_MS};

@@ -1,1 +1,17 @@
+//! raftlock's server: the lock table ([`state`]) replicated through
+//! openraft ([`raft`]), stored in sled, with leader-side leases
+//! ([`leases`]) and served over gRPC ([`api`]). [`node::Node`] wires one
+//! node together; the `raftlockd` binary runs it.
+
+pub mod api;
+pub mod config;
+pub mod error;
+pub mod leases;
+pub mod node;
+pub mod raft;
+pub mod shared;
 pub mod state;
+
+/// Largest request a client may send, in bytes (names ≤ 512 B and values
+/// ≤ 4 KiB fit many times over).
+pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;

@@ -1,1 +1,193 @@
-fn main() {}
+//! `raftlockd`: the raftlock server.
+//!
+//! * `raftlockd run --id N --listen ADDR --data-dir DIR [--peers ..] [--init]`
+//!   runs one node of a cluster.
+//! * `raftlockd dev` runs a whole local cluster in one process, for trying
+//!   raftlock out and for development.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use raftlock_node::config::{parse_peers, Config};
+use raftlock_node::node::{Node, NodeOptions, RaftTiming};
+use tokio::net::TcpListener;
+
+#[derive(Parser)]
+#[command(name = "raftlockd", version, about = "raftlock server: a Raft-replicated lock service")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run one node of a cluster.
+    Run(RunArgs),
+    /// Run a local N-node cluster on 127.0.0.1 in this process.
+    Dev(DevArgs),
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// TOML file with any of the settings below (flags and env override it).
+    #[arg(long, env = "RAFTLOCK_CONFIG")]
+    config: Option<PathBuf>,
+    /// This node's id (non-zero, unique in the cluster).
+    #[arg(long, env = "RAFTLOCK_ID")]
+    id: Option<u64>,
+    /// Address to listen on, e.g. 127.0.0.1:7101.
+    #[arg(long, env = "RAFTLOCK_LISTEN")]
+    listen: Option<std::net::SocketAddr>,
+    /// Address others reach this node at (default: --listen).
+    #[arg(long, env = "RAFTLOCK_ADVERTISE")]
+    advertise: Option<String>,
+    /// Data directory.
+    #[arg(long, env = "RAFTLOCK_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// Initial members: 1=HOST:PORT,2=HOST:PORT,...
+    #[arg(long, env = "RAFTLOCK_PEERS")]
+    peers: Option<String>,
+    /// Bootstrap a new cluster from --peers if this node has no data.
+    #[arg(long, env = "RAFTLOCK_INIT")]
+    init: bool,
+    /// Heartbeat interval in ms.
+    #[arg(long, env = "RAFTLOCK_HEARTBEAT_MS")]
+    heartbeat_ms: Option<u64>,
+    /// Election timeout lower bound in ms.
+    #[arg(long, env = "RAFTLOCK_ELECTION_TIMEOUT_MIN_MS")]
+    election_timeout_min_ms: Option<u64>,
+    /// Election timeout upper bound in ms.
+    #[arg(long, env = "RAFTLOCK_ELECTION_TIMEOUT_MAX_MS")]
+    election_timeout_max_ms: Option<u64>,
+    /// Snapshot every N applied entries.
+    #[arg(long, env = "RAFTLOCK_SNAPSHOT_EVERY")]
+    snapshot_every: Option<u64>,
+}
+
+#[derive(Args)]
+struct DevArgs {
+    /// Number of nodes.
+    #[arg(long, default_value_t = 3)]
+    nodes: u64,
+    /// Port of node 1; node N listens on base-port + N - 1.
+    #[arg(long, default_value_t = 7101)]
+    base_port: u16,
+    /// Data directory; node N keeps its data in DATA_DIR/node-N.
+    #[arg(long, default_value = "./raftlock-dev")]
+    data_dir: PathBuf,
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=error,sled=warn"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+}
+
+#[tokio::main]
+async fn main() {
+    let cli = Cli::parse();
+    init_logging();
+    let result = match cli.command {
+        Command::Run(args) => run(args).await,
+        Command::Dev(args) => dev(args).await,
+    };
+    if let Err(e) = result {
+        eprintln!("raftlockd: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let peers = args.peers.as_deref().map(parse_peers).transpose()?;
+    let flags = Config {
+        id: args.id,
+        listen: args.listen,
+        advertise: args.advertise,
+        data_dir: args.data_dir,
+        peers,
+        init: args.init.then_some(true),
+        heartbeat_ms: args.heartbeat_ms,
+        election_timeout_min_ms: args.election_timeout_min_ms,
+        election_timeout_max_ms: args.election_timeout_max_ms,
+        snapshot_every: args.snapshot_every,
+    };
+    let file = match &args.config {
+        Some(path) => Config::from_toml_file(path)?,
+        None => Config::default(),
+    };
+    let (opts, listen) = flags.or(file).validate()?;
+    let listener = TcpListener::bind(listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {listen}: {e}"))?;
+    let node = Node::start(opts, listener).await?;
+    tracing::info!(id = node.id, addr = %node.addr, "raftlockd serving");
+    wait_for_signal().await;
+    tracing::info!("shutting down");
+    node.shutdown().await;
+    Ok(())
+}
+
+async fn dev(args: DevArgs) -> anyhow::Result<()> {
+    anyhow::ensure!((1..=9).contains(&args.nodes), "--nodes must be 1..=9");
+    let addr = |i: u64| format!("127.0.0.1:{}", u64::from(args.base_port) + i - 1);
+    let peers: BTreeMap<u64, String> = (1..=args.nodes).map(|i| (i, addr(i))).collect();
+    // Bind every port first, then start node 1 (the one that bootstraps)
+    // last, so its first election finds its peers listening.
+    let mut listeners = Vec::new();
+    for i in 1..=args.nodes {
+        let listener = TcpListener::bind(addr(i))
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", addr(i)))?;
+        listeners.push((i, listener));
+    }
+    let mut nodes = Vec::new();
+    for (i, listener) in listeners.into_iter().rev() {
+        let opts = NodeOptions {
+            id: i,
+            advertise: addr(i),
+            data_dir: args.data_dir.join(format!("node-{i}")),
+            peers: peers.clone(),
+            init: i == 1,
+            timing: RaftTiming::default(),
+        };
+        nodes.push(Node::start(opts, listener).await?);
+    }
+    nodes.reverse();
+    for node in &nodes {
+        println!("node {} {}", node.id, node.addr);
+    }
+    let mut metrics = nodes[0].raft.metrics();
+    let elected = tokio::time::timeout(Duration::from_secs(30), async {
+        metrics.wait_for(|m| m.current_leader.is_some()).await.is_ok()
+    });
+    tokio::select! {
+        r = elected => {
+            anyhow::ensure!(matches!(r, Ok(true)), "no leader elected within 30 s");
+            println!("ready");
+        }
+        _ = wait_for_signal() => {}
+    }
+    wait_for_signal().await;
+    for node in nodes {
+        node.shutdown().await;
+    }
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

@@ -489,3 +489,43 @@ pub struct Response {
     /// What changed, in order.
     pub events: Vec<Event>,
 }
+
+impl Command {
+    /// The checks that need no state: name, value size, ttl, lock-delay,
+    /// capacity and weight. `apply` makes them too; handlers call this first
+    /// so bad input never reaches the log.
+    pub fn validate(&self) -> Result<(), Refusal> {
+        use super::limits::*;
+        match self {
+            Command::OpenSession { ttl_ms, lock_delay_ms, .. } => {
+                if !(MIN_SESSION_TTL_MS..=MAX_SESSION_TTL_MS).contains(ttl_ms) {
+                    return Err(Refusal::InvalidTtl { ttl_ms: *ttl_ms });
+                }
+                if *lock_delay_ms > MAX_LOCK_DELAY_MS {
+                    return Err(Refusal::InvalidLockDelay { lock_delay_ms: *lock_delay_ms });
+                }
+            }
+            Command::Acquire { name, mode, value, .. } => {
+                LockName::new(name.as_str())?;
+                if value.len() > MAX_VALUE_LEN {
+                    return Err(Refusal::ValueTooLarge { len: value.len() });
+                }
+                if let Mode::Semaphore { weight, capacity } = *mode {
+                    if !(1..=MAX_CAPACITY).contains(&capacity) {
+                        return Err(Refusal::InvalidCapacity { capacity });
+                    }
+                    if !(1..=capacity).contains(&weight) {
+                        return Err(Refusal::InvalidWeight { weight, capacity });
+                    }
+                }
+            }
+            Command::Release { name, .. }
+            | Command::CancelWait { name, .. }
+            | Command::EndLockDelay { name, .. } => {
+                LockName::new(name.as_str())?;
+            }
+            Command::CloseSession { .. } | Command::ExpireSession { .. } => {}
+        }
+        Ok(())
+    }
+}

@@ -485,7 +485,7 @@ impl LockTable {
     }
 
     /// Where `session` stands on `name` right now.
-    fn standing(&self, session: SessionId, name: &LockName) -> Acquired {
+    pub fn standing(&self, session: SessionId, name: &LockName) -> Acquired {
         let Some(s) = self.sessions.get(&session) else {
             return Acquired::NotAcquired;
         };

@@ -1,0 +1,432 @@
+//! Connections, leader discovery and retries.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rand::Rng;
+use raftlock_proto::v1 as pb;
+use raftlock_proto::v1::cluster_client::ClusterClient;
+use raftlock_proto::v1::locks_client::LocksClient;
+use tokio::time::Instant;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Status};
+
+use crate::error::{Error, Result};
+use crate::session::{Session, SessionOptions};
+
+/// Metadata key in which a follower names the leader's address.
+pub const LEADER_ADDR_KEY: &str = "raftlock-leader";
+
+/// Tuning for a [`Client`].
+#[derive(Clone, Debug)]
+pub struct ClientOptions {
+    /// How long one attempt of a request may take (blocking acquires get
+    /// their own timeout on top).
+    pub request_timeout: Duration,
+    /// How long a request keeps retrying across leader changes and
+    /// unreachable nodes before it gives up.
+    pub retry_deadline: Duration,
+    /// First retry delay; doubles up to `max_backoff`, with jitter.
+    pub initial_backoff: Duration,
+    /// Longest retry delay.
+    pub max_backoff: Duration,
+    /// TCP connect timeout per node.
+    pub connect_timeout: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            request_timeout: Duration::from_secs(5),
+            retry_deadline: Duration::from_secs(15),
+            initial_backoff: Duration::from_millis(20),
+            max_backoff: Duration::from_millis(500),
+            connect_timeout: Duration::from_millis(500),
+        }
+    }
+}
+
+/// A handle to a raftlock cluster. Cheap to clone; clones share
+/// connections and the leader guess.
+#[derive(Clone)]
+pub struct Client {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    endpoints: Vec<String>,
+    pub(crate) options: ClientOptions,
+    channels: Mutex<HashMap<String, Channel>>,
+    /// Best guess of the leader's address.
+    leader: Mutex<Option<String>>,
+    /// Next endpoint to try when the leader is unknown.
+    next: Mutex<usize>,
+}
+
+/// Whether a request changes state. Every mutating request raftlock sends
+/// carries a (session, seq) pair or a nonce, so it is safe to resend; the
+/// difference is only in how a final timeout is reported.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Read,
+    Write,
+}
+
+impl Client {
+    /// Connects to a cluster given some of its nodes' addresses
+    /// (`host:port`). Nothing is dialled until the first request.
+    pub async fn connect<I, S>(endpoints: I) -> Result<Client>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self::with_options(endpoints, ClientOptions::default())
+    }
+
+    /// Like [`connect`](Self::connect), with options.
+    pub fn with_options<I, S>(endpoints: I, options: ClientOptions) -> Result<Client>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let endpoints: Vec<String> = endpoints
+            .into_iter()
+            .map(Into::into)
+            .map(|e| e.trim().trim_start_matches("http://").to_string())
+            .filter(|e| !e.is_empty())
+            .collect();
+        if endpoints.is_empty() {
+            return Err(Error::Config("no endpoints given".into()));
+        }
+        Ok(Client {
+            inner: Arc::new(Inner {
+                endpoints,
+                options,
+                channels: Mutex::new(HashMap::new()),
+                leader: Mutex::new(None),
+                next: Mutex::new(0),
+            }),
+        })
+    }
+
+    /// The endpoints this client was given.
+    pub fn endpoints(&self) -> &[String] {
+        &self.inner.endpoints
+    }
+
+    /// The options in force.
+    pub fn options(&self) -> &ClientOptions {
+        &self.inner.options
+    }
+
+    fn channel(&self, addr: &str) -> Result<Channel> {
+        let mut channels = self.inner.channels.lock().expect("channels lock poisoned");
+        if let Some(c) = channels.get(addr) {
+            return Ok(c.clone());
+        }
+        let channel = Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| Error::Config(format!("bad endpoint {addr:?}: {e}")))?
+            .connect_timeout(self.inner.options.connect_timeout)
+            .tcp_nodelay(true)
+            .connect_lazy();
+        channels.insert(addr.to_string(), channel.clone());
+        Ok(channel)
+    }
+
+    /// The address to try next: the known leader, else the next endpoint.
+    fn target(&self) -> String {
+        if let Some(l) = self.inner.leader.lock().expect("leader lock poisoned").clone() {
+            return l;
+        }
+        let mut next = self.inner.next.lock().expect("next lock poisoned");
+        let addr = self.inner.endpoints[*next % self.inner.endpoints.len()].clone();
+        *next += 1;
+        addr
+    }
+
+    fn forget_leader(&self, addr: &str) {
+        let mut leader = self.inner.leader.lock().expect("leader lock poisoned");
+        if leader.as_deref() == Some(addr) {
+            *leader = None;
+        }
+    }
+
+    fn set_leader(&self, addr: String) {
+        *self.inner.leader.lock().expect("leader lock poisoned") = Some(addr);
+    }
+
+    /// Runs `f` against the leader, following leader hints and retrying
+    /// transient failures with jittered exponential backoff until
+    /// `deadline`. Never sleeps past the deadline: if the next delay would
+    /// end after it, it gives up at once.
+    pub(crate) async fn call<T, F, Fut>(
+        &self,
+        kind: Kind,
+        attempt_timeout: Duration,
+        deadline: Instant,
+        mut f: F,
+    ) -> Result<T>
+    where
+        F: FnMut(Channel) -> Fut,
+        Fut: Future<Output = std::result::Result<T, Status>>,
+    {
+        let opts = &self.inner.options;
+        let mut backoff = opts.initial_backoff;
+        let mut sent = false;
+        let mut last: Option<Error> = None;
+        let mut hops = 0;
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            let addr = self.target();
+            let channel = self.channel(&addr)?;
+            let budget = attempt_timeout.min(deadline - now);
+            let outcome = tokio::time::timeout(budget, f(channel)).await;
+            let status = match outcome {
+                Ok(Ok(v)) => {
+                    self.set_leader(addr);
+                    return Ok(v);
+                }
+                Ok(Err(status)) => status,
+                Err(_) => {
+                    // Timed out after sending: for a write we cannot know
+                    // whether it was applied.
+                    sent |= kind == Kind::Write;
+                    self.forget_leader(&addr);
+                    last = Some(Error::Unavailable(format!("{addr} did not answer within {budget:?}")));
+                    self.sleep_or_give_up(&mut backoff, deadline).await?;
+                    continue;
+                }
+            };
+            match status.code() {
+                Code::Unavailable => {
+                    let hint = status
+                        .metadata()
+                        .get(LEADER_ADDR_KEY)
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_string);
+                    // A transport failure may have happened after the
+                    // request left; a "not the leader" answer never does.
+                    let not_leader = status.message().starts_with("not the leader");
+                    if !not_leader {
+                        sent |= kind == Kind::Write;
+                    }
+                    last = Some(Error::from_status(&status, false));
+                    match hint {
+                        Some(leader) if leader != addr && hops < 3 => {
+                            hops += 1;
+                            self.set_leader(leader);
+                            continue;
+                        }
+                        _ => {
+                            hops = 0;
+                            self.forget_leader(&addr);
+                        }
+                    }
+                }
+                Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => {
+                    sent |= kind == Kind::Write;
+                    self.forget_leader(&addr);
+                    last = Some(Error::from_status(&status, sent));
+                }
+                _ => return Err(Error::from_status(&status, sent)),
+            }
+            self.sleep_or_give_up(&mut backoff, deadline).await?;
+        }
+        let reason = last.map(|e| e.to_string()).unwrap_or_else(|| "deadline reached".into());
+        Err(if sent { Error::Unknown(reason) } else { Error::Unavailable(reason) })
+    }
+
+    async fn sleep_or_give_up(&self, backoff: &mut Duration, deadline: Instant) -> Result<()> {
+        let jitter = rand::rng().random_range(0.5..1.5);
+        let delay = backoff.mul_f64(jitter);
+        *backoff = (*backoff * 2).min(self.inner.options.max_backoff);
+        if Instant::now() + delay >= deadline {
+            // Sleeping would only end after the deadline: give up now.
+            return Err(Error::Unavailable("retry deadline reached".into()));
+        }
+        tokio::time::sleep(delay).await;
+        Ok(())
+    }
+
+    /// A `Locks` stub on a channel.
+    pub(crate) fn locks(channel: Channel) -> LocksClient<Channel> {
+        LocksClient::new(channel)
+    }
+
+    /// Runs a read-only or idempotent `Locks` call with the default
+    /// deadline.
+    pub(crate) async fn locks_call<T, F, Fut>(&self, kind: Kind, f: F) -> Result<T>
+    where
+        F: FnMut(LocksClient<Channel>) -> Fut,
+        Fut: Future<Output = std::result::Result<T, Status>>,
+    {
+        let opts = &self.inner.options;
+        let deadline = Instant::now() + opts.retry_deadline;
+        let mut f = f;
+        self.call(kind, opts.request_timeout, deadline, move |c| f(Self::locks(c))).await
+    }
+
+    /// Opens a session with `ttl` (and no lock-delay).
+    pub async fn session(&self, ttl: Duration) -> Result<Session> {
+        Session::open(self.clone(), SessionOptions { ttl, ..SessionOptions::default() }).await
+    }
+
+    /// Opens a session with options.
+    pub async fn session_with(&self, options: SessionOptions) -> Result<Session> {
+        Session::open(self.clone(), options).await
+    }
+
+    /// Asks the cluster whether `fence` belongs to a current holder of
+    /// `name` (linearizable).
+    pub async fn check_fence(&self, name: &str, fence: u64) -> Result<bool> {
+        let req = pb::CheckFenceRequest { name: name.to_string(), fence, stale: false };
+        let resp = self
+            .locks_call(Kind::Read, |mut c| {
+                let req = req.clone();
+                async move { c.check_fence(req).await }
+            })
+            .await?;
+        Ok(resp.into_inner().current)
+    }
+
+    /// Describes `name` (linearizable); `None` if nobody holds, waits for or
+    /// delays it.
+    pub async fn describe(&self, name: &str) -> Result<Option<pb::LockInfo>> {
+        let req = pb::DescribeRequest { name: name.to_string(), stale: false };
+        let resp = self
+            .locks_call(Kind::Read, |mut c| {
+                let req = req.clone();
+                async move { c.describe(req).await }
+            })
+            .await?
+            .into_inner();
+        Ok(resp.info.filter(|_| resp.exists))
+    }
+
+    /// Lists names with `prefix`, following pages to the end.
+    pub async fn list(&self, prefix: &str) -> Result<Vec<pb::LockInfo>> {
+        let mut out = Vec::new();
+        let mut token = String::new();
+        loop {
+            let req = pb::ListRequest {
+                prefix: prefix.to_string(),
+                page_token: token.clone(),
+                limit: 0,
+                stale: false,
+            };
+            let page = self
+                .locks_call(Kind::Read, |mut c| {
+                    let req = req.clone();
+                    async move { c.list(req).await }
+                })
+                .await?
+                .into_inner();
+            out.extend(page.locks);
+            if page.next_page_token.is_empty() {
+                return Ok(out);
+            }
+            token = page.next_page_token;
+        }
+    }
+
+    /// Streams events for `name` (exact) or, if `prefix` is true, for every
+    /// name starting with it. Served by whichever node answers; events carry
+    /// the log index that caused them.
+    pub async fn watch(
+        &self,
+        name: &str,
+        prefix: bool,
+    ) -> Result<tonic::Streaming<pb::WatchEvent>> {
+        let req = if prefix {
+            pb::WatchRequest { name: String::new(), prefix: name.to_string() }
+        } else {
+            pb::WatchRequest { name: name.to_string(), prefix: String::new() }
+        };
+        let resp = self
+            .locks_call(Kind::Read, |mut c| {
+                let req = req.clone();
+                async move { c.watch(req).await }
+            })
+            .await?;
+        Ok(resp.into_inner())
+    }
+
+    /// The status of the node at `addr` (not necessarily the leader).
+    pub async fn node_status(&self, addr: &str) -> Result<pb::StatusResponse> {
+        let mut c = ClusterClient::new(self.channel(addr)?);
+        let resp = tokio::time::timeout(self.inner.options.request_timeout, c.status(pb::StatusRequest {}))
+            .await
+            .map_err(|_| Error::Unavailable(format!("{addr} did not answer")))?
+            .map_err(|s| Error::from_status(&s, false))?;
+        Ok(resp.into_inner())
+    }
+
+    /// Runs a `Cluster` call against the leader.
+    pub(crate) async fn cluster_call<T, F, Fut>(&self, kind: Kind, timeout: Duration, f: F) -> Result<T>
+    where
+        F: FnMut(ClusterClient<Channel>) -> Fut,
+        Fut: Future<Output = std::result::Result<T, Status>>,
+    {
+        let deadline = Instant::now() + self.inner.options.retry_deadline.max(timeout);
+        let mut f = f;
+        self.call(kind, timeout, deadline, move |c| f(ClusterClient::new(c))).await
+    }
+
+    /// The status of the leader.
+    pub async fn status(&self) -> Result<pb::StatusResponse> {
+        // Status answers on any node; ask until one that knows a leader
+        // answers, then ask the leader itself.
+        let any = self
+            .cluster_call(Kind::Read, self.inner.options.request_timeout, |mut c| async move {
+                c.status(pb::StatusRequest {}).await
+            })
+            .await?
+            .into_inner();
+        if any.leader_addr.is_empty() || any.leader_addr == any.addr {
+            return Ok(any);
+        }
+        self.node_status(&any.leader_addr).await.or(Ok(any))
+    }
+
+    /// The current members.
+    pub async fn members(&self) -> Result<pb::MembersResponse> {
+        Ok(self
+            .cluster_call(Kind::Read, self.inner.options.request_timeout, |mut c| async move {
+                c.members(pb::MembersRequest {}).await
+            })
+            .await?
+            .into_inner())
+    }
+
+    /// Adds node `id` at `addr` (learner, catch-up, then voter unless
+    /// `learner_only`). Waits until done.
+    pub async fn add_node(&self, id: u64, addr: &str, learner_only: bool) -> Result<Vec<pb::Member>> {
+        let req = pb::AddNodeRequest { id, addr: addr.to_string(), learner_only };
+        let timeout = Duration::from_secs(60);
+        Ok(self
+            .cluster_call(Kind::Write, timeout, |mut c| {
+                let req = req.clone();
+                async move { c.add_node(req).await }
+            })
+            .await?
+            .into_inner()
+            .members)
+    }
+
+    /// Removes node `id`.
+    pub async fn remove_node(&self, id: u64) -> Result<Vec<pb::Member>> {
+        let timeout = Duration::from_secs(30);
+        Ok(self
+            .cluster_call(Kind::Write, timeout, |mut c| async move {
+                c.remove_node(pb::RemoveNodeRequest { id }).await
+            })
+            .await?
+            .into_inner()
+            .members)
+    }
+}

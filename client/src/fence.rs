@@ -1,0 +1,105 @@
+//! Fence checking for downstream stores (no network).
+//!
+//! A store that raftlock protects keeps, per resource, the largest fence it
+//! has accepted, and refuses any write that carries a smaller one: the
+//! write of a holder that was paused, partitioned or expired and has since
+//! been superseded. Equal fences are accepted (the same holder writing
+//! again).
+//!
+//! ```
+//! use raftlock_client::fence::FenceChecker;
+//!
+//! let store = FenceChecker::new();
+//! assert!(store.check("accounts/7", 12).is_ok());
+//! assert!(store.check("accounts/7", 12).is_ok()); // same holder again
+//! assert!(store.check("accounts/7", 15).is_ok()); // a newer holder
+//! let stale = store.check("accounts/7", 12).unwrap_err(); // the old one, too late
+//! assert_eq!((stale.fence, stale.latest), (12, 15));
+//! ```
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+/// A write refused because a newer holder already wrote.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("stale fence {fence}: the resource has already accepted fence {latest}")]
+pub struct StaleFence {
+    /// The fence the write carried.
+    pub fence: u64,
+    /// The largest fence accepted so far.
+    pub latest: u64,
+}
+
+/// The largest fence accepted per resource. Thread-safe.
+#[derive(Debug, Default)]
+pub struct FenceChecker {
+    latest: Mutex<HashMap<String, u64>>,
+}
+
+impl FenceChecker {
+    /// An empty checker.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Accepts `fence` for `resource` if it is at least the largest seen,
+    /// and records it. Call it atomically with the write it guards (the
+    /// check and the write must not interleave with another writer's).
+    pub fn check(&self, resource: &str, fence: u64) -> Result<(), StaleFence> {
+        let mut latest = self.latest.lock().expect("fence lock poisoned");
+        match latest.get_mut(resource) {
+            Some(l) if fence < *l => Err(StaleFence { fence, latest: *l }),
+            Some(l) => {
+                *l = fence;
+                Ok(())
+            }
+            None => {
+                latest.insert(resource.to_string(), fence);
+                Ok(())
+            }
+        }
+    }
+
+    /// Runs `write` only if `fence` is accepted for `resource`; the check
+    /// and the write happen under one lock.
+    pub fn guarded<T>(&self, resource: &str, fence: u64, write: impl FnOnce() -> T) -> Result<T, StaleFence> {
+        let mut latest = self.latest.lock().expect("fence lock poisoned");
+        let l = latest.entry(resource.to_string()).or_insert(0);
+        if fence < *l {
+            return Err(StaleFence { fence, latest: *l });
+        }
+        *l = fence;
+        Ok(write())
+    }
+
+    /// The largest fence accepted for `resource`.
+    pub fn latest(&self, resource: &str) -> Option<u64> {
+        self.latest.lock().expect("fence lock poisoned").get(resource).copied()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn smaller_fences_are_refused_per_resource() {
+        let c = FenceChecker::new();
+        c.check("a", 5).expect("first");
+        c.check("b", 1).expect("other resource is independent");
+        assert_eq!(c.check("a", 4), Err(StaleFence { fence: 4, latest: 5 }));
+        c.check("a", 5).expect("equal accepted");
+        c.check("a", 9).expect("larger accepted");
+        assert_eq!(c.latest("a"), Some(9));
+        assert_eq!(c.latest("zzz"), None);
+    }
+
+    #[test]
+    fn guarded_writes_run_only_when_accepted() {
+        let c = FenceChecker::new();
+        let mut log = Vec::new();
+        c.guarded("k", 3, || log.push(3)).expect("accepted");
+        assert!(c.guarded("k", 2, || log.push(2)).is_err());
+        assert_eq!(log, vec![3]);
+    }
+}

@@ -1,0 +1,153 @@
+//! Grants: held until released, dropped, or the session ends.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use raftlock_proto::v1 as pb;
+
+use crate::client::Kind;
+use crate::error::{Error, Result};
+use crate::session::Session;
+
+/// What a grant holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// An exclusive lock.
+    Exclusive,
+    /// A shared lock.
+    Shared,
+    /// `weight` permits of a semaphore of `capacity`.
+    Semaphore {
+        /// Permits held.
+        weight: u32,
+        /// The semaphore's capacity.
+        capacity: u32,
+    },
+}
+
+struct GuardInner {
+    session: Session,
+    name: String,
+    fence: u64,
+    mode: Mode,
+    value: Vec<u8>,
+    released: AtomicBool,
+}
+
+/// A held lock or set of semaphore permits. Released by
+/// [`release`](Guard::release) (any number of times) or, failing that,
+/// in the background when the last clone is dropped.
+#[derive(Clone)]
+pub struct Guard {
+    inner: Arc<GuardInner>,
+}
+
+impl std::fmt::Debug for Guard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Guard")
+            .field("name", &self.inner.name)
+            .field("fence", &self.inner.fence)
+            .field("mode", &self.inner.mode)
+            .finish()
+    }
+}
+
+impl Guard {
+    pub(crate) fn new(session: Session, name: String, fence: u64, mode: Mode, value: Vec<u8>) -> Guard {
+        Guard {
+            inner: Arc::new(GuardInner {
+                session,
+                name,
+                fence,
+                mode,
+                value,
+                released: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// The fencing token: pass it to every store you write while holding
+    /// this grant.
+    pub fn fence(&self) -> u64 {
+        self.inner.fence
+    }
+
+    /// The lock or semaphore name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// What is held.
+    pub fn mode(&self) -> Mode {
+        self.inner.mode
+    }
+
+    /// The value attached at acquire time.
+    pub fn value(&self) -> &[u8] {
+        &self.inner.value
+    }
+
+    /// The session holding it.
+    pub fn session(&self) -> &Session {
+        &self.inner.session
+    }
+
+    /// True while the session's lease view is valid and the grant was not
+    /// released.
+    pub fn is_held(&self) -> bool {
+        !self.inner.released.load(Ordering::SeqCst) && self.inner.session.is_valid()
+    }
+
+    /// Releases the grant. Returns whether this call released it (`false`:
+    /// already released, or ended with its session). Safe to call any number
+    /// of times.
+    pub async fn release(&self) -> Result<bool> {
+        if self.inner.released.swap(true, Ordering::SeqCst) {
+            return Ok(false);
+        }
+        release(&self.inner.session, &self.inner.name, self.inner.fence).await
+    }
+}
+
+async fn release(session: &Session, name: &str, fence: u64) -> Result<bool> {
+    let req = pb::ReleaseRequest {
+        session_id: session.id(),
+        seq: session.next_seq(),
+        name: name.to_string(),
+        fence,
+    };
+    match session
+        .client()
+        .locks_call(Kind::Write, |mut c| {
+            let req = req.clone();
+            async move { c.release(req).await }
+        })
+        .await
+    {
+        Ok(r) => Ok(r.into_inner().released),
+        // The session ended, and the grant with it.
+        Err(Error::SessionNotFound(_)) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+impl Drop for GuardInner {
+    fn drop(&mut self) {
+        if self.released.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            // No runtime to release on: the session's expiry (or close)
+            // releases it.
+            return;
+        };
+        let session = self.session.clone();
+        let name = std::mem::take(&mut self.name);
+        let fence = self.fence;
+        handle.spawn(async move {
+            if let Err(e) = release(&session, &name, fence).await {
+                tracing::warn!(name, fence, error = %e, "release on drop failed; the session's expiry will release it");
+            }
+        });
+    }
+}

@@ -1,0 +1,452 @@
+//! Sessions: a lease kept alive in the background, and the grants held
+//! through it.
+//!
+//! The client counts its lease conservatively: from the moment it *sent*
+//! the last keep-alive the leader acknowledged, minus a safety margin. The
+//! leader counts from when it processed that keep-alive (later), and a new
+//! leader restarts the count at full length, so as long as clocks tick at
+//! roughly the same rate the client always believes its lease ends before
+//! the cluster does. When the client's count runs out, [`Session::lost`]
+//! fires; work already running is not cancelled, only told.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use raftlock_proto::v1 as pb;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::client::{Client, Kind};
+use crate::error::{Error, Result};
+use crate::guard::{Guard, Mode};
+
+/// `timeout_ms` meaning "wait without a timeout".
+pub const WAIT_FOREVER_MS: u64 = u64::MAX;
+
+/// How a session is opened.
+#[derive(Clone, Debug)]
+pub struct SessionOptions {
+    /// Lease length (server bounds: 1 s ..= 1 h).
+    pub ttl: Duration,
+    /// Lock-delay: after an expiry, the session's locks stay unavailable
+    /// this long (0 = none).
+    pub lock_delay: Duration,
+    /// Fraction of the ttl the client subtracts from its own view of the
+    /// lease, for clock-rate differences and scheduling delays.
+    pub margin: f64,
+}
+
+impl Default for SessionOptions {
+    fn default() -> Self {
+        SessionOptions { ttl: Duration::from_secs(10), lock_delay: Duration::ZERO, margin: 0.1 }
+    }
+}
+
+/// The client's view of its lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseState {
+    /// Valid until the given instant (on this process's monotonic clock).
+    Valid(Instant),
+    /// May have lapsed: keep-alives failed past the lease, or the session
+    /// was found expired. Locks held through it may belong to others now.
+    Lost,
+    /// Closed by its owner.
+    Closed,
+}
+
+pub(crate) struct SessionInner {
+    pub(crate) client: Client,
+    pub(crate) id: u64,
+    pub(crate) ttl: Duration,
+    margin: Duration,
+    seq: AtomicU64,
+    lease: watch::Sender<LeaseState>,
+    closed: AtomicBool,
+    keeper: std::sync::Mutex<Option<JoinHandle<()>>>,
+}
+
+/// An open session. Cheap to clone; the lease is kept alive until the last
+/// clone is dropped or [`close`](Session::close) is called.
+#[derive(Clone)]
+pub struct Session {
+    pub(crate) inner: Arc<SessionInner>,
+}
+
+impl Drop for SessionInner {
+    fn drop(&mut self) {
+        if let Some(k) = self.keeper.lock().ok().and_then(|mut k| k.take()) {
+            k.abort();
+        }
+    }
+}
+
+impl Session {
+    pub(crate) async fn open(client: Client, options: SessionOptions) -> Result<Session> {
+        let nonce: u64 = rand::random::<u64>() | 1;
+        let req = pb::OpenSessionRequest {
+            ttl_ms: options.ttl.as_millis() as u64,
+            lock_delay_ms: options.lock_delay.as_millis() as u64,
+            nonce,
+        };
+        let sent_at = Instant::now();
+        let resp = client
+            .locks_call(Kind::Write, |mut c| {
+                let req = req.clone();
+                async move { c.open_session(req).await }
+            })
+            .await?
+            .into_inner();
+        let ttl = Duration::from_millis(resp.ttl_ms);
+        let margin = ttl.mul_f64(options.margin.clamp(0.0, 0.5));
+        let (lease, _) = watch::channel(LeaseState::Valid(sent_at + ttl - margin));
+        let inner = Arc::new(SessionInner {
+            client,
+            id: resp.session_id,
+            ttl,
+            margin,
+            seq: AtomicU64::new(1),
+            lease,
+            closed: AtomicBool::new(false),
+            keeper: std::sync::Mutex::new(None),
+        });
+        let keeper = tokio::spawn(keep_alive_loop(Arc::downgrade(&inner)));
+        *inner.keeper.lock().expect("keeper lock poisoned") = Some(keeper);
+        Ok(Session { inner })
+    }
+
+    /// The session id.
+    pub fn id(&self) -> u64 {
+        self.inner.id
+    }
+
+    /// The lease length.
+    pub fn ttl(&self) -> Duration {
+        self.inner.ttl
+    }
+
+    /// The client this session belongs to.
+    pub fn client(&self) -> &Client {
+        &self.inner.client
+    }
+
+    /// True while the client's own (conservative) view of the lease says it
+    /// is still held.
+    pub fn is_valid(&self) -> bool {
+        matches!(*self.inner.lease.borrow(), LeaseState::Valid(until) if Instant::now() < until)
+    }
+
+    /// Follows the lease state.
+    pub fn lease(&self) -> watch::Receiver<LeaseState> {
+        self.inner.lease.subscribe()
+    }
+
+    /// Resolves when the lease may be gone (lost or closed). It does not
+    /// cancel anything; it lets the holder stop on its own terms.
+    pub async fn lost(&self) {
+        let mut rx = self.inner.lease.subscribe();
+        loop {
+            let until = match *rx.borrow_and_update() {
+                LeaseState::Valid(until) => until,
+                _ => return,
+            };
+            tokio::select! {
+                _ = tokio::time::sleep_until(until) => {
+                    if !matches!(*rx.borrow(), LeaseState::Valid(u) if u > Instant::now()) {
+                        return;
+                    }
+                }
+                changed = rx.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    pub(crate) fn next_seq(&self) -> u64 {
+        self.inner.seq.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn mark_lost(&self) {
+        self.inner.lease.send_if_modified(|s| {
+            if matches!(s, LeaseState::Valid(_)) {
+                *s = LeaseState::Lost;
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    /// Acquires `name` in `mode`, waiting up to `timeout` (`None`: forever,
+    /// `Some(ZERO)`: try once) and attaching `value`.
+    pub(crate) async fn acquire(
+        &self,
+        name: &str,
+        mode: Mode,
+        timeout: Option<Duration>,
+        value: Vec<u8>,
+    ) -> Result<Guard> {
+        if !self.is_valid() {
+            return Err(Error::LeaseLost);
+        }
+        let seq = self.next_seq();
+        let timeout_ms = match timeout {
+            None => WAIT_FOREVER_MS,
+            Some(t) => (t.as_millis() as u64).min(WAIT_FOREVER_MS - 1),
+        };
+        let (pmode, weight, capacity) = match mode {
+            Mode::Exclusive => (pb::Mode::Exclusive, 0, 0),
+            Mode::Shared => (pb::Mode::Shared, 0, 0),
+            Mode::Semaphore { weight, capacity } => (pb::Mode::Semaphore, weight, capacity),
+        };
+        let req = pb::AcquireRequest {
+            session_id: self.inner.id,
+            seq,
+            name: name.to_string(),
+            mode: pmode as i32,
+            weight,
+            capacity,
+            timeout_ms,
+            value: value.clone(),
+        };
+        let opts = self.inner.client.options();
+        // One attempt may wait as long as the acquire's own timeout; a
+        // retry (same seq) resumes the same place in the queue.
+        let (attempt, deadline) = match timeout {
+            None => (Duration::from_secs(3600 * 24 * 365), Instant::now() + Duration::from_secs(3600 * 24 * 365)),
+            Some(t) => (opts.request_timeout + t * 2, Instant::now() + opts.retry_deadline + t * 2),
+        };
+        let resp = self
+            .inner
+            .client
+            .call(Kind::Write, attempt, deadline, |c| {
+                let req = req.clone();
+                async move { Client::locks(c).acquire(req).await }
+            })
+            .await?
+            .into_inner();
+        if !resp.acquired {
+            return Err(Error::NotAcquired(timeout.unwrap_or(Duration::MAX)));
+        }
+        let guard = Guard::new(self.clone(), name.to_string(), resp.fence, mode, value);
+        // Never hand out a grant on a lease that may already have lapsed
+        // (etcd #11456): give it back and say so.
+        if !self.is_valid() {
+            guard.release().await.ok();
+            return Err(Error::LeaseLost);
+        }
+        Ok(guard)
+    }
+
+    /// Waits for and takes an exclusive lock on `name`.
+    pub async fn lock(&self, name: &str) -> Result<Guard> {
+        self.acquire(name, Mode::Exclusive, None, Vec::new()).await
+    }
+
+    /// Takes an exclusive lock on `name` if it is free now.
+    pub async fn try_lock(&self, name: &str) -> Result<Option<Guard>> {
+        match self.acquire(name, Mode::Exclusive, Some(Duration::ZERO), Vec::new()).await {
+            Ok(g) => Ok(Some(g)),
+            Err(Error::NotAcquired(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Waits up to `timeout` for an exclusive lock on `name`.
+    pub async fn lock_timeout(&self, name: &str, timeout: Duration) -> Result<Guard> {
+        self.acquire(name, Mode::Exclusive, Some(timeout), Vec::new()).await
+    }
+
+    /// Waits for a shared lock on `name`.
+    pub async fn read_lock(&self, name: &str) -> Result<Guard> {
+        self.acquire(name, Mode::Shared, None, Vec::new()).await
+    }
+
+    /// Waits up to `timeout` for a lock in `mode` with a holder value.
+    pub async fn lock_with(
+        &self,
+        name: &str,
+        shared: bool,
+        timeout: Option<Duration>,
+        value: Vec<u8>,
+    ) -> Result<Guard> {
+        let mode = if shared { Mode::Shared } else { Mode::Exclusive };
+        self.acquire(name, mode, timeout, value).await
+    }
+
+    /// A handle on semaphore `name` of `capacity`.
+    pub fn semaphore(&self, name: &str, capacity: u32) -> Semaphore {
+        Semaphore { session: self.clone(), name: name.to_string(), capacity }
+    }
+
+    /// Runs `f` while holding an exclusive lock on `name`, passing it the
+    /// fence; releases afterwards whatever `f` returned.
+    pub async fn with_lock<F, Fut, T>(&self, name: &str, f: F) -> Result<T>
+    where
+        F: FnOnce(u64) -> Fut,
+        Fut: std::future::Future<Output = T>,
+    {
+        let guard = self.lock(name).await?;
+        let out = f(guard.fence()).await;
+        guard.release().await?;
+        Ok(out)
+    }
+
+    /// Takes exclusive locks on all `names`, all or nothing. Names are
+    /// taken in sorted order, the same order every caller uses, so two
+    /// callers cannot deadlock on each other. Waits up to `timeout` in
+    /// total.
+    pub async fn acquire_all<S: AsRef<str>>(&self, names: &[S], timeout: Duration) -> Result<Vec<Guard>> {
+        let mut sorted: Vec<&str> = names.iter().map(AsRef::as_ref).collect();
+        sorted.sort_unstable();
+        sorted.dedup();
+        let deadline = Instant::now() + timeout;
+        let mut held: Vec<Guard> = Vec::with_capacity(sorted.len());
+        for name in sorted {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lock_timeout(name, left).await {
+                Ok(g) => held.push(g),
+                Err(e) => {
+                    for g in held.drain(..).rev() {
+                        let _ = g.release().await;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(held)
+    }
+
+    /// Closes the session: releases everything it holds and stops the
+    /// keep-alives. Safe to call more than once.
+    pub async fn close(&self) -> Result<()> {
+        if self.inner.closed.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        if let Some(k) = self.inner.keeper.lock().expect("keeper lock poisoned").take() {
+            k.abort();
+        }
+        self.inner.lease.send_replace(LeaseState::Closed);
+        let req = pb::CloseSessionRequest { session_id: self.inner.id, seq: self.next_seq() };
+        match self
+            .inner
+            .client
+            .locks_call(Kind::Write, |mut c| {
+                let req = req.clone();
+                async move { c.close_session(req).await }
+            })
+            .await
+        {
+            Ok(_) | Err(Error::SessionNotFound(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// A semaphore through a session.
+pub struct Semaphore {
+    session: Session,
+    name: String,
+    capacity: u32,
+}
+
+impl Semaphore {
+    /// Waits for `weight` permits.
+    pub async fn acquire(&self, weight: u32) -> Result<Guard> {
+        let mode = Mode::Semaphore { weight, capacity: self.capacity };
+        self.session.acquire(&self.name, mode, None, Vec::new()).await
+    }
+
+    /// Waits up to `timeout` for `weight` permits.
+    pub async fn acquire_timeout(&self, weight: u32, timeout: Duration) -> Result<Guard> {
+        let mode = Mode::Semaphore { weight, capacity: self.capacity };
+        self.session.acquire(&self.name, mode, Some(timeout), Vec::new()).await
+    }
+
+    /// Takes `weight` permits if they are free now.
+    pub async fn try_acquire(&self, weight: u32) -> Result<Option<Guard>> {
+        let mode = Mode::Semaphore { weight, capacity: self.capacity };
+        match self.session.acquire(&self.name, mode, Some(Duration::ZERO), Vec::new()).await {
+            Ok(g) => Ok(Some(g)),
+            Err(Error::NotAcquired(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Sends keep-alives about every ttl/3 and keeps the lease view current.
+async fn keep_alive_loop(weak: std::sync::Weak<SessionInner>) {
+    loop {
+        let Some(inner) = weak.upgrade() else { return };
+        let session = Session { inner };
+        let interval = session.inner.ttl / 3;
+        let sent_at = Instant::now();
+        match send_keep_alive(&session).await {
+            Ok(ttl) => {
+                let until = sent_at + ttl - session.inner.margin;
+                session.inner.lease.send_if_modified(|s| match s {
+                    LeaseState::Valid(old) if *old < until => {
+                        *old = until;
+                        true
+                    }
+                    _ => false,
+                });
+            }
+            Err(Error::SessionNotFound(_)) => {
+                session.mark_lost();
+                return;
+            }
+            Err(e) => {
+                tracing::debug!(session = session.inner.id, error = %e, "keep-alive failed");
+                if !session.is_valid() {
+                    session.mark_lost();
+                }
+            }
+        }
+        if !matches!(*session.inner.lease.borrow(), LeaseState::Valid(_)) {
+            return;
+        }
+        // Sleep until the next keep-alive, but wake at the lease's end to
+        // report it lost if nothing got through by then.
+        let until = match *session.inner.lease.borrow() {
+            LeaseState::Valid(u) => u,
+            _ => return,
+        };
+        let next = (sent_at + interval).max(Instant::now() + Duration::from_millis(50));
+        drop(session);
+        if until <= next {
+            tokio::time::sleep_until(until).await;
+            if let Some(inner) = weak.upgrade() {
+                let s = Session { inner };
+                if !s.is_valid() {
+                    s.mark_lost();
+                }
+            }
+        }
+        tokio::time::sleep_until(next).await;
+    }
+}
+
+async fn send_keep_alive(session: &Session) -> Result<Duration> {
+    let id = session.inner.id;
+    let client = &session.inner.client;
+    // A keep-alive that takes longer than a third of the ttl is useless.
+    let attempt = (session.inner.ttl / 3).max(Duration::from_millis(200));
+    let deadline = Instant::now() + attempt;
+    let resp = client
+        .call(Kind::Read, attempt, deadline, |c| async move {
+            let mut locks = Client::locks(c);
+            let outbound = tokio_stream::iter([pb::KeepAliveRequest { session_id: id }]);
+            let mut inbound = locks.keep_alive(outbound).await?.into_inner();
+            match inbound.message().await? {
+                Some(r) => Ok(r),
+                None => Err(tonic::Status::unavailable("keep-alive stream ended")),
+            }
+        })
+        .await?;
+    Ok(Duration::from_millis(resp.ttl_ms))
+}

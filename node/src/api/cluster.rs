@@ -1,0 +1,161 @@
+//! The `Cluster` service: status and membership.
+
+use std::collections::BTreeSet;
+
+use openraft::{BasicNode, ServerState, StoredMembership};
+use raftlock_proto::v1 as pb;
+use raftlock_proto::v1::cluster_server::Cluster;
+use tonic::{Request, Response, Status};
+
+use super::Api;
+use crate::error::Error;
+use crate::raft::NodeId;
+
+fn members(m: &StoredMembership<NodeId, BasicNode>) -> Vec<pb::Member> {
+    let voters: BTreeSet<NodeId> = m.membership().voter_ids().collect();
+    m.membership()
+        .nodes()
+        .map(|(id, node)| pb::Member { id: *id, addr: node.addr.clone(), voter: voters.contains(id) })
+        .collect()
+}
+
+fn role(state: ServerState) -> &'static str {
+    match state {
+        ServerState::Leader => "leader",
+        ServerState::Follower => "follower",
+        ServerState::Candidate => "candidate",
+        ServerState::Learner => "learner",
+        ServerState::Shutdown => "shutdown",
+    }
+}
+
+/// Checks an address given to `AddNode`: `host:port` with a port.
+fn valid_addr(addr: &str) -> bool {
+    match addr.rsplit_once(':') {
+        Some((host, port)) => !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p != 0),
+        None => false,
+    }
+}
+
+#[tonic::async_trait]
+impl Cluster for Api {
+    async fn status(&self, _req: Request<pb::StatusRequest>) -> Result<Response<pb::StatusResponse>, Status> {
+        let m = self.0.raft.metrics().borrow().clone();
+        let leader_addr = m
+            .current_leader
+            .and_then(|l| m.membership_config.membership().get_node(&l).map(|n| n.addr.clone()))
+            .unwrap_or_default();
+        let stats = {
+            let applied = self.0.shared.applied.read().expect("applied lock poisoned");
+            applied.table.stats()
+        };
+        Ok(Response::new(pb::StatusResponse {
+            id: self.0.id,
+            addr: self.0.addr.clone(),
+            role: role(m.state).to_string(),
+            term: m.current_term,
+            leader_id: m.current_leader.unwrap_or(0),
+            leader_addr,
+            commit_index: self.0.committed.load(std::sync::atomic::Ordering::Relaxed),
+            applied_index: m.last_applied.map_or(0, |l| l.index),
+            last_log_index: m.last_log_index.unwrap_or(0),
+            members: members(&m.membership_config),
+            sessions: stats.sessions,
+            grants: stats.grants,
+            waiters: stats.waiters,
+            last_fence: stats.last_fence,
+        }))
+    }
+
+    async fn members(&self, _req: Request<pb::MembersRequest>) -> Result<Response<pb::MembersResponse>, Status> {
+        let m = self.0.raft.metrics().borrow().clone();
+        Ok(Response::new(pb::MembersResponse {
+            members: members(&m.membership_config),
+            leader_id: m.current_leader.unwrap_or(0),
+        }))
+    }
+
+    #[tracing::instrument(skip_all, fields(node = req.get_ref().id, addr = %req.get_ref().addr))]
+    async fn add_node(&self, req: Request<pb::AddNodeRequest>) -> Result<Response<pb::AddNodeResponse>, Status> {
+        let r = req.into_inner();
+        if r.id == 0 {
+            return Err(Error::InvalidArgument("node id must be non-zero".into()).into());
+        }
+        if !valid_addr(&r.addr) {
+            return Err(Error::InvalidArgument(format!("node address must be host:port, got {:?}", r.addr)).into());
+        }
+        let current = self.0.raft.metrics().borrow().membership_config.clone();
+        if let Some(existing) = current.membership().get_node(&r.id) {
+            if existing.addr != r.addr {
+                return Err(Error::FailedPrecondition(format!(
+                    "node {} is already a member at {}",
+                    r.id, existing.addr
+                ))
+                .into());
+            }
+        }
+        // Learner first, blocking until it has caught up; then promote.
+        self.0
+            .raft
+            .add_learner(r.id, BasicNode { addr: r.addr.clone() }, true)
+            .await
+            .map_err(Error::from)?;
+        let mut latest = self.0.raft.metrics().borrow().membership_config.clone();
+        if !r.learner_only {
+            let mut voters: BTreeSet<NodeId> = latest.membership().voter_ids().collect();
+            voters.insert(r.id);
+            let resp = self.0.raft.change_membership(voters, false).await.map_err(Error::from)?;
+            if let Some(m) = resp.membership {
+                latest = std::sync::Arc::new(StoredMembership::new(Some(resp.log_id), m));
+            }
+        }
+        Ok(Response::new(pb::AddNodeResponse { members: members(&latest) }))
+    }
+
+    #[tracing::instrument(skip_all, fields(node = req.get_ref().id))]
+    async fn remove_node(
+        &self,
+        req: Request<pb::RemoveNodeRequest>,
+    ) -> Result<Response<pb::RemoveNodeResponse>, Status> {
+        let r = req.into_inner();
+        let current = self.0.raft.metrics().borrow().membership_config.clone();
+        if current.membership().get_node(&r.id).is_none() {
+            return Err(Error::NotFound(format!("node {} is not a member", r.id)).into());
+        }
+        let voters: BTreeSet<NodeId> = current.membership().voter_ids().filter(|v| *v != r.id).collect();
+        if voters.is_empty() {
+            return Err(Error::FailedPrecondition("cannot remove the last voter".into()).into());
+        }
+        let is_voter = current.membership().voter_ids().any(|v| v == r.id);
+        let resp = if is_voter {
+            self.0.raft.change_membership(voters, false).await.map_err(Error::from)?
+        } else {
+            let remove: BTreeSet<NodeId> = [r.id].into();
+            self.0
+                .raft
+                .change_membership(openraft::ChangeMembers::RemoveNodes(remove), false)
+                .await
+                .map_err(Error::from)?
+        };
+        let latest = match resp.membership {
+            Some(m) => StoredMembership::new(Some(resp.log_id), m),
+            None => (*self.0.raft.metrics().borrow().membership_config).clone(),
+        };
+        Ok(Response::new(pb::RemoveNodeResponse { members: members(&latest) }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::valid_addr;
+
+    #[test]
+    fn addresses_need_a_host_and_a_port() {
+        assert!(valid_addr("127.0.0.1:7101"));
+        assert!(valid_addr("node-3.raftlock:7101"));
+        assert!(!valid_addr("127.0.0.1"));
+        assert!(!valid_addr(":7101"));
+        assert!(!valid_addr("127.0.0.1:0"));
+        assert!(!valid_addr("127.0.0.1:99999"));
+    }
+}

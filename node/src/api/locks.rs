@@ -1,0 +1,318 @@
+//! The `Locks` service.
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use futures::Stream;
+use raftlock_proto::v1 as pb;
+use raftlock_proto::v1::locks_server::Locks;
+use tokio::sync::{broadcast, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::convert::{lock_info, mode_from_request, mode_to_proto, watch_event};
+use super::Api;
+use crate::error::Error;
+use crate::leases::KeepAliveError;
+use crate::shared::WatchItem;
+use crate::state::limits::WAIT_FOREVER;
+use crate::state::{Acquired, Command, Fence, LockName, Reply, SessionId};
+
+/// Default page size of `List`.
+pub const DEFAULT_LIST_LIMIT: usize = 100;
+/// Largest page size of `List`.
+pub const MAX_LIST_LIMIT: usize = 1000;
+/// A parked acquire waits for its cancellation at most this much longer
+/// than its own timeout (the leader proposes the cancellation; a leader
+/// change re-arms it at full length), then answers `DEADLINE_EXCEEDED`.
+pub const WAIT_GRACE: Duration = Duration::from_secs(5);
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+fn name(s: &str) -> Result<LockName, Error> {
+    LockName::new(s).map_err(Error::from)
+}
+
+impl Api {
+    /// Waits for a queued acquire's grant or cancellation.
+    async fn park(&self, session: SessionId, name: LockName, timeout_ms: u64) -> Result<Acquired, Error> {
+        let rx = {
+            let applied = self.0.shared.applied.read().expect("applied lock poisoned");
+            match applied.table.standing(session, &name) {
+                Acquired::Queued => self.0.shared.waiters.register(session, name),
+                settled => return Ok(settled),
+            }
+        };
+        let closed = || Error::Unavailable("node shutting down".into());
+        if timeout_ms == WAIT_FOREVER {
+            return rx.await.map_err(|_| closed());
+        }
+        let timeout = Duration::from_millis(timeout_ms);
+        let limit = timeout + timeout.max(WAIT_GRACE);
+        match tokio::time::timeout(limit, rx).await {
+            Ok(outcome) => outcome.map_err(|_| closed()),
+            Err(_) => Err(Error::Timeout(format!(
+                "no grant or cancellation applied on this node within {} ms; \
+                 the outcome is unknown: retry with the same session_id and seq",
+                limit.as_millis()
+            ))),
+        }
+    }
+}
+
+fn acquired_response(outcome: Acquired) -> pb::AcquireResponse {
+    match outcome {
+        Acquired::Granted { fence, mode, index } => pb::AcquireResponse {
+            acquired: true,
+            fence: fence.0,
+            mode: mode_to_proto(mode) as i32,
+            index,
+        },
+        Acquired::Queued | Acquired::NotAcquired => pb::AcquireResponse::default(),
+    }
+}
+
+#[tonic::async_trait]
+impl Locks for Api {
+    #[tracing::instrument(skip_all, fields(ttl_ms = req.get_ref().ttl_ms))]
+    async fn open_session(
+        &self,
+        req: Request<pb::OpenSessionRequest>,
+    ) -> Result<Response<pb::OpenSessionResponse>, Status> {
+        let r = req.into_inner();
+        let command = Command::OpenSession {
+            ttl_ms: r.ttl_ms,
+            lock_delay_ms: r.lock_delay_ms,
+            nonce: r.nonce,
+        };
+        command.validate()?;
+        match self.write(command).await? {
+            (_, Reply::Opened { session, ttl_ms, lock_delay_ms }) => {
+                Ok(Response::new(pb::OpenSessionResponse { session_id: session.0, ttl_ms, lock_delay_ms }))
+            }
+            (_, other) => Err(Error::Internal(format!("unexpected reply {other:?}")).into()),
+        }
+    }
+
+    type KeepAliveStream = BoxStream<pb::KeepAliveResponse>;
+
+    async fn keep_alive(
+        &self,
+        req: Request<Streaming<pb::KeepAliveRequest>>,
+    ) -> Result<Response<Self::KeepAliveStream>, Status> {
+        let mut inbound = req.into_inner();
+        let (tx, rx) = mpsc::channel(16);
+        let api = self.clone();
+        tokio::spawn(async move {
+            loop {
+                let msg = match inbound.message().await {
+                    Ok(Some(msg)) => msg,
+                    Ok(None) | Err(_) => return,
+                };
+                let session = SessionId(msg.session_id);
+                let result = match api.confirm_leadership().await {
+                    Err(e) => Err(e),
+                    Ok(()) => api.0.shared.leases.keep_alive(session).map_err(|e| match e {
+                        KeepAliveError::NotLeader => api.not_leader(),
+                        KeepAliveError::UnknownSession => {
+                            Error::NotFound(format!("{session} not found (closed or expired)"))
+                        }
+                    }),
+                };
+                let item = result
+                    .map(|ttl| pb::KeepAliveResponse {
+                        session_id: session.0,
+                        ttl_ms: ttl.as_millis() as u64,
+                    })
+                    .map_err(Status::from);
+                let failed = item.is_err();
+                if tx.send(item).await.is_err() || failed {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    #[tracing::instrument(skip_all, fields(session = req.get_ref().session_id))]
+    async fn close_session(
+        &self,
+        req: Request<pb::CloseSessionRequest>,
+    ) -> Result<Response<pb::CloseSessionResponse>, Status> {
+        let r = req.into_inner();
+        let command = Command::CloseSession { session: SessionId(r.session_id), seq: r.seq };
+        match self.write(command).await? {
+            (_, Reply::Closed { released }) => Ok(Response::new(pb::CloseSessionResponse { released })),
+            (_, other) => Err(Error::Internal(format!("unexpected reply {other:?}")).into()),
+        }
+    }
+
+    #[tracing::instrument(skip_all, fields(lock = %req.get_ref().name, session = req.get_ref().session_id))]
+    async fn acquire(
+        &self,
+        req: Request<pb::AcquireRequest>,
+    ) -> Result<Response<pb::AcquireResponse>, Status> {
+        let r = req.into_inner();
+        let mode = mode_from_request(&r)?;
+        let session = SessionId(r.session_id);
+        let lock = name(&r.name)?;
+        let command = Command::Acquire {
+            session,
+            seq: r.seq,
+            name: r.name,
+            mode,
+            timeout_ms: r.timeout_ms,
+            value: r.value,
+        };
+        command.validate()?;
+        let outcome = match self.write(command).await? {
+            (_, Reply::Acquire(Acquired::Queued)) => self.park(session, lock, r.timeout_ms).await?,
+            (_, Reply::Acquire(outcome)) => outcome,
+            (_, other) => return Err(Error::Internal(format!("unexpected reply {other:?}")).into()),
+        };
+        Ok(Response::new(acquired_response(outcome)))
+    }
+
+    #[tracing::instrument(skip_all, fields(lock = %req.get_ref().name, session = req.get_ref().session_id))]
+    async fn release(
+        &self,
+        req: Request<pb::ReleaseRequest>,
+    ) -> Result<Response<pb::ReleaseResponse>, Status> {
+        let r = req.into_inner();
+        name(&r.name)?;
+        let command = Command::Release {
+            session: SessionId(r.session_id),
+            seq: r.seq,
+            name: r.name,
+            fence: Fence(r.fence),
+        };
+        match self.write(command).await? {
+            (_, Reply::Released { released }) => Ok(Response::new(pb::ReleaseResponse { released })),
+            (_, other) => Err(Error::Internal(format!("unexpected reply {other:?}")).into()),
+        }
+    }
+
+    #[tracing::instrument(skip_all, fields(lock = %req.get_ref().name))]
+    async fn describe(
+        &self,
+        req: Request<pb::DescribeRequest>,
+    ) -> Result<Response<pb::DescribeResponse>, Status> {
+        let r = req.into_inner();
+        let lock = name(&r.name)?;
+        self.read_barrier(r.stale).await?;
+        let applied = self.0.shared.applied.read().expect("applied lock poisoned");
+        let info = applied.table.describe(&lock);
+        let index = applied.last_applied.map_or(0, |l| l.index);
+        Ok(Response::new(pb::DescribeResponse {
+            exists: info.is_some(),
+            info: info.map(lock_info),
+            index,
+        }))
+    }
+
+    #[tracing::instrument(skip_all, fields(prefix = %req.get_ref().prefix))]
+    async fn list(&self, req: Request<pb::ListRequest>) -> Result<Response<pb::ListResponse>, Status> {
+        let r = req.into_inner();
+        let limit = match r.limit as usize {
+            0 => DEFAULT_LIST_LIMIT,
+            n if n > MAX_LIST_LIMIT => {
+                return Err(Error::InvalidArgument(format!(
+                    "list limit must be at most {MAX_LIST_LIMIT}, got {n}"
+                ))
+                .into())
+            }
+            n => n,
+        };
+        self.read_barrier(r.stale).await?;
+        let applied = self.0.shared.applied.read().expect("applied lock poisoned");
+        let after = (!r.page_token.is_empty()).then_some(r.page_token.as_str());
+        // One extra tells whether another page follows.
+        let mut page = applied.table.list(&r.prefix, after, limit + 1);
+        let next_page_token = if page.len() > limit {
+            page.truncate(limit);
+            page.last().map(|l| l.name.as_str().to_string()).unwrap_or_default()
+        } else {
+            String::new()
+        };
+        Ok(Response::new(pb::ListResponse {
+            locks: page.into_iter().map(lock_info).collect(),
+            next_page_token,
+            index: applied.last_applied.map_or(0, |l| l.index),
+        }))
+    }
+
+    #[tracing::instrument(skip_all, fields(lock = %req.get_ref().name, fence = req.get_ref().fence))]
+    async fn check_fence(
+        &self,
+        req: Request<pb::CheckFenceRequest>,
+    ) -> Result<Response<pb::CheckFenceResponse>, Status> {
+        let r = req.into_inner();
+        let lock = name(&r.name)?;
+        self.read_barrier(r.stale).await?;
+        let applied = self.0.shared.applied.read().expect("applied lock poisoned");
+        let (current, latest) = applied.table.check_fence(&lock, Fence(r.fence));
+        Ok(Response::new(pb::CheckFenceResponse {
+            current,
+            latest_fence: latest.map_or(0, |f| f.0),
+            index: applied.last_applied.map_or(0, |l| l.index),
+        }))
+    }
+
+    type WatchStream = BoxStream<pb::WatchEvent>;
+
+    async fn watch(&self, req: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
+        let r = req.into_inner();
+        if !r.name.is_empty() {
+            name(&r.name)?;
+        }
+        let mut events = self.0.shared.watch.subscribe();
+        let (tx, rx) = mpsc::channel(256);
+        tokio::spawn(async move {
+            let matches = |n: &str| if r.name.is_empty() { n.starts_with(&r.prefix) } else { n == r.name };
+            loop {
+                let item = match events.recv().await {
+                    Ok(item) => item,
+                    Err(broadcast::error::RecvError::Lagged(n)) => {
+                        let _ = tx
+                            .send(Err(Status::aborted(format!(
+                                "watch fell {n} commands behind; re-read and watch again"
+                            ))))
+                            .await;
+                        return;
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return,
+                };
+                match item.as_ref() {
+                    WatchItem::Reset => {
+                        let _ = tx
+                            .send(Err(Status::aborted(
+                                "this node installed a snapshot; re-read and watch again",
+                            )))
+                            .await;
+                        return;
+                    }
+                    WatchItem::Events { index, events } => {
+                        for e in events {
+                            let Some(w) = watch_event(*index, e) else { continue };
+                            if matches(&w.name) && tx.send(Ok(w)).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+impl Api {
+    /// `NotLeader` with the leader this node knows of.
+    pub fn not_leader(&self) -> Error {
+        let metrics = self.0.raft.metrics().borrow().clone();
+        let leader = metrics.current_leader.filter(|l| *l != self.0.id).and_then(|l| {
+            metrics.membership_config.membership().get_node(&l).map(|n| (l, n.addr.clone()))
+        });
+        Error::NotLeader { leader }
+    }
+}

@@ -1,0 +1,146 @@
+//! The gRPC services: request validation, proposals through Raft, reads
+//! through read-index, and the one error → status mapping ([`crate::error`]).
+//!
+//! Leader routing: this node does **not** forward. A follower answers a
+//! write (and a linearizable read, and a keep-alive) with `UNAVAILABLE`
+//! carrying the leader's address in metadata `raftlock-leader`; clients
+//! retry there. Forwarding would hide a hop and double the failure modes of
+//! a request whose outcome may be unknown.
+
+pub mod cluster;
+pub mod convert;
+pub mod locks;
+pub mod raft_service;
+pub mod waiters;
+
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::oneshot;
+
+use crate::error::Error;
+use crate::raft::{NodeId, Raft};
+use crate::shared::Shared;
+use crate::state::{Command, Reply};
+
+/// State shared by the public services.
+pub struct ApiInner {
+    /// This node's id.
+    pub id: NodeId,
+    /// This node's advertised address.
+    pub addr: String,
+    /// The Raft handle.
+    pub raft: Raft,
+    /// Table, waiters, leases, watch.
+    pub shared: Arc<Shared>,
+    /// The highest log index this node knows committed.
+    pub committed: Arc<AtomicU64>,
+    /// Coalesces leadership confirmations.
+    leader_check: LeaderCheck,
+}
+
+/// The public services (`Locks`, `Cluster`); cheap to clone.
+#[derive(Clone)]
+pub struct Api(pub Arc<ApiInner>);
+
+impl Api {
+    /// Services for the node `id` at `addr`.
+    pub fn new(
+        id: NodeId,
+        addr: String,
+        raft: Raft,
+        shared: Arc<Shared>,
+        committed: Arc<AtomicU64>,
+    ) -> Self {
+        Api(Arc::new(ApiInner {
+            id,
+            addr,
+            raft,
+            shared,
+            committed,
+            leader_check: LeaderCheck::default(),
+        }))
+    }
+
+    /// Proposes `command` and waits until it is applied here; returns the
+    /// log index and the table's reply (refusals as errors).
+    pub async fn write(&self, command: Command) -> Result<(u64, Reply), Error> {
+        let resp = self.0.raft.client_write(command).await?;
+        let applied = resp.data;
+        match applied.response {
+            Some(r) => match r.reply {
+                Reply::Refused(refusal) => Err(refusal.into()),
+                reply => Ok((applied.index, reply)),
+            },
+            None => Err(Error::Internal("a lock command applied without a response".into())),
+        }
+    }
+
+    /// Waits until this node's table reflects every write committed before
+    /// the call (openraft's read-index), unless `stale`.
+    pub async fn read_barrier(&self, stale: bool) -> Result<(), Error> {
+        if stale {
+            return Ok(());
+        }
+        self.0.raft.ensure_linearizable().await?;
+        Ok(())
+    }
+
+    /// Confirms leadership with a quorum in a round that starts after this
+    /// call; concurrent callers share rounds. Also makes sure the lease
+    /// keeper counts for the current term.
+    pub async fn confirm_leadership(&self) -> Result<(), Error> {
+        self.0.leader_check.confirm(&self.0.raft).await?;
+        let term = self.0.raft.metrics().borrow().current_term;
+        let applied = self.0.shared.applied.read().expect("applied lock poisoned");
+        self.0.shared.leases.activate_for_term(term, &applied.table);
+        Ok(())
+    }
+}
+
+/// Leadership confirmations in shared rounds: a caller joins the next round
+/// that starts after it arrives, never one already under way (that round
+/// could have collected its acknowledgements before the caller's request
+/// existed).
+#[derive(Default)]
+struct LeaderCheck {
+    state: Arc<Mutex<CheckState>>,
+}
+
+#[derive(Default)]
+struct CheckState {
+    running: bool,
+    pending: Vec<oneshot::Sender<Result<(), Error>>>,
+}
+
+impl LeaderCheck {
+    async fn confirm(&self, raft: &Raft) -> Result<(), Error> {
+        let (tx, rx) = oneshot::channel();
+        let start = {
+            let mut s = self.state.lock().expect("leader check lock poisoned");
+            s.pending.push(tx);
+            !std::mem::replace(&mut s.running, true)
+        };
+        if start {
+            let state = self.state.clone();
+            let raft = raft.clone();
+            tokio::spawn(async move {
+                loop {
+                    let batch = {
+                        let mut s = state.lock().expect("leader check lock poisoned");
+                        if s.pending.is_empty() {
+                            s.running = false;
+                            return;
+                        }
+                        std::mem::take(&mut s.pending)
+                    };
+                    let result = raft.ensure_linearizable().await.map(|_| ()).map_err(Error::from);
+                    for tx in batch {
+                        let _ = tx.send(result.clone());
+                    }
+                }
+            });
+        }
+        rx.await.map_err(|_| Error::Unavailable("node shutting down".into()))?
+    }
+}

@@ -1,0 +1,241 @@
+//! `raftlockd run` configuration: flags, `RAFTLOCK_*` environment variables
+//! and an optional TOML file, in that order of precedence, then
+//! [`Config::validate`].
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::node::{NodeOptions, RaftTiming};
+use crate::raft::NodeId;
+
+/// A node's settings. Every field can come from the TOML file; flags and
+/// environment variables override it.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// This node's id: a non-zero integer, unique in the cluster and never
+    /// reused for another machine.
+    pub id: Option<NodeId>,
+    /// Address to listen on for clients and peers, e.g. `127.0.0.1:7101`.
+    pub listen: Option<SocketAddr>,
+    /// Address others reach this node at, if not `listen` (e.g. a DNS name
+    /// behind NAT or in Kubernetes).
+    pub advertise: Option<String>,
+    /// Directory for the Raft log, votes and snapshots.
+    pub data_dir: Option<PathBuf>,
+    /// Initial cluster members as `id = "host:port"`, used with `init`.
+    pub peers: Option<BTreeMap<NodeId, String>>,
+    /// Bootstrap a new cluster from `peers` if this node has no data yet.
+    /// Give it to exactly one node of a new cluster.
+    pub init: Option<bool>,
+    /// Leader heartbeat interval in milliseconds (default 100).
+    pub heartbeat_ms: Option<u64>,
+    /// Lower bound of the election timeout in milliseconds (default 500).
+    pub election_timeout_min_ms: Option<u64>,
+    /// Upper bound of the election timeout in milliseconds (default 1000).
+    pub election_timeout_max_ms: Option<u64>,
+    /// Build a snapshot every this many applied entries (default 10000).
+    pub snapshot_every: Option<u64>,
+}
+
+/// A setting that cannot be used; names the setting.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("invalid setting `{setting}`: {reason}")]
+pub struct ConfigError {
+    /// The setting's name as in the TOML file (flags use dashes).
+    pub setting: &'static str,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+fn err(setting: &'static str, reason: impl Into<String>) -> ConfigError {
+    ConfigError { setting, reason: reason.into() }
+}
+
+/// Parses `1=127.0.0.1:7101,2=127.0.0.1:7102`.
+pub fn parse_peers(s: &str) -> Result<BTreeMap<NodeId, String>, ConfigError> {
+    let mut peers = BTreeMap::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (id, addr) = part
+            .split_once('=')
+            .ok_or_else(|| err("peers", format!("expected ID=HOST:PORT, got {part:?}")))?;
+        let id: NodeId = id
+            .trim()
+            .parse()
+            .map_err(|_| err("peers", format!("node id {id:?} is not a number")))?;
+        if peers.insert(id, addr.trim().to_string()).is_some() {
+            return Err(err("peers", format!("node {id} listed twice")));
+        }
+    }
+    Ok(peers)
+}
+
+fn valid_addr(addr: &str) -> bool {
+    matches!(addr.rsplit_once(':'), Some((h, p)) if !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p != 0))
+}
+
+impl Config {
+    /// Reads a TOML file.
+    pub fn from_toml_file(path: &std::path::Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| err("config", format!("cannot read {}: {e}", path.display())))?;
+        toml::from_str(&text).map_err(|e| err("config", format!("{}: {e}", path.display())))
+    }
+
+    /// `self` with unset fields taken from `lower`.
+    pub fn or(self, lower: Config) -> Config {
+        Config {
+            id: self.id.or(lower.id),
+            listen: self.listen.or(lower.listen),
+            advertise: self.advertise.or(lower.advertise),
+            data_dir: self.data_dir.or(lower.data_dir),
+            peers: self.peers.or(lower.peers),
+            init: self.init.or(lower.init),
+            heartbeat_ms: self.heartbeat_ms.or(lower.heartbeat_ms),
+            election_timeout_min_ms: self.election_timeout_min_ms.or(lower.election_timeout_min_ms),
+            election_timeout_max_ms: self.election_timeout_max_ms.or(lower.election_timeout_max_ms),
+            snapshot_every: self.snapshot_every.or(lower.snapshot_every),
+        }
+    }
+
+    /// Checks every setting and produces the node's options and listen
+    /// address.
+    pub fn validate(&self) -> Result<(NodeOptions, SocketAddr), ConfigError> {
+        let id = self.id.ok_or_else(|| err("id", "required"))?;
+        if id == 0 {
+            return Err(err("id", "must be non-zero"));
+        }
+        let listen = self.listen.ok_or_else(|| err("listen", "required (e.g. 127.0.0.1:7101)"))?;
+        if listen.port() == 0 {
+            return Err(err("listen", "needs a fixed port"));
+        }
+        let advertise = self.advertise.clone().unwrap_or_else(|| listen.to_string());
+        if !valid_addr(&advertise) {
+            return Err(err("advertise", format!("must be host:port, got {advertise:?}")));
+        }
+        let data_dir = self.data_dir.clone().ok_or_else(|| err("data_dir", "required"))?;
+        if data_dir.as_os_str().is_empty() {
+            return Err(err("data_dir", "must not be empty"));
+        }
+        let mut peers = self.peers.clone().unwrap_or_default();
+        for (pid, addr) in &peers {
+            if *pid == 0 {
+                return Err(err("peers", "node ids must be non-zero"));
+            }
+            if !valid_addr(addr) {
+                return Err(err("peers", format!("address of node {pid} must be host:port, got {addr:?}")));
+            }
+        }
+        let init = self.init.unwrap_or(false);
+        if init {
+            match peers.get(&id) {
+                None if peers.is_empty() => {
+                    peers.insert(id, advertise.clone());
+                }
+                None => return Err(err("peers", format!("must include this node ({id}) when init is set"))),
+                Some(_) => {}
+            }
+        }
+        let defaults = RaftTiming::default();
+        let ms = |v: Option<u64>, d: Duration| v.map(Duration::from_millis).unwrap_or(d);
+        let heartbeat = ms(self.heartbeat_ms, defaults.heartbeat);
+        let emin = ms(self.election_timeout_min_ms, defaults.election_timeout.0);
+        let emax = ms(self.election_timeout_max_ms, defaults.election_timeout.1);
+        if heartbeat.is_zero() {
+            return Err(err("heartbeat_ms", "must be positive"));
+        }
+        if emin <= heartbeat {
+            return Err(err("election_timeout_min_ms", "must be larger than heartbeat_ms"));
+        }
+        if emax <= emin {
+            return Err(err("election_timeout_max_ms", "must be larger than election_timeout_min_ms"));
+        }
+        let snapshot_every = self.snapshot_every.unwrap_or(defaults.snapshot_every);
+        if snapshot_every == 0 {
+            return Err(err("snapshot_every", "must be at least 1"));
+        }
+        Ok((
+            NodeOptions {
+                id,
+                advertise,
+                data_dir,
+                peers,
+                init,
+                timing: RaftTiming { heartbeat, election_timeout: (emin, emax), snapshot_every },
+            },
+            listen,
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base() -> Config {
+        Config {
+            id: Some(1),
+            listen: Some("127.0.0.1:7101".parse().expect("addr")),
+            data_dir: Some("/tmp/x".into()),
+            ..Config::default()
+        }
+    }
+
+    #[test]
+    fn a_minimal_config_is_valid_and_defaults_apply() {
+        let (opts, listen) = base().validate().expect("valid");
+        assert_eq!(listen.port(), 7101);
+        assert_eq!(opts.advertise, "127.0.0.1:7101");
+        assert_eq!(opts.timing.heartbeat, Duration::from_millis(100));
+        assert!(!opts.init);
+    }
+
+    #[test]
+    fn each_bad_setting_is_named() {
+        let cases: Vec<(Config, &str)> = vec![
+            (Config { id: None, ..base() }, "id"),
+            (Config { id: Some(0), ..base() }, "id"),
+            (Config { listen: None, ..base() }, "listen"),
+            (Config { listen: Some("127.0.0.1:0".parse().expect("addr")), ..base() }, "listen"),
+            (Config { data_dir: None, ..base() }, "data_dir"),
+            (Config { advertise: Some("nohost".into()), ..base() }, "advertise"),
+            (Config { init: Some(true), peers: Some([(2, "h:1".to_string())].into()), ..base() }, "peers"),
+            (Config { peers: Some([(3, "h".to_string())].into()), ..base() }, "peers"),
+            (Config { heartbeat_ms: Some(600), ..base() }, "election_timeout_min_ms"),
+            (Config { election_timeout_max_ms: Some(400), ..base() }, "election_timeout_max_ms"),
+            (Config { snapshot_every: Some(0), ..base() }, "snapshot_every"),
+        ];
+        for (config, setting) in cases {
+            assert_eq!(config.validate().err().map(|e| e.setting), Some(setting), "{config:?}");
+        }
+    }
+
+    #[test]
+    fn init_without_peers_bootstraps_a_single_node() {
+        let (opts, _) = Config { init: Some(true), ..base() }.validate().expect("valid");
+        assert_eq!(opts.peers.get(&1).map(String::as_str), Some("127.0.0.1:7101"));
+    }
+
+    #[test]
+    fn peers_parse_and_reject_garbage() {
+        let peers = parse_peers("1=127.0.0.1:7101, 2=127.0.0.1:7102").expect("parses");
+        assert_eq!(peers.len(), 2);
+        assert!(parse_peers("1:127.0.0.1:7101").is_err());
+        assert!(parse_peers("x=127.0.0.1:7101").is_err());
+        assert!(parse_peers("1=a:1,1=b:2").is_err());
+    }
+
+    #[test]
+    fn flags_override_the_file_and_unknown_file_keys_are_refused() {
+        let file: Config = toml::from_str("id = 5\nlisten = \"127.0.0.1:9000\"\ndata_dir = \"/d\"\n[peers]\n5 = \"127.0.0.1:9000\"\n")
+            .expect("toml");
+        let merged = Config { id: Some(6), ..Config::default() }.or(file);
+        assert_eq!(merged.id, Some(6));
+        assert_eq!(merged.listen.map(|l| l.port()), Some(9000));
+        assert!(toml::from_str::<Config>("idd = 5").is_err());
+    }
+}

@@ -1,0 +1,199 @@
+//! The node's one error type and its one mapping to gRPC statuses.
+//!
+//! | variant | gRPC code |
+//! |---|---|
+//! | `InvalidArgument` | `INVALID_ARGUMENT` |
+//! | `FailedPrecondition` | `FAILED_PRECONDITION` |
+//! | `Deadlock` | `ABORTED` |
+//! | `NotFound` | `NOT_FOUND` |
+//! | `NotLeader` | `UNAVAILABLE` + metadata `raftlock-leader` (address), `raftlock-leader-id` |
+//! | `ResourceExhausted` | `RESOURCE_EXHAUSTED` |
+//! | `Timeout` | `DEADLINE_EXCEEDED` |
+//! | `Unavailable` | `UNAVAILABLE` |
+//! | `Internal` | `INTERNAL` |
+
+use openraft::error::{ClientWriteError, ForwardToLeader, RaftError};
+use openraft::BasicNode;
+use tonic::metadata::MetadataValue;
+use tonic::Status;
+
+use crate::raft::NodeId;
+use crate::state::Refusal;
+
+/// Metadata key carrying the leader's address on `UNAVAILABLE`.
+pub const LEADER_ADDR_KEY: &str = "raftlock-leader";
+/// Metadata key carrying the leader's node id on `UNAVAILABLE`.
+pub const LEADER_ID_KEY: &str = "raftlock-leader-id";
+
+/// Everything a request can fail with.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum Error {
+    /// Malformed request: bad name, ttl, weight, capacity, value size.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// Conflicts with current state: capacity or kind mismatch, other mode,
+    /// sequence number too old.
+    #[error("{0}")]
+    FailedPrecondition(String),
+    /// Waiting would deadlock; the message names the cycle.
+    #[error("{0}")]
+    Deadlock(String),
+    /// Unknown, closed or expired session.
+    #[error("{0}")]
+    NotFound(String),
+    /// This node is not the leader; the leader, if known.
+    #[error("not the leader{}", .leader.as_ref().map(|(id, a)| format!("; leader is node {id} at {a}")).unwrap_or_else(|| "; no leader known".into()))]
+    NotLeader {
+        /// The leader's id and address, when known.
+        leader: Option<(NodeId, String)>,
+    },
+    /// A limit was reached.
+    #[error("{0}")]
+    ResourceExhausted(String),
+    /// The server gave up waiting; the outcome is unknown.
+    #[error("{0}")]
+    Timeout(String),
+    /// The node cannot serve right now (shutting down, no quorum).
+    #[error("{0}")]
+    Unavailable(String),
+    /// A bug or storage failure.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl From<Refusal> for Error {
+    fn from(r: Refusal) -> Self {
+        let msg = r.to_string();
+        match r {
+            Refusal::InvalidName { .. }
+            | Refusal::ValueTooLarge { .. }
+            | Refusal::InvalidTtl { .. }
+            | Refusal::InvalidLockDelay { .. }
+            | Refusal::InvalidCapacity { .. }
+            | Refusal::InvalidWeight { .. } => Error::InvalidArgument(msg),
+            Refusal::CapacityMismatch { .. }
+            | Refusal::KindMismatch { .. }
+            | Refusal::OtherMode { .. }
+            | Refusal::SequenceTooOld { .. } => Error::FailedPrecondition(msg),
+            Refusal::Deadlock { .. } => Error::Deadlock(msg),
+            Refusal::SessionNotFound { .. } => Error::NotFound(msg),
+            Refusal::TooManyWaiters { .. }
+            | Refusal::TooManyLocks { .. }
+            | Refusal::TooManySessions => Error::ResourceExhausted(msg),
+        }
+    }
+}
+
+impl From<ForwardToLeader<NodeId, BasicNode>> for Error {
+    fn from(f: ForwardToLeader<NodeId, BasicNode>) -> Self {
+        Error::NotLeader { leader: f.leader_id.zip(f.leader_node.map(|n| n.addr)) }
+    }
+}
+
+impl From<RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>> for Error {
+    fn from(e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> Self {
+        match e {
+            RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => f.into(),
+            RaftError::APIError(ClientWriteError::ChangeMembershipError(c)) => {
+                Error::FailedPrecondition(c.to_string())
+            }
+            RaftError::Fatal(f) => Error::Unavailable(format!("raft stopped: {f}")),
+        }
+    }
+}
+
+impl From<RaftError<NodeId, openraft::error::CheckIsLeaderError<NodeId, BasicNode>>> for Error {
+    fn from(e: RaftError<NodeId, openraft::error::CheckIsLeaderError<NodeId, BasicNode>>) -> Self {
+        use openraft::error::CheckIsLeaderError;
+        match e {
+            RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f)) => f.into(),
+            RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(q)) => {
+                Error::Unavailable(format!("no quorum: {q}"))
+            }
+            RaftError::Fatal(f) => Error::Unavailable(format!("raft stopped: {f}")),
+        }
+    }
+}
+
+impl From<Refusal> for Status {
+    fn from(r: Refusal) -> Self {
+        Error::from(r).into()
+    }
+}
+
+impl From<Error> for Status {
+    fn from(e: Error) -> Self {
+        let msg = e.to_string();
+        match e {
+            Error::InvalidArgument(_) => Status::invalid_argument(msg),
+            Error::FailedPrecondition(_) => Status::failed_precondition(msg),
+            Error::Deadlock(_) => Status::aborted(msg),
+            Error::NotFound(_) => Status::not_found(msg),
+            Error::NotLeader { leader } => {
+                let mut status = Status::unavailable(msg);
+                if let Some((id, addr)) = leader {
+                    if let Ok(v) = MetadataValue::try_from(addr.as_str()) {
+                        status.metadata_mut().insert(LEADER_ADDR_KEY, v);
+                    }
+                    if let Ok(v) = MetadataValue::try_from(id.to_string().as_str()) {
+                        status.metadata_mut().insert(LEADER_ID_KEY, v);
+                    }
+                }
+                status
+            }
+            Error::ResourceExhausted(_) => Status::resource_exhausted(msg),
+            Error::Timeout(_) => Status::deadline_exceeded(msg),
+            Error::Unavailable(_) => Status::unavailable(msg),
+            Error::Internal(_) => Status::internal(msg),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{LockName, SessionId, WaitEdge};
+
+    #[test]
+    fn refusals_map_to_documented_codes() {
+        let name = LockName::new("a").expect("valid");
+        let cases = [
+            (Refusal::InvalidName { len: 0 }, tonic::Code::InvalidArgument),
+            (Refusal::InvalidCapacity { capacity: 0 }, tonic::Code::InvalidArgument),
+            (
+                Refusal::CapacityMismatch { name: name.clone(), existing: 1, requested: 2 },
+                tonic::Code::FailedPrecondition,
+            ),
+            (
+                Refusal::Deadlock {
+                    cycle: vec![WaitEdge {
+                        session: SessionId(1),
+                        name: name.clone(),
+                        blocker: SessionId(2),
+                    }],
+                },
+                tonic::Code::Aborted,
+            ),
+            (Refusal::SessionNotFound { session: SessionId(3) }, tonic::Code::NotFound),
+            (Refusal::TooManySessions, tonic::Code::ResourceExhausted),
+        ];
+        for (refusal, code) in cases {
+            let status: Status = Error::from(refusal.clone()).into();
+            assert_eq!(status.code(), code, "{refusal:?}");
+        }
+    }
+
+    #[test]
+    fn not_leader_carries_the_leader_in_metadata() {
+        let status: Status =
+            Error::NotLeader { leader: Some((2, "127.0.0.1:7102".into())) }.into();
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+        assert_eq!(
+            status.metadata().get(LEADER_ADDR_KEY).and_then(|v| v.to_str().ok()),
+            Some("127.0.0.1:7102")
+        );
+        assert_eq!(status.metadata().get(LEADER_ID_KEY).and_then(|v| v.to_str().ok()), Some("2"));
+        let status: Status = Error::NotLeader { leader: None }.into();
+        assert!(status.metadata().get(LEADER_ADDR_KEY).is_none());
+    }
+}

@@ -1,0 +1,389 @@
+//! Leader-only timers: session leases, wait timeouts and lock-delays, on the
+//! leader's monotonic clock.
+//!
+//! Only one clock decides expiry: the current leader's. Followers track
+//! nothing. When a node becomes leader it cannot know how much of each lease
+//! the old leader had counted, so it re-arms every session, wait and
+//! lock-delay at full length: on failover, leases only get longer. When a
+//! timer runs out the leader proposes a command (`ExpireSession`,
+//! `CancelWait`, `EndLockDelay`) through Raft; the timer is dropped only
+//! when the command's effect is applied, so a proposal lost to a leader
+//! change or an error is simply retried.
+//!
+//! Keep-alives are not written to the log: they move a deadline in this
+//! leader's memory, after the leader has confirmed with a quorum that it is
+//! still the leader (see `api::locks`).
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::raft::Raft;
+use crate::state::limits::WAIT_FOREVER as WAIT_FOREVER_MS;
+use crate::state::{Command, Event, LockName, LockTable, SessionId};
+
+/// How long to wait before proposing an expiry command again if the first
+/// proposal has not taken effect.
+pub const RETRY_AFTER: Duration = Duration::from_millis(500);
+
+/// What a timer is for.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum TimerKey {
+    /// A session's lease.
+    Session(SessionId),
+    /// A queued acquire's timeout: (session, name, seq).
+    Wait(SessionId, LockName, u64),
+    /// A lock-delay: (name, since).
+    Delay(LockName, u64),
+}
+
+impl TimerKey {
+    fn command(&self) -> Command {
+        match self {
+            TimerKey::Session(session) => Command::ExpireSession { session: *session },
+            TimerKey::Wait(session, name, seq) => Command::CancelWait {
+                session: *session,
+                name: name.as_str().to_string(),
+                seq: *seq,
+            },
+            TimerKey::Delay(name, since) => {
+                Command::EndLockDelay { name: name.as_str().to_string(), since: *since }
+            }
+        }
+    }
+}
+
+/// The timers proper.
+#[derive(Default)]
+struct Timers {
+    /// True while this node is leader and has armed its timers.
+    active: bool,
+    /// The term the timers were armed for.
+    term: Option<u64>,
+    /// Deadline of each timer.
+    deadlines: HashMap<TimerKey, Instant>,
+    /// The same, ordered by deadline, so the next one is found in O(log n).
+    queue: BTreeSet<(Instant, TimerKey)>,
+    /// Session ttls, for keep-alives.
+    ttls: HashMap<SessionId, Duration>,
+}
+
+impl Timers {
+    fn arm(&mut self, key: TimerKey, at: Instant) {
+        if let Some(old) = self.deadlines.insert(key.clone(), at) {
+            self.queue.remove(&(old, key.clone()));
+        }
+        self.queue.insert((at, key));
+    }
+
+    fn disarm(&mut self, key: &TimerKey) {
+        if let Some(old) = self.deadlines.remove(key) {
+            self.queue.remove(&(old, key.clone()));
+        }
+    }
+
+    fn clear(&mut self) {
+        self.active = false;
+        self.term = None;
+        self.deadlines.clear();
+        self.queue.clear();
+        self.ttls.clear();
+    }
+}
+
+/// The lease keeper. One per node; it only counts while the node leads.
+#[derive(Default)]
+pub struct Leases {
+    timers: Mutex<Timers>,
+    /// Wakes the timer task when the earliest deadline may have changed.
+    changed: Notify,
+}
+
+/// Why a keep-alive was refused.
+#[derive(Debug, PartialEq, Eq)]
+pub enum KeepAliveError {
+    /// This node is not (or not yet) the active leader.
+    NotLeader,
+    /// No such open session.
+    UnknownSession,
+}
+
+fn duration_ms(ms: u64) -> Option<Duration> {
+    (ms != WAIT_FOREVER_MS).then(|| Duration::from_millis(ms))
+}
+
+impl Leases {
+    /// Starts counting as the leader of `term`, unless already counting for
+    /// it: every session, wait and lock-delay in `table` is armed at full
+    /// length from now. Called with the table read-locked, so no apply slips
+    /// in between.
+    pub fn activate_for_term(&self, term: u64, table: &LockTable) {
+        let now = Instant::now();
+        let mut t = self.timers.lock().expect("timers lock poisoned");
+        if t.active && t.term == Some(term) {
+            return;
+        }
+        tracing::info!(term, sessions = table.sessions().count(), "leases: counting as leader");
+        t.clear();
+        t.active = true;
+        t.term = Some(term);
+        for s in table.sessions() {
+            let ttl = Duration::from_millis(s.ttl_ms);
+            t.ttls.insert(s.session, ttl);
+            t.arm(TimerKey::Session(s.session), now + ttl);
+        }
+        for w in table.waits() {
+            if let Some(d) = duration_ms(w.timeout_ms) {
+                t.arm(TimerKey::Wait(w.session, w.name, w.seq), now + d);
+            }
+        }
+        for (name, since, delay_ms) in table.delays() {
+            t.arm(TimerKey::Delay(name.clone(), since), now + Duration::from_millis(delay_ms));
+        }
+        drop(t);
+        self.changed.notify_one();
+    }
+
+    /// Stops counting (leadership lost).
+    pub fn deactivate(&self) {
+        self.timers.lock().expect("timers lock poisoned").clear();
+        self.changed.notify_one();
+    }
+
+    /// True while this node counts leases.
+    pub fn is_active(&self) -> bool {
+        self.timers.lock().expect("timers lock poisoned").active
+    }
+
+    /// Number of armed timers (for status and tests).
+    pub fn armed(&self) -> usize {
+        self.timers.lock().expect("timers lock poisoned").deadlines.len()
+    }
+
+    /// Follows the table: arms timers for new sessions, waits and delays,
+    /// drops those whose subject is gone. Called from the apply path.
+    pub fn on_events(&self, events: &[Event], _table: &LockTable) {
+        let mut t = self.timers.lock().expect("timers lock poisoned");
+        if !t.active {
+            return;
+        }
+        let now = Instant::now();
+        let mut changed = false;
+        for e in events {
+            match e {
+                Event::SessionOpened { session, ttl_ms } => {
+                    let ttl = Duration::from_millis(*ttl_ms);
+                    t.ttls.insert(*session, ttl);
+                    t.arm(TimerKey::Session(*session), now + ttl);
+                    changed = true;
+                }
+                Event::SessionEnded { session, .. } => {
+                    t.ttls.remove(session);
+                    t.disarm(&TimerKey::Session(*session));
+                }
+                Event::Queued { name, session, seq, timeout_ms, .. } => {
+                    if let Some(d) = duration_ms(*timeout_ms) {
+                        t.arm(TimerKey::Wait(*session, name.clone(), *seq), now + d);
+                        changed = true;
+                    }
+                }
+                Event::Granted { name, session, seq, .. }
+                | Event::Cancelled { name, session, seq, .. } => {
+                    t.disarm(&TimerKey::Wait(*session, name.clone(), *seq));
+                }
+                Event::LockDelayStarted { name, delay_ms, since } => {
+                    t.arm(
+                        TimerKey::Delay(name.clone(), *since),
+                        now + Duration::from_millis(*delay_ms),
+                    );
+                    changed = true;
+                }
+                Event::LockDelayEnded { name } => {
+                    let stale: Vec<TimerKey> = t
+                        .deadlines
+                        .keys()
+                        .filter(|k| matches!(k, TimerKey::Delay(n, _) if n == name))
+                        .cloned()
+                        .collect();
+                    for k in stale {
+                        t.disarm(&k);
+                    }
+                }
+                Event::Ended { .. } => {}
+            }
+        }
+        drop(t);
+        if changed {
+            self.changed.notify_one();
+        }
+    }
+
+    /// Restarts `session`'s lease from now. The caller has confirmed
+    /// leadership with a quorum *after* the keep-alive arrived.
+    pub fn keep_alive(&self, session: SessionId) -> Result<Duration, KeepAliveError> {
+        let mut t = self.timers.lock().expect("timers lock poisoned");
+        if !t.active {
+            return Err(KeepAliveError::NotLeader);
+        }
+        let ttl = *t.ttls.get(&session).ok_or(KeepAliveError::UnknownSession)?;
+        t.arm(TimerKey::Session(session), Instant::now() + ttl);
+        Ok(ttl)
+    }
+
+    /// Timers due at `now`; each is pushed back by [`RETRY_AFTER`] so it
+    /// fires again if its command does not take effect.
+    fn take_due(&self, now: Instant) -> Vec<TimerKey> {
+        let mut t = self.timers.lock().expect("timers lock poisoned");
+        let mut due = Vec::new();
+        while let Some((at, _)) = t.queue.first() {
+            if *at > now {
+                break;
+            }
+            let (_, key) = t.queue.pop_first().expect("first exists");
+            due.push(key);
+        }
+        for key in &due {
+            t.arm(key.clone(), now + RETRY_AFTER);
+        }
+        due
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        self.timers.lock().expect("timers lock poisoned").queue.first().map(|(at, _)| *at)
+    }
+
+    /// The timer loop: sleeps until the next deadline (or a change) and
+    /// proposes the commands that are due. Runs until the task is dropped.
+    pub async fn run(self: Arc<Self>, raft: Raft) {
+        loop {
+            let next = self.next_deadline();
+            let changed = self.changed.notified();
+            match next {
+                Some(at) => {
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(at) => {}
+                        _ = changed => continue,
+                    }
+                }
+                None => {
+                    changed.await;
+                    continue;
+                }
+            }
+            for key in self.take_due(Instant::now()) {
+                let raft = raft.clone();
+                tokio::spawn(async move {
+                    let command = key.command();
+                    if let Err(e) = raft.client_write(command).await {
+                        tracing::debug!(?key, error = %e, "expiry proposal failed; will retry");
+                    } else {
+                        tracing::debug!(?key, "expiry proposed");
+                    }
+                });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::Mode;
+
+    fn table_with_session(ttl_ms: u64) -> LockTable {
+        let mut table = LockTable::new();
+        table.apply(1, Command::OpenSession { ttl_ms, lock_delay_ms: 0, nonce: 0 });
+        table
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn inactive_leases_track_nothing_and_refuse_keep_alives() {
+        let leases = Leases::default();
+        let table = table_with_session(5_000);
+        leases.on_events(&[Event::SessionOpened { session: SessionId(1), ttl_ms: 5_000 }], &table);
+        assert_eq!(leases.armed(), 0);
+        assert_eq!(leases.keep_alive(SessionId(1)), Err(KeepAliveError::NotLeader));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn activation_rearms_every_session_at_full_length() {
+        let leases = Leases::default();
+        let table = table_with_session(5_000);
+        leases.activate_for_term(1, &table);
+        assert!(leases.take_due(Instant::now()).is_empty());
+        tokio::time::advance(Duration::from_millis(4_999)).await;
+        assert!(leases.take_due(Instant::now()).is_empty());
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(leases.take_due(Instant::now()), vec![TimerKey::Session(SessionId(1))]);
+        // Not taken effect yet: it fires again after RETRY_AFTER.
+        assert!(leases.take_due(Instant::now()).is_empty());
+        tokio::time::advance(RETRY_AFTER).await;
+        assert_eq!(leases.take_due(Instant::now()).len(), 1);
+        // Once the expiry applies, the timer is gone.
+        leases.on_events(&[Event::SessionEnded { session: SessionId(1), expired: true }], &table);
+        assert_eq!(leases.armed(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn keep_alive_pushes_the_deadline_from_now() {
+        let leases = Leases::default();
+        leases.activate_for_term(1, &table_with_session(3_000));
+        tokio::time::advance(Duration::from_millis(2_000)).await;
+        assert_eq!(leases.keep_alive(SessionId(1)), Ok(Duration::from_millis(3_000)));
+        tokio::time::advance(Duration::from_millis(2_999)).await;
+        assert!(leases.take_due(Instant::now()).is_empty());
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(leases.take_due(Instant::now()).len(), 1);
+        assert_eq!(leases.keep_alive(SessionId(9)), Err(KeepAliveError::UnknownSession));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn waits_time_out_unless_granted_and_forever_never_does() {
+        let leases = Leases::default();
+        let mut table = table_with_session(60_000);
+        table.apply(2, Command::OpenSession { ttl_ms: 60_000, lock_delay_ms: 0, nonce: 0 });
+        leases.activate_for_term(1, &table);
+        let name = LockName::new("a").expect("valid");
+        let queued = |session, seq, timeout_ms| Event::Queued {
+            name: name.clone(),
+            session: SessionId(session),
+            seq,
+            mode: Mode::Exclusive,
+            timeout_ms,
+        };
+        leases.on_events(&[queued(1, 7, 1_000), queued(2, 8, WAIT_FOREVER_MS)], &table);
+        tokio::time::advance(Duration::from_millis(1_000)).await;
+        assert_eq!(
+            leases.take_due(Instant::now()),
+            vec![TimerKey::Wait(SessionId(1), name.clone(), 7)]
+        );
+        let cmd = TimerKey::Wait(SessionId(1), name.clone(), 7).command();
+        assert_eq!(cmd, Command::CancelWait { session: SessionId(1), name: "a".into(), seq: 7 });
+        leases.on_events(
+            &[Event::Cancelled {
+                name: name.clone(),
+                session: SessionId(1),
+                seq: 7,
+                mode: Mode::Exclusive,
+                cause: crate::state::CancelCause::TimedOut,
+            }],
+            &table,
+        );
+        // Only the two sessions remain armed; the forever-wait never was.
+        assert_eq!(leases.armed(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn deactivation_forgets_everything() {
+        let leases = Leases::default();
+        leases.activate_for_term(1, &table_with_session(3_000));
+        assert!(leases.is_active());
+        leases.deactivate();
+        assert!(!leases.is_active());
+        assert_eq!(leases.armed(), 0);
+        assert_eq!(leases.keep_alive(SessionId(1)), Err(KeepAliveError::NotLeader));
+    }
+}

@@ -1,0 +1,191 @@
+//! One raftlock node: storage, Raft, the lease keeper and the gRPC server,
+//! wired together. The caller owns the listening socket (so tests bind port
+//! 0) and decides when to stop.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::{BasicNode, ServerState, SnapshotPolicy};
+use raftlock_proto::v1::cluster_server::ClusterServer;
+use raftlock_proto::v1::locks_server::LocksServer;
+use raftlock_proto::v1::raft_server::RaftServer;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
+
+use crate::api::raft_service::RaftService;
+use crate::api::Api;
+use crate::raft::log_store::{open_db, LogStore};
+use crate::raft::network::Network;
+use crate::raft::state_machine::StateMachineStore;
+use crate::raft::{NodeId, Raft};
+use crate::shared::Shared;
+
+/// Timing and policy of the Raft layer.
+#[derive(Clone, Debug)]
+pub struct RaftTiming {
+    /// Leader heartbeat interval.
+    pub heartbeat: Duration,
+    /// Election timeout range: a follower that hears nothing for a random
+    /// time in this range campaigns.
+    pub election_timeout: (Duration, Duration),
+    /// Build a snapshot (and purge the log behind it) every this many
+    /// applied entries.
+    pub snapshot_every: u64,
+}
+
+impl Default for RaftTiming {
+    fn default() -> Self {
+        RaftTiming {
+            heartbeat: Duration::from_millis(100),
+            election_timeout: (Duration::from_millis(500), Duration::from_millis(1000)),
+            snapshot_every: 10_000,
+        }
+    }
+}
+
+/// What a node needs to start.
+#[derive(Clone, Debug)]
+pub struct NodeOptions {
+    /// This node's id (non-zero).
+    pub id: NodeId,
+    /// The address peers and clients reach this node at.
+    pub advertise: String,
+    /// Where the node keeps its data.
+    pub data_dir: PathBuf,
+    /// Initial members (including this node) to bootstrap with, if `init`.
+    pub peers: BTreeMap<NodeId, String>,
+    /// Bootstrap a new cluster from `peers` if this node has no data yet.
+    pub init: bool,
+    /// Raft timing.
+    pub timing: RaftTiming,
+}
+
+/// A running node.
+pub struct Node {
+    /// Its id.
+    pub id: NodeId,
+    /// Its advertised address.
+    pub addr: String,
+    /// The Raft handle.
+    pub raft: Raft,
+    /// Table and observers.
+    pub shared: Arc<Shared>,
+    stop: watch::Sender<bool>,
+    server: JoinHandle<Result<(), tonic::transport::Error>>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Node {
+    /// Opens the data directory, starts Raft and serves on `listener`.
+    pub async fn start(opts: NodeOptions, listener: TcpListener) -> anyhow::Result<Node> {
+        anyhow::ensure!(opts.id != 0, "node id must be non-zero");
+        std::fs::create_dir_all(&opts.data_dir)?;
+        let db = open_db(&opts.data_dir.join("sled"))?;
+        let log_store = LogStore::new(db)?;
+        let committed = log_store.committed_marker();
+        let fresh = log_store.is_fresh();
+        let shared = Shared::new();
+        let sm = StateMachineStore::open(shared.clone(), Some(opts.data_dir.join("snapshot.bin")))?;
+
+        let config = openraft::Config {
+            cluster_name: "raftlock".into(),
+            heartbeat_interval: opts.timing.heartbeat.as_millis() as u64,
+            election_timeout_min: opts.timing.election_timeout.0.as_millis() as u64,
+            election_timeout_max: opts.timing.election_timeout.1.as_millis() as u64,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(opts.timing.snapshot_every),
+            max_in_snapshot_log_to_keep: 1_000,
+            install_snapshot_timeout: 10_000,
+            ..Default::default()
+        }
+        .validate()?;
+        let raft = Raft::new(opts.id, Arc::new(config), Network::default(), log_store, sm).await?;
+
+        if opts.init && fresh {
+            let members: BTreeMap<NodeId, BasicNode> = opts
+                .peers
+                .iter()
+                .map(|(id, addr)| (*id, BasicNode { addr: addr.clone() }))
+                .collect();
+            anyhow::ensure!(
+                members.contains_key(&opts.id),
+                "--init: the peer list must include this node ({})",
+                opts.id
+            );
+            tracing::info!(?members, "bootstrapping a new cluster");
+            raft.initialize(members).await?;
+        }
+
+        let (stop, stop_rx) = watch::channel(false);
+        let api = Api::new(opts.id, opts.advertise.clone(), raft.clone(), shared.clone(), committed);
+        let server = {
+            let mut stop_rx = stop_rx.clone();
+            let shutdown = async move {
+                let _ = stop_rx.wait_for(|s| *s).await;
+            };
+            let max = crate::MAX_MESSAGE_BYTES;
+            tonic::transport::Server::builder()
+                .tcp_nodelay(true)
+                .add_service(LocksServer::new(api.clone()).max_decoding_message_size(max))
+                .add_service(ClusterServer::new(api.clone()).max_decoding_message_size(max))
+                .add_service(
+                    RaftServer::new(RaftService::new(raft.clone()))
+                        .max_decoding_message_size(usize::MAX)
+                        .max_encoding_message_size(usize::MAX),
+                )
+                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        };
+        let server = tokio::spawn(server);
+
+        let tasks = vec![
+            tokio::spawn(shared.leases.clone().run(raft.clone())),
+            tokio::spawn(follow_leadership(opts.id, raft.clone(), shared.clone())),
+        ];
+        Ok(Node { id: opts.id, addr: opts.advertise, raft, shared, stop, server, tasks })
+    }
+
+    /// Stops serving and shuts Raft down, flushing what it has.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        for t in &self.tasks {
+            t.abort();
+        }
+        let _ = self.raft.shutdown().await;
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.server).await;
+    }
+
+    /// Stops abruptly, as close to a crash as a process can do to itself:
+    /// connections are cut and nothing more is written. Used by tests.
+    pub async fn kill(self) {
+        self.server.abort();
+        for t in &self.tasks {
+            t.abort();
+        }
+        let _ = self.raft.shutdown().await;
+    }
+}
+
+/// Starts and stops the lease keeper as this node gains and loses
+/// leadership.
+async fn follow_leadership(id: NodeId, raft: Raft, shared: Arc<Shared>) {
+    let mut metrics = raft.metrics();
+    loop {
+        let (leading, term) = {
+            let m = metrics.borrow_and_update();
+            (m.state == ServerState::Leader && m.current_leader == Some(id), m.current_term)
+        };
+        if leading {
+            let applied = shared.applied.read().expect("applied lock poisoned");
+            shared.leases.activate_for_term(term, &applied.table);
+        } else if shared.leases.is_active() {
+            tracing::info!(term, "leases: no longer leader, stop counting");
+            shared.leases.deactivate();
+        }
+        if metrics.changed().await.is_err() {
+            return;
+        }
+    }
+}

@@ -1,0 +1,260 @@
+//! The Raft log, vote and commit markers in sled.
+
+use std::fmt::Debug;
+use std::ops::{Bound, RangeBounds};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use openraft::storage::{LogFlushed, RaftLogStorage};
+use openraft::{
+    Entry, ErrorSubject, ErrorVerb, LogId, LogState, OptionalSend, RaftLogId, RaftLogReader,
+    Vote,
+};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::{io_err, NodeId, StorageError, TypeConfig, FORMAT_VERSION};
+
+const KEY_FORMAT: &[u8] = b"format";
+const KEY_VOTE: &[u8] = b"vote";
+const KEY_COMMITTED: &[u8] = b"committed";
+const KEY_LAST_PURGED: &[u8] = b"last_purged";
+
+/// Opens (or creates) the node's sled database and checks its format
+/// version.
+pub fn open_db(path: &std::path::Path) -> anyhow::Result<sled::Db> {
+    let db = sled::Config::new()
+        .path(path)
+        // We flush explicitly where durability matters; the background
+        // flusher only adds writes.
+        .flush_every_ms(None)
+        .open()
+        .map_err(|e| anyhow::anyhow!("cannot open sled database at {}: {e}", path.display()))?;
+    let meta = db.open_tree("meta")?;
+    match meta.get(KEY_FORMAT)? {
+        None => {
+            meta.insert(KEY_FORMAT, &FORMAT_VERSION.to_be_bytes())?;
+            db.flush()?;
+        }
+        Some(v) => {
+            let found = u64::from_be_bytes(v.as_ref().try_into().unwrap_or([0xff; 8]));
+            if found != FORMAT_VERSION {
+                anyhow::bail!(
+                    "data directory {} has on-disk format {found}; this build reads {FORMAT_VERSION}",
+                    path.display()
+                );
+            }
+        }
+    }
+    Ok(db)
+}
+
+/// The log store. Cheap to clone: clones share the sled trees, which is how
+/// openraft's replication tasks get their readers.
+#[derive(Clone)]
+pub struct LogStore {
+    db: sled::Db,
+    log: sled::Tree,
+    meta: sled::Tree,
+    /// The last commit index saved, for status.
+    committed: Arc<AtomicU64>,
+}
+
+fn encode<T: Serialize>(v: &T) -> Vec<u8> {
+    bincode::serialize(v).expect("openraft types serialize")
+}
+
+fn decode<T: DeserializeOwned>(
+    bytes: &[u8],
+    subject: ErrorSubject<NodeId>,
+) -> Result<T, StorageError> {
+    bincode::deserialize(bytes).map_err(|e| io_err(subject, ErrorVerb::Read, e))
+}
+
+impl LogStore {
+    /// Opens the log trees of `db`.
+    pub fn new(db: sled::Db) -> anyhow::Result<Self> {
+        let log = db.open_tree("log")?;
+        let meta = db.open_tree("meta")?;
+        let store = LogStore { db, log, meta, committed: Arc::default() };
+        let committed: Option<Option<LogId<NodeId>>> = store.get_meta(KEY_COMMITTED)?;
+        let index = committed.flatten().map_or(0, |c| c.index);
+        store.committed.store(index, Ordering::Relaxed);
+        Ok(store)
+    }
+
+    /// A shared view of the commit index this store has saved.
+    pub fn committed_marker(&self) -> Arc<AtomicU64> {
+        self.committed.clone()
+    }
+
+    fn get_meta<T: DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>, StorageError> {
+        let subject = || ErrorSubject::Store;
+        match self.meta.get(key).map_err(|e| io_err(subject(), ErrorVerb::Read, e))? {
+            None => Ok(None),
+            Some(bytes) => decode(&bytes, subject()).map(Some),
+        }
+    }
+
+    async fn flush(&self, subject: ErrorSubject<NodeId>) -> Result<(), StorageError> {
+        self.db.flush_async().await.map_err(|e| io_err(subject, ErrorVerb::Write, e))?;
+        Ok(())
+    }
+
+    /// True if this node has ever voted or logged (so it must not be
+    /// bootstrapped again).
+    pub fn is_fresh(&self) -> bool {
+        self.log.is_empty() && matches!(self.meta.get(KEY_VOTE), Ok(None))
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry<TypeConfig>>, StorageError> {
+        let start = match range.start_bound() {
+            Bound::Included(&i) => i,
+            Bound::Excluded(&i) => i + 1,
+            Bound::Unbounded => 0,
+        };
+        let end = match range.end_bound() {
+            Bound::Included(&i) => Bound::Included(i.to_be_bytes()),
+            Bound::Excluded(&i) => Bound::Excluded(i.to_be_bytes()),
+            Bound::Unbounded => Bound::Unbounded,
+        };
+        let mut out = Vec::new();
+        for item in self.log.range((Bound::Included(start.to_be_bytes()), end)) {
+            let (_, v) = item.map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Read, e))?;
+            out.push(decode(&v, ErrorSubject::Logs)?);
+        }
+        Ok(out)
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogStore;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
+        let last_purged: Option<LogId<NodeId>> = self.get_meta(KEY_LAST_PURGED)?;
+        let last = self.log.last().map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Read, e))?;
+        let last_log_id = match last {
+            Some((_, v)) => Some(*decode::<Entry<TypeConfig>>(&v, ErrorSubject::Logs)?.get_log_id()),
+            None => last_purged,
+        };
+        Ok(LogState { last_purged_log_id: last_purged, last_log_id })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError> {
+        self.meta
+            .insert(KEY_VOTE, encode(vote))
+            .map_err(|e| io_err(ErrorSubject::Vote, ErrorVerb::Write, e))?;
+        self.flush(ErrorSubject::Vote).await
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError> {
+        self.get_meta(KEY_VOTE)
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> Result<(), StorageError> {
+        // Not flushed on its own: a lost commit marker only means replaying
+        // fewer entries at start-up; the leader re-commits the rest.
+        self.meta
+            .insert(KEY_COMMITTED, encode(&committed))
+            .map_err(|e| io_err(ErrorSubject::Store, ErrorVerb::Write, e))?;
+        self.committed.store(committed.map_or(0, |c| c.index), Ordering::Relaxed);
+        Ok(())
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>, StorageError> {
+        Ok(self.get_meta::<Option<LogId<NodeId>>>(KEY_COMMITTED)?.flatten())
+    }
+
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<TypeConfig>,
+    ) -> Result<(), StorageError>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        // One batch, one flush, then the acknowledgement: the flush is the
+        // cost of an append, so it is paid once per batch, not per entry.
+        let mut batch = sled::Batch::default();
+        for entry in entries {
+            batch.insert(&entry.get_log_id().index.to_be_bytes(), encode(&entry));
+        }
+        self.log.apply_batch(batch).map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Write, e))?;
+        match self.db.flush_async().await {
+            Ok(_) => {
+                callback.log_io_completed(Ok(()));
+                Ok(())
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                callback.log_io_completed(Err(std::io::Error::other(msg)));
+                Err(io_err(ErrorSubject::Logs, ErrorVerb::Write, e))
+            }
+        }
+    }
+
+    async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError> {
+        let mut batch = sled::Batch::default();
+        for item in self.log.range(log_id.index.to_be_bytes()..) {
+            let (k, _) = item.map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Read, e))?;
+            batch.remove(k);
+        }
+        self.log.apply_batch(batch).map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Delete, e))?;
+        self.flush(ErrorSubject::Logs).await
+    }
+
+    async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError> {
+        // Record the purge point first: a crash between the two steps then
+        // leaves extra entries below it, which are ignored, never a gap.
+        self.meta
+            .insert(KEY_LAST_PURGED, encode(&log_id))
+            .map_err(|e| io_err(ErrorSubject::Store, ErrorVerb::Write, e))?;
+        self.flush(ErrorSubject::Store).await?;
+        let mut batch = sled::Batch::default();
+        for item in self.log.range(..=log_id.index.to_be_bytes()) {
+            let (k, _) = item.map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Read, e))?;
+            batch.remove(k);
+        }
+        self.log.apply_batch(batch).map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Delete, e))?;
+        self.flush(ErrorSubject::Logs).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use openraft::testing::{StoreBuilder, Suite};
+    use openraft::StorageError;
+
+    use super::*;
+    use crate::raft::state_machine::StateMachineStore;
+
+    struct Builder;
+
+    impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, tempfile::TempDir> for Builder {
+        async fn build(
+            &self,
+        ) -> Result<(tempfile::TempDir, LogStore, StateMachineStore), StorageError<NodeId>> {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let db = open_db(dir.path()).expect("open");
+            let log = LogStore::new(db.clone()).expect("log");
+            let sm = StateMachineStore::new(db, crate::node::Shared::new_for_tests()).expect("sm");
+            Ok((dir, log, sm))
+        }
+    }
+
+    /// openraft's own conformance suite for storage implementations.
+    #[test]
+    fn openraft_storage_suite() {
+        Suite::test_all(Builder).expect("suite passes");
+    }
+}

@@ -1,0 +1,184 @@
+//! Outgoing Raft RPCs over gRPC, one reused HTTP/2 channel per peer.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::BasicNode;
+use raftlock_proto::v1 as pb;
+use raftlock_proto::v1::raft_client::RaftClient;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tonic::transport::{Channel, Endpoint};
+
+use super::{NodeId, TypeConfig};
+
+/// How long to wait for a TCP connection to a peer.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Hands openraft a client per peer; channels are cached by address so a
+/// replication stream that restarts reuses its connection.
+#[derive(Clone, Default)]
+pub struct Network {
+    channels: Arc<Mutex<HashMap<String, Channel>>>,
+}
+
+impl Network {
+    fn channel(&self, addr: &str) -> Result<Channel, String> {
+        let mut channels = self.channels.lock().expect("channels lock poisoned");
+        if let Some(c) = channels.get(addr) {
+            return Ok(c.clone());
+        }
+        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| format!("bad peer address {addr:?}: {e}"))?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(10))
+            .keep_alive_while_idle(true);
+        let channel = endpoint.connect_lazy();
+        channels.insert(addr.to_string(), channel.clone());
+        Ok(channel)
+    }
+}
+
+impl RaftNetworkFactory<TypeConfig> for Network {
+    type Network = Peer;
+
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Peer {
+        Peer { target, node: node.clone(), channel: self.channel(&node.addr) }
+    }
+}
+
+/// The connection to one peer.
+pub struct Peer {
+    target: NodeId,
+    node: BasicNode,
+    channel: Result<Channel, String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Msg(String);
+
+impl Peer {
+    async fn call<Req, Resp, E>(
+        &mut self,
+        method: fn(&mut RaftClient<Channel>, pb::RaftMessage) -> CallFuture,
+        req: &Req,
+        option: &RPCOption,
+    ) -> Result<Resp, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        let channel = self
+            .channel
+            .as_ref()
+            .map_err(|e| RPCError::Unreachable(Unreachable::new(&Msg(e.clone()))))?
+            .clone();
+        let data = bincode::serialize(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let mut client = RaftClient::new(channel)
+            .max_decoding_message_size(usize::MAX)
+            .max_encoding_message_size(usize::MAX);
+        let fut = method(&mut client, pb::RaftMessage { data, error: Vec::new() });
+        let resp = match tokio::time::timeout(option.hard_ttl(), fut).await {
+            Err(_) => {
+                return Err(RPCError::Network(NetworkError::new(&Msg(format!(
+                    "rpc to node {} timed out after {:?}",
+                    self.target,
+                    option.hard_ttl()
+                )))))
+            }
+            Ok(Err(status)) => {
+                let err = Msg(format!("rpc to node {} at {}: {status}", self.target, self.node.addr));
+                return Err(if status.code() == tonic::Code::Unavailable {
+                    RPCError::Unreachable(Unreachable::new(&err))
+                } else {
+                    RPCError::Network(NetworkError::new(&err))
+                });
+            }
+            Ok(Ok(resp)) => resp.into_inner(),
+        };
+        if !resp.error.is_empty() {
+            let e: RaftError<NodeId, E> = bincode::deserialize(&resp.error)
+                .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+            return Err(RPCError::RemoteError(RemoteError::new_with_node(
+                self.target,
+                self.node.clone(),
+                e,
+            )));
+        }
+        bincode::deserialize(&resp.data).map_err(|e| RPCError::Network(NetworkError::new(&e)))
+    }
+}
+
+type CallFuture = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<tonic::Response<pb::RaftMessage>, tonic::Status>> + Send>,
+>;
+
+impl RaftNetwork<TypeConfig> for Peer {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        self.call(
+            |c, m| {
+                let mut c = c.clone();
+                Box::pin(async move { c.append_entries(m).await })
+            },
+            &rpc,
+            &option,
+        )
+        .await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<
+        InstallSnapshotResponse<NodeId>,
+        RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
+    > {
+        self.call(
+            |c, m| {
+                let mut c = c.clone();
+                Box::pin(async move { c.install_snapshot(m).await })
+            },
+            &rpc,
+            &option,
+        )
+        .await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        self.call(
+            |c, m| {
+                let mut c = c.clone();
+                Box::pin(async move { c.vote(m).await })
+            },
+            &rpc,
+            &option,
+        )
+        .await
+    }
+
+    fn backoff(&self) -> openraft::network::Backoff {
+        // A peer that is down is retried every 200 ms, so it rejoins quickly.
+        openraft::network::Backoff::new(std::iter::repeat(Duration::from_millis(200)))
+    }
+}

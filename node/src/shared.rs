@@ -1,0 +1,143 @@
+//! State shared between the apply path and the request handlers.
+//!
+//! The apply path (openraft's state-machine task) is the only writer of the
+//! table. While it holds the write lock it also tells the three observers
+//! what happened, so none of them can miss an event between reading the
+//! table and registering interest:
+//!
+//! * [`Waiters`]: parked blocking acquires, woken by their grant or
+//!   cancellation;
+//! * [`Leases`]: the leader's timers (they only track while leader);
+//! * the watch broadcast, which feeds `Watch` streams.
+
+use std::sync::{Arc, Mutex, RwLock};
+
+use openraft::{BasicNode, LogId, StoredMembership};
+use tokio::sync::broadcast;
+
+use crate::api::waiters::Waiters;
+use crate::leases::Leases;
+use crate::raft::NodeId;
+use crate::state::{Command, Event, LockTable, Response};
+
+/// The applied state machine.
+pub struct AppliedState {
+    /// The lock table.
+    pub table: LockTable,
+    /// The last log id applied to it.
+    pub last_applied: Option<LogId<NodeId>>,
+    /// The last membership applied.
+    pub membership: StoredMembership<NodeId, BasicNode>,
+}
+
+/// What a watch stream receives.
+#[derive(Debug)]
+pub enum WatchItem {
+    /// Events of one applied command.
+    Events {
+        /// The command's log index.
+        index: u64,
+        /// What it did.
+        events: Vec<Event>,
+    },
+    /// A snapshot replaced the table: events in between are not known, so
+    /// watchers must re-read.
+    Reset,
+}
+
+/// Capacity of the watch broadcast, in applied commands. A watcher that
+/// falls further behind is told to re-read and watch again.
+pub const WATCH_BUFFER: usize = 4096;
+
+/// Everything the apply path and the handlers share.
+pub struct Shared {
+    /// The table and what has been applied to it.
+    pub applied: RwLock<AppliedState>,
+    /// The latest snapshot's encoded bytes.
+    snapshot: Mutex<Option<Arc<Vec<u8>>>>,
+    /// Parked blocking acquires.
+    pub waiters: Waiters,
+    /// The leader's timers.
+    pub leases: Arc<Leases>,
+    /// Applied events for `Watch`.
+    pub watch: broadcast::Sender<Arc<WatchItem>>,
+}
+
+impl Shared {
+    /// An empty state.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Shared {
+            applied: RwLock::new(AppliedState {
+                table: LockTable::new(),
+                last_applied: None,
+                membership: StoredMembership::default(),
+            }),
+            snapshot: Mutex::new(None),
+            waiters: Waiters::default(),
+            leases: Arc::new(Leases::default()),
+            watch: broadcast::channel(WATCH_BUFFER).0,
+        })
+    }
+
+    /// An empty state for unit tests.
+    #[cfg(test)]
+    pub fn new_for_tests() -> Arc<Self> {
+        Self::new()
+    }
+
+    /// Applies one command and tells the observers.
+    pub fn apply(&self, log_id: LogId<NodeId>, command: Command) -> Response {
+        let mut applied = self.applied.write().expect("applied lock poisoned");
+        let response = applied.table.apply(log_id.index, command);
+        applied.last_applied = Some(log_id);
+        if !response.events.is_empty() {
+            self.waiters.on_events(log_id.index, &response.events);
+            self.leases.on_events(&response.events, &applied.table);
+            if self.watch.receiver_count() > 0 {
+                let _ = self.watch.send(Arc::new(WatchItem::Events {
+                    index: log_id.index,
+                    events: response.events.clone(),
+                }));
+            }
+        }
+        response
+    }
+
+    /// Records a blank or membership entry as applied.
+    pub fn advance(
+        &self,
+        log_id: LogId<NodeId>,
+        membership: Option<StoredMembership<NodeId, BasicNode>>,
+    ) {
+        let mut applied = self.applied.write().expect("applied lock poisoned");
+        applied.last_applied = Some(log_id);
+        if let Some(m) = membership {
+            applied.membership = m;
+        }
+    }
+
+    /// Replaces the table with one from a snapshot.
+    pub fn install(
+        &self,
+        table: LockTable,
+        last_applied: Option<LogId<NodeId>>,
+        membership: StoredMembership<NodeId, BasicNode>,
+    ) {
+        let mut applied = self.applied.write().expect("applied lock poisoned");
+        applied.table = table;
+        applied.last_applied = last_applied;
+        applied.membership = membership;
+        self.waiters.recheck(&applied.table);
+        let _ = self.watch.send(Arc::new(WatchItem::Reset));
+    }
+
+    /// The latest snapshot's bytes.
+    pub fn snapshot(&self) -> Option<Arc<Vec<u8>>> {
+        self.snapshot.lock().expect("snapshot lock poisoned").clone()
+    }
+
+    /// Records the latest snapshot's bytes.
+    pub fn set_snapshot(&self, bytes: Arc<Vec<u8>>) {
+        *self.snapshot.lock().expect("snapshot lock poisoned") = Some(bytes);
+    }
+}
