@@ -5,10 +5,10 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rand::Rng;
 use raftlock_proto::v1 as pb;
 use raftlock_proto::v1::cluster_client::ClusterClient;
 use raftlock_proto::v1::locks_client::LocksClient;
+use rand::Rng;
 use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
@@ -42,7 +42,7 @@ impl Default for ClientOptions {
             request_timeout: Duration::from_secs(5),
             retry_deadline: Duration::from_secs(15),
             initial_backoff: Duration::from_millis(20),
-            max_backoff: Duration::from_millis(500),
+            max_backoff: Duration::from_millis(200),
             connect_timeout: Duration::from_millis(500),
         }
     }
@@ -137,7 +137,13 @@ impl Client {
 
     /// The address to try next: the known leader, else the next endpoint.
     fn target(&self) -> String {
-        if let Some(l) = self.inner.leader.lock().expect("leader lock poisoned").clone() {
+        if let Some(l) = self
+            .inner
+            .leader
+            .lock()
+            .expect("leader lock poisoned")
+            .clone()
+        {
             return l;
         }
         let mut next = self.inner.next.lock().expect("next lock poisoned");
@@ -197,7 +203,9 @@ impl Client {
                     // whether it was applied.
                     sent |= kind == Kind::Write;
                     self.forget_leader(&addr);
-                    last = Some(Error::Unavailable(format!("{addr} did not answer within {budget:?}")));
+                    last = Some(Error::Unavailable(format!(
+                        "{addr} did not answer within {budget:?}"
+                    )));
                     self.sleep_or_give_up(&mut backoff, deadline).await?;
                     continue;
                 }
@@ -237,8 +245,14 @@ impl Client {
             }
             self.sleep_or_give_up(&mut backoff, deadline).await?;
         }
-        let reason = last.map(|e| e.to_string()).unwrap_or_else(|| "deadline reached".into());
-        Err(if sent { Error::Unknown(reason) } else { Error::Unavailable(reason) })
+        let reason = last
+            .map(|e| e.to_string())
+            .unwrap_or_else(|| "deadline reached".into());
+        Err(if sent {
+            Error::Unknown(reason)
+        } else {
+            Error::Unavailable(reason)
+        })
     }
 
     async fn sleep_or_give_up(&self, backoff: &mut Duration, deadline: Instant) -> Result<()> {
@@ -268,12 +282,22 @@ impl Client {
         let opts = &self.inner.options;
         let deadline = Instant::now() + opts.retry_deadline;
         let mut f = f;
-        self.call(kind, opts.request_timeout, deadline, move |c| f(Self::locks(c))).await
+        self.call(kind, opts.request_timeout, deadline, move |c| {
+            f(Self::locks(c))
+        })
+        .await
     }
 
     /// Opens a session with `ttl` (and no lock-delay).
     pub async fn session(&self, ttl: Duration) -> Result<Session> {
-        Session::open(self.clone(), SessionOptions { ttl, ..SessionOptions::default() }).await
+        Session::open(
+            self.clone(),
+            SessionOptions {
+                ttl,
+                ..SessionOptions::default()
+            },
+        )
+        .await
     }
 
     /// Opens a session with options.
@@ -284,7 +308,11 @@ impl Client {
     /// Asks the cluster whether `fence` belongs to a current holder of
     /// `name` (linearizable).
     pub async fn check_fence(&self, name: &str, fence: u64) -> Result<bool> {
-        let req = pb::CheckFenceRequest { name: name.to_string(), fence, stale: false };
+        let req = pb::CheckFenceRequest {
+            name: name.to_string(),
+            fence,
+            stale: false,
+        };
         let resp = self
             .locks_call(Kind::Read, |mut c| {
                 let req = req.clone();
@@ -297,7 +325,10 @@ impl Client {
     /// Describes `name` (linearizable); `None` if nobody holds, waits for or
     /// delays it.
     pub async fn describe(&self, name: &str) -> Result<Option<pb::LockInfo>> {
-        let req = pb::DescribeRequest { name: name.to_string(), stale: false };
+        let req = pb::DescribeRequest {
+            name: name.to_string(),
+            stale: false,
+        };
         let resp = self
             .locks_call(Kind::Read, |mut c| {
                 let req = req.clone();
@@ -343,9 +374,15 @@ impl Client {
         prefix: bool,
     ) -> Result<tonic::Streaming<pb::WatchEvent>> {
         let req = if prefix {
-            pb::WatchRequest { name: String::new(), prefix: name.to_string() }
+            pb::WatchRequest {
+                name: String::new(),
+                prefix: name.to_string(),
+            }
         } else {
-            pb::WatchRequest { name: name.to_string(), prefix: String::new() }
+            pb::WatchRequest {
+                name: name.to_string(),
+                prefix: String::new(),
+            }
         };
         let resp = self
             .locks_call(Kind::Read, |mut c| {
@@ -359,22 +396,31 @@ impl Client {
     /// The status of the node at `addr` (not necessarily the leader).
     pub async fn node_status(&self, addr: &str) -> Result<pb::StatusResponse> {
         let mut c = ClusterClient::new(self.channel(addr)?);
-        let resp = tokio::time::timeout(self.inner.options.request_timeout, c.status(pb::StatusRequest {}))
-            .await
-            .map_err(|_| Error::Unavailable(format!("{addr} did not answer")))?
-            .map_err(|s| Error::from_status(&s, false))?;
+        let resp = tokio::time::timeout(
+            self.inner.options.request_timeout,
+            c.status(pb::StatusRequest {}),
+        )
+        .await
+        .map_err(|_| Error::Unavailable(format!("{addr} did not answer")))?
+        .map_err(|s| Error::from_status(&s, false))?;
         Ok(resp.into_inner())
     }
 
     /// Runs a `Cluster` call against the leader.
-    pub(crate) async fn cluster_call<T, F, Fut>(&self, kind: Kind, timeout: Duration, f: F) -> Result<T>
+    pub(crate) async fn cluster_call<T, F, Fut>(
+        &self,
+        kind: Kind,
+        timeout: Duration,
+        f: F,
+    ) -> Result<T>
     where
         F: FnMut(ClusterClient<Channel>) -> Fut,
         Fut: Future<Output = std::result::Result<T, Status>>,
     {
         let deadline = Instant::now() + self.inner.options.retry_deadline.max(timeout);
         let mut f = f;
-        self.call(kind, timeout, deadline, move |c| f(ClusterClient::new(c))).await
+        self.call(kind, timeout, deadline, move |c| f(ClusterClient::new(c)))
+            .await
     }
 
     /// The status of the leader.
@@ -382,9 +428,11 @@ impl Client {
         // Status answers on any node; ask until one that knows a leader
         // answers, then ask the leader itself.
         let any = self
-            .cluster_call(Kind::Read, self.inner.options.request_timeout, |mut c| async move {
-                c.status(pb::StatusRequest {}).await
-            })
+            .cluster_call(
+                Kind::Read,
+                self.inner.options.request_timeout,
+                |mut c| async move { c.status(pb::StatusRequest {}).await },
+            )
             .await?
             .into_inner();
         if any.leader_addr.is_empty() || any.leader_addr == any.addr {
@@ -396,17 +444,28 @@ impl Client {
     /// The current members.
     pub async fn members(&self) -> Result<pb::MembersResponse> {
         Ok(self
-            .cluster_call(Kind::Read, self.inner.options.request_timeout, |mut c| async move {
-                c.members(pb::MembersRequest {}).await
-            })
+            .cluster_call(
+                Kind::Read,
+                self.inner.options.request_timeout,
+                |mut c| async move { c.members(pb::MembersRequest {}).await },
+            )
             .await?
             .into_inner())
     }
 
     /// Adds node `id` at `addr` (learner, catch-up, then voter unless
     /// `learner_only`). Waits until done.
-    pub async fn add_node(&self, id: u64, addr: &str, learner_only: bool) -> Result<Vec<pb::Member>> {
-        let req = pb::AddNodeRequest { id, addr: addr.to_string(), learner_only };
+    pub async fn add_node(
+        &self,
+        id: u64,
+        addr: &str,
+        learner_only: bool,
+    ) -> Result<Vec<pb::Member>> {
+        let req = pb::AddNodeRequest {
+            id,
+            addr: addr.to_string(),
+            learner_only,
+        };
         let timeout = Duration::from_secs(60);
         Ok(self
             .cluster_call(Kind::Write, timeout, |mut c| {

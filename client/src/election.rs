@@ -20,13 +20,20 @@ pub struct Election {
 impl Election {
     /// An election on lock `name` through `session`.
     pub fn new(session: Session, name: &str) -> Self {
-        Election { session, name: name.to_string(), guard: None }
+        Election {
+            session,
+            name: name.to_string(),
+            guard: None,
+        }
     }
 
     /// Waits until this candidate leads, announcing `value`. Returns the
     /// leadership's fence (use it to fence the leader's writes).
     pub async fn campaign(&mut self, value: impl Into<Vec<u8>>) -> Result<u64> {
-        let guard = self.session.acquire(&self.name, Mode::Exclusive, None, value.into()).await?;
+        let guard = self
+            .session
+            .acquire(&self.name, Mode::Exclusive, None, value.into())
+            .await?;
         let fence = guard.fence();
         self.guard = Some(guard);
         Ok(fence)
@@ -74,5 +81,7 @@ impl Election {
 
 async fn leader(session: &Session, name: &str) -> Result<Option<(Vec<u8>, u64)>> {
     let info = session.client().describe(name).await?;
-    Ok(info.and_then(|i| i.holders.into_iter().next()).map(|h| (h.value, h.fence)))
+    Ok(info
+        .and_then(|i| i.holders.into_iter().next())
+        .map(|h| (h.value, h.fence)))
 }

@@ -53,7 +53,10 @@ impl Error {
     /// or leaderless, or the outcome is unknown and the retry is
     /// idempotent).
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Error::Unavailable(_) | Error::Unknown(_) | Error::ResourceExhausted(_))
+        matches!(
+            self,
+            Error::Unavailable(_) | Error::Unknown(_) | Error::ResourceExhausted(_)
+        )
     }
 
     /// Maps a status to an error. `sent` says whether a mutating request
@@ -87,9 +90,18 @@ mod tests {
             Error::from_status(&Status::invalid_argument("x"), true),
             Error::InvalidArgument("x".into())
         );
-        assert!(matches!(Error::from_status(&Status::aborted("cycle"), true), Error::Deadlock(_)));
-        assert!(matches!(Error::from_status(&Status::not_found("s"), true), Error::SessionNotFound(_)));
-        assert!(matches!(Error::from_status(&Status::deadline_exceeded("t"), true), Error::Unknown(_)));
+        assert!(matches!(
+            Error::from_status(&Status::aborted("cycle"), true),
+            Error::Deadlock(_)
+        ));
+        assert!(matches!(
+            Error::from_status(&Status::not_found("s"), true),
+            Error::SessionNotFound(_)
+        ));
+        assert!(matches!(
+            Error::from_status(&Status::deadline_exceeded("t"), true),
+            Error::Unknown(_)
+        ));
         assert!(matches!(
             Error::from_status(&Status::deadline_exceeded("t"), false),
             Error::Unavailable(_)

@@ -62,7 +62,12 @@ impl FenceChecker {
 
     /// Runs `write` only if `fence` is accepted for `resource`; the check
     /// and the write happen under one lock.
-    pub fn guarded<T>(&self, resource: &str, fence: u64, write: impl FnOnce() -> T) -> Result<T, StaleFence> {
+    pub fn guarded<T>(
+        &self,
+        resource: &str,
+        fence: u64,
+        write: impl FnOnce() -> T,
+    ) -> Result<T, StaleFence> {
         let mut latest = self.latest.lock().expect("fence lock poisoned");
         let l = latest.entry(resource.to_string()).or_insert(0);
         if fence < *l {
@@ -74,7 +79,11 @@ impl FenceChecker {
 
     /// The largest fence accepted for `resource`.
     pub fn latest(&self, resource: &str) -> Option<u64> {
-        self.latest.lock().expect("fence lock poisoned").get(resource).copied()
+        self.latest
+            .lock()
+            .expect("fence lock poisoned")
+            .get(resource)
+            .copied()
     }
 }
 
@@ -87,7 +96,13 @@ mod tests {
         let c = FenceChecker::new();
         c.check("a", 5).expect("first");
         c.check("b", 1).expect("other resource is independent");
-        assert_eq!(c.check("a", 4), Err(StaleFence { fence: 4, latest: 5 }));
+        assert_eq!(
+            c.check("a", 4),
+            Err(StaleFence {
+                fence: 4,
+                latest: 5
+            })
+        );
         c.check("a", 5).expect("equal accepted");
         c.check("a", 9).expect("larger accepted");
         assert_eq!(c.latest("a"), Some(9));

@@ -53,7 +53,13 @@ impl std::fmt::Debug for Guard {
 }
 
 impl Guard {
-    pub(crate) fn new(session: Session, name: String, fence: u64, mode: Mode, value: Vec<u8>) -> Guard {
+    pub(crate) fn new(
+        session: Session,
+        name: String,
+        fence: u64,
+        mode: Mode,
+        value: Vec<u8>,
+    ) -> Guard {
         Guard {
             inner: Arc::new(GuardInner {
                 session,

@@ -40,7 +40,11 @@ pub struct SessionOptions {
 
 impl Default for SessionOptions {
     fn default() -> Self {
-        SessionOptions { ttl: Duration::from_secs(10), lock_delay: Duration::ZERO, margin: 0.1 }
+        SessionOptions {
+            ttl: Duration::from_secs(10),
+            lock_delay: Duration::ZERO,
+            margin: 0.1,
+        }
     }
 }
 
@@ -92,10 +96,10 @@ impl Session {
         };
         let sent_at = Instant::now();
         let resp = client
-            .locks_call(Kind::Write, |mut c| {
-                let req = req.clone();
-                async move { c.open_session(req).await }
-            })
+            .locks_call(
+                Kind::Write,
+                |mut c| async move { c.open_session(req).await },
+            )
             .await?
             .into_inner();
         let ttl = Duration::from_millis(resp.ttl_ms);
@@ -217,8 +221,14 @@ impl Session {
         // One attempt may wait as long as the acquire's own timeout; a
         // retry (same seq) resumes the same place in the queue.
         let (attempt, deadline) = match timeout {
-            None => (Duration::from_secs(3600 * 24 * 365), Instant::now() + Duration::from_secs(3600 * 24 * 365)),
-            Some(t) => (opts.request_timeout + t * 2, Instant::now() + opts.retry_deadline + t * 2),
+            None => (
+                Duration::from_secs(3600 * 24 * 365),
+                Instant::now() + Duration::from_secs(3600 * 24 * 365),
+            ),
+            Some(t) => (
+                opts.request_timeout + t * 2,
+                Instant::now() + opts.retry_deadline + t * 2,
+            ),
         };
         let resp = self
             .inner
@@ -249,7 +259,10 @@ impl Session {
 
     /// Takes an exclusive lock on `name` if it is free now.
     pub async fn try_lock(&self, name: &str) -> Result<Option<Guard>> {
-        match self.acquire(name, Mode::Exclusive, Some(Duration::ZERO), Vec::new()).await {
+        match self
+            .acquire(name, Mode::Exclusive, Some(Duration::ZERO), Vec::new())
+            .await
+        {
             Ok(g) => Ok(Some(g)),
             Err(Error::NotAcquired(_)) => Ok(None),
             Err(e) => Err(e),
@@ -258,7 +271,8 @@ impl Session {
 
     /// Waits up to `timeout` for an exclusive lock on `name`.
     pub async fn lock_timeout(&self, name: &str, timeout: Duration) -> Result<Guard> {
-        self.acquire(name, Mode::Exclusive, Some(timeout), Vec::new()).await
+        self.acquire(name, Mode::Exclusive, Some(timeout), Vec::new())
+            .await
     }
 
     /// Waits for a shared lock on `name`.
@@ -274,13 +288,21 @@ impl Session {
         timeout: Option<Duration>,
         value: Vec<u8>,
     ) -> Result<Guard> {
-        let mode = if shared { Mode::Shared } else { Mode::Exclusive };
+        let mode = if shared {
+            Mode::Shared
+        } else {
+            Mode::Exclusive
+        };
         self.acquire(name, mode, timeout, value).await
     }
 
     /// A handle on semaphore `name` of `capacity`.
     pub fn semaphore(&self, name: &str, capacity: u32) -> Semaphore {
-        Semaphore { session: self.clone(), name: name.to_string(), capacity }
+        Semaphore {
+            session: self.clone(),
+            name: name.to_string(),
+            capacity,
+        }
     }
 
     /// Runs `f` while holding an exclusive lock on `name`, passing it the
@@ -300,7 +322,11 @@ impl Session {
     /// taken in sorted order, the same order every caller uses, so two
     /// callers cannot deadlock on each other. Waits up to `timeout` in
     /// total.
-    pub async fn acquire_all<S: AsRef<str>>(&self, names: &[S], timeout: Duration) -> Result<Vec<Guard>> {
+    pub async fn acquire_all<S: AsRef<str>>(
+        &self,
+        names: &[S],
+        timeout: Duration,
+    ) -> Result<Vec<Guard>> {
         let mut sorted: Vec<&str> = names.iter().map(AsRef::as_ref).collect();
         sorted.sort_unstable();
         sorted.dedup();
@@ -327,18 +353,27 @@ impl Session {
         if self.inner.closed.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
-        if let Some(k) = self.inner.keeper.lock().expect("keeper lock poisoned").take() {
+        if let Some(k) = self
+            .inner
+            .keeper
+            .lock()
+            .expect("keeper lock poisoned")
+            .take()
+        {
             k.abort();
         }
         self.inner.lease.send_replace(LeaseState::Closed);
-        let req = pb::CloseSessionRequest { session_id: self.inner.id, seq: self.next_seq() };
+        let req = pb::CloseSessionRequest {
+            session_id: self.inner.id,
+            seq: self.next_seq(),
+        };
         match self
             .inner
             .client
-            .locks_call(Kind::Write, |mut c| {
-                let req = req.clone();
-                async move { c.close_session(req).await }
-            })
+            .locks_call(
+                Kind::Write,
+                |mut c| async move { c.close_session(req).await },
+            )
             .await
         {
             Ok(_) | Err(Error::SessionNotFound(_)) => Ok(()),
@@ -357,20 +392,37 @@ pub struct Semaphore {
 impl Semaphore {
     /// Waits for `weight` permits.
     pub async fn acquire(&self, weight: u32) -> Result<Guard> {
-        let mode = Mode::Semaphore { weight, capacity: self.capacity };
-        self.session.acquire(&self.name, mode, None, Vec::new()).await
+        let mode = Mode::Semaphore {
+            weight,
+            capacity: self.capacity,
+        };
+        self.session
+            .acquire(&self.name, mode, None, Vec::new())
+            .await
     }
 
     /// Waits up to `timeout` for `weight` permits.
     pub async fn acquire_timeout(&self, weight: u32, timeout: Duration) -> Result<Guard> {
-        let mode = Mode::Semaphore { weight, capacity: self.capacity };
-        self.session.acquire(&self.name, mode, Some(timeout), Vec::new()).await
+        let mode = Mode::Semaphore {
+            weight,
+            capacity: self.capacity,
+        };
+        self.session
+            .acquire(&self.name, mode, Some(timeout), Vec::new())
+            .await
     }
 
     /// Takes `weight` permits if they are free now.
     pub async fn try_acquire(&self, weight: u32) -> Result<Option<Guard>> {
-        let mode = Mode::Semaphore { weight, capacity: self.capacity };
-        match self.session.acquire(&self.name, mode, Some(Duration::ZERO), Vec::new()).await {
+        let mode = Mode::Semaphore {
+            weight,
+            capacity: self.capacity,
+        };
+        match self
+            .session
+            .acquire(&self.name, mode, Some(Duration::ZERO), Vec::new())
+            .await
+        {
             Ok(g) => Ok(Some(g)),
             Err(Error::NotAcquired(_)) => Ok(None),
             Err(e) => Err(e),
@@ -379,55 +431,54 @@ impl Semaphore {
 }
 
 /// Sends keep-alives about every ttl/3 and keeps the lease view current.
+/// If the lease runs out before a keep-alive gets through, the session is
+/// marked lost at that instant (even while an attempt is still under way)
+/// and keep-alives stop: `Lost` is final.
 async fn keep_alive_loop(weak: std::sync::Weak<SessionInner>) {
     loop {
         let Some(inner) = weak.upgrade() else { return };
         let session = Session { inner };
-        let interval = session.inner.ttl / 3;
-        let sent_at = Instant::now();
-        match send_keep_alive(&session).await {
-            Ok(ttl) => {
-                let until = sent_at + ttl - session.inner.margin;
-                session.inner.lease.send_if_modified(|s| match s {
-                    LeaseState::Valid(old) if *old < until => {
-                        *old = until;
-                        true
-                    }
-                    _ => false,
-                });
-            }
-            Err(Error::SessionNotFound(_)) => {
-                session.mark_lost();
-                return;
-            }
-            Err(e) => {
-                tracing::debug!(session = session.inner.id, error = %e, "keep-alive failed");
-                if !session.is_valid() {
-                    session.mark_lost();
-                }
-            }
-        }
-        if !matches!(*session.inner.lease.borrow(), LeaseState::Valid(_)) {
-            return;
-        }
-        // Sleep until the next keep-alive, but wake at the lease's end to
-        // report it lost if nothing got through by then.
         let until = match *session.inner.lease.borrow() {
             LeaseState::Valid(u) => u,
             _ => return,
         };
-        let next = (sent_at + interval).max(Instant::now() + Duration::from_millis(50));
-        drop(session);
-        if until <= next {
-            tokio::time::sleep_until(until).await;
-            if let Some(inner) = weak.upgrade() {
-                let s = Session { inner };
-                if !s.is_valid() {
-                    s.mark_lost();
+        let sent_at = Instant::now();
+        tokio::select! {
+            result = send_keep_alive(&session) => match result {
+                Ok(ttl) => {
+                    let new_until = sent_at + ttl - session.inner.margin;
+                    session.inner.lease.send_if_modified(|s| match s {
+                        LeaseState::Valid(old) if *old < new_until => {
+                            *old = new_until;
+                            true
+                        }
+                        _ => false,
+                    });
                 }
-            }
+                Err(Error::SessionNotFound(_)) => {
+                    session.mark_lost();
+                    return;
+                }
+                Err(e) => {
+                    tracing::debug!(session = session.inner.id, error = %e, "keep-alive failed");
+                }
+            },
+            _ = tokio::time::sleep_until(until) => {}
         }
-        tokio::time::sleep_until(next).await;
+        if !session.is_valid() {
+            session.mark_lost();
+            return;
+        }
+        let until = match *session.inner.lease.borrow() {
+            LeaseState::Valid(u) => u,
+            _ => return,
+        };
+        // Next keep-alive a third of the ttl after this one was sent, or
+        // soon if this one failed; never later than the lease's end.
+        let next =
+            (sent_at + session.inner.ttl / 3).max(Instant::now() + Duration::from_millis(50));
+        drop(session);
+        tokio::time::sleep_until(next.min(until)).await;
     }
 }
 

@@ -17,13 +17,27 @@ const BATCH: usize = 10_000;
 fn table_with_sessions() -> (LockTable, u64) {
     let mut table = LockTable::new();
     for i in 1..=SESSIONS {
-        table.apply(i, Command::OpenSession { ttl_ms: 10_000, lock_delay_ms: 0, nonce: 0 });
+        table.apply(
+            i,
+            Command::OpenSession {
+                ttl_ms: 10_000,
+                lock_delay_ms: 0,
+                nonce: 0,
+            },
+        );
     }
     (table, SESSIONS + 1)
 }
 
 fn acquire(session: u64, seq: u64, name: String, mode: Mode, timeout_ms: u64) -> Command {
-    Command::Acquire { session: SessionId(session), seq, name, mode, timeout_ms, value: Vec::new() }
+    Command::Acquire {
+        session: SessionId(session),
+        seq,
+        name,
+        mode,
+        timeout_ms,
+        value: Vec::new(),
+    }
 }
 
 fn fence_of(reply: &Reply) -> Option<Fence> {
@@ -45,7 +59,10 @@ fn uncontended(c: &mut Criterion) {
                     let session = 1 + (i as u64 % SESSIONS);
                     let seq = *index;
                     let name = &names[i % NAMES];
-                    let r = table.apply(*index, acquire(session, seq, name.clone(), Mode::Exclusive, 0));
+                    let r = table.apply(
+                        *index,
+                        acquire(session, seq, name.clone(), Mode::Exclusive, 0),
+                    );
                     *index += 1;
                     let fence = fence_of(&r.reply).expect("uncontended acquire is granted");
                     let r = table.apply(
@@ -77,7 +94,10 @@ fn contended(c: &mut Criterion) {
                 let (mut table, mut index) = table_with_sessions();
                 let mut holder = None;
                 for s in 1..=SESSIONS {
-                    let r = table.apply(index, acquire(s, index, "hot".into(), Mode::Exclusive, u64::MAX));
+                    let r = table.apply(
+                        index,
+                        acquire(s, index, "hot".into(), Mode::Exclusive, u64::MAX),
+                    );
                     if let Some(f) = fence_of(&r.reply) {
                         holder = Some((s, f));
                     }
@@ -90,7 +110,12 @@ fn contended(c: &mut Criterion) {
                     let (s, fence) = *holder;
                     let r = table.apply(
                         *index,
-                        Command::Release { session: SessionId(s), seq: *index, name: "hot".into(), fence },
+                        Command::Release {
+                            session: SessionId(s),
+                            seq: *index,
+                            name: "hot".into(),
+                            fence,
+                        },
                     );
                     *index += 1;
                     // The next in line got it; the releaser queues again.
@@ -104,7 +129,10 @@ fn contended(c: &mut Criterion) {
                             _ => None,
                         })
                         .expect("hand-off grants the next waiter");
-                    let r = table.apply(*index, acquire(s, *index, "hot".into(), Mode::Exclusive, u64::MAX));
+                    let r = table.apply(
+                        *index,
+                        acquire(s, *index, "hot".into(), Mode::Exclusive, u64::MAX),
+                    );
                     *index += 1;
                     black_box(r);
                     *holder = next;
@@ -129,7 +157,10 @@ fn semaphore(c: &mut Criterion) {
                 for i in 0..BATCH {
                     let s = 1 + (i as u64 % SESSIONS);
                     let weight = 1 + (i as u32 % 4);
-                    let mode = Mode::Semaphore { weight, capacity: 8 };
+                    let mode = Mode::Semaphore {
+                        weight,
+                        capacity: 8,
+                    };
                     let r = table.apply(*index, acquire(s, *index, "pool".into(), mode, 0));
                     *index += 1;
                     if let Some(f) = fence_of(&r.reply) {

@@ -34,9 +34,9 @@ pub struct Config {
     pub init: Option<bool>,
     /// Leader heartbeat interval in milliseconds (default 100).
     pub heartbeat_ms: Option<u64>,
-    /// Lower bound of the election timeout in milliseconds (default 500).
+    /// Lower bound of the election timeout in milliseconds (default 400).
     pub election_timeout_min_ms: Option<u64>,
-    /// Upper bound of the election timeout in milliseconds (default 1000).
+    /// Upper bound of the election timeout in milliseconds (default 800).
     pub election_timeout_max_ms: Option<u64>,
     /// Build a snapshot every this many applied entries (default 10000).
     pub snapshot_every: Option<u64>,
@@ -53,7 +53,10 @@ pub struct ConfigError {
 }
 
 fn err(setting: &'static str, reason: impl Into<String>) -> ConfigError {
-    ConfigError { setting, reason: reason.into() }
+    ConfigError {
+        setting,
+        reason: reason.into(),
+    }
 }
 
 /// Parses `1=127.0.0.1:7101,2=127.0.0.1:7102`.
@@ -96,8 +99,12 @@ impl Config {
             peers: self.peers.or(lower.peers),
             init: self.init.or(lower.init),
             heartbeat_ms: self.heartbeat_ms.or(lower.heartbeat_ms),
-            election_timeout_min_ms: self.election_timeout_min_ms.or(lower.election_timeout_min_ms),
-            election_timeout_max_ms: self.election_timeout_max_ms.or(lower.election_timeout_max_ms),
+            election_timeout_min_ms: self
+                .election_timeout_min_ms
+                .or(lower.election_timeout_min_ms),
+            election_timeout_max_ms: self
+                .election_timeout_max_ms
+                .or(lower.election_timeout_max_ms),
             snapshot_every: self.snapshot_every.or(lower.snapshot_every),
         }
     }
@@ -109,15 +116,23 @@ impl Config {
         if id == 0 {
             return Err(err("id", "must be non-zero"));
         }
-        let listen = self.listen.ok_or_else(|| err("listen", "required (e.g. 127.0.0.1:7101)"))?;
+        let listen = self
+            .listen
+            .ok_or_else(|| err("listen", "required (e.g. 127.0.0.1:7101)"))?;
         if listen.port() == 0 {
             return Err(err("listen", "needs a fixed port"));
         }
         let advertise = self.advertise.clone().unwrap_or_else(|| listen.to_string());
         if !valid_addr(&advertise) {
-            return Err(err("advertise", format!("must be host:port, got {advertise:?}")));
+            return Err(err(
+                "advertise",
+                format!("must be host:port, got {advertise:?}"),
+            ));
         }
-        let data_dir = self.data_dir.clone().ok_or_else(|| err("data_dir", "required"))?;
+        let data_dir = self
+            .data_dir
+            .clone()
+            .ok_or_else(|| err("data_dir", "required"))?;
         if data_dir.as_os_str().is_empty() {
             return Err(err("data_dir", "must not be empty"));
         }
@@ -127,7 +142,10 @@ impl Config {
                 return Err(err("peers", "node ids must be non-zero"));
             }
             if !valid_addr(addr) {
-                return Err(err("peers", format!("address of node {pid} must be host:port, got {addr:?}")));
+                return Err(err(
+                    "peers",
+                    format!("address of node {pid} must be host:port, got {addr:?}"),
+                ));
             }
         }
         let init = self.init.unwrap_or(false);
@@ -136,7 +154,12 @@ impl Config {
                 None if peers.is_empty() => {
                     peers.insert(id, advertise.clone());
                 }
-                None => return Err(err("peers", format!("must include this node ({id}) when init is set"))),
+                None => {
+                    return Err(err(
+                        "peers",
+                        format!("must include this node ({id}) when init is set"),
+                    ))
+                }
                 Some(_) => {}
             }
         }
@@ -149,10 +172,16 @@ impl Config {
             return Err(err("heartbeat_ms", "must be positive"));
         }
         if emin <= heartbeat {
-            return Err(err("election_timeout_min_ms", "must be larger than heartbeat_ms"));
+            return Err(err(
+                "election_timeout_min_ms",
+                "must be larger than heartbeat_ms",
+            ));
         }
         if emax <= emin {
-            return Err(err("election_timeout_max_ms", "must be larger than election_timeout_min_ms"));
+            return Err(err(
+                "election_timeout_max_ms",
+                "must be larger than election_timeout_min_ms",
+            ));
         }
         let snapshot_every = self.snapshot_every.unwrap_or(defaults.snapshot_every);
         if snapshot_every == 0 {
@@ -165,7 +194,11 @@ impl Config {
                 data_dir,
                 peers,
                 init,
-                timing: RaftTiming { heartbeat, election_timeout: (emin, emax), snapshot_every },
+                timing: RaftTiming {
+                    heartbeat,
+                    election_timeout: (emin, emax),
+                    snapshot_every,
+                },
             },
             listen,
         ))
@@ -198,26 +231,99 @@ mod tests {
     fn each_bad_setting_is_named() {
         let cases: Vec<(Config, &str)> = vec![
             (Config { id: None, ..base() }, "id"),
-            (Config { id: Some(0), ..base() }, "id"),
-            (Config { listen: None, ..base() }, "listen"),
-            (Config { listen: Some("127.0.0.1:0".parse().expect("addr")), ..base() }, "listen"),
-            (Config { data_dir: None, ..base() }, "data_dir"),
-            (Config { advertise: Some("nohost".into()), ..base() }, "advertise"),
-            (Config { init: Some(true), peers: Some([(2, "h:1".to_string())].into()), ..base() }, "peers"),
-            (Config { peers: Some([(3, "h".to_string())].into()), ..base() }, "peers"),
-            (Config { heartbeat_ms: Some(600), ..base() }, "election_timeout_min_ms"),
-            (Config { election_timeout_max_ms: Some(400), ..base() }, "election_timeout_max_ms"),
-            (Config { snapshot_every: Some(0), ..base() }, "snapshot_every"),
+            (
+                Config {
+                    id: Some(0),
+                    ..base()
+                },
+                "id",
+            ),
+            (
+                Config {
+                    listen: None,
+                    ..base()
+                },
+                "listen",
+            ),
+            (
+                Config {
+                    listen: Some("127.0.0.1:0".parse().expect("addr")),
+                    ..base()
+                },
+                "listen",
+            ),
+            (
+                Config {
+                    data_dir: None,
+                    ..base()
+                },
+                "data_dir",
+            ),
+            (
+                Config {
+                    advertise: Some("nohost".into()),
+                    ..base()
+                },
+                "advertise",
+            ),
+            (
+                Config {
+                    init: Some(true),
+                    peers: Some([(2, "h:1".to_string())].into()),
+                    ..base()
+                },
+                "peers",
+            ),
+            (
+                Config {
+                    peers: Some([(3, "h".to_string())].into()),
+                    ..base()
+                },
+                "peers",
+            ),
+            (
+                Config {
+                    heartbeat_ms: Some(600),
+                    ..base()
+                },
+                "election_timeout_min_ms",
+            ),
+            (
+                Config {
+                    election_timeout_max_ms: Some(400),
+                    ..base()
+                },
+                "election_timeout_max_ms",
+            ),
+            (
+                Config {
+                    snapshot_every: Some(0),
+                    ..base()
+                },
+                "snapshot_every",
+            ),
         ];
         for (config, setting) in cases {
-            assert_eq!(config.validate().err().map(|e| e.setting), Some(setting), "{config:?}");
+            assert_eq!(
+                config.validate().err().map(|e| e.setting),
+                Some(setting),
+                "{config:?}"
+            );
         }
     }
 
     #[test]
     fn init_without_peers_bootstraps_a_single_node() {
-        let (opts, _) = Config { init: Some(true), ..base() }.validate().expect("valid");
-        assert_eq!(opts.peers.get(&1).map(String::as_str), Some("127.0.0.1:7101"));
+        let (opts, _) = Config {
+            init: Some(true),
+            ..base()
+        }
+        .validate()
+        .expect("valid");
+        assert_eq!(
+            opts.peers.get(&1).map(String::as_str),
+            Some("127.0.0.1:7101")
+        );
     }
 
     #[test]
@@ -233,7 +339,11 @@ mod tests {
     fn flags_override_the_file_and_unknown_file_keys_are_refused() {
         let file: Config = toml::from_str("id = 5\nlisten = \"127.0.0.1:9000\"\ndata_dir = \"/d\"\n[peers]\n5 = \"127.0.0.1:9000\"\n")
             .expect("toml");
-        let merged = Config { id: Some(6), ..Config::default() }.or(file);
+        let merged = Config {
+            id: Some(6),
+            ..Config::default()
+        }
+        .or(file);
         assert_eq!(merged.id, Some(6));
         assert_eq!(merged.listen.map(|l| l.port()), Some(9000));
         assert!(toml::from_str::<Config>("idd = 5").is_err());

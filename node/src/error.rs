@@ -86,7 +86,9 @@ impl From<Refusal> for Error {
 
 impl From<ForwardToLeader<NodeId, BasicNode>> for Error {
     fn from(f: ForwardToLeader<NodeId, BasicNode>) -> Self {
-        Error::NotLeader { leader: f.leader_id.zip(f.leader_node.map(|n| n.addr)) }
+        Error::NotLeader {
+            leader: f.leader_id.zip(f.leader_node.map(|n| n.addr)),
+        }
     }
 }
 
@@ -158,10 +160,20 @@ mod tests {
     fn refusals_map_to_documented_codes() {
         let name = LockName::new("a").expect("valid");
         let cases = [
-            (Refusal::InvalidName { len: 0 }, tonic::Code::InvalidArgument),
-            (Refusal::InvalidCapacity { capacity: 0 }, tonic::Code::InvalidArgument),
             (
-                Refusal::CapacityMismatch { name: name.clone(), existing: 1, requested: 2 },
+                Refusal::InvalidName { len: 0 },
+                tonic::Code::InvalidArgument,
+            ),
+            (
+                Refusal::InvalidCapacity { capacity: 0 },
+                tonic::Code::InvalidArgument,
+            ),
+            (
+                Refusal::CapacityMismatch {
+                    name: name.clone(),
+                    existing: 1,
+                    requested: 2,
+                },
                 tonic::Code::FailedPrecondition,
             ),
             (
@@ -174,7 +186,12 @@ mod tests {
                 },
                 tonic::Code::Aborted,
             ),
-            (Refusal::SessionNotFound { session: SessionId(3) }, tonic::Code::NotFound),
+            (
+                Refusal::SessionNotFound {
+                    session: SessionId(3),
+                },
+                tonic::Code::NotFound,
+            ),
             (Refusal::TooManySessions, tonic::Code::ResourceExhausted),
         ];
         for (refusal, code) in cases {
@@ -185,14 +202,25 @@ mod tests {
 
     #[test]
     fn not_leader_carries_the_leader_in_metadata() {
-        let status: Status =
-            Error::NotLeader { leader: Some((2, "127.0.0.1:7102".into())) }.into();
+        let status: Status = Error::NotLeader {
+            leader: Some((2, "127.0.0.1:7102".into())),
+        }
+        .into();
         assert_eq!(status.code(), tonic::Code::Unavailable);
         assert_eq!(
-            status.metadata().get(LEADER_ADDR_KEY).and_then(|v| v.to_str().ok()),
+            status
+                .metadata()
+                .get(LEADER_ADDR_KEY)
+                .and_then(|v| v.to_str().ok()),
             Some("127.0.0.1:7102")
         );
-        assert_eq!(status.metadata().get(LEADER_ID_KEY).and_then(|v| v.to_str().ok()), Some("2"));
+        assert_eq!(
+            status
+                .metadata()
+                .get(LEADER_ID_KEY)
+                .and_then(|v| v.to_str().ok()),
+            Some("2")
+        );
         let status: Status = Error::NotLeader { leader: None }.into();
         assert!(status.metadata().get(LEADER_ADDR_KEY).is_none());
     }

@@ -41,7 +41,7 @@ impl Default for RaftTiming {
     fn default() -> Self {
         RaftTiming {
             heartbeat: Duration::from_millis(100),
-            election_timeout: (Duration::from_millis(500), Duration::from_millis(1000)),
+            election_timeout: (Duration::from_millis(400), Duration::from_millis(800)),
             snapshot_every: 10_000,
         }
     }
@@ -120,7 +120,13 @@ impl Node {
         }
 
         let (stop, stop_rx) = watch::channel(false);
-        let api = Api::new(opts.id, opts.advertise.clone(), raft.clone(), shared.clone(), committed);
+        let api = Api::new(
+            opts.id,
+            opts.advertise.clone(),
+            raft.clone(),
+            shared.clone(),
+            committed,
+        );
         let server = {
             let mut stop_rx = stop_rx.clone();
             let shutdown = async move {
@@ -144,7 +150,15 @@ impl Node {
             tokio::spawn(shared.leases.clone().run(raft.clone())),
             tokio::spawn(follow_leadership(opts.id, raft.clone(), shared.clone())),
         ];
-        Ok(Node { id: opts.id, addr: opts.advertise, raft, shared, stop, server, tasks })
+        Ok(Node {
+            id: opts.id,
+            addr: opts.advertise,
+            raft,
+            shared,
+            stop,
+            server,
+            tasks,
+        })
     }
 
     /// Stops serving and shuts Raft down, flushing what it has.
@@ -175,7 +189,10 @@ async fn follow_leadership(id: NodeId, raft: Raft, shared: Arc<Shared>) {
     loop {
         let (leading, term) = {
             let m = metrics.borrow_and_update();
-            (m.state == ServerState::Leader && m.current_leader == Some(id), m.current_term)
+            (
+                m.state == ServerState::Leader && m.current_leader == Some(id),
+                m.current_term,
+            )
         };
         if leading {
             let applied = shared.applied.read().expect("applied lock poisoned");

@@ -17,8 +17,8 @@ use tokio::sync::broadcast;
 
 use crate::api::waiters::Waiters;
 use crate::leases::Leases;
-use crate::raft::NodeId;
-use crate::state::{Command, Event, LockTable, Response};
+use crate::raft::{command_index, Batch, NodeId};
+use crate::state::{Event, LockTable, Response};
 
 /// The applied state machine.
 pub struct AppliedState {
@@ -85,22 +85,27 @@ impl Shared {
         Self::new()
     }
 
-    /// Applies one command and tells the observers.
-    pub fn apply(&self, log_id: LogId<NodeId>, command: Command) -> Response {
+    /// Applies one entry's commands in order and tells the observers.
+    pub fn apply(&self, log_id: LogId<NodeId>, batch: Batch) -> Vec<Response> {
         let mut applied = self.applied.write().expect("applied lock poisoned");
-        let response = applied.table.apply(log_id.index, command);
-        applied.last_applied = Some(log_id);
-        if !response.events.is_empty() {
-            self.waiters.on_events(log_id.index, &response.events);
-            self.leases.on_events(&response.events, &applied.table);
-            if self.watch.receiver_count() > 0 {
-                let _ = self.watch.send(Arc::new(WatchItem::Events {
-                    index: log_id.index,
-                    events: response.events.clone(),
-                }));
+        let mut responses = Vec::with_capacity(batch.0.len());
+        for (position, command) in batch.0.into_iter().enumerate() {
+            let index = command_index(log_id.index, position);
+            let response = applied.table.apply(index, command);
+            if !response.events.is_empty() {
+                self.waiters.on_events(index, &response.events);
+                self.leases.on_events(&response.events, &applied.table);
+                if self.watch.receiver_count() > 0 {
+                    let _ = self.watch.send(Arc::new(WatchItem::Events {
+                        index: log_id.index,
+                        events: response.events.clone(),
+                    }));
+                }
             }
+            responses.push(response);
         }
-        response
+        applied.last_applied = Some(log_id);
+        responses
     }
 
     /// Records a blank or membership entry as applied.
@@ -133,7 +138,10 @@ impl Shared {
 
     /// The latest snapshot's bytes.
     pub fn snapshot(&self) -> Option<Arc<Vec<u8>>> {
-        self.snapshot.lock().expect("snapshot lock poisoned").clone()
+        self.snapshot
+            .lock()
+            .expect("snapshot lock poisoned")
+            .clone()
     }
 
     /// Records the latest snapshot's bytes.

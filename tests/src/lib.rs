@@ -12,10 +12,14 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use raftlock_client::proto::cluster_client::ClusterClient;
+use raftlock_client::proto::locks_client::LocksClient;
+use raftlock_client::proto::{StatusRequest, StatusResponse};
 use raftlock_client::{Client, ClientOptions};
 use raftlock_node::node::{Node, NodeOptions, RaftTiming};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
+use tonic::transport::{Channel, Endpoint};
 
 /// Default deadline for `wait_*` helpers.
 pub const WAIT: Duration = Duration::from_secs(20);
@@ -23,7 +27,10 @@ pub const WAIT: Duration = Duration::from_secs(20);
 /// Raft timing for tests: the production defaults, except snapshots are
 /// taken often enough that tests exercise them.
 pub fn test_timing() -> RaftTiming {
-    RaftTiming { snapshot_every: 500, ..RaftTiming::default() }
+    RaftTiming {
+        snapshot_every: 500,
+        ..RaftTiming::default()
+    }
 }
 
 /// A cluster of in-process nodes.
@@ -46,9 +53,42 @@ where
         if let Some(v) = check().await {
             return v;
         }
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// A channel to the node at `addr` (dialled lazily, so a stopped node only
+/// fails the calls made on it).
+pub fn channel(addr: &str) -> Channel {
+    Endpoint::from_shared(format!("http://{addr}"))
+        .expect("valid endpoint")
+        .connect_timeout(Duration::from_millis(500))
+        .timeout(Duration::from_secs(10))
+        .connect_lazy()
+}
+
+/// A raw `Locks` stub on the node at `addr`: no leader discovery, no
+/// retries, so tests see exactly what that node answers.
+pub fn locks_at(addr: &str) -> LocksClient<Channel> {
+    LocksClient::new(channel(addr))
+}
+
+/// A raw `Cluster` stub on the node at `addr`.
+pub fn cluster_at(addr: &str) -> ClusterClient<Channel> {
+    ClusterClient::new(channel(addr))
+}
+
+/// The `Status` of the node at `addr` (its local view, no leader round).
+pub async fn status_at(addr: &str) -> StatusResponse {
+    cluster_at(addr)
+        .status(StatusRequest {})
+        .await
+        .expect("status answers")
+        .into_inner()
 }
 
 fn init_logs() {
@@ -75,15 +115,24 @@ impl TestCluster {
         let mut listeners = Vec::new();
         let mut addrs = BTreeMap::new();
         for id in 1..=n {
-            let l = TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
+            let l = TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind loopback");
             addrs.insert(id, l.local_addr().expect("addr").to_string());
             listeners.push((id, l));
         }
-        let mut cluster = TestCluster { dir, nodes: BTreeMap::new(), addrs: addrs.clone(), timing };
+        let mut cluster = TestCluster {
+            dir,
+            nodes: BTreeMap::new(),
+            addrs: addrs.clone(),
+            timing,
+        };
         // Node 1 bootstraps last, so its peers are listening when it
         // campaigns.
         for (id, listener) in listeners.into_iter().rev() {
-            cluster.start_node(id, listener, id == 1, addrs.clone()).await;
+            cluster
+                .start_node(id, listener, id == 1, addrs.clone())
+                .await;
         }
         cluster.wait_for_leader().await;
         cluster
@@ -93,7 +142,13 @@ impl TestCluster {
         self.dir.path().join(format!("node-{id}"))
     }
 
-    async fn start_node(&mut self, id: u64, listener: TcpListener, init: bool, peers: BTreeMap<u64, String>) {
+    async fn start_node(
+        &mut self,
+        id: u64,
+        listener: TcpListener,
+        init: bool,
+        peers: BTreeMap<u64, String>,
+    ) {
         let opts = NodeOptions {
             id,
             advertise: self.addrs[&id].clone(),
@@ -128,10 +183,13 @@ impl TestCluster {
 
     /// A client that knows every node's address.
     pub async fn client(&self) -> Client {
-        Client::with_options(self.addrs(), ClientOptions {
-            retry_deadline: Duration::from_secs(20),
-            ..ClientOptions::default()
-        })
+        Client::with_options(
+            self.addrs(),
+            ClientOptions {
+                retry_deadline: Duration::from_secs(20),
+                ..ClientOptions::default()
+            },
+        )
         .expect("client")
     }
 
@@ -157,6 +215,22 @@ impl TestCluster {
     /// The current leader (waits for one).
     pub async fn leader(&self) -> u64 {
         self.wait_for_leader().await
+    }
+
+    /// The address of the current leader (waits for one).
+    pub async fn leader_addr(&self) -> String {
+        let id = self.wait_for_leader().await;
+        self.addr(id)
+    }
+
+    /// The applied index of running node `id`.
+    pub fn applied(&self, id: u64) -> u64 {
+        self.nodes[&id]
+            .raft
+            .metrics()
+            .borrow()
+            .last_applied
+            .map_or(0, |l| l.index)
     }
 
     /// Kills node `id` abruptly: its connections drop mid-flight.
@@ -189,7 +263,9 @@ impl TestCluster {
     /// address; add it with the client's `add_node`.
     pub async fn spawn_new_node(&mut self) -> (u64, String) {
         let id = self.addrs.keys().max().copied().unwrap_or(0) + 1;
-        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
+        let l = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind loopback");
         let addr = l.local_addr().expect("addr").to_string();
         self.addrs.insert(id, addr.clone());
         self.start_node(id, l, false, BTreeMap::new()).await;
@@ -201,7 +277,9 @@ impl TestCluster {
         let raft = self.nodes[&id].raft.clone();
         eventually(&format!("node {id} to apply index {index}"), WAIT, || {
             let raft = raft.clone();
-            async move { (raft.metrics().borrow().last_applied.map_or(0, |l| l.index) >= index).then_some(()) }
+            async move {
+                (raft.metrics().borrow().last_applied.map_or(0, |l| l.index) >= index).then_some(())
+            }
         })
         .await;
     }
@@ -210,7 +288,13 @@ impl TestCluster {
     pub fn max_applied(&self) -> u64 {
         self.nodes
             .values()
-            .map(|n| n.raft.metrics().borrow().last_applied.map_or(0, |l| l.index))
+            .map(|n| {
+                n.raft
+                    .metrics()
+                    .borrow()
+                    .last_applied
+                    .map_or(0, |l| l.index)
+            })
             .max()
             .unwrap_or(0)
     }

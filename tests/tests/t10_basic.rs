@@ -11,12 +11,24 @@ use raftlock_tests::TestCluster;
 async fn acquire_release_and_contention() {
     let cluster = TestCluster::start(3).await;
     let client = cluster.client().await;
-    let a = client.session(Duration::from_secs(10)).await.expect("session a");
-    let b = client.session(Duration::from_secs(10)).await.expect("session b");
+    let a = client
+        .session(Duration::from_secs(10))
+        .await
+        .expect("session a");
+    let b = client
+        .session(Duration::from_secs(10))
+        .await
+        .expect("session b");
 
     let g1 = a.lock("job").await.expect("a locks");
-    assert!(b.try_lock("job").await.expect("try").is_none(), "b must not get a held lock");
-    let err = b.lock_timeout("job", Duration::from_millis(300)).await.expect_err("times out");
+    assert!(
+        b.try_lock("job").await.expect("try").is_none(),
+        "b must not get a held lock"
+    );
+    let err = b
+        .lock_timeout("job", Duration::from_millis(300))
+        .await
+        .expect_err("times out");
     assert!(matches!(err, Error::NotAcquired(_)), "{err:?}");
 
     // b waits; a's release hands the lock to b with a larger fence.
@@ -26,7 +38,14 @@ async fn acquire_release_and_contention() {
     });
     let info = raftlock_tests::eventually("b to be queued", Duration::from_secs(10), || {
         let client = client.clone();
-        async move { client.describe("job").await.ok().flatten().filter(|i| i.waiters.len() == 1) }
+        async move {
+            client
+                .describe("job")
+                .await
+                .ok()
+                .flatten()
+                .filter(|i| i.waiters.len() == 1)
+        }
     })
     .await;
     assert_eq!(info.holders[0].fence, g1.fence());
@@ -55,10 +74,20 @@ async fn shared_locks_semaphores_and_watch() {
     let sem_a = a.semaphore("res/pool", 3);
     let sem_b = b.semaphore("res/pool", 3);
     let p1 = sem_a.acquire(2).await.expect("2 of 3");
-    assert!(sem_b.try_acquire(2).await.expect("try").is_none(), "only 1 left");
+    assert!(
+        sem_b.try_acquire(2).await.expect("try").is_none(),
+        "only 1 left"
+    );
     let p2 = sem_b.acquire(1).await.expect("1 of 3");
-    let mismatch = b.semaphore("res/pool", 4).try_acquire(1).await.expect_err("capacity mismatch");
-    assert!(matches!(mismatch, Error::FailedPrecondition(_)), "{mismatch:?}");
+    let mismatch = b
+        .semaphore("res/pool", 4)
+        .try_acquire(1)
+        .await
+        .expect_err("capacity mismatch");
+    assert!(
+        matches!(mismatch, Error::FailedPrecondition(_)),
+        "{mismatch:?}"
+    );
     p1.release().await.expect("release");
     p2.release().await.expect("release");
 

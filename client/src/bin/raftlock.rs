@@ -1,1 +1,507 @@
-fn main() {}
+//! `raftlock`: the command-line tool.
+//!
+//! Exit codes: the command's own code for `lock`, `sem` and `elect`
+//! (128 + N if it died of signal N); 3 if the lock was not granted in time;
+//! 4 if the lease was lost while the command ran (it is sent SIGTERM); 1 for
+//! any other error; 2 for bad usage.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use raftlock_client::proto::{self as pb, EventKind, LockInfo};
+use raftlock_client::{Client, Election, Error, Guard, Session, SessionOptions};
+use serde_json::json;
+
+const NOT_ACQUIRED: u8 = 3;
+const LEASE_LOST: u8 = 4;
+
+#[derive(Parser)]
+#[command(name = "raftlock", version, about = "Command-line client for raftlock")]
+struct Cli {
+    /// Comma-separated node addresses.
+    #[arg(
+        long,
+        global = true,
+        env = "RAFTLOCK_ENDPOINTS",
+        default_value = "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103"
+    )]
+    endpoints: String,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Args)]
+struct HoldArgs {
+    /// Session ttl in seconds.
+    #[arg(long, default_value_t = 10.0)]
+    ttl: f64,
+    /// Give up if not granted within this many seconds (default: wait
+    /// forever).
+    #[arg(long)]
+    timeout: Option<f64>,
+    /// The command to run while holding, after `--`.
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run a command while holding a lock; the fence is in $RAFTLOCK_FENCE.
+    Lock {
+        /// Lock name.
+        name: String,
+        /// Take a shared lock instead of an exclusive one.
+        #[arg(long)]
+        shared: bool,
+        #[command(flatten)]
+        hold: HoldArgs,
+    },
+    /// Run a command while holding semaphore permits.
+    Sem {
+        /// Semaphore name.
+        name: String,
+        /// The semaphore's capacity.
+        #[arg(long)]
+        capacity: u32,
+        /// Permits to take.
+        #[arg(long, default_value_t = 1)]
+        weight: u32,
+        #[command(flatten)]
+        hold: HoldArgs,
+    },
+    /// Run a command while elected leader of NAME, announcing VALUE.
+    Elect {
+        /// Election name.
+        name: String,
+        /// The value followers see (e.g. this process's address).
+        value: String,
+        #[command(flatten)]
+        hold: HoldArgs,
+    },
+    /// Show one lock or semaphore.
+    Describe {
+        /// Lock name.
+        name: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List locks and semaphores.
+    List {
+        /// Name prefix.
+        #[arg(default_value = "")]
+        prefix: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stream events for names starting with PREFIX.
+    Watch {
+        /// Name prefix.
+        #[arg(default_value = "")]
+        prefix: String,
+        /// Print JSON lines.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show the leader's status.
+    Status {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List, add or remove cluster members.
+    Members {
+        #[command(subcommand)]
+        action: Option<MembersCmd>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum MembersCmd {
+    /// List members.
+    List,
+    /// Add node ID at ADDR (learner, catch-up, then voter).
+    Add {
+        /// Node id.
+        id: u64,
+        /// Node address host:port.
+        addr: String,
+    },
+    /// Remove node ID.
+    Remove {
+        /// Node id.
+        id: u64,
+    },
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let client = match Client::connect(cli.endpoints.split(',')).await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("raftlock: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(client, cli.command).await {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("raftlock: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn run(client: Client, cmd: Cmd) -> Result<u8, Error> {
+    match cmd {
+        Cmd::Lock { name, shared, hold } => {
+            let session = open(&client, &hold).await?;
+            let guard = session
+                .lock_with(&name, shared, timeout(&hold), Vec::new())
+                .await;
+            hold_and_run(session, guard, &name, &hold).await
+        }
+        Cmd::Sem {
+            name,
+            capacity,
+            weight,
+            hold,
+        } => {
+            let session = open(&client, &hold).await?;
+            let sem = session.semaphore(&name, capacity);
+            let guard = match timeout(&hold) {
+                Some(t) => sem.acquire_timeout(weight, t).await,
+                None => sem.acquire(weight).await,
+            };
+            hold_and_run(session, guard, &name, &hold).await
+        }
+        Cmd::Elect { name, value, hold } => {
+            let session = open(&client, &hold).await?;
+            let mut election = Election::new(session.clone(), &name);
+            let campaign = election.campaign(value.into_bytes());
+            let fence = match timeout(&hold) {
+                Some(t) => tokio::time::timeout(t, campaign)
+                    .await
+                    .unwrap_or(Err(Error::NotAcquired(t))),
+                None => campaign.await,
+            };
+            match fence {
+                Ok(fence) => {
+                    let code = run_child(&session, &name, fence, &hold.command).await;
+                    election.resign().await.ok();
+                    session.close().await.ok();
+                    code
+                }
+                Err(e) => not_acquired(e, &name, &session).await,
+            }
+        }
+        Cmd::Describe { name, json } => {
+            let info = client.describe(&name).await?;
+            if json {
+                println!("{}", info.as_ref().map_or(json!(null), info_json));
+            } else {
+                match info {
+                    None => println!("{name}: free"),
+                    Some(info) => print_info(&info),
+                }
+            }
+            Ok(0)
+        }
+        Cmd::List { prefix, json } => {
+            let all = client.list(&prefix).await?;
+            if json {
+                println!("{}", json!(all.iter().map(info_json).collect::<Vec<_>>()));
+            } else if all.is_empty() {
+                println!("(none)");
+            } else {
+                for info in &all {
+                    print_info(info);
+                }
+            }
+            Ok(0)
+        }
+        Cmd::Watch { prefix, json } => {
+            let mut events = client.watch(&prefix, true).await?;
+            loop {
+                match events.message().await {
+                    Ok(Some(e)) => print_event(&e, json),
+                    Ok(None) => return Ok(0),
+                    Err(status) => return Err(Error::Unavailable(status.message().to_string())),
+                }
+            }
+        }
+        Cmd::Status { json } => {
+            let s = client.status().await?;
+            if json {
+                println!("{}", status_json(&s));
+            } else {
+                println!(
+                    "node {} at {} is {} (term {})",
+                    s.id, s.addr, s.role, s.term
+                );
+                println!("leader: {} {}", s.leader_id, s.leader_addr);
+                println!(
+                    "commit {} applied {} last log {}",
+                    s.commit_index, s.applied_index, s.last_log_index
+                );
+                println!(
+                    "sessions {} grants {} waiters {} last fence {}",
+                    s.sessions, s.grants, s.waiters, s.last_fence
+                );
+                print_members(&s.members);
+            }
+            Ok(0)
+        }
+        Cmd::Members { action, json } => {
+            let members = match action.unwrap_or(MembersCmd::List) {
+                MembersCmd::List => client.members().await?.members,
+                MembersCmd::Add { id, addr } => client.add_node(id, &addr, false).await?,
+                MembersCmd::Remove { id } => client.remove_node(id).await?,
+            };
+            if json {
+                println!(
+                    "{}",
+                    json!(members.iter().map(member_json).collect::<Vec<_>>())
+                );
+            } else {
+                print_members(&members);
+            }
+            Ok(0)
+        }
+    }
+}
+
+fn timeout(hold: &HoldArgs) -> Option<Duration> {
+    hold.timeout.map(|t| Duration::from_secs_f64(t.max(0.0)))
+}
+
+async fn open(client: &Client, hold: &HoldArgs) -> Result<Session, Error> {
+    if !(hold.ttl.is_finite() && hold.ttl > 0.0) {
+        return Err(Error::InvalidArgument(format!(
+            "--ttl must be positive, got {}",
+            hold.ttl
+        )));
+    }
+    client
+        .session_with(SessionOptions {
+            ttl: Duration::from_secs_f64(hold.ttl),
+            ..SessionOptions::default()
+        })
+        .await
+}
+
+async fn not_acquired(e: Error, name: &str, session: &Session) -> Result<u8, Error> {
+    session.close().await.ok();
+    match e {
+        Error::NotAcquired(t) => {
+            eprintln!(
+                "raftlock: {name} not acquired within {:.1} s",
+                t.as_secs_f64()
+            );
+            Ok(NOT_ACQUIRED)
+        }
+        e => Err(e),
+    }
+}
+
+async fn hold_and_run(
+    session: Session,
+    guard: Result<Guard, Error>,
+    name: &str,
+    hold: &HoldArgs,
+) -> Result<u8, Error> {
+    let guard = match guard {
+        Ok(g) => g,
+        Err(e) => return not_acquired(e, name, &session).await,
+    };
+    let code = run_child(&session, name, guard.fence(), &hold.command).await;
+    guard.release().await.ok();
+    session.close().await.ok();
+    code
+}
+
+/// Runs the command with the fence in its environment. If the lease may
+/// be lost meanwhile, says so and sends the command SIGTERM.
+async fn run_child(
+    session: &Session,
+    name: &str,
+    fence: u64,
+    command: &[String],
+) -> Result<u8, Error> {
+    let (program, args) = command
+        .split_first()
+        .ok_or_else(|| Error::InvalidArgument("no command".into()))?;
+    let mut child = tokio::process::Command::new(program)
+        .args(args)
+        .env("RAFTLOCK_FENCE", fence.to_string())
+        .env("RAFTLOCK_NAME", name)
+        .env("RAFTLOCK_SESSION", session.id().to_string())
+        .spawn()
+        .map_err(|e| Error::InvalidArgument(format!("cannot run {program}: {e}")))?;
+    let mut lost = false;
+    let status = tokio::select! {
+        status = child.wait() => status,
+        _ = session.lost() => {
+            lost = true;
+            eprintln!("raftlock: lease on {name} may be lost; sending SIGTERM to {program}");
+            signal_child(&child, libc::SIGTERM);
+            child.wait().await
+        }
+        _ = shutdown_signal() => {
+            signal_child(&child, libc::SIGTERM);
+            child.wait().await
+        }
+    }
+    .map_err(|e| Error::Internal(format!("waiting for {program}: {e}")))?;
+    if lost {
+        return Ok(LEASE_LOST);
+    }
+    Ok(exit_code(status))
+}
+
+fn signal_child(child: &tokio::process::Child, signal: libc::c_int) {
+    if let Some(pid) = child.id() {
+        // SAFETY: kill(2) with a pid we spawned and have not reaped yet.
+        unsafe {
+            libc::kill(pid as libc::pid_t, signal);
+        }
+    }
+}
+
+fn exit_code(status: std::process::ExitStatus) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(c), _) => c as u8,
+        (None, Some(s)) => 128u8.wrapping_add(s as u8),
+        _ => 1,
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+fn mode_name(mode: i32) -> &'static str {
+    match pb::Mode::try_from(mode) {
+        Ok(pb::Mode::Exclusive) => "exclusive",
+        Ok(pb::Mode::Shared) => "shared",
+        Ok(pb::Mode::Semaphore) => "semaphore",
+        Err(_) => "unknown",
+    }
+}
+
+fn info_json(i: &LockInfo) -> serde_json::Value {
+    json!({
+        "name": i.name,
+        "semaphore": i.semaphore,
+        "capacity": i.capacity,
+        "lock_delayed": i.lock_delayed,
+        "holders": i.holders.iter().map(|h| json!({
+            "session": h.session_id, "fence": h.fence, "mode": mode_name(h.mode),
+            "weight": h.weight, "value": String::from_utf8_lossy(&h.value), "index": h.granted_index,
+        })).collect::<Vec<_>>(),
+        "waiters": i.waiters.iter().map(|w| json!({
+            "session": w.session_id, "seq": w.seq, "mode": mode_name(w.mode),
+            "weight": w.weight, "index": w.queued_index,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn print_info(i: &LockInfo) {
+    let kind = if i.semaphore {
+        format!("semaphore (capacity {})", i.capacity)
+    } else {
+        "lock".into()
+    };
+    let delayed = if i.lock_delayed {
+        ", lock-delay in force"
+    } else {
+        ""
+    };
+    println!("{} — {kind}{delayed}", i.name);
+    for h in &i.holders {
+        let value = if h.value.is_empty() {
+            String::new()
+        } else {
+            format!(" value {:?}", String::from_utf8_lossy(&h.value))
+        };
+        println!(
+            "  held by session {} fence {} {} weight {}{value}",
+            h.session_id,
+            h.fence,
+            mode_name(h.mode),
+            h.weight
+        );
+    }
+    for (n, w) in i.waiters.iter().enumerate() {
+        println!(
+            "  #{} waiting: session {} {} weight {}",
+            n + 1,
+            w.session_id,
+            mode_name(w.mode),
+            w.weight
+        );
+    }
+}
+
+fn print_event(e: &pb::WatchEvent, json: bool) {
+    let kind = match EventKind::try_from(e.kind) {
+        Ok(EventKind::Granted) => "granted",
+        Ok(EventKind::Queued) => "queued",
+        Ok(EventKind::Released) => "released",
+        Ok(EventKind::Expired) => "expired",
+        Ok(EventKind::Cancelled) => "cancelled",
+        Ok(EventKind::LockDelayStarted) => "lock-delay-started",
+        Ok(EventKind::LockDelayEnded) => "lock-delay-ended",
+        _ => "unknown",
+    };
+    if json {
+        println!(
+            "{}",
+            json!({"index": e.index, "kind": kind, "name": e.name, "session": e.session_id,
+                   "fence": e.fence, "mode": mode_name(e.mode), "weight": e.weight})
+        );
+    } else {
+        println!(
+            "{} {kind} {} session {} fence {}",
+            e.index, e.name, e.session_id, e.fence
+        );
+    }
+}
+
+fn member_json(m: &pb::Member) -> serde_json::Value {
+    json!({"id": m.id, "addr": m.addr, "voter": m.voter})
+}
+
+fn print_members(members: &[pb::Member]) {
+    for m in members {
+        println!(
+            "  {} {} {}",
+            m.id,
+            m.addr,
+            if m.voter { "voter" } else { "learner" }
+        );
+    }
+}
+
+fn status_json(s: &pb::StatusResponse) -> serde_json::Value {
+    json!({
+        "id": s.id, "addr": s.addr, "role": s.role, "term": s.term,
+        "leader_id": s.leader_id, "leader_addr": s.leader_addr,
+        "commit_index": s.commit_index, "applied_index": s.applied_index,
+        "last_log_index": s.last_log_index, "sessions": s.sessions, "grants": s.grants,
+        "waiters": s.waiters, "last_fence": s.last_fence,
+        "members": s.members.iter().map(member_json).collect::<Vec<_>>(),
+    })
+}

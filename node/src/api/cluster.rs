@@ -15,7 +15,11 @@ fn members(m: &StoredMembership<NodeId, BasicNode>) -> Vec<pb::Member> {
     let voters: BTreeSet<NodeId> = m.membership().voter_ids().collect();
     m.membership()
         .nodes()
-        .map(|(id, node)| pb::Member { id: *id, addr: node.addr.clone(), voter: voters.contains(id) })
+        .map(|(id, node)| pb::Member {
+            id: *id,
+            addr: node.addr.clone(),
+            voter: voters.contains(id),
+        })
         .collect()
 }
 
@@ -39,11 +43,19 @@ fn valid_addr(addr: &str) -> bool {
 
 #[tonic::async_trait]
 impl Cluster for Api {
-    async fn status(&self, _req: Request<pb::StatusRequest>) -> Result<Response<pb::StatusResponse>, Status> {
+    async fn status(
+        &self,
+        _req: Request<pb::StatusRequest>,
+    ) -> Result<Response<pb::StatusResponse>, Status> {
         let m = self.0.raft.metrics().borrow().clone();
         let leader_addr = m
             .current_leader
-            .and_then(|l| m.membership_config.membership().get_node(&l).map(|n| n.addr.clone()))
+            .and_then(|l| {
+                m.membership_config
+                    .membership()
+                    .get_node(&l)
+                    .map(|n| n.addr.clone())
+            })
             .unwrap_or_default();
         let stats = {
             let applied = self.0.shared.applied.read().expect("applied lock poisoned");
@@ -67,7 +79,10 @@ impl Cluster for Api {
         }))
     }
 
-    async fn members(&self, _req: Request<pb::MembersRequest>) -> Result<Response<pb::MembersResponse>, Status> {
+    async fn members(
+        &self,
+        _req: Request<pb::MembersRequest>,
+    ) -> Result<Response<pb::MembersResponse>, Status> {
         let m = self.0.raft.metrics().borrow().clone();
         Ok(Response::new(pb::MembersResponse {
             members: members(&m.membership_config),
@@ -76,13 +91,20 @@ impl Cluster for Api {
     }
 
     #[tracing::instrument(skip_all, fields(node = req.get_ref().id, addr = %req.get_ref().addr))]
-    async fn add_node(&self, req: Request<pb::AddNodeRequest>) -> Result<Response<pb::AddNodeResponse>, Status> {
+    async fn add_node(
+        &self,
+        req: Request<pb::AddNodeRequest>,
+    ) -> Result<Response<pb::AddNodeResponse>, Status> {
         let r = req.into_inner();
         if r.id == 0 {
             return Err(Error::InvalidArgument("node id must be non-zero".into()).into());
         }
         if !valid_addr(&r.addr) {
-            return Err(Error::InvalidArgument(format!("node address must be host:port, got {:?}", r.addr)).into());
+            return Err(Error::InvalidArgument(format!(
+                "node address must be host:port, got {:?}",
+                r.addr
+            ))
+            .into());
         }
         let current = self.0.raft.metrics().borrow().membership_config.clone();
         if let Some(existing) = current.membership().get_node(&r.id) {
@@ -97,19 +119,32 @@ impl Cluster for Api {
         // Learner first, blocking until it has caught up; then promote.
         self.0
             .raft
-            .add_learner(r.id, BasicNode { addr: r.addr.clone() }, true)
+            .add_learner(
+                r.id,
+                BasicNode {
+                    addr: r.addr.clone(),
+                },
+                true,
+            )
             .await
             .map_err(Error::from)?;
         let mut latest = self.0.raft.metrics().borrow().membership_config.clone();
         if !r.learner_only {
             let mut voters: BTreeSet<NodeId> = latest.membership().voter_ids().collect();
             voters.insert(r.id);
-            let resp = self.0.raft.change_membership(voters, false).await.map_err(Error::from)?;
+            let resp = self
+                .0
+                .raft
+                .change_membership(voters, false)
+                .await
+                .map_err(Error::from)?;
             if let Some(m) = resp.membership {
                 latest = std::sync::Arc::new(StoredMembership::new(Some(resp.log_id), m));
             }
         }
-        Ok(Response::new(pb::AddNodeResponse { members: members(&latest) }))
+        Ok(Response::new(pb::AddNodeResponse {
+            members: members(&latest),
+        }))
     }
 
     #[tracing::instrument(skip_all, fields(node = req.get_ref().id))]
@@ -122,13 +157,21 @@ impl Cluster for Api {
         if current.membership().get_node(&r.id).is_none() {
             return Err(Error::NotFound(format!("node {} is not a member", r.id)).into());
         }
-        let voters: BTreeSet<NodeId> = current.membership().voter_ids().filter(|v| *v != r.id).collect();
+        let voters: BTreeSet<NodeId> = current
+            .membership()
+            .voter_ids()
+            .filter(|v| *v != r.id)
+            .collect();
         if voters.is_empty() {
             return Err(Error::FailedPrecondition("cannot remove the last voter".into()).into());
         }
         let is_voter = current.membership().voter_ids().any(|v| v == r.id);
         let resp = if is_voter {
-            self.0.raft.change_membership(voters, false).await.map_err(Error::from)?
+            self.0
+                .raft
+                .change_membership(voters, false)
+                .await
+                .map_err(Error::from)?
         } else {
             let remove: BTreeSet<NodeId> = [r.id].into();
             self.0
@@ -141,7 +184,9 @@ impl Cluster for Api {
             Some(m) => StoredMembership::new(Some(resp.log_id), m),
             None => (*self.0.raft.metrics().borrow().membership_config).clone(),
         };
-        Ok(Response::new(pb::RemoveNodeResponse { members: members(&latest) }))
+        Ok(Response::new(pb::RemoveNodeResponse {
+            members: members(&latest),
+        }))
     }
 }
 

@@ -3,6 +3,7 @@
 use raftlock_proto::v1 as pb;
 
 use crate::error::Error;
+use crate::raft::log_index_of;
 use crate::state::{CancelCause, EndCause, Event, LockInfo, Mode};
 
 /// The table's mode for an acquire request.
@@ -10,9 +11,10 @@ pub fn mode_from_request(req: &pb::AcquireRequest) -> Result<Mode, Error> {
     match pb::Mode::try_from(req.mode) {
         Ok(pb::Mode::Exclusive) => Ok(Mode::Exclusive),
         Ok(pb::Mode::Shared) => Ok(Mode::Shared),
-        Ok(pb::Mode::Semaphore) => {
-            Ok(Mode::Semaphore { weight: req.weight, capacity: req.capacity })
-        }
+        Ok(pb::Mode::Semaphore) => Ok(Mode::Semaphore {
+            weight: req.weight,
+            capacity: req.capacity,
+        }),
         Err(_) => Err(Error::InvalidArgument(format!("unknown mode {}", req.mode))),
     }
 }
@@ -41,7 +43,7 @@ pub fn lock_info(info: LockInfo) -> pb::LockInfo {
                 mode: mode_to_proto(h.mode) as i32,
                 weight: h.mode.weight(),
                 value: h.value,
-                granted_index: h.index,
+                granted_index: log_index_of(h.index),
             })
             .collect(),
         waiters: info
@@ -52,7 +54,7 @@ pub fn lock_info(info: LockInfo) -> pb::LockInfo {
                 seq: w.seq,
                 mode: mode_to_proto(w.mode) as i32,
                 weight: w.mode.weight(),
-                queued_index: w.index,
+                queued_index: log_index_of(w.index),
             })
             .collect(),
         lock_delayed: info.lock_delayed,
@@ -62,23 +64,43 @@ pub fn lock_info(info: LockInfo) -> pb::LockInfo {
 /// The wire form of an event, if watchers see it (session open/close
 /// events concern no name and are not streamed).
 pub fn watch_event(index: u64, event: &Event) -> Option<pb::WatchEvent> {
-    let mut out = pb::WatchEvent { index, ..Default::default() };
+    let mut out = pb::WatchEvent {
+        index,
+        ..Default::default()
+    };
     let (kind, name) = match event {
         Event::SessionOpened { .. } | Event::SessionEnded { .. } => return None,
-        Event::Granted { name, session, fence, mode, .. } => {
+        Event::Granted {
+            name,
+            session,
+            fence,
+            mode,
+            ..
+        } => {
             out.session_id = session.0;
             out.fence = fence.0;
             out.mode = mode_to_proto(*mode) as i32;
             out.weight = mode.weight();
             (pb::EventKind::Granted, name)
         }
-        Event::Queued { name, session, mode, .. } => {
+        Event::Queued {
+            name,
+            session,
+            mode,
+            ..
+        } => {
             out.session_id = session.0;
             out.mode = mode_to_proto(*mode) as i32;
             out.weight = mode.weight();
             (pb::EventKind::Queued, name)
         }
-        Event::Ended { name, session, fence, mode, cause } => {
+        Event::Ended {
+            name,
+            session,
+            fence,
+            mode,
+            cause,
+        } => {
             out.session_id = session.0;
             out.fence = fence.0;
             out.mode = mode_to_proto(*mode) as i32;
@@ -89,7 +111,13 @@ pub fn watch_event(index: u64, event: &Event) -> Option<pb::WatchEvent> {
             };
             (kind, name)
         }
-        Event::Cancelled { name, session, mode, cause, .. } => {
+        Event::Cancelled {
+            name,
+            session,
+            mode,
+            cause,
+            ..
+        } => {
             out.session_id = session.0;
             out.mode = mode_to_proto(*mode) as i32;
             out.weight = mode.weight();
@@ -111,8 +139,14 @@ mod tests {
 
     #[test]
     fn unknown_mode_is_invalid_argument() {
-        let req = pb::AcquireRequest { mode: 7, ..Default::default() };
-        assert!(matches!(mode_from_request(&req), Err(Error::InvalidArgument(_))));
+        let req = pb::AcquireRequest {
+            mode: 7,
+            ..Default::default()
+        };
+        assert!(matches!(
+            mode_from_request(&req),
+            Err(Error::InvalidArgument(_))
+        ));
     }
 
     #[test]
@@ -123,7 +157,13 @@ mod tests {
             capacity: 5,
             ..Default::default()
         };
-        assert_eq!(mode_from_request(&req).ok(), Some(Mode::Semaphore { weight: 2, capacity: 5 }));
+        assert_eq!(
+            mode_from_request(&req).ok(),
+            Some(Mode::Semaphore {
+                weight: 2,
+                capacity: 5
+            })
+        );
     }
 
     #[test]
@@ -137,10 +177,25 @@ mod tests {
             cause,
         };
         let kind = |e: &Event| watch_event(5, e).map(|w| w.kind);
-        assert_eq!(kind(&ended(EndCause::Released)), Some(pb::EventKind::Released as i32));
-        assert_eq!(kind(&ended(EndCause::SessionExpired)), Some(pb::EventKind::Expired as i32));
-        assert_eq!(kind(&ended(EndCause::SessionClosed)), Some(pb::EventKind::Expired as i32));
-        assert_eq!(kind(&Event::SessionOpened { session: SessionId(1), ttl_ms: 1000 }), None);
+        assert_eq!(
+            kind(&ended(EndCause::Released)),
+            Some(pb::EventKind::Released as i32)
+        );
+        assert_eq!(
+            kind(&ended(EndCause::SessionExpired)),
+            Some(pb::EventKind::Expired as i32)
+        );
+        assert_eq!(
+            kind(&ended(EndCause::SessionClosed)),
+            Some(pb::EventKind::Expired as i32)
+        );
+        assert_eq!(
+            kind(&Event::SessionOpened {
+                session: SessionId(1),
+                ttl_ms: 1000
+            }),
+            None
+        );
         let w = watch_event(5, &ended(EndCause::Released)).expect("streamed");
         assert_eq!((w.index, w.fence, w.name.as_str()), (5, 3, "a"));
     }

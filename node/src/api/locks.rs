@@ -14,6 +14,7 @@ use super::convert::{lock_info, mode_from_request, mode_to_proto, watch_event};
 use super::Api;
 use crate::error::Error;
 use crate::leases::KeepAliveError;
+use crate::raft::log_index_of;
 use crate::shared::WatchItem;
 use crate::state::limits::WAIT_FOREVER;
 use crate::state::{Acquired, Command, Fence, LockName, Reply, SessionId};
@@ -35,7 +36,12 @@ fn name(s: &str) -> Result<LockName, Error> {
 
 impl Api {
     /// Waits for a queued acquire's grant or cancellation.
-    async fn park(&self, session: SessionId, name: LockName, timeout_ms: u64) -> Result<Acquired, Error> {
+    async fn park(
+        &self,
+        session: SessionId,
+        name: LockName,
+        timeout_ms: u64,
+    ) -> Result<Acquired, Error> {
         let rx = {
             let applied = self.0.shared.applied.read().expect("applied lock poisoned");
             match applied.table.standing(session, &name) {
@@ -66,7 +72,7 @@ fn acquired_response(outcome: Acquired) -> pb::AcquireResponse {
             acquired: true,
             fence: fence.0,
             mode: mode_to_proto(mode) as i32,
-            index,
+            index: log_index_of(index),
         },
         Acquired::Queued | Acquired::NotAcquired => pb::AcquireResponse::default(),
     }
@@ -87,9 +93,18 @@ impl Locks for Api {
         };
         command.validate()?;
         match self.write(command).await? {
-            (_, Reply::Opened { session, ttl_ms, lock_delay_ms }) => {
-                Ok(Response::new(pb::OpenSessionResponse { session_id: session.0, ttl_ms, lock_delay_ms }))
-            }
+            (
+                _,
+                Reply::Opened {
+                    session,
+                    ttl_ms,
+                    lock_delay_ms,
+                },
+            ) => Ok(Response::new(pb::OpenSessionResponse {
+                session_id: session.0,
+                ttl_ms,
+                lock_delay_ms,
+            })),
             (_, other) => Err(Error::Internal(format!("unexpected reply {other:?}")).into()),
         }
     }
@@ -112,12 +127,17 @@ impl Locks for Api {
                 let session = SessionId(msg.session_id);
                 let result = match api.confirm_leadership().await {
                     Err(e) => Err(e),
-                    Ok(()) => api.0.shared.leases.keep_alive(session).map_err(|e| match e {
-                        KeepAliveError::NotLeader => api.not_leader(),
-                        KeepAliveError::UnknownSession => {
-                            Error::NotFound(format!("{session} not found (closed or expired)"))
-                        }
-                    }),
+                    Ok(()) => api
+                        .0
+                        .shared
+                        .leases
+                        .keep_alive(session)
+                        .map_err(|e| match e {
+                            KeepAliveError::NotLeader => api.not_leader(),
+                            KeepAliveError::UnknownSession => {
+                                Error::NotFound(format!("{session} not found (closed or expired)"))
+                            }
+                        }),
                 };
                 let item = result
                     .map(|ttl| pb::KeepAliveResponse {
@@ -140,9 +160,14 @@ impl Locks for Api {
         req: Request<pb::CloseSessionRequest>,
     ) -> Result<Response<pb::CloseSessionResponse>, Status> {
         let r = req.into_inner();
-        let command = Command::CloseSession { session: SessionId(r.session_id), seq: r.seq };
+        let command = Command::CloseSession {
+            session: SessionId(r.session_id),
+            seq: r.seq,
+        };
         match self.write(command).await? {
-            (_, Reply::Closed { released }) => Ok(Response::new(pb::CloseSessionResponse { released })),
+            (_, Reply::Closed { released }) => {
+                Ok(Response::new(pb::CloseSessionResponse { released }))
+            }
             (_, other) => Err(Error::Internal(format!("unexpected reply {other:?}")).into()),
         }
     }
@@ -187,7 +212,9 @@ impl Locks for Api {
             fence: Fence(r.fence),
         };
         match self.write(command).await? {
-            (_, Reply::Released { released }) => Ok(Response::new(pb::ReleaseResponse { released })),
+            (_, Reply::Released { released }) => {
+                Ok(Response::new(pb::ReleaseResponse { released }))
+            }
             (_, other) => Err(Error::Internal(format!("unexpected reply {other:?}")).into()),
         }
     }
@@ -211,7 +238,10 @@ impl Locks for Api {
     }
 
     #[tracing::instrument(skip_all, fields(prefix = %req.get_ref().prefix))]
-    async fn list(&self, req: Request<pb::ListRequest>) -> Result<Response<pb::ListResponse>, Status> {
+    async fn list(
+        &self,
+        req: Request<pb::ListRequest>,
+    ) -> Result<Response<pb::ListResponse>, Status> {
         let r = req.into_inner();
         let limit = match r.limit as usize {
             0 => DEFAULT_LIST_LIMIT,
@@ -230,7 +260,9 @@ impl Locks for Api {
         let mut page = applied.table.list(&r.prefix, after, limit + 1);
         let next_page_token = if page.len() > limit {
             page.truncate(limit);
-            page.last().map(|l| l.name.as_str().to_string()).unwrap_or_default()
+            page.last()
+                .map(|l| l.name.as_str().to_string())
+                .unwrap_or_default()
         } else {
             String::new()
         };
@@ -260,7 +292,10 @@ impl Locks for Api {
 
     type WatchStream = BoxStream<pb::WatchEvent>;
 
-    async fn watch(&self, req: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
+    async fn watch(
+        &self,
+        req: Request<pb::WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
         let r = req.into_inner();
         if !r.name.is_empty() {
             name(&r.name)?;
@@ -268,7 +303,13 @@ impl Locks for Api {
         let mut events = self.0.shared.watch.subscribe();
         let (tx, rx) = mpsc::channel(256);
         tokio::spawn(async move {
-            let matches = |n: &str| if r.name.is_empty() { n.starts_with(&r.prefix) } else { n == r.name };
+            let matches = |n: &str| {
+                if r.name.is_empty() {
+                    n.starts_with(&r.prefix)
+                } else {
+                    n == r.name
+                }
+            };
             loop {
                 let item = match events.recv().await {
                     Ok(item) => item,
@@ -293,7 +334,9 @@ impl Locks for Api {
                     }
                     WatchItem::Events { index, events } => {
                         for e in events {
-                            let Some(w) = watch_event(*index, e) else { continue };
+                            let Some(w) = watch_event(*index, e) else {
+                                continue;
+                            };
                             if matches(&w.name) && tx.send(Ok(w)).await.is_err() {
                                 return;
                             }
@@ -310,9 +353,16 @@ impl Api {
     /// `NotLeader` with the leader this node knows of.
     pub fn not_leader(&self) -> Error {
         let metrics = self.0.raft.metrics().borrow().clone();
-        let leader = metrics.current_leader.filter(|l| *l != self.0.id).and_then(|l| {
-            metrics.membership_config.membership().get_node(&l).map(|n| (l, n.addr.clone()))
-        });
+        let leader = metrics
+            .current_leader
+            .filter(|l| *l != self.0.id)
+            .and_then(|l| {
+                metrics
+                    .membership_config
+                    .membership()
+                    .get_node(&l)
+                    .map(|n| (l, n.addr.clone()))
+            });
         Error::NotLeader { leader }
     }
 }

@@ -7,6 +7,7 @@
 //! retry there. Forwarding would hide a hop and double the failure modes of
 //! a request whose outcome may be unknown.
 
+pub mod batcher;
 pub mod cluster;
 pub mod convert;
 pub mod locks;
@@ -37,6 +38,8 @@ pub struct ApiInner {
     pub committed: Arc<AtomicU64>,
     /// Coalesces leadership confirmations.
     leader_check: LeaderCheck,
+    /// Groups concurrent writes into one log entry.
+    batcher: batcher::Batcher,
 }
 
 /// The public services (`Locks`, `Cluster`); cheap to clone.
@@ -55,24 +58,21 @@ impl Api {
         Api(Arc::new(ApiInner {
             id,
             addr,
-            raft,
+            raft: raft.clone(),
             shared,
             committed,
             leader_check: LeaderCheck::default(),
+            batcher: batcher::Batcher::start(raft.clone()),
         }))
     }
 
     /// Proposes `command` and waits until it is applied here; returns the
     /// log index and the table's reply (refusals as errors).
     pub async fn write(&self, command: Command) -> Result<(u64, Reply), Error> {
-        let resp = self.0.raft.client_write(command).await?;
-        let applied = resp.data;
-        match applied.response {
-            Some(r) => match r.reply {
-                Reply::Refused(refusal) => Err(refusal.into()),
-                reply => Ok((applied.index, reply)),
-            },
-            None => Err(Error::Internal("a lock command applied without a response".into())),
+        let (index, response) = self.0.batcher.submit(command).await?;
+        match response.reply {
+            Reply::Refused(refusal) => Err(refusal.into()),
+            reply => Ok((index, reply)),
         }
     }
 
@@ -134,13 +134,18 @@ impl LeaderCheck {
                         }
                         std::mem::take(&mut s.pending)
                     };
-                    let result = raft.ensure_linearizable().await.map(|_| ()).map_err(Error::from);
+                    let result = raft
+                        .ensure_linearizable()
+                        .await
+                        .map(|_| ())
+                        .map_err(Error::from);
                     for tx in batch {
                         let _ = tx.send(result.clone());
                     }
                 }
             });
         }
-        rx.await.map_err(|_| Error::Unavailable("node shutting down".into()))?
+        rx.await
+            .map_err(|_| Error::Unavailable("node shutting down".into()))?
     }
 }

@@ -27,10 +27,18 @@ fn decode<T: DeserializeOwned>(msg: &pb::RaftMessage) -> Result<T, Status> {
 }
 
 /// Packs openraft's answer: the value in `data`, or its error in `error`.
-fn reply<T: Serialize, E: Serialize>(result: Result<T, E>) -> Result<Response<pb::RaftMessage>, Status> {
+fn reply<T: Serialize, E: Serialize>(
+    result: Result<T, E>,
+) -> Result<Response<pb::RaftMessage>, Status> {
     let msg = match result {
-        Ok(v) => pb::RaftMessage { data: bincode::serialize(&v).map_err(internal)?, error: Vec::new() },
-        Err(e) => pb::RaftMessage { data: Vec::new(), error: bincode::serialize(&e).map_err(internal)? },
+        Ok(v) => pb::RaftMessage {
+            data: bincode::serialize(&v).map_err(internal)?,
+            error: Vec::new(),
+        },
+        Err(e) => pb::RaftMessage {
+            data: Vec::new(),
+            error: bincode::serialize(&e).map_err(internal)?,
+        },
     };
     Ok(Response::new(msg))
 }
@@ -41,17 +49,26 @@ fn internal(e: bincode::Error) -> Status {
 
 #[tonic::async_trait]
 impl RaftRpc for RaftService {
-    async fn append_entries(&self, req: Request<pb::RaftMessage>) -> Result<Response<pb::RaftMessage>, Status> {
+    async fn append_entries(
+        &self,
+        req: Request<pb::RaftMessage>,
+    ) -> Result<Response<pb::RaftMessage>, Status> {
         let rpc = decode(req.get_ref())?;
         reply(self.raft.append_entries(rpc).await)
     }
 
-    async fn vote(&self, req: Request<pb::RaftMessage>) -> Result<Response<pb::RaftMessage>, Status> {
+    async fn vote(
+        &self,
+        req: Request<pb::RaftMessage>,
+    ) -> Result<Response<pb::RaftMessage>, Status> {
         let rpc = decode(req.get_ref())?;
         reply(self.raft.vote(rpc).await)
     }
 
-    async fn install_snapshot(&self, req: Request<pb::RaftMessage>) -> Result<Response<pb::RaftMessage>, Status> {
+    async fn install_snapshot(
+        &self,
+        req: Request<pb::RaftMessage>,
+    ) -> Result<Response<pb::RaftMessage>, Status> {
         let rpc = decode(req.get_ref())?;
         reply(self.raft.install_snapshot(rpc).await)
     }

@@ -39,7 +39,12 @@ impl Waiters {
 
     /// Number of parked requests.
     pub fn len(&self) -> usize {
-        self.parked.lock().expect("waiters lock poisoned").values().map(Vec::len).sum()
+        self.parked
+            .lock()
+            .expect("waiters lock poisoned")
+            .values()
+            .map(Vec::len)
+            .sum()
     }
 
     /// True if nothing is parked.
@@ -47,7 +52,8 @@ impl Waiters {
         self.len() == 0
     }
 
-    /// Wakes requests settled by `events` (applied at `index`).
+    /// Wakes requests settled by `events` (applied at command index
+    /// `index`).
     pub fn on_events(&self, index: u64, events: &[Event]) {
         let mut parked = self.parked.lock().expect("waiters lock poisoned");
         if parked.is_empty() {
@@ -55,9 +61,19 @@ impl Waiters {
         }
         for e in events {
             let (key, outcome) = match e {
-                Event::Granted { name, session, fence, mode, .. } => (
+                Event::Granted {
+                    name,
+                    session,
+                    fence,
+                    mode,
+                    ..
+                } => (
                     (*session, name.clone()),
-                    Acquired::Granted { fence: *fence, mode: *mode, index },
+                    Acquired::Granted {
+                        fence: *fence,
+                        mode: *mode,
+                        index,
+                    },
                 ),
                 Event::Cancelled { name, session, .. } => {
                     ((*session, name.clone()), Acquired::NotAcquired)
@@ -76,15 +92,17 @@ impl Waiters {
     /// whose fate the new table already shows.
     pub fn recheck(&self, table: &LockTable) {
         let mut parked = self.parked.lock().expect("waiters lock poisoned");
-        parked.retain(|(session, name), list| match table.standing(*session, name) {
-            Acquired::Queued => true,
-            outcome => {
-                for tx in list.drain(..) {
-                    let _ = tx.send(outcome);
+        parked.retain(
+            |(session, name), list| match table.standing(*session, name) {
+                Acquired::Queued => true,
+                outcome => {
+                    for tx in list.drain(..) {
+                        let _ = tx.send(outcome);
+                    }
+                    false
                 }
-                false
-            }
-        });
+            },
+        );
     }
 }
 
@@ -121,7 +139,11 @@ mod tests {
         );
         assert_eq!(
             granted.try_recv().expect("woken"),
-            Acquired::Granted { fence: Fence(4), mode: Mode::Exclusive, index: 9 }
+            Acquired::Granted {
+                fence: Fence(4),
+                mode: Mode::Exclusive,
+                index: 9
+            }
         );
         assert_eq!(cancelled.try_recv().expect("woken"), Acquired::NotAcquired);
         assert!(other.try_recv().is_err(), "session 3 is still waiting");

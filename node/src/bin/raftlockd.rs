@@ -15,7 +15,11 @@ use raftlock_node::node::{Node, NodeOptions, RaftTiming};
 use tokio::net::TcpListener;
 
 #[derive(Parser)]
-#[command(name = "raftlockd", version, about = "raftlock server: a Raft-replicated lock service")]
+#[command(
+    name = "raftlockd",
+    version,
+    about = "raftlock server: a Raft-replicated lock service"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -82,7 +86,10 @@ struct DevArgs {
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=error,sled=warn"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
 }
 
 #[tokio::main]
@@ -160,7 +167,10 @@ async fn dev(args: DevArgs) -> anyhow::Result<()> {
     }
     let mut metrics = nodes[0].raft.metrics();
     let elected = tokio::time::timeout(Duration::from_secs(30), async {
-        metrics.wait_for(|m| m.current_leader.is_some()).await.is_ok()
+        metrics
+            .wait_for(|m| m.current_leader.is_some())
+            .await
+            .is_ok()
     });
     tokio::select! {
         r = elected => {

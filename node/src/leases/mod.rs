@@ -21,7 +21,8 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::raft::Raft;
+use crate::api::batcher::MAX_BATCH;
+use crate::raft::{Batch, Raft};
 use crate::state::limits::WAIT_FOREVER as WAIT_FOREVER_MS;
 use crate::state::{Command, Event, LockName, LockTable, SessionId};
 
@@ -49,9 +50,10 @@ impl TimerKey {
                 name: name.as_str().to_string(),
                 seq: *seq,
             },
-            TimerKey::Delay(name, since) => {
-                Command::EndLockDelay { name: name.as_str().to_string(), since: *since }
-            }
+            TimerKey::Delay(name, since) => Command::EndLockDelay {
+                name: name.as_str().to_string(),
+                since: *since,
+            },
         }
     }
 }
@@ -126,7 +128,11 @@ impl Leases {
         if t.active && t.term == Some(term) {
             return;
         }
-        tracing::info!(term, sessions = table.sessions().count(), "leases: counting as leader");
+        tracing::info!(
+            term,
+            sessions = table.sessions().count(),
+            "leases: counting as leader"
+        );
         t.clear();
         t.active = true;
         t.term = Some(term);
@@ -141,7 +147,10 @@ impl Leases {
             }
         }
         for (name, since, delay_ms) in table.delays() {
-            t.arm(TimerKey::Delay(name.clone(), since), now + Duration::from_millis(delay_ms));
+            t.arm(
+                TimerKey::Delay(name.clone(), since),
+                now + Duration::from_millis(delay_ms),
+            );
         }
         drop(t);
         self.changed.notify_one();
@@ -160,7 +169,11 @@ impl Leases {
 
     /// Number of armed timers (for status and tests).
     pub fn armed(&self) -> usize {
-        self.timers.lock().expect("timers lock poisoned").deadlines.len()
+        self.timers
+            .lock()
+            .expect("timers lock poisoned")
+            .deadlines
+            .len()
     }
 
     /// Follows the table: arms timers for new sessions, waits and delays,
@@ -184,17 +197,31 @@ impl Leases {
                     t.ttls.remove(session);
                     t.disarm(&TimerKey::Session(*session));
                 }
-                Event::Queued { name, session, seq, timeout_ms, .. } => {
+                Event::Queued {
+                    name,
+                    session,
+                    seq,
+                    timeout_ms,
+                    ..
+                } => {
                     if let Some(d) = duration_ms(*timeout_ms) {
                         t.arm(TimerKey::Wait(*session, name.clone(), *seq), now + d);
                         changed = true;
                     }
                 }
-                Event::Granted { name, session, seq, .. }
-                | Event::Cancelled { name, session, seq, .. } => {
+                Event::Granted {
+                    name, session, seq, ..
+                }
+                | Event::Cancelled {
+                    name, session, seq, ..
+                } => {
                     t.disarm(&TimerKey::Wait(*session, name.clone(), *seq));
                 }
-                Event::LockDelayStarted { name, delay_ms, since } => {
+                Event::LockDelayStarted {
+                    name,
+                    delay_ms,
+                    since,
+                } => {
                     t.arm(
                         TimerKey::Delay(name.clone(), *since),
                         now + Duration::from_millis(*delay_ms),
@@ -252,7 +279,12 @@ impl Leases {
     }
 
     fn next_deadline(&self) -> Option<Instant> {
-        self.timers.lock().expect("timers lock poisoned").queue.first().map(|(at, _)| *at)
+        self.timers
+            .lock()
+            .expect("timers lock poisoned")
+            .queue
+            .first()
+            .map(|(at, _)| *at)
     }
 
     /// The timer loop: sleeps until the next deadline (or a change) and
@@ -273,14 +305,17 @@ impl Leases {
                     continue;
                 }
             }
-            for key in self.take_due(Instant::now()) {
+            let due = self.take_due(Instant::now());
+            for chunk in due.chunks(MAX_BATCH) {
                 let raft = raft.clone();
+                let commands: Vec<Command> = chunk.iter().map(TimerKey::command).collect();
                 tokio::spawn(async move {
-                    let command = key.command();
-                    if let Err(e) = raft.client_write(command).await {
-                        tracing::debug!(?key, error = %e, "expiry proposal failed; will retry");
-                    } else {
-                        tracing::debug!(?key, "expiry proposed");
+                    let n = commands.len();
+                    match raft.client_write(Batch(commands)).await {
+                        Ok(_) => tracing::debug!(n, "expiry commands applied"),
+                        Err(e) => {
+                            tracing::debug!(n, error = %e, "expiry proposal failed; will retry")
+                        }
                     }
                 });
             }
@@ -295,7 +330,14 @@ mod tests {
 
     fn table_with_session(ttl_ms: u64) -> LockTable {
         let mut table = LockTable::new();
-        table.apply(1, Command::OpenSession { ttl_ms, lock_delay_ms: 0, nonce: 0 });
+        table.apply(
+            1,
+            Command::OpenSession {
+                ttl_ms,
+                lock_delay_ms: 0,
+                nonce: 0,
+            },
+        );
         table
     }
 
@@ -303,9 +345,18 @@ mod tests {
     async fn inactive_leases_track_nothing_and_refuse_keep_alives() {
         let leases = Leases::default();
         let table = table_with_session(5_000);
-        leases.on_events(&[Event::SessionOpened { session: SessionId(1), ttl_ms: 5_000 }], &table);
+        leases.on_events(
+            &[Event::SessionOpened {
+                session: SessionId(1),
+                ttl_ms: 5_000,
+            }],
+            &table,
+        );
         assert_eq!(leases.armed(), 0);
-        assert_eq!(leases.keep_alive(SessionId(1)), Err(KeepAliveError::NotLeader));
+        assert_eq!(
+            leases.keep_alive(SessionId(1)),
+            Err(KeepAliveError::NotLeader)
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -317,13 +368,22 @@ mod tests {
         tokio::time::advance(Duration::from_millis(4_999)).await;
         assert!(leases.take_due(Instant::now()).is_empty());
         tokio::time::advance(Duration::from_millis(1)).await;
-        assert_eq!(leases.take_due(Instant::now()), vec![TimerKey::Session(SessionId(1))]);
+        assert_eq!(
+            leases.take_due(Instant::now()),
+            vec![TimerKey::Session(SessionId(1))]
+        );
         // Not taken effect yet: it fires again after RETRY_AFTER.
         assert!(leases.take_due(Instant::now()).is_empty());
         tokio::time::advance(RETRY_AFTER).await;
         assert_eq!(leases.take_due(Instant::now()).len(), 1);
         // Once the expiry applies, the timer is gone.
-        leases.on_events(&[Event::SessionEnded { session: SessionId(1), expired: true }], &table);
+        leases.on_events(
+            &[Event::SessionEnded {
+                session: SessionId(1),
+                expired: true,
+            }],
+            &table,
+        );
         assert_eq!(leases.armed(), 0);
     }
 
@@ -332,19 +392,32 @@ mod tests {
         let leases = Leases::default();
         leases.activate_for_term(1, &table_with_session(3_000));
         tokio::time::advance(Duration::from_millis(2_000)).await;
-        assert_eq!(leases.keep_alive(SessionId(1)), Ok(Duration::from_millis(3_000)));
+        assert_eq!(
+            leases.keep_alive(SessionId(1)),
+            Ok(Duration::from_millis(3_000))
+        );
         tokio::time::advance(Duration::from_millis(2_999)).await;
         assert!(leases.take_due(Instant::now()).is_empty());
         tokio::time::advance(Duration::from_millis(1)).await;
         assert_eq!(leases.take_due(Instant::now()).len(), 1);
-        assert_eq!(leases.keep_alive(SessionId(9)), Err(KeepAliveError::UnknownSession));
+        assert_eq!(
+            leases.keep_alive(SessionId(9)),
+            Err(KeepAliveError::UnknownSession)
+        );
     }
 
     #[tokio::test(start_paused = true)]
     async fn waits_time_out_unless_granted_and_forever_never_does() {
         let leases = Leases::default();
         let mut table = table_with_session(60_000);
-        table.apply(2, Command::OpenSession { ttl_ms: 60_000, lock_delay_ms: 0, nonce: 0 });
+        table.apply(
+            2,
+            Command::OpenSession {
+                ttl_ms: 60_000,
+                lock_delay_ms: 0,
+                nonce: 0,
+            },
+        );
         leases.activate_for_term(1, &table);
         let name = LockName::new("a").expect("valid");
         let queued = |session, seq, timeout_ms| Event::Queued {
@@ -354,14 +427,24 @@ mod tests {
             mode: Mode::Exclusive,
             timeout_ms,
         };
-        leases.on_events(&[queued(1, 7, 1_000), queued(2, 8, WAIT_FOREVER_MS)], &table);
+        leases.on_events(
+            &[queued(1, 7, 1_000), queued(2, 8, WAIT_FOREVER_MS)],
+            &table,
+        );
         tokio::time::advance(Duration::from_millis(1_000)).await;
         assert_eq!(
             leases.take_due(Instant::now()),
             vec![TimerKey::Wait(SessionId(1), name.clone(), 7)]
         );
         let cmd = TimerKey::Wait(SessionId(1), name.clone(), 7).command();
-        assert_eq!(cmd, Command::CancelWait { session: SessionId(1), name: "a".into(), seq: 7 });
+        assert_eq!(
+            cmd,
+            Command::CancelWait {
+                session: SessionId(1),
+                name: "a".into(),
+                seq: 7
+            }
+        );
         leases.on_events(
             &[Event::Cancelled {
                 name: name.clone(),
@@ -384,6 +467,9 @@ mod tests {
         leases.deactivate();
         assert!(!leases.is_active());
         assert_eq!(leases.armed(), 0);
-        assert_eq!(leases.keep_alive(SessionId(1)), Err(KeepAliveError::NotLeader));
+        assert_eq!(
+            leases.keep_alive(SessionId(1)),
+            Err(KeepAliveError::NotLeader)
+        );
     }
 }

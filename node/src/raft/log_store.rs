@@ -7,8 +7,7 @@ use std::sync::Arc;
 
 use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{
-    Entry, ErrorSubject, ErrorVerb, LogId, LogState, OptionalSend, RaftLogId, RaftLogReader,
-    Vote,
+    Entry, ErrorSubject, ErrorVerb, LogId, LogState, OptionalSend, RaftLogId, RaftLogReader, Vote,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -76,7 +75,12 @@ impl LogStore {
     pub fn new(db: sled::Db) -> anyhow::Result<Self> {
         let log = db.open_tree("log")?;
         let meta = db.open_tree("meta")?;
-        let store = LogStore { db, log, meta, committed: Arc::default() };
+        let store = LogStore {
+            db,
+            log,
+            meta,
+            committed: Arc::default(),
+        };
         let committed: Option<Option<LogId<NodeId>>> = store.get_meta(KEY_COMMITTED)?;
         let index = committed.flatten().map_or(0, |c| c.index);
         store.committed.store(index, Ordering::Relaxed);
@@ -90,14 +94,21 @@ impl LogStore {
 
     fn get_meta<T: DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>, StorageError> {
         let subject = || ErrorSubject::Store;
-        match self.meta.get(key).map_err(|e| io_err(subject(), ErrorVerb::Read, e))? {
+        match self
+            .meta
+            .get(key)
+            .map_err(|e| io_err(subject(), ErrorVerb::Read, e))?
+        {
             None => Ok(None),
             Some(bytes) => decode(&bytes, subject()).map(Some),
         }
     }
 
     async fn flush(&self, subject: ErrorSubject<NodeId>) -> Result<(), StorageError> {
-        self.db.flush_async().await.map_err(|e| io_err(subject, ErrorVerb::Write, e))?;
+        self.db
+            .flush_async()
+            .await
+            .map_err(|e| io_err(subject, ErrorVerb::Write, e))?;
         Ok(())
     }
 
@@ -137,12 +148,20 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
         let last_purged: Option<LogId<NodeId>> = self.get_meta(KEY_LAST_PURGED)?;
-        let last = self.log.last().map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Read, e))?;
+        let last = self
+            .log
+            .last()
+            .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Read, e))?;
         let last_log_id = match last {
-            Some((_, v)) => Some(*decode::<Entry<TypeConfig>>(&v, ErrorSubject::Logs)?.get_log_id()),
+            Some((_, v)) => {
+                Some(*decode::<Entry<TypeConfig>>(&v, ErrorSubject::Logs)?.get_log_id())
+            }
             None => last_purged,
         };
-        Ok(LogState { last_purged_log_id: last_purged, last_log_id })
+        Ok(LogState {
+            last_purged_log_id: last_purged,
+            last_log_id,
+        })
     }
 
     async fn get_log_reader(&mut self) -> Self::LogReader {
@@ -160,18 +179,24 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.get_meta(KEY_VOTE)
     }
 
-    async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> Result<(), StorageError> {
+    async fn save_committed(
+        &mut self,
+        committed: Option<LogId<NodeId>>,
+    ) -> Result<(), StorageError> {
         // Not flushed on its own: a lost commit marker only means replaying
         // fewer entries at start-up; the leader re-commits the rest.
         self.meta
             .insert(KEY_COMMITTED, encode(&committed))
             .map_err(|e| io_err(ErrorSubject::Store, ErrorVerb::Write, e))?;
-        self.committed.store(committed.map_or(0, |c| c.index), Ordering::Relaxed);
+        self.committed
+            .store(committed.map_or(0, |c| c.index), Ordering::Relaxed);
         Ok(())
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>, StorageError> {
-        Ok(self.get_meta::<Option<LogId<NodeId>>>(KEY_COMMITTED)?.flatten())
+        Ok(self
+            .get_meta::<Option<LogId<NodeId>>>(KEY_COMMITTED)?
+            .flatten())
     }
 
     async fn append<I>(
@@ -189,7 +214,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         for entry in entries {
             batch.insert(&entry.get_log_id().index.to_be_bytes(), encode(&entry));
         }
-        self.log.apply_batch(batch).map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Write, e))?;
+        self.log
+            .apply_batch(batch)
+            .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Write, e))?;
         match self.db.flush_async().await {
             Ok(_) => {
                 callback.log_io_completed(Ok(()));
@@ -209,7 +236,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             let (k, _) = item.map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Read, e))?;
             batch.remove(k);
         }
-        self.log.apply_batch(batch).map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Delete, e))?;
+        self.log
+            .apply_batch(batch)
+            .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Delete, e))?;
         self.flush(ErrorSubject::Logs).await
     }
 
@@ -225,7 +254,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             let (k, _) = item.map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Read, e))?;
             batch.remove(k);
         }
-        self.log.apply_batch(batch).map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Delete, e))?;
+        self.log
+            .apply_batch(batch)
+            .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Delete, e))?;
         self.flush(ErrorSubject::Logs).await
     }
 }
@@ -243,7 +274,8 @@ mod tests {
     impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, tempfile::TempDir> for Builder {
         async fn build(
             &self,
-        ) -> Result<(tempfile::TempDir, LogStore, StateMachineStore), StorageError<NodeId>> {
+        ) -> Result<(tempfile::TempDir, LogStore, StateMachineStore), StorageError<NodeId>>
+        {
             let dir = tempfile::tempdir().expect("tempdir");
             let db = open_db(dir.path()).expect("open");
             let log = LogStore::new(db.clone()).expect("log");

@@ -14,6 +14,10 @@
 //! is acknowledged. sled's own background flusher runs only every 500 ms
 //! and is never relied on.
 
+// openraft's error types are large and its traits return them by value; our
+// helpers follow the traits rather than box what openraft will unbox.
+#![allow(clippy::result_large_err)]
+
 pub mod log_store;
 pub mod network;
 pub mod state_machine;
@@ -30,7 +34,7 @@ pub type NodeId = u64;
 openraft::declare_raft_types!(
     /// raftlock's openraft type configuration.
     pub TypeConfig:
-        D = Command,
+        D = Batch,
         R = Applied,
         NodeId = NodeId,
         Node = openraft::BasicNode,
@@ -39,15 +43,40 @@ openraft::declare_raft_types!(
         AsyncRuntime = openraft::TokioRuntime,
 );
 
-/// What applying one log entry produced: the log index, and for a lock
-/// command the state machine's response (blank and membership entries have
-/// none).
+/// One log entry's payload: lock commands applied in order.
+///
+/// Concurrent client requests are grouped into one entry (see
+/// `api::batcher`), so one append, one fsync and one replication round
+/// serve many requests. Inside the lock table each command gets its own
+/// *command index*, `log index × BATCH_SLOTS + position`, which is unique
+/// and increasing, so session ids and queue order stay well defined.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Batch(pub Vec<Command>);
+
+/// Command-index slots per log entry; a batch holds at most this many
+/// commands.
+pub const BATCH_SLOTS: u64 = 1024;
+
+/// The command index of the `position`-th command of the entry at
+/// `log_index`.
+pub fn command_index(log_index: u64, position: usize) -> u64 {
+    log_index * BATCH_SLOTS + position as u64
+}
+
+/// The log index a command index belongs to (what clients are shown).
+pub fn log_index_of(command_index: u64) -> u64 {
+    command_index / BATCH_SLOTS
+}
+
+/// What applying one log entry produced: its log index and, for a batch,
+/// the lock table's response to each command in order (blank and
+/// membership entries have none).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Applied {
     /// The entry's log index.
     pub index: u64,
-    /// The lock table's response, for normal entries.
-    pub response: Option<Response>,
+    /// The lock table's responses, one per command of the batch.
+    pub responses: Vec<Response>,
 }
 
 /// The openraft handle used throughout the node.

@@ -53,7 +53,11 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = Peer;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Peer {
-        Peer { target, node: node.clone(), channel: self.channel(&node.addr) }
+        Peer {
+            target,
+            node: node.clone(),
+            channel: self.channel(&node.addr),
+        }
     }
 }
 
@@ -89,7 +93,13 @@ impl Peer {
         let mut client = RaftClient::new(channel)
             .max_decoding_message_size(usize::MAX)
             .max_encoding_message_size(usize::MAX);
-        let fut = method(&mut client, pb::RaftMessage { data, error: Vec::new() });
+        let fut = method(
+            &mut client,
+            pb::RaftMessage {
+                data,
+                error: Vec::new(),
+            },
+        );
         let resp = match tokio::time::timeout(option.hard_ttl(), fut).await {
             Err(_) => {
                 return Err(RPCError::Network(NetworkError::new(&Msg(format!(
@@ -99,7 +109,10 @@ impl Peer {
                 )))))
             }
             Ok(Err(status)) => {
-                let err = Msg(format!("rpc to node {} at {}: {status}", self.target, self.node.addr));
+                let err = Msg(format!(
+                    "rpc to node {} at {}: {status}",
+                    self.target, self.node.addr
+                ));
                 return Err(if status.code() == tonic::Code::Unavailable {
                     RPCError::Unreachable(Unreachable::new(&err))
                 } else {
@@ -122,7 +135,10 @@ impl Peer {
 }
 
 type CallFuture = std::pin::Pin<
-    Box<dyn std::future::Future<Output = Result<tonic::Response<pb::RaftMessage>, tonic::Status>> + Send>,
+    Box<
+        dyn std::future::Future<Output = Result<tonic::Response<pb::RaftMessage>, tonic::Status>>
+            + Send,
+    >,
 >;
 
 impl RaftNetwork<TypeConfig> for Peer {

@@ -79,11 +79,18 @@ impl StateMachineStore {
                 let bytes = std::fs::read(path)?;
                 let file = decode_snapshot(&bytes).map_err(anyhow::Error::msg)?;
                 let table = LockTable::from_snapshot(&file.table)?;
-                shared.install(table, file.meta.last_log_id, file.meta.last_membership.clone());
+                shared.install(
+                    table,
+                    file.meta.last_log_id,
+                    file.meta.last_membership.clone(),
+                );
                 shared.set_snapshot(Arc::new(bytes));
             }
         }
-        Ok(StateMachineStore { shared, snapshot_path })
+        Ok(StateMachineStore {
+            shared,
+            snapshot_path,
+        })
     }
 
     /// A store with no snapshot file, for unit tests.
@@ -120,7 +127,12 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             let applied = self.shared.applied.read().expect("applied lock poisoned");
             let last = applied.last_applied;
             let snapshot_id = match last {
-                Some(id) => format!("{}-{}-{}", id.leader_id.term, id.index, applied.table.last_fence().0),
+                Some(id) => format!(
+                    "{}-{}-{}",
+                    id.leader_id.term,
+                    id.index,
+                    applied.table.last_fence().0
+                ),
                 None => "empty".to_string(),
             };
             SnapshotFile {
@@ -141,7 +153,10 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
                 .map_err(|e| io_err(ErrorSubject::Snapshot(None), ErrorVerb::Write, e))?;
         }
         self.shared.set_snapshot(Arc::new(bytes.clone()));
-        Ok(Snapshot { meta: file.meta, snapshot: Box::new(Cursor::new(bytes)) })
+        Ok(Snapshot {
+            meta: file.meta,
+            snapshot: Box::new(Cursor::new(bytes)),
+        })
     }
 }
 
@@ -163,26 +178,30 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let mut out = Vec::new();
         for entry in entries {
             let index = entry.log_id.index;
-            let response = match entry.payload {
+            let responses = match entry.payload {
                 EntryPayload::Blank => {
                     self.shared.advance(entry.log_id, None);
-                    None
+                    Vec::new()
                 }
-                EntryPayload::Normal(command) => {
-                    Some(self.shared.apply(entry.log_id, command))
-                }
+                EntryPayload::Normal(batch) => self.shared.apply(entry.log_id, batch),
                 EntryPayload::Membership(m) => {
-                    self.shared.advance(entry.log_id, Some(StoredMembership::new(Some(entry.log_id), m)));
-                    None
+                    self.shared.advance(
+                        entry.log_id,
+                        Some(StoredMembership::new(Some(entry.log_id), m)),
+                    );
+                    Vec::new()
                 }
             };
-            out.push(Applied { index, response });
+            out.push(Applied { index, responses });
         }
         Ok(out)
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
-        SnapshotBuilder { shared: self.shared.clone(), snapshot_path: self.snapshot_path.clone() }
+        SnapshotBuilder {
+            shared: self.shared.clone(),
+            snapshot_path: self.snapshot_path.clone(),
+        }
     }
 
     async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
@@ -206,7 +225,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let file = decode_snapshot(&bytes).map_err(bad)?;
         let table = LockTable::from_snapshot(&file.table).map_err(|e| bad(e.to_string()))?;
         self.persist(bytes).await?;
-        self.shared.install(table, meta.last_log_id, meta.last_membership.clone());
+        self.shared
+            .install(table, meta.last_log_id, meta.last_membership.clone());
         Ok(())
     }
 

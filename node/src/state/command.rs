@@ -497,15 +497,23 @@ impl Command {
     pub fn validate(&self) -> Result<(), Refusal> {
         use super::limits::*;
         match self {
-            Command::OpenSession { ttl_ms, lock_delay_ms, .. } => {
+            Command::OpenSession {
+                ttl_ms,
+                lock_delay_ms,
+                ..
+            } => {
                 if !(MIN_SESSION_TTL_MS..=MAX_SESSION_TTL_MS).contains(ttl_ms) {
                     return Err(Refusal::InvalidTtl { ttl_ms: *ttl_ms });
                 }
                 if *lock_delay_ms > MAX_LOCK_DELAY_MS {
-                    return Err(Refusal::InvalidLockDelay { lock_delay_ms: *lock_delay_ms });
+                    return Err(Refusal::InvalidLockDelay {
+                        lock_delay_ms: *lock_delay_ms,
+                    });
                 }
             }
-            Command::Acquire { name, mode, value, .. } => {
+            Command::Acquire {
+                name, mode, value, ..
+            } => {
                 LockName::new(name.as_str())?;
                 if value.len() > MAX_VALUE_LEN {
                     return Err(Refusal::ValueTooLarge { len: value.len() });

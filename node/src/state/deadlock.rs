@@ -50,17 +50,100 @@ impl LockTable {
         mode: Mode,
     ) -> Option<Vec<WaitEdge>> {
         let lock = self.locks.get(name)?;
+        // A cycle through the requester needs someone blocked by it: a
+        // waiter on a name it holds, or one queued behind it elsewhere. The
+        // common case (a worker holding nothing, or nothing contended) is
+        // settled here without a search.
+        let session = self.sessions.get(&requester)?;
+        let blocks_someone = session
+            .held
+            .keys()
+            .chain(session.waiting.keys())
+            .any(|n| self.locks.get(n).is_some_and(|l| !l.queue.is_empty()));
+        if !blocks_someone {
+            return None;
+        }
         self.search(requester, name, lock, lock.queue.len(), mode)
     }
 
-    /// Any cycle in the whole wait-for graph (for the invariant checker).
+    /// Any cycle in the whole wait-for graph (for the invariant checker,
+    /// which runs on every snapshot restore).
+    ///
+    /// One depth-first search over all sessions, linear in the number of
+    /// waits and holders (a [`search`](Self::search) per waiter would be
+    /// quadratic in a queue's length). It walks a thinned graph with the
+    /// same reachability: a waiter's edges to everyone queued ahead become
+    /// one edge to the waiter directly ahead, who reaches the rest, and its
+    /// edges to holders shrink to those the waiters ahead did not already
+    /// need. Every thinned edge is a real one, so a cycle found is real, and
+    /// every real edge is a thinned path, so none is missed.
     pub(super) fn wait_cycle(&self) -> Option<Vec<WaitEdge>> {
-        self.locks.iter().find_map(|(name, lock)| {
-            lock.queue
-                .iter()
-                .enumerate()
-                .find_map(|(pos, w)| self.search(w.session, name, lock, pos, w.mode))
-        })
+        let needs: HashMap<&LockName, Vec<Vec<SessionId>>> = self
+            .locks
+            .iter()
+            .filter(|(_, l)| !l.queue.is_empty())
+            .map(|(n, l)| (n, newly_needed_holders(l)))
+            .collect();
+        let edges = |s: SessionId| -> Vec<(SessionId, &LockName)> {
+            let mut out = Vec::new();
+            let Some(session) = self.sessions.get(&s) else {
+                return out;
+            };
+            for (n, wait) in &session.waiting {
+                let (Some(l), Some(needs)) = (self.locks.get(n), needs.get(n)) else {
+                    continue;
+                };
+                let Some(pos) = l.position(wait.index) else {
+                    continue;
+                };
+                if pos > 0 {
+                    out.push((l.queue[pos - 1].session, n));
+                }
+                out.extend(needs[pos].iter().map(|&h| (h, n)));
+            }
+            out
+        };
+        // false: on the current path; true: finished, on no cycle.
+        let mut done: HashMap<SessionId, bool> = HashMap::new();
+        for &root in self.sessions.keys() {
+            if done.contains_key(&root) {
+                continue;
+            }
+            done.insert(root, false);
+            let mut path = vec![(root, edges(root), 0usize)];
+            while let Some(top) = path.last_mut() {
+                let Some(&(b, _)) = top.1.get(top.2) else {
+                    done.insert(top.0, true);
+                    path.pop();
+                    continue;
+                };
+                top.2 += 1;
+                match done.get(&b) {
+                    Some(true) => {}
+                    Some(false) => {
+                        // `b` is on the path: from it to here, and back.
+                        let from = path.iter().position(|(p, _, _)| *p == b).unwrap_or(0);
+                        let cycle = path[from..]
+                            .iter()
+                            .map(|(p, out, next)| {
+                                let (blocker, name) = out[next - 1];
+                                WaitEdge {
+                                    session: *p,
+                                    name: name.clone(),
+                                    blocker,
+                                }
+                            })
+                            .collect();
+                        return Some(cycle);
+                    }
+                    None => {
+                        done.insert(b, false);
+                        path.push((b, edges(b), 0));
+                    }
+                }
+            }
+        }
+        None
     }
 
     /// Depth-first search from the blockers of `requester` waiting at `pos`
@@ -95,10 +178,14 @@ impl LockTable {
 
         while found.is_none() {
             let Some(s) = stack.pop() else { break };
-            let Some(session) = self.sessions.get(&s) else { continue };
+            let Some(session) = self.sessions.get(&s) else {
+                continue;
+            };
             for (n, wait) in &session.waiting {
                 let Some(l) = self.locks.get(n) else { continue };
-                let Some(pos) = l.position(wait.index) else { continue };
+                let Some(pos) = l.position(wait.index) else {
+                    continue;
+                };
                 let m = l.queue[pos].mode;
                 for b in blockers(l, pos, m, scanned.entry(n).or_default()) {
                     if b == requester {
@@ -121,7 +208,11 @@ impl LockTable {
         let mut blocker = requester;
         let mut cycle = Vec::new();
         loop {
-            cycle.push(WaitEdge { session: waiter, name: on.clone(), blocker });
+            cycle.push(WaitEdge {
+                session: waiter,
+                name: on.clone(),
+                blocker,
+            });
             if waiter == requester {
                 break;
             }
@@ -131,6 +222,57 @@ impl LockTable {
         cycle.reverse();
         Some(cycle)
     }
+}
+
+/// For each waiter in `lock`'s queue, the holders it cannot be granted
+/// without (as in [`blockers`]) that no waiter ahead of it needed already.
+/// Linear in the queue plus the holders (sorted once, for semaphores).
+fn newly_needed_holders(lock: &Lock) -> Vec<Vec<SessionId>> {
+    let mut out = vec![Vec::new(); lock.queue.len()];
+    match lock.capacity {
+        None => {
+            // A shared prefix of the queue needs the exclusive holders; from
+            // the first exclusive waiter on, every holder.
+            let mut exclusive_ahead = false;
+            for (pos, w) in lock.queue.iter().enumerate() {
+                let exclusive = exclusive_ahead || w.mode == Mode::Exclusive;
+                if pos == 0 || exclusive != exclusive_ahead {
+                    out[pos] = lock
+                        .holders
+                        .values()
+                        .filter(|h| {
+                            let needed = exclusive || h.mode == Mode::Exclusive;
+                            let before = pos > 0 && h.mode == Mode::Exclusive;
+                            needed && !before
+                        })
+                        .map(|h| h.session)
+                        .collect();
+                }
+                exclusive_ahead = exclusive;
+            }
+        }
+        Some(capacity) => {
+            // Heaviest first, so the holders a waiter needs (weight above
+            // `capacity - heaviest weight so far`) are a growing prefix.
+            let mut by_weight: Vec<(u32, SessionId)> = lock
+                .holders
+                .values()
+                .map(|h| (h.mode.weight(), h.session))
+                .collect();
+            by_weight.sort_by_key(|&(w, s)| (std::cmp::Reverse(w), s));
+            let (mut heaviest, mut taken) = (0, 0);
+            for (pos, w) in lock.queue.iter().enumerate() {
+                heaviest = heaviest.max(w.mode.weight());
+                let room = capacity.saturating_sub(heaviest);
+                let needed = by_weight.partition_point(|&(w, _)| w > room);
+                if needed > taken {
+                    out[pos] = by_weight[taken..needed].iter().map(|&(_, s)| s).collect();
+                    taken = needed;
+                }
+            }
+        }
+    }
+    out
 }
 
 /// The sessions a waiter at `pos` in `lock`'s queue (or a new one, with
@@ -152,7 +294,10 @@ fn blockers(lock: &Lock, pos: usize, mode: Mode, scanned: &mut Scanned) -> Vec<S
                 scanned.all_holders = true;
             } else if !scanned.all_holders && !scanned.exclusive_holders {
                 out.extend(
-                    lock.holders.values().filter(|h| h.mode == Mode::Exclusive).map(|h| h.session),
+                    lock.holders
+                        .values()
+                        .filter(|h| h.mode == Mode::Exclusive)
+                        .map(|h| h.session),
                 );
                 scanned.exclusive_holders = true;
             }
@@ -166,7 +311,10 @@ fn blockers(lock: &Lock, pos: usize, mode: Mode, scanned: &mut Scanned) -> Vec<S
             if weight > scanned.weight {
                 let room = capacity - weight;
                 out.extend(
-                    lock.holders.values().filter(|h| h.mode.weight() > room).map(|h| h.session),
+                    lock.holders
+                        .values()
+                        .filter(|h| h.mode.weight() > room)
+                        .map(|h| h.session),
                 );
                 scanned.weight = weight;
             }

@@ -165,7 +165,10 @@ impl Lock {
             (Some(cap), _) => self.held_weight + u64::from(mode.weight()) <= u64::from(cap),
             (None, Mode::Shared) => {
                 // If any holder is exclusive it is the only one.
-                self.holders.values().next().is_none_or(|h| h.mode == Mode::Shared)
+                self.holders
+                    .values()
+                    .next()
+                    .is_none_or(|h| h.mode == Mode::Shared)
             }
             (None, _) => self.holders.is_empty(),
         }
@@ -210,9 +213,11 @@ impl LockTable {
     pub fn apply(&mut self, index: u64, command: Command) -> Response {
         let mut events = Vec::new();
         let reply = match command {
-            Command::OpenSession { ttl_ms, lock_delay_ms, nonce } => {
-                self.open_session(index, ttl_ms, lock_delay_ms, nonce, &mut events)
-            }
+            Command::OpenSession {
+                ttl_ms,
+                lock_delay_ms,
+                nonce,
+            } => self.open_session(index, ttl_ms, lock_delay_ms, nonce, &mut events),
             Command::CloseSession { session, seq: _ } => {
                 // Closing removes the session and with it its reply window, so
                 // a retried close answers SessionNotFound; clients treat that
@@ -222,14 +227,33 @@ impl LockTable {
                     None => Reply::Refused(Refusal::SessionNotFound { session }),
                 }
             }
-            Command::Acquire { session, seq, name, mode, timeout_ms, value } => {
-                self.acquire(index, session, seq, name, mode, timeout_ms, value, &mut events)
-            }
-            Command::Release { session, seq, name, fence } => {
-                self.release(index, session, seq, name, fence, &mut events)
-            }
+            Command::Acquire {
+                session,
+                seq,
+                name,
+                mode,
+                timeout_ms,
+                value,
+            } => self.acquire(
+                index,
+                session,
+                seq,
+                name,
+                mode,
+                timeout_ms,
+                value,
+                &mut events,
+            ),
+            Command::Release {
+                session,
+                seq,
+                name,
+                fence,
+            } => self.release(index, session, seq, name, fence, &mut events),
             Command::ExpireSession { session } => Reply::Expired {
-                existed: self.end_session(session, true, index, &mut events).is_some(),
+                existed: self
+                    .end_session(session, true, index, &mut events)
+                    .is_some(),
             },
             Command::CancelWait { session, name, seq } => {
                 self.cancel_wait(index, session, name, seq, &mut events)
@@ -284,7 +308,11 @@ impl LockTable {
             self.nonces.insert(nonce, session);
         }
         events.push(Event::SessionOpened { session, ttl_ms });
-        Reply::Opened { session, ttl_ms, lock_delay_ms }
+        Reply::Opened {
+            session,
+            ttl_ms,
+            lock_delay_ms,
+        }
     }
 
     /// Removes a session: cancels its waits, ends its grants (starting
@@ -320,7 +348,11 @@ impl LockTable {
             }
             touched.push(name);
         }
-        let cause = if expired { EndCause::SessionExpired } else { EndCause::SessionClosed };
+        let cause = if expired {
+            EndCause::SessionExpired
+        } else {
+            EndCause::SessionClosed
+        };
         let released = s.held.len() as u32;
         for (name, fence) in s.held {
             if let Some(lock) = self.locks.get_mut(&name) {
@@ -335,10 +367,21 @@ impl LockTable {
                     });
                 }
                 if expired && s.lock_delay_ms > 0 {
-                    lock.delay = Some(Delay { since: index, delay_ms: s.lock_delay_ms });
+                    // One delay per name: if another expired holder's delay
+                    // is still in force (shared locks, semaphores), the new
+                    // one must last at least as long, or this shorter one
+                    // would end it early. Without a clock, "as long as both"
+                    // is the longer length counted from now.
+                    let delay_ms = lock
+                        .delay
+                        .map_or(s.lock_delay_ms, |d| d.delay_ms.max(s.lock_delay_ms));
+                    lock.delay = Some(Delay {
+                        since: index,
+                        delay_ms,
+                    });
                     events.push(Event::LockDelayStarted {
                         name: name.clone(),
-                        delay_ms: s.lock_delay_ms,
+                        delay_ms,
                         since: index,
                     });
                 }
@@ -387,7 +430,11 @@ impl LockTable {
         match s.replies.lookup(seq) {
             Lookup::New => {}
             Lookup::TooOld(floor) => {
-                return Reply::Refused(Refusal::SequenceTooOld { session, seq, floor })
+                return Reply::Refused(Refusal::SequenceTooOld {
+                    session,
+                    seq,
+                    floor,
+                })
             }
             Lookup::Replay(Reply::Acquire(Acquired::Queued)) => {
                 // A retried blocking acquire (e.g. after a leader change):
@@ -424,8 +471,11 @@ impl LockTable {
             let holder = lock.and_then(|l| l.holders.get(&fence));
             return match holder {
                 Some(h) if h.mode == mode => {
-                    let reply =
-                        Reply::Acquire(Acquired::Granted { fence, mode, index: h.index });
+                    let reply = Reply::Acquire(Acquired::Granted {
+                        fence,
+                        mode,
+                        index: h.index,
+                    });
                     self.remember(session, seq, &reply);
                     reply
                 }
@@ -449,12 +499,21 @@ impl LockTable {
 
         let free = lock.is_none_or(|l| l.queue.is_empty() && l.compatible(mode));
         if free {
-            let lock = self.locks.entry(name.clone()).or_insert_with(|| Lock::new(mode));
+            let lock = self
+                .locks
+                .entry(name.clone())
+                .or_insert_with(|| Lock::new(mode));
             let fence = grant(&mut self.last_fence, lock, session, seq, mode, value, index);
             if let Some(s) = self.sessions.get_mut(&session) {
                 s.held.insert(name.clone(), fence);
             }
-            events.push(Event::Granted { name, session, seq, fence, mode });
+            events.push(Event::Granted {
+                name,
+                session,
+                seq,
+                fence,
+                mode,
+            });
             let reply = Reply::Acquire(Acquired::Granted { fence, mode, index });
             self.remember(session, seq, &reply);
             return reply;
@@ -474,11 +533,24 @@ impl LockTable {
         let Some(lock) = self.locks.get_mut(&name) else {
             unreachable!("a busy name has an entry");
         };
-        lock.queue.push_back(Waiter { session, seq, mode, value, timeout_ms, index });
+        lock.queue.push_back(Waiter {
+            session,
+            seq,
+            mode,
+            value,
+            timeout_ms,
+            index,
+        });
         if let Some(s) = self.sessions.get_mut(&session) {
             s.waiting.insert(name.clone(), WaitRef { seq, index });
         }
-        events.push(Event::Queued { name, session, seq, mode, timeout_ms });
+        events.push(Event::Queued {
+            name,
+            session,
+            seq,
+            mode,
+            timeout_ms,
+        });
         let reply = Reply::Acquire(Acquired::Queued);
         self.remember(session, seq, &reply);
         reply
@@ -491,7 +563,11 @@ impl LockTable {
         };
         if let Some(fence) = s.held.get(name) {
             if let Some(h) = self.locks.get(name).and_then(|l| l.holders.get(fence)) {
-                return Acquired::Granted { fence: *fence, mode: h.mode, index: h.index };
+                return Acquired::Granted {
+                    fence: *fence,
+                    mode: h.mode,
+                    index: h.index,
+                };
             }
         }
         if s.waiting.contains_key(name) {
@@ -525,7 +601,11 @@ impl LockTable {
         match s.replies.lookup(seq) {
             Lookup::New => {}
             Lookup::TooOld(floor) => {
-                return Reply::Refused(Refusal::SequenceTooOld { session, seq, floor })
+                return Reply::Refused(Refusal::SequenceTooOld {
+                    session,
+                    seq,
+                    floor,
+                })
             }
             Lookup::Replay(reply) => return reply,
         }
@@ -533,7 +613,10 @@ impl LockTable {
         let released = if s.held.get(&name) == Some(&fence) {
             s.held.remove(&name);
             let lock = self.locks.get_mut(&name).expect("a held name has an entry");
-            let h = lock.holders.remove(&fence).expect("the session's grant is in the lock");
+            let h = lock
+                .holders
+                .remove(&fence)
+                .expect("the session's grant is in the lock");
             lock.held_weight -= u64::from(h.mode.weight());
             events.push(Event::Ended {
                 name: name.clone(),
@@ -619,14 +702,25 @@ impl LockTable {
         };
         while lock.queue.front().is_some_and(|w| lock.compatible(w.mode)) {
             let w = lock.queue.pop_front().expect("front exists");
-            let fence =
-                grant(&mut self.last_fence, lock, w.session, w.seq, w.mode, w.value, index);
+            let fence = grant(
+                &mut self.last_fence,
+                lock,
+                w.session,
+                w.seq,
+                w.mode,
+                w.value,
+                index,
+            );
             if let Some(s) = self.sessions.get_mut(&w.session) {
                 s.waiting.remove(name);
                 s.held.insert(name.clone(), fence);
                 s.replies.settle(
                     w.seq,
-                    Reply::Acquire(Acquired::Granted { fence, mode: w.mode, index }),
+                    Reply::Acquire(Acquired::Granted {
+                        fence,
+                        mode: w.mode,
+                        index,
+                    }),
                 );
             }
             events.push(Event::Granted {
@@ -656,6 +750,15 @@ fn grant(
     *last_fence += 1;
     let fence = Fence(*last_fence);
     lock.held_weight += u64::from(mode.weight());
-    lock.holders.insert(fence, Holder { session, seq, mode, value, index });
+    lock.holders.insert(
+        fence,
+        Holder {
+            session,
+            seq,
+            mode,
+            value,
+            index,
+        },
+    );
     fence
 }

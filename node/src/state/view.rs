@@ -150,9 +150,10 @@ impl LockTable {
     pub fn check_fence(&self, name: &LockName, fence: Fence) -> (bool, Option<Fence>) {
         match self.locks.get(name) {
             None => (false, None),
-            Some(lock) => {
-                (lock.holders.contains_key(&fence), lock.holders.keys().next_back().copied())
-            }
+            Some(lock) => (
+                lock.holders.contains_key(&fence),
+                lock.holders.keys().next_back().copied(),
+            ),
         }
     }
 
@@ -227,8 +228,8 @@ impl LockTable {
     pub fn from_snapshot(bytes: &[u8]) -> Result<Self, SnapshotError> {
         match bytes.split_first() {
             Some((&SNAPSHOT_VERSION, rest)) => {
-                let table: LockTable =
-                    bincode::deserialize(rest).map_err(|e| SnapshotError::Corrupt(e.to_string()))?;
+                let table: LockTable = bincode::deserialize(rest)
+                    .map_err(|e| SnapshotError::Corrupt(e.to_string()))?;
                 table.check_invariants().map_err(SnapshotError::Corrupt)?;
                 Ok(table)
             }
@@ -242,28 +243,52 @@ impl LockTable {
     pub fn check_invariants(&self) -> Result<(), String> {
         let mut fences = BTreeSet::new();
         for (name, lock) in &self.locks {
-            let exclusive = lock.holders.values().filter(|h| h.mode == Mode::Exclusive).count();
+            let exclusive = lock
+                .holders
+                .values()
+                .filter(|h| h.mode == Mode::Exclusive)
+                .count();
             if exclusive > 1 || (exclusive == 1 && lock.holders.len() > 1) {
                 return Err(format!("{name}: exclusive holder with other holders"));
             }
-            let weight: u64 = lock.holders.values().map(|h| u64::from(h.mode.weight())).sum();
+            let weight: u64 = lock
+                .holders
+                .values()
+                .map(|h| u64::from(h.mode.weight()))
+                .sum();
             if weight != lock.held_weight {
-                return Err(format!("{name}: held weight {} != sum {weight}", lock.held_weight));
+                return Err(format!(
+                    "{name}: held weight {} != sum {weight}",
+                    lock.held_weight
+                ));
             }
             match lock.capacity {
                 Some(cap) => {
                     if weight > u64::from(cap) {
                         return Err(format!("{name}: weight {weight} over capacity {cap}"));
                     }
-                    let modes = lock.holders.values().map(|h| h.mode).chain(lock.queue.iter().map(|w| w.mode));
+                    let modes = lock
+                        .holders
+                        .values()
+                        .map(|h| h.mode)
+                        .chain(lock.queue.iter().map(|w| w.mode));
                     for m in modes {
-                        if !matches!(m, Mode::Semaphore { capacity, .. } if capacity == cap) {
+                        // Weights outside 1..=cap never pass `apply`; in a
+                        // corrupt snapshot they would underflow the deadlock
+                        // search's `capacity - weight`.
+                        if !matches!(m, Mode::Semaphore { capacity, weight }
+                            if capacity == cap && (1..=cap).contains(&weight))
+                        {
                             return Err(format!("{name}: {m:?} on semaphore of {cap}"));
                         }
                     }
                 }
                 None => {
-                    if lock.holders.values().chain([]).any(|h| h.mode.is_semaphore())
+                    if lock
+                        .holders
+                        .values()
+                        .chain([])
+                        .any(|h| h.mode.is_semaphore())
                         || lock.queue.iter().any(|w| w.mode.is_semaphore())
                     {
                         return Err(format!("{name}: semaphore mode on a lock"));
@@ -277,7 +302,12 @@ impl LockTable {
                     return Err(format!("{name}: head of queue is grantable"));
                 }
             }
-            if lock.queue.iter().zip(lock.queue.iter().skip(1)).any(|(a, b)| a.index >= b.index) {
+            if lock
+                .queue
+                .iter()
+                .zip(lock.queue.iter().skip(1))
+                .any(|(a, b)| a.index >= b.index)
+            {
                 return Err(format!("{name}: queue out of index order"));
             }
             if lock.holders.is_empty() && lock.queue.is_empty() && lock.delay.is_none() {
@@ -285,9 +315,15 @@ impl LockTable {
             }
             for (fence, h) in &lock.holders {
                 if fence.0 > self.last_fence || !fences.insert(*fence) {
-                    return Err(format!("{name}: fence {} reused or ahead of counter", fence.0));
+                    return Err(format!(
+                        "{name}: fence {} reused or ahead of counter",
+                        fence.0
+                    ));
                 }
-                let s = self.sessions.get(&h.session).ok_or(format!("{name}: holder's session gone"))?;
+                let s = self
+                    .sessions
+                    .get(&h.session)
+                    .ok_or(format!("{name}: holder's session gone"))?;
                 if s.held.get(name) != Some(fence) {
                     return Err(format!("{name}: {} does not list its grant", h.session));
                 }
@@ -297,7 +333,10 @@ impl LockTable {
                 if !seen.insert(w.session) {
                     return Err(format!("{name}: {} queued twice", w.session));
                 }
-                let s = self.sessions.get(&w.session).ok_or(format!("{name}: waiter's session gone"))?;
+                let s = self
+                    .sessions
+                    .get(&w.session)
+                    .ok_or(format!("{name}: waiter's session gone"))?;
                 if s.waiting.get(name).map(|r| (r.seq, r.index)) != Some((w.seq, w.index)) {
                     return Err(format!("{name}: {} does not list its wait", w.session));
                 }
@@ -309,17 +348,29 @@ impl LockTable {
         }
         for (id, s) in &self.sessions {
             for (name, fence) in &s.held {
-                let ok = self.locks.get(name).and_then(|l| l.holders.get(fence)).is_some_and(|h| h.session == *id);
+                let ok = self
+                    .locks
+                    .get(name)
+                    .and_then(|l| l.holders.get(fence))
+                    .is_some_and(|h| h.session == *id);
                 if !ok {
-                    return Err(format!("{id} lists a grant on {name} the lock does not have"));
+                    return Err(format!(
+                        "{id} lists a grant on {name} the lock does not have"
+                    ));
                 }
             }
             for name in s.waiting.keys() {
                 if s.held.contains_key(name) {
                     return Err(format!("{id} both holds and waits for {name}"));
                 }
-                if !self.locks.get(name).is_some_and(|l| l.queue.iter().any(|w| w.session == *id)) {
-                    return Err(format!("{id} lists a wait on {name} the queue does not have"));
+                if !self
+                    .locks
+                    .get(name)
+                    .is_some_and(|l| l.queue.iter().any(|w| w.session == *id))
+                {
+                    return Err(format!(
+                        "{id} lists a wait on {name} the queue does not have"
+                    ));
                 }
             }
             if s.nonce != 0 && self.nonces.get(&s.nonce) != Some(id) {

@@ -1,0 +1,186 @@
+//! The `raftlock` command end to end against a real 3-node cluster.
+
+mod common;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::Cluster;
+use raftlock_client::Client;
+use tokio::process::Command;
+
+fn raftlock(endpoints: &str) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_raftlock"));
+    c.env("RAFTLOCK_ENDPOINTS", endpoints)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lock_runs_the_command_with_a_fence_and_passes_its_exit_code() {
+    let cluster = Cluster::start().await;
+    let out = raftlock(&cluster.endpoints())
+        .args([
+            "lock",
+            "demo",
+            "--",
+            "sh",
+            "-c",
+            "echo fence=$RAFTLOCK_FENCE name=$RAFTLOCK_NAME",
+        ])
+        .output()
+        .await
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let fence: u64 = stdout
+        .trim()
+        .strip_prefix("fence=")
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|f| f.parse().ok())
+        .unwrap_or_else(|| panic!("no fence in {stdout:?}"));
+    assert!(fence > 0);
+    assert!(stdout.contains("name=demo"));
+
+    let out = raftlock(&cluster.endpoints())
+        .args(["lock", "demo", "--", "sh", "-c", "exit 7"])
+        .output()
+        .await
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(7));
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_concurrent_locks_never_overlap() {
+    let cluster = Cluster::start().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let log = dir.path().join("log");
+    let script = format!(
+        "echo start $RAFTLOCK_FENCE >> {0}; sleep 0.3; echo end $RAFTLOCK_FENCE >> {0}",
+        log.display()
+    );
+    let mut runs = Vec::new();
+    for _ in 0..3 {
+        runs.push(
+            raftlock(&cluster.endpoints())
+                .args(["lock", "overlap", "--", "sh", "-c", &script])
+                .spawn()
+                .expect("spawn"),
+        );
+    }
+    for r in runs {
+        let out = r.wait_with_output().await.expect("waits");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let text = std::fs::read_to_string(&log).expect("log");
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 6, "{text}");
+    let mut fences = Vec::new();
+    for pair in lines.chunks(2) {
+        let (s, e) = (pair[0], pair[1]);
+        let f = s.strip_prefix("start ").expect("start line");
+        assert_eq!(e, format!("end {f}"), "runs interleaved:\n{text}");
+        fences.push(f.parse::<u64>().expect("fence"));
+    }
+    assert!(
+        fences.windows(2).all(|w| w[0] < w[1]),
+        "fences not increasing: {fences:?}"
+    );
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn not_granted_in_time_exits_3_and_reads_work() {
+    let cluster = Cluster::start().await;
+    let client = Client::connect(cluster.addrs.clone())
+        .await
+        .expect("client");
+    let session = client
+        .session(Duration::from_secs(10))
+        .await
+        .expect("session");
+    let guard = session.lock("busy").await.expect("lock");
+
+    let out = raftlock(&cluster.endpoints())
+        .args(["lock", "busy", "--timeout", "0.3", "--", "true"])
+        .output()
+        .await
+        .expect("runs");
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not acquired"));
+
+    let out = raftlock(&cluster.endpoints())
+        .args(["describe", "busy", "--json"])
+        .output()
+        .await
+        .expect("runs");
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["holders"][0]["fence"], guard.fence());
+    assert_eq!(v["holders"][0]["session"], session.id());
+
+    let out = raftlock(&cluster.endpoints())
+        .args(["status", "--json"])
+        .output()
+        .await
+        .expect("runs");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["role"], "leader");
+    assert_eq!(v["members"].as_array().map(Vec::len), Some(3));
+
+    let out = raftlock("127.0.0.1:1")
+        .args(["--endpoints", "", "status"])
+        .output()
+        .await
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(2), "no endpoints is a usage error");
+    guard.release().await.expect("release");
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stale_writer_is_refused_by_a_fenced_store() {
+    use raftlock_client::fence::FenceChecker;
+    let cluster = Cluster::start().await;
+    let client = Client::connect(cluster.addrs.clone())
+        .await
+        .expect("client");
+    let store = FenceChecker::new();
+    let a = client.session(Duration::from_secs(5)).await.expect("a");
+    let ga = a.lock("accounts/1").await.expect("a locks");
+    store.check("accounts/1", ga.fence()).expect("a writes");
+    // A is paused; its session ends (closed behind its back, as expiry
+    // would) and B takes over.
+    a.close().await.expect("close");
+    let b = client.session(Duration::from_secs(5)).await.expect("b");
+    let gb = b.lock("accounts/1").await.expect("b locks");
+    store.check("accounts/1", gb.fence()).expect("b writes");
+    let stale = store
+        .check("accounts/1", ga.fence())
+        .expect_err("a's late write is refused");
+    assert_eq!(stale.latest, gb.fence());
+    assert!(!client
+        .check_fence("accounts/1", ga.fence())
+        .await
+        .expect("check"));
+    assert!(client
+        .check_fence("accounts/1", gb.fence())
+        .await
+        .expect("check"));
+    cluster.shutdown().await;
+}

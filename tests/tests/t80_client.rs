@@ -1,0 +1,248 @@
+//! The Rust client against a real 3-node cluster: guards, lease loss,
+//! failover while holding, functional and all-or-nothing forms, elections.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use raftlock_client::{Election, Error, LeaseState};
+use raftlock_tests::{eventually, TestCluster};
+use tokio::time::Instant;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dropped_guards_release_and_release_is_idempotent() {
+    let cluster = TestCluster::start(3).await;
+    let client = cluster.client().await;
+    let a = client.session(Duration::from_secs(10)).await.expect("a");
+    let g = a.lock("drop-me").await.expect("lock");
+    let fence = g.fence();
+    let g2 = g.clone();
+    drop(g);
+    assert!(
+        client.check_fence("drop-me", fence).await.expect("check"),
+        "a clone still holds it"
+    );
+    drop(g2);
+    eventually(
+        "the dropped guard to be released",
+        Duration::from_secs(10),
+        || {
+            let client = client.clone();
+            async move {
+                client
+                    .describe("drop-me")
+                    .await
+                    .ok()
+                    .filter(Option::is_none)
+            }
+        },
+    )
+    .await;
+
+    let g = a.lock("twice").await.expect("lock");
+    assert!(g.release().await.expect("first release"));
+    assert!(!g.release().await.expect("second release"));
+    assert!(!g.release().await.expect("third release"));
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn holder_keeps_its_lock_across_a_leader_failover() {
+    let mut cluster = TestCluster::start(3).await;
+    let client = cluster.client().await;
+    // A ttl of three election timeouts (the recommended minimum) rides out
+    // the election.
+    let session = client
+        .session(Duration::from_secs(3))
+        .await
+        .expect("session");
+    let g = session.lock("keep").await.expect("lock");
+    let leader = cluster.leader().await;
+    cluster.kill(leader).await;
+    let new_leader = cluster.wait_for_leader().await;
+    assert_ne!(leader, new_leader);
+    // Well past two ttls of keep-alives through the new leader.
+    let until = Instant::now() + Duration::from_secs(5);
+    eventually(
+        "5 s to pass with the lock held",
+        Duration::from_secs(15),
+        || async {
+            assert!(
+                session.is_valid(),
+                "the client's lease view lapsed during failover"
+            );
+            (Instant::now() >= until).then_some(())
+        },
+    )
+    .await;
+    assert!(
+        client.check_fence("keep", g.fence()).await.expect("check"),
+        "lock lost in failover"
+    );
+    let b = client.session(Duration::from_secs(2)).await.expect("b");
+    assert!(b.try_lock("keep").await.expect("try").is_none());
+    g.release().await.expect("release");
+    let g2 = b.lock("keep").await.expect("b gets it");
+    assert!(g2.fence() > g.fence());
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lost_fires_when_the_cluster_is_unreachable_past_the_ttl() {
+    let mut cluster = TestCluster::start(3).await;
+    let client = cluster.client().await;
+    let session = client
+        .session(Duration::from_secs(2))
+        .await
+        .expect("session");
+    let _g = session.lock("gone").await.expect("lock");
+    let mut lease = session.lease();
+    let work = tokio::spawn(async { 41 + 1 });
+    let cut = Instant::now();
+    for id in cluster.running() {
+        cluster.kill(id).await;
+    }
+    tokio::time::timeout(Duration::from_secs(5), session.lost())
+        .await
+        .expect("lost() fires");
+    let after = cut.elapsed();
+    assert!(
+        after <= Duration::from_secs(2),
+        "reported after {after:?}, past the ttl"
+    );
+    assert!(!session.is_valid());
+    assert_eq!(*lease.borrow_and_update(), LeaseState::Lost);
+    // The holder's own work was not cancelled.
+    assert_eq!(work.await.expect("work ran"), 42);
+    // And nothing new is granted on a lapsed lease.
+    assert!(matches!(
+        session.try_lock("other").await,
+        Err(Error::LeaseLost)
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_lock_acquire_all_and_deadlock_refusal() {
+    let cluster = TestCluster::start(3).await;
+    let client = cluster.client().await;
+    let a = client.session(Duration::from_secs(10)).await.expect("a");
+    let b = client.session(Duration::from_secs(10)).await.expect("b");
+    let out = a
+        .with_lock("fn", |fence| async move { fence * 2 })
+        .await
+        .expect("with_lock");
+    assert!(out > 0);
+    assert!(
+        client.describe("fn").await.expect("describe").is_none(),
+        "released after the closure"
+    );
+
+    let all = a
+        .acquire_all(&["z", "x", "y"], Duration::from_secs(5))
+        .await
+        .expect("all");
+    let names: Vec<&str> = all.iter().map(|g| g.name()).collect();
+    assert_eq!(names, ["x", "y", "z"], "taken in sorted order");
+    // b cannot get them all: it gets none (all or nothing).
+    let err = b
+        .acquire_all(&["w", "x"], Duration::from_millis(300))
+        .await
+        .expect_err("busy");
+    assert!(matches!(err, Error::NotAcquired(_)), "{err:?}");
+    assert!(
+        client.describe("w").await.expect("describe").is_none(),
+        "w was given back"
+    );
+    for g in all {
+        g.release().await.expect("release");
+    }
+
+    // A real cycle: a holds p, b holds q, b waits for p, a asks for q.
+    let p = a.lock("p").await.expect("p");
+    let q = b.lock("q").await.expect("q");
+    let b_wait = tokio::spawn({
+        let b = b.clone();
+        async move { b.lock_timeout("p", Duration::from_secs(10)).await }
+    });
+    eventually("b to queue on p", Duration::from_secs(10), || {
+        let client = client.clone();
+        async move {
+            client
+                .describe("p")
+                .await
+                .ok()
+                .flatten()
+                .filter(|i| !i.waiters.is_empty())
+        }
+    })
+    .await;
+    let err = a.lock("q").await.expect_err("deadlock refused");
+    match &err {
+        Error::Deadlock(msg) => {
+            assert!(msg.contains(&format!("session {}", a.id())), "{msg}");
+            assert!(msg.contains(&format!("session {}", b.id())), "{msg}");
+        }
+        other => panic!("expected a deadlock, got {other:?}"),
+    }
+    p.release().await.expect("release p");
+    let bp = b_wait.await.expect("join").expect("b gets p");
+    bp.release().await.expect("release");
+    q.release().await.expect("release");
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn election_campaign_observe_resign() {
+    let cluster = TestCluster::start(3).await;
+    let client = cluster.client().await;
+    let observer = Election::new(
+        client.session(Duration::from_secs(10)).await.expect("s"),
+        "elect",
+    );
+    assert_eq!(observer.leader().await.expect("leader"), None);
+    let mut changes = Box::pin(observer.observe().await.expect("observe"));
+    assert_eq!(changes.next().await.expect("first").expect("ok"), None);
+
+    let mut a = Election::new(
+        client.session(Duration::from_secs(10)).await.expect("s"),
+        "elect",
+    );
+    let fa = a.campaign("node-a").await.expect("a leads");
+    assert!(a.is_leader());
+    assert_eq!(
+        observer.leader().await.expect("leader"),
+        Some((b"node-a".to_vec(), fa))
+    );
+    let seen = changes.next().await.expect("change").expect("ok");
+    assert_eq!(seen, Some((b"node-a".to_vec(), fa)));
+
+    let mut b = Election::new(
+        client.session(Duration::from_secs(10)).await.expect("s"),
+        "elect",
+    );
+    let b_task = tokio::spawn(async move {
+        let f = b.campaign("node-b").await.expect("b leads");
+        (b, f)
+    });
+    eventually("b to queue", Duration::from_secs(10), || {
+        let client = client.clone();
+        async move {
+            client
+                .describe("elect")
+                .await
+                .ok()
+                .flatten()
+                .filter(|i| !i.waiters.is_empty())
+        }
+    })
+    .await;
+    a.resign().await.expect("resign");
+    assert!(!a.is_leader());
+    let (mut b, fb) = b_task.await.expect("join");
+    assert!(fb > fa);
+    assert_eq!(
+        observer.leader().await.expect("leader"),
+        Some((b"node-b".to_vec(), fb))
+    );
+    b.resign().await.expect("resign");
+    cluster.shutdown().await;
+}
