@@ -130,6 +130,10 @@ impl Client {
             .map_err(|e| Error::Config(format!("bad endpoint {addr:?}: {e}")))?
             .connect_timeout(self.inner.options.connect_timeout)
             .tcp_nodelay(true)
+            // Notice a dead or cut-off node even while a wait is parked.
+            .http2_keep_alive_interval(Duration::from_secs(5))
+            .keep_alive_timeout(Duration::from_secs(5))
+            .keep_alive_while_idle(true)
             .connect_lazy();
         channels.insert(addr.to_string(), channel.clone());
         Ok(channel)

@@ -25,6 +25,10 @@ use crate::guard::{Guard, Mode};
 /// `timeout_ms` meaning "wait without a timeout".
 pub const WAIT_FOREVER_MS: u64 = u64::MAX;
 
+/// Length of one attempt of a wait without timeout; the wait is resumed
+/// (same seq, same queue place) after each.
+pub const FOREVER_ATTEMPT: Duration = Duration::from_secs(30);
+
 /// How a session is opened.
 #[derive(Clone, Debug)]
 pub struct SessionOptions {
@@ -220,11 +224,11 @@ impl Session {
         let opts = self.inner.client.options();
         // One attempt may wait as long as the acquire's own timeout; a
         // retry (same seq) resumes the same place in the queue.
+        // A wait without timeout is polled in bounded attempts: a retry with
+        // the same seq resumes the same place in the queue, and a node that
+        // was cut off from the cluster is not waited on forever.
         let (attempt, deadline) = match timeout {
-            None => (
-                Duration::from_secs(3600 * 24 * 365),
-                Instant::now() + Duration::from_secs(3600 * 24 * 365),
-            ),
+            None => (FOREVER_ATTEMPT, Instant::now() + Duration::from_secs(3600 * 24 * 365)),
             Some(t) => (
                 opts.request_timeout + t * 2,
                 Instant::now() + opts.retry_deadline + t * 2,

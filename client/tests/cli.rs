@@ -184,3 +184,30 @@ async fn a_stale_writer_is_refused_by_a_fenced_store() {
         .expect("check"));
     cluster.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_lease_is_reported_and_the_command_gets_sigterm() {
+    let cluster = Cluster::start().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let marker = dir.path().join("started");
+    let script = format!("touch {}; exec sleep 30", marker.display());
+    let child = raftlock(&cluster.endpoints())
+        .args(["lock", "doomed", "--ttl", "2", "--", "sh", "-c", &script])
+        .spawn()
+        .expect("spawn");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !marker.exists() {
+        assert!(tokio::time::Instant::now() < deadline, "command never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The whole cluster goes away: keep-alives fail and the lease runs out.
+    let started = tokio::time::Instant::now();
+    cluster.shutdown().await;
+    let out = tokio::time::timeout(Duration::from_secs(15), child.wait_with_output())
+        .await
+        .expect("raftlock exits after the lease is lost")
+        .expect("waits");
+    assert_eq!(out.status.code(), Some(4), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("may be lost"));
+    assert!(started.elapsed() < Duration::from_secs(10), "the 30 s command was not stopped");
+}

@@ -34,9 +34,9 @@ pub struct Config {
     pub init: Option<bool>,
     /// Leader heartbeat interval in milliseconds (default 100).
     pub heartbeat_ms: Option<u64>,
-    /// Lower bound of the election timeout in milliseconds (default 400).
+    /// Lower bound of the election timeout in milliseconds (default 300).
     pub election_timeout_min_ms: Option<u64>,
-    /// Upper bound of the election timeout in milliseconds (default 800).
+    /// Upper bound of the election timeout in milliseconds (default 500).
     pub election_timeout_max_ms: Option<u64>,
     /// Build a snapshot every this many applied entries (default 10000).
     pub snapshot_every: Option<u64>,
@@ -290,7 +290,7 @@ mod tests {
             ),
             (
                 Config {
-                    election_timeout_max_ms: Some(400),
+                    election_timeout_max_ms: Some(250),
                     ..base()
                 },
                 "election_timeout_max_ms",

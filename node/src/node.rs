@@ -29,8 +29,12 @@ use crate::shared::Shared;
 pub struct RaftTiming {
     /// Leader heartbeat interval.
     pub heartbeat: Duration,
-    /// Election timeout range: a follower that hears nothing for a random
-    /// time in this range campaigns.
+    /// Election timeout range. openraft 0.9 also keeps a leader lease of
+    /// the upper bound: a follower that knew a leader campaigns only after
+    /// `max + random(min..max)` without hearing from it (0.8–1.0 s with the
+    /// defaults), and refuses other candidates' votes until `max` has
+    /// passed. That lease is what keeps a slow heartbeat from deposing a
+    /// healthy leader.
     pub election_timeout: (Duration, Duration),
     /// Build a snapshot (and purge the log behind it) every this many
     /// applied entries.
@@ -41,7 +45,7 @@ impl Default for RaftTiming {
     fn default() -> Self {
         RaftTiming {
             heartbeat: Duration::from_millis(100),
-            election_timeout: (Duration::from_millis(400), Duration::from_millis(800)),
+            election_timeout: (Duration::from_millis(300), Duration::from_millis(500)),
             snapshot_every: 10_000,
         }
     }

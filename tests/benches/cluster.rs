@@ -76,6 +76,7 @@ async fn throughput(clients: u64, secs: u64) {
 
 async fn failover(rounds: u64) {
     let mut gaps = Vec::new();
+    let mut elections = Vec::new();
     for _ in 0..rounds {
         let mut cluster = TestCluster::start_with(3, RaftTiming::default()).await;
         let client = cluster.client().await;
@@ -94,6 +95,23 @@ async fn failover(rounds: u64) {
         let leader = cluster.leader().await;
         let killed = Instant::now();
         cluster.kill(leader).await;
+        let survivors: Vec<_> = cluster
+            .running()
+            .iter()
+            .map(|id| cluster.node(*id).raft.clone())
+            .collect();
+        let elected = tokio::spawn(async move {
+            loop {
+                let l = survivors.iter().find_map(|r| {
+                    let m = r.metrics().borrow().clone();
+                    (m.state == openraft::ServerState::Leader).then_some(())
+                });
+                if l.is_some() {
+                    return killed.elapsed();
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        });
         loop {
             match session.lock("failover").await {
                 Ok(g) => {
@@ -104,23 +122,32 @@ async fn failover(rounds: u64) {
                 Err(e) => assert!(e.is_retryable(), "unexpected error {e}"),
             }
         }
+        elections.push(elected.await.expect("elected"));
         cluster.shutdown().await;
     }
     gaps.sort();
+    elections.sort();
     println!(
-        "failover (kill leader -> next successful acquire), {rounds} rounds: median {:.0} ms, max {:.0} ms",
+        "failover (kill leader -> next successful acquire), {rounds} rounds: median {:.0} ms, max {:.0} ms \
+         (new leader elected after median {:.0} ms)",
         percentile(&gaps, 0.5).as_secs_f64() * 1e3,
         gaps.last().copied().unwrap_or_default().as_secs_f64() * 1e3,
+        percentile(&elections, 0.5).as_secs_f64() * 1e3,
     );
 }
 
 fn main() {
+    if std::env::var_os("RUST_LOG").is_none() {
+        std::env::set_var("RUST_LOG", "off");
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("runtime");
     rt.block_on(async {
-        throughput(arg("--clients", 64), arg("--secs", 10)).await;
+        if arg("--secs", 10) > 0 {
+            throughput(arg("--clients", 64), arg("--secs", 10)).await;
+        }
         failover(arg("--failovers", 5)).await;
     });
 }

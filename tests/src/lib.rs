@@ -142,6 +142,17 @@ impl TestCluster {
         self.dir.path().join(format!("node-{id}"))
     }
 
+    fn options(&self, id: u64, init: bool, peers: BTreeMap<u64, String>) -> NodeOptions {
+        NodeOptions {
+            id,
+            advertise: self.addrs[&id].clone(),
+            data_dir: self.data_dir(id),
+            peers,
+            init,
+            timing: self.timing.clone(),
+        }
+    }
+
     async fn start_node(
         &mut self,
         id: u64,
@@ -149,15 +160,9 @@ impl TestCluster {
         init: bool,
         peers: BTreeMap<u64, String>,
     ) {
-        let opts = NodeOptions {
-            id,
-            advertise: self.addrs[&id].clone(),
-            data_dir: self.data_dir(id),
-            peers,
-            init,
-            timing: self.timing.clone(),
-        };
-        let node = Node::start(opts, listener).await.expect("node starts");
+        let node = Node::start(self.options(id, init, peers), listener)
+            .await
+            .expect("node starts");
         self.nodes.insert(id, node);
     }
 
@@ -250,13 +255,29 @@ impl TestCluster {
     pub async fn restart(&mut self, id: u64) {
         assert!(!self.nodes.contains_key(&id), "node {id} is running");
         let addr = self.addrs[&id].clone();
-        // The old socket may linger briefly; retry the bind.
-        let listener = eventually("the node's port to be free again", WAIT, || {
-            let addr = addr.clone();
-            async move { TcpListener::bind(&addr).await.ok() }
-        })
+        let opts = self.options(id, false, BTreeMap::new());
+        // The old socket may linger briefly, and so may the old incarnation's
+        // lock on its sled database: `kill`/`shutdown` return before every
+        // background task holding it has ended (openraft, for one, detaches
+        // its replication tasks, which keep a log reader). Retry until both
+        // are free; any other start-up error fails at once.
+        let node = eventually(
+            &format!("node {id} to start again on its port and data"),
+            WAIT,
+            || {
+                let (addr, opts) = (addr.clone(), opts.clone());
+                async move {
+                    let listener = TcpListener::bind(&addr).await.ok()?;
+                    match Node::start(opts, listener).await {
+                        Ok(node) => Some(node),
+                        Err(e) if format!("{e:#}").contains("could not acquire lock") => None,
+                        Err(e) => panic!("node {id} fails to restart: {e:#}"),
+                    }
+                }
+            },
+        )
         .await;
-        self.start_node(id, listener, false, BTreeMap::new()).await;
+        self.nodes.insert(id, node);
     }
 
     /// Starts a new, empty node (not yet a member) and returns its id and

@@ -34,7 +34,11 @@ struct Fixture {
 /// library never uses, so the test can re-send the very same request after
 /// the restart, as a client does when its connection breaks.
 fn raw_wait(session_id: u64, name: &str, semaphore: bool) -> AcquireRequest {
-    let (mode, weight, capacity) = if semaphore { (Mode::Semaphore, 1, 5) } else { (Mode::Exclusive, 0, 0) };
+    let (mode, weight, capacity) = if semaphore {
+        (Mode::Semaphore, 1, 5)
+    } else {
+        (Mode::Exclusive, 0, 0)
+    };
     AcquireRequest {
         session_id,
         seq: 1_000_000,
@@ -59,17 +63,35 @@ fn spawn_raw_wait(
 async fn resend_is_granted(cluster: &TestCluster, req: AcquireRequest, fence: u64) {
     let what = format!("{req:?}");
     let mut raw = locks_at(&cluster.leader_addr().await);
-    let r = raw.acquire(req).await.unwrap_or_else(|e| panic!("{what}: {e:?}")).into_inner();
+    let r = raw
+        .acquire(req)
+        .await
+        .unwrap_or_else(|e| panic!("{what}: {e:?}"))
+        .into_inner();
     assert!(r.acquired, "{what}: {r:?}");
-    assert_eq!(r.fence, fence, "{what}: the retry returns the grant, not a new one");
+    assert_eq!(
+        r.fence, fence,
+        "{what}: the retry returns the grant, not a new one"
+    );
 }
 
 async fn queued(client: &Client, name: &str, n: usize) -> LockInfo {
-    eventually(&format!("{n} waiter(s) on {name}"), Duration::from_secs(10), || {
-        let client = client.clone();
-        let name = name.to_string();
-        async move { client.describe(&name).await.ok().flatten().filter(|i| i.waiters.len() == n) }
-    })
+    eventually(
+        &format!("{n} waiter(s) on {name}"),
+        Duration::from_secs(10),
+        || {
+            let client = client.clone();
+            let name = name.to_string();
+            async move {
+                client
+                    .describe(&name)
+                    .await
+                    .ok()
+                    .flatten()
+                    .filter(|i| i.waiters.len() == n)
+            }
+        },
+    )
     .await
 }
 
@@ -77,31 +99,63 @@ async fn build_state(client: &Client, leader_addr: &str) -> Fixture {
     let a = client.session(TTL).await.expect("session a");
     let b = client.session(TTL).await.expect("session b");
     let c = client.session(TTL).await.expect("session c");
-    let x = a.lock_with("r/x", false, None, b"owner-a".to_vec()).await.expect("a locks r/x");
+    let x = a
+        .lock_with("r/x", false, None, b"owner-a".to_vec())
+        .await
+        .expect("a locks r/x");
     let shared = vec![
         a.read_lock("r/s").await.expect("a shares r/s"),
         b.read_lock("r/s").await.expect("b shares r/s"),
     ];
     let permits = vec![
-        a.semaphore("r/pool", 5).acquire(2).await.expect("a takes 2"),
-        b.semaphore("r/pool", 5).acquire(3).await.expect("b takes 3"),
+        a.semaphore("r/pool", 5)
+            .acquire(2)
+            .await
+            .expect("a takes 2"),
+        b.semaphore("r/pool", 5)
+            .acquire(3)
+            .await
+            .expect("b takes 3"),
     ];
     let b_waits_x = spawn_raw_wait(leader_addr, raw_wait(b.id(), "r/x", false));
     let c_waits_pool = spawn_raw_wait(leader_addr, raw_wait(c.id(), "r/pool", true));
     queued(client, "r/x", 1).await;
     queued(client, "r/pool", 1).await;
-    Fixture { a, b, c, x, shared, permits, b_waits_x, c_waits_pool }
+    Fixture {
+        a,
+        b,
+        c,
+        x,
+        shared,
+        permits,
+        b_waits_x,
+        c_waits_pool,
+    }
 }
 
 /// Waits until `name`'s queue is empty; returns its newest holder.
 async fn holder_once_granted(client: &Client, name: &str) -> Holder {
-    let info = eventually(&format!("{name}'s waiter to be granted"), Duration::from_secs(10), || {
-        let client = client.clone();
-        let name = name.to_string();
-        async move { client.describe(&name).await.ok().flatten().filter(|i| i.waiters.is_empty()) }
-    })
+    let info = eventually(
+        &format!("{name}'s waiter to be granted"),
+        Duration::from_secs(10),
+        || {
+            let client = client.clone();
+            let name = name.to_string();
+            async move {
+                client
+                    .describe(&name)
+                    .await
+                    .ok()
+                    .flatten()
+                    .filter(|i| i.waiters.is_empty())
+            }
+        },
+    )
     .await;
-    info.holders.into_iter().max_by_key(|h| h.fence).expect("a holder")
+    info.holders
+        .into_iter()
+        .max_by_key(|h| h.fence)
+        .expect("a holder")
 }
 
 async fn restart_all(cluster: &mut TestCluster, kill: bool) {
@@ -129,7 +183,14 @@ async fn everything_survives(kill: bool) {
     assert_eq!(listing_before.len(), 3, "{listing_before:#?}");
     let leader = cluster.leader().await;
     let before = status_at(&cluster.addr(leader)).await;
-    let max_fence = f.shared.iter().chain(&f.permits).chain([&f.x]).map(Guard::fence).max().expect("grants");
+    let max_fence = f
+        .shared
+        .iter()
+        .chain(&f.permits)
+        .chain([&f.x])
+        .map(Guard::fence)
+        .max()
+        .expect("grants");
     assert_eq!(before.last_fence, max_fence);
     assert_eq!((before.sessions, before.grants, before.waiters), (3, 5, 2));
 
@@ -144,7 +205,10 @@ async fn everything_survives(kill: bool) {
     for id in cluster.running() {
         cluster.wait_applied(id, target).await;
         let after = status_at(&cluster.addr(id)).await;
-        assert_eq!(after.last_fence, before.last_fence, "node {id}: fence counter");
+        assert_eq!(
+            after.last_fence, before.last_fence,
+            "node {id}: fence counter"
+        );
         assert_eq!(
             (after.sessions, after.grants, after.waiters),
             (before.sessions, before.grants, before.waiters),
@@ -152,10 +216,22 @@ async fn everything_survives(kill: bool) {
         );
     }
     let listing_after = client.list("r/").await.expect("list");
-    assert_eq!(listing_after, listing_before, "holders, values, queues and semaphores come back exactly");
+    assert_eq!(
+        listing_after, listing_before,
+        "holders, values, queues and semaphores come back exactly"
+    );
     for g in f.shared.iter().chain(&f.permits).chain([&f.x]) {
-        assert!(client.check_fence(g.name(), g.fence()).await.expect("check"), "{g:?} is current");
-        assert!(g.is_held(), "{g:?}: the client's lease view survived the restart");
+        assert!(
+            client
+                .check_fence(g.name(), g.fence())
+                .await
+                .expect("check"),
+            "{g:?} is current"
+        );
+        assert!(
+            g.is_held(),
+            "{g:?}: the client's lease view survived the restart"
+        );
     }
 
     // The queues move on with fences above everything before the restart,
@@ -163,20 +239,32 @@ async fn everything_survives(kill: bool) {
     assert!(f.x.release().await.expect("release r/x"));
     let bx = holder_once_granted(&client, "r/x").await;
     assert_eq!(bx.session_id, f.b.id());
-    assert!(bx.fence > before.last_fence, "fence {} after {}", bx.fence, before.last_fence);
+    assert!(
+        bx.fence > before.last_fence,
+        "fence {} after {}",
+        bx.fence,
+        before.last_fence
+    );
     resend_is_granted(&cluster, raw_wait(f.b.id(), "r/x", false), bx.fence).await;
     assert!(f.permits[0].release().await.expect("release a's permits"));
     let cp = holder_once_granted(&client, "r/pool").await;
     assert_eq!(cp.session_id, f.c.id());
     assert!(cp.fence > bx.fence);
     resend_is_granted(&cluster, raw_wait(f.c.id(), "r/pool", true), cp.fence).await;
-    let fresh = f.a.try_lock("r/new").await.expect("try").expect("r/new is free");
+    let fresh =
+        f.a.try_lock("r/new")
+            .await
+            .expect("try")
+            .expect("r/new is free");
     assert!(fresh.fence() > cp.fence);
 
     for s in [&f.a, &f.b, &f.c] {
         s.close().await.expect("close");
     }
-    assert!(client.list("r/").await.expect("list").is_empty(), "closing released everything");
+    assert!(
+        client.list("r/").await.expect("list").is_empty(),
+        "closing released everything"
+    );
     cluster.shutdown().await;
 }
 

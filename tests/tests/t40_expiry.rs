@@ -44,23 +44,41 @@ fn exclusive(session_id: u64, seq: u64, name: &str) -> AcquireRequest {
 }
 
 async fn lock_raw(locks: &mut LocksClient<Channel>, session_id: u64, seq: u64, name: &str) -> u64 {
-    let resp = locks.acquire(exclusive(session_id, seq, name)).await.expect("acquire").into_inner();
+    let resp = locks
+        .acquire(exclusive(session_id, seq, name))
+        .await
+        .expect("acquire")
+        .into_inner();
     assert!(resp.acquired, "{name} is free");
     resp.fence
 }
 
 /// Queues a live session for `name` and waits until the queue shows it.
 async fn queue_behind(client: &Client, name: &str) -> JoinHandle<raftlock_client::Result<Guard>> {
-    let live = client.session(Duration::from_secs(30)).await.expect("live session");
+    let live = client
+        .session(Duration::from_secs(30))
+        .await
+        .expect("live session");
     let waiter = tokio::spawn({
         let name = name.to_string();
         async move { live.lock(&name).await }
     });
-    eventually("the live session to be queued", Duration::from_secs(10), || {
-        let client = client.clone();
-        let name = name.to_string();
-        async move { client.describe(&name).await.ok().flatten().filter(|i| i.waiters.len() == 1) }
-    })
+    eventually(
+        "the live session to be queued",
+        Duration::from_secs(10),
+        || {
+            let client = client.clone();
+            let name = name.to_string();
+            async move {
+                client
+                    .describe(&name)
+                    .await
+                    .ok()
+                    .flatten()
+                    .filter(|i| i.waiters.len() == 1)
+            }
+        },
+    )
     .await;
     waiter
 }
@@ -82,13 +100,27 @@ async fn a_silent_session_loses_its_locks_after_its_ttl_and_not_before() {
     // Still held a margin before the ttl.
     tokio::time::sleep_until(opened_at + TTL - Duration::from_millis(500)).await;
     for (name, fence) in [("ex/x", fx), ("ex/y", fy)] {
-        let info = client.describe(name).await.expect("describe").expect("still held");
+        let info = client
+            .describe(name)
+            .await
+            .expect("describe")
+            .expect("still held");
         assert_eq!(info.holders.len(), 1, "{name}");
-        assert_eq!((info.holders[0].session_id, info.holders[0].fence), (silent, fence), "{name}");
+        assert_eq!(
+            (info.holders[0].session_id, info.holders[0].fence),
+            (silent, fence),
+            "{name}"
+        );
         assert!(client.check_fence(name, fence).await.expect("check"));
     }
-    assert!(Instant::now() < opened_at + TTL, "the checks above ran too late to mean anything");
-    assert!(!waiter.is_finished(), "the waiter must not be granted before the ttl");
+    assert!(
+        Instant::now() < opened_at + TTL,
+        "the checks above ran too late to mean anything"
+    );
+    assert!(
+        !waiter.is_finished(),
+        "the waiter must not be granted before the ttl"
+    );
 
     // Released some time after the ttl: the waiter gets ex/x, ex/y is free.
     let granted = tokio::time::timeout(TTL + Duration::from_secs(3), waiter)
@@ -97,27 +129,50 @@ async fn a_silent_session_loses_its_locks_after_its_ttl_and_not_before() {
         .expect("join")
         .expect("the waiter gets ex/x");
     let granted_at = Instant::now();
-    assert!(granted_at >= opened_at + TTL, "expired after only {:?}", granted_at - opened_at);
+    assert!(
+        granted_at >= opened_at + TTL,
+        "expired after only {:?}",
+        granted_at - opened_at
+    );
     assert!(granted.fence() > fx.max(fy));
-    let info = client.describe("ex/x").await.expect("describe").expect("held by the waiter");
+    let info = client
+        .describe("ex/x")
+        .await
+        .expect("describe")
+        .expect("held by the waiter");
     assert_eq!(info.holders.len(), 1);
     assert_eq!(info.holders[0].session_id, granted.session().id());
     eventually("ex/y to be free", Duration::from_secs(3), || {
         let client = client.clone();
-        async move { client.describe("ex/y").await.expect("describe").is_none().then_some(()) }
+        async move {
+            client
+                .describe("ex/y")
+                .await
+                .expect("describe")
+                .is_none()
+                .then_some(())
+        }
     })
     .await;
     assert!(!client.check_fence("ex/y", fy).await.expect("check"));
 
     // The session is gone for good.
-    let err = raw.acquire(exclusive(silent, 3, "ex/z")).await.expect_err("expired session");
+    let err = raw
+        .acquire(exclusive(silent, 3, "ex/z"))
+        .await
+        .expect_err("expired session");
     assert_eq!(err.code(), Code::NotFound, "{err:?}");
     let mut ka = raw
-        .keep_alive(futures::stream::iter([KeepAliveRequest { session_id: silent }]))
+        .keep_alive(futures::stream::iter([KeepAliveRequest {
+            session_id: silent,
+        }]))
         .await
         .expect("keep-alive stream")
         .into_inner();
-    let err = ka.message().await.expect_err("keep-alive of an expired session");
+    let err = ka
+        .message()
+        .await
+        .expect_err("keep-alive of an expired session");
     assert_eq!(err.code(), Code::NotFound, "{err:?}");
 
     granted.release().await.expect("release");
@@ -141,26 +196,53 @@ async fn lock_delay_keeps_an_expired_lock_unavailable() {
     let mut last_held = opened_at;
     let delayed = loop {
         let sent = Instant::now();
-        let info = client.describe("ld/x").await.expect("describe").expect("ld/x exists throughout");
+        let info = client
+            .describe("ld/x")
+            .await
+            .expect("describe")
+            .expect("ld/x exists throughout");
         if info.lock_delayed {
             break info;
         }
         assert_eq!(info.holders.len(), 1, "{info:?}");
-        assert_eq!((info.holders[0].session_id, info.holders[0].fence), (silent, fence));
+        assert_eq!(
+            (info.holders[0].session_id, info.holders[0].fence),
+            (silent, fence)
+        );
         last_held = sent;
-        assert!(Instant::now() < deadline, "the silent session never expired");
+        assert!(
+            Instant::now() < deadline,
+            "the silent session never expired"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     let delay_seen = Instant::now();
-    assert!(delay_seen >= opened_at + TTL, "expired after only {:?}", delay_seen - opened_at);
-    assert!(delayed.holders.is_empty(), "the expired holder is gone: {delayed:?}");
-    assert_eq!(delayed.waiters.len(), 1, "the waiter still waits: {delayed:?}");
+    assert!(
+        delay_seen >= opened_at + TTL,
+        "expired after only {:?}",
+        delay_seen - opened_at
+    );
+    assert!(
+        delayed.holders.is_empty(),
+        "the expired holder is gone: {delayed:?}"
+    );
+    assert_eq!(
+        delayed.waiters.len(),
+        1,
+        "the waiter still waits: {delayed:?}"
+    );
     assert!(!client.check_fence("ld/x", fence).await.expect("check"));
 
     // Nobody gets in during the delay, not even a try.
-    let other = client.session(Duration::from_secs(30)).await.expect("session");
+    let other = client
+        .session(Duration::from_secs(30))
+        .await
+        .expect("session");
     if Instant::now() < last_held + DELAY - Duration::from_millis(200) {
-        assert!(other.try_lock("ld/x").await.expect("try").is_none(), "granted during lock-delay");
+        assert!(
+            other.try_lock("ld/x").await.expect("try").is_none(),
+            "granted during lock-delay"
+        );
     }
     let granted = tokio::time::timeout(DELAY + Duration::from_secs(4), waiter)
         .await
@@ -175,7 +257,11 @@ async fn lock_delay_keeps_an_expired_lock_unavailable() {
         granted_at - last_held
     );
     assert!(granted.fence() > fence);
-    let info = client.describe("ld/x").await.expect("describe").expect("held");
+    let info = client
+        .describe("ld/x")
+        .await
+        .expect("describe")
+        .expect("held");
     assert!(!info.lock_delayed, "{info:?}");
     assert_eq!(info.holders[0].session_id, granted.session().id());
     granted.release().await.expect("release");
@@ -199,8 +285,15 @@ async fn keep_alives_keep_locks_for_many_ttls() {
     let raw_session = open_raw(&mut raw, silent_ttl, Duration::ZERO).await;
     let raw_fence = lock_raw(&mut raw, raw_session, 1, "ka/raw").await;
     let (tx, rx) = futures::channel::mpsc::unbounded();
-    tx.unbounded_send(KeepAliveRequest { session_id: raw_session }).expect("send");
-    let mut answers = raw.keep_alive(rx).await.expect("keep-alive stream").into_inner();
+    tx.unbounded_send(KeepAliveRequest {
+        session_id: raw_session,
+    })
+    .expect("send");
+    let mut answers = raw
+        .keep_alive(rx)
+        .await
+        .expect("keep-alive stream")
+        .into_inner();
 
     let start = Instant::now();
     let mut acked = 0;
@@ -212,14 +305,27 @@ async fn keep_alives_keep_locks_for_many_ttls() {
             .expect("stream open");
         assert_eq!((a.session_id, a.ttl_ms), (raw_session, 1000));
         acked += 1;
-        assert!(guard.is_held(), "the client's lease lapsed after {:?}", start.elapsed());
+        assert!(
+            guard.is_held(),
+            "the client's lease lapsed after {:?}",
+            start.elapsed()
+        );
         tokio::time::sleep(silent_ttl / 4).await;
-        tx.unbounded_send(KeepAliveRequest { session_id: raw_session }).expect("send");
+        tx.unbounded_send(KeepAliveRequest {
+            session_id: raw_session,
+        })
+        .expect("send");
     }
     assert!(acked >= 6, "only {acked} keep-alives answered");
     assert!(guard.is_held());
-    assert!(client.check_fence("ka/client", guard.fence()).await.expect("check"));
-    assert!(client.check_fence("ka/raw", raw_fence).await.expect("check"));
+    assert!(client
+        .check_fence("ka/client", guard.fence())
+        .await
+        .expect("check"));
+    assert!(client
+        .check_fence("ka/raw", raw_fence)
+        .await
+        .expect("check"));
     let info = eventually("describe", Duration::from_secs(5), || {
         let client = client.clone();
         async move { client.describe("ka/raw").await.ok().flatten() }

@@ -21,10 +21,14 @@ fn voters(members: &[Member]) -> BTreeSet<u64> {
 
 async fn progress(acked: &Acked, more: usize, phase: &str) {
     let start = acked.lock().expect("lock").len();
-    eventually(&format!("{more} more grants ({phase})"), Duration::from_secs(20), || {
-        let acked = acked.clone();
-        async move { (acked.lock().expect("lock").len() >= start + more).then_some(()) }
-    })
+    eventually(
+        &format!("{more} more grants ({phase})"),
+        Duration::from_secs(20),
+        || {
+            let acked = acked.clone();
+            async move { (acked.lock().expect("lock").len() >= start + more).then_some(()) }
+        },
+    )
     .await;
 }
 
@@ -33,10 +37,14 @@ async fn progress(acked: &Acked, more: usize, phase: &str) {
 async fn all_nodes_see(cluster: &TestCluster, expected: &BTreeSet<u64>) {
     for id in cluster.running() {
         let addr = cluster.addr(id);
-        eventually(&format!("node {id} to see voters {expected:?}"), Duration::from_secs(20), || {
-            let addr = addr.clone();
-            async move { (voters(&status_at(&addr).await.members) == *expected).then_some(()) }
-        })
+        eventually(
+            &format!("node {id} to see voters {expected:?}"),
+            Duration::from_secs(20),
+            || {
+                let addr = addr.clone();
+                async move { (voters(&status_at(&addr).await.members) == *expected).then_some(()) }
+            },
+        )
         .await;
     }
 }
@@ -54,7 +62,10 @@ async fn membership_3_to_5_to_3_under_load_loses_no_grant() {
         let acked = acked.clone();
         let stop = stop.clone();
         workers.push(tokio::spawn(async move {
-            let session = client.session(Duration::from_secs(10)).await.expect("worker session");
+            let session = client
+                .session(Duration::from_secs(10))
+                .await
+                .expect("worker session");
             let mut i = w;
             while !stop.load(Ordering::SeqCst) {
                 let name = NAMES[i % NAMES.len()];
@@ -67,9 +78,16 @@ async fn membership_3_to_5_to_3_under_load_loses_no_grant() {
                     Err(raftlock_client::Error::NotAcquired(_)) => continue,
                     Err(e) => panic!("worker acquire failed: {e:?}"),
                 };
-                acked.lock().expect("lock").push((name.to_string(), g.fence()));
+                acked
+                    .lock()
+                    .expect("lock")
+                    .push((name.to_string(), g.fence()));
                 let released = g.release().await.expect("worker releases");
-                assert!(released, "grant {} on {name} was lost before its release", g.fence());
+                assert!(
+                    released,
+                    "grant {} on {name} was lost before its release",
+                    g.fence()
+                );
             }
             session.close().await.expect("close");
         }));
@@ -82,12 +100,18 @@ async fn membership_3_to_5_to_3_under_load_loses_no_grant() {
     for _ in 0..2 {
         let (id, addr) = cluster.spawn_new_node().await;
         let members = admin.add_node(id, &addr, false).await.expect("add node");
-        assert!(voters(&members).contains(&id), "node {id} is a voter: {members:?}");
+        assert!(
+            voters(&members).contains(&id),
+            "node {id} is a voter: {members:?}"
+        );
         added.push(id);
         progress(&acked, 5, "after adding a node").await;
     }
     let five: BTreeSet<u64> = [1, 2, 3].into_iter().chain(added.iter().copied()).collect();
-    assert_eq!(voters(&admin.members().await.expect("members").members), five);
+    assert_eq!(
+        voters(&admin.members().await.expect("members").members),
+        five
+    );
     all_nodes_see(&cluster, &five).await;
     for id in &added {
         let leader = cluster.leader().await;
@@ -105,16 +129,25 @@ async fn membership_3_to_5_to_3_under_load_loses_no_grant() {
     assert_ne!(new_leader, leader);
     progress(&acked, 5, "after removing the leader").await;
 
-    let other = (1..=3).find(|id| *id != leader && *id != new_leader).expect("an original follower");
+    let other = (1..=3)
+        .find(|id| *id != leader && *id != new_leader)
+        .expect("an original follower");
     let members = admin.remove_node(other).await.expect("remove a follower");
     assert!(!voters(&members).contains(&other), "{members:?}");
     cluster.stop(other).await;
-    let three: BTreeSet<u64> = five.iter().copied().filter(|id| *id != leader && *id != other).collect();
+    let three: BTreeSet<u64> = five
+        .iter()
+        .copied()
+        .filter(|id| *id != leader && *id != other)
+        .collect();
     assert_eq!(three.len(), 3);
     let leader = cluster.wait_for_leader().await;
     assert!(three.contains(&leader));
     all_nodes_see(&cluster, &three).await;
-    assert_eq!(voters(&admin.members().await.expect("members").members), three);
+    assert_eq!(
+        voters(&admin.members().await.expect("members").members),
+        three
+    );
     progress(&acked, 10, "3 voters again").await;
 
     stop.store(true, Ordering::SeqCst);
@@ -134,7 +167,10 @@ async fn membership_3_to_5_to_3_under_load_loses_no_grant() {
     // The workers released everything they held, and every node agrees on
     // the counter, which covers every acknowledged grant.
     for name in NAMES {
-        assert!(admin.describe(name).await.expect("describe").is_none(), "{name} is free");
+        assert!(
+            admin.describe(name).await.expect("describe").is_none(),
+            "{name} is free"
+        );
     }
     let leader = cluster.wait_for_leader().await;
     let target = cluster.applied(leader);
@@ -143,7 +179,11 @@ async fn membership_3_to_5_to_3_under_load_loses_no_grant() {
     assert_eq!(leader_status.grants, 0);
     for id in cluster.running() {
         cluster.wait_applied(id, target).await;
-        assert_eq!(status_at(&cluster.addr(id)).await.last_fence, leader_status.last_fence, "node {id}");
+        assert_eq!(
+            status_at(&cluster.addr(id)).await.last_fence,
+            leader_status.last_fence,
+            "node {id}"
+        );
     }
     cluster.shutdown().await;
 }
@@ -155,8 +195,14 @@ async fn membership_3_to_5_to_3_under_load_loses_no_grant() {
 async fn a_blocking_acquire_parked_on_a_removed_leader_is_answered() {
     let cluster = TestCluster::start(3).await;
     let client = cluster.client().await;
-    let a = client.session(Duration::from_secs(30)).await.expect("session a");
-    let b = client.session(Duration::from_secs(30)).await.expect("session b");
+    let a = client
+        .session(Duration::from_secs(30))
+        .await
+        .expect("session a");
+    let b = client
+        .session(Duration::from_secs(30))
+        .await
+        .expect("session b");
     let held = a.lock("mr/job").await.expect("a locks");
     let waiter = tokio::spawn({
         let b = b.clone();
@@ -164,32 +210,62 @@ async fn a_blocking_acquire_parked_on_a_removed_leader_is_answered() {
     });
     eventually("b to be queued", Duration::from_secs(10), || {
         let client = client.clone();
-        async move { client.describe("mr/job").await.ok().flatten().filter(|i| i.waiters.len() == 1) }
+        async move {
+            client
+                .describe("mr/job")
+                .await
+                .ok()
+                .flatten()
+                .filter(|i| i.waiters.len() == 1)
+        }
     })
     .await;
     // The leader leaves the cluster but its process keeps running.
     let leader = cluster.leader().await;
     client.remove_node(leader).await.expect("remove the leader");
-    let new_leader = eventually("a new leader among the remaining voters", Duration::from_secs(20), || {
-        let cluster = &cluster;
-        async move {
-            let others: Vec<u64> = cluster.running().into_iter().filter(|id| *id != leader).collect();
-            let mut leaders = Vec::new();
-            for id in &others {
-                leaders.push(status_at(&cluster.addr(*id)).await.leader_id);
+    let new_leader = eventually(
+        "a new leader among the remaining voters",
+        Duration::from_secs(20),
+        || {
+            let cluster = &cluster;
+            async move {
+                let others: Vec<u64> = cluster
+                    .running()
+                    .into_iter()
+                    .filter(|id| *id != leader)
+                    .collect();
+                let mut leaders = Vec::new();
+                for id in &others {
+                    leaders.push(status_at(&cluster.addr(*id)).await.leader_id);
+                }
+                let l = leaders[0];
+                (l != 0 && l != leader && leaders.iter().all(|x| *x == l)).then_some(l)
             }
-            let l = leaders[0];
-            (l != 0 && l != leader && leaders.iter().all(|x| *x == l)).then_some(l)
-        }
-    })
+        },
+    )
     .await;
     assert!(held.release().await.expect("release"));
-    let info = eventually("the new leader to hand mr/job to b", Duration::from_secs(10), || {
-        let client = client.clone();
-        async move { client.describe("mr/job").await.ok().flatten().filter(|i| i.waiters.is_empty()) }
-    })
+    let info = eventually(
+        "the new leader to hand mr/job to b",
+        Duration::from_secs(10),
+        || {
+            let client = client.clone();
+            async move {
+                client
+                    .describe("mr/job")
+                    .await
+                    .ok()
+                    .flatten()
+                    .filter(|i| i.waiters.is_empty())
+            }
+        },
+    )
     .await;
-    assert_eq!(info.holders[0].session_id, b.id(), "granted by node {new_leader}");
+    assert_eq!(
+        info.holders[0].session_id,
+        b.id(),
+        "granted by node {new_leader}"
+    );
     let granted = tokio::time::timeout(Duration::from_secs(10), waiter)
         .await
         .expect("b's blocking acquire is answered after its node left the cluster")

@@ -1,7 +1,7 @@
 //! (f) Snapshots: a node added after the log was purged catches up through
 //! a snapshot, and nodes restarted after snapshots and purges come back with
 //! the same state. `TestCluster` snapshots every 500 entries and keeps 1000
-//! entries behind a snapshot, so > 1500 entries force a purge.
+//! entries behind a snapshot, so > 1500 log entries force a purge.
 
 use std::time::Duration;
 
@@ -21,9 +21,15 @@ async fn churn(client: &Client, entries: usize) {
     for t in 0..TASKS {
         let client = client.clone();
         tasks.push(tokio::spawn(async move {
-            let s = client.session(Duration::from_secs(30)).await.expect("churn session");
+            let s = client
+                .session(Duration::from_secs(30))
+                .await
+                .expect("churn session");
             for i in 0..rounds {
-                let g = s.lock(&format!("churn/{t}/{}", i % 4)).await.expect("churn lock");
+                let g = s
+                    .lock(&format!("churn/{t}/{}", i % 4))
+                    .await
+                    .expect("churn lock");
                 assert!(g.release().await.expect("churn release"));
             }
             s.close().await.expect("close");
@@ -43,23 +49,53 @@ struct Held {
 }
 
 async fn hold_some_state(client: &Client) -> Held {
-    let keeper = client.session(Duration::from_secs(60)).await.expect("keeper");
-    let lock = keeper.lock_with("sn/held", false, None, b"snap".to_vec()).await.expect("lock");
-    let permits = keeper.semaphore("sn/pool", 4).acquire(3).await.expect("permits");
-    let other = client.session(Duration::from_secs(60)).await.expect("other");
+    let keeper = client
+        .session(Duration::from_secs(60))
+        .await
+        .expect("keeper");
+    let lock = keeper
+        .lock_with("sn/held", false, None, b"snap".to_vec())
+        .await
+        .expect("lock");
+    let permits = keeper
+        .semaphore("sn/pool", 4)
+        .acquire(3)
+        .await
+        .expect("permits");
+    let other = client
+        .session(Duration::from_secs(60))
+        .await
+        .expect("other");
     let waiter = tokio::spawn(async move { other.lock("sn/held").await });
     eventually("the waiter to queue", Duration::from_secs(10), || {
         let client = client.clone();
-        async move { client.describe("sn/held").await.ok().flatten().filter(|i| i.waiters.len() == 1) }
+        async move {
+            client
+                .describe("sn/held")
+                .await
+                .ok()
+                .flatten()
+                .filter(|i| i.waiters.len() == 1)
+        }
     })
     .await;
-    Held { keeper, lock, permits, waiter }
+    Held {
+        keeper,
+        lock,
+        permits,
+        waiter,
+    }
 }
 
 /// What node `addr` itself has for `sn/` (a stale read: no leader round).
 async fn local_listing(addr: &str) -> Vec<LockInfo> {
     locks_at(addr)
-        .list(ListRequest { prefix: "sn/".into(), page_token: String::new(), limit: 0, stale: true })
+        .list(ListRequest {
+            prefix: "sn/".into(),
+            page_token: String::new(),
+            limit: 0,
+            stale: true,
+        })
         .await
         .expect("list")
         .into_inner()
@@ -70,15 +106,23 @@ fn table_counts(s: &StatusResponse) -> (u64, u64, u64, u64) {
     (s.last_fence, s.sessions, s.grants, s.waiters)
 }
 
-/// Waits until the leader has taken a snapshot and purged the log behind
-/// it; returns the purged index.
-async fn wait_for_purge(cluster: &TestCluster, id: u64) -> u64 {
+/// Churns until node `id` has taken a snapshot and purged the log behind
+/// it; returns the purged index. (Concurrent writes share log entries, so
+/// the number of commands it takes is not fixed.)
+async fn churn_until_purged(cluster: &TestCluster, client: &Client, id: u64) -> u64 {
     let raft = cluster.node(id).raft.clone();
-    eventually(&format!("node {id} to snapshot and purge"), Duration::from_secs(20), || {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
         let m = raft.metrics().borrow().clone();
-        async move { m.snapshot.and(m.purged).map(|p| p.index).filter(|p| *p > 0) }
-    })
-    .await
+        if let Some(purged) = m.snapshot.and(m.purged).map(|p| p.index).filter(|p| *p > 0) {
+            return purged;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "node {id} never snapshotted and purged: {m:?}"
+        );
+        churn(client, 200).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -86,14 +130,16 @@ async fn a_new_node_catches_up_through_a_snapshot() {
     let mut cluster = TestCluster::start(3).await;
     let client = cluster.client().await;
     let held = hold_some_state(&client).await;
-    churn(&client, 2_000).await;
     let leader = cluster.leader().await;
-    let purged = wait_for_purge(&cluster, leader).await;
+    let purged = churn_until_purged(&cluster, &client, leader).await;
 
     // A watch on the new node sees the snapshot replace its (empty) table.
     let (id, addr) = cluster.spawn_new_node().await;
     let mut watch = locks_at(&addr)
-        .watch(WatchRequest { name: String::new(), prefix: String::new() })
+        .watch(WatchRequest {
+            name: String::new(),
+            prefix: String::new(),
+        })
         .await
         .expect("watch on the new node")
         .into_inner();
@@ -105,7 +151,10 @@ async fn a_new_node_catches_up_through_a_snapshot() {
     cluster.wait_applied(id, cluster.applied(leader)).await;
     let installed = cluster.node(id).raft.metrics().borrow().snapshot;
     let installed = installed.expect("the new node has a snapshot").index;
-    assert!(installed >= purged, "snapshot at {installed} cannot cover the purged log up to {purged}");
+    assert!(
+        installed >= purged,
+        "snapshot at {installed} cannot cover the purged log up to {purged}"
+    );
     let end = tokio::time::timeout(Duration::from_secs(5), async {
         loop {
             match watch.message().await {
@@ -120,10 +169,20 @@ async fn a_new_node_catches_up_through_a_snapshot() {
     assert_eq!(end.code(), Code::Aborted, "{end:?}");
     assert!(end.message().contains("snapshot"), "{end:?}");
 
-    let (l, n) = (status_at(&cluster.addr(leader)).await, status_at(&addr).await);
-    assert_eq!(table_counts(&n), table_counts(&l), "new node's table matches the leader's");
+    let (l, n) = (
+        status_at(&cluster.addr(leader)).await,
+        status_at(&addr).await,
+    );
+    assert_eq!(
+        table_counts(&n),
+        table_counts(&l),
+        "new node's table matches the leader's"
+    );
     assert_eq!(n.applied_index, l.applied_index);
-    assert_eq!(local_listing(&addr).await, local_listing(&cluster.addr(leader)).await);
+    assert_eq!(
+        local_listing(&addr).await,
+        local_listing(&cluster.addr(leader)).await
+    );
     assert_eq!(local_listing(&addr).await.len(), 2, "sn/held and sn/pool");
 
     // And it follows what happens next.
@@ -131,13 +190,20 @@ async fn a_new_node_catches_up_through_a_snapshot() {
     let next = held.waiter.await.expect("join").expect("waiter granted");
     assert!(next.fence() > l.last_fence);
     let next_fence = next.fence();
-    eventually("the new node to see the hand-off", Duration::from_secs(10), || {
-        let addr = addr.clone();
-        async move {
-            let info = local_listing(&addr).await.into_iter().find(|i| i.name == "sn/held")?;
-            (info.holders.first()?.fence == next_fence && info.waiters.is_empty()).then_some(())
-        }
-    })
+    eventually(
+        "the new node to see the hand-off",
+        Duration::from_secs(10),
+        || {
+            let addr = addr.clone();
+            async move {
+                let info = local_listing(&addr)
+                    .await
+                    .into_iter()
+                    .find(|i| i.name == "sn/held")?;
+                (info.holders.first()?.fence == next_fence && info.waiters.is_empty()).then_some(())
+            }
+        },
+    )
     .await;
     held.permits.release().await.expect("release");
     held.keeper.close().await.expect("close");
@@ -149,11 +215,16 @@ async fn nodes_restart_with_the_same_state_after_snapshots_and_purges() {
     let mut cluster = TestCluster::start(3).await;
     let client = cluster.client().await;
     let held = hold_some_state(&client).await;
-    churn(&client, 2_000).await;
     let leader = cluster.leader().await;
-    let follower = cluster.running().into_iter().find(|id| *id != leader).expect("follower");
-    cluster.wait_applied(follower, cluster.applied(leader)).await;
-    wait_for_purge(&cluster, follower).await;
+    let follower = cluster
+        .running()
+        .into_iter()
+        .find(|id| *id != leader)
+        .expect("follower");
+    churn_until_purged(&cluster, &client, follower).await;
+    cluster
+        .wait_applied(follower, cluster.applied(leader))
+        .await;
 
     // One follower: stop, restart with nothing new, then catch up.
     let faddr = cluster.addr(follower);
@@ -162,10 +233,21 @@ async fn nodes_restart_with_the_same_state_after_snapshots_and_purges() {
     assert_eq!(listing.len(), 2);
     cluster.stop(follower).await;
     cluster.restart(follower).await;
-    let restarted = cluster.node(follower).raft.metrics().borrow().clone();
-    assert!(restarted.snapshot.is_some(), "the restarted node loaded its snapshot");
+    let raft = cluster.node(follower).raft.clone();
+    eventually(
+        "the restarted node to report its snapshot",
+        Duration::from_secs(10),
+        || {
+            let snapshot = raft.metrics().borrow().snapshot;
+            async move { snapshot.map(|_| ()) }
+        },
+    )
+    .await;
     cluster.wait_applied(follower, before.applied_index).await;
-    assert_eq!(table_counts(&status_at(&faddr).await), table_counts(&before));
+    assert_eq!(
+        table_counts(&status_at(&faddr).await),
+        table_counts(&before)
+    );
     assert_eq!(local_listing(&faddr).await, listing);
 
     // Everyone: kill all, restart all from snapshot + log.
@@ -181,18 +263,37 @@ async fn nodes_restart_with_the_same_state_after_snapshots_and_purges() {
     for id in cluster.running() {
         cluster.wait_applied(id, cluster.applied(leader)).await;
         let s = status_at(&cluster.addr(id)).await;
-        assert_eq!(table_counts(&s), table_counts(&before), "node {id} after restarting all");
-        assert_eq!(local_listing(&cluster.addr(id)).await, listing, "node {id} after restarting all");
+        assert_eq!(
+            table_counts(&s),
+            table_counts(&before),
+            "node {id} after restarting all"
+        );
+        assert_eq!(
+            local_listing(&cluster.addr(id)).await,
+            listing,
+            "node {id} after restarting all"
+        );
     }
 
-    // The next grant's fence is above all before.
+    // The next grant's fence is above all before. (The waiter's own
+    // request was parked on a killed node; the table shows its grant.)
+    held.waiter.abort();
     assert!(held.lock.release().await.expect("release"));
-    let next = tokio::time::timeout(Duration::from_secs(10), held.waiter)
-        .await
-        .expect("granted in time")
-        .expect("join")
-        .expect("waiter granted");
-    assert!(next.fence() > before.last_fence);
+    let info = eventually("the waiter to be granted", Duration::from_secs(10), || {
+        let client = client.clone();
+        async move {
+            client
+                .describe("sn/held")
+                .await
+                .ok()
+                .flatten()
+                .filter(|i| i.waiters.is_empty())
+        }
+    })
+    .await;
+    assert_eq!(info.holders.len(), 1);
+    assert_ne!(info.holders[0].session_id, held.keeper.id());
+    assert!(info.holders[0].fence > before.last_fence);
     held.permits.release().await.expect("release");
     held.keeper.close().await.expect("close");
     cluster.shutdown().await;

@@ -194,8 +194,10 @@ async fn run(client: Client, cmd: Cmd) -> Result<u8, Error> {
             match fence {
                 Ok(fence) => {
                     let code = run_child(&session, &name, fence, &hold.command).await;
-                    election.resign().await.ok();
-                    session.close().await.ok();
+                    if session.is_valid() {
+                        election.resign().await.ok();
+                    }
+                    finish(&session, None).await;
                     code
                 }
                 Err(e) => not_acquired(e, &name, &session).await,
@@ -321,9 +323,21 @@ async fn hold_and_run(
         Err(e) => return not_acquired(e, name, &session).await,
     };
     let code = run_child(&session, name, guard.fence(), &hold.command).await;
-    guard.release().await.ok();
-    session.close().await.ok();
+    finish(&session, Some(guard)).await;
     code
+}
+
+/// Gives back what was held, unless the lease is already gone (then the
+/// cluster has released it, or will at expiry, and there may be nobody to
+/// answer).
+async fn finish(session: &Session, guard: Option<Guard>) {
+    if !session.is_valid() {
+        return;
+    }
+    if let Some(g) = guard {
+        g.release().await.ok();
+    }
+    session.close().await.ok();
 }
 
 /// Runs the command with the fence in its environment. If the lease may

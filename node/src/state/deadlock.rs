@@ -105,7 +105,12 @@ impl LockTable {
         };
         // false: on the current path; true: finished, on no cycle.
         let mut done: HashMap<SessionId, bool> = HashMap::new();
-        for &root in self.sessions.keys() {
+        // Only a waiting session can be on a cycle; idle ones cost nothing.
+        let waiting = self
+            .locks
+            .values()
+            .flat_map(|l| l.queue.iter().map(|w| w.session));
+        for root in waiting {
             if done.contains_key(&root) {
                 continue;
             }

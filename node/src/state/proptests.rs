@@ -7,9 +7,9 @@
 //! `CancelWait`s and `EndLockDelay`s, replays of earlier requests, bad
 //! input) and after every step checks each rule of the [module
 //! docs](super) against a model built only from replies, events and the read
-//! views, never from the table's internals. Half-way (at a random step) the
-//! table is snapshotted and restored, and the copy must then answer every
-//! later command exactly as the live table does.
+//! views, never from the table's internals. At a random step the table is
+//! snapshotted and restored, and the copy must then answer every later
+//! command exactly as the live table does.
 //!
 //! `wait_cycle_matches_a_naive_search` builds random wait-for situations
 //! directly (cycles included, which `apply` never lets happen) and checks the
@@ -37,8 +37,8 @@ fn config() -> ProptestConfig {
         .ok()
         .and_then(|c| c.parse().ok())
         .unwrap_or(64);
-    // No regression files: this module is the whole of the test suite's
-    // footprint in the source tree.
+    // No regression files in the source tree: a failure prints its shrunk
+    // history, which belongs in a unit test in `tests.rs`.
     ProptestConfig {
         cases,
         failure_persistence: None,
@@ -1318,10 +1318,15 @@ proptest! {
 
 // --------------------------------------------------- wait-for situations
 
-/// One name's holders and waiters: (session number, mode number) pairs.
+/// A session number and a mode number (see `situation_mode`).
+type Entry = (u64, u8);
+
+/// Grants and waits on each name, and one more request (session, name
+/// number, mode number) to try against the acquire-time search.
 #[derive(Clone, Debug)]
 struct Situation {
-    names: Vec<(Vec<(u64, u8)>, Vec<(u64, u8)>)>,
+    /// Per name: its holders, then its queue.
+    names: Vec<(Vec<Entry>, Vec<Entry>)>,
     request: (u64, usize, u8),
 }
 

@@ -359,15 +359,18 @@ impl LockTable {
                     ));
                 }
             }
-            for name in s.waiting.keys() {
+            for (name, wait) in &s.waiting {
                 if s.held.contains_key(name) {
                     return Err(format!("{id} both holds and waits for {name}"));
                 }
-                if !self
-                    .locks
-                    .get(name)
-                    .is_some_and(|l| l.queue.iter().any(|w| w.session == *id))
-                {
+                // Queues are in index order (checked above), so the wait is
+                // found by binary search: a scan per wait would make this
+                // quadratic in a queue's length.
+                let listed = self.locks.get(name).is_some_and(|l| {
+                    l.position(wait.index)
+                        .is_some_and(|p| l.queue[p].session == *id)
+                });
+                if !listed {
                     return Err(format!(
                         "{id} lists a wait on {name} the queue does not have"
                     ));
