@@ -228,7 +228,10 @@ impl Session {
         // the same seq resumes the same place in the queue, and a node that
         // was cut off from the cluster is not waited on forever.
         let (attempt, deadline) = match timeout {
-            None => (FOREVER_ATTEMPT, Instant::now() + Duration::from_secs(3600 * 24 * 365)),
+            None => (
+                FOREVER_ATTEMPT,
+                Instant::now() + Duration::from_secs(3600 * 24 * 365),
+            ),
             Some(t) => (
                 opts.request_timeout + t * 2,
                 Instant::now() + opts.retry_deadline + t * 2,

@@ -197,7 +197,10 @@ async fn a_lost_lease_is_reported_and_the_command_gets_sigterm() {
         .expect("spawn");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while !marker.exists() {
-        assert!(tokio::time::Instant::now() < deadline, "command never started");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "command never started"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // The whole cluster goes away: keep-alives fail and the lease runs out.
@@ -207,7 +210,15 @@ async fn a_lost_lease_is_reported_and_the_command_gets_sigterm() {
         .await
         .expect("raftlock exits after the lease is lost")
         .expect("waits");
-    assert_eq!(out.status.code(), Some(4), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(4),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(String::from_utf8_lossy(&out.stderr).contains("may be lost"));
-    assert!(started.elapsed() < Duration::from_secs(10), "the 30 s command was not stopped");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the 30 s command was not stopped"
+    );
 }

@@ -40,6 +40,9 @@ pub struct Config {
     pub election_timeout_max_ms: Option<u64>,
     /// Build a snapshot every this many applied entries (default 10000).
     pub snapshot_every: Option<u64>,
+    /// Dial peers at these addresses instead of their advertised ones, as
+    /// `id = "host:port"` (for fault-injection proxies).
+    pub dial: Option<BTreeMap<NodeId, String>>,
 }
 
 /// A setting that cannot be used; names the setting.
@@ -106,6 +109,7 @@ impl Config {
                 .election_timeout_max_ms
                 .or(lower.election_timeout_max_ms),
             snapshot_every: self.snapshot_every.or(lower.snapshot_every),
+            dial: self.dial.or(lower.dial),
         }
     }
 
@@ -144,6 +148,15 @@ impl Config {
             if !valid_addr(addr) {
                 return Err(err(
                     "peers",
+                    format!("address of node {pid} must be host:port, got {addr:?}"),
+                ));
+            }
+        }
+        let dial = self.dial.clone().unwrap_or_default();
+        for (pid, addr) in &dial {
+            if !valid_addr(addr) {
+                return Err(err(
+                    "dial",
                     format!("address of node {pid} must be host:port, got {addr:?}"),
                 ));
             }
@@ -199,6 +212,7 @@ impl Config {
                     election_timeout: (emin, emax),
                     snapshot_every,
                 },
+                dial,
             },
             listen,
         ))

@@ -66,6 +66,9 @@ pub struct NodeOptions {
     pub init: bool,
     /// Raft timing.
     pub timing: RaftTiming,
+    /// Dial these addresses for these peers instead of their advertised
+    /// ones (for fault-injection proxies; empty in production).
+    pub dial: BTreeMap<NodeId, String>,
 }
 
 /// A running node.
@@ -106,7 +109,14 @@ impl Node {
             ..Default::default()
         }
         .validate()?;
-        let raft = Raft::new(opts.id, Arc::new(config), Network::default(), log_store, sm).await?;
+        let raft = Raft::new(
+            opts.id,
+            Arc::new(config),
+            Network::with_dial_overrides(opts.dial.clone()),
+            log_store,
+            sm,
+        )
+        .await?;
 
         if opts.init && fresh {
             let members: BTreeMap<NodeId, BasicNode> = opts

@@ -150,6 +150,7 @@ impl TestCluster {
             peers,
             init,
             timing: self.timing.clone(),
+            dial: BTreeMap::new(),
         }
     }
 

@@ -32,6 +32,7 @@ impl Cluster {
                 peers: peers.clone(),
                 init: id == 1,
                 timing: RaftTiming::default(),
+                dial: BTreeMap::new(),
             };
             nodes.push(Node::start(opts, l).await.expect("node starts"));
         }

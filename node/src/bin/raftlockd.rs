@@ -68,6 +68,10 @@ struct RunArgs {
     /// Snapshot every N applied entries.
     #[arg(long, env = "RAFTLOCK_SNAPSHOT_EVERY")]
     snapshot_every: Option<u64>,
+    /// Dial peers through these addresses: 2=HOST:PORT,... (fault-injection
+    /// proxies).
+    #[arg(long, env = "RAFTLOCK_DIAL")]
+    dial: Option<String>,
 }
 
 #[derive(Args)]
@@ -108,6 +112,7 @@ async fn main() {
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
     let peers = args.peers.as_deref().map(parse_peers).transpose()?;
+    let dial = args.dial.as_deref().map(parse_peers).transpose()?;
     let flags = Config {
         id: args.id,
         listen: args.listen,
@@ -119,6 +124,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         election_timeout_min_ms: args.election_timeout_min_ms,
         election_timeout_max_ms: args.election_timeout_max_ms,
         snapshot_every: args.snapshot_every,
+        dial,
     };
     let file = match &args.config {
         Some(path) => Config::from_toml_file(path)?,
@@ -158,6 +164,7 @@ async fn dev(args: DevArgs) -> anyhow::Result<()> {
             peers: peers.clone(),
             init: i == 1,
             timing: RaftTiming::default(),
+            dial: BTreeMap::new(),
         };
         nodes.push(Node::start(opts, listener).await?);
     }

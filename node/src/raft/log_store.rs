@@ -279,7 +279,8 @@ mod tests {
             let dir = tempfile::tempdir().expect("tempdir");
             let db = open_db(dir.path()).expect("open");
             let log = LogStore::new(db.clone()).expect("log");
-            let sm = StateMachineStore::new(db, crate::shared::Shared::new_for_tests()).expect("sm");
+            let sm =
+                StateMachineStore::new(db, crate::shared::Shared::new_for_tests()).expect("sm");
             Ok((dir, log, sm))
         }
     }

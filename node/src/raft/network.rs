@@ -1,6 +1,6 @@
 //! Outgoing Raft RPCs over gRPC, one reused HTTP/2 channel per peer.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -29,9 +29,21 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 #[derive(Clone, Default)]
 pub struct Network {
     channels: Arc<Mutex<HashMap<String, Channel>>>,
+    /// Addresses to dial instead of the membership's, per peer (used to
+    /// route node-to-node links through a fault-injection proxy).
+    dial: Arc<BTreeMap<NodeId, String>>,
 }
 
 impl Network {
+    /// A network that dials peers at `dial[id]` where given, else at their
+    /// membership address.
+    pub fn with_dial_overrides(dial: BTreeMap<NodeId, String>) -> Self {
+        Network {
+            dial: Arc::new(dial),
+            ..Default::default()
+        }
+    }
+
     fn channel(&self, addr: &str) -> Result<Channel, String> {
         let mut channels = self.channels.lock().expect("channels lock poisoned");
         if let Some(c) = channels.get(addr) {
@@ -53,10 +65,11 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = Peer;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Peer {
+        let addr = self.dial.get(&target).unwrap_or(&node.addr).clone();
         Peer {
             target,
             node: node.clone(),
-            channel: self.channel(&node.addr),
+            channel: self.channel(&addr),
         }
     }
 }
