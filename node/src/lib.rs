@@ -7,6 +7,7 @@ pub mod api;
 pub mod config;
 pub mod error;
 pub mod leases;
+pub mod metrics;
 pub mod node;
 pub mod raft;
 pub mod shared;

@@ -24,6 +24,10 @@ use crate::raft::state_machine::StateMachineStore;
 use crate::raft::{NodeId, Raft};
 use crate::shared::Shared;
 
+/// Most concurrent gRPC streams (requests, keep-alive and watch streams) on
+/// one client connection; past it the client's HTTP/2 stack waits.
+pub const MAX_STREAMS_PER_CONNECTION: u32 = 1024;
+
 /// Timing and policy of the Raft layer.
 #[derive(Clone, Debug)]
 pub struct RaftTiming {
@@ -89,6 +93,16 @@ pub struct Node {
 impl Node {
     /// Opens the data directory, starts Raft and serves on `listener`.
     pub async fn start(opts: NodeOptions, listener: TcpListener) -> anyhow::Result<Node> {
+        Self::start_with_metrics(opts, listener, None).await
+    }
+
+    /// Like [`start`](Self::start), also serving Prometheus metrics on
+    /// `metrics` (`GET /metrics`).
+    pub async fn start_with_metrics(
+        opts: NodeOptions,
+        listener: TcpListener,
+        metrics: Option<TcpListener>,
+    ) -> anyhow::Result<Node> {
         anyhow::ensure!(opts.id != 0, "node id must be non-zero");
         std::fs::create_dir_all(&opts.data_dir)?;
         let db = open_db(&opts.data_dir.join("sled"))?;
@@ -112,7 +126,7 @@ impl Node {
         let raft = Raft::new(
             opts.id,
             Arc::new(config),
-            Network::with_dial_overrides(opts.dial.clone()),
+            Network::new(opts.dial.clone(), shared.metrics.clone()),
             log_store,
             sm,
         )
@@ -139,8 +153,15 @@ impl Node {
             opts.advertise.clone(),
             raft.clone(),
             shared.clone(),
-            committed,
+            committed.clone(),
         );
+        // Standard gRPC health checking: SERVING while this node knows a
+        // leader (see `follow_leadership`); and server reflection so grpcurl
+        // and friends need no .proto file.
+        let (health, health_service) = tonic_health::server::health_reporter();
+        let reflection = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(raftlock_proto::FILE_DESCRIPTOR_SET)
+            .build_v1()?;
         let server = {
             let mut stop_rx = stop_rx.clone();
             let shutdown = async move {
@@ -149,6 +170,9 @@ impl Node {
             let max = crate::MAX_MESSAGE_BYTES;
             tonic::transport::Server::builder()
                 .tcp_nodelay(true)
+                .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
+                .add_service(health_service)
+                .add_service(reflection)
                 .add_service(LocksServer::new(api.clone()).max_decoding_message_size(max))
                 .add_service(ClusterServer::new(api.clone()).max_decoding_message_size(max))
                 .add_service(
@@ -160,10 +184,34 @@ impl Node {
         };
         let server = tokio::spawn(server);
 
-        let tasks = vec![
+        let mut tasks = vec![
             tokio::spawn(shared.leases.clone().run(raft.clone())),
-            tokio::spawn(follow_leadership(opts.id, raft.clone(), shared.clone())),
+            tokio::spawn(follow_leadership(
+                opts.id,
+                raft.clone(),
+                shared.clone(),
+                health,
+            )),
         ];
+        if let Some(listener) = metrics {
+            let mut stop_rx = stop_rx.clone();
+            let shutdown = async move {
+                let _ = stop_rx.wait_for(|s| *s).await;
+            };
+            let serve = crate::metrics::serve(
+                listener,
+                shared.metrics.clone(),
+                raft.clone(),
+                shared.clone(),
+                committed,
+                shutdown,
+            );
+            tasks.push(tokio::spawn(async move {
+                if let Err(e) = serve.await {
+                    tracing::error!(error = %e, "metrics server failed");
+                }
+            }));
+        }
         Ok(Node {
             id: opts.id,
             addr: opts.advertise,
@@ -198,16 +246,36 @@ impl Node {
 
 /// Starts and stops the lease keeper as this node gains and loses
 /// leadership.
-async fn follow_leadership(id: NodeId, raft: Raft, shared: Arc<Shared>) {
+async fn follow_leadership(
+    id: NodeId,
+    raft: Raft,
+    shared: Arc<Shared>,
+    health: tonic_health::server::HealthReporter,
+) {
     let mut metrics = raft.metrics();
+    let mut serving = None;
     loop {
-        let (leading, term) = {
+        let (leading, term, has_leader) = {
             let m = metrics.borrow_and_update();
             (
                 m.state == ServerState::Leader && m.current_leader == Some(id),
                 m.current_term,
+                m.current_leader.is_some(),
             )
         };
+        if serving != Some(has_leader) {
+            serving = Some(has_leader);
+            let status = if has_leader {
+                tonic_health::ServingStatus::Serving
+            } else {
+                tonic_health::ServingStatus::NotServing
+            };
+            health.set_service_status("", status).await;
+            health.set_service_status("raftlock.v1.Locks", status).await;
+            health
+                .set_service_status("raftlock.v1.Cluster", status)
+                .await;
+        }
         if leading {
             let applied = shared.applied.read().expect("applied lock poisoned");
             shared.leases.activate_for_term(term, &applied.table);

@@ -17,6 +17,7 @@ use tokio::sync::broadcast;
 
 use crate::api::waiters::Waiters;
 use crate::leases::Leases;
+use crate::metrics::Metrics;
 use crate::raft::{command_index, Batch, NodeId};
 use crate::state::{Event, LockTable, Response};
 
@@ -61,6 +62,8 @@ pub struct Shared {
     pub leases: Arc<Leases>,
     /// Applied events for `Watch`.
     pub watch: broadcast::Sender<Arc<WatchItem>>,
+    /// Counters for `/metrics`.
+    pub metrics: Arc<Metrics>,
 }
 
 impl Shared {
@@ -76,6 +79,7 @@ impl Shared {
             waiters: Waiters::default(),
             leases: Arc::new(Leases::default()),
             watch: broadcast::channel(WATCH_BUFFER).0,
+            metrics: Arc::new(Metrics::default()),
         })
     }
 
@@ -94,6 +98,7 @@ impl Shared {
             let response = applied.table.apply(index, command);
             if !response.events.is_empty() {
                 self.waiters.on_events(index, &response.events);
+                self.metrics.on_events(&response.events);
                 self.leases.on_events(&response.events, &applied.table);
                 if self.watch.receiver_count() > 0 {
                     let _ = self.watch.send(Arc::new(WatchItem::Events {

@@ -12,3 +12,7 @@ pub mod v1 {
 }
 
 pub use v1::*;
+
+/// The encoded `FileDescriptorSet` of `raftlock.proto`, for gRPC server
+/// reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("raftlock_descriptor");

@@ -47,6 +47,7 @@ impl Cluster for Api {
         &self,
         _req: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::StatusResponse>, Status> {
+        let _timer = self.0.shared.metrics.timer("Status");
         let m = self.0.raft.metrics().borrow().clone();
         let leader_addr = m
             .current_leader
@@ -83,6 +84,7 @@ impl Cluster for Api {
         &self,
         _req: Request<pb::MembersRequest>,
     ) -> Result<Response<pb::MembersResponse>, Status> {
+        let _timer = self.0.shared.metrics.timer("Members");
         let m = self.0.raft.metrics().borrow().clone();
         Ok(Response::new(pb::MembersResponse {
             members: members(&m.membership_config),
@@ -95,6 +97,7 @@ impl Cluster for Api {
         &self,
         req: Request<pb::AddNodeRequest>,
     ) -> Result<Response<pb::AddNodeResponse>, Status> {
+        let _timer = self.0.shared.metrics.timer("AddNode");
         let r = req.into_inner();
         if r.id == 0 {
             return Err(Error::InvalidArgument("node id must be non-zero".into()).into());
@@ -152,6 +155,7 @@ impl Cluster for Api {
         &self,
         req: Request<pb::RemoveNodeRequest>,
     ) -> Result<Response<pb::RemoveNodeResponse>, Status> {
+        let _timer = self.0.shared.metrics.timer("RemoveNode");
         let r = req.into_inner();
         let current = self.0.raft.metrics().borrow().membership_config.clone();
         if current.membership().get_node(&r.id).is_none() {

@@ -85,6 +85,7 @@ impl Locks for Api {
         &self,
         req: Request<pb::OpenSessionRequest>,
     ) -> Result<Response<pb::OpenSessionResponse>, Status> {
+        let _timer = self.0.shared.metrics.timer("OpenSession");
         let r = req.into_inner();
         let command = Command::OpenSession {
             ttl_ms: r.ttl_ms,
@@ -115,6 +116,7 @@ impl Locks for Api {
         &self,
         req: Request<Streaming<pb::KeepAliveRequest>>,
     ) -> Result<Response<Self::KeepAliveStream>, Status> {
+        let _timer = self.0.shared.metrics.timer("KeepAlive");
         let mut inbound = req.into_inner();
         let (tx, rx) = mpsc::channel(16);
         let api = self.clone();
@@ -159,6 +161,7 @@ impl Locks for Api {
         &self,
         req: Request<pb::CloseSessionRequest>,
     ) -> Result<Response<pb::CloseSessionResponse>, Status> {
+        let _timer = self.0.shared.metrics.timer("CloseSession");
         let r = req.into_inner();
         let command = Command::CloseSession {
             session: SessionId(r.session_id),
@@ -177,6 +180,7 @@ impl Locks for Api {
         &self,
         req: Request<pb::AcquireRequest>,
     ) -> Result<Response<pb::AcquireResponse>, Status> {
+        let _timer = self.0.shared.metrics.timer("Acquire");
         let r = req.into_inner();
         let mode = mode_from_request(&r)?;
         let session = SessionId(r.session_id);
@@ -203,6 +207,7 @@ impl Locks for Api {
         &self,
         req: Request<pb::ReleaseRequest>,
     ) -> Result<Response<pb::ReleaseResponse>, Status> {
+        let _timer = self.0.shared.metrics.timer("Release");
         let r = req.into_inner();
         name(&r.name)?;
         let command = Command::Release {
@@ -224,6 +229,7 @@ impl Locks for Api {
         &self,
         req: Request<pb::DescribeRequest>,
     ) -> Result<Response<pb::DescribeResponse>, Status> {
+        let _timer = self.0.shared.metrics.timer("Describe");
         let r = req.into_inner();
         let lock = name(&r.name)?;
         self.read_barrier(r.stale).await?;
@@ -242,6 +248,7 @@ impl Locks for Api {
         &self,
         req: Request<pb::ListRequest>,
     ) -> Result<Response<pb::ListResponse>, Status> {
+        let _timer = self.0.shared.metrics.timer("List");
         let r = req.into_inner();
         let limit = match r.limit as usize {
             0 => DEFAULT_LIST_LIMIT,
@@ -278,6 +285,7 @@ impl Locks for Api {
         &self,
         req: Request<pb::CheckFenceRequest>,
     ) -> Result<Response<pb::CheckFenceResponse>, Status> {
+        let _timer = self.0.shared.metrics.timer("CheckFence");
         let r = req.into_inner();
         let lock = name(&r.name)?;
         self.read_barrier(r.stale).await?;
@@ -296,6 +304,7 @@ impl Locks for Api {
         &self,
         req: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
+        let _timer = self.0.shared.metrics.timer("Watch");
         let r = req.into_inner();
         if !r.name.is_empty() {
             name(&r.name)?;

@@ -21,8 +21,23 @@ use tokio::net::TcpListener;
     about = "raftlock server: a Raft-replicated lock service"
 )]
 struct Cli {
+    /// Log format: `text` or `json` (one JSON object per line). The level
+    /// comes from RUST_LOG (default: info).
+    #[arg(
+        long,
+        global = true,
+        env = "RAFTLOCK_LOG_FORMAT",
+        default_value = "text"
+    )]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -68,6 +83,9 @@ struct RunArgs {
     /// Snapshot every N applied entries.
     #[arg(long, env = "RAFTLOCK_SNAPSHOT_EVERY")]
     snapshot_every: Option<u64>,
+    /// Serve Prometheus metrics (GET /metrics) on this address.
+    #[arg(long, env = "RAFTLOCK_METRICS_LISTEN")]
+    metrics_listen: Option<std::net::SocketAddr>,
     /// Dial peers through these addresses: 2=HOST:PORT,... (fault-injection
     /// proxies).
     #[arg(long, env = "RAFTLOCK_DIAL")]
@@ -85,21 +103,28 @@ struct DevArgs {
     /// Data directory; node N keeps its data in DATA_DIR/node-N.
     #[arg(long, default_value = "./raftlock-dev")]
     data_dir: PathBuf,
+    /// Port of node 1's metrics endpoint; node N serves GET /metrics on
+    /// metrics-base-port + N - 1 (0: no metrics).
+    #[arg(long, default_value_t = 9101)]
+    metrics_base_port: u16,
 }
 
-fn init_logging() {
+fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=error,sled=warn"));
-    tracing_subscriber::fmt()
+    let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => fmt.init(),
+        LogFormat::Json => fmt.json().init(),
+    }
 }
 
 #[tokio::main]
 async fn main() {
     let cli = Cli::parse();
-    init_logging();
+    init_logging(cli.log_format);
     let result = match cli.command {
         Command::Run(args) => run(args).await,
         Command::Dev(args) => dev(args).await,
@@ -134,8 +159,16 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let listener = TcpListener::bind(listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {listen}: {e}"))?;
-    let node = Node::start(opts, listener).await?;
-    tracing::info!(id = node.id, addr = %node.addr, "raftlockd serving");
+    let metrics = match args.metrics_listen {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot listen on {addr} for metrics: {e}"))?,
+        ),
+        None => None,
+    };
+    let node = Node::start_with_metrics(opts, listener, metrics).await?;
+    tracing::info!(id = node.id, addr = %node.addr, metrics = ?args.metrics_listen, "raftlockd serving");
     wait_for_signal().await;
     tracing::info!("shutting down");
     node.shutdown().await;
@@ -166,7 +199,18 @@ async fn dev(args: DevArgs) -> anyhow::Result<()> {
             timing: RaftTiming::default(),
             dial: BTreeMap::new(),
         };
-        nodes.push(Node::start(opts, listener).await?);
+        let metrics = match args.metrics_base_port {
+            0 => None,
+            base => {
+                let addr = format!("127.0.0.1:{}", u64::from(base) + i - 1);
+                let l = TcpListener::bind(&addr)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("cannot listen on {addr} for metrics: {e}"))?;
+                tracing::info!(node = i, %addr, "metrics at http://{addr}/metrics");
+                Some(l)
+            }
+        };
+        nodes.push(Node::start_with_metrics(opts, listener, metrics).await?);
     }
     nodes.reverse();
     for node in &nodes {
@@ -179,14 +223,17 @@ async fn dev(args: DevArgs) -> anyhow::Result<()> {
             .await
             .is_ok()
     });
-    tokio::select! {
+    let stopped_early = tokio::select! {
         r = elected => {
             anyhow::ensure!(matches!(r, Ok(true)), "no leader elected within 30 s");
             println!("ready");
+            false
         }
-        _ = wait_for_signal() => {}
+        _ = wait_for_signal() => true,
+    };
+    if !stopped_early {
+        wait_for_signal().await;
     }
-    wait_for_signal().await;
     for node in nodes {
         node.shutdown().await;
     }

@@ -20,6 +20,7 @@ use serde::Serialize;
 use tonic::transport::{Channel, Endpoint};
 
 use super::{NodeId, TypeConfig};
+use crate::metrics::Metrics;
 
 /// How long to wait for a TCP connection to a peer.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
@@ -32,14 +33,17 @@ pub struct Network {
     /// Addresses to dial instead of the membership's, per peer (used to
     /// route node-to-node links through a fault-injection proxy).
     dial: Arc<BTreeMap<NodeId, String>>,
+    /// Where failed RPCs are counted.
+    metrics: Arc<Metrics>,
 }
 
 impl Network {
     /// A network that dials peers at `dial[id]` where given, else at their
     /// membership address.
-    pub fn with_dial_overrides(dial: BTreeMap<NodeId, String>) -> Self {
+    pub fn new(dial: BTreeMap<NodeId, String>, metrics: Arc<Metrics>) -> Self {
         Network {
             dial: Arc::new(dial),
+            metrics,
             ..Default::default()
         }
     }
@@ -70,6 +74,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             target,
             node: node.clone(),
             channel: self.channel(&addr),
+            metrics: self.metrics.clone(),
         }
     }
 }
@@ -79,6 +84,7 @@ pub struct Peer {
     target: NodeId,
     node: BasicNode,
     channel: Result<Channel, String>,
+    metrics: Arc<Metrics>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -86,7 +92,27 @@ pub struct Peer {
 struct Msg(String);
 
 impl Peer {
+    /// Sends one RPC and counts it in the metrics if it fails.
     async fn call<Req, Resp, E>(
+        &mut self,
+        rpc: &'static str,
+        method: fn(&mut RaftClient<Channel>, pb::RaftMessage) -> CallFuture,
+        req: &Req,
+        option: &RPCOption,
+    ) -> Result<Resp, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        let result = self.call_inner(method, req, option).await;
+        if result.is_err() {
+            self.metrics.raft_rpc_error(rpc);
+        }
+        result
+    }
+
+    async fn call_inner<Req, Resp, E>(
         &mut self,
         method: fn(&mut RaftClient<Channel>, pb::RaftMessage) -> CallFuture,
         req: &Req,
@@ -161,6 +187,7 @@ impl RaftNetwork<TypeConfig> for Peer {
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
         self.call(
+            "append_entries",
             |c, m| {
                 let mut c = c.clone();
                 Box::pin(async move { c.append_entries(m).await })
@@ -180,6 +207,7 @@ impl RaftNetwork<TypeConfig> for Peer {
         RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
     > {
         self.call(
+            "install_snapshot",
             |c, m| {
                 let mut c = c.clone();
                 Box::pin(async move { c.install_snapshot(m).await })
@@ -196,6 +224,7 @@ impl RaftNetwork<TypeConfig> for Peer {
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
         self.call(
+            "vote",
             |c, m| {
                 let mut c = c.clone();
                 Box::pin(async move { c.vote(m).await })

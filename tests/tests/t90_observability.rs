@@ -1,0 +1,113 @@
+//! Operators' view: Prometheus metrics and gRPC health checking.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use raftlock_node::node::{Node, NodeOptions};
+use raftlock_tests::{eventually, test_timing};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+
+async fn get(addr: &str, path: &str) -> String {
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
+        .await
+        .expect("send");
+    let mut body = String::new();
+    s.read_to_string(&mut body).await.expect("read");
+    body
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn metrics_and_health_on_a_single_node_cluster() {
+    let dir = tempfile::tempdir().expect("dir");
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let metrics = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    let metrics_addr = metrics.local_addr().expect("addr").to_string();
+    let node = Node::start_with_metrics(
+        NodeOptions {
+            id: 1,
+            advertise: addr.clone(),
+            data_dir: dir.path().join("n1"),
+            peers: BTreeMap::from([(1, addr.clone())]),
+            init: true,
+            timing: test_timing(),
+            dial: BTreeMap::new(),
+        },
+        listener,
+        Some(metrics),
+    )
+    .await
+    .expect("starts");
+
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .expect("endpoint")
+        .connect_lazy();
+    let mut health = HealthClient::new(channel);
+    eventually("health to answer SERVING", Duration::from_secs(20), || {
+        let mut health = health.clone();
+        async move {
+            let r = health
+                .check(HealthCheckRequest {
+                    service: String::new(),
+                })
+                .await
+                .ok()?;
+            (r.into_inner().status == ServingStatus::Serving as i32).then_some(())
+        }
+    })
+    .await;
+    let r = health
+        .check(HealthCheckRequest {
+            service: "raftlock.v1.Locks".into(),
+        })
+        .await
+        .expect("locks service known");
+    assert_eq!(r.into_inner().status, ServingStatus::Serving as i32);
+    assert!(health
+        .check(HealthCheckRequest {
+            service: "nope".into()
+        })
+        .await
+        .is_err());
+
+    // Do some work, then scrape.
+    let client = raftlock_client::Client::connect([addr.clone()])
+        .await
+        .expect("client");
+    let session = client
+        .session(Duration::from_secs(10))
+        .await
+        .expect("session");
+    let g = session.lock("m").await.expect("lock");
+    let body = get(&metrics_addr, "/metrics").await;
+    assert!(
+        body.starts_with("HTTP/1.0 200") || body.starts_with("HTTP/1.1 200"),
+        "{body}"
+    );
+    for series in [
+        "raftlock_term ",
+        "raftlock_is_leader 1",
+        "raftlock_leader_id 1",
+        "raftlock_commit_index ",
+        "raftlock_applied_index ",
+        "raftlock_sessions 1",
+        "raftlock_held_locks 1",
+        "raftlock_waiters 0",
+        "raftlock_grants_total 1",
+        "raftlock_expiries_total 0",
+        "raftlock_raft_rpc_errors_total{rpc=\"append_entries\"} ",
+        "raftlock_request_duration_seconds_count{method=\"Acquire\"} 1",
+        "raftlock_request_duration_seconds_bucket{method=\"Acquire\",le=\"+Inf\"} 1",
+    ] {
+        assert!(body.contains(series), "missing {series:?} in:\n{body}");
+    }
+    assert!(get(&metrics_addr, "/nope").await.contains("404"));
+    g.release().await.expect("release");
+    session.close().await.expect("close");
+    node.shutdown().await;
+}
