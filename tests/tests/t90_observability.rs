@@ -111,3 +111,53 @@ async fn metrics_and_health_on_a_single_node_cluster() {
     session.close().await.expect("close");
     node.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn watches_past_the_limit_are_refused_and_the_node_stays_healthy() {
+    use raftlock_client::proto::locks_client::LocksClient;
+    use raftlock_client::proto::WatchRequest;
+    use raftlock_node::api::locks::MAX_WATCHES;
+
+    let cluster = raftlock_tests::TestCluster::start(1).await;
+    let addr = cluster.addr(1);
+    // Several connections: one HTTP/2 connection carries at most
+    // MAX_STREAMS_PER_CONNECTION streams.
+    let channels: Vec<_> = (0..4)
+        .map(|_| {
+            tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+                .expect("endpoint")
+                .connect_lazy()
+        })
+        .collect();
+    let mut streams = Vec::new();
+    for i in 0..MAX_WATCHES {
+        let mut c = LocksClient::new(channels[i % channels.len()].clone());
+        let s = c
+            .watch(WatchRequest { name: String::new(), prefix: format!("w/{i}") })
+            .await
+            .unwrap_or_else(|e| panic!("watch {i} refused: {e}"));
+        streams.push(s.into_inner());
+    }
+    let mut c = LocksClient::new(channels[0].clone());
+    let err = c
+        .watch(WatchRequest { name: String::new(), prefix: "over".into() })
+        .await
+        .expect_err("one watch too many");
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted);
+
+    // The node still serves locks.
+    let client = cluster.client().await;
+    let session = client.session(Duration::from_secs(10)).await.expect("session");
+    session.lock("still-fine").await.expect("lock").release().await.expect("release");
+
+    // Closing watches frees their slots.
+    drop(streams.pop());
+    eventually("a freed watch slot", Duration::from_secs(10), || {
+        let mut c = c.clone();
+        async move {
+            c.watch(WatchRequest { name: String::new(), prefix: "again".into() }).await.ok().map(|_| ())
+        }
+    })
+    .await;
+    cluster.shutdown().await;
+}

@@ -28,6 +28,34 @@ pub const MAX_LIST_LIMIT: usize = 1000;
 /// change re-arms it at full length), then answers `DEADLINE_EXCEEDED`.
 pub const WAIT_GRACE: Duration = Duration::from_secs(5);
 
+/// Most `Watch` streams open on one node at once; past it `Watch` answers
+/// `RESOURCE_EXHAUSTED`.
+pub const MAX_WATCHES: usize = 1000;
+
+/// Counts an open watch until dropped.
+struct WatchSlot(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl WatchSlot {
+    fn take(count: &std::sync::Arc<std::sync::atomic::AtomicUsize>) -> Result<WatchSlot, Error> {
+        use std::sync::atomic::Ordering;
+        let taken = count.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < MAX_WATCHES).then_some(n + 1)
+        });
+        match taken {
+            Ok(_) => Ok(WatchSlot(count.clone())),
+            Err(_) => Err(Error::ResourceExhausted(format!(
+                "this node already serves the maximum of {MAX_WATCHES} watches"
+            ))),
+        }
+    }
+}
+
+impl Drop for WatchSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
 fn name(s: &str) -> Result<LockName, Error> {
@@ -309,9 +337,11 @@ impl Locks for Api {
         if !r.name.is_empty() {
             name(&r.name)?;
         }
+        let slot = WatchSlot::take(&self.0.watches)?;
         let mut events = self.0.shared.watch.subscribe();
         let (tx, rx) = mpsc::channel(256);
         tokio::spawn(async move {
+            let _slot = slot;
             let matches = |n: &str| {
                 if r.name.is_empty() {
                     n.starts_with(&r.prefix)
@@ -320,7 +350,13 @@ impl Locks for Api {
                 }
             };
             loop {
-                let item = match events.recv().await {
+                // Stop as soon as the client goes away, even if nothing
+                // happens on the watched names.
+                let received = tokio::select! {
+                    r = events.recv() => r,
+                    _ = tx.closed() => return,
+                };
+                let item = match received {
                     Ok(item) => item,
                     Err(broadcast::error::RecvError::Lagged(n)) => {
                         let _ = tx

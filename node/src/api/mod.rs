@@ -40,6 +40,8 @@ pub struct ApiInner {
     leader_check: LeaderCheck,
     /// Groups concurrent writes into one log entry.
     batcher: batcher::Batcher,
+    /// Open `Watch` streams.
+    pub(crate) watches: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// The public services (`Locks`, `Cluster`); cheap to clone.
@@ -63,6 +65,7 @@ impl Api {
             committed,
             leader_check: LeaderCheck::default(),
             batcher: batcher::Batcher::start(raft.clone()),
+            watches: Arc::default(),
         }))
     }
 
