@@ -191,6 +191,7 @@ impl Node {
                 raft.clone(),
                 shared.clone(),
                 health,
+                opts.timing.election_timeout.1,
             )),
         ];
         if let Some(listener) = metrics {
@@ -226,6 +227,7 @@ impl Node {
     /// Stops serving and shuts Raft down, flushing what it has.
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
+        self.shared.waiters.fail_all();
         for t in &self.tasks {
             t.abort();
         }
@@ -233,10 +235,13 @@ impl Node {
         let _ = tokio::time::timeout(Duration::from_secs(5), self.server).await;
     }
 
-    /// Stops abruptly, as close to a crash as a process can do to itself:
-    /// connections are cut and nothing more is written. Used by tests.
+    /// Stops abruptly, as close to a crash as a node inside a process can
+    /// get: the listener closes, Raft stops without a goodbye and parked
+    /// requests are dropped. Connections already accepted are not torn
+    /// down; requests on them fail with `UNAVAILABLE`. Used by tests.
     pub async fn kill(self) {
         self.server.abort();
+        self.shared.waiters.fail_all();
         for t in &self.tasks {
             t.abort();
         }
@@ -251,21 +256,35 @@ async fn follow_leadership(
     raft: Raft,
     shared: Arc<Shared>,
     health: tonic_health::server::HealthReporter,
+    quorum_timeout: Duration,
 ) {
     let mut metrics = raft.metrics();
     let mut serving = None;
+    // A leader cut off from its followers does not learn it is deposed
+    // until it hears from them, so also look at the clock.
+    let mut tick = tokio::time::interval(quorum_timeout / 2);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let (leading, term, has_leader) = {
+        let (leading, term, has_leader, quorum_lost) = {
             let m = metrics.borrow_and_update();
+            let leading = m.state == ServerState::Leader && m.current_leader == Some(id);
+            // Single-node clusters have no one to ack; they never lose quorum.
+            let voters = m.membership_config.membership().voter_ids().count();
+            let quorum_lost = leading
+                && voters > 1
+                && m.millis_since_quorum_ack
+                    .is_some_and(|ms| Duration::from_millis(ms) > quorum_timeout);
             (
-                m.state == ServerState::Leader && m.current_leader == Some(id),
+                leading,
                 m.current_term,
                 m.current_leader.is_some(),
+                quorum_lost,
             )
         };
-        if serving != Some(has_leader) {
-            serving = Some(has_leader);
-            let status = if has_leader {
+        let healthy = has_leader && !quorum_lost;
+        if serving != Some(healthy) {
+            serving = Some(healthy);
+            let status = if healthy {
                 tonic_health::ServingStatus::Serving
             } else {
                 tonic_health::ServingStatus::NotServing
@@ -276,15 +295,29 @@ async fn follow_leadership(
                 .set_service_status("raftlock.v1.Cluster", status)
                 .await;
         }
-        if leading {
+        if leading && !quorum_lost {
             let applied = shared.applied.read().expect("applied lock poisoned");
             shared.leases.activate_for_term(term, &applied.table);
         } else if shared.leases.is_active() {
-            tracing::info!(term, "leases: no longer leader, stop counting");
+            // Deposed, or cut off from a quorum: stop counting leases (a new
+            // leader may be counting them) and send parked requests to
+            // retry where they can be answered. If the quorum comes back in
+            // the same term, leases are re-armed at full length.
+            tracing::info!(
+                term,
+                quorum_lost,
+                "leases: not an effective leader, stop counting"
+            );
             shared.leases.deactivate();
+            shared.waiters.fail_all();
         }
-        if metrics.changed().await.is_err() {
-            return;
+        tokio::select! {
+            changed = metrics.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+            _ = tick.tick() => {}
         }
     }
 }

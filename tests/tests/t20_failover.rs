@@ -288,8 +288,6 @@ async fn a_new_leader_counts_silent_sessions_afresh_and_still_expires_them() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "bug: Node::kill/shutdown leave accepted gRPC connections and the parked-acquire registry alive, so an \
-            acquire parked on the killed node is never answered; the client only re-sends after FOREVER_ATTEMPT (30 s)"]
 async fn a_blocking_acquire_parked_on_a_killed_leader_is_answered() {
     let mut cluster = TestCluster::start(3).await;
     let client = cluster.client().await;

@@ -189,9 +189,6 @@ async fn membership_3_to_5_to_3_under_load_loses_no_grant() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "bug: an acquire parked on a leader that is then removed from the cluster is never answered or failed \
-            (the removed node stops applying); the table already counts the waiter as holder, but the client only \
-            learns it after FOREVER_ATTEMPT (30 s)"]
 async fn a_blocking_acquire_parked_on_a_removed_leader_is_answered() {
     let cluster = TestCluster::start(3).await;
     let client = cluster.client().await;

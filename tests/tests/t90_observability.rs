@@ -133,29 +133,50 @@ async fn watches_past_the_limit_are_refused_and_the_node_stays_healthy() {
     for i in 0..MAX_WATCHES {
         let mut c = LocksClient::new(channels[i % channels.len()].clone());
         let s = c
-            .watch(WatchRequest { name: String::new(), prefix: format!("w/{i}") })
+            .watch(WatchRequest {
+                name: String::new(),
+                prefix: format!("w/{i}"),
+            })
             .await
             .unwrap_or_else(|e| panic!("watch {i} refused: {e}"));
         streams.push(s.into_inner());
     }
     let mut c = LocksClient::new(channels[0].clone());
     let err = c
-        .watch(WatchRequest { name: String::new(), prefix: "over".into() })
+        .watch(WatchRequest {
+            name: String::new(),
+            prefix: "over".into(),
+        })
         .await
         .expect_err("one watch too many");
     assert_eq!(err.code(), tonic::Code::ResourceExhausted);
 
     // The node still serves locks.
     let client = cluster.client().await;
-    let session = client.session(Duration::from_secs(10)).await.expect("session");
-    session.lock("still-fine").await.expect("lock").release().await.expect("release");
+    let session = client
+        .session(Duration::from_secs(10))
+        .await
+        .expect("session");
+    session
+        .lock("still-fine")
+        .await
+        .expect("lock")
+        .release()
+        .await
+        .expect("release");
 
     // Closing watches frees their slots.
     drop(streams.pop());
     eventually("a freed watch slot", Duration::from_secs(10), || {
         let mut c = c.clone();
         async move {
-            c.watch(WatchRequest { name: String::new(), prefix: "again".into() }).await.ok().map(|_| ())
+            c.watch(WatchRequest {
+                name: String::new(),
+                prefix: "again".into(),
+            })
+            .await
+            .ok()
+            .map(|_| ())
         }
     })
     .await;

@@ -58,9 +58,14 @@ impl Cluster for Api {
                     .map(|n| n.addr.clone())
             })
             .unwrap_or_default();
-        let stats = {
+        // Counters and applied index from the same read of the table, so
+        // they agree with each other.
+        let (stats, applied_index) = {
             let applied = self.0.shared.applied.read().expect("applied lock poisoned");
-            applied.table.stats()
+            (
+                applied.table.stats(),
+                applied.last_applied.map_or(0, |l| l.index),
+            )
         };
         Ok(Response::new(pb::StatusResponse {
             id: self.0.id,
@@ -70,7 +75,7 @@ impl Cluster for Api {
             leader_id: m.current_leader.unwrap_or(0),
             leader_addr,
             commit_index: self.0.committed.load(std::sync::atomic::Ordering::Relaxed),
-            applied_index: m.last_applied.map_or(0, |l| l.index),
+            applied_index,
             last_log_index: m.last_log_index.unwrap_or(0),
             members: members(&m.membership_config),
             sessions: stats.sessions,

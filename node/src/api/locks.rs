@@ -77,7 +77,10 @@ impl Api {
                 settled => return Ok(settled),
             }
         };
-        let closed = || Error::Unavailable("node shutting down".into());
+        // The registration is dropped without an outcome when this node stops
+        // leading or shuts down (it may never apply the outcome then): the
+        // client retries with the same seq at the leader and keeps its place.
+        let closed = || self.not_leader();
         if timeout_ms == WAIT_FOREVER {
             return rx.await.map_err(|_| closed());
         }

@@ -88,6 +88,20 @@ impl Waiters {
         }
     }
 
+    /// Drops every parked request without an outcome: this node stopped
+    /// leading or is shutting down and may never apply their outcome. Their
+    /// handlers answer `UNAVAILABLE` with the leader's address, and clients
+    /// retry there with the same seq.
+    pub fn fail_all(&self) {
+        let dropped = std::mem::take(&mut *self.parked.lock().expect("waiters lock poisoned"));
+        if !dropped.is_empty() {
+            tracing::info!(
+                parked = dropped.len(),
+                "releasing parked acquires to retry at the leader"
+            );
+        }
+    }
+
     /// After a snapshot replaced the table: settles every parked request
     /// whose fate the new table already shows.
     pub fn recheck(&self, table: &LockTable) {
