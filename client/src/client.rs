@@ -10,7 +10,7 @@ use raftlock_proto::v1::cluster_client::ClusterClient;
 use raftlock_proto::v1::locks_client::LocksClient;
 use rand::Rng;
 use tokio::time::Instant;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Code, Status};
 
 use crate::error::{Error, Result};
@@ -34,6 +34,18 @@ pub struct ClientOptions {
     pub max_backoff: Duration,
     /// TCP connect timeout per node.
     pub connect_timeout: Duration,
+    /// TLS towards the nodes (`None`: plaintext).
+    pub tls: Option<ClientTls>,
+}
+
+/// TLS settings of a client, PEM-encoded.
+#[derive(Clone, Debug)]
+pub struct ClientTls {
+    /// The CA that signed the nodes' certificates.
+    pub ca_pem: Vec<u8>,
+    /// This client's certificate and key, for clusters that require client
+    /// certificates (mTLS).
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 impl Default for ClientOptions {
@@ -44,6 +56,7 @@ impl Default for ClientOptions {
             initial_backoff: Duration::from_millis(20),
             max_backoff: Duration::from_millis(200),
             connect_timeout: Duration::from_millis(500),
+            tls: None,
         }
     }
 }
@@ -126,8 +139,24 @@ impl Client {
         if let Some(c) = channels.get(addr) {
             return Ok(c.clone());
         }
-        let channel = Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| Error::Config(format!("bad endpoint {addr:?}: {e}")))?
+        let scheme = if self.inner.options.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
+            .map_err(|e| Error::Config(format!("bad endpoint {addr:?}: {e}")))?;
+        if let Some(tls) = &self.inner.options.tls {
+            let mut config =
+                ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&tls.ca_pem));
+            if let Some((cert, key)) = &tls.identity {
+                config = config.identity(Identity::from_pem(cert, key));
+            }
+            endpoint = endpoint
+                .tls_config(config)
+                .map_err(|e| Error::Config(format!("TLS towards {addr:?}: {e}")))?;
+        }
+        let channel = endpoint
             .connect_timeout(self.inner.options.connect_timeout)
             .tcp_nodelay(true)
             // Notice a dead or cut-off node even while a wait is parked.

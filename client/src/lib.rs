@@ -29,7 +29,7 @@ pub mod fence;
 mod guard;
 mod session;
 
-pub use client::{Client, ClientOptions, LEADER_ADDR_KEY};
+pub use client::{Client, ClientOptions, ClientTls, LEADER_ADDR_KEY};
 pub use election::Election;
 pub use error::{Error, Result};
 pub use guard::{Guard, Mode};

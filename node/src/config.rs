@@ -43,6 +43,16 @@ pub struct Config {
     /// Dial peers at these addresses instead of their advertised ones, as
     /// `id = "host:port"` (for fault-injection proxies).
     pub dial: Option<BTreeMap<NodeId, String>>,
+    /// PEM certificate chain of this node (TLS for clients and peers).
+    /// TLS needs `tls_cert`, `tls_key` and `tls_ca` together.
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of `tls_cert`.
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA certificate that signs the nodes' (and clients') certificates.
+    pub tls_ca: Option<PathBuf>,
+    /// Require client certificates signed by `tls_ca` from every client and
+    /// peer (mTLS).
+    pub tls_client_auth: Option<bool>,
 }
 
 /// A setting that cannot be used; names the setting.
@@ -110,7 +120,46 @@ impl Config {
                 .or(lower.election_timeout_max_ms),
             snapshot_every: self.snapshot_every.or(lower.snapshot_every),
             dial: self.dial.or(lower.dial),
+            tls_cert: self.tls_cert.or(lower.tls_cert),
+            tls_key: self.tls_key.or(lower.tls_key),
+            tls_ca: self.tls_ca.or(lower.tls_ca),
+            tls_client_auth: self.tls_client_auth.or(lower.tls_client_auth),
         }
+    }
+
+    /// The TLS settings: all of cert, key and CA, or none of them.
+    fn tls(&self) -> Result<Option<crate::tls::TlsOptions>, ConfigError> {
+        let client_auth = self.tls_client_auth.unwrap_or(false);
+        let (cert, key, ca) = match (&self.tls_cert, &self.tls_key, &self.tls_ca) {
+            (None, None, None) if !client_auth => return Ok(None),
+            (None, None, None) => {
+                return Err(err(
+                    "tls_cert",
+                    "tls_client_auth needs tls_cert, tls_key and tls_ca",
+                ))
+            }
+            (Some(c), Some(k), Some(a)) => (c, k, a),
+            (None, _, _) => return Err(err("tls_cert", "TLS is half set up: tls_cert is missing")),
+            (_, None, _) => return Err(err("tls_key", "TLS is half set up: tls_key is missing")),
+            (_, _, None) => return Err(err("tls_ca", "TLS is half set up: tls_ca is missing")),
+        };
+        let read = |setting: &'static str, path: &PathBuf| {
+            let pem = std::fs::read(path)
+                .map_err(|e| err(setting, format!("cannot read {}: {e}", path.display())))?;
+            if !String::from_utf8_lossy(&pem).contains("-----BEGIN ") {
+                return Err(err(
+                    setting,
+                    format!("{} is not a PEM file", path.display()),
+                ));
+            }
+            Ok(pem)
+        };
+        Ok(Some(crate::tls::TlsOptions {
+            cert_pem: read("tls_cert", cert)?,
+            key_pem: read("tls_key", key)?,
+            ca_pem: read("tls_ca", ca)?,
+            client_auth,
+        }))
     }
 
     /// Checks every setting and produces the node's options and listen
@@ -161,6 +210,7 @@ impl Config {
                 ));
             }
         }
+        let tls = self.tls()?;
         let init = self.init.unwrap_or(false);
         if init {
             match peers.get(&id) {
@@ -213,6 +263,7 @@ impl Config {
                     snapshot_every,
                 },
                 dial,
+                tls,
             },
             listen,
         ))
@@ -361,5 +412,81 @@ mod tests {
         assert_eq!(merged.id, Some(6));
         assert_eq!(merged.listen.map(|l| l.port()), Some(9000));
         assert!(toml::from_str::<Config>("idd = 5").is_err());
+    }
+
+    #[test]
+    fn half_made_tls_is_refused_naming_what_is_missing() {
+        let dir = tempfile::tempdir().expect("dir");
+        let pem = dir.path().join("x.pem");
+        std::fs::write(&pem, "-----BEGIN CERTIFICATE-----\n").expect("write");
+        let not_pem = dir.path().join("x.txt");
+        std::fs::write(&not_pem, "hello").expect("write");
+        let some = || Some(pem.clone());
+        let cases: Vec<(Config, &str)> = vec![
+            (
+                Config {
+                    tls_cert: some(),
+                    ..base()
+                },
+                "tls_key",
+            ),
+            (
+                Config {
+                    tls_cert: some(),
+                    tls_key: some(),
+                    ..base()
+                },
+                "tls_ca",
+            ),
+            (
+                Config {
+                    tls_key: some(),
+                    tls_ca: some(),
+                    ..base()
+                },
+                "tls_cert",
+            ),
+            (
+                Config {
+                    tls_client_auth: Some(true),
+                    ..base()
+                },
+                "tls_cert",
+            ),
+            (
+                Config {
+                    tls_cert: Some(not_pem.clone()),
+                    tls_key: some(),
+                    tls_ca: some(),
+                    ..base()
+                },
+                "tls_cert",
+            ),
+            (
+                Config {
+                    tls_cert: some(),
+                    tls_key: some(),
+                    tls_ca: Some(dir.path().join("nope")),
+                    ..base()
+                },
+                "tls_ca",
+            ),
+        ];
+        for (config, setting) in cases {
+            assert_eq!(
+                config.validate().err().map(|e| e.setting),
+                Some(setting),
+                "{config:?}"
+            );
+        }
+        let (opts, _) = Config {
+            tls_cert: some(),
+            tls_key: some(),
+            tls_ca: some(),
+            ..base()
+        }
+        .validate()
+        .expect("complete TLS settings are accepted");
+        assert!(opts.tls.is_some_and(|t| !t.client_auth));
     }
 }

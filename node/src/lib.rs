@@ -12,6 +12,7 @@ pub mod node;
 pub mod raft;
 pub mod shared;
 pub mod state;
+pub mod tls;
 
 /// Largest request a client may send, in bytes (names ≤ 512 B and values
 /// ≤ 4 KiB fit many times over).

@@ -73,6 +73,8 @@ pub struct NodeOptions {
     /// Dial these addresses for these peers instead of their advertised
     /// ones (for fault-injection proxies; empty in production).
     pub dial: BTreeMap<NodeId, String>,
+    /// TLS for clients and peers (`None`: plaintext).
+    pub tls: Option<crate::tls::TlsOptions>,
 }
 
 /// A running node.
@@ -126,7 +128,11 @@ impl Node {
         let raft = Raft::new(
             opts.id,
             Arc::new(config),
-            Network::new(opts.dial.clone(), shared.metrics.clone()),
+            Network::new(
+                opts.dial.clone(),
+                shared.metrics.clone(),
+                opts.tls.as_ref().map(|t| t.peer_client_config()),
+            ),
             log_store,
             sm,
         )
@@ -168,7 +174,11 @@ impl Node {
                 let _ = stop_rx.wait_for(|s| *s).await;
             };
             let max = crate::MAX_MESSAGE_BYTES;
-            tonic::transport::Server::builder()
+            let mut builder = tonic::transport::Server::builder();
+            if let Some(tls) = &opts.tls {
+                builder = builder.tls_config(tls.server_config())?;
+            }
+            builder
                 .tcp_nodelay(true)
                 .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
                 .add_service(health_service)

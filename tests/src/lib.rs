@@ -35,6 +35,8 @@ pub fn test_timing() -> RaftTiming {
 
 /// A cluster of in-process nodes.
 pub struct TestCluster {
+    /// TLS of every node, if any.
+    tls: Option<raftlock_node::tls::TlsOptions>,
     dir: tempfile::TempDir,
     nodes: BTreeMap<u64, Node>,
     addrs: BTreeMap<u64, String>,
@@ -110,6 +112,20 @@ impl TestCluster {
 
     /// Like [`start`](Self::start) with the given timing.
     pub async fn start_with(n: u64, timing: RaftTiming) -> TestCluster {
+        Self::start_full(n, timing, None).await
+    }
+
+    /// Like [`start`](Self::start), every node serving clients and peers
+    /// over TLS.
+    pub async fn start_tls(n: u64, tls: raftlock_node::tls::TlsOptions) -> TestCluster {
+        Self::start_full(n, test_timing(), Some(tls)).await
+    }
+
+    async fn start_full(
+        n: u64,
+        timing: RaftTiming,
+        tls: Option<raftlock_node::tls::TlsOptions>,
+    ) -> TestCluster {
         init_logs();
         let dir = tempfile::tempdir().expect("temp dir");
         let mut listeners = Vec::new();
@@ -122,6 +138,7 @@ impl TestCluster {
             listeners.push((id, l));
         }
         let mut cluster = TestCluster {
+            tls,
             dir,
             nodes: BTreeMap::new(),
             addrs: addrs.clone(),
@@ -151,6 +168,7 @@ impl TestCluster {
             init,
             timing: self.timing.clone(),
             dial: BTreeMap::new(),
+            tls: self.tls.clone(),
         }
     }
 
@@ -326,6 +344,57 @@ impl TestCluster {
         let ids: Vec<u64> = self.nodes.keys().copied().collect();
         for id in ids {
             self.stop(id).await;
+        }
+    }
+}
+
+/// Test certificates: a CA, a node certificate for 127.0.0.1/localhost and
+/// client certificates, generated afresh (rcgen) for each test.
+pub mod certs {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+
+    /// A certificate authority.
+    pub struct Ca {
+        issuer: CertifiedIssuer<'static, KeyPair>,
+    }
+
+    /// A certificate and its key, PEM.
+    pub struct Leaf {
+        /// Certificate.
+        pub cert_pem: Vec<u8>,
+        /// Private key.
+        pub key_pem: Vec<u8>,
+    }
+
+    impl Ca {
+        /// A new self-signed CA named `name`.
+        pub fn new(name: &str) -> Ca {
+            let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
+            params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+            params.distinguished_name.push(DnType::CommonName, name);
+            let key = KeyPair::generate().expect("key");
+            Ca {
+                issuer: CertifiedIssuer::self_signed(params, key).expect("CA"),
+            }
+        }
+
+        /// The CA certificate, PEM.
+        pub fn pem(&self) -> Vec<u8> {
+            self.issuer.pem().into_bytes()
+        }
+
+        /// A certificate for `names` (DNS names or IPs) with common name
+        /// `cn`, signed by this CA.
+        pub fn issue(&self, cn: &str, names: &[&str]) -> Leaf {
+            let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+            let mut params = CertificateParams::new(names).expect("params");
+            params.distinguished_name.push(DnType::CommonName, cn);
+            let key = KeyPair::generate().expect("key");
+            let cert = params.signed_by(&key, &self.issuer).expect("sign");
+            Leaf {
+                cert_pem: cert.pem().into_bytes(),
+                key_pem: key.serialize_pem().into_bytes(),
+            }
         }
     }
 }

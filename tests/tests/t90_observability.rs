@@ -37,6 +37,7 @@ async fn metrics_and_health_on_a_single_node_cluster() {
             init: true,
             timing: test_timing(),
             dial: BTreeMap::new(),
+            tls: None,
         },
         listener,
         Some(metrics),

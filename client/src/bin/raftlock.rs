@@ -27,6 +27,15 @@ struct Cli {
         default_value = "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103"
     )]
     endpoints: String,
+    /// PEM CA certificate of the cluster (enables TLS).
+    #[arg(long, global = true, env = "RAFTLOCK_CA")]
+    ca: Option<std::path::PathBuf>,
+    /// PEM client certificate, for clusters that require one (mTLS).
+    #[arg(long, global = true, env = "RAFTLOCK_CERT", requires = "key")]
+    cert: Option<std::path::PathBuf>,
+    /// PEM private key of --cert.
+    #[arg(long, global = true, env = "RAFTLOCK_KEY", requires = "cert")]
+    key: Option<std::path::PathBuf>,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -141,8 +150,26 @@ enum MembersCmd {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    // Die quietly on a closed pipe (`raftlock list | head`), like other
+    // command-line tools, instead of panicking in println!.
+    // SAFETY: restoring the default disposition of SIGPIPE at start-up,
+    // before any other thread exists that could rely on it.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
-    let client = match Client::connect(cli.endpoints.split(',')).await {
+    let tls = match tls_options(&cli) {
+        Ok(tls) => tls,
+        Err(e) => {
+            eprintln!("raftlock: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let options = raftlock_client::ClientOptions {
+        tls,
+        ..Default::default()
+    };
+    let client = match Client::with_options(cli.endpoints.split(','), options) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("raftlock: {e}");
@@ -154,6 +181,26 @@ async fn main() -> ExitCode {
         Err(e) => {
             eprintln!("raftlock: {e}");
             ExitCode::from(1)
+        }
+    }
+}
+
+fn tls_options(cli: &Cli) -> Result<Option<raftlock_client::ClientTls>, Error> {
+    let read = |flag: &str, p: &std::path::Path| {
+        std::fs::read(p).map_err(|e| Error::Config(format!("{flag} {}: {e}", p.display())))
+    };
+    match (&cli.ca, &cli.cert, &cli.key) {
+        (None, None, None) => Ok(None),
+        (None, _, _) => Err(Error::Config("--cert/--key need --ca".into())),
+        (Some(ca), cert, key) => {
+            let identity = match (cert, key) {
+                (Some(c), Some(k)) => Some((read("--cert", c)?, read("--key", k)?)),
+                _ => None,
+            };
+            Ok(Some(raftlock_client::ClientTls {
+                ca_pem: read("--ca", ca)?,
+                identity,
+            }))
         }
     }
 }

@@ -33,6 +33,7 @@ impl Cluster {
                 init: id == 1,
                 timing: RaftTiming::default(),
                 dial: BTreeMap::new(),
+                tls: None,
             };
             nodes.push(Node::start(opts, l).await.expect("node starts"));
         }

@@ -83,6 +83,18 @@ struct RunArgs {
     /// Snapshot every N applied entries.
     #[arg(long, env = "RAFTLOCK_SNAPSHOT_EVERY")]
     snapshot_every: Option<u64>,
+    /// PEM certificate of this node (enables TLS with --tls-key, --tls-ca).
+    #[arg(long, env = "RAFTLOCK_TLS_CERT")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "RAFTLOCK_TLS_KEY")]
+    tls_key: Option<PathBuf>,
+    /// PEM CA certificate that signs node and client certificates.
+    #[arg(long, env = "RAFTLOCK_TLS_CA")]
+    tls_ca: Option<PathBuf>,
+    /// Require client certificates signed by --tls-ca (mTLS).
+    #[arg(long, env = "RAFTLOCK_TLS_CLIENT_AUTH")]
+    tls_client_auth: bool,
     /// Serve Prometheus metrics (GET /metrics) on this address.
     #[arg(long, env = "RAFTLOCK_METRICS_LISTEN")]
     metrics_listen: Option<std::net::SocketAddr>,
@@ -150,6 +162,10 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         election_timeout_max_ms: args.election_timeout_max_ms,
         snapshot_every: args.snapshot_every,
         dial,
+        tls_cert: args.tls_cert,
+        tls_key: args.tls_key,
+        tls_ca: args.tls_ca,
+        tls_client_auth: args.tls_client_auth.then_some(true),
     };
     let file = match &args.config {
         Some(path) => Config::from_toml_file(path)?,
@@ -198,6 +214,7 @@ async fn dev(args: DevArgs) -> anyhow::Result<()> {
             init: i == 1,
             timing: RaftTiming::default(),
             dial: BTreeMap::new(),
+            tls: None,
         };
         let metrics = match args.metrics_base_port {
             0 => None,

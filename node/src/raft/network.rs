@@ -35,15 +35,22 @@ pub struct Network {
     dial: Arc<BTreeMap<NodeId, String>>,
     /// Where failed RPCs are counted.
     metrics: Arc<Metrics>,
+    /// TLS towards peers, if enabled.
+    tls: Option<tonic::transport::ClientTlsConfig>,
 }
 
 impl Network {
     /// A network that dials peers at `dial[id]` where given, else at their
     /// membership address.
-    pub fn new(dial: BTreeMap<NodeId, String>, metrics: Arc<Metrics>) -> Self {
+    pub fn new(
+        dial: BTreeMap<NodeId, String>,
+        metrics: Arc<Metrics>,
+        tls: Option<tonic::transport::ClientTlsConfig>,
+    ) -> Self {
         Network {
             dial: Arc::new(dial),
             metrics,
+            tls,
             ..Default::default()
         }
     }
@@ -53,12 +60,18 @@ impl Network {
         if let Some(c) = channels.get(addr) {
             return Ok(c.clone());
         }
-        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
             .map_err(|e| format!("bad peer address {addr:?}: {e}"))?
             .connect_timeout(CONNECT_TIMEOUT)
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(10))
             .keep_alive_while_idle(true);
+        if let Some(tls) = &self.tls {
+            endpoint = endpoint
+                .tls_config(tls.clone())
+                .map_err(|e| format!("TLS towards {addr:?}: {e}"))?;
+        }
         let channel = endpoint.connect_lazy();
         channels.insert(addr.to_string(), channel.clone());
         Ok(channel)
