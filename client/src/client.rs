@@ -498,6 +498,7 @@ impl Client {
             id,
             addr: addr.to_string(),
             learner_only,
+            catch_up_timeout_ms: 0,
         };
         let timeout = Duration::from_secs(60);
         Ok(self

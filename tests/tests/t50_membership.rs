@@ -271,3 +271,58 @@ async fn a_blocking_acquire_parked_on_a_removed_leader_is_answered() {
     assert_eq!(granted.fence(), info.holders[0].fence);
     cluster.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unreachable_node_is_not_promoted_to_voter() {
+    use raftlock_client::proto::cluster_client::ClusterClient;
+    use raftlock_client::proto::{AddNodeRequest, MembersRequest};
+
+    let cluster = TestCluster::start(3).await;
+    let leader = cluster.leader().await;
+    // Nothing listens there.
+    let dead = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let dead_addr = dead.local_addr().expect("addr").to_string();
+    drop(dead);
+    let channel =
+        tonic::transport::Endpoint::from_shared(format!("http://{}", cluster.addr(leader)))
+            .expect("endpoint")
+            .connect_lazy();
+    let mut admin = ClusterClient::new(channel);
+    let err = admin
+        .add_node(AddNodeRequest {
+            id: 9,
+            addr: dead_addr,
+            learner_only: false,
+            catch_up_timeout_ms: 1_500,
+        })
+        .await
+        .expect_err("an unreachable node cannot catch up");
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+    let members = admin
+        .members(MembersRequest {})
+        .await
+        .expect("members")
+        .into_inner()
+        .members;
+    let nine = members
+        .iter()
+        .find(|m| m.id == 9)
+        .expect("added as a learner");
+    assert!(!nine.voter, "an unreachable node must not become a voter");
+    assert_eq!(members.iter().filter(|m| m.voter).count(), 3);
+    // The cluster still commits.
+    let client = cluster.client().await;
+    let s = client
+        .session(Duration::from_secs(5))
+        .await
+        .expect("session");
+    s.lock("still")
+        .await
+        .expect("lock")
+        .release()
+        .await
+        .expect("release");
+    cluster.shutdown().await;
+}

@@ -665,7 +665,8 @@ async fn bad_requests_get_documented_codes_and_change_nothing() {
             admin.add_node(AddNodeRequest {
                 id,
                 addr: a,
-                learner_only: false
+                learner_only: false,
+                catch_up_timeout_ms: 0,
             })
         );
     }
@@ -673,6 +674,7 @@ async fn bad_requests_get_documented_codes_and_change_nothing() {
         id: leader,
         addr: "127.0.0.1:1".into(),
         learner_only: false,
+        catch_up_timeout_ms: 0,
     };
     refused_early!(
         p,

@@ -41,6 +41,43 @@ fn valid_addr(addr: &str) -> bool {
     }
 }
 
+/// How long `AddNode` waits for a new node to catch up before giving up
+/// (the node then stays a learner).
+pub const ADD_NODE_CATCH_UP: std::time::Duration = std::time::Duration::from_secs(30);
+
+impl Api {
+    /// Waits until the leader has replicated up to `index` to node `id`.
+    async fn wait_caught_up(
+        &self,
+        id: NodeId,
+        addr: &str,
+        index: u64,
+        timeout: std::time::Duration,
+    ) -> Result<(), Error> {
+        let mut metrics = self.0.raft.metrics();
+        let caught_up = metrics.wait_for(|m| {
+            m.replication
+                .as_ref()
+                .and_then(|r| r.get(&id))
+                .and_then(|matched| *matched)
+                .is_some_and(|l| l.index >= index)
+                || m.state != openraft::ServerState::Leader
+        });
+        let outcome = tokio::time::timeout(timeout, caught_up)
+            .await
+            .map(|r| r.map(|m| m.state == openraft::ServerState::Leader));
+        match outcome {
+            Ok(Ok(true)) => Ok(()),
+            Ok(_) => Err(self.not_leader()),
+            Err(_) => Err(Error::FailedPrecondition(format!(
+                "node {id} at {addr} did not catch up within {:.1} s; it stays a learner \
+                 (not a voter): check that it runs and is reachable, then add it again or remove it",
+                timeout.as_secs_f64()
+            ))),
+        }
+    }
+}
+
 #[tonic::async_trait]
 impl Cluster for Api {
     async fn status(
@@ -125,17 +162,28 @@ impl Cluster for Api {
             }
         }
         // Learner first, blocking until it has caught up; then promote.
-        self.0
+        let added = self
+            .0
             .raft
             .add_learner(
                 r.id,
                 BasicNode {
                     addr: r.addr.clone(),
                 },
-                true,
+                false,
             )
             .await
             .map_err(Error::from)?;
+        // openraft's own "blocking" add only waits while the learner lags by
+        // more than its replication threshold, which a node that cannot be
+        // reached at all does not on a young log. Wait for the learner to
+        // have really replicated the log up to its own addition instead.
+        let timeout = match r.catch_up_timeout_ms {
+            0 => ADD_NODE_CATCH_UP,
+            ms => std::time::Duration::from_millis(ms),
+        };
+        self.wait_caught_up(r.id, &r.addr, added.log_id.index, timeout)
+            .await?;
         let mut latest = self.0.raft.metrics().borrow().membership_config.clone();
         if !r.learner_only {
             let mut voters: BTreeSet<NodeId> = latest.membership().voter_ids().collect();
