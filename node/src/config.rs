@@ -53,6 +53,8 @@ pub struct Config {
     /// Require client certificates signed by `tls_ca` from every client and
     /// peer (mTLS).
     pub tls_client_auth: Option<bool>,
+    /// Serve Prometheus metrics (`GET /metrics`) on this address.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// A setting that cannot be used; names the setting.
@@ -124,6 +126,7 @@ impl Config {
             tls_key: self.tls_key.or(lower.tls_key),
             tls_ca: self.tls_ca.or(lower.tls_ca),
             tls_client_auth: self.tls_client_auth.or(lower.tls_client_auth),
+            metrics_listen: self.metrics_listen.or(lower.metrics_listen),
         }
     }
 

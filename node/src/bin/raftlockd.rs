@@ -126,7 +126,8 @@ fn init_logging(format: LogFormat) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=error,sled=warn"));
     let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     match format {
         LogFormat::Text => fmt.init(),
         LogFormat::Json => fmt.json().init(),
@@ -166,16 +167,19 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         tls_key: args.tls_key,
         tls_ca: args.tls_ca,
         tls_client_auth: args.tls_client_auth.then_some(true),
+        metrics_listen: args.metrics_listen,
     };
     let file = match &args.config {
         Some(path) => Config::from_toml_file(path)?,
         None => Config::default(),
     };
-    let (opts, listen) = flags.or(file).validate()?;
+    let merged = flags.or(file);
+    let (opts, listen) = merged.validate()?;
     let listener = TcpListener::bind(listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {listen}: {e}"))?;
-    let metrics = match args.metrics_listen {
+    let metrics_listen = merged.metrics_listen;
+    let metrics = match metrics_listen {
         Some(addr) => Some(
             TcpListener::bind(addr)
                 .await
@@ -184,7 +188,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         None => None,
     };
     let node = Node::start_with_metrics(opts, listener, metrics).await?;
-    tracing::info!(id = node.id, addr = %node.addr, metrics = ?args.metrics_listen, "raftlockd serving");
+    tracing::info!(id = node.id, addr = %node.addr, metrics = ?metrics_listen, "raftlockd serving");
     wait_for_signal().await;
     tracing::info!("shutting down");
     node.shutdown().await;
