@@ -511,6 +511,30 @@ impl Client {
             .members)
     }
 
+    /// A consistent backup of the lock table, read on the leader.
+    pub async fn backup(&self) -> Result<pb::BackupResponse> {
+        let timeout = Duration::from_secs(60);
+        Ok(self
+            .cluster_call(Kind::Read, timeout, |mut c| async move {
+                c.backup(pb::BackupRequest {}).await
+            })
+            .await?
+            .into_inner())
+    }
+
+    /// Restores a backup into an empty cluster.
+    pub async fn restore(&self, snapshot: Vec<u8>) -> Result<pb::RestoreResponse> {
+        let timeout = Duration::from_secs(60);
+        let req = pb::RestoreRequest { snapshot };
+        Ok(self
+            .cluster_call(Kind::Write, timeout, |mut c| {
+                let req = req.clone();
+                async move { c.restore(req).await }
+            })
+            .await?
+            .into_inner())
+    }
+
     /// Removes node `id`.
     pub async fn remove_node(&self, id: u64) -> Result<Vec<pb::Member>> {
         let timeout = Duration::from_secs(30);

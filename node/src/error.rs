@@ -80,6 +80,8 @@ impl From<Refusal> for Error {
             Refusal::TooManyWaiters { .. }
             | Refusal::TooManyLocks { .. }
             | Refusal::TooManySessions => Error::ResourceExhausted(msg),
+            Refusal::RestoreIntoNonEmpty => Error::FailedPrecondition(msg),
+            Refusal::InvalidBackup { .. } => Error::InvalidArgument(msg),
         }
     }
 }

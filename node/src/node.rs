@@ -28,6 +28,52 @@ use crate::shared::Shared;
 /// one client connection; past it the client's HTTP/2 stack waits.
 pub const MAX_STREAMS_PER_CONNECTION: u32 = 1024;
 
+/// Name of the backup file `raftlockd restore` leaves in a data directory;
+/// the node that bootstraps the cluster proposes it once it leads.
+pub const RESTORE_FILE: &str = "restore.bin";
+
+/// Proposes the backup at `path` to the new cluster once this node leads it,
+/// then renames the file so it is never applied twice.
+async fn seed_from_backup(api: Api, path: PathBuf) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let mut metrics = api.0.raft.metrics();
+    let led = tokio::time::timeout_at(deadline, async {
+        metrics
+            .wait_for(|m| m.state == ServerState::Leader)
+            .await
+            .is_ok()
+    })
+    .await;
+    if !matches!(led, Ok(true)) {
+        tracing::error!(
+            path = %path.display(),
+            "restore: this node did not become leader; restore with `raftlock snapshot restore FILE` instead"
+        );
+        return;
+    }
+    let outcome = match std::fs::read(&path) {
+        Ok(snapshot) => api.write(crate::state::Command::Restore { snapshot }).await,
+        Err(e) => Err(crate::error::Error::Internal(format!(
+            "cannot read {}: {e}",
+            path.display()
+        ))),
+    };
+    let suffix = match &outcome {
+        Ok((_, reply)) => {
+            tracing::info!(?reply, "restore: backup applied");
+            "applied"
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "restore: backup refused");
+            "refused"
+        }
+    };
+    let _ = std::fs::rename(&path, path.with_extension(suffix));
+}
+
+/// Largest backup `Backup` sends and `Restore` accepts.
+pub const MAX_BACKUP_BYTES: usize = 1 << 30;
+
 /// Timing and policy of the Raft layer.
 #[derive(Clone, Debug)]
 pub struct RaftTiming {
@@ -152,6 +198,8 @@ impl Node {
             tracing::info!(?members, "bootstrapping a new cluster");
             raft.initialize(members).await?;
         }
+        let seed = opts.data_dir.join(RESTORE_FILE);
+        let seed = (opts.init && fresh && seed.exists()).then_some(seed);
 
         let (stop, stop_rx) = watch::channel(false);
         let api = Api::new(
@@ -184,7 +232,11 @@ impl Node {
                 .add_service(health_service)
                 .add_service(reflection)
                 .add_service(LocksServer::new(api.clone()).max_decoding_message_size(max))
-                .add_service(ClusterServer::new(api.clone()).max_decoding_message_size(max))
+                .add_service(
+                    ClusterServer::new(api.clone())
+                        .max_decoding_message_size(MAX_BACKUP_BYTES)
+                        .max_encoding_message_size(MAX_BACKUP_BYTES),
+                )
                 .add_service(
                     RaftServer::new(RaftService::new(raft.clone()))
                         .max_decoding_message_size(usize::MAX)
@@ -204,6 +256,9 @@ impl Node {
                 opts.timing.election_timeout.1,
             )),
         ];
+        if let Some(path) = seed {
+            tasks.push(tokio::spawn(seed_from_backup(api.clone(), path)));
+        }
         if let Some(listener) = metrics {
             let mut stop_rx = stop_rx.clone();
             let shutdown = async move {

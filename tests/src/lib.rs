@@ -121,13 +121,33 @@ impl TestCluster {
         Self::start_full(n, test_timing(), Some(tls)).await
     }
 
+    /// Like [`start`](Self::start), with a backup placed in node 1's data
+    /// directory first, as `raftlockd restore` does.
+    pub async fn start_seeded(n: u64, backup: &[u8]) -> TestCluster {
+        Self::start_inner(n, test_timing(), None, Some(backup)).await
+    }
+
     async fn start_full(
         n: u64,
         timing: RaftTiming,
         tls: Option<raftlock_node::tls::TlsOptions>,
     ) -> TestCluster {
+        Self::start_inner(n, timing, tls, None).await
+    }
+
+    async fn start_inner(
+        n: u64,
+        timing: RaftTiming,
+        tls: Option<raftlock_node::tls::TlsOptions>,
+        seed: Option<&[u8]>,
+    ) -> TestCluster {
         init_logs();
         let dir = tempfile::tempdir().expect("temp dir");
+        if let Some(bytes) = seed {
+            let node1 = dir.path().join("node-1");
+            std::fs::create_dir_all(&node1).expect("data dir");
+            std::fs::write(node1.join(raftlock_node::node::RESTORE_FILE), bytes).expect("seed");
+        }
         let mut listeners = Vec::new();
         let mut addrs = BTreeMap::new();
         for id in 1..=n {

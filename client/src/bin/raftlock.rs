@@ -120,6 +120,11 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Back up the lock table, or restore a backup into an empty cluster.
+    Snapshot {
+        #[command(subcommand)]
+        action: SnapshotCmd,
+    },
     /// List, add or remove cluster members.
     Members {
         #[command(subcommand)]
@@ -127,6 +132,20 @@ enum Cmd {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum SnapshotCmd {
+    /// Save a consistent copy of the lock table from the leader to FILE.
+    Save {
+        /// Output file.
+        file: std::path::PathBuf,
+    },
+    /// Restore FILE into an empty cluster.
+    Restore {
+        /// A file written by `snapshot save`.
+        file: std::path::PathBuf,
     },
 }
 
@@ -305,6 +324,33 @@ async fn run(client: Client, cmd: Cmd) -> Result<u8, Error> {
                 );
                 print_members(&s.members);
             }
+            Ok(0)
+        }
+        Cmd::Snapshot {
+            action: SnapshotCmd::Save { file },
+        } => {
+            let backup = client.backup().await?;
+            std::fs::write(&file, &backup.snapshot)
+                .map_err(|e| Error::Config(format!("cannot write {}: {e}", file.display())))?;
+            println!(
+                "saved {} bytes at index {} (last fence {}) to {}",
+                backup.snapshot.len(),
+                backup.index,
+                backup.last_fence,
+                file.display()
+            );
+            Ok(0)
+        }
+        Cmd::Snapshot {
+            action: SnapshotCmd::Restore { file },
+        } => {
+            let bytes = std::fs::read(&file)
+                .map_err(|e| Error::Config(format!("cannot read {}: {e}", file.display())))?;
+            let r = client.restore(bytes).await?;
+            println!(
+                "restored {} sessions; fences continue after {}",
+                r.sessions, r.last_fence
+            );
             Ok(0)
         }
         Cmd::Members { action, json } => {

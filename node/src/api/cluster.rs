@@ -203,6 +203,52 @@ impl Cluster for Api {
         }))
     }
 
+    async fn backup(
+        &self,
+        _req: Request<pb::BackupRequest>,
+    ) -> Result<Response<pb::BackupResponse>, Status> {
+        // Linearizable on the leader: the copy includes every write
+        // acknowledged before the call.
+        self.0
+            .raft
+            .ensure_linearizable()
+            .await
+            .map_err(Error::from)?;
+        let applied = self.0.shared.applied.read().expect("applied lock poisoned");
+        Ok(Response::new(pb::BackupResponse {
+            snapshot: applied.table.to_snapshot(),
+            index: applied.last_applied.map_or(0, |l| l.index),
+            last_fence: applied.table.last_fence().0,
+        }))
+    }
+
+    #[tracing::instrument(skip_all, fields(bytes = req.get_ref().snapshot.len()))]
+    async fn restore(
+        &self,
+        req: Request<pb::RestoreRequest>,
+    ) -> Result<Response<pb::RestoreResponse>, Status> {
+        let snapshot = req.into_inner().snapshot;
+        // Refuse garbage before it reaches the log.
+        crate::state::LockTable::from_snapshot(&snapshot)
+            .map_err(|e| Error::InvalidArgument(format!("invalid backup: {e}")))?;
+        match self
+            .write(crate::state::Command::Restore { snapshot })
+            .await?
+        {
+            (
+                _,
+                crate::state::Reply::Restored {
+                    sessions,
+                    last_fence,
+                },
+            ) => Ok(Response::new(pb::RestoreResponse {
+                sessions,
+                last_fence,
+            })),
+            (_, other) => Err(Error::Internal(format!("unexpected reply {other:?}")).into()),
+        }
+    }
+
     #[tracing::instrument(skip_all, fields(node = req.get_ref().id))]
     async fn remove_node(
         &self,

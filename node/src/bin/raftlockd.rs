@@ -46,6 +46,16 @@ enum Command {
     Run(RunArgs),
     /// Run a local N-node cluster on 127.0.0.1 in this process.
     Dev(DevArgs),
+    /// Seed a new cluster from a backup (`raftlock snapshot save`): checks
+    /// FILE and leaves it in DATA_DIR; start that node with `run --init`
+    /// and, once it leads the new cluster, it restores the backup.
+    Restore {
+        /// The backup file.
+        file: PathBuf,
+        /// The (empty) data directory of the node that will bootstrap.
+        #[arg(long)]
+        data_dir: PathBuf,
+    },
 }
 
 #[derive(Args)]
@@ -141,6 +151,7 @@ async fn main() {
     let result = match cli.command {
         Command::Run(args) => run(args).await,
         Command::Dev(args) => dev(args).await,
+        Command::Restore { file, data_dir } => restore(&file, &data_dir),
     };
     if let Err(e) = result {
         eprintln!("raftlockd: {e:#}");
@@ -192,6 +203,30 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     wait_for_signal().await;
     tracing::info!("shutting down");
     node.shutdown().await;
+    Ok(())
+}
+
+fn restore(file: &std::path::Path, data_dir: &std::path::Path) -> anyhow::Result<()> {
+    let bytes =
+        std::fs::read(file).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", file.display()))?;
+    let table = raftlock_node::state::LockTable::from_snapshot(&bytes)
+        .map_err(|e| anyhow::anyhow!("{} is not a raftlock backup: {e}", file.display()))?;
+    if data_dir.join("sled").exists() {
+        anyhow::bail!(
+            "{} already holds a node's data; restore seeds a new cluster only",
+            data_dir.display()
+        );
+    }
+    std::fs::create_dir_all(data_dir)?;
+    std::fs::write(data_dir.join(raftlock_node::node::RESTORE_FILE), &bytes)?;
+    let stats = table.stats();
+    println!(
+        "backup with {} sessions, {} grants, last fence {} placed in {}; start this node with `raftlockd run --init ...`",
+        stats.sessions,
+        stats.grants,
+        stats.last_fence,
+        data_dir.display()
+    );
     Ok(())
 }
 

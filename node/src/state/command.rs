@@ -158,6 +158,13 @@ pub enum Command {
         /// The log index that started the delay (a newer delay is left alone).
         since: u64,
     },
+    /// Seeds an empty table from a backup (`raftlockd restore`): sessions,
+    /// grants, queues, lock-delays and the fence counter, so fences go on
+    /// growing from where the backup left them.
+    Restore {
+        /// [`LockTable::to_snapshot`](super::LockTable::to_snapshot) bytes.
+        snapshot: Vec<u8>,
+    },
 }
 
 /// The outcome of an acquire.
@@ -219,6 +226,13 @@ pub enum Reply {
     DelayEnded {
         /// True if a delay ended.
         ended: bool,
+    },
+    /// A backup was restored.
+    Restored {
+        /// Sessions restored.
+        sessions: u64,
+        /// The fence counter restored.
+        last_fence: u64,
     },
     /// The command was refused and changed nothing.
     Refused(Refusal),
@@ -332,6 +346,15 @@ pub enum Refusal {
     /// The cluster has `MAX_SESSIONS` open sessions.
     #[error("the cluster has the maximum of {max} open sessions", max = super::limits::MAX_SESSIONS)]
     TooManySessions,
+    /// A restore was proposed to a table that is not empty.
+    #[error("a backup can only be restored into an empty cluster")]
+    RestoreIntoNonEmpty,
+    /// A restore carried bytes that are not a valid table.
+    #[error("invalid backup: {reason}")]
+    InvalidBackup {
+        /// What is wrong with it.
+        reason: String,
+    },
 }
 
 /// One edge of a wait-for cycle: `session` waits for `name`, which `blocker`
@@ -532,7 +555,9 @@ impl Command {
             | Command::EndLockDelay { name, .. } => {
                 LockName::new(name.as_str())?;
             }
-            Command::CloseSession { .. } | Command::ExpireSession { .. } => {}
+            Command::CloseSession { .. }
+            | Command::ExpireSession { .. }
+            | Command::Restore { .. } => {}
         }
         Ok(())
     }

@@ -261,8 +261,53 @@ impl LockTable {
             Command::EndLockDelay { name, since } => {
                 self.end_lock_delay(index, name, since, &mut events)
             }
+            Command::Restore { snapshot } => self.restore(&snapshot, &mut events),
         };
         Response { reply, events }
+    }
+
+    fn restore(&mut self, snapshot: &[u8], events: &mut Vec<Event>) -> Reply {
+        if *self != LockTable::default() {
+            return Reply::Refused(Refusal::RestoreIntoNonEmpty);
+        }
+        let table = match LockTable::from_snapshot(snapshot) {
+            Ok(table) => table,
+            Err(e) => {
+                return Reply::Refused(Refusal::InvalidBackup {
+                    reason: e.to_string(),
+                })
+            }
+        };
+        *self = table;
+        // Tell the leader's timers about everything that now needs one.
+        for s in self.sessions() {
+            events.push(Event::SessionOpened {
+                session: s.session,
+                ttl_ms: s.ttl_ms,
+            });
+        }
+        for w in self.waits() {
+            events.push(Event::Queued {
+                name: w.name,
+                session: w.session,
+                seq: w.seq,
+                mode: w.mode,
+                timeout_ms: w.timeout_ms,
+            });
+        }
+        let delays: Vec<Event> = self
+            .delays()
+            .map(|(name, since, delay_ms)| Event::LockDelayStarted {
+                name: name.clone(),
+                delay_ms,
+                since,
+            })
+            .collect();
+        events.extend(delays);
+        Reply::Restored {
+            sessions: self.sessions.len() as u64,
+            last_fence: self.last_fence,
+        }
     }
 
     fn open_session(

@@ -1,0 +1,97 @@
+//! Backup and restore: a consistent copy from the leader seeds a new
+//! cluster with the same holders and queues, and fences continue above the
+//! backup's.
+
+use std::time::Duration;
+
+use raftlock_client::Error;
+use raftlock_tests::{eventually, TestCluster};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_backup_restores_into_an_empty_cluster_only() {
+    let old = TestCluster::start(3).await;
+    let client = old.client().await;
+    let a = client.session(Duration::from_secs(60)).await.expect("a");
+    let b = client.session(Duration::from_secs(60)).await.expect("b");
+    let held = a
+        .lock_with("backup/x", false, None, b"v1".to_vec())
+        .await
+        .expect("lock");
+    let waiting = tokio::spawn({
+        let b = b.clone();
+        async move { b.lock_timeout("backup/x", Duration::from_secs(30)).await }
+    });
+    eventually("b to queue", Duration::from_secs(10), || {
+        let client = client.clone();
+        async move {
+            client
+                .describe("backup/x")
+                .await
+                .ok()
+                .flatten()
+                .filter(|i| i.waiters.len() == 1)
+        }
+    })
+    .await;
+    let backup = client.backup().await.expect("backup");
+    assert_eq!(backup.last_fence, held.fence());
+    let before = client.list("").await.expect("list");
+
+    // Restore with the API into a fresh cluster.
+    let new = TestCluster::start(3).await;
+    let fresh = new.client().await;
+    let r = fresh
+        .restore(backup.snapshot.clone())
+        .await
+        .expect("restore");
+    assert_eq!((r.sessions, r.last_fence), (2, held.fence()));
+    assert_eq!(
+        fresh.list("").await.expect("list"),
+        before,
+        "same holders and queues"
+    );
+    // A second restore is refused: the cluster is not empty any more.
+    let again = fresh
+        .restore(backup.snapshot.clone())
+        .await
+        .expect_err("not empty");
+    assert!(matches!(again, Error::FailedPrecondition(_)), "{again:?}");
+    let garbage = fresh
+        .restore(b"not a backup".to_vec())
+        .await
+        .expect_err("garbage");
+    assert!(matches!(garbage, Error::InvalidArgument(_)), "{garbage:?}");
+    // New grants continue above the backup's fences.
+    let s = fresh
+        .session(Duration::from_secs(10))
+        .await
+        .expect("session");
+    let g = s.lock("backup/new").await.expect("lock");
+    assert!(g.fence() > backup.last_fence);
+
+    // Or seeded at bootstrap, as `raftlockd restore` leaves it.
+    let seeded = TestCluster::start_seeded(3, &backup.snapshot).await;
+    let sc = seeded.client().await;
+    eventually(
+        "the seeded backup to be applied",
+        Duration::from_secs(20),
+        || {
+            let sc = sc.clone();
+            let before = before.clone();
+            async move { (sc.list("").await.ok()? == before).then_some(()) }
+        },
+    )
+    .await;
+
+    held.release().await.expect("release");
+    waiting
+        .await
+        .expect("join")
+        .expect("b gets it")
+        .release()
+        .await
+        .expect("release");
+    old.shutdown().await;
+    new.shutdown().await;
+    seeded.shutdown().await;
+}
