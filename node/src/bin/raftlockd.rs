@@ -43,7 +43,7 @@ enum LogFormat {
 #[derive(Subcommand)]
 enum Command {
     /// Run one node of a cluster.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Run a local N-node cluster on 127.0.0.1 in this process.
     Dev(DevArgs),
     /// Seed a new cluster from a backup (`raftlock snapshot save`): checks
@@ -149,7 +149,7 @@ async fn main() {
     let cli = Cli::parse();
     init_logging(cli.log_format);
     let result = match cli.command {
-        Command::Run(args) => run(args).await,
+        Command::Run(args) => run(*args).await,
         Command::Dev(args) => dev(args).await,
         Command::Restore { file, data_dir } => restore(&file, &data_dir),
     };
