@@ -1,9 +1,145 @@
-//! `raftlock-jepsen`: the fault-injection harness (processes, partitions,
-//! pauses, clock skew, checkers). It is built by the jepsen issue; until then
-//! the binary only says so, and exits non-zero so no script mistakes it for a
-//! passing run.
+//! `raftlock-jepsen`: runs raftlock under faults and checks what clients
+//! saw. See `jepsen/README.md`.
+//!
+//! * `raftlock-jepsen run --nodes 3 --time-limit 60 --nemesis kill,pause,partition
+//!   --workload fenced-counter --concurrency 4 --seed 1 --out DIR`
+//! * `raftlock-jepsen check --out DIR --workload NAME` re-checks a finished
+//!   run.
+//!
+//! Exit codes: 0 valid, 1 invalid, 2 the harness itself failed (bad
+//! arguments, no raftlockd, the cluster never came up), 130 interrupted.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use raftlock_jepsen::run::{self, RunArgs};
+use raftlock_jepsen::workload::WorkloadKind;
+
+#[derive(Parser)]
+#[command(
+    name = "raftlock-jepsen",
+    version,
+    about = "fault-injection harness for raftlock: real nodes, a nemesis, a history, checkers"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a test and check it.
+    Run(RunArgs),
+    /// Re-check a finished run's history.
+    Check {
+        /// The run's output directory.
+        #[arg(long)]
+        out: PathBuf,
+        /// The workload that ran.
+        #[arg(long, value_enum, default_value = "fenced-counter")]
+        workload: WorkloadKind,
+        /// Semaphore capacity of the run.
+        #[arg(long, default_value_t = 3)]
+        capacity: u32,
+        /// Linearizability search budget per lock, in seconds.
+        #[arg(long, default_value_t = 60)]
+        linearizability_timeout: u64,
+    },
+}
+
+fn summarize(results: &serde_json::Value) {
+    if let Some(checkers) = results["checkers"].as_object() {
+        for (name, c) in checkers {
+            eprintln!(
+                "  {name:<18} {}",
+                if c["valid"].as_bool() == Some(false) {
+                    "INVALID"
+                } else {
+                    "ok"
+                }
+            );
+        }
+    }
+    let anomalies = results["anomalies"].as_array().map_or(0, Vec::len);
+    for a in results["anomalies"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .take(5)
+    {
+        eprintln!("  anomaly: {}", a["message"].as_str().unwrap_or("?"));
+    }
+    eprintln!(
+        "raftlock-jepsen: {} ({} ops, {} anomalies)",
+        if results["valid"].as_bool() == Some(true) {
+            "VALID"
+        } else {
+            "INVALID"
+        },
+        results["ops"],
+        anomalies
+    );
+}
+
+async fn interrupted() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
 
 fn main() {
-    eprintln!("raftlock-jepsen: not built yet (see the fault-injection issue)");
-    std::process::exit(2);
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let code = runtime.block_on(async {
+        let result = match cli.command {
+            Command::Run(args) => {
+                let out = args.out.clone();
+                tokio::select! {
+                    r = run::run(args) => r.inspect(|_| {
+                        eprintln!("raftlock-jepsen: results in {}", out.join("results.json").display());
+                    }),
+                    _ = interrupted() => {
+                        eprintln!("raftlock-jepsen: interrupted; stopping every node");
+                        return 130;
+                    }
+                }
+            }
+            Command::Check {
+                out,
+                workload,
+                capacity,
+                linearizability_timeout,
+            } => run::recheck(
+                &out,
+                workload,
+                capacity,
+                Duration::from_secs(linearizability_timeout),
+            ),
+        };
+        match result {
+            Ok(outcome) => {
+                summarize(&outcome.results);
+                if outcome.valid {
+                    0
+                } else {
+                    1
+                }
+            }
+            Err(e) => {
+                eprintln!("raftlock-jepsen: {e:#}");
+                2
+            }
+        }
+    });
+    // Dropping the runtime drops every task, and with them the cluster,
+    // whose Drop kills every node still running.
+    drop(runtime);
+    std::process::exit(code);
 }

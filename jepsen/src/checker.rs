@@ -1,0 +1,569 @@
+//! Checkers over the history and the store's log.
+//!
+//! | checker | fails when |
+//! |---|---|
+//! | `fenced-store` | the store accepted a smaller fence after a larger one on a key |
+//! | `counter` | a counter's final value is outside [acknowledged, acknowledged + unknown] increments, or accepted writes skip or repeat a value (a lost update) |
+//! | `fence-order` | a grant that began after another grant on the same name returned got a smaller fence, or two grants share a fence |
+//! | `mutual-exclusion` | two grants that were certainly held at the same time conflict |
+//! | `semaphore` | permits certainly held at once, or described holders, exceed the capacity |
+//! | `linearizability` | no linearization of a lock's operations fits the lock model (see [`crate::linear`]) |
+//! | `hold-windows` | never: reports where the windows clients *believed* they held overlapped |
+//!
+//! "Certainly held": from the acquire's return until the invocation of a
+//! release that answered `released: true` (the server still had the grant
+//! then, so it had it all along). A grant whose release found nothing may
+//! have been lost to expiry at any time, so it only counts toward the
+//! believed windows.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::history::{Op, Type};
+use crate::workload::WorkloadKind;
+
+/// Everything the checkers need.
+pub struct CheckInput<'a> {
+    /// Paired client operations.
+    pub ops: &'a [Op],
+    /// The workload that ran.
+    pub workload: WorkloadKind,
+    /// `store.jsonl` entries, in the store's decision order.
+    pub store_log: &'a [Value],
+    /// Final store values.
+    pub store_values: &'a BTreeMap<String, u64>,
+    /// Semaphore capacity.
+    pub capacity: u32,
+    /// Time budget for the linearizability search, per lock.
+    pub linear_timeout: Duration,
+    /// Where to put porcupine's visualizations.
+    pub out_dir: &'a Path,
+}
+
+/// Checker results by name, and the anomalies they found.
+pub struct Checked {
+    /// `{name: {valid, ...}}`.
+    pub checkers: serde_json::Map<String, Value>,
+    /// Every anomaly, tagged with its checker.
+    pub anomalies: Vec<Value>,
+}
+
+impl Checked {
+    /// True if every checker is valid.
+    pub fn valid(&self) -> bool {
+        self.checkers
+            .values()
+            .all(|c| c.get("valid").and_then(Value::as_bool) != Some(false))
+    }
+}
+
+/// A grant and what became of it.
+#[derive(Clone, Debug)]
+struct Grant {
+    process: u64,
+    lock: String,
+    mode: String,
+    weight: u64,
+    session: u64,
+    fence: u64,
+    acquire_invoke: u64,
+    acquire_ok: u64,
+    /// Invocation time of its release, the answer, and the client's own
+    /// lease end at that moment (0 = it believed the lease lost).
+    release: Option<(u64, Option<bool>, u64)>,
+    /// Latest invocation of a store operation carrying this fence.
+    last_use: Option<u64>,
+}
+
+impl Grant {
+    fn exclusive(&self) -> bool {
+        self.mode == "exclusive"
+    }
+
+    /// When the grant was certainly held, if ever.
+    fn certain(&self) -> Option<(u64, u64)> {
+        match self.release {
+            Some((r, Some(true), _)) if r >= self.acquire_ok => Some((self.acquire_ok, r)),
+            _ => None,
+        }
+    }
+
+    /// When the client believed it held it.
+    fn believed(&self, end_of_run: u64) -> (u64, u64) {
+        let mut end = match self.release {
+            Some((r, _, lease)) if lease > 0 => r.min(lease),
+            // It believed the lease lost by the time it released; when it
+            // noticed is unknown, so count only what it went on using.
+            Some(_) => self.acquire_ok,
+            None => end_of_run,
+        };
+        if let Some(u) = self.last_use {
+            end = end.max(u);
+        }
+        (self.acquire_ok, end.max(self.acquire_ok))
+    }
+
+    fn summary(&self) -> Value {
+        json!({"process": self.process, "lock": self.lock, "mode": self.mode, "weight": self.weight,
+               "session": self.session, "fence": self.fence,
+               "acquired_ns": self.acquire_ok, "released_ns": self.release.map(|r| r.0)})
+    }
+}
+
+fn grants(ops: &[Op]) -> Vec<Grant> {
+    let mut grants: Vec<Grant> = Vec::new();
+    let mut by_key: HashMap<(u64, String, u64), usize> = HashMap::new();
+    for o in ops {
+        match (o.f.as_str(), o.kind) {
+            ("acquire", Type::Ok) => {
+                let (Some(lock), Some(fence), Some(session), Some(ok)) = (
+                    o.str("lock"),
+                    o.u64("fence"),
+                    o.u64("session"),
+                    o.complete_ns,
+                ) else {
+                    continue;
+                };
+                by_key.insert((session, lock.to_string(), fence), grants.len());
+                grants.push(Grant {
+                    process: o.process,
+                    lock: lock.to_string(),
+                    mode: o.str("mode").unwrap_or("exclusive").to_string(),
+                    weight: o.u64("weight").unwrap_or(1),
+                    session,
+                    fence,
+                    acquire_invoke: o.invoke_ns,
+                    acquire_ok: ok,
+                    release: None,
+                    last_use: None,
+                });
+            }
+            ("release", _) => {
+                let (Some(lock), Some(fence), Some(session)) =
+                    (o.str("lock"), o.u64("fence"), o.u64("session"))
+                else {
+                    continue;
+                };
+                if let Some(&i) = by_key.get(&(session, lock.to_string(), fence)) {
+                    let released = (o.kind == Type::Ok).then(|| o.bool("released")).flatten();
+                    let lease = o
+                        .invoke
+                        .get("lease_until_ns")
+                        .and_then(Value::as_u64)
+                        .unwrap_or(0);
+                    grants[i].release = Some((o.invoke_ns, released, lease));
+                }
+            }
+            _ => {}
+        }
+    }
+    // Store operations carry the fence: they show how long a (possibly
+    // paused) holder went on using its grant.
+    let by_fence: HashMap<u64, usize> = grants
+        .iter()
+        .enumerate()
+        .map(|(i, g)| (g.fence, i))
+        .collect();
+    for o in ops {
+        if matches!(o.f.as_str(), "read" | "write") {
+            if let Some(i) = o.u64("fence").and_then(|f| by_fence.get(&f)) {
+                let g = &mut grants[*i];
+                g.last_use = Some(g.last_use.unwrap_or(0).max(o.invoke_ns));
+            }
+        }
+    }
+    grants
+}
+
+const MAX_EXAMPLES: usize = 20;
+
+fn fenced_store(log: &[Value]) -> (Value, Vec<Value>) {
+    let mut latest: HashMap<&str, u64> = HashMap::new();
+    let mut anomalies = Vec::new();
+    let (mut accepted, mut rejected) = (0u64, 0u64);
+    for (i, e) in log.iter().enumerate() {
+        let key = e["key"].as_str().unwrap_or("");
+        let fence = e["fence"].as_u64().unwrap_or(0);
+        if e["accepted"].as_bool() != Some(true) {
+            rejected += 1;
+            continue;
+        }
+        accepted += 1;
+        let l = latest.entry(key).or_insert(0);
+        if fence < *l {
+            anomalies.push(json!({
+                "checker": "fenced-store",
+                "message": format!("store accepted fence {fence} on {key} after fence {l}"),
+                "key": key, "fence": fence, "after_fence": *l, "entry": i, "time_ns": e["time_ns"],
+            }));
+        }
+        *l = (*l).max(fence);
+    }
+    (
+        json!({"valid": anomalies.is_empty(), "accepted": accepted, "rejected_stale": rejected,
+               "violations": anomalies.len()}),
+        anomalies,
+    )
+}
+
+fn counter(ops: &[Op], log: &[Value], values: &BTreeMap<String, u64>) -> (Value, Vec<Value>) {
+    let mut acked: BTreeMap<String, u64> = BTreeMap::new();
+    let mut unknown: BTreeMap<String, u64> = BTreeMap::new();
+    for o in ops.iter().filter(|o| o.f == "write") {
+        let Some(key) = o.str("key") else { continue };
+        match o.kind {
+            Type::Ok => *acked.entry(key.to_string()).or_default() += 1,
+            Type::Info => *unknown.entry(key.to_string()).or_default() += 1,
+            _ => {}
+        }
+    }
+    let mut anomalies = Vec::new();
+    let mut keys = serde_json::Map::new();
+    let all: std::collections::BTreeSet<&String> = acked
+        .keys()
+        .chain(unknown.keys())
+        .chain(values.keys())
+        .collect();
+    for key in all {
+        let a = acked.get(key).copied().unwrap_or(0);
+        let u = unknown.get(key).copied().unwrap_or(0);
+        let v = values.get(key).copied().unwrap_or(0);
+        let ok = a <= v && v <= a + u;
+        keys.insert(
+            key.clone(),
+            json!({"final": v, "acknowledged": a, "unknown": u, "valid": ok}),
+        );
+        if !ok {
+            anomalies.push(json!({
+                "checker": "counter",
+                "message": format!("{key}: final value {v}, but {a} increments were acknowledged and {u} unknown (expected {a}..={})", a + u),
+                "key": key, "final": v, "acknowledged": a, "unknown": u,
+            }));
+        }
+    }
+    // Each accepted write must be the previous accepted value plus one.
+    let mut last: HashMap<&str, u64> = HashMap::new();
+    let mut lost = 0;
+    for (i, e) in log.iter().enumerate() {
+        if e["accepted"].as_bool() != Some(true) {
+            continue;
+        }
+        let key = e["key"].as_str().unwrap_or("");
+        let value = e["value"].as_u64().unwrap_or(0);
+        let prev = last.insert(key, value).unwrap_or(0);
+        if value != prev + 1 {
+            lost += 1;
+            if lost <= MAX_EXAMPLES {
+                anomalies.push(json!({
+                    "checker": "counter",
+                    "message": format!("{key}: accepted write of {value} after {prev} (lost update)"),
+                    "key": key, "value": value, "previous": prev, "fence": e["fence"], "entry": i,
+                }));
+            }
+        }
+    }
+    (
+        json!({"valid": anomalies.is_empty(), "keys": keys, "lost_updates": lost}),
+        anomalies,
+    )
+}
+
+fn fence_order(grants: &[Grant]) -> (Value, Vec<Value>) {
+    let mut anomalies = Vec::new();
+    let mut seen: HashMap<u64, &Grant> = HashMap::new();
+    for g in grants {
+        if let Some(other) = seen.insert(g.fence, g) {
+            anomalies.push(json!({
+                "checker": "fence-order",
+                "message": format!("fence {} granted twice", g.fence),
+                "grants": [other.summary(), g.summary()],
+            }));
+        }
+    }
+    let mut by_lock: BTreeMap<&str, Vec<&Grant>> = BTreeMap::new();
+    for g in grants {
+        by_lock.entry(&g.lock).or_default().push(g);
+    }
+    let mut checked = 0;
+    for list in by_lock.values() {
+        // Sweep in invocation order; every grant that returned before this
+        // one was invoked was granted before it, so its fence is smaller.
+        let mut by_invoke = list.clone();
+        by_invoke.sort_by_key(|g| g.acquire_invoke);
+        let mut by_return = list.clone();
+        by_return.sort_by_key(|g| g.acquire_ok);
+        let mut j = 0;
+        let mut max_before: Option<&Grant> = None;
+        for g in by_invoke {
+            while j < by_return.len() && by_return[j].acquire_ok < g.acquire_invoke {
+                if max_before.is_none_or(|m| by_return[j].fence > m.fence) {
+                    max_before = Some(by_return[j]);
+                }
+                j += 1;
+            }
+            checked += 1;
+            if let Some(m) = max_before {
+                if m.fence >= g.fence {
+                    anomalies.push(json!({
+                        "checker": "fence-order",
+                        "message": format!("{}: fence {} granted after fence {} had been returned", g.lock, g.fence, m.fence),
+                        "earlier": m.summary(), "later": g.summary(),
+                    }));
+                }
+            }
+        }
+    }
+    anomalies.truncate(MAX_EXAMPLES * 5);
+    (
+        json!({"valid": anomalies.is_empty(), "grants": grants.len(), "checked": checked}),
+        anomalies,
+    )
+}
+
+/// Pairs of conflicting windows (exclusive with anything) on one name.
+/// A grant with a time window.
+type Windowed<'a> = (&'a Grant, (u64, u64));
+
+fn overlaps(
+    grants: &[Grant],
+    window: impl Fn(&Grant) -> Option<(u64, u64)>,
+) -> Vec<(&Grant, &Grant, u64)> {
+    let mut by_lock: BTreeMap<&str, Vec<Windowed>> = BTreeMap::new();
+    for g in grants.iter().filter(|g| g.mode != "semaphore") {
+        if let Some(w) = window(g) {
+            by_lock.entry(&g.lock).or_default().push((g, w));
+        }
+    }
+    let mut out = Vec::new();
+    for list in by_lock.values_mut() {
+        list.sort_by_key(|(_, w)| w.0);
+        for i in 0..list.len() {
+            for j in i + 1..list.len() {
+                let ((a, wa), (b, wb)) = (list[i], list[j]);
+                if wb.0 >= wa.1 {
+                    break;
+                }
+                if (a.exclusive() || b.exclusive()) && a.session != b.session {
+                    out.push((a, b, wa.1.min(wb.1) - wb.0));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn mutual_exclusion(grants: &[Grant]) -> (Value, Vec<Value>) {
+    let found = overlaps(grants, Grant::certain);
+    let anomalies: Vec<Value> = found
+        .iter()
+        .take(MAX_EXAMPLES)
+        .map(|(a, b, ns)| {
+            json!({
+                "checker": "mutual-exclusion",
+                "message": format!("{}: fences {} and {} were both certainly held for {} ms", a.lock, a.fence, b.fence, ns / 1_000_000),
+                "grants": [a.summary(), b.summary()],
+            })
+        })
+        .collect();
+    let certain = grants.iter().filter(|g| g.certain().is_some()).count();
+    (
+        json!({"valid": found.is_empty(), "certain_grants": certain, "violations": found.len()}),
+        anomalies,
+    )
+}
+
+fn hold_windows(ops: &[Op], grants: &[Grant], end: u64, capacity: u32) -> Value {
+    let found = overlaps(grants, |g| Some(g.believed(end)));
+    // Holders the workload paused on purpose (client-pause emulation)
+    // explain their own overlaps; the others are the interesting ones.
+    let paused: std::collections::HashSet<u64> = ops
+        .iter()
+        .filter(|o| o.f == "pause")
+        .filter_map(|o| o.u64("fence"))
+        .collect();
+    let (by_pause, other): (Vec<_>, Vec<_>) = found
+        .iter()
+        .partition(|(a, b, _)| paused.contains(&a.fence) || paused.contains(&b.fence));
+    let examples: Vec<Value> = other
+        .iter()
+        .chain(by_pause.iter())
+        .take(MAX_EXAMPLES)
+        .map(|(a, b, ns)| {
+            json!({"lock": a.lock, "overlap_ms": *ns as f64 / 1e6, "grants": [a.summary(), b.summary()]})
+        })
+        .collect();
+    let over = semaphore_over(grants, capacity, |g| Some(g.believed(end)));
+    json!({
+        "valid": true,
+        "note": "windows clients believed they held; overlaps are what fencing protects against, not failures",
+        "overlaps": found.len(),
+        "overlaps_with_paused_holder": by_pause.len(),
+        "overlaps_other": other.len(),
+        "examples": examples,
+        "semaphore_over_capacity": over.len(),
+    })
+}
+
+/// Instants where the weights of permits held (by `window`) exceed the
+/// capacity: (time, total, grants).
+fn semaphore_over(
+    grants: &[Grant],
+    capacity: u32,
+    window: impl Fn(&Grant) -> Option<(u64, u64)>,
+) -> Vec<(u64, u64, Vec<&Grant>)> {
+    let sem: Vec<(&Grant, (u64, u64))> = grants
+        .iter()
+        .filter(|g| g.mode == "semaphore")
+        .filter_map(|g| window(g).map(|w| (g, w)))
+        .collect();
+    let mut points: Vec<(u64, i64, usize)> = Vec::new();
+    for (i, (g, (s, e))) in sem.iter().enumerate() {
+        // Ends sort before starts at the same instant.
+        points.push((*s, g.weight as i64, i));
+        points.push((*e, -(g.weight as i64), i));
+    }
+    points.sort_by_key(|p| (p.0, p.1));
+    let mut held: i64 = 0;
+    let mut live: Vec<usize> = Vec::new();
+    let mut out = Vec::new();
+    for (t, dw, i) in points {
+        held += dw;
+        if dw > 0 {
+            live.push(i);
+        } else {
+            live.retain(|&x| x != i);
+        }
+        if held > capacity as i64 && out.len() < MAX_EXAMPLES {
+            out.push((t, held as u64, live.iter().map(|&x| sem[x].0).collect()));
+        }
+    }
+    out
+}
+
+fn semaphore(ops: &[Op], grants: &[Grant], capacity: u32) -> (Value, Vec<Value>) {
+    let mut anomalies: Vec<Value> = semaphore_over(grants, capacity, Grant::certain)
+        .into_iter()
+        .map(|(t, total, gs)| {
+            json!({
+                "checker": "semaphore",
+                "message": format!("{total} permits certainly held at once (capacity {capacity})"),
+                "time_ns": t,
+                "grants": gs.iter().map(|g| g.summary()).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let mut describes = 0;
+    for o in ops
+        .iter()
+        .filter(|o| o.f == "describe" && o.kind == Type::Ok)
+    {
+        describes += 1;
+        let total: u64 = o
+            .result
+            .get("holders")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .map(|h| h["weight"].as_u64().unwrap_or(0))
+            .sum();
+        if total > capacity as u64 {
+            anomalies.push(json!({
+                "checker": "semaphore",
+                "message": format!("describe showed {total} permits held (capacity {capacity})"),
+                "time_ns": o.invoke_ns, "holders": o.result["holders"],
+            }));
+        }
+    }
+    (
+        json!({"valid": anomalies.is_empty(), "capacity": capacity, "describes": describes}),
+        anomalies,
+    )
+}
+
+/// Runs the checkers that apply to the workload.
+pub fn check(input: &CheckInput) -> Checked {
+    let mut checkers = serde_json::Map::new();
+    let mut anomalies = Vec::new();
+    let grants = grants(input.ops);
+    let end = input
+        .ops
+        .iter()
+        .flat_map(|o| [Some(o.invoke_ns), o.recorded_ns])
+        .flatten()
+        .max()
+        .unwrap_or(0);
+    let mut add = |name: &str, (result, mut found): (Value, Vec<Value>)| {
+        checkers.insert(name.to_string(), result);
+        anomalies.append(&mut found);
+    };
+    add("fence-order", fence_order(&grants));
+    match input.workload {
+        WorkloadKind::FencedCounter => {
+            add("fenced-store", fenced_store(input.store_log));
+            add(
+                "counter",
+                counter(input.ops, input.store_log, input.store_values),
+            );
+            add("mutual-exclusion", mutual_exclusion(&grants));
+        }
+        WorkloadKind::Lock => {
+            add("mutual-exclusion", mutual_exclusion(&grants));
+            add(
+                "linearizability",
+                crate::linear::check(input.ops, input.linear_timeout, input.out_dir),
+            );
+        }
+        WorkloadKind::Semaphore => {
+            add("semaphore", semaphore(input.ops, &grants, input.capacity));
+        }
+    }
+    add(
+        "hold-windows",
+        (
+            hold_windows(input.ops, &grants, end, input.capacity),
+            Vec::new(),
+        ),
+    );
+    Checked {
+        checkers,
+        anomalies,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_store_checker_catches_a_smaller_fence_after_a_larger() {
+        let log = vec![
+            json!({"key": "k", "fence": 3, "value": 1, "accepted": true, "time_ns": 1}),
+            json!({"key": "k", "fence": 2, "value": 1, "accepted": false, "time_ns": 2}),
+            json!({"key": "j", "fence": 1, "value": 1, "accepted": true, "time_ns": 3}),
+        ];
+        assert_eq!(fenced_store(&log).0["valid"], json!(true));
+        let mut bad = log.clone();
+        bad.push(json!({"key": "k", "fence": 2, "value": 2, "accepted": true, "time_ns": 4}));
+        let (r, a) = fenced_store(&bad);
+        assert_eq!(r["valid"], json!(false));
+        assert_eq!(a.len(), 1);
+    }
+
+    #[test]
+    fn the_counter_checker_catches_lost_updates() {
+        let log = vec![
+            json!({"key": "k", "fence": 3, "value": 1, "accepted": true}),
+            json!({"key": "k", "fence": 4, "value": 2, "accepted": true}),
+            json!({"key": "k", "fence": 2, "value": 2, "accepted": true}),
+        ];
+        let values = BTreeMap::from([("k".to_string(), 2)]);
+        let (r, a) = counter(&[], &log, &values);
+        assert_eq!(r["valid"], json!(false));
+        assert!(a
+            .iter()
+            .any(|x| x["message"].as_str().unwrap().contains("lost update")));
+    }
+}

@@ -1,0 +1,527 @@
+//! Linearizability of the `lock` workload, checked by `porcupine-rs`
+//! (Wing–Gong–Lowe search with state caching) against a sequential model
+//! of one lock, one partition per lock name.
+//!
+//! The model's state is the set of holders `(session, fence, shared)`, the
+//! largest fence granted on the lock, and the sessions known to have ended.
+//! Operations:
+//!
+//! * `acquire` ok with fence F: legal if the session has not ended, the
+//!   mode is compatible with the holders (exclusive: none; shared: no
+//!   exclusive) and F is larger than every fence granted on this lock
+//!   before. An `acquire` that failed never happened and is left out.
+//! * `acquire` info (outcome unknown, fence unknown): returns at the end of
+//!   time; at its linearization point it is granted (fence unknown) if it
+//!   could be, and otherwise stayed queued and never was. The search may
+//!   place it after its session ended, where it does nothing.
+//! * `release` ok(true): the grant was held; ok(false): it was not.
+//!   `release` info: removes the grant if held.
+//! * `describe` ok: the holders must be exactly the model's (a grant of
+//!   unknown fence matches any fence of the same session and mode).
+//! * session end: not an operation a client makes but one the history
+//!   implies. A session is alive at every successful operation made through
+//!   it, so it ends after the invocation of its last successful acquire or
+//!   release, and before its `close` returned (or at an unknown time, if
+//!   the close did not answer). Ending releases everything it held — that
+//!   is how expiry looks to everyone else.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use porcupine_rs::{CheckResult, Model, Operation};
+use serde_json::{json, Value};
+
+use crate::history::{Op, Type};
+
+/// One lock's sequential specification.
+#[derive(Clone, Debug)]
+pub struct LockModel;
+
+/// An operation on one lock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LockOp {
+    /// A grant (fence `None`: outcome unknown).
+    Acquire {
+        /// Holding session.
+        session: u64,
+        /// Shared or exclusive.
+        shared: bool,
+        /// The fence, when known.
+        fence: Option<u64>,
+    },
+    /// A release (`released` `None`: outcome unknown).
+    Release {
+        /// Holding session.
+        session: u64,
+        /// The grant's fence.
+        fence: u64,
+        /// What the server answered.
+        released: Option<bool>,
+    },
+    /// A linearizable read of the holders.
+    Describe {
+        /// `(session, fence, shared)`, sorted.
+        holders: Vec<(u64, u64, bool)>,
+    },
+    /// The session ended (closed or expired).
+    End {
+        /// The session.
+        session: u64,
+    },
+}
+
+/// The model's state.
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq)]
+pub struct LockState {
+    /// `(session, fence, shared)` sorted; fence 0 = unknown.
+    holders: Vec<(u64, u64, bool)>,
+    /// Largest known fence granted.
+    max_fence: u64,
+    /// Ended sessions, sorted.
+    ended: Vec<u64>,
+}
+
+impl LockState {
+    fn compatible(&self, shared: bool) -> bool {
+        if shared {
+            self.holders.iter().all(|h| h.2)
+        } else {
+            self.holders.is_empty()
+        }
+    }
+
+    fn ended(&self, session: u64) -> bool {
+        self.ended.binary_search(&session).is_ok()
+    }
+}
+
+impl Model for LockModel {
+    type State = LockState;
+    type Op = LockOp;
+    type Metadata = ();
+
+    fn init() -> LockState {
+        LockState::default()
+    }
+
+    fn step(state: &LockState, op: &LockOp) -> (bool, LockState) {
+        match op {
+            LockOp::Acquire {
+                session,
+                shared,
+                fence: Some(f),
+            } => {
+                if state.ended(*session) || !state.compatible(*shared) || *f <= state.max_fence {
+                    return (false, state.clone());
+                }
+                let mut s = state.clone();
+                s.holders.push((*session, *f, *shared));
+                s.holders.sort_unstable();
+                s.max_fence = *f;
+                (true, s)
+            }
+            LockOp::Acquire {
+                session,
+                shared,
+                fence: None,
+            } => {
+                if state.ended(*session) || !state.compatible(*shared) {
+                    // Queued and never granted.
+                    return (true, state.clone());
+                }
+                let mut s = state.clone();
+                s.holders.push((*session, 0, *shared));
+                s.holders.sort_unstable();
+                (true, s)
+            }
+            LockOp::Release {
+                session,
+                fence,
+                released,
+            } => {
+                let pos = state
+                    .holders
+                    .iter()
+                    .position(|h| h.0 == *session && h.1 == *fence);
+                match (released, pos) {
+                    (Some(true), Some(i)) | (None, Some(i)) => {
+                        let mut s = state.clone();
+                        s.holders.remove(i);
+                        (true, s)
+                    }
+                    (Some(true), None) => (false, state.clone()),
+                    (Some(false), Some(_)) => (false, state.clone()),
+                    (_, None) => (true, state.clone()),
+                }
+            }
+            LockOp::Describe { holders } => {
+                let ok = holders.len() == state.holders.len()
+                    && holders.iter().all(|d| {
+                        state
+                            .holders
+                            .iter()
+                            .any(|m| m.0 == d.0 && m.2 == d.2 && (m.1 == d.1 || m.1 == 0))
+                    });
+                (ok, state.clone())
+            }
+            LockOp::End { session } => {
+                let mut s = state.clone();
+                s.holders.retain(|h| h.0 != *session);
+                if let Err(i) = s.ended.binary_search(session) {
+                    s.ended.insert(i, *session);
+                }
+                (true, s)
+            }
+        }
+    }
+}
+
+/// Builds each lock's porcupine history from the paired operations.
+pub fn lock_histories(ops: &[Op]) -> BTreeMap<String, Vec<Operation<LockModel>>> {
+    let end_of_time = ops
+        .iter()
+        .flat_map(|o| [Some(o.invoke_ns), o.recorded_ns])
+        .flatten()
+        .max()
+        .unwrap_or(0) as i64
+        + 1_000_000_000;
+    let ret = |o: &Op| o.complete_ns.map(|c| c as i64).unwrap_or(end_of_time);
+    let mut by_lock: BTreeMap<String, Vec<Operation<LockModel>>> = BTreeMap::new();
+    // Per session: the invocation of its last proof of life, its open, its
+    // close, and the locks it touched.
+    let mut alive_at: BTreeMap<u64, i64> = BTreeMap::new();
+    let mut closed: BTreeMap<u64, i64> = BTreeMap::new();
+    let mut touched: BTreeMap<u64, BTreeSet<String>> = BTreeMap::new();
+    for o in ops {
+        let session = o.u64("session");
+        let mut push = |lock: &str, op: LockOp| {
+            by_lock
+                .entry(lock.to_string())
+                .or_default()
+                .push(Operation {
+                    client_id: Some(o.process as u32),
+                    call_time: o.invoke_ns as i64,
+                    return_time: ret(o),
+                    op,
+                    metadata: None,
+                });
+        };
+        match (o.f.as_str(), o.kind) {
+            ("open", Type::Ok) => {
+                if let Some(s) = o.u64("session") {
+                    alive_at.entry(s).or_insert(o.invoke_ns as i64);
+                }
+            }
+            ("close", Type::Ok) => {
+                if let (Some(s), Some(c)) = (session, o.complete_ns) {
+                    closed.insert(s, c as i64);
+                }
+            }
+            ("acquire", Type::Ok | Type::Info) => {
+                let (Some(lock), Some(s)) = (o.str("lock"), session) else {
+                    continue;
+                };
+                let shared = o.str("mode") == Some("shared");
+                let fence = if o.kind == Type::Ok {
+                    o.u64("fence")
+                } else {
+                    None
+                };
+                if o.kind == Type::Ok {
+                    let t = alive_at.entry(s).or_insert(0);
+                    *t = (*t).max(o.invoke_ns as i64);
+                }
+                touched.entry(s).or_default().insert(lock.to_string());
+                push(
+                    lock,
+                    LockOp::Acquire {
+                        session: s,
+                        shared,
+                        fence,
+                    },
+                );
+            }
+            ("release", Type::Ok | Type::Info) => {
+                let (Some(lock), Some(s), Some(fence)) = (o.str("lock"), session, o.u64("fence"))
+                else {
+                    continue;
+                };
+                let released = if o.kind == Type::Ok {
+                    o.bool("released")
+                } else {
+                    None
+                };
+                if released == Some(true) {
+                    let t = alive_at.entry(s).or_insert(0);
+                    *t = (*t).max(o.invoke_ns as i64);
+                }
+                touched.entry(s).or_default().insert(lock.to_string());
+                push(
+                    lock,
+                    LockOp::Release {
+                        session: s,
+                        fence,
+                        released,
+                    },
+                );
+            }
+            ("describe", Type::Ok) => {
+                let Some(lock) = o.str("lock") else { continue };
+                let mut holders: Vec<(u64, u64, bool)> = o
+                    .result
+                    .get("holders")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .map(|h| {
+                        (
+                            h["session"].as_u64().unwrap_or(0),
+                            h["fence"].as_u64().unwrap_or(0),
+                            h["mode"].as_str() == Some("shared"),
+                        )
+                    })
+                    .collect();
+                holders.sort_unstable();
+                push(lock, LockOp::Describe { holders });
+            }
+            _ => {}
+        }
+    }
+    for (session, locks) in touched {
+        let call = alive_at.get(&session).copied().unwrap_or(0);
+        let ret = closed
+            .get(&session)
+            .copied()
+            .filter(|&c| c >= call)
+            .unwrap_or(end_of_time);
+        for lock in locks {
+            by_lock.entry(lock).or_default().push(Operation {
+                client_id: None,
+                call_time: call,
+                return_time: ret,
+                op: LockOp::End { session },
+                metadata: None,
+            });
+        }
+    }
+    by_lock
+}
+
+/// Checks every lock; returns the checker's JSON result and anomalies.
+/// Writes porcupine's visualization of a failing lock to `viz_dir`.
+pub fn check(ops: &[Op], timeout: Duration, viz_dir: &std::path::Path) -> (Value, Vec<Value>) {
+    let mut per_lock = serde_json::Map::new();
+    let mut anomalies = Vec::new();
+    let mut valid = true;
+    let mut unknown = false;
+    for (lock, history) in lock_histories(ops) {
+        let started = std::time::Instant::now();
+        let result = porcupine_rs::check_operations_timeout::<LockModel>(&history, timeout);
+        let verdict = match result {
+            CheckResult::Ok => "linearizable",
+            CheckResult::Illegal => "not linearizable",
+            CheckResult::Unknown => "unknown (search timed out)",
+        };
+        let mut entry = json!({
+            "ops": history.len(),
+            "result": verdict,
+            "ms": started.elapsed().as_millis() as u64,
+        });
+        if result == CheckResult::Illegal {
+            valid = false;
+            let file = viz_dir.join(format!(
+                "linearizability-{}.html",
+                lock.replace(|c: char| !c.is_ascii_alphanumeric(), "_")
+            ));
+            let (_, info) =
+                porcupine_rs::check_operations_info_timeout::<LockModel>(&history, timeout);
+            if porcupine_rs::visualize_path::<LockModel>(&info, &file).is_ok() {
+                entry["visualization"] = json!(file.display().to_string());
+            }
+            anomalies.push(json!({
+                "checker": "linearizability",
+                "lock": lock,
+                "message": "no linearization of this lock's operations satisfies the lock model",
+                "visualization": entry.get("visualization"),
+            }));
+        }
+        if result == CheckResult::Unknown {
+            unknown = true;
+        }
+        per_lock.insert(lock, entry);
+    }
+    (
+        json!({
+            "valid": valid,
+            "unknown": unknown,
+            "model": "lock: holders, monotonic fences per lock, session ends",
+            "checker": "porcupine-rs (Wing-Gong-Lowe with caching)",
+            "locks": per_lock,
+        }),
+        anomalies,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::history::{pair_ops, Event, Process};
+
+    fn ev(p: u64, kind: Type, f: &str, value: Value, t: u64) -> Event {
+        Event {
+            process: Process::Client(p),
+            kind,
+            f: f.into(),
+            value,
+            time_ns: t,
+        }
+    }
+
+    fn verdict(events: Vec<Event>) -> bool {
+        let ops = pair_ops(&events);
+        lock_histories(&ops).into_values().all(|h| {
+            porcupine_rs::check_operations_timeout::<LockModel>(&h, Duration::from_secs(5))
+                == CheckResult::Ok
+        })
+    }
+
+    fn acquire(p: u64, s: u64, t0: u64, t1: u64, fence: u64, mode: &str) -> Vec<Event> {
+        vec![
+            ev(
+                p,
+                Type::Invoke,
+                "acquire",
+                json!({"lock": "a", "mode": mode, "session": s}),
+                t0,
+            ),
+            ev(
+                p,
+                Type::Ok,
+                "acquire",
+                json!({"lock": "a", "mode": mode, "session": s, "fence": fence}),
+                t1,
+            ),
+        ]
+    }
+
+    fn release(p: u64, s: u64, t0: u64, t1: u64, fence: u64, released: bool) -> Vec<Event> {
+        vec![
+            ev(
+                p,
+                Type::Invoke,
+                "release",
+                json!({"lock": "a", "session": s, "fence": fence}),
+                t0,
+            ),
+            ev(p, Type::Ok, "release", json!({"released": released}), t1),
+        ]
+    }
+
+    #[test]
+    fn sequential_handoff_is_linearizable() {
+        let mut h = acquire(0, 10, 0, 1, 5, "exclusive");
+        h.extend(release(0, 10, 2, 3, 5, true));
+        h.extend(acquire(1, 11, 4, 5, 6, "exclusive"));
+        assert!(verdict(h));
+    }
+
+    #[test]
+    fn two_exclusive_holders_at_once_are_not() {
+        let mut h = acquire(0, 10, 0, 1, 5, "exclusive");
+        h.extend(acquire(1, 11, 2, 3, 6, "exclusive"));
+        h.extend(release(0, 10, 4, 5, 5, true));
+        assert!(!verdict(h));
+    }
+
+    #[test]
+    fn shared_holders_coexist_but_fences_must_grow() {
+        let mut h = acquire(0, 10, 0, 1, 5, "shared");
+        h.extend(acquire(1, 11, 2, 3, 6, "shared"));
+        assert!(verdict(h));
+        let mut h = acquire(0, 10, 0, 1, 7, "exclusive");
+        h.extend(release(0, 10, 2, 3, 7, true));
+        h.extend(acquire(1, 11, 4, 5, 6, "exclusive"));
+        assert!(!verdict(h), "a later grant with a smaller fence");
+    }
+
+    #[test]
+    fn an_expired_session_frees_its_lock() {
+        // Session 10 holds, then (unseen) expires; 11 takes the lock; 10's
+        // close returns; 10's release finds nothing.
+        let mut h = vec![
+            ev(0, Type::Invoke, "open", json!({}), 0),
+            ev(0, Type::Ok, "open", json!({"session": 10}), 1),
+        ];
+        h.extend(acquire(0, 10, 2, 3, 5, "exclusive"));
+        h.extend(acquire(1, 11, 4, 9, 6, "exclusive"));
+        h.extend(release(0, 10, 10, 11, 5, false));
+        h.push(ev(0, Type::Invoke, "close", json!({"session": 10}), 12));
+        h.push(ev(0, Type::Ok, "close", json!({"session": 10}), 13));
+        assert!(verdict(h));
+    }
+
+    #[test]
+    fn describe_must_match_the_holders() {
+        let mut h = acquire(0, 10, 0, 1, 5, "exclusive");
+        h.push(ev(1, Type::Invoke, "describe", json!({"lock": "a"}), 2));
+        h.push(ev(
+            1,
+            Type::Ok,
+            "describe",
+            json!({"lock": "a", "holders": []}),
+            3,
+        ));
+        // Without a later proof of life the session may have expired.
+        assert!(verdict(h.clone()));
+        // A release that still found the grant proves it was held.
+        h.extend(release(0, 10, 4, 5, 5, true));
+        assert!(!verdict(h), "the holder is invisible");
+        let mut h = acquire(0, 10, 0, 1, 5, "exclusive");
+        h.push(ev(1, Type::Invoke, "describe", json!({"lock": "a"}), 2));
+        h.push(ev(
+            1,
+            Type::Ok,
+            "describe",
+            json!({"lock": "a", "holders": [{"session": 10, "fence": 5, "mode": "exclusive"}]}),
+            3,
+        ));
+        assert!(verdict(h));
+    }
+
+    #[test]
+    fn an_unknown_acquire_may_or_may_not_have_happened() {
+        // Process 0's acquire timed out; a describe later sees it held.
+        let mut h = vec![ev(
+            0,
+            Type::Invoke,
+            "acquire",
+            json!({"lock": "a", "mode": "exclusive", "session": 10}),
+            0,
+        )];
+        h.push(ev(0, Type::Info, "acquire", json!({"error": "unknown"}), 5));
+        h.push(ev(1, Type::Invoke, "describe", json!({"lock": "a"}), 6));
+        h.push(ev(
+            1,
+            Type::Ok,
+            "describe",
+            json!({"lock": "a", "holders": [{"session": 10, "fence": 9, "mode": "exclusive"}]}),
+            7,
+        ));
+        // ... and after its session closed, someone else gets it.
+        h.push(ev(3, Type::Invoke, "close", json!({"session": 10}), 8));
+        h.push(ev(3, Type::Ok, "close", json!({"session": 10}), 9));
+        h.extend(acquire(2, 11, 10, 11, 12, "exclusive"));
+        assert!(verdict(h.clone()));
+        // Or it never happened.
+        let mut h2 = vec![ev(
+            0,
+            Type::Invoke,
+            "acquire",
+            json!({"lock": "a", "mode": "exclusive", "session": 10}),
+            0,
+        )];
+        h2.push(ev(0, Type::Info, "acquire", json!({"error": "unknown"}), 5));
+        h2.extend(acquire(2, 11, 10, 11, 12, "exclusive"));
+        assert!(verdict(h2));
+    }
+}

@@ -1,0 +1,702 @@
+//! The nemesis: faults on a seeded timeline.
+//!
+//! One fault at a time: a quiet spell, then a fault chosen from the enabled
+//! kinds, held for a while, then healed. Every choice (kind, variant,
+//! duration, which node when "random") comes from the run's seed; which
+//! node is the leader comes from the cluster, so a replay with the same
+//! seed makes the same choices wherever the cluster behaves the same.
+//!
+//! Each fault is recorded in the history as a `start-KIND` and a
+//! `stop-KIND` event of process `"nemesis"` (membership changes as
+//! `add-node` / `remove-node` operations), and returned as a [`Window`]
+//! for the report.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::seq::{IndexedRandom, SliceRandom};
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use serde_json::{json, Value};
+use tokio::sync::Mutex;
+use tokio::time::Instant;
+
+use crate::cluster::Cluster;
+use crate::history::{Process, Recorder, Type};
+use crate::proxy::Link;
+
+/// The kinds of fault.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NemesisKind {
+    /// SIGKILL and restart.
+    Kill,
+    /// SIGSTOP and SIGCONT.
+    Pause,
+    /// Cut links.
+    Partition,
+    /// libfaketime clock rates.
+    Clock,
+    /// Add and remove nodes.
+    Membership,
+}
+
+impl NemesisKind {
+    /// Parses `kill,pause,...` (`all` = every kind, `none` = no faults).
+    pub fn parse_list(s: &str) -> anyhow::Result<Vec<NemesisKind>> {
+        let mut out = BTreeSet::new();
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            match part {
+                "kill" => {
+                    out.insert(NemesisKind::Kill);
+                }
+                "pause" => {
+                    out.insert(NemesisKind::Pause);
+                }
+                "partition" => {
+                    out.insert(NemesisKind::Partition);
+                }
+                "clock" => {
+                    out.insert(NemesisKind::Clock);
+                }
+                "membership" => {
+                    out.insert(NemesisKind::Membership);
+                }
+                "all" => out.extend([
+                    NemesisKind::Kill,
+                    NemesisKind::Pause,
+                    NemesisKind::Partition,
+                    NemesisKind::Clock,
+                    NemesisKind::Membership,
+                ]),
+                "none" => {}
+                other => anyhow::bail!(
+                    "unknown nemesis {other:?} (expected kill, pause, partition, clock, membership, all or none)"
+                ),
+            }
+        }
+        Ok(out.into_iter().collect())
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            NemesisKind::Kill => "kill",
+            NemesisKind::Pause => "pause",
+            NemesisKind::Partition => "partition",
+            NemesisKind::Clock => "clock",
+            NemesisKind::Membership => "membership",
+        }
+    }
+}
+
+/// How partitions cut connections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum CutMode {
+    /// Black hole: hold bytes, stall new connections.
+    Stall,
+    /// Also reset existing connections.
+    Reset,
+    /// Choose per partition.
+    Mixed,
+}
+
+/// One fault, for the report and results.json.
+#[derive(Clone, Debug, Serialize)]
+pub struct Window {
+    /// Fault kind.
+    pub kind: NemesisKind,
+    /// Variant (`leader`, `majority`, `halves`, `x2.0` ...).
+    pub variant: String,
+    /// Nodes affected.
+    pub nodes: Vec<u64>,
+    /// Details (cut links, clock rates, outcome).
+    pub detail: Value,
+    /// Start, ns since the run started.
+    pub start_ns: u64,
+    /// End (healed), ns since the run started.
+    pub end_ns: u64,
+}
+
+/// Nemesis settings.
+#[derive(Clone, Debug)]
+pub struct NemesisOptions {
+    /// Enabled kinds; empty = no faults.
+    pub kinds: Vec<NemesisKind>,
+    /// The run's seed.
+    pub seed: u64,
+    /// Session ttl of the workload (pauses last longer).
+    pub ttl: Duration,
+    /// How partitions cut.
+    pub cut_mode: CutMode,
+    /// Initial voter count (membership grows it by one and back).
+    pub nodes: u64,
+}
+
+/// What a fault did, to be healed.
+enum Active {
+    Killed(Vec<u64>),
+    Paused(Vec<u64>),
+    Cut,
+    Clock(Vec<u64>),
+    Done,
+}
+
+/// Runs faults until `until`, then returns the windows. Leaves the cluster
+/// healed.
+pub async fn run(
+    cluster: Arc<Mutex<Cluster>>,
+    rec: Recorder,
+    opts: NemesisOptions,
+    until: Instant,
+) -> Vec<Window> {
+    let mut rng = StdRng::seed_from_u64(opts.seed ^ 0x006e_656d_6573_6973);
+    let mut windows = Vec::new();
+    if opts.kinds.is_empty() {
+        return windows;
+    }
+    // The first fault comes after a short calm, so the history starts with
+    // a healthy baseline.
+    let mut quiet = Duration::from_millis(rng.random_range(2000..=4000));
+    loop {
+        let fault_len = Duration::from_millis(rng.random_range(3000..=8000));
+        if Instant::now() + quiet + Duration::from_secs(2) >= until {
+            break;
+        }
+        tokio::time::sleep(quiet).await;
+        let kind = *opts.kinds.choose(&mut rng).expect("kinds is not empty");
+        let start_ns = rec.now_ns();
+        let (variant, nodes, detail, active) =
+            match start(&cluster, &rec, &opts, kind, &mut rng).await {
+                Ok(x) => x,
+                Err(e) => {
+                    rec.record(
+                        Process::NEMESIS,
+                        Type::Info,
+                        &format!("start-{}", kind.name()),
+                        json!({"error": e.to_string()}),
+                    );
+                    quiet = Duration::from_secs(1);
+                    continue;
+                }
+            };
+        let hold = match kind {
+            // Longer than the ttl, so leases run out on the clock of a
+            // cluster that has moved on.
+            NemesisKind::Pause => opts.ttl + Duration::from_millis(rng.random_range(1000..=3000)),
+            NemesisKind::Kill => Duration::from_millis(rng.random_range(1000..=5000)),
+            NemesisKind::Membership => Duration::ZERO,
+            _ => fault_len,
+        };
+        let hold_until = (Instant::now() + hold).min(until.max(Instant::now()));
+        tokio::time::sleep_until(hold_until).await;
+        let healed = heal(&cluster, &active).await;
+        let end_ns = rec.now_ns();
+        if !matches!(active, Active::Done) {
+            rec.record(
+                Process::NEMESIS,
+                Type::Info,
+                &format!("stop-{}", kind.name()),
+                json!({"variant": variant, "nodes": nodes, "healed": healed.is_ok(),
+                       "error": healed.err().map(|e| e.to_string())}),
+            );
+        }
+        windows.push(Window {
+            kind,
+            variant,
+            nodes,
+            detail,
+            start_ns,
+            end_ns,
+        });
+        quiet = Duration::from_millis(rng.random_range(1500..=4000));
+    }
+    windows
+}
+
+/// Members to fault: current voters, else the initial ones.
+async fn voters(cluster: &Arc<Mutex<Cluster>>) -> Vec<u64> {
+    let c = cluster.lock().await;
+    let mut v = c.voters().await.unwrap_or_else(|| c.initial_ids());
+    v.retain(|id| c.is_up(*id));
+    v
+}
+
+async fn leader(cluster: &Arc<Mutex<Cluster>>) -> Option<u64> {
+    cluster.lock().await.leader().await
+}
+
+type Started = (String, Vec<u64>, Value, Active);
+
+async fn start(
+    cluster: &Arc<Mutex<Cluster>>,
+    rec: &Recorder,
+    opts: &NemesisOptions,
+    kind: NemesisKind,
+    rng: &mut StdRng,
+) -> anyhow::Result<Started> {
+    let mut members = voters(cluster).await;
+    anyhow::ensure!(!members.is_empty(), "no voters to fault");
+    members.shuffle(rng);
+    let leader = leader(cluster).await;
+    let pick_leader =
+        |rng: &mut StdRng| leader.unwrap_or_else(|| members[rng.random_range(0..members.len())]);
+    let majority = members.len() / 2 + 1;
+    let name = kind.name();
+    let started: Started = match kind {
+        NemesisKind::Kill | NemesisKind::Pause => {
+            let variant = *["one", "leader", "majority"]
+                .choose(rng)
+                .expect("non-empty");
+            let targets: Vec<u64> = match variant {
+                "one" => vec![members[0]],
+                "leader" => vec![pick_leader(rng)],
+                _ => {
+                    // A majority that includes the leader when there is one.
+                    let l = pick_leader(rng);
+                    let mut t = vec![l];
+                    t.extend(
+                        members
+                            .iter()
+                            .copied()
+                            .filter(|&m| m != l)
+                            .take(majority - 1),
+                    );
+                    t
+                }
+            };
+            let mut c = cluster.lock().await;
+            for &t in &targets {
+                if kind == NemesisKind::Kill {
+                    c.kill(t).await?;
+                } else {
+                    c.pause(t)?;
+                }
+            }
+            let active = if kind == NemesisKind::Kill {
+                Active::Killed(targets.clone())
+            } else {
+                Active::Paused(targets.clone())
+            };
+            (variant.to_string(), targets, json!({}), active)
+        }
+        NemesisKind::Partition => {
+            let mut variants = vec!["halves", "isolate-leader", "bridge", "one-way"];
+            if members.len() >= 5 {
+                variants.push("ring");
+            }
+            let variant = *variants.choose(rng).expect("non-empty");
+            let reset = match opts.cut_mode {
+                CutMode::Stall => false,
+                CutMode::Reset => true,
+                CutMode::Mixed => rng.random_bool(0.5),
+            };
+            let l = pick_leader(rng);
+            let links = partition_links(variant, &members, l, rng);
+            let c = cluster.lock().await;
+            c.net.cut(&links, reset);
+            let nodes: Vec<u64> = match variant {
+                "isolate-leader" | "one-way" => vec![l],
+                _ => members.clone(),
+            };
+            (
+                variant.to_string(),
+                nodes,
+                json!({"cut": links, "reset": reset}),
+                Active::Cut,
+            )
+        }
+        NemesisKind::Clock => {
+            let variant = *[
+                "fast-new-leader",
+                "leader-fast",
+                "leader-slow",
+                "one",
+                "all",
+            ]
+            .choose(rng)
+            .expect("non-empty");
+            let l = pick_leader(rng);
+            let follower = members.iter().copied().find(|&m| m != l);
+            let targets: Vec<(u64, f64)> = match (variant, follower) {
+                ("fast-new-leader", Some(f)) => vec![(f, *[3.0, 5.0].choose(rng).expect("rates"))],
+                ("leader-fast" | "fast-new-leader", _) => {
+                    vec![(l, *[2.0, 3.0, 5.0].choose(rng).expect("rates"))]
+                }
+                ("leader-slow", _) => vec![(l, *[0.25, 0.5].choose(rng).expect("rates"))],
+                ("one", _) => vec![(members[0], *[0.5, 2.0, 3.0].choose(rng).expect("rates"))],
+                _ => members
+                    .iter()
+                    .map(|&m| (m, *[0.5, 0.8, 1.0, 1.5, 2.0].choose(rng).expect("rates")))
+                    .collect(),
+            };
+            let mut new_leader = None;
+            let mut c = cluster.lock().await;
+            // One at a time: each is a graceful restart at the new rate.
+            for &(id, rate) in &targets {
+                c.set_rate(id, rate).await?;
+            }
+            if variant == "fast-new-leader" && follower.is_some() {
+                // Depose the leader: the fast node's election timer fires
+                // first, so it is likely to lead next, counting every
+                // session's lease on its fast clock. Clients then believe
+                // in leases the cluster has already expired; fencing is
+                // what keeps the store safe.
+                c.kill(l).await?;
+                new_leader = c.wait_for_leader(Duration::from_secs(5)).await.ok();
+                c.restart(l).await?;
+            }
+            let nodes: Vec<u64> = targets.iter().map(|t| t.0).collect();
+            let rates: Vec<Value> = targets
+                .iter()
+                .map(|(id, r)| json!({"node": id, "rate": r}))
+                .collect();
+            (
+                variant.to_string(),
+                nodes.clone(),
+                json!({ "rates": rates, "new_leader": new_leader }),
+                Active::Clock(nodes),
+            )
+        }
+        NemesisKind::Membership => {
+            return membership(cluster, rec, opts, members, leader, rng).await;
+        }
+    };
+    rec.record(
+        Process::NEMESIS,
+        Type::Info,
+        &format!("start-{name}"),
+        json!({"variant": started.0, "nodes": started.1, "detail": started.2}),
+    );
+    Ok(started)
+}
+
+/// The directions to cut for a partition variant over `members` (shuffled).
+pub fn partition_links(variant: &str, members: &[u64], leader: u64, rng: &mut StdRng) -> Vec<Link> {
+    let both = |a: &[u64], b: &[u64]| -> Vec<Link> {
+        let mut out = Vec::new();
+        for &x in a {
+            for &y in b {
+                if x != y {
+                    out.push((x, y));
+                    out.push((y, x));
+                }
+            }
+        }
+        out
+    };
+    match variant {
+        "halves" => {
+            let (a, b) = members.split_at(members.len() / 2);
+            both(a, b)
+        }
+        "isolate-leader" => {
+            let rest: Vec<u64> = members.iter().copied().filter(|&m| m != leader).collect();
+            both(&[leader], &rest)
+        }
+        "bridge" => {
+            // Two halves that only one node (the bridge) can reach both of.
+            let n = members.len();
+            let bridge = n / 2;
+            let (a, b) = (&members[..bridge], &members[bridge + 1..]);
+            both(a, b)
+        }
+        "ring" => {
+            // Each node sees its nearest ring neighbours: with five, itself
+            // and one on each side, a majority, but no two the same one.
+            let n = members.len();
+            let reach = (n / 4).max(1);
+            let mut out = Vec::new();
+            for i in 0..n {
+                for j in 0..n {
+                    let d = (i + n - j) % n;
+                    let d = d.min(n - d);
+                    if i != j && d > reach {
+                        out.push((members[i], members[j]));
+                    }
+                }
+            }
+            out
+        }
+        _ => {
+            // one-way: the leader can hear but not be heard, or the reverse.
+            let rest: Vec<u64> = members.iter().copied().filter(|&m| m != leader).collect();
+            if rng.random_bool(0.5) {
+                rest.iter().map(|&r| (leader, r)).collect()
+            } else {
+                rest.iter().map(|&r| (r, leader)).collect()
+            }
+        }
+    }
+}
+
+async fn membership(
+    cluster: &Arc<Mutex<Cluster>>,
+    rec: &Recorder,
+    opts: &NemesisOptions,
+    voters: Vec<u64>,
+    leader: Option<u64>,
+    rng: &mut StdRng,
+) -> anyhow::Result<Started> {
+    let (admin, all, members) = {
+        let c = cluster.lock().await;
+        (
+            c.admin().clone(),
+            c.ids(),
+            c.members().await.unwrap_or_else(|| voters.clone()),
+        )
+    };
+    if voters.len() as u64 > opts.nodes {
+        // Shrink back: remove a voter, the leader a third of the time.
+        let target = match leader {
+            Some(l) if rng.random_bool(0.33) => l,
+            _ => *voters.choose(rng).expect("voters"),
+        };
+        rec.record(
+            Process::NEMESIS,
+            Type::Invoke,
+            "remove-node",
+            json!({"node": target}),
+        );
+        let r = tokio::time::timeout(Duration::from_secs(30), admin.remove_node(target)).await;
+        let (kind, value) = match &r {
+            Ok(Ok(m)) => (
+                Type::Ok,
+                json!({"node": target, "members": m.iter().map(|m| m.id).collect::<Vec<_>>()}),
+            ),
+            Ok(Err(e)) => (
+                if e.is_retryable() {
+                    Type::Info
+                } else {
+                    Type::Fail
+                },
+                json!({"node": target, "error": e.to_string()}),
+            ),
+            Err(_) => (Type::Info, json!({"node": target, "error": "timed out"})),
+        };
+        rec.record(Process::NEMESIS, kind, "remove-node", value.clone());
+        // A node that has left is decommissioned: wiped and started empty,
+        // a spare for a later add. Only when the leader confirms it left.
+        let mut wiped = false;
+        if kind == Type::Ok {
+            let mut c = cluster.lock().await;
+            if c.members().await.is_some_and(|m| !m.contains(&target)) {
+                c.wipe(target).await?;
+                wiped = true;
+            }
+        }
+        Ok((
+            "remove".into(),
+            vec![target],
+            json!({"result": value, "wiped": wiped}),
+            Active::Done,
+        ))
+    } else {
+        let spares: Vec<u64> = all
+            .iter()
+            .copied()
+            .filter(|id| !members.contains(id))
+            .collect();
+        anyhow::ensure!(!spares.is_empty(), "no spare node to add");
+        let target = *spares.choose(rng).expect("spares");
+        let addr = cluster.lock().await.addr(target);
+        rec.record(
+            Process::NEMESIS,
+            Type::Invoke,
+            "add-node",
+            json!({"node": target, "addr": addr}),
+        );
+        let r = tokio::time::timeout(
+            Duration::from_secs(40),
+            admin.add_node(target, &addr, false),
+        )
+        .await;
+        let (kind, value) = match &r {
+            Ok(Ok(m)) => (
+                Type::Ok,
+                json!({"node": target, "members": m.iter().map(|m| m.id).collect::<Vec<_>>()}),
+            ),
+            Ok(Err(e)) => (
+                if e.is_retryable() {
+                    Type::Info
+                } else {
+                    Type::Fail
+                },
+                json!({"node": target, "error": e.to_string()}),
+            ),
+            Err(_) => (Type::Info, json!({"node": target, "error": "timed out"})),
+        };
+        rec.record(Process::NEMESIS, kind, "add-node", value.clone());
+        Ok((
+            "add".into(),
+            vec![target],
+            json!({ "result": value }),
+            Active::Done,
+        ))
+    }
+}
+
+async fn heal(cluster: &Arc<Mutex<Cluster>>, active: &Active) -> anyhow::Result<()> {
+    let mut c = cluster.lock().await;
+    match active {
+        Active::Killed(ids) => {
+            for &id in ids {
+                c.restart(id).await?;
+            }
+        }
+        Active::Paused(ids) => {
+            for &id in ids {
+                c.resume(id)?;
+            }
+        }
+        Active::Cut => c.net.heal(),
+        Active::Clock(ids) => {
+            for &id in ids {
+                c.set_rate(id, 1.0).await?;
+            }
+        }
+        Active::Done => {}
+    }
+    Ok(())
+}
+
+/// Rebuilds the fault windows from a history's nemesis events (for
+/// re-checking a finished run).
+pub fn windows_from_history(events: &[crate::history::Event]) -> Vec<Window> {
+    let kind_of = |name: &str| match name {
+        "kill" => Some(NemesisKind::Kill),
+        "pause" => Some(NemesisKind::Pause),
+        "partition" => Some(NemesisKind::Partition),
+        "clock" => Some(NemesisKind::Clock),
+        "membership" | "add-node" | "remove-node" => Some(NemesisKind::Membership),
+        _ => None,
+    };
+    let mut open: std::collections::HashMap<String, (u64, Value)> = Default::default();
+    let mut out = Vec::new();
+    for e in events.iter().filter(|e| e.process == Process::NEMESIS) {
+        let (key, starting) = if let Some(k) = e.f.strip_prefix("start-") {
+            (k.to_string(), true)
+        } else if let Some(k) = e.f.strip_prefix("stop-") {
+            (k.to_string(), false)
+        } else if e.f == "add-node" || e.f == "remove-node" {
+            (e.f.clone(), e.kind == Type::Invoke)
+        } else {
+            continue;
+        };
+        if starting {
+            if e.value.get("error").is_none_or(Value::is_null) || e.kind == Type::Invoke {
+                open.insert(key, (e.time_ns, e.value.clone()));
+            }
+            continue;
+        }
+        let (Some((start_ns, value)), Some(kind)) = (open.remove(&key), kind_of(&key)) else {
+            continue;
+        };
+        let nodes: Vec<u64> = value
+            .get("nodes")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(Value::as_u64).collect())
+            .or_else(|| value.get("node").and_then(Value::as_u64).map(|n| vec![n]))
+            .unwrap_or_default();
+        let variant = value
+            .get("variant")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .unwrap_or_else(|| key.trim_end_matches("-node").to_string());
+        out.push(Window {
+            kind,
+            variant,
+            nodes,
+            detail: value.get("detail").cloned().unwrap_or(e.value.clone()),
+            start_ns,
+            end_ns: e.time_ns,
+        });
+    }
+    out.sort_by_key(|w| w.start_ns);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn windows_are_rebuilt_from_the_history() {
+        use crate::history::Event;
+        let ev = |kind, f: &str, value: Value, t| Event {
+            process: Process::NEMESIS,
+            kind,
+            f: f.into(),
+            value,
+            time_ns: t,
+        };
+        let events = vec![
+            ev(
+                Type::Info,
+                "start-kill",
+                json!({"variant": "leader", "nodes": [2]}),
+                10,
+            ),
+            ev(Type::Info, "stop-kill", json!({}), 20),
+            ev(Type::Invoke, "add-node", json!({"node": 4}), 30),
+            ev(Type::Ok, "add-node", json!({"node": 4}), 40),
+            ev(Type::Info, "heal", json!({}), 50),
+        ];
+        let w = windows_from_history(&events);
+        assert_eq!(w.len(), 2);
+        assert_eq!(
+            (w[0].kind, w[0].variant.as_str(), w[0].nodes.clone()),
+            (NemesisKind::Kill, "leader", vec![2])
+        );
+        assert_eq!(
+            (w[1].kind, w[1].variant.as_str(), w[1].start_ns, w[1].end_ns),
+            (NemesisKind::Membership, "add", 30, 40)
+        );
+    }
+
+    #[test]
+    fn lists_parse() {
+        assert_eq!(
+            NemesisKind::parse_list("kill,pause").unwrap(),
+            vec![NemesisKind::Kill, NemesisKind::Pause]
+        );
+        assert_eq!(NemesisKind::parse_list("all").unwrap().len(), 5);
+        assert!(NemesisKind::parse_list("none").unwrap().is_empty());
+        assert!(NemesisKind::parse_list("flood").is_err());
+    }
+
+    fn reach(links: &[Link], members: &[u64]) -> Vec<usize> {
+        members
+            .iter()
+            .map(|&m| {
+                members
+                    .iter()
+                    .filter(|&&o| o == m || !links.contains(&(m, o)))
+                    .count()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn partitions_have_the_promised_shape() {
+        let mut rng = StdRng::seed_from_u64(1);
+        let five = [1, 2, 3, 4, 5];
+        // Ring: every node reaches exactly a majority (itself + 2).
+        assert_eq!(
+            reach(&partition_links("ring", &five, 1, &mut rng), &five),
+            vec![3; 5]
+        );
+        // Bridge: the middle node reaches everyone.
+        let bridge = partition_links("bridge", &five, 1, &mut rng);
+        assert_eq!(reach(&bridge, &five), vec![3, 3, 5, 3, 3]);
+        // Isolating the leader cuts it off both ways.
+        let iso = partition_links("isolate-leader", &five, 3, &mut rng);
+        assert_eq!(iso.len(), 8);
+        assert!(iso.iter().all(|&(a, b)| a == 3 || b == 3));
+        // One-way cuts only one direction.
+        let one = partition_links("one-way", &five, 3, &mut rng);
+        assert_eq!(one.len(), 4);
+        assert!(one.iter().all(|&(a, b)| !one.contains(&(b, a))));
+    }
+}

@@ -1,0 +1,352 @@
+//! One test run: start the cluster and the store, run the workload under
+//! the nemesis for the time limit, heal, let the cluster recover, stop,
+//! check, and write `results.json` and `report.html`.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde_json::{json, Value};
+
+use crate::checker::{self, CheckInput};
+use crate::cluster::{self, Cluster, ClusterOptions};
+use crate::history::{self, Process, Recorder, Type};
+use crate::nemesis::{self, CutMode, NemesisKind, NemesisOptions, Window};
+use crate::store::Store;
+use crate::workload::{self, WorkloadKind, WorkloadOptions};
+
+/// Everything `raftlock-jepsen run` takes.
+#[derive(Clone, Debug, clap::Args)]
+pub struct RunArgs {
+    /// Initial cluster size (3 or 5).
+    #[arg(long, default_value_t = 3)]
+    pub nodes: u64,
+    /// Seconds of workload under faults (healing and recovery come after).
+    #[arg(long, default_value_t = 60)]
+    pub time_limit: u64,
+    /// Faults: comma-separated kill, pause, partition, clock, membership,
+    /// or all / none.
+    #[arg(long, default_value = "kill,pause,partition")]
+    pub nemesis: String,
+    /// fenced-counter, lock or semaphore.
+    #[arg(long, value_enum, default_value = "fenced-counter")]
+    pub workload: WorkloadKind,
+    /// Client workers.
+    #[arg(long, default_value_t = 4)]
+    pub concurrency: u64,
+    /// Seed of every random choice (workers and nemesis).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Output directory (created; a previous run's output there is
+    /// replaced).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// The raftlockd binary (default: next to this executable).
+    #[arg(long)]
+    pub raftlockd: Option<PathBuf>,
+    /// Session ttl of the workers, in milliseconds (pauses last longer).
+    #[arg(long, default_value_t = 3000)]
+    pub ttl_ms: u64,
+    /// Counters (and locks) of the fenced-counter workload.
+    #[arg(long, default_value_t = 2)]
+    pub keys: usize,
+    /// Capacity of the semaphore workload.
+    #[arg(long, default_value_t = 3)]
+    pub capacity: u32,
+    /// Fraction of fenced-counter cycles in which the holder "pauses" past
+    /// its lease and then writes with its old fence.
+    #[arg(long, default_value_t = 0.05)]
+    pub client_pauses: f64,
+    /// How partitions cut connections.
+    #[arg(long, value_enum, default_value = "mixed")]
+    pub cut_mode: CutMode,
+    /// Seconds of fault-free workload after healing.
+    #[arg(long, default_value_t = 5)]
+    pub recovery: u64,
+    /// Time budget of the linearizability search per lock, in seconds.
+    #[arg(long, default_value_t = 60)]
+    pub linearizability_timeout: u64,
+    /// TEST ONLY: the store skips its fence check, so stale holders' writes
+    /// land. The run must then come out invalid.
+    #[arg(long)]
+    pub broken_store: bool,
+}
+
+/// What a run produced.
+pub struct Outcome {
+    /// results.json.
+    pub results: Value,
+    /// Overall verdict.
+    pub valid: bool,
+}
+
+fn prepare_out(dir: &Path) -> anyhow::Result<()> {
+    if dir.exists() {
+        let mut entries = std::fs::read_dir(dir)?;
+        let empty = entries.next().is_none();
+        if !empty {
+            anyhow::ensure!(
+                dir.join("history.jsonl").exists(),
+                "{} is not empty and does not hold a previous run; choose another --out",
+                dir.display()
+            );
+            std::fs::remove_dir_all(dir)
+                .with_context(|| format!("cannot clear {}", dir.display()))?;
+        }
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    Ok(())
+}
+
+/// Runs the test described by `args`.
+pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
+    anyhow::ensure!(
+        (1..=7).contains(&args.nodes),
+        "--nodes must be between 1 and 7 (3 or 5 are the useful sizes)"
+    );
+    anyhow::ensure!(args.concurrency >= 1, "--concurrency must be at least 1");
+    anyhow::ensure!(
+        args.ttl_ms >= 1000,
+        "--ttl-ms must be at least 1000 (the server's minimum)"
+    );
+    anyhow::ensure!(
+        args.keys >= 1 && args.capacity >= 1,
+        "--keys and --capacity must be at least 1"
+    );
+    anyhow::ensure!(
+        (0.0..=1.0).contains(&args.client_pauses),
+        "--client-pauses is a fraction in 0..=1"
+    );
+    let kinds = NemesisKind::parse_list(&args.nemesis)?;
+    let raftlockd = cluster::find_raftlockd(args.raftlockd.as_deref())?;
+    let libfaketime = if kinds.contains(&NemesisKind::Clock) {
+        Some(cluster::find_libfaketime()?)
+    } else {
+        None
+    };
+    prepare_out(&args.out)?;
+    let out = args.out.canonicalize()?;
+    let started = Instant::now();
+    let rec = Recorder::create(&out.join("history.jsonl"), started)?;
+    let ttl = Duration::from_millis(args.ttl_ms);
+
+    eprintln!(
+        "raftlock-jepsen: {} nodes, workload {:?}, nemesis {:?}, {} s, seed {}, output in {}",
+        args.nodes,
+        args.workload,
+        kinds,
+        args.time_limit,
+        args.seed,
+        out.display()
+    );
+    let spares = if kinds.contains(&NemesisKind::Membership) {
+        2
+    } else {
+        0
+    };
+    let cluster = Cluster::start(ClusterOptions {
+        raftlockd,
+        dir: out.clone(),
+        nodes: args.nodes,
+        spares,
+        libfaketime,
+    })
+    .await?;
+    eprintln!(
+        "raftlock-jepsen: cluster up in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let endpoints = cluster.client_endpoints();
+    let cluster = Arc::new(tokio::sync::Mutex::new(cluster));
+
+    let store = if args.workload == WorkloadKind::FencedCounter {
+        Some(Store::start(&out.join("store.jsonl"), args.broken_store, rec.clone()).await?)
+    } else {
+        None
+    };
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let wopts = WorkloadOptions {
+        kind: args.workload,
+        endpoints,
+        ttl,
+        keys: args.keys,
+        capacity: args.capacity,
+        client_pauses: args.client_pauses,
+        store: store.as_ref().map(|s| s.addr().to_string()),
+        concurrency: args.concurrency,
+        seed: args.seed,
+    };
+    let mut workers = workload::spawn_workers(&wopts, &rec, stop.clone())?;
+
+    let until = tokio::time::Instant::now() + Duration::from_secs(args.time_limit);
+    let windows: Vec<Window> = nemesis::run(
+        cluster.clone(),
+        rec.clone(),
+        NemesisOptions {
+            kinds: kinds.clone(),
+            seed: args.seed,
+            ttl,
+            cut_mode: args.cut_mode,
+            nodes: args.nodes,
+        },
+        until,
+    )
+    .await;
+    tokio::time::sleep_until(until).await;
+
+    // Heal everything and give the cluster time to recover under load.
+    {
+        let mut c = cluster.lock().await;
+        let healed = c.heal_all().await;
+        rec.record(
+            Process::NEMESIS,
+            Type::Info,
+            "heal",
+            json!({"ok": healed.is_ok(), "error": healed.err().map(|e| e.to_string())}),
+        );
+    }
+    eprintln!("raftlock-jepsen: healed; {} s of recovery", args.recovery);
+    tokio::time::sleep(Duration::from_secs(args.recovery)).await;
+    stop.store(true, Ordering::SeqCst);
+    let drain = futures::future::join_all(workers.iter_mut());
+    if tokio::time::timeout(Duration::from_secs(30), drain)
+        .await
+        .is_err()
+    {
+        eprintln!("raftlock-jepsen: some workers did not stop within 30 s; their last operations count as unknown");
+    }
+    for w in &workers {
+        w.abort();
+    }
+
+    let store_values = store.as_ref().map(Store::values).unwrap_or_default();
+    if let Some(s) = &store {
+        s.stop();
+    }
+    rec.flush();
+    cluster.lock().await.stop_all().await;
+    let wall = started.elapsed();
+
+    let store_log = read_jsonl(&out.join("store.jsonl"));
+    std::fs::write(
+        out.join("store-final.json"),
+        serde_json::to_string_pretty(&store_values)?,
+    )?;
+    let events = rec.events();
+    let ops = history::pair_ops(&events);
+    let checked = checker::check(&CheckInput {
+        ops: &ops,
+        workload: args.workload,
+        store_log: &store_log,
+        store_values: &store_values,
+        capacity: args.capacity,
+        linear_timeout: Duration::from_secs(args.linearizability_timeout),
+        out_dir: &out,
+    });
+    let valid = checked.valid();
+    let results = json!({
+        "valid": valid,
+        "checkers": checked.checkers,
+        "anomalies": checked.anomalies,
+        "ops": ops.len(),
+        "nemesis": windows,
+        "run": {
+            "nodes": args.nodes,
+            "workload": args.workload,
+            "nemesis": kinds,
+            "time_limit_s": args.time_limit,
+            "concurrency": args.concurrency,
+            "seed": args.seed,
+            "ttl_ms": args.ttl_ms,
+            "broken_store": args.broken_store,
+            "wall_s": wall.as_secs_f64(),
+            "ok_ops": ops.iter().filter(|o| o.kind == Type::Ok).count(),
+            "fail_ops": ops.iter().filter(|o| o.kind == Type::Fail).count(),
+            "info_ops": ops.iter().filter(|o| o.kind == Type::Info).count(),
+        },
+    });
+    std::fs::write(
+        out.join("results.json"),
+        serde_json::to_string_pretty(&results)?,
+    )?;
+    let title = format!(
+        "raftlock-jepsen: {:?}, {} nodes, nemesis {}, seed {}",
+        args.workload, args.nodes, args.nemesis, args.seed
+    );
+    std::fs::write(
+        out.join("report.html"),
+        crate::report::render(&results, &ops, &windows, args.concurrency, &title),
+    )?;
+    Ok(Outcome { results, valid })
+}
+
+/// Re-checks a finished run's directory (history, store log and final
+/// values) without running anything.
+pub fn recheck(
+    out: &Path,
+    workload: WorkloadKind,
+    capacity: u32,
+    linear_timeout: Duration,
+) -> anyhow::Result<Outcome> {
+    let events = history::read_history(&out.join("history.jsonl"))?;
+    let ops = history::pair_ops(&events);
+    let store_log = read_jsonl(&out.join("store.jsonl"));
+    let store_values = std::fs::read_to_string(out.join("store-final.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_default();
+    let checked = checker::check(&CheckInput {
+        ops: &ops,
+        workload,
+        store_log: &store_log,
+        store_values: &store_values,
+        capacity,
+        linear_timeout,
+        out_dir: out,
+    });
+    let valid = checked.valid();
+    let windows = nemesis::windows_from_history(&events);
+    let previous: Option<Value> = std::fs::read_to_string(out.join("results.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok());
+    let run = previous
+        .as_ref()
+        .map(|p| p["run"].clone())
+        .unwrap_or(Value::Null);
+    // Without the run's own record, one timeline row per process number
+    // seen (workers retired after an unknown outcome get their own rows).
+    let concurrency = run["concurrency"]
+        .as_u64()
+        .unwrap_or_else(|| ops.iter().map(|o| o.process + 1).max().unwrap_or(1));
+    let results = json!({
+        "valid": valid,
+        "checkers": checked.checkers,
+        "anomalies": checked.anomalies,
+        "ops": ops.len(),
+        "nemesis": windows,
+        "run": run,
+    });
+    std::fs::write(
+        out.join("results.json"),
+        serde_json::to_string_pretty(&results)?,
+    )?;
+    let title = format!("raftlock-jepsen re-check: {workload:?}");
+    std::fs::write(
+        out.join("report.html"),
+        crate::report::render(&results, &ops, &windows, concurrency, &title),
+    )?;
+    Ok(Outcome { results, valid })
+}
+
+fn read_jsonl(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .map(|t| {
+            t.lines()
+                .filter_map(|l| serde_json::from_str(l).ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}

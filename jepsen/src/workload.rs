@@ -1,0 +1,460 @@
+//! Client workloads. Each of `concurrency` workers runs its own
+//! [`Client`] and [`Session`] against the nodes' real addresses and records
+//! every operation in the history.
+//!
+//! * `fenced-counter`: acquire lock `fc/K`, read counter K from the fenced
+//!   store with the fence, write it back plus one with the fence, release.
+//!   A fraction of cycles (`--client-pauses`) emulates a holder that
+//!   pauses past its lease: its session is ended behind its back while it
+//!   "sleeps" (its locks go to the next waiter), then it wakes and writes
+//!   with its old fence, as a GC-paused process would. The store must
+//!   refuse that write.
+//! * `lock`: acquire (exclusive or shared, try or bounded wait), hold,
+//!   release and describe over a few names, for the linearizability
+//!   checker.
+//! * `semaphore`: weighted permits of one semaphore of capacity K.
+//!
+//! Operation values (history `value` field):
+//! `acquire` {lock, mode, weight, session} → ok {fence};
+//! `release` {lock, fence, session, lease_until_ns} → ok {released};
+//! `describe` {lock} → ok {holders: [{session, fence, mode, weight}]};
+//! `read` {key, fence} → ok {value} | fail {latest};
+//! `write` {key, fence, value} → ok | fail {latest};
+//! `open` {} → ok {session}; `close` {session} → ok.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use raftlock_client::proto::LockInfo;
+use raftlock_client::{Client, ClientOptions, Error, Guard, LeaseState, Session};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{json, Value};
+
+use crate::history::{Process, Recorder, Type};
+use crate::store::{StoreClient, StoreReply};
+
+/// The workloads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WorkloadKind {
+    /// Lock-protected read-modify-write of counters in the fenced store.
+    FencedCounter,
+    /// Exclusive and shared locks with describes (linearizability).
+    Lock,
+    /// A weighted semaphore.
+    Semaphore,
+}
+
+/// Lock names of the `lock` workload.
+pub const LOCK_NAMES: [&str; 3] = ["lk/0", "lk/1", "lk/2"];
+/// The semaphore of the `semaphore` workload.
+pub const SEMAPHORE_NAME: &str = "sem/0";
+
+/// Settings shared by every worker.
+#[derive(Clone)]
+pub struct WorkloadOptions {
+    /// Which workload.
+    pub kind: WorkloadKind,
+    /// Node addresses.
+    pub endpoints: Vec<String>,
+    /// Session ttl.
+    pub ttl: Duration,
+    /// Counters (fenced-counter).
+    pub keys: usize,
+    /// Semaphore capacity.
+    pub capacity: u32,
+    /// Fraction of fenced-counter cycles that emulate a paused holder.
+    pub client_pauses: f64,
+    /// The fenced store (fenced-counter).
+    pub store: Option<String>,
+    /// Number of workers (process numbers advance by this on `info`).
+    pub concurrency: u64,
+    /// The run's seed.
+    pub seed: u64,
+}
+
+/// The lock name guarding counter `k`.
+pub fn counter_key(k: usize) -> String {
+    format!("fc/{k}")
+}
+
+/// One worker: a process number, a client, a session.
+struct Worker {
+    rec: Recorder,
+    opts: WorkloadOptions,
+    process: u64,
+    client: Client,
+    session: Option<Session>,
+    rng: StdRng,
+    stop: Arc<AtomicBool>,
+    store: Option<StoreClient>,
+}
+
+/// An operation in flight.
+struct PendingOp<'a> {
+    w: &'a mut Worker,
+    f: &'static str,
+}
+
+impl PendingOp<'_> {
+    fn complete(self, kind: Type, value: Value) {
+        self.w
+            .rec
+            .record(Process::Client(self.w.process), kind, self.f, value);
+        if kind == Type::Info {
+            // Jepsen's rule: a process with an operation of unknown outcome
+            // never invokes again; its work continues under a new number.
+            self.w.process += self.w.opts.concurrency;
+        }
+    }
+}
+
+/// How a client error ends an operation.
+fn classify(e: &Error) -> Type {
+    match e {
+        // May have been applied.
+        Error::Unknown(_) | Error::Internal(_) | Error::LeaseLost => Type::Info,
+        // Definitely not applied (the client says so for Unavailable).
+        _ => Type::Fail,
+    }
+}
+
+fn err_value(e: &Error) -> Value {
+    json!({ "error": e.to_string() })
+}
+
+fn mode_name(m: i32) -> &'static str {
+    match m {
+        0 => "exclusive",
+        1 => "shared",
+        _ => "semaphore",
+    }
+}
+
+fn holders_value(info: &Option<LockInfo>) -> Value {
+    let holders: Vec<Value> = info
+        .iter()
+        .flat_map(|i| i.holders.iter())
+        .map(|h| {
+            json!({
+                "session": h.session_id,
+                "fence": h.fence,
+                "mode": mode_name(h.mode),
+                "weight": h.weight,
+            })
+        })
+        .collect();
+    Value::Array(holders)
+}
+
+impl Worker {
+    fn op(&mut self, f: &'static str, value: Value) -> PendingOp<'_> {
+        self.rec
+            .record(Process::Client(self.process), Type::Invoke, f, value);
+        PendingOp { w: self, f }
+    }
+
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    /// The client's own view of when its lease ends, in run time (0 if it
+    /// believes the lease is gone).
+    fn lease_until_ns(&self) -> u64 {
+        let Some(s) = &self.session else { return 0 };
+        match *s.lease().borrow() {
+            LeaseState::Valid(until) => {
+                let until: std::time::Instant = until.into_std();
+                until.saturating_duration_since(self.rec.start()).as_nanos() as u64
+            }
+            _ => 0,
+        }
+    }
+
+    /// A valid session, opening one if needed (ending a lost one first).
+    async fn session(&mut self) -> Option<Session> {
+        if let Some(s) = &self.session {
+            if s.is_valid() {
+                return Some(s.clone());
+            }
+            self.end_session().await;
+        }
+        let op = self.op("open", json!({}));
+        match op.w.client.session(op.w.opts.ttl).await {
+            Ok(s) => {
+                let id = s.id();
+                op.w.session = Some(s.clone());
+                op.complete(Type::Ok, json!({ "session": id }));
+                Some(s)
+            }
+            Err(e) => {
+                op.complete(classify(&e), err_value(&e));
+                // Do not spin against an unavailable cluster.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                None
+            }
+        }
+    }
+
+    /// Closes the current session (releasing whatever it holds). `ok` means
+    /// it ended by now; `info` that it ends at some unknown time (it will
+    /// expire: nobody keeps it alive any more).
+    async fn end_session(&mut self) {
+        let Some(s) = self.session.take() else { return };
+        let op = self.op("close", json!({ "session": s.id() }));
+        match s.close().await {
+            Ok(()) => op.complete(Type::Ok, json!({ "session": s.id() })),
+            Err(e) => op.complete(Type::Info, err_value(&e)),
+        }
+    }
+
+    async fn acquire(
+        &mut self,
+        session: &Session,
+        name: &str,
+        mode: &'static str,
+        weight: u32,
+        timeout: Duration,
+    ) -> Option<Guard> {
+        let sid = session.id();
+        let op = self.op(
+            "acquire",
+            json!({"lock": name, "mode": mode, "weight": weight, "session": sid,
+                   "timeout_ms": timeout.as_millis() as u64}),
+        );
+        let result = match mode {
+            "semaphore" => {
+                session
+                    .semaphore(name, op.w.opts.capacity)
+                    .acquire_timeout(weight, timeout)
+                    .await
+            }
+            m => {
+                session
+                    .lock_with(name, m == "shared", Some(timeout), Vec::new())
+                    .await
+            }
+        };
+        match result {
+            Ok(g) => {
+                op.complete(
+                    Type::Ok,
+                    json!({"lock": name, "mode": mode, "weight": weight, "session": sid, "fence": g.fence()}),
+                );
+                Some(g)
+            }
+            Err(e) => {
+                let kind = classify(&e);
+                op.complete(kind, err_value(&e));
+                // A grant we may hold but do not know of, or a session that
+                // is gone: end the session so nothing stays held.
+                if kind == Type::Info || matches!(e, Error::SessionNotFound(_)) {
+                    self.end_session().await;
+                }
+                None
+            }
+        }
+    }
+
+    async fn release(&mut self, g: Guard) {
+        let lease_until_ns = self.lease_until_ns();
+        let op = self.op(
+            "release",
+            json!({"lock": g.name(), "fence": g.fence(), "session": g.session().id(),
+                   "lease_until_ns": lease_until_ns}),
+        );
+        match g.release().await {
+            Ok(released) => op.complete(Type::Ok, json!({ "released": released })),
+            Err(e) => {
+                let kind = classify(&e);
+                op.complete(kind, err_value(&e));
+                // The grant may still be held and the guard will not send
+                // again: end the session.
+                self.end_session().await;
+            }
+        }
+    }
+
+    async fn describe(&mut self, name: &str) {
+        let op = self.op("describe", json!({ "lock": name }));
+        match op.w.client.describe(name).await {
+            Ok(info) => op.complete(
+                Type::Ok,
+                json!({"lock": name, "holders": holders_value(&info)}),
+            ),
+            Err(e) => op.complete(Type::Fail, err_value(&e)),
+        }
+    }
+
+    async fn sleep_ms(&mut self, lo: u64, hi: u64) {
+        let ms = self.rng.random_range(lo..=hi);
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+
+    async fn run(mut self) {
+        while !self.stopped() {
+            let Some(session) = self.session().await else {
+                continue;
+            };
+            match self.opts.kind {
+                WorkloadKind::Lock => self.lock_cycle(&session).await,
+                WorkloadKind::Semaphore => self.semaphore_cycle(&session).await,
+                WorkloadKind::FencedCounter => self.counter_cycle(&session).await,
+            }
+        }
+        self.end_session().await;
+    }
+
+    async fn lock_cycle(&mut self, session: &Session) {
+        let name = LOCK_NAMES[self.rng.random_range(0..LOCK_NAMES.len())];
+        if self.rng.random_bool(0.2) {
+            self.describe(name).await;
+            return;
+        }
+        let mode = if self.rng.random_bool(0.7) {
+            "exclusive"
+        } else {
+            "shared"
+        };
+        let timeout = if self.rng.random_bool(0.2) {
+            Duration::ZERO
+        } else {
+            Duration::from_millis(self.rng.random_range(200..=1500))
+        };
+        let Some(g) = self.acquire(session, name, mode, 1, timeout).await else {
+            return;
+        };
+        self.sleep_ms(0, 150).await;
+        if self.rng.random_bool(0.3) {
+            self.describe(name).await;
+        }
+        self.release(g).await;
+    }
+
+    async fn semaphore_cycle(&mut self, session: &Session) {
+        if self.rng.random_bool(0.15) {
+            self.describe(SEMAPHORE_NAME).await;
+            return;
+        }
+        let weight = self.rng.random_range(1..=self.opts.capacity);
+        let timeout = Duration::from_millis(self.rng.random_range(200..=1500));
+        let Some(g) = self
+            .acquire(session, SEMAPHORE_NAME, "semaphore", weight, timeout)
+            .await
+        else {
+            return;
+        };
+        self.sleep_ms(0, 150).await;
+        if self.rng.random_bool(0.2) {
+            self.describe(SEMAPHORE_NAME).await;
+        }
+        self.release(g).await;
+    }
+
+    async fn counter_cycle(&mut self, session: &Session) {
+        let key = counter_key(self.rng.random_range(0..self.opts.keys));
+        let Some(g) = self
+            .acquire(session, &key, "exclusive", 1, Duration::from_secs(2))
+            .await
+        else {
+            return;
+        };
+        let fence = g.fence();
+        let op = self.op("read", json!({"key": key, "fence": fence}));
+        let reply =
+            op.w.store
+                .as_mut()
+                .expect("fenced-counter has a store")
+                .read(&key, fence)
+                .await;
+        let value = match reply {
+            StoreReply::Ok(v) => {
+                op.complete(Type::Ok, json!({"key": key, "fence": fence, "value": v}));
+                Some(v)
+            }
+            StoreReply::Stale { latest } => {
+                op.complete(
+                    Type::Fail,
+                    json!({"error": "stale fence", "latest": latest}),
+                );
+                None
+            }
+            StoreReply::Unknown(e) => {
+                op.complete(Type::Info, json!({ "error": e }));
+                None
+            }
+        };
+        if let Some(v) = value {
+            if self.rng.random_bool(self.opts.client_pauses) {
+                // The holder "pauses" here. While it sleeps its lease ends
+                // (its session is closed behind its back, exactly what
+                // expiry would do, only sooner) and the lock passes on.
+                let sid = session.id();
+                let pause = json!({"session": sid, "key": key, "fence": fence});
+                self.end_session().await;
+                self.rec.record(
+                    Process::Client(self.process),
+                    Type::Invoke,
+                    "pause",
+                    pause.clone(),
+                );
+                self.sleep_ms(300, 800).await;
+                self.rec
+                    .record(Process::Client(self.process), Type::Ok, "pause", pause);
+            }
+            let op = self.op("write", json!({"key": key, "fence": fence, "value": v + 1}));
+            let reply =
+                op.w.store
+                    .as_mut()
+                    .expect("fenced-counter has a store")
+                    .write(&key, fence, v + 1)
+                    .await;
+            match reply {
+                StoreReply::Ok(_) => op.complete(
+                    Type::Ok,
+                    json!({"key": key, "fence": fence, "value": v + 1}),
+                ),
+                StoreReply::Stale { latest } => op.complete(
+                    Type::Fail,
+                    json!({"error": "stale fence", "latest": latest}),
+                ),
+                StoreReply::Unknown(e) => op.complete(Type::Info, json!({ "error": e })),
+            }
+        }
+        self.release(g).await;
+    }
+}
+
+/// Starts `concurrency` workers; they run until `stop` is set, then close
+/// their sessions and return.
+pub fn spawn_workers(
+    opts: &WorkloadOptions,
+    rec: &Recorder,
+    stop: Arc<AtomicBool>,
+) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
+    let mut handles = Vec::new();
+    for slot in 0..opts.concurrency {
+        let client = Client::with_options(
+            opts.endpoints.clone(),
+            ClientOptions {
+                request_timeout: Duration::from_secs(2),
+                retry_deadline: Duration::from_secs(4),
+                ..ClientOptions::default()
+            },
+        )?;
+        let worker = Worker {
+            rec: rec.clone(),
+            opts: opts.clone(),
+            process: slot,
+            client,
+            session: None,
+            rng: StdRng::seed_from_u64(opts.seed.wrapping_mul(1_000_003).wrapping_add(slot)),
+            stop: stop.clone(),
+            store: opts.store.as_deref().map(StoreClient::new),
+        };
+        handles.push(tokio::spawn(worker.run()));
+    }
+    Ok(handles)
+}

@@ -1,0 +1,127 @@
+//! End-to-end runs of the harness against real `raftlockd` processes:
+//! a short healthy run must come out valid, and the same run with the
+//! test-only broken store (it skips the fence check) must come out invalid
+//! — proof that the checkers can fail.
+//!
+//! `raftlockd` belongs to another package, so there is no
+//! `CARGO_BIN_EXE_raftlockd`: the tests run `cargo build -p raftlock-node
+//! --bin raftlockd` into the same target directory as the harness binary
+//! (`target/<profile>/raftlockd`; a no-op when it is up to date) and use
+//! that.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use serde_json::Value;
+
+fn harness() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_raftlock-jepsen"))
+}
+
+/// `target/<profile>/raftlockd`, brought up to date with cargo once per
+/// test binary (a no-op when it is fresh), so the run never tests a stale
+/// server. `RAFTLOCK_JEPSEN_RAFTLOCKD` overrides it.
+fn raftlockd() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Some(p) = std::env::var_os("RAFTLOCK_JEPSEN_RAFTLOCKD") {
+            return PathBuf::from(p);
+        }
+        let harness = harness();
+        let profile_dir = harness.parent().expect("harness has a directory");
+        let bin = profile_dir.join("raftlockd");
+        let cargo = std::env::var("CARGO")
+            .ok()
+            .or_else(|| option_env!("CARGO").map(str::to_string))
+            .unwrap_or_else(|| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "-p", "raftlock-node", "--bin", "raftlockd"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"));
+        if profile_dir.file_name().and_then(|n| n.to_str()) == Some("release") {
+            cmd.arg("--release");
+        }
+        if let Some(target_dir) = profile_dir.parent() {
+            cmd.env("CARGO_TARGET_DIR", target_dir);
+        }
+        let status = cmd.status().expect("cargo runs");
+        assert!(status.success(), "building raftlockd failed");
+        assert!(bin.is_file(), "raftlockd missing at {}", bin.display());
+        bin
+    })
+    .clone()
+}
+
+fn run(out: &Path, extra: &[&str]) -> (i32, Value) {
+    let output = Command::new(harness())
+        .args([
+            "run",
+            "--nodes",
+            "3",
+            "--time-limit",
+            "14",
+            "--recovery",
+            "2",
+        ])
+        .args([
+            "--workload",
+            "fenced-counter",
+            "--concurrency",
+            "3",
+            "--seed",
+            "7",
+        ])
+        .args(["--client-pauses", "0.2", "--nemesis", "kill,pause"])
+        .arg("--out")
+        .arg(out)
+        .arg("--raftlockd")
+        .arg(raftlockd())
+        .args(extra)
+        .output()
+        .expect("harness runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let results: Value = serde_json::from_str(
+        &std::fs::read_to_string(out.join("results.json"))
+            .unwrap_or_else(|e| panic!("no results.json ({e}); harness said:\n{stderr}")),
+    )
+    .expect("results.json is JSON");
+    (output.status.code().unwrap_or(-1), results)
+}
+
+#[test]
+fn a_healthy_run_is_valid() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path().join("healthy");
+    let (code, results) = run(&out, &[]);
+    assert_eq!(results["valid"], Value::Bool(true), "{results:#}");
+    assert_eq!(code, 0);
+    assert!(results["ops"].as_u64().unwrap_or(0) > 50, "{results:#}");
+    // Fencing had something to refuse: the paused holders' late writes.
+    assert!(
+        results["checkers"]["fenced-store"]["rejected_stale"]
+            .as_u64()
+            .unwrap_or(0)
+            > 0,
+        "{results:#}"
+    );
+    for f in ["history.jsonl", "store.jsonl", "report.html"] {
+        assert!(out.join(f).is_file(), "{f} missing");
+    }
+}
+
+#[test]
+fn a_store_that_skips_the_fence_check_is_caught() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path().join("broken");
+    let (code, results) = run(&out, &["--broken-store"]);
+    assert_eq!(results["valid"], Value::Bool(false), "{results:#}");
+    assert_eq!(code, 1);
+    assert_eq!(
+        results["checkers"]["fenced-store"]["valid"],
+        Value::Bool(false)
+    );
+    assert!(!results["anomalies"]
+        .as_array()
+        .expect("anomalies")
+        .is_empty());
+}
