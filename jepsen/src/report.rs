@@ -47,6 +47,7 @@ fn f_color(f: &str) -> &'static str {
         "read" => "#9c755f",
         "write" => "#b07aa1",
         "open" | "close" => "#bab0ac",
+        // "pause": an emulated paused holder.
         _ => "#ff9da7",
     }
 }
@@ -80,13 +81,37 @@ fn time_axis(out: &mut String, scale: &Scale, y: f64, height: f64) {
     }
 }
 
+/// Places labels in up to `lanes` rows so they do not overlap; returns
+/// the lane for a label from `x` of `chars` characters, or None (the
+/// window's tooltip still names it).
+struct Lanes {
+    ends: Vec<f64>,
+    /// Average glyph width at the label's font size.
+    char_px: f64,
+}
+
+impl Lanes {
+    fn new(lanes: usize, char_px: f64) -> Lanes {
+        Lanes {
+            ends: vec![f64::MIN; lanes],
+            char_px,
+        }
+    }
+
+    fn place(&mut self, x: f64, chars: usize) -> Option<usize> {
+        let lane = self.ends.iter().position(|&end| end <= x)?;
+        self.ends[lane] = x + chars as f64 * self.char_px + 6.0;
+        Some(lane)
+    }
+}
+
 fn shade_windows(
     out: &mut String,
     windows: &[Window],
     scale: &Scale,
     y: f64,
     height: f64,
-    labels: bool,
+    mut labels: Option<Lanes>,
 ) {
     for w in windows {
         let x0 = scale.x(w.start_ns);
@@ -99,14 +124,15 @@ fn shade_windows(
             kind_color(w.kind),
             esc(&title),
         );
-        if labels {
+        let label = format!("{:?} {}", w.kind, w.variant).to_lowercase();
+        if let Some(lane) = labels.as_mut().and_then(|l| l.place(x0 + 2.0, label.len())) {
             let _ = write!(
                 out,
                 r#"<text x="{:.1}" y="{:.1}" font-size="10" fill="{}">{}</text>"#,
                 x0 + 2.0,
-                y + 10.0,
+                y + 10.0 + 11.0 * lane as f64,
                 kind_color(w.kind),
-                esc(&format!("{:?} {}", w.kind, w.variant).to_lowercase()),
+                esc(&label),
             );
         }
     }
@@ -115,8 +141,9 @@ fn shade_windows(
 fn timeline(ops: &[Op], windows: &[Window], concurrency: u64, scale: &Scale) -> String {
     let rows = concurrency.max(1);
     let row_h = 16.0;
-    // A row of labelled fault bars above the workers.
-    let top = 40.0;
+    // A row of labelled fault bars above the workers (labels in up to
+    // three lanes above it).
+    let top = 60.0;
     let height = rows as f64 * row_h;
     let mut out = String::new();
     let _ = write!(
@@ -124,25 +151,33 @@ fn timeline(ops: &[Op], windows: &[Window], concurrency: u64, scale: &Scale) -> 
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{:.0}" font-family="sans-serif">"#,
         height + top + 30.0
     );
-    shade_windows(&mut out, windows, scale, top, height, false);
+    shade_windows(&mut out, windows, scale, top, height, None);
     time_axis(&mut out, scale, top, height);
-    let _ = write!(out, r#"<text x="4" y="26" font-size="11">faults</text>"#);
+    let _ = write!(out, r#"<text x="4" y="48" font-size="11">faults</text>"#);
+    let mut lanes = Lanes::new(3, 5.6);
     for w in windows {
         let x0 = scale.x(w.start_ns);
         let x1 = scale.x(w.end_ns).max(x0 + 2.0);
         let _ = write!(
             out,
-            r#"<rect x="{x0:.1}" y="16" width="{:.1}" height="14" fill="{}"><title>{}</title></rect><text x="{:.1}" y="12" font-size="9" fill="{}">{}</text>"#,
+            r#"<rect x="{x0:.1}" y="38" width="{:.1}" height="14" fill="{}"><title>{}</title></rect>"#,
             x1 - x0,
             kind_color(w.kind),
             esc(&format!(
                 "{:?} {} nodes {:?} {}",
                 w.kind, w.variant, w.nodes, w.detail
             )),
-            x0,
-            kind_color(w.kind),
-            esc(&format!("{:?} {}", w.kind, w.variant).to_lowercase()),
         );
+        let label = format!("{:?} {}", w.kind, w.variant).to_lowercase();
+        if let Some(lane) = lanes.place(x0, label.len()) {
+            let _ = write!(
+                out,
+                r#"<text x="{x0:.1}" y="{:.1}" font-size="9" fill="{}">{}</text>"#,
+                34.0 - 11.0 * lane as f64,
+                kind_color(w.kind),
+                esc(&label),
+            );
+        }
     }
     for r in 0..rows {
         let y = top + r as f64 * row_h;
@@ -197,7 +232,14 @@ fn latency_plot(ops: &[Op], windows: &[Window], scale: &Scale) -> String {
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{:.0}" font-family="sans-serif">"#,
         height + top + 40.0
     );
-    shade_windows(&mut out, windows, scale, top, height, true);
+    shade_windows(
+        &mut out,
+        windows,
+        scale,
+        top,
+        height,
+        Some(Lanes::new(3, 6.4)),
+    );
     time_axis(&mut out, scale, top, height);
     for (ms, label) in [
         (0.1, "0.1 ms"),
@@ -241,7 +283,9 @@ fn latency_plot(ops: &[Op], windows: &[Window], scale: &Scale) -> String {
 
 fn legend() -> String {
     let mut s = String::from("<p class=legend>");
-    for f in ["acquire", "release", "describe", "read", "write", "open"] {
+    for f in [
+        "acquire", "release", "describe", "read", "write", "open", "pause",
+    ] {
         let _ = write!(
             s,
             r#"<span><i style="background:{}"></i>{f}</span>"#,
