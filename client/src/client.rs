@@ -474,16 +474,14 @@ impl Client {
         self.node_status(&any.leader_addr).await.or(Ok(any))
     }
 
-    /// The current members.
+    /// The current members, as the leader sees them (a follower, or a node
+    /// that was removed, may know an older membership).
     pub async fn members(&self) -> Result<pb::MembersResponse> {
-        Ok(self
-            .cluster_call(
-                Kind::Read,
-                self.inner.options.request_timeout,
-                |mut c| async move { c.members(pb::MembersRequest {}).await },
-            )
-            .await?
-            .into_inner())
+        let status = self.status().await?;
+        if status.role != "leader" {
+            return Err(Error::Unavailable("no leader to ask for the membership".into()));
+        }
+        Ok(pb::MembersResponse { members: status.members, leader_id: status.id })
     }
 
     /// Adds node `id` at `addr` (learner, catch-up, then voter unless

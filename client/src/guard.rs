@@ -106,12 +106,18 @@ impl Guard {
 
     /// Releases the grant. Returns whether this call released it (`false`:
     /// already released, or ended with its session). Safe to call any number
-    /// of times.
+    /// of times; if it fails (cluster unreachable), calling it again retries.
     pub async fn release(&self) -> Result<bool> {
         if self.inner.released.swap(true, Ordering::SeqCst) {
             return Ok(false);
         }
-        release(&self.inner.session, &self.inner.name, self.inner.fence).await
+        let result = release(&self.inner.session, &self.inner.name, self.inner.fence).await;
+        if result.is_err() {
+            // Not released as far as we know: let a later call (or the drop)
+            // try again. Releasing twice is harmless on the server.
+            self.inner.released.store(false, Ordering::SeqCst);
+        }
+        result
     }
 }
 
