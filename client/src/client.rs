@@ -479,9 +479,14 @@ impl Client {
     pub async fn members(&self) -> Result<pb::MembersResponse> {
         let status = self.status().await?;
         if status.role != "leader" {
-            return Err(Error::Unavailable("no leader to ask for the membership".into()));
+            return Err(Error::Unavailable(
+                "no leader to ask for the membership".into(),
+            ));
         }
-        Ok(pb::MembersResponse { members: status.members, leader_id: status.id })
+        Ok(pb::MembersResponse {
+            members: status.members,
+            leader_id: status.id,
+        })
     }
 
     /// Adds node `id` at `addr` (learner, catch-up, then voter unless
