@@ -162,6 +162,9 @@ impl Session {
             tokio::select! {
                 _ = tokio::time::sleep_until(until) => {
                     if !matches!(*rx.borrow(), LeaseState::Valid(u) if u > Instant::now()) {
+                        // Whoever sees the lease run out first records it,
+                        // so `lease()` watchers agree with `lost()`.
+                        self.mark_lost();
                         return;
                     }
                 }
