@@ -292,6 +292,9 @@ impl Node {
     /// Stops serving and shuts Raft down, flushing what it has.
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
+        self.shared
+            .stopping
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         self.shared.waiters.fail_all();
         for t in &self.tasks {
             t.abort();
@@ -306,6 +309,9 @@ impl Node {
     /// down; requests on them fail with `UNAVAILABLE`. Used by tests.
     pub async fn kill(self) {
         self.server.abort();
+        self.shared
+            .stopping
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         self.shared.waiters.fail_all();
         for t in &self.tasks {
             t.abort();

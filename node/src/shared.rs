@@ -64,6 +64,9 @@ pub struct Shared {
     pub watch: broadcast::Sender<Arc<WatchItem>>,
     /// Counters for `/metrics`.
     pub metrics: Arc<Metrics>,
+    /// Set when the node is stopping: handlers answer `UNAVAILABLE` at once
+    /// instead of waiting on a Raft that will not answer.
+    pub stopping: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -80,6 +83,7 @@ impl Shared {
             leases: Arc::new(Leases::default()),
             watch: broadcast::channel(WATCH_BUFFER).0,
             metrics: Arc::new(Metrics::default()),
+            stopping: std::sync::atomic::AtomicBool::new(false),
         })
     }
 

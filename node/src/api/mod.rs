@@ -72,6 +72,7 @@ impl Api {
     /// Proposes `command` and waits until it is applied here; returns the
     /// log index and the table's reply (refusals as errors).
     pub async fn write(&self, command: Command) -> Result<(u64, Reply), Error> {
+        self.check_running()?;
         let (index, response) = self.0.batcher.submit(command).await?;
         match response.reply {
             Reply::Refused(refusal) => Err(refusal.into()),
@@ -79,9 +80,23 @@ impl Api {
         }
     }
 
+    /// Fails at once if this node is stopping.
+    pub fn check_running(&self) -> Result<(), Error> {
+        if self
+            .0
+            .shared
+            .stopping
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            return Err(Error::Unavailable("this node is stopping".into()));
+        }
+        Ok(())
+    }
+
     /// Waits until this node's table reflects every write committed before
     /// the call (openraft's read-index), unless `stale`.
     pub async fn read_barrier(&self, stale: bool) -> Result<(), Error> {
+        self.check_running()?;
         if stale {
             return Ok(());
         }
@@ -93,6 +108,7 @@ impl Api {
     /// call; concurrent callers share rounds. Also makes sure the lease
     /// keeper counts for the current term.
     pub async fn confirm_leadership(&self) -> Result<(), Error> {
+        self.check_running()?;
         self.0.leader_check.confirm(&self.0.raft).await?;
         let term = self.0.raft.metrics().borrow().current_term;
         let applied = self.0.shared.applied.read().expect("applied lock poisoned");
