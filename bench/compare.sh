@@ -1,0 +1,274 @@
+#!/usr/bin/env bash
+# Side-by-side benchmark: a 3-node raftlock, a 3-node etcd 3.4 and one
+# Redis on 127.0.0.1, the same workloads against each in one run, ratios in
+# a table and bench/results/latest.json. See bench/README.md.
+#
+#   bench/compare.sh [--quick] [--rounds N] [--duration S] [--clients N]
+#                    [--no-scale] [--no-failover] [--no-install] [--keep]
+#
+# Environment: CARGO_TARGET_DIR (where to build), BIN_DIR (use prebuilt
+# raftlockd and raftlock-bench from here and skip the build), BASE_PORT
+# (default 27100), WORK_DIR (parent of the temp folder; default $TMPDIR or
+# /tmp: put it on the disk you want to measure).
+#
+# Everything it starts is stopped on exit (trap EXIT), and every load loop
+# is bounded in time.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(dirname "$HERE")
+
+QUICK=0
+ROUNDS=2
+DURATION=15
+CLIENTS=64
+SCALE=1
+FAILOVER=1
+INSTALL=1
+KEEP=0
+FAILOVER_ROUNDS=3
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) QUICK=1 ;;
+    --rounds) ROUNDS=$2; shift ;;
+    --duration) DURATION=$2; shift ;;
+    --clients) CLIENTS=$2; shift ;;
+    --no-scale) SCALE=0 ;;
+    --no-failover) FAILOVER=0 ;;
+    --no-install) INSTALL=0 ;;
+    --keep) KEEP=1 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    *) echo "compare.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+if [ "$QUICK" = 1 ]; then
+  ROUNDS=1
+  DURATION=5
+  FAILOVER_ROUNDS=1
+  LOCK_STEPS=1000,10000,100000
+  SESSION_STEPS=1000,10000
+  SCALE_SECS=4
+else
+  LOCK_STEPS=1000,10000,100000,1000000
+  SESSION_STEPS=1000,10000,100000
+  SCALE_SECS=8
+fi
+
+log() { printf '[compare %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
+
+# --- 1. what is missing ------------------------------------------------------
+PKGROOT=""
+install_missing() {
+  local need=()
+  command -v etcd >/dev/null || need+=(etcd-server)
+  command -v etcdctl >/dev/null || need+=(etcd-client)
+  command -v redis-server >/dev/null || need+=(redis-server)
+  command -v protoc >/dev/null || need+=(protobuf-compiler)
+  [ ${#need[@]} -eq 0 ] && return 0
+  [ "$INSTALL" = 1 ] || { echo "compare.sh: missing ${need[*]} (and --no-install)" >&2; exit 1; }
+  log "installing ${need[*]}"
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -qq
+    # A container's policy-rc.d keeps Debian from starting the packaged
+    # redis service; where it does start, it is on 6379, not our port.
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  else
+    # No root: unpack the packages (and the libraries they need) into a
+    # private folder instead of installing them.
+    PKGROOT=$(mktemp -d "${TMPDIR:-/tmp}/raftlock-pkgs.XXXXXX")
+    (cd "$PKGROOT" && apt-get download etcd-server etcd-client redis-tools libjemalloc2 liblzf1 \
+       protobuf-compiler libprotoc32 libprotobuf32 >/dev/null)
+    for deb in "$PKGROOT"/*.deb; do dpkg -x "$deb" "$PKGROOT/root"; done
+    export PATH="$PKGROOT/root/usr/bin:$PATH"
+    export LD_LIBRARY_PATH="$PKGROOT/root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  fi
+}
+install_missing
+log "etcd $(etcd --version 2>/dev/null | head -1 | awk '{print $3}'), redis $(redis-server --version | awk '{print $3}' | tr -d v=), $(protoc --version)"
+
+# --- 2. build ------------------------------------------------------------------
+if [ -n "${BIN_DIR:-}" ]; then
+  log "using prebuilt binaries in $BIN_DIR"
+else
+  export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+  log "building (release) into $CARGO_TARGET_DIR, load $(loadavg)"
+  (cd "$ROOT" && cargo build --release -q -p raftlock-node -p raftlock-bench \
+     --bin raftlockd --bin raftlock-bench --features raftlock-bench/etcd)
+  BIN_DIR=$CARGO_TARGET_DIR/release
+fi
+RAFTLOCKD=$BIN_DIR/raftlockd
+BENCH=$BIN_DIR/raftlock-bench
+
+# --- 3. start everything -------------------------------------------------------
+TMP=$(mktemp -d "${WORK_DIR:-${TMPDIR:-/tmp}}/raftlock-compare.XXXXXX")
+RUNS=$TMP/runs
+FAILOVERS=$TMP/failover
+mkdir -p "$RUNS" "$FAILOVERS"
+BASE_PORT=${BASE_PORT:-27100}
+declare -A PID=()
+
+stop_pid() {
+  local p=$1
+  kill -TERM "$p" 2>/dev/null || return 0
+  for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || return 0; sleep 0.1; done
+  kill -KILL "$p" 2>/dev/null || true
+}
+cleanup() {
+  local rc=$?
+  trap - EXIT INT TERM
+  for k in "${!PID[@]}"; do stop_pid "${PID[$k]}"; done
+  wait 2>/dev/null || true
+  if [ "$KEEP" = 1 ]; then log "kept $TMP"; else rm -rf "$TMP"; fi
+  [ -n "$PKGROOT" ] && rm -rf "$PKGROOT"
+  exit $rc
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+for p in $(seq $((BASE_PORT + 1)) $((BASE_PORT + 3))) $((BASE_PORT + 79)) $(seq $((BASE_PORT + 81)) $((BASE_PORT + 86))); do
+  if (echo >"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+    echo "compare.sh: port $p is in use; set BASE_PORT" >&2; exit 1
+  fi
+done
+
+RL_EP=""; RL_PEERS=""
+for i in 1 2 3; do
+  RL_EP+="${RL_EP:+,}127.0.0.1:$((BASE_PORT + i))"
+  RL_PEERS+="${RL_PEERS:+,}$i=127.0.0.1:$((BASE_PORT + i))"
+done
+ETCD_EP=""; ETCD_CLUSTER=""
+for i in 1 2 3; do
+  ETCD_EP+="${ETCD_EP:+,}127.0.0.1:$((BASE_PORT + 79 + 2 * i))"
+  ETCD_CLUSTER+="${ETCD_CLUSTER:+,}e$i=http://127.0.0.1:$((BASE_PORT + 80 + 2 * i))"
+done
+REDIS_PORT=$((BASE_PORT + 79))
+REDIS_EP=127.0.0.1:$REDIS_PORT
+
+start_raftlock() { # start_raftlock ID [--init]
+  local i=$1; shift
+  RUST_LOG=${RUST_LOG:-warn} "$RAFTLOCKD" run --id "$i" --listen "127.0.0.1:$((BASE_PORT + i))" \
+    --data-dir "$TMP/raftlock-$i" --peers "$RL_PEERS" "$@" >>"$TMP/raftlock-$i.log" 2>&1 &
+  PID[raftlock$i]=$!
+}
+start_etcd() { # start_etcd ID  (a restart reuses the data dir; the flags are then ignored)
+  local i=$1 c=$((BASE_PORT + 79 + 2 * $1)) p=$((BASE_PORT + 80 + 2 * $1))
+  # etcd 3.4 defaults otherwise: WAL fsync on every commit, heartbeat
+  # 100 ms, election timeout 1000 ms, snapshot every 100,000 entries.
+  etcd --name "e$i" --data-dir "$TMP/etcd-$i" \
+    --listen-client-urls "http://127.0.0.1:$c" --advertise-client-urls "http://127.0.0.1:$c" \
+    --listen-peer-urls "http://127.0.0.1:$p" --initial-advertise-peer-urls "http://127.0.0.1:$p" \
+    --initial-cluster "$ETCD_CLUSTER" --initial-cluster-token raftlock-bench \
+    --initial-cluster-state new --logger zap --log-level error >>"$TMP/etcd-$i.log" 2>&1 &
+  PID[etcd$i]=$!
+}
+start_redis() {
+  mkdir -p "$TMP/redis"
+  # Durability as close to the others as Redis allows: every write goes to
+  # the append-only file and is fsynced before the reply (appendfsync
+  # always); no RDB snapshots. Still one node: no replication.
+  redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --dir "$TMP/redis" \
+    --appendonly yes --appendfsync always --save "" --protected-mode yes \
+    --daemonize no --logfile "$TMP/redis.log" &
+  PID[redis]=$!
+}
+wait_ready() { # wait_ready TARGET ENDPOINTS
+  "$BENCH" wait --target "$1" --endpoints "$2" --timeout 60
+}
+start_raftlock_cluster() {
+  rm -rf "$TMP"/raftlock-[123]
+  # Node 1 bootstraps; start it last so its first election finds its peers.
+  start_raftlock 2; start_raftlock 3; sleep 0.3; start_raftlock 1 --init
+  wait_ready raftlock "$RL_EP"
+}
+stop_raftlock_cluster() {
+  for i in 1 2 3; do [ -n "${PID[raftlock$i]:-}" ] && stop_pid "${PID[raftlock$i]}"; unset "PID[raftlock$i]"; done
+}
+pids_of() { # pids_of raftlock|etcd -> "p1,p2,p3" in endpoint order
+  echo "${PID[${1}1]},${PID[${1}2]},${PID[${1}3]}"
+}
+endpoints_of() {
+  case $1 in raftlock) echo "$RL_EP" ;; etcd) echo "$ETCD_EP" ;; redis) echo "$REDIS_EP" ;; esac
+}
+
+log "temp folder $TMP ($(df -h "$TMP" | awk 'NR==2 {print $1", "$2" total"}'))"
+# How fast this disk makes small writes durable: what every fsync-bound
+# figure below is made of.
+FSYNC_SECS=$(dd if=/dev/zero of="$TMP/fsync-probe" bs=4k count=300 oflag=dsync 2>&1 \
+  | awk '/copied/ {for (i = 1; i <= NF; i++) if ($i == "s,") print $(i-1)}')
+FSYNC_RATE=$(awk -v s="${FSYNC_SECS:-0}" 'BEGIN { if (s > 0) printf "%d", 300 / s; else print "?" }')
+rm -f "$TMP/fsync-probe"
+log "disk: ${FSYNC_RATE}/s 4 KiB writes with O_DSYNC"
+
+log "starting 3 raftlockd, 3 etcd, 1 redis on 127.0.0.1"
+start_raftlock_cluster
+for i in 1 2 3; do start_etcd "$i"; done
+start_redis
+wait_ready etcd "$ETCD_EP"
+wait_ready redis "$REDIS_EP"
+LOAD_START=$(loadavg)
+log "all up, load $LOAD_START"
+
+# --- 4. every workload against every target, alternating ----------------------
+TARGETS=(raftlock etcd redis)
+for round in $(seq "$ROUNDS"); do
+  for w in uncontended contended semaphore sessions; do
+    # Rotate the order each round so no target always runs first.
+    for k in 0 1 2; do
+      t=${TARGETS[$(( (k + round - 1) % 3 ))]}
+      "$BENCH" run --target "$t" --workload "$w" --endpoints "$(endpoints_of "$t")" \
+        --clients "$CLIENTS" --duration "$DURATION" --warmup 2 \
+        --json "$RUNS/$w-$t-$round.json" || log "run $w/$t failed (round $round)"
+    done
+  done
+done
+
+# --- 5. failover: kill the leader under the contended workload ----------------
+if [ "$FAILOVER" = 1 ]; then
+  for round in $(seq "$FAILOVER_ROUNDS"); do
+    for t in raftlock etcd; do
+      out=$FAILOVERS/$t-$round.json
+      "$BENCH" failover --target "$t" --endpoints "$(endpoints_of "$t")" --pids "$(pids_of "$t")" \
+        --clients 16 --before 3 --timeout 20 --json "$out" || log "failover $t round $round failed"
+      # Restart the node that was killed, from its data, and wait for the
+      # cluster to serve again before the next round.
+      killed=$(sed -n 's/.*"killed_index": *\([0-9]*\).*/\1/p' "$out" 2>/dev/null || true)
+      if [ -n "$killed" ]; then
+        i=$((killed + 1))
+        wait "${PID[$t$i]}" 2>/dev/null || true
+        if [ "$t" = raftlock ]; then start_raftlock "$i"; else start_etcd "$i"; fi
+        wait_ready "$t" "$(endpoints_of "$t")"
+        sleep 2
+      fi
+    done
+  done
+fi
+
+# --- 6. scale: held locks and open sessions on a fresh raftlock ---------------
+SCALE_FILES=()
+if [ "$SCALE" = 1 ]; then
+  # The others sit idle from here on; stop them so they take no CPU.
+  for k in etcd1 etcd2 etcd3 redis; do stop_pid "${PID[$k]}"; unset "PID[$k]"; done
+  for kind in locks sessions; do
+    steps=$LOCK_STEPS; [ "$kind" = sessions ] && steps=$SESSION_STEPS
+    stop_raftlock_cluster
+    start_raftlock_cluster
+    "$BENCH" scale --kind "$kind" --endpoints "$RL_EP" --pids "$(pids_of raftlock)" \
+      --steps "$steps" --secs "$SCALE_SECS" --clients "$CLIENTS" --no-cleanup \
+      --json "$TMP/scale-$kind.json" || log "scale $kind failed"
+    SCALE_FILES+=("$TMP/scale-$kind.json")
+  done
+fi
+
+# --- 7. report -----------------------------------------------------------------
+mkdir -p "$HERE/results"
+SCALE_ARG=$(IFS=,; echo "${SCALE_FILES[*]:-}")
+"$BENCH" report --runs "$RUNS" --failover "$FAILOVERS" ${SCALE_ARG:+--scale "$SCALE_ARG"} \
+  --machine "disk=$(df -h "$TMP" | awk 'NR==2 {print $1" ("$2")"}'), $(findmnt -no FSTYPE -T "$TMP" 2>/dev/null || echo '?')" \
+  --machine "fsync_per_sec=${FSYNC_RATE:-?} (dd 4 KiB O_DSYNC)" \
+  --machine "load_avg_start=$LOAD_START" --machine "load_avg_end=$(loadavg)" \
+  --machine "mode=$([ "$QUICK" = 1 ] && echo quick || echo full), rounds $ROUNDS x ${DURATION}s, $CLIENTS clients" \
+  --machine "commit=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo ?)" \
+  --machine "versions=etcd $(etcd --version 2>/dev/null | head -1 | awk '{print $3}'), redis $(redis-server --version | awk '{print $3}' | tr -d v=)" \
+  --out "$HERE/results/latest.json"

@@ -1,0 +1,124 @@
+//! The systems under test. Each target turns a [`Workload`] into cycles of
+//! its own API; where a target has no direct equivalent the run's `note`
+//! says what was done instead.
+
+#[cfg(feature = "etcd")]
+pub mod etcd;
+pub mod raftlock;
+pub mod redis;
+pub mod resp;
+
+use std::time::Duration;
+
+use clap::ValueEnum;
+use serde::{Deserialize, Serialize};
+
+/// Which system to drive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Target {
+    /// raftlock through the `raftlock-client` crate.
+    Raftlock,
+    /// etcd's lease + lock API (what `etcdctl lock` does); needs the `etcd`
+    /// feature.
+    Etcd,
+    /// One Redis with the single-instance `SET NX PX` lock.
+    Redis,
+}
+
+impl Target {
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Target::Raftlock => "raftlock",
+            Target::Etcd => "etcd",
+            Target::Redis => "redis",
+        }
+    }
+}
+
+/// What each client does in a cycle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Workload {
+    /// Each client locks and unlocks names of its own (100 per client).
+    Uncontended,
+    /// Every client locks and unlocks the same name: hand-off latency.
+    Contended,
+    /// Every client takes and gives back 1 permit of one semaphore of
+    /// capacity K.
+    Semaphore,
+    /// Session churn: open a session, lock a name of its own, close it.
+    Sessions,
+}
+
+impl Workload {
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::Uncontended => "uncontended",
+            Workload::Contended => "contended",
+            Workload::Semaphore => "semaphore",
+            Workload::Sessions => "sessions",
+        }
+    }
+
+    /// All workloads, in report order.
+    pub const ALL: [Workload; 4] = [
+        Workload::Uncontended,
+        Workload::Contended,
+        Workload::Semaphore,
+        Workload::Sessions,
+    ];
+}
+
+/// Settings every target reads.
+#[derive(Clone, Debug)]
+pub struct Opts {
+    /// Addresses (`host:port`) of the target's nodes.
+    pub endpoints: Vec<String>,
+    /// The workload.
+    pub workload: Workload,
+    /// Semaphore capacity (K).
+    pub capacity: u32,
+    /// Session / lease / key ttl.
+    pub ttl: Duration,
+    /// Prefix of every name this run touches, unique per run so that runs
+    /// never see each other's leftovers.
+    pub prefix: String,
+    /// Redis: first and largest pause between polls of a taken lock.
+    pub poll_backoff: (Duration, Duration),
+}
+
+impl Opts {
+    /// The name client `client` uses in cycle `i`.
+    pub fn name(&self, client: usize, i: u64, sep: char) -> String {
+        let p = &self.prefix;
+        match self.workload {
+            Workload::Uncontended => format!("{p}{sep}u{sep}{client}{sep}{}", i % 100),
+            Workload::Contended => format!("{p}{sep}contended"),
+            Workload::Semaphore => format!("{p}{sep}semaphore"),
+            Workload::Sessions => format!("{p}{sep}s{sep}{client}"),
+        }
+    }
+}
+
+/// Jittered exponential backoff for polling loops.
+pub struct Backoff {
+    next: Duration,
+    max: Duration,
+}
+
+impl Backoff {
+    /// Starts at `first`, doubles up to `max`.
+    pub fn new((first, max): (Duration, Duration)) -> Backoff {
+        Backoff { next: first, max }
+    }
+
+    /// Sleeps the next delay (×0.5..1.5 jitter).
+    pub async fn wait(&mut self) {
+        let jitter: f64 = rand::random_range(0.5..1.5);
+        tokio::time::sleep(self.next.mul_f64(jitter)).await;
+        self.next = (self.next * 2).min(self.max);
+    }
+}

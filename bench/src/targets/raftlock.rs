@@ -1,0 +1,104 @@
+//! raftlock through the client crate: one `Client` (and so one HTTP/2
+//! connection to the leader) and one session per simulated client.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use raftlock_client::{Client, ClientOptions, Session};
+
+use super::{Opts, Workload};
+use crate::driver::{Ctx, Worker};
+
+/// Semaphore cycles use this as their description.
+pub const NOTE_SEMAPHORE: &str = "native semaphore, 1 permit per cycle";
+
+/// A connected client.
+pub async fn client(endpoints: &[String]) -> anyhow::Result<Client> {
+    let options = ClientOptions {
+        // A failover is part of what is measured: keep retrying through it.
+        retry_deadline: Duration::from_secs(30),
+        ..ClientOptions::default()
+    };
+    Ok(Client::with_options(endpoints.iter().cloned(), options)?)
+}
+
+/// One simulated raftlock client.
+pub struct RaftlockWorker {
+    opts: Opts,
+    id: usize,
+    i: u64,
+    client: Client,
+    session: Option<Session>,
+}
+
+impl RaftlockWorker {
+    /// Connects and (except for `sessions`) opens the client's session.
+    pub async fn new(opts: &Opts, id: usize) -> anyhow::Result<Self> {
+        let client = client(&opts.endpoints).await?;
+        let session = match opts.workload {
+            Workload::Sessions => None,
+            _ => Some(client.session(opts.ttl).await.context("open session")?),
+        };
+        Ok(RaftlockWorker {
+            opts: opts.clone(),
+            id,
+            i: 0,
+            client,
+            session,
+        })
+    }
+
+    async fn session(&mut self) -> anyhow::Result<Session> {
+        if let Some(s) = &self.session {
+            if s.is_valid() {
+                return Ok(s.clone());
+            }
+        }
+        // Lost (e.g. across a long failover): start a new one.
+        let s = self.client.session(self.opts.ttl).await?;
+        self.session = Some(s.clone());
+        Ok(s)
+    }
+}
+
+impl Worker for RaftlockWorker {
+    async fn cycle(&mut self, ctx: &Ctx) -> anyhow::Result<Option<Duration>> {
+        let name = self.opts.name(self.id, self.i, '/');
+        self.i += 1;
+        match self.opts.workload {
+            Workload::Uncontended | Workload::Contended => {
+                let session = self.session().await?;
+                let guard = session.lock(&name).await?;
+                let handoff = ctx.granted();
+                ctx.releasing();
+                guard.release().await?;
+                Ok(handoff)
+            }
+            Workload::Semaphore => {
+                let session = self.session().await?;
+                let guard = session
+                    .semaphore(&name, self.opts.capacity)
+                    .acquire(1)
+                    .await?;
+                ctx.granted();
+                guard.release().await?;
+                Ok(None)
+            }
+            Workload::Sessions => {
+                let session = self.client.session(self.opts.ttl).await?;
+                let guard = session.lock(&name).await?;
+                ctx.granted();
+                // Closing the session releases the lock with it.
+                std::mem::forget(guard);
+                session.close().await?;
+                Ok(None)
+            }
+        }
+    }
+
+    async fn finish(self) {
+        if let Some(s) = self.session {
+            let _ = s.close().await;
+        }
+    }
+}
