@@ -92,7 +92,8 @@ pub fn parse_peers(s: &str) -> Result<BTreeMap<NodeId, String>, ConfigError> {
     Ok(peers)
 }
 
-fn valid_addr(addr: &str) -> bool {
+/// True for `host:port` with a non-empty host and a non-zero port.
+pub(crate) fn valid_addr(addr: &str) -> bool {
     matches!(addr.rsplit_once(':'), Some((h, p)) if !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p != 0))
 }
 

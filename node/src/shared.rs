@@ -103,7 +103,7 @@ impl Shared {
             if !response.events.is_empty() {
                 self.waiters.on_events(index, &response.events);
                 self.metrics.on_events(&response.events);
-                self.leases.on_events(&response.events, &applied.table);
+                self.leases.on_events(&response.events);
                 if self.watch.receiver_count() > 0 {
                     let _ = self.watch.send(Arc::new(WatchItem::Events {
                         index: log_id.index,

@@ -8,6 +8,7 @@ use raftlock_proto::v1::cluster_server::Cluster;
 use tonic::{Request, Response, Status};
 
 use super::Api;
+use crate::config::valid_addr;
 use crate::error::Error;
 use crate::raft::NodeId;
 
@@ -30,14 +31,6 @@ fn role(state: ServerState) -> &'static str {
         ServerState::Candidate => "candidate",
         ServerState::Learner => "learner",
         ServerState::Shutdown => "shutdown",
-    }
-}
-
-/// Checks an address given to `AddNode`: `host:port` with a port.
-fn valid_addr(addr: &str) -> bool {
-    match addr.rsplit_once(':') {
-        Some((host, port)) => !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p != 0),
-        None => false,
     }
 }
 

@@ -71,6 +71,9 @@ struct Timers {
     queue: BTreeSet<(Instant, TimerKey)>,
     /// Session ttls, for keep-alives.
     ttls: HashMap<SessionId, Duration>,
+    /// The lock-delay in force per name (its `since`); a name has at most
+    /// one, and a newer one replaces the older.
+    delays: HashMap<LockName, u64>,
 }
 
 impl Timers {
@@ -93,6 +96,17 @@ impl Timers {
         self.deadlines.clear();
         self.queue.clear();
         self.ttls.clear();
+        self.delays.clear();
+    }
+
+    /// Times the lock-delay on `name` that started at `since`, replacing an
+    /// older one on the same name (whose end command would be ignored and
+    /// so retried forever).
+    fn arm_delay(&mut self, name: &LockName, since: u64, at: Instant) {
+        if let Some(old) = self.delays.insert(name.clone(), since) {
+            self.disarm(&TimerKey::Delay(name.clone(), old));
+        }
+        self.arm(TimerKey::Delay(name.clone(), since), at);
     }
 }
 
@@ -147,10 +161,7 @@ impl Leases {
             }
         }
         for (name, since, delay_ms) in table.delays() {
-            t.arm(
-                TimerKey::Delay(name.clone(), since),
-                now + Duration::from_millis(delay_ms),
-            );
+            t.arm_delay(name, since, now + Duration::from_millis(delay_ms));
         }
         drop(t);
         self.changed.notify_one();
@@ -178,7 +189,7 @@ impl Leases {
 
     /// Follows the table: arms timers for new sessions, waits and delays,
     /// drops those whose subject is gone. Called from the apply path.
-    pub fn on_events(&self, events: &[Event], _table: &LockTable) {
+    pub fn on_events(&self, events: &[Event]) {
         let mut t = self.timers.lock().expect("timers lock poisoned");
         if !t.active {
             return;
@@ -222,21 +233,14 @@ impl Leases {
                     delay_ms,
                     since,
                 } => {
-                    t.arm(
-                        TimerKey::Delay(name.clone(), *since),
-                        now + Duration::from_millis(*delay_ms),
-                    );
+                    t.arm_delay(name, *since, now + Duration::from_millis(*delay_ms));
                     changed = true;
                 }
                 Event::LockDelayEnded { name } => {
-                    let stale: Vec<TimerKey> = t
-                        .deadlines
-                        .keys()
-                        .filter(|k| matches!(k, TimerKey::Delay(n, _) if n == name))
-                        .cloned()
-                        .collect();
-                    for k in stale {
-                        t.disarm(&k);
+                    // A map lookup, not a scan of every timer: this runs on
+                    // the apply path.
+                    if let Some(since) = t.delays.remove(name) {
+                        t.disarm(&TimerKey::Delay(name.clone(), since));
                     }
                 }
                 Event::Ended { .. } => {}
@@ -344,14 +348,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn inactive_leases_track_nothing_and_refuse_keep_alives() {
         let leases = Leases::default();
-        let table = table_with_session(5_000);
-        leases.on_events(
-            &[Event::SessionOpened {
-                session: SessionId(1),
-                ttl_ms: 5_000,
-            }],
-            &table,
-        );
+        leases.on_events(&[Event::SessionOpened {
+            session: SessionId(1),
+            ttl_ms: 5_000,
+        }]);
         assert_eq!(leases.armed(), 0);
         assert_eq!(
             leases.keep_alive(SessionId(1)),
@@ -377,13 +377,10 @@ mod tests {
         tokio::time::advance(RETRY_AFTER).await;
         assert_eq!(leases.take_due(Instant::now()).len(), 1);
         // Once the expiry applies, the timer is gone.
-        leases.on_events(
-            &[Event::SessionEnded {
-                session: SessionId(1),
-                expired: true,
-            }],
-            &table,
-        );
+        leases.on_events(&[Event::SessionEnded {
+            session: SessionId(1),
+            expired: true,
+        }]);
         assert_eq!(leases.armed(), 0);
     }
 
@@ -427,10 +424,7 @@ mod tests {
             mode: Mode::Exclusive,
             timeout_ms,
         };
-        leases.on_events(
-            &[queued(1, 7, 1_000), queued(2, 8, WAIT_FOREVER_MS)],
-            &table,
-        );
+        leases.on_events(&[queued(1, 7, 1_000), queued(2, 8, WAIT_FOREVER_MS)]);
         tokio::time::advance(Duration::from_millis(1_000)).await;
         assert_eq!(
             leases.take_due(Instant::now()),
@@ -445,16 +439,13 @@ mod tests {
                 seq: 7
             }
         );
-        leases.on_events(
-            &[Event::Cancelled {
-                name: name.clone(),
-                session: SessionId(1),
-                seq: 7,
-                mode: Mode::Exclusive,
-                cause: crate::state::CancelCause::TimedOut,
-            }],
-            &table,
-        );
+        leases.on_events(&[Event::Cancelled {
+            name: name.clone(),
+            session: SessionId(1),
+            seq: 7,
+            mode: Mode::Exclusive,
+            cause: crate::state::CancelCause::TimedOut,
+        }]);
         // Only the two sessions remain armed; the forever-wait never was.
         assert_eq!(leases.armed(), 2);
     }
@@ -471,5 +462,32 @@ mod tests {
             leases.keep_alive(SessionId(1)),
             Err(KeepAliveError::NotLeader)
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_newer_lock_delay_replaces_the_older_timer_and_its_end_disarms_it() {
+        let leases = Leases::default();
+        leases.activate_for_term(1, &LockTable::new());
+        let name = LockName::new("d").expect("valid");
+        let started = |since, delay_ms| Event::LockDelayStarted {
+            name: name.clone(),
+            delay_ms,
+            since,
+        };
+        leases.on_events(&[started(10, 1_000)]);
+        leases.on_events(&[started(20, 5_000)]);
+        assert_eq!(leases.armed(), 1, "the older delay's timer is gone");
+        tokio::time::advance(Duration::from_millis(1_000)).await;
+        assert!(
+            leases.take_due(Instant::now()).is_empty(),
+            "the older delay does not fire"
+        );
+        tokio::time::advance(Duration::from_millis(4_000)).await;
+        assert_eq!(
+            leases.take_due(Instant::now()),
+            vec![TimerKey::Delay(name.clone(), 20)]
+        );
+        leases.on_events(&[Event::LockDelayEnded { name: name.clone() }]);
+        assert_eq!(leases.armed(), 0);
     }
 }

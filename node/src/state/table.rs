@@ -211,6 +211,14 @@ impl LockTable {
     /// Deterministic: the same table, index and command always give the same
     /// new table and the same response. Refusals change nothing.
     pub fn apply(&mut self, index: u64, command: Command) -> Response {
+        // The stateless checks (names, sizes, ttl, capacity, weight) live in
+        // one place, `Command::validate`; what follows checks state.
+        if let Err(refusal) = command.validate() {
+            return Response {
+                reply: Reply::Refused(refusal),
+                events: Vec::new(),
+            };
+        }
         let mut events = Vec::new();
         let reply = match command {
             Command::OpenSession {
@@ -318,12 +326,6 @@ impl LockTable {
         nonce: u64,
         events: &mut Vec<Event>,
     ) -> Reply {
-        if !(MIN_SESSION_TTL_MS..=MAX_SESSION_TTL_MS).contains(&ttl_ms) {
-            return Reply::Refused(Refusal::InvalidTtl { ttl_ms });
-        }
-        if lock_delay_ms > MAX_LOCK_DELAY_MS {
-            return Reply::Refused(Refusal::InvalidLockDelay { lock_delay_ms });
-        }
         if nonce != 0 {
             if let Some(&session) = self.nonces.get(&nonce) {
                 let s = &self.sessions[&session];
@@ -458,17 +460,6 @@ impl LockTable {
             Ok(name) => name,
             Err(refusal) => return Reply::Refused(refusal),
         };
-        if value.len() > MAX_VALUE_LEN {
-            return Reply::Refused(Refusal::ValueTooLarge { len: value.len() });
-        }
-        if let Mode::Semaphore { weight, capacity } = mode {
-            if !(1..=MAX_CAPACITY).contains(&capacity) {
-                return Reply::Refused(Refusal::InvalidCapacity { capacity });
-            }
-            if !(1..=capacity).contains(&weight) {
-                return Reply::Refused(Refusal::InvalidWeight { weight, capacity });
-            }
-        }
         let Some(s) = self.sessions.get(&session) else {
             return Reply::Refused(Refusal::SessionNotFound { session });
         };

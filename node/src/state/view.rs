@@ -7,7 +7,6 @@ use std::ops::Bound;
 use serde::{Deserialize, Serialize};
 
 use super::command::{Fence, LockName, Mode, SessionId};
-use super::limits::WAIT_FOREVER;
 use super::table::LockTable;
 
 /// One holder, as readers see it.
@@ -36,7 +35,7 @@ pub struct WaitInfo {
     pub seq: u64,
     /// The mode asked for.
     pub mode: Mode,
-    /// How long it may wait ([`WAIT_FOREVER`] = no limit).
+    /// How long it may wait ([`WAIT_FOREVER`](super::limits::WAIT_FOREVER) = no limit).
     pub timeout_ms: u64,
     /// Log index at which it was queued.
     pub index: u64,
@@ -284,11 +283,7 @@ impl LockTable {
                     }
                 }
                 None => {
-                    if lock
-                        .holders
-                        .values()
-                        .chain([])
-                        .any(|h| h.mode.is_semaphore())
+                    if lock.holders.values().any(|h| h.mode.is_semaphore())
                         || lock.queue.iter().any(|w| w.mode.is_semaphore())
                     {
                         return Err(format!("{name}: semaphore mode on a lock"));
@@ -343,7 +338,6 @@ impl LockTable {
                 if w.timeout_ms == 0 {
                     return Err(format!("{name}: a try was queued"));
                 }
-                let _ = WAIT_FOREVER;
             }
         }
         for (id, s) in &self.sessions {
