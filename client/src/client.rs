@@ -10,6 +10,9 @@ use raftlock_proto::v1::cluster_client::ClusterClient;
 use raftlock_proto::v1::locks_client::LocksClient;
 use rand::Rng;
 use tokio::time::Instant;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::interceptor::InterceptedService;
+use tonic::service::Interceptor;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Code, Status};
 
@@ -36,6 +39,10 @@ pub struct ClientOptions {
     pub connect_timeout: Duration,
     /// TLS towards the nodes (`None`: plaintext).
     pub tls: Option<ClientTls>,
+    /// Bearer token sent with every request, for clusters with access
+    /// control on (`None`: no token; with mTLS the certificate's CN is the
+    /// identity then).
+    pub token: Option<String>,
 }
 
 /// TLS settings of a client, PEM-encoded.
@@ -57,6 +64,7 @@ impl Default for ClientOptions {
             max_backoff: Duration::from_millis(200),
             connect_timeout: Duration::from_millis(500),
             tls: None,
+            token: None,
         }
     }
 }
@@ -68,10 +76,31 @@ pub struct Client {
     pub(crate) inner: Arc<Inner>,
 }
 
+/// A connection to one node, with the client's credentials attached to
+/// every request.
+pub(crate) type Conn = InterceptedService<Channel, Credentials>;
+
+/// Adds `authorization: Bearer TOKEN` to every request, if there is a token.
+#[derive(Clone)]
+pub(crate) struct Credentials(Option<MetadataValue<Ascii>>);
+
+impl Interceptor for Credentials {
+    fn call(
+        &mut self,
+        mut req: tonic::Request<()>,
+    ) -> std::result::Result<tonic::Request<()>, Status> {
+        if let Some(value) = &self.0 {
+            req.metadata_mut().insert("authorization", value.clone());
+        }
+        Ok(req)
+    }
+}
+
 pub(crate) struct Inner {
     endpoints: Vec<String>,
     pub(crate) options: ClientOptions,
-    channels: Mutex<HashMap<String, Channel>>,
+    credentials: Credentials,
+    channels: Mutex<HashMap<String, Conn>>,
     /// Best guess of the leader's address.
     leader: Mutex<Option<String>>,
     /// Next endpoint to try when the leader is unknown.
@@ -113,10 +142,26 @@ impl Client {
         if endpoints.is_empty() {
             return Err(Error::Config("no endpoints given".into()));
         }
+        let credentials = match &options.token {
+            None => Credentials(None),
+            Some(token) => {
+                let token = token.trim();
+                if token.is_empty() || token.contains(char::is_whitespace) {
+                    return Err(Error::Config(
+                        "the token must be non-empty and contain no spaces".into(),
+                    ));
+                }
+                let value = format!("Bearer {token}")
+                    .parse()
+                    .map_err(|_| Error::Config("the token must be printable ASCII".into()))?;
+                Credentials(Some(value))
+            }
+        };
         Ok(Client {
             inner: Arc::new(Inner {
                 endpoints,
                 options,
+                credentials,
                 channels: Mutex::new(HashMap::new()),
                 leader: Mutex::new(None),
                 next: Mutex::new(0),
@@ -134,7 +179,7 @@ impl Client {
         &self.inner.options
     }
 
-    fn channel(&self, addr: &str) -> Result<Channel> {
+    fn channel(&self, addr: &str) -> Result<Conn> {
         let mut channels = self.inner.channels.lock().expect("channels lock poisoned");
         if let Some(c) = channels.get(addr) {
             return Ok(c.clone());
@@ -164,6 +209,7 @@ impl Client {
             .keep_alive_timeout(Duration::from_secs(5))
             .keep_alive_while_idle(true)
             .connect_lazy();
+        let channel = InterceptedService::new(channel, self.inner.credentials.clone());
         channels.insert(addr.to_string(), channel.clone());
         Ok(channel)
     }
@@ -208,7 +254,7 @@ impl Client {
         mut f: F,
     ) -> Result<T>
     where
-        F: FnMut(Channel) -> Fut,
+        F: FnMut(Conn) -> Fut,
         Fut: Future<Output = std::result::Result<T, Status>>,
     {
         let opts = &self.inner.options;
@@ -301,7 +347,7 @@ impl Client {
     }
 
     /// A `Locks` stub on a channel.
-    pub(crate) fn locks(channel: Channel) -> LocksClient<Channel> {
+    pub(crate) fn locks(channel: Conn) -> LocksClient<Conn> {
         LocksClient::new(channel)
     }
 
@@ -309,7 +355,7 @@ impl Client {
     /// deadline.
     pub(crate) async fn locks_call<T, F, Fut>(&self, kind: Kind, f: F) -> Result<T>
     where
-        F: FnMut(LocksClient<Channel>) -> Fut,
+        F: FnMut(LocksClient<Conn>) -> Fut,
         Fut: Future<Output = std::result::Result<T, Status>>,
     {
         let opts = &self.inner.options;
@@ -447,7 +493,7 @@ impl Client {
         f: F,
     ) -> Result<T>
     where
-        F: FnMut(ClusterClient<Channel>) -> Fut,
+        F: FnMut(ClusterClient<Conn>) -> Fut,
         Fut: Future<Output = std::result::Result<T, Status>>,
     {
         let deadline = Instant::now() + self.inner.options.retry_deadline.max(timeout);

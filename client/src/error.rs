@@ -21,6 +21,14 @@ pub enum Error {
     /// The session is unknown, closed or expired.
     #[error("session not found: {0}")]
     SessionNotFound(String),
+    /// Access control is on and the request carried no valid credentials
+    /// (no token or an unknown one, no client certificate).
+    #[error("unauthenticated: {0}")]
+    Unauthenticated(String),
+    /// The identity is known, but no rule allows this request (or the
+    /// session belongs to another identity).
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
     /// A server limit was reached.
     #[error("resource exhausted: {0}")]
     ResourceExhausted(String),
@@ -69,6 +77,8 @@ impl Error {
             Code::Aborted => Error::Deadlock(msg),
             Code::NotFound => Error::SessionNotFound(msg),
             Code::ResourceExhausted => Error::ResourceExhausted(msg),
+            Code::Unauthenticated => Error::Unauthenticated(msg),
+            Code::PermissionDenied => Error::PermissionDenied(msg),
             Code::Unavailable => Error::Unavailable(msg),
             Code::DeadlineExceeded | Code::Cancelled | Code::Unknown if sent => Error::Unknown(msg),
             Code::DeadlineExceeded | Code::Cancelled => Error::Unavailable(msg),
@@ -106,6 +116,16 @@ mod tests {
             Error::from_status(&Status::deadline_exceeded("t"), false),
             Error::Unavailable(_)
         ));
+        assert_eq!(
+            Error::from_status(&Status::unauthenticated("who"), true),
+            Error::Unauthenticated("who".into())
+        );
+        assert_eq!(
+            Error::from_status(&Status::permission_denied("no"), true),
+            Error::PermissionDenied("no".into())
+        );
+        assert!(!Error::PermissionDenied("no".into()).is_retryable());
+        assert!(!Error::Unauthenticated("who".into()).is_retryable());
     }
 
     #[test]

@@ -222,3 +222,75 @@ async fn a_lost_lease_is_reported_and_the_command_gets_sigterm() {
         "the 30 s command was not stopped"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn token_file_authenticates_the_cli() {
+    let acl = "peer_token = \"cli-test-peer-token-0123\"\n\
+               [[token]]\nidentity = \"billing\"\ntoken = \"tok-billing\"\n\
+               [[rule]]\nidentity = \"billing\"\nallow = \"lock\"\nprefix = \"billing/\"\n";
+    let cluster = Cluster::start_with_acl(Some(acl)).await;
+    let dir = tempfile::tempdir().expect("dir");
+    let token = dir.path().join("token");
+    std::fs::write(&token, "tok-billing\n").expect("write");
+    let run = |args: &[&str]| {
+        let mut c = raftlock(&cluster.endpoints());
+        c.args(args);
+        c.output()
+    };
+    let token_arg = token.to_str().expect("utf-8 path");
+
+    let out = run(&["--token-file", token_arg, "lock", "billing/x", "--", "true"])
+        .await
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let out = run(&[
+        "--token-file",
+        token_arg,
+        "lock",
+        "shipping/x",
+        "--",
+        "true",
+    ])
+    .await
+    .expect("runs");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("permission denied"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let out = run(&["lock", "billing/x", "--", "true"])
+        .await
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("unauthenticated"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let empty = dir.path().join("empty");
+    std::fs::write(&empty, "\n").expect("write");
+    let out = run(&[
+        "--token-file",
+        empty.to_str().expect("utf-8"),
+        "lock",
+        "billing/x",
+        "--",
+        "true",
+    ])
+    .await
+    .expect("runs");
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "a bad token file is a usage error"
+    );
+    cluster.shutdown().await;
+}

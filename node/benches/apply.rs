@@ -23,6 +23,7 @@ fn table_with_sessions() -> (LockTable, u64) {
                 ttl_ms: 10_000,
                 lock_delay_ms: 0,
                 nonce: 0,
+                owner: String::new(),
             },
         );
     }
@@ -37,6 +38,7 @@ fn acquire(session: u64, seq: u64, name: String, mode: Mode, timeout_ms: u64) ->
         mode,
         timeout_ms,
         value: Vec::new(),
+        caller: String::new(),
     }
 }
 
@@ -72,6 +74,7 @@ fn uncontended(c: &mut Criterion) {
                             seq: seq + 1,
                             name: name.clone(),
                             fence,
+                            caller: String::new(),
                         },
                     );
                     *index += 1;
@@ -115,6 +118,7 @@ fn contended(c: &mut Criterion) {
                             seq: *index,
                             name: "hot".into(),
                             fence,
+                            caller: String::new(),
                         },
                     );
                     *index += 1;
@@ -175,6 +179,7 @@ fn semaphore(c: &mut Criterion) {
                                     seq: *index,
                                     name: "pool".into(),
                                     fence,
+                                    caller: String::new(),
                                 },
                             );
                             *index += 1;

@@ -55,6 +55,9 @@ pub struct Config {
     pub tls_client_auth: Option<bool>,
     /// Serve Prometheus metrics (`GET /metrics`) on this address.
     pub metrics_listen: Option<SocketAddr>,
+    /// Turn access control on with this ACL file (tokens, rules, peer
+    /// token; see `deploy/README.md`). `SIGHUP` reloads it.
+    pub acl_file: Option<PathBuf>,
 }
 
 /// A setting that cannot be used; names the setting.
@@ -128,6 +131,7 @@ impl Config {
             tls_ca: self.tls_ca.or(lower.tls_ca),
             tls_client_auth: self.tls_client_auth.or(lower.tls_client_auth),
             metrics_listen: self.metrics_listen.or(lower.metrics_listen),
+            acl_file: self.acl_file.or(lower.acl_file),
         }
     }
 
@@ -215,6 +219,12 @@ impl Config {
             }
         }
         let tls = self.tls()?;
+        let acl = match &self.acl_file {
+            None => None,
+            Some(path) => {
+                Some(crate::auth::Acl::load(path).map_err(|e| err("acl_file", e.to_string()))?)
+            }
+        };
         let init = self.init.unwrap_or(false);
         if init {
             match peers.get(&id) {
@@ -268,6 +278,7 @@ impl Config {
                 },
                 dial,
                 tls,
+                auth: std::sync::Arc::new(crate::auth::Auth::new(acl)),
             },
             listen,
         ))
@@ -416,6 +427,36 @@ mod tests {
         assert_eq!(merged.id, Some(6));
         assert_eq!(merged.listen.map(|l| l.port()), Some(9000));
         assert!(toml::from_str::<Config>("idd = 5").is_err());
+    }
+
+    #[test]
+    fn an_acl_file_turns_access_control_on_and_a_bad_one_is_refused() {
+        let dir = tempfile::tempdir().expect("dir");
+        assert!(base().validate().expect("valid").0.auth.current().is_none());
+        let good = dir.path().join("acl.toml");
+        std::fs::write(
+            &good,
+            "peer_token = \"0123456789abcdef\"\n[[rule]]\nidentity = \"a\"\nallow = \"read\"\n",
+        )
+        .expect("write");
+        let (opts, _) = Config {
+            acl_file: Some(good),
+            ..base()
+        }
+        .validate()
+        .expect("valid");
+        assert_eq!(opts.auth.current().expect("on").rules().len(), 1);
+        let bad = dir.path().join("bad.toml");
+        std::fs::write(&bad, "peer_token = \"short\"\n").expect("write");
+        for path in [bad, dir.path().join("missing.toml")] {
+            let e = Config {
+                acl_file: Some(path.clone()),
+                ..base()
+            }
+            .validate()
+            .expect_err("refused");
+            assert_eq!(e.setting, "acl_file", "{path:?}: {e}");
+        }
     }
 
     #[test]

@@ -50,6 +50,14 @@ pub enum Error {
     /// A limit was reached.
     #[error("{0}")]
     ResourceExhausted(String),
+    /// Access control is on and the request carries no valid credentials
+    /// (no or unknown bearer token, no usable client certificate).
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// The caller is known but no rule allows this request, or the session
+    /// belongs to another identity.
+    #[error("{0}")]
+    PermissionDenied(String),
     /// The server gave up waiting; the outcome is unknown.
     #[error("{0}")]
     Timeout(String),
@@ -70,7 +78,9 @@ impl From<Refusal> for Error {
             | Refusal::InvalidTtl { .. }
             | Refusal::InvalidLockDelay { .. }
             | Refusal::InvalidCapacity { .. }
-            | Refusal::InvalidWeight { .. } => Error::InvalidArgument(msg),
+            | Refusal::InvalidWeight { .. }
+            | Refusal::InvalidOwner { .. } => Error::InvalidArgument(msg),
+            Refusal::NotOwner { .. } => Error::PermissionDenied(msg),
             Refusal::CapacityMismatch { .. }
             | Refusal::KindMismatch { .. }
             | Refusal::OtherMode { .. }
@@ -146,6 +156,8 @@ impl From<Error> for Status {
                 status
             }
             Error::ResourceExhausted(_) => Status::resource_exhausted(msg),
+            Error::Unauthenticated(_) => Status::unauthenticated(msg),
+            Error::PermissionDenied(_) => Status::permission_denied(msg),
             Error::Timeout(_) => Status::deadline_exceeded(msg),
             Error::Unavailable(_) => Status::unavailable(msg),
             Error::Internal(_) => Status::internal(msg),

@@ -4,6 +4,7 @@
 //! node together; the `raftlockd` binary runs it.
 
 pub mod api;
+pub mod auth;
 pub mod config;
 pub mod error;
 pub mod leases;

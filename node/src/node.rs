@@ -121,6 +121,8 @@ pub struct NodeOptions {
     pub dial: BTreeMap<NodeId, String>,
     /// TLS for clients and peers (`None`: plaintext).
     pub tls: Option<crate::tls::TlsOptions>,
+    /// Access control (off by default; see [`crate::auth`]).
+    pub auth: Arc<crate::auth::Auth>,
 }
 
 /// A running node.
@@ -178,6 +180,7 @@ impl Node {
                 opts.dial.clone(),
                 shared.metrics.clone(),
                 opts.tls.as_ref().map(|t| t.peer_client_config()),
+                opts.auth.clone(),
             ),
             log_store,
             sm,
@@ -208,6 +211,7 @@ impl Node {
             raft.clone(),
             shared.clone(),
             committed.clone(),
+            opts.auth.clone(),
         );
         // Standard gRPC health checking: SERVING while this node knows a
         // leader (see `follow_leadership`); and server reflection so grpcurl
@@ -238,7 +242,7 @@ impl Node {
                         .max_encoding_message_size(MAX_BACKUP_BYTES),
                 )
                 .add_service(
-                    RaftServer::new(RaftService::new(raft.clone()))
+                    RaftServer::new(RaftService::new(raft.clone(), opts.auth.clone()))
                         .max_decoding_message_size(usize::MAX)
                         .max_encoding_message_size(usize::MAX),
                 )

@@ -37,6 +37,8 @@ pub fn test_timing() -> RaftTiming {
 pub struct TestCluster {
     /// TLS of every node, if any.
     tls: Option<raftlock_node::tls::TlsOptions>,
+    /// ACL file text of every node, if access control is on.
+    acl: Option<String>,
     dir: tempfile::TempDir,
     nodes: BTreeMap<u64, Node>,
     addrs: BTreeMap<u64, String>,
@@ -124,7 +126,17 @@ impl TestCluster {
     /// Like [`start`](Self::start), with a backup placed in node 1's data
     /// directory first, as `raftlockd restore` does.
     pub async fn start_seeded(n: u64, backup: &[u8]) -> TestCluster {
-        Self::start_inner(n, test_timing(), None, Some(backup)).await
+        Self::start_inner(n, test_timing(), None, Some(backup), None).await
+    }
+
+    /// Like [`start`](Self::start), every node with access control on
+    /// (`acl` is the ACL file's text) and optionally TLS.
+    pub async fn start_acl(
+        n: u64,
+        acl: &str,
+        tls: Option<raftlock_node::tls::TlsOptions>,
+    ) -> TestCluster {
+        Self::start_inner(n, test_timing(), tls, None, Some(acl.to_string())).await
     }
 
     async fn start_full(
@@ -132,7 +144,7 @@ impl TestCluster {
         timing: RaftTiming,
         tls: Option<raftlock_node::tls::TlsOptions>,
     ) -> TestCluster {
-        Self::start_inner(n, timing, tls, None).await
+        Self::start_inner(n, timing, tls, None, None).await
     }
 
     async fn start_inner(
@@ -140,6 +152,7 @@ impl TestCluster {
         timing: RaftTiming,
         tls: Option<raftlock_node::tls::TlsOptions>,
         seed: Option<&[u8]>,
+        acl: Option<String>,
     ) -> TestCluster {
         init_logs();
         let dir = tempfile::tempdir().expect("temp dir");
@@ -159,6 +172,7 @@ impl TestCluster {
         }
         let mut cluster = TestCluster {
             tls,
+            acl,
             dir,
             nodes: BTreeMap::new(),
             addrs: addrs.clone(),
@@ -189,6 +203,11 @@ impl TestCluster {
             timing: self.timing.clone(),
             dial: BTreeMap::new(),
             tls: self.tls.clone(),
+            auth: std::sync::Arc::new(raftlock_node::auth::Auth::new(
+                self.acl
+                    .as_deref()
+                    .map(|text| raftlock_node::auth::Acl::parse(text).expect("a valid test ACL")),
+            )),
         }
     }
 

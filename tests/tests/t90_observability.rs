@@ -38,6 +38,7 @@ async fn metrics_and_health_on_a_single_node_cluster() {
             timing: test_timing(),
             dial: BTreeMap::new(),
             tls: None,
+            auth: Default::default(),
         },
         listener,
         Some(metrics),

@@ -36,6 +36,10 @@ struct Cli {
     /// PEM private key of --cert.
     #[arg(long, global = true, env = "RAFTLOCK_KEY", requires = "cert")]
     key: Option<std::path::PathBuf>,
+    /// File holding the bearer token to send, for clusters with access
+    /// control on (the first line is the token).
+    #[arg(long, global = true, env = "RAFTLOCK_TOKEN_FILE")]
+    token_file: Option<std::path::PathBuf>,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -184,8 +188,16 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let token = match cli.token_file.as_deref().map(read_token).transpose() {
+        Ok(token) => token,
+        Err(e) => {
+            eprintln!("raftlock: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let options = raftlock_client::ClientOptions {
         tls,
+        token,
         ..Default::default()
     };
     let client = match Client::with_options(cli.endpoints.split(','), options) {
@@ -202,6 +214,20 @@ async fn main() -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// The token in `path`: its first line, trimmed.
+fn read_token(path: &std::path::Path) -> Result<String, Error> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::Config(format!("--token-file {}: {e}", path.display())))?;
+    let token = text.lines().next().unwrap_or("").trim().to_string();
+    if token.is_empty() {
+        return Err(Error::Config(format!(
+            "--token-file {}: the file is empty",
+            path.display()
+        )));
+    }
+    Ok(token)
 }
 
 fn tls_options(cli: &Cli) -> Result<Option<raftlock_client::ClientTls>, Error> {

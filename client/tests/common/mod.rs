@@ -15,6 +15,11 @@ pub struct Cluster {
 
 impl Cluster {
     pub async fn start() -> Cluster {
+        Self::start_with_acl(None).await
+    }
+
+    /// Like `start`, with access control on (`acl`: the ACL file's text).
+    pub async fn start_with_acl(acl: Option<&str>) -> Cluster {
         let dir = tempfile::tempdir().expect("temp dir");
         let mut listeners = Vec::new();
         let mut peers = BTreeMap::new();
@@ -34,6 +39,9 @@ impl Cluster {
                 timing: RaftTiming::default(),
                 dial: BTreeMap::new(),
                 tls: None,
+                auth: std::sync::Arc::new(raftlock_node::auth::Auth::new(
+                    acl.map(|text| raftlock_node::auth::Acl::parse(text).expect("valid ACL")),
+                )),
             };
             nodes.push(Node::start(opts, l).await.expect("node starts"));
         }

@@ -8,6 +8,7 @@ use raftlock_proto::v1::cluster_server::Cluster;
 use tonic::{Request, Response, Status};
 
 use super::Api;
+use crate::auth::Permission;
 use crate::config::valid_addr;
 use crate::error::Error;
 use crate::raft::NodeId;
@@ -75,9 +76,10 @@ impl Api {
 impl Cluster for Api {
     async fn status(
         &self,
-        _req: Request<pb::StatusRequest>,
+        req: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::StatusResponse>, Status> {
         let _timer = self.0.shared.metrics.timer("Status");
+        self.caller(&req)?.require_any(Permission::Read)?;
         let m = self.0.raft.metrics().borrow().clone();
         let leader_addr = m
             .current_leader
@@ -117,9 +119,10 @@ impl Cluster for Api {
 
     async fn members(
         &self,
-        _req: Request<pb::MembersRequest>,
+        req: Request<pb::MembersRequest>,
     ) -> Result<Response<pb::MembersResponse>, Status> {
         let _timer = self.0.shared.metrics.timer("Members");
+        self.caller(&req)?.require_any(Permission::Read)?;
         let m = self.0.raft.metrics().borrow().clone();
         Ok(Response::new(pb::MembersResponse {
             members: members(&m.membership_config),
@@ -133,6 +136,7 @@ impl Cluster for Api {
         req: Request<pb::AddNodeRequest>,
     ) -> Result<Response<pb::AddNodeResponse>, Status> {
         let _timer = self.0.shared.metrics.timer("AddNode");
+        self.caller(&req)?.require_admin()?;
         let r = req.into_inner();
         if r.id == 0 {
             return Err(Error::InvalidArgument("node id must be non-zero".into()).into());
@@ -198,8 +202,9 @@ impl Cluster for Api {
 
     async fn backup(
         &self,
-        _req: Request<pb::BackupRequest>,
+        req: Request<pb::BackupRequest>,
     ) -> Result<Response<pb::BackupResponse>, Status> {
+        self.caller(&req)?.require_admin()?;
         // Linearizable on the leader: the copy includes every write
         // acknowledged before the call.
         self.0
@@ -220,6 +225,7 @@ impl Cluster for Api {
         &self,
         req: Request<pb::RestoreRequest>,
     ) -> Result<Response<pb::RestoreResponse>, Status> {
+        self.caller(&req)?.require_admin()?;
         let snapshot = req.into_inner().snapshot;
         // Refuse garbage before it reaches the log.
         crate::state::LockTable::from_snapshot(&snapshot)
@@ -248,6 +254,7 @@ impl Cluster for Api {
         req: Request<pb::RemoveNodeRequest>,
     ) -> Result<Response<pb::RemoveNodeResponse>, Status> {
         let _timer = self.0.shared.metrics.timer("RemoveNode");
+        self.caller(&req)?.require_admin()?;
         let r = req.into_inner();
         let current = self.0.raft.metrics().borrow().membership_config.clone();
         if current.membership().get_node(&r.id).is_none() {

@@ -12,12 +12,13 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::convert::{lock_info, mode_from_request, mode_to_proto, watch_event};
 use super::Api;
+use crate::auth::{Caller, Permission};
 use crate::error::Error;
 use crate::leases::KeepAliveError;
 use crate::raft::log_index_of;
 use crate::shared::WatchItem;
 use crate::state::limits::WAIT_FOREVER;
-use crate::state::{Acquired, Command, Fence, LockName, Reply, SessionId};
+use crate::state::{Acquired, Command, Fence, LockName, Refusal, Reply, SessionId};
 
 /// Default page size of `List`.
 pub const DEFAULT_LIST_LIMIT: usize = 100;
@@ -117,11 +118,14 @@ impl Locks for Api {
         req: Request<pb::OpenSessionRequest>,
     ) -> Result<Response<pb::OpenSessionResponse>, Status> {
         let _timer = self.0.shared.metrics.timer("OpenSession");
+        let caller = self.caller(&req)?;
+        caller.require_any(Permission::Lock)?;
         let r = req.into_inner();
         let command = Command::OpenSession {
             ttl_ms: r.ttl_ms,
             lock_delay_ms: r.lock_delay_ms,
             nonce: r.nonce,
+            owner: caller.identity,
         };
         command.validate()?;
         match self.write(command).await? {
@@ -148,6 +152,7 @@ impl Locks for Api {
         req: Request<Streaming<pb::KeepAliveRequest>>,
     ) -> Result<Response<Self::KeepAliveStream>, Status> {
         let _timer = self.0.shared.metrics.timer("KeepAlive");
+        let caller = self.caller(&req)?;
         let mut inbound = req.into_inner();
         let (tx, rx) = mpsc::channel(16);
         let api = self.clone();
@@ -160,6 +165,9 @@ impl Locks for Api {
                 let session = SessionId(msg.session_id);
                 let result = match api.confirm_leadership().await {
                     Err(e) => Err(e),
+                    Ok(()) if !api.owns(&caller, session) => {
+                        Err(Refusal::NotOwner { session }.into())
+                    }
                     Ok(()) => api
                         .0
                         .shared
@@ -193,10 +201,12 @@ impl Locks for Api {
         req: Request<pb::CloseSessionRequest>,
     ) -> Result<Response<pb::CloseSessionResponse>, Status> {
         let _timer = self.0.shared.metrics.timer("CloseSession");
+        let caller = self.caller(&req)?;
         let r = req.into_inner();
         let command = Command::CloseSession {
             session: SessionId(r.session_id),
             seq: r.seq,
+            caller: caller.identity,
         };
         match self.write(command).await? {
             (_, Reply::Closed { released }) => {
@@ -212,6 +222,8 @@ impl Locks for Api {
         req: Request<pb::AcquireRequest>,
     ) -> Result<Response<pb::AcquireResponse>, Status> {
         let _timer = self.0.shared.metrics.timer("Acquire");
+        let caller = self.caller(&req)?;
+        caller.require_name(Permission::Lock, &req.get_ref().name)?;
         let r = req.into_inner();
         let mode = mode_from_request(&r)?;
         let session = SessionId(r.session_id);
@@ -223,6 +235,7 @@ impl Locks for Api {
             mode,
             timeout_ms: r.timeout_ms,
             value: r.value,
+            caller: caller.identity,
         };
         command.validate()?;
         let outcome = match self.write(command).await? {
@@ -239,6 +252,10 @@ impl Locks for Api {
         req: Request<pb::ReleaseRequest>,
     ) -> Result<Response<pb::ReleaseResponse>, Status> {
         let _timer = self.0.shared.metrics.timer("Release");
+        // Releasing needs no rule: only the session's owner can release
+        // (checked in the table), and a grant must stay releasable even if
+        // the rule that allowed it is gone.
+        let caller = self.caller(&req)?;
         let r = req.into_inner();
         name(&r.name)?;
         let command = Command::Release {
@@ -246,6 +263,7 @@ impl Locks for Api {
             seq: r.seq,
             name: r.name,
             fence: Fence(r.fence),
+            caller: caller.identity,
         };
         match self.write(command).await? {
             (_, Reply::Released { released }) => {
@@ -261,6 +279,8 @@ impl Locks for Api {
         req: Request<pb::DescribeRequest>,
     ) -> Result<Response<pb::DescribeResponse>, Status> {
         let _timer = self.0.shared.metrics.timer("Describe");
+        self.caller(&req)?
+            .require_name(Permission::Read, &req.get_ref().name)?;
         let r = req.into_inner();
         let lock = name(&r.name)?;
         self.read_barrier(r.stale).await?;
@@ -280,6 +300,8 @@ impl Locks for Api {
         req: Request<pb::ListRequest>,
     ) -> Result<Response<pb::ListResponse>, Status> {
         let _timer = self.0.shared.metrics.timer("List");
+        self.caller(&req)?
+            .require_prefix(Permission::Read, &req.get_ref().prefix)?;
         let r = req.into_inner();
         let limit = match r.limit as usize {
             0 => DEFAULT_LIST_LIMIT,
@@ -317,6 +339,8 @@ impl Locks for Api {
         req: Request<pb::CheckFenceRequest>,
     ) -> Result<Response<pb::CheckFenceResponse>, Status> {
         let _timer = self.0.shared.metrics.timer("CheckFence");
+        self.caller(&req)?
+            .require_name(Permission::Read, &req.get_ref().name)?;
         let r = req.into_inner();
         let lock = name(&r.name)?;
         self.read_barrier(r.stale).await?;
@@ -336,6 +360,11 @@ impl Locks for Api {
         req: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         let _timer = self.0.shared.metrics.timer("Watch");
+        let caller = self.caller(&req)?;
+        match req.get_ref().name.as_str() {
+            "" => caller.require_prefix(Permission::Read, &req.get_ref().prefix)?,
+            name => caller.require_name(Permission::Read, name)?,
+        }
         let r = req.into_inner();
         if !r.name.is_empty() {
             name(&r.name)?;
@@ -398,6 +427,17 @@ impl Locks for Api {
 }
 
 impl Api {
+    /// False if `session` is open and belongs to an identity other than
+    /// `caller`'s. (An unknown session is left to the caller's request,
+    /// which answers `NOT_FOUND`.)
+    fn owns(&self, caller: &Caller, session: SessionId) -> bool {
+        let applied = self.0.shared.applied.read().expect("applied lock poisoned");
+        applied
+            .table
+            .session_owner(session)
+            .is_none_or(|owner| owner == caller.identity)
+    }
+
     /// `NotLeader` with the leader this node knows of.
     pub fn not_leader(&self) -> Error {
         let metrics = self.0.raft.metrics().borrow().clone();

@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
 
+use crate::auth::{Auth, Caller};
 use crate::error::Error;
 use crate::raft::{NodeId, Raft};
 use crate::shared::Shared;
@@ -42,6 +43,8 @@ pub struct ApiInner {
     batcher: batcher::Batcher,
     /// Open `Watch` streams.
     pub(crate) watches: Arc<std::sync::atomic::AtomicUsize>,
+    /// Access control.
+    pub auth: Arc<Auth>,
 }
 
 /// The public services (`Locks`, `Cluster`); cheap to clone.
@@ -56,6 +59,7 @@ impl Api {
         raft: Raft,
         shared: Arc<Shared>,
         committed: Arc<AtomicU64>,
+        auth: Arc<Auth>,
     ) -> Self {
         Api(Arc::new(ApiInner {
             id,
@@ -66,7 +70,13 @@ impl Api {
             leader_check: LeaderCheck::default(),
             batcher: batcher::Batcher::start(raft.clone()),
             watches: Arc::default(),
+            auth,
         }))
+    }
+
+    /// Identifies the caller of `req` (see [`crate::auth`]).
+    pub fn caller<T>(&self, req: &tonic::Request<T>) -> Result<Caller, Error> {
+        self.0.auth.caller(req)
     }
 
     /// Proposes `command` and waits until it is applied here; returns the

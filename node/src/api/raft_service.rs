@@ -6,18 +6,23 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tonic::{Request, Response, Status};
 
+use std::sync::Arc;
+
+use crate::auth::Auth;
 use crate::raft::Raft;
 
 /// Serves the node-to-node RPCs of one node.
 #[derive(Clone)]
 pub struct RaftService {
     raft: Raft,
+    auth: Arc<Auth>,
 }
 
 impl RaftService {
-    /// The service over `raft`.
-    pub fn new(raft: Raft) -> Self {
-        RaftService { raft }
+    /// The service over `raft`; with access control on, only peers (see
+    /// [`Auth::check_peer`]) may call it.
+    pub fn new(raft: Raft, auth: Arc<Auth>) -> Self {
+        RaftService { raft, auth }
     }
 }
 
@@ -53,6 +58,7 @@ impl RaftRpc for RaftService {
         &self,
         req: Request<pb::RaftMessage>,
     ) -> Result<Response<pb::RaftMessage>, Status> {
+        self.auth.check_peer(&req)?;
         let rpc = decode(req.get_ref())?;
         reply(self.raft.append_entries(rpc).await)
     }
@@ -61,6 +67,7 @@ impl RaftRpc for RaftService {
         &self,
         req: Request<pb::RaftMessage>,
     ) -> Result<Response<pb::RaftMessage>, Status> {
+        self.auth.check_peer(&req)?;
         let rpc = decode(req.get_ref())?;
         reply(self.raft.vote(rpc).await)
     }
@@ -69,6 +76,7 @@ impl RaftRpc for RaftService {
         &self,
         req: Request<pb::RaftMessage>,
     ) -> Result<Response<pb::RaftMessage>, Status> {
+        self.auth.check_peer(&req)?;
         let rpc = decode(req.get_ref())?;
         reply(self.raft.install_snapshot(rpc).await)
     }

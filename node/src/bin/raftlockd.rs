@@ -7,9 +7,11 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use raftlock_node::auth::Auth;
 use raftlock_node::config::{parse_peers, Config};
 use raftlock_node::node::{Node, NodeOptions, RaftTiming};
 use tokio::net::TcpListener;
@@ -56,6 +58,9 @@ enum Command {
         #[arg(long)]
         data_dir: PathBuf,
     },
+    /// Print the SHA-256 of a token read from stdin, for an ACL file's
+    /// `sha256 = "..."` (so the file need not hold the token itself).
+    HashToken,
 }
 
 #[derive(Args)]
@@ -112,6 +117,9 @@ struct RunArgs {
     /// proxies).
     #[arg(long, env = "RAFTLOCK_DIAL")]
     dial: Option<String>,
+    /// Turn access control on with this ACL file (SIGHUP reloads it).
+    #[arg(long, env = "RAFTLOCK_ACL_FILE")]
+    acl_file: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -129,6 +137,10 @@ struct DevArgs {
     /// metrics-base-port + N - 1 (0: no metrics).
     #[arg(long, default_value_t = 9101)]
     metrics_base_port: u16,
+    /// Turn access control on with this ACL file, on every node (SIGHUP
+    /// reloads it).
+    #[arg(long)]
+    acl_file: Option<PathBuf>,
 }
 
 fn init_logging(format: LogFormat) {
@@ -152,6 +164,7 @@ async fn main() {
         Command::Run(args) => run(*args).await,
         Command::Dev(args) => dev(args).await,
         Command::Restore { file, data_dir } => restore(&file, &data_dir),
+        Command::HashToken => hash_token(),
     };
     if let Err(e) = result {
         eprintln!("raftlockd: {e:#}");
@@ -179,6 +192,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         tls_ca: args.tls_ca,
         tls_client_auth: args.tls_client_auth.then_some(true),
         metrics_listen: args.metrics_listen,
+        acl_file: args.acl_file,
     };
     let file = match &args.config {
         Some(path) => Config::from_toml_file(path)?,
@@ -198,6 +212,10 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         ),
         None => None,
     };
+    warn_on_clear_tokens(&opts);
+    if let Some(path) = merged.acl_file.clone() {
+        tokio::spawn(reload_acl_on_sighup(opts.auth.clone(), path));
+    }
     let node = Node::start_with_metrics(opts, listener, metrics).await?;
     tracing::info!(id = node.id, addr = %node.addr, metrics = ?metrics_listen, "raftlockd serving");
     wait_for_signal().await;
@@ -243,6 +261,14 @@ async fn dev(args: DevArgs) -> anyhow::Result<()> {
             .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", addr(i)))?;
         listeners.push((i, listener));
     }
+    let acl = match &args.acl_file {
+        None => None,
+        Some(path) => Some(raftlock_node::auth::Acl::load(path)?),
+    };
+    let auth = Arc::new(Auth::new(acl));
+    if let Some(path) = args.acl_file.clone() {
+        tokio::spawn(reload_acl_on_sighup(auth.clone(), path));
+    }
     let mut nodes = Vec::new();
     for (i, listener) in listeners.into_iter().rev() {
         let opts = NodeOptions {
@@ -254,6 +280,7 @@ async fn dev(args: DevArgs) -> anyhow::Result<()> {
             timing: RaftTiming::default(),
             dial: BTreeMap::new(),
             tls: None,
+            auth: auth.clone(),
         };
         let metrics = match args.metrics_base_port {
             0 => None,
@@ -294,6 +321,54 @@ async fn dev(args: DevArgs) -> anyhow::Result<()> {
         node.shutdown().await;
     }
     Ok(())
+}
+
+fn hash_token() -> anyhow::Result<()> {
+    let mut token = String::new();
+    std::io::Read::read_to_string(&mut std::io::stdin(), &mut token)?;
+    let token = token.trim_end_matches(['\r', '\n']);
+    anyhow::ensure!(!token.is_empty(), "no token on stdin");
+    println!("{}", raftlock_node::auth::token_sha256_hex(token));
+    Ok(())
+}
+
+/// Bearer tokens over plaintext can be read by anyone on the path.
+fn warn_on_clear_tokens(opts: &NodeOptions) {
+    if opts.auth.current().is_some() && opts.tls.is_none() {
+        tracing::warn!(
+            "access control is on without TLS: tokens (client and peer) cross the network \
+             in clear text; set tls_cert, tls_key and tls_ca"
+        );
+    }
+}
+
+/// Reloads the ACL file on every SIGHUP. A file that does not parse is
+/// logged and the ACL in force stays.
+async fn reload_acl_on_sighup(auth: Arc<Auth>, path: PathBuf) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let Ok(mut hup) = signal(SignalKind::hangup()) else {
+            tracing::warn!("cannot install a SIGHUP handler; the ACL file will not be reloaded");
+            return;
+        };
+        while hup.recv().await.is_some() {
+            match raftlock_node::auth::Acl::load(&path) {
+                Ok(acl) => {
+                    let rules = acl.rules().len();
+                    match auth.replace(acl) {
+                        Ok(()) => tracing::info!(path = %path.display(), rules, "ACL reloaded"),
+                        Err(e) => tracing::warn!(%e, "ACL not reloaded"),
+                    }
+                }
+                Err(e) => tracing::error!(%e, "ACL not reloaded; the previous one stays in force"),
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (auth, path);
+    }
 }
 
 async fn wait_for_signal() {

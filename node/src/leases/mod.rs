@@ -340,6 +340,7 @@ mod tests {
                 ttl_ms,
                 lock_delay_ms: 0,
                 nonce: 0,
+                owner: String::new(),
             },
         );
         table
@@ -413,6 +414,7 @@ mod tests {
                 ttl_ms: 60_000,
                 lock_delay_ms: 0,
                 nonce: 0,
+                owner: String::new(),
             },
         );
         leases.activate_for_term(1, &table);

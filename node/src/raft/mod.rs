@@ -84,7 +84,7 @@ pub type Raft = openraft::Raft<TypeConfig>;
 
 /// On-disk format version written to `meta/format`. A node refuses to open
 /// a data directory with another version.
-pub const FORMAT_VERSION: u64 = 1;
+pub const FORMAT_VERSION: u64 = 2;
 
 /// A storage failure inside openraft's traits.
 pub type StorageError = openraft::StorageError<NodeId>;

@@ -20,6 +20,7 @@ use serde::Serialize;
 use tonic::transport::{Channel, Endpoint};
 
 use super::{NodeId, TypeConfig};
+use crate::auth::Auth;
 use crate::metrics::Metrics;
 
 /// How long to wait for a TCP connection to a peer.
@@ -37,6 +38,8 @@ pub struct Network {
     metrics: Arc<Metrics>,
     /// TLS towards peers, if enabled.
     tls: Option<tonic::transport::ClientTlsConfig>,
+    /// Access control: when on, every RPC carries the peer token.
+    auth: Arc<Auth>,
 }
 
 impl Network {
@@ -46,11 +49,13 @@ impl Network {
         dial: BTreeMap<NodeId, String>,
         metrics: Arc<Metrics>,
         tls: Option<tonic::transport::ClientTlsConfig>,
+        auth: Arc<Auth>,
     ) -> Self {
         Network {
             dial: Arc::new(dial),
             metrics,
             tls,
+            auth,
             ..Default::default()
         }
     }
@@ -88,6 +93,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             node: node.clone(),
             channel: self.channel(&addr),
             metrics: self.metrics.clone(),
+            auth: self.auth.clone(),
         }
     }
 }
@@ -98,6 +104,7 @@ pub struct Peer {
     node: BasicNode,
     channel: Result<Channel, String>,
     metrics: Arc<Metrics>,
+    auth: Arc<Auth>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -109,7 +116,7 @@ impl Peer {
     async fn call<Req, Resp, E>(
         &mut self,
         rpc: &'static str,
-        method: fn(&mut RaftClient<Channel>, pb::RaftMessage) -> CallFuture,
+        method: fn(&mut RaftClient<Channel>, tonic::Request<pb::RaftMessage>) -> CallFuture,
         req: &Req,
         option: &RPCOption,
     ) -> Result<Resp, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>
@@ -127,7 +134,7 @@ impl Peer {
 
     async fn call_inner<Req, Resp, E>(
         &mut self,
-        method: fn(&mut RaftClient<Channel>, pb::RaftMessage) -> CallFuture,
+        method: fn(&mut RaftClient<Channel>, tonic::Request<pb::RaftMessage>) -> CallFuture,
         req: &Req,
         option: &RPCOption,
     ) -> Result<Resp, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>
@@ -145,13 +152,19 @@ impl Peer {
         let mut client = RaftClient::new(channel)
             .max_decoding_message_size(usize::MAX)
             .max_encoding_message_size(usize::MAX);
-        let fut = method(
-            &mut client,
-            pb::RaftMessage {
-                data,
-                error: Vec::new(),
-            },
-        );
+        let mut request = tonic::Request::new(pb::RaftMessage {
+            data,
+            error: Vec::new(),
+        });
+        if let Some(acl) = self.auth.current() {
+            let value = format!("Bearer {}", acl.peer_token())
+                .parse()
+                .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+            request
+                .metadata_mut()
+                .insert(crate::auth::AUTHORIZATION, value);
+        }
+        let fut = method(&mut client, request);
         let resp = match tokio::time::timeout(option.hard_ttl(), fut).await {
             Err(_) => {
                 return Err(RPCError::Network(NetworkError::new(&Msg(format!(

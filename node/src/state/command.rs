@@ -101,6 +101,9 @@ pub enum Command {
         /// Client-chosen value that makes a retried open return the same
         /// session (0 = no de-duplication).
         nonce: u64,
+        /// The identity the session belongs to (empty without access
+        /// control). Only requests from the same identity may use it.
+        owner: String,
     },
     /// Close a session, releasing all it holds and cancelling its waits.
     CloseSession {
@@ -108,6 +111,8 @@ pub enum Command {
         session: SessionId,
         /// Request sequence number.
         seq: u64,
+        /// The identity the request came from; must be the session's owner.
+        caller: String,
     },
     /// Acquire a lock or semaphore permits.
     Acquire {
@@ -124,6 +129,8 @@ pub enum Command {
         timeout_ms: u64,
         /// Holder value (≤ [`MAX_VALUE_LEN`](super::limits::MAX_VALUE_LEN)).
         value: Vec<u8>,
+        /// The identity the request came from; must be the session's owner.
+        caller: String,
     },
     /// Release the grant with `fence` on `name` held by `session`.
     Release {
@@ -135,6 +142,8 @@ pub enum Command {
         name: String,
         /// The grant's fence.
         fence: Fence,
+        /// The identity the request came from; must be the session's owner.
+        caller: String,
     },
     /// Proposed by the leader when a session's lease ran out.
     ExpireSession {
@@ -343,6 +352,19 @@ pub enum Refusal {
         /// The session.
         session: SessionId,
     },
+    /// The request came from an identity other than the session's owner
+    /// (access control binds every session to the identity that opened it).
+    #[error("{session} belongs to another identity")]
+    NotOwner {
+        /// The session.
+        session: SessionId,
+    },
+    /// An owner identity longer than `MAX_OWNER_LEN` bytes.
+    #[error("identity of {len} bytes exceeds the limit of {max}", max = super::limits::MAX_OWNER_LEN)]
+    InvalidOwner {
+        /// The length given.
+        len: usize,
+    },
     /// The cluster has `MAX_SESSIONS` open sessions.
     #[error("the cluster has the maximum of {max} open sessions", max = super::limits::MAX_SESSIONS)]
     TooManySessions,
@@ -523,8 +545,12 @@ impl Command {
             Command::OpenSession {
                 ttl_ms,
                 lock_delay_ms,
+                owner,
                 ..
             } => {
+                if owner.len() > MAX_OWNER_LEN {
+                    return Err(Refusal::InvalidOwner { len: owner.len() });
+                }
                 if !(MIN_SESSION_TTL_MS..=MAX_SESSION_TTL_MS).contains(ttl_ms) {
                     return Err(Refusal::InvalidTtl { ttl_ms: *ttl_ms });
                 }

@@ -14,6 +14,10 @@ pub const MAX_VALUE_LEN: usize = 4096;
 /// leader election and make every failover cost every session.
 pub const MIN_SESSION_TTL_MS: u64 = 1_000;
 
+/// Longest identity a session may be bound to, in bytes (a token's
+/// identity name or a certificate's common name).
+pub const MAX_OWNER_LEN: usize = 256;
+
 /// Longest session ttl (one hour). A dead client's locks stay held this long
 /// at most.
 pub const MAX_SESSION_TTL_MS: u64 = 3_600_000;

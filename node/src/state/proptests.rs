@@ -825,7 +825,14 @@ impl History {
                 let existed = self.slots[slot].is_some();
                 let (command, expect) = if matches!(op, Op::Close { .. }) {
                     let seq = self.next_seq();
-                    (Command::CloseSession { session: id, seq }, existed)
+                    (
+                        Command::CloseSession {
+                            session: id,
+                            seq,
+                            caller: String::new(),
+                        },
+                        existed,
+                    )
                 } else {
                     (Command::ExpireSession { session: id }, existed)
                 };
@@ -886,6 +893,7 @@ impl History {
                     mode,
                     timeout_ms,
                     value: vec![value; usize::from(value)],
+                    caller: String::new(),
                 };
                 let (before, r) = self.request(command.clone())?;
                 self.check_acquire(&before, &r, session, n, mode, timeout_ms)?;
@@ -930,6 +938,7 @@ impl History {
                     seq,
                     name,
                     fence,
+                    caller: String::new(),
                 };
                 let (_, r) = self.request(command.clone())?;
                 if self.slots[slot].is_none() {
@@ -1031,6 +1040,7 @@ impl History {
                     mode,
                     timeout_ms: 1_000,
                     value: vec![0; value],
+                    caller: String::new(),
                 };
                 let valid_mode = capacity.map_or(X, |capacity| Mode::Semaphore {
                     weight: 1,
@@ -1044,11 +1054,13 @@ impl History {
                         ttl_ms: MIN_SESSION_TTL_MS - 1,
                         lock_delay_ms: 0,
                         nonce: 0,
+                        owner: String::new(),
                     },
                     4 => Command::OpenSession {
                         ttl_ms: 10_000,
                         lock_delay_ms: MAX_LOCK_DELAY_MS + 1,
                         nonce: 0,
+                        owner: String::new(),
                     },
                     5 if exists(sem) => {
                         let capacity = sem_cap.unwrap_or(1) + 1;
@@ -1104,6 +1116,7 @@ impl History {
                         seq,
                         name: String::new(),
                         fence: Fence(1),
+                        caller: String::new(),
                     },
                     11 => Command::Acquire {
                         session: SessionId(u64::MAX),
@@ -1112,6 +1125,7 @@ impl History {
                         mode: valid_mode,
                         timeout_ms: 0,
                         value: Vec::new(),
+                        caller: String::new(),
                     },
                     _ => return Ok(()),
                 };
@@ -1140,6 +1154,7 @@ impl History {
                     ttl_ms: 10_000,
                     lock_delay_ms,
                     nonce,
+                    owner: String::new(),
                 })?;
                 prop_assert_eq!(
                     r.reply,
@@ -1155,6 +1170,7 @@ impl History {
                     ttl_ms: 20_000,
                     lock_delay_ms: 0,
                     nonce,
+                    owner: String::new(),
                 })?;
                 prop_assert!(
                     matches!(r.reply, Reply::Opened { session, .. } if session == id),
@@ -1376,6 +1392,7 @@ fn build(s: &Situation) -> LockTable {
                 ttl_ms: 10_000,
                 lock_delay_ms: 0,
                 nonce: 0,
+                owner: String::new(),
                 held: BTreeMap::new(),
                 waiting: BTreeMap::new(),
                 replies: Default::default(),

@@ -34,6 +34,9 @@ pub(super) struct Session {
     pub(super) lock_delay_ms: u64,
     /// The nonce it was opened with (0 = none).
     pub(super) nonce: u64,
+    /// The identity that opened it (empty without access control); only
+    /// that identity may use it.
+    pub(super) owner: String,
     /// Names held, with the grant's fence. One grant per name per session.
     pub(super) held: BTreeMap<LockName, Fence>,
     /// Names waited for, with the waiting request.
@@ -219,14 +222,24 @@ impl LockTable {
                 events: Vec::new(),
             };
         }
+        // Sessions are bound to the identity that opened them: a request
+        // naming another identity's session changes nothing and learns
+        // nothing (not even a remembered reply).
+        if let Err(refusal) = self.check_owner(&command) {
+            return Response {
+                reply: Reply::Refused(refusal),
+                events: Vec::new(),
+            };
+        }
         let mut events = Vec::new();
         let reply = match command {
             Command::OpenSession {
                 ttl_ms,
                 lock_delay_ms,
                 nonce,
-            } => self.open_session(index, ttl_ms, lock_delay_ms, nonce, &mut events),
-            Command::CloseSession { session, seq: _ } => {
+                owner,
+            } => self.open_session(index, ttl_ms, lock_delay_ms, nonce, owner, &mut events),
+            Command::CloseSession { session, .. } => {
                 // Closing removes the session and with it its reply window, so
                 // a retried close answers SessionNotFound; clients treat that
                 // as closed.
@@ -242,6 +255,7 @@ impl LockTable {
                 mode,
                 timeout_ms,
                 value,
+                caller: _,
             } => self.acquire(
                 index,
                 session,
@@ -257,6 +271,7 @@ impl LockTable {
                 seq,
                 name,
                 fence,
+                caller: _,
             } => self.release(index, session, seq, name, fence, &mut events),
             Command::ExpireSession { session } => Reply::Expired {
                 existed: self
@@ -318,12 +333,45 @@ impl LockTable {
         }
     }
 
+    /// `NotOwner` if `command` uses a session that exists and belongs to an
+    /// identity other than the command's caller. (A missing session is left
+    /// to the command, which answers `SessionNotFound`.)
+    fn check_owner(&self, command: &Command) -> Result<(), Refusal> {
+        let (session, caller) = match command {
+            Command::CloseSession {
+                session, caller, ..
+            }
+            | Command::Acquire {
+                session, caller, ..
+            }
+            | Command::Release {
+                session, caller, ..
+            } => (*session, caller),
+            Command::OpenSession { nonce, owner, .. } => {
+                // A retried open returns the session its nonce opened, but
+                // only to the same identity.
+                return match self.nonces.get(nonce) {
+                    Some(&session) if *nonce != 0 && self.sessions[&session].owner != *owner => {
+                        Err(Refusal::NotOwner { session })
+                    }
+                    _ => Ok(()),
+                };
+            }
+            _ => return Ok(()),
+        };
+        match self.sessions.get(&session) {
+            Some(s) if s.owner != *caller => Err(Refusal::NotOwner { session }),
+            _ => Ok(()),
+        }
+    }
+
     fn open_session(
         &mut self,
         index: u64,
         ttl_ms: u64,
         lock_delay_ms: u64,
         nonce: u64,
+        owner: String,
         events: &mut Vec<Event>,
     ) -> Reply {
         if nonce != 0 {
@@ -346,6 +394,7 @@ impl LockTable {
                 ttl_ms,
                 lock_delay_ms,
                 nonce,
+                owner,
                 held: BTreeMap::new(),
                 waiting: BTreeMap::new(),
                 replies: Replies::default(),

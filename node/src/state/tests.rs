@@ -37,6 +37,7 @@ fn open_cmd(ttl_ms: u64, lock_delay_ms: u64, nonce: u64) -> Command {
         ttl_ms,
         lock_delay_ms,
         nonce,
+        owner: String::new(),
     }
 }
 
@@ -59,6 +60,7 @@ fn acq_value(
         mode,
         timeout_ms,
         value,
+        caller: String::new(),
     }
 }
 
@@ -68,6 +70,7 @@ fn rel(session: SessionId, seq: u64, name: &str, fence: Fence) -> Command {
         seq,
         name: name.to_string(),
         fence,
+        caller: String::new(),
     }
 }
 
@@ -267,7 +270,11 @@ impl Harness {
 
     fn close(&mut self, session: SessionId) -> Response {
         let seq = self.next_seq();
-        self.apply(Command::CloseSession { session, seq })
+        self.apply(Command::CloseSession {
+            session,
+            seq,
+            caller: String::new(),
+        })
     }
 
     /// Applies `command`, expects a refusal and no change at all.
@@ -459,7 +466,11 @@ fn close_session_releases_everything_and_cancels_waits() {
     // Closing again, or using the closed session, is refused.
     let seq = h.next_seq();
     assert_eq!(
-        h.refuse(Command::CloseSession { session: a, seq }),
+        h.refuse(Command::CloseSession {
+            session: a,
+            seq,
+            caller: String::new()
+        }),
         Refusal::SessionNotFound { session: a }
     );
     let seq = h.next_seq();
@@ -526,7 +537,8 @@ fn unknown_session_is_refused_or_ignored_everywhere() {
     assert_eq!(
         h.refuse(Command::CloseSession {
             session: ghost,
-            seq
+            seq,
+            caller: String::new(),
         }),
         Refusal::SessionNotFound { session: ghost }
     );
@@ -2116,6 +2128,7 @@ fn insert_sessions(table: &mut LockTable, ids: impl Iterator<Item = u64>) {
         ttl_ms: 10_000,
         lock_delay_ms: 0,
         nonce: 0,
+        owner: String::new(),
         held: BTreeMap::new(),
         waiting: BTreeMap::new(),
         replies: Default::default(),
@@ -2538,6 +2551,7 @@ fn snapshot_round_trip_equals_and_continues_identically() {
         Command::CloseSession {
             session: a,
             seq: 92,
+            caller: String::new(),
         },
         acq(d, 93, "s", sem(3, 3), TRY),
     ];
@@ -2654,4 +2668,140 @@ fn snapshot_that_breaks_an_invariant_is_refused() {
             "{what}: restored"
         );
     }
+}
+
+// ---- Sessions bound to identities (access control) ----
+
+fn open_as(h: &mut Harness, owner: &str, nonce: u64) -> SessionId {
+    let r = h.apply(Command::OpenSession {
+        ttl_ms: 10_000,
+        lock_delay_ms: 0,
+        nonce,
+        owner: owner.to_string(),
+    });
+    match r.reply {
+        Reply::Opened { session, .. } => session,
+        other => panic!("open failed: {other:?}"),
+    }
+}
+
+fn acq_as(session: SessionId, seq: u64, n: &str, caller: &str) -> Command {
+    Command::Acquire {
+        session,
+        seq,
+        name: n.to_string(),
+        mode: X,
+        timeout_ms: WAIT,
+        value: Vec::new(),
+        caller: caller.to_string(),
+    }
+}
+
+#[test]
+fn only_the_owner_identity_uses_a_session() {
+    let mut h = Harness::new();
+    let alice = open_as(&mut h, "alice", 0);
+    let seq = h.next_seq();
+    let fence = fence_of(&h.apply(acq_as(alice, seq, "x", "alice")));
+
+    // Another identity can neither acquire with, release from, nor close
+    // alice's session; each refusal changes nothing.
+    let s2 = h.next_seq();
+    assert_eq!(
+        h.refuse(acq_as(alice, s2, "y", "mallory")),
+        Refusal::NotOwner { session: alice }
+    );
+    let s3 = h.next_seq();
+    assert_eq!(
+        h.refuse(Command::Release {
+            session: alice,
+            seq: s3,
+            name: "x".into(),
+            fence,
+            caller: "mallory".into(),
+        }),
+        Refusal::NotOwner { session: alice }
+    );
+    let s4 = h.next_seq();
+    assert_eq!(
+        h.refuse(Command::CloseSession {
+            session: alice,
+            seq: s4,
+            caller: "mallory".into(),
+        }),
+        Refusal::NotOwner { session: alice }
+    );
+    // The unauthenticated identity (empty) is another identity too.
+    let s5 = h.next_seq();
+    assert_eq!(
+        h.refuse(acq_as(alice, s5, "y", "")),
+        Refusal::NotOwner { session: alice }
+    );
+    // A retry of alice's own acquire by another identity does not get the
+    // remembered reply (and so learns nothing about the grant).
+    assert_eq!(
+        h.refuse(acq_as(alice, seq, "x", "mallory")),
+        Refusal::NotOwner { session: alice }
+    );
+
+    // Alice herself still can.
+    let s6 = h.next_seq();
+    assert_eq!(
+        h.apply(Command::Release {
+            session: alice,
+            seq: s6,
+            name: "x".into(),
+            fence,
+            caller: "alice".into(),
+        })
+        .reply,
+        Reply::Released { released: true }
+    );
+    assert_eq!(h.table.session_owner(alice), Some("alice"));
+}
+
+#[test]
+fn a_retried_open_finds_its_session_only_for_the_same_identity() {
+    let mut h = Harness::new();
+    let alice = open_as(&mut h, "alice", 77);
+    // Same nonce, same identity: the same session.
+    assert_eq!(open_as(&mut h, "alice", 77), alice);
+    // Same nonce, another identity: refused, nothing opened.
+    let refusal = h.refuse(Command::OpenSession {
+        ttl_ms: 10_000,
+        lock_delay_ms: 0,
+        nonce: 77,
+        owner: "mallory".into(),
+    });
+    assert_eq!(refusal, Refusal::NotOwner { session: alice });
+    assert_eq!(h.table.sessions().count(), 1);
+}
+
+#[test]
+fn owner_length_is_limited() {
+    let mut h = Harness::new();
+    let longest = "o".repeat(MAX_OWNER_LEN);
+    let s = open_as(&mut h, &longest, 0);
+    assert_eq!(h.table.session_owner(s), Some(longest.as_str()));
+    let refusal = h.refuse(Command::OpenSession {
+        ttl_ms: 10_000,
+        lock_delay_ms: 0,
+        nonce: 0,
+        owner: "o".repeat(MAX_OWNER_LEN + 1),
+    });
+    assert_eq!(
+        refusal,
+        Refusal::InvalidOwner {
+            len: MAX_OWNER_LEN + 1
+        }
+    );
+}
+
+#[test]
+fn owners_survive_a_snapshot() {
+    let mut h = Harness::new();
+    let alice = open_as(&mut h, "alice", 0);
+    let restored = LockTable::from_snapshot(&h.table.to_snapshot()).expect("decodes");
+    assert_eq!(restored.session_owner(alice), Some("alice"));
+    assert_eq!(restored, h.table);
 }

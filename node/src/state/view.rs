@@ -94,7 +94,7 @@ pub enum SnapshotError {
 }
 
 /// Format version of [`LockTable::to_snapshot`]'s output, its first byte.
-pub const SNAPSHOT_VERSION: u8 = 1;
+pub const SNAPSHOT_VERSION: u8 = 2;
 
 impl LockTable {
     /// The state of `name`, if it has any.
@@ -172,6 +172,11 @@ impl LockTable {
             ttl_ms: s.ttl_ms,
             lock_delay_ms: s.lock_delay_ms,
         })
+    }
+
+    /// The identity `session` belongs to, if it is open.
+    pub fn session_owner(&self, session: SessionId) -> Option<&str> {
+        self.sessions.get(&session).map(|s| s.owner.as_str())
     }
 
     /// Every queued request (the leader re-arms their timeouts on election).
