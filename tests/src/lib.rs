@@ -21,6 +21,8 @@ use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 
+pub mod workload;
+
 /// Default deadline for `wait_*` helpers.
 pub const WAIT: Duration = Duration::from_secs(20);
 

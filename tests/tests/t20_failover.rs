@@ -2,12 +2,12 @@
 //! queues, semaphore grants and live leases; killing a follower while
 //! acquires continue loses no acknowledged grant.
 
-use std::collections::{BTreeMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use raftlock_client::proto::{AcquireRequest, EventKind, Mode, OpenSessionRequest, WatchRequest};
+use raftlock_tests::workload::{describe_until, Contenders};
 use raftlock_tests::{eventually, locks_at, status_at, TestCluster};
 use tokio::time::Instant;
 
@@ -304,36 +304,19 @@ async fn a_blocking_acquire_parked_on_a_killed_leader_is_answered() {
         let b = b.clone();
         async move { b.lock("pk/job").await }
     });
-    eventually("b to be queued", Duration::from_secs(10), || {
-        let client = client.clone();
-        async move {
-            client
-                .describe("pk/job")
-                .await
-                .ok()
-                .flatten()
-                .filter(|i| i.waiters.len() == 1)
-        }
+    describe_until(&client, "pk/job", "b to be queued", |i| {
+        i.waiters.len() == 1
     })
     .await;
     let old_leader = cluster.leader().await;
     cluster.kill(old_leader).await;
     cluster.wait_for_leader().await;
     assert!(held.release().await.expect("release"));
-    let info = eventually(
+    let info = describe_until(
+        &client,
+        "pk/job",
         "the new leader to hand pk/job to b",
-        Duration::from_secs(10),
-        || {
-            let client = client.clone();
-            async move {
-                client
-                    .describe("pk/job")
-                    .await
-                    .ok()
-                    .flatten()
-                    .filter(|i| i.waiters.is_empty())
-            }
-        },
+        |i| i.waiters.is_empty(),
     )
     .await;
     assert_eq!(info.holders[0].session_id, b.id());
@@ -380,74 +363,12 @@ async fn killing_a_follower_loses_no_acknowledged_grant() {
         }
     });
 
-    // Workers contend on the same names; each records a grant while holding
-    // it, so per name the records are in grant order.
-    let acked: Arc<Mutex<Vec<(String, u64)>>> = Arc::default();
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut workers = Vec::new();
-    for w in 0..3 {
-        let client = cluster.client().await;
-        let acked = acked.clone();
-        let stop = stop.clone();
-        workers.push(tokio::spawn(async move {
-            let session = client
-                .session(Duration::from_secs(10))
-                .await
-                .expect("worker session");
-            let mut i = w;
-            while !stop.load(Ordering::SeqCst) {
-                let name = NAMES[i % NAMES.len()];
-                i += 1;
-                let g = session
-                    .lock_timeout(name, Duration::from_secs(15))
-                    .await
-                    .expect("worker acquires");
-                acked
-                    .lock()
-                    .expect("lock")
-                    .push((name.to_string(), g.fence()));
-                assert!(
-                    g.release().await.expect("worker releases"),
-                    "grant {} on {name} was lost",
-                    g.fence()
-                );
-            }
-            session.close().await.expect("close");
-        }));
-    }
-    let count = {
-        let acked = acked.clone();
-        move || acked.lock().expect("lock").len()
-    };
-    let c = &count;
-    eventually(
-        "15 grants before the kill",
-        Duration::from_secs(20),
-        move || async move { (c() >= 15).then_some(()) },
-    )
-    .await;
+    let load = Contenders::start(&cluster, &NAMES, 3, Duration::from_secs(15)).await;
+    load.progress(15, "before the kill").await;
     cluster.kill(follower).await;
-    let at_kill = count();
-    eventually(
-        "30 more grants with a follower down",
-        Duration::from_secs(20),
-        move || async move { (c() >= at_kill + 30).then_some(()) },
-    )
-    .await;
-    stop.store(true, Ordering::SeqCst);
-    for w in workers {
-        w.await.expect("worker ran cleanly");
-    }
+    load.progress(30, "with a follower down").await;
+    let acked = load.finish().await;
 
-    let acked = acked.lock().expect("lock").clone();
-    let mut last: BTreeMap<&str, u64> = BTreeMap::new();
-    let mut fences = HashSet::new();
-    for (name, fence) in &acked {
-        assert!(fences.insert(*fence), "fence {fence} handed out twice");
-        if let Some(prev) = last.insert(name, *fence) {
-            assert!(*fence > prev, "{name}: fence {fence} after {prev}");
-        }
-    }
     // Every acknowledged grant is in the committed history.
     eventually(
         "every acknowledged grant to show up in the watch",

@@ -2,34 +2,17 @@
 //! including removing the leader: no acknowledged grant is lost, fences keep
 //! increasing per name, and the workload makes progress in every phase.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use raftlock_client::proto::Member;
+use raftlock_tests::workload::{describe_until, Contenders};
 use raftlock_tests::{eventually, status_at, TestCluster};
 
 const NAMES: [&str; 3] = ["mb/0", "mb/1", "mb/2"];
 
-/// Grants the workers acknowledged, in the order they held them.
-type Acked = Arc<Mutex<Vec<(String, u64)>>>;
-
 fn voters(members: &[Member]) -> BTreeSet<u64> {
     members.iter().filter(|m| m.voter).map(|m| m.id).collect()
-}
-
-async fn progress(acked: &Acked, more: usize, phase: &str) {
-    let start = acked.lock().expect("lock").len();
-    eventually(
-        &format!("{more} more grants ({phase})"),
-        Duration::from_secs(20),
-        || {
-            let acked = acked.clone();
-            async move { (acked.lock().expect("lock").len() >= start + more).then_some(()) }
-        },
-    )
-    .await;
 }
 
 /// Waits until every running node's own view has exactly `expected` as
@@ -52,47 +35,12 @@ async fn all_nodes_see(cluster: &TestCluster, expected: &BTreeSet<u64>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn membership_3_to_5_to_3_under_load_loses_no_grant() {
     let mut cluster = TestCluster::start(3).await;
-    let acked: Acked = Arc::default();
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut workers = Vec::new();
-    for w in 0..2 {
-        // Each worker knows only the original three nodes and reaches new
-        // ones through leader hints.
-        let client = cluster.client().await;
-        let acked = acked.clone();
-        let stop = stop.clone();
-        workers.push(tokio::spawn(async move {
-            let session = client
-                .session(Duration::from_secs(10))
-                .await
-                .expect("worker session");
-            let mut i = w;
-            while !stop.load(Ordering::SeqCst) {
-                let name = NAMES[i % NAMES.len()];
-                i += 1;
-                // A bounded wait: a request parked on a node that leaves the
-                // cluster is re-sent after its attempt times out (see the
-                // ignored test below for the unbounded case).
-                let g = match session.lock_timeout(name, Duration::from_secs(2)).await {
-                    Ok(g) => g,
-                    Err(raftlock_client::Error::NotAcquired(_)) => continue,
-                    Err(e) => panic!("worker acquire failed: {e:?}"),
-                };
-                acked
-                    .lock()
-                    .expect("lock")
-                    .push((name.to_string(), g.fence()));
-                let released = g.release().await.expect("worker releases");
-                assert!(
-                    released,
-                    "grant {} on {name} was lost before its release",
-                    g.fence()
-                );
-            }
-            session.close().await.expect("close");
-        }));
-    }
-    progress(&acked, 10, "3 voters").await;
+    // Each worker knows only the original three nodes and reaches new ones
+    // through leader hints. A bounded wait: a request parked on a node that
+    // leaves the cluster is re-sent after its attempt times out (see the
+    // ignored test below for the unbounded case).
+    let load = Contenders::start(&cluster, &NAMES, 2, Duration::from_secs(2)).await;
+    load.progress(10, "3 voters").await;
 
     // 3 → 5.
     let admin = cluster.client().await;
@@ -105,7 +53,7 @@ async fn membership_3_to_5_to_3_under_load_loses_no_grant() {
             "node {id} is a voter: {members:?}"
         );
         added.push(id);
-        progress(&acked, 5, "after adding a node").await;
+        load.progress(5, "after adding a node").await;
     }
     let five: BTreeSet<u64> = [1, 2, 3].into_iter().chain(added.iter().copied()).collect();
     assert_eq!(
@@ -127,7 +75,7 @@ async fn membership_3_to_5_to_3_under_load_loses_no_grant() {
     cluster.stop(leader).await;
     let new_leader = cluster.wait_for_leader().await;
     assert_ne!(new_leader, leader);
-    progress(&acked, 5, "after removing the leader").await;
+    load.progress(5, "after removing the leader").await;
 
     let other = (1..=3)
         .find(|id| *id != leader && *id != new_leader)
@@ -148,22 +96,9 @@ async fn membership_3_to_5_to_3_under_load_loses_no_grant() {
         voters(&admin.members().await.expect("members").members),
         three
     );
-    progress(&acked, 10, "3 voters again").await;
+    load.progress(10, "3 voters again").await;
 
-    stop.store(true, Ordering::SeqCst);
-    for w in workers {
-        w.await.expect("worker ran cleanly");
-    }
-
-    let acked = acked.lock().expect("lock").clone();
-    let mut last: BTreeMap<&str, u64> = BTreeMap::new();
-    let mut fences = HashSet::new();
-    for (name, fence) in &acked {
-        assert!(fences.insert(*fence), "fence {fence} handed out twice");
-        if let Some(prev) = last.insert(name, *fence) {
-            assert!(*fence > prev, "{name}: fence {fence} after {prev}");
-        }
-    }
+    let acked = load.finish().await;
     // The workers released everything they held, and every node agrees on
     // the counter, which covers every acknowledged grant.
     for name in NAMES {
@@ -175,7 +110,7 @@ async fn membership_3_to_5_to_3_under_load_loses_no_grant() {
     let leader = cluster.wait_for_leader().await;
     let target = cluster.applied(leader);
     let leader_status = status_at(&cluster.addr(leader)).await;
-    assert!(leader_status.last_fence >= *last.values().max().expect("grants"));
+    assert!(leader_status.last_fence >= acked.iter().map(|g| g.1).max().expect("grants"));
     assert_eq!(leader_status.grants, 0);
     for id in cluster.running() {
         cluster.wait_applied(id, target).await;
@@ -205,16 +140,8 @@ async fn a_blocking_acquire_parked_on_a_removed_leader_is_answered() {
         let b = b.clone();
         async move { b.lock("mr/job").await }
     });
-    eventually("b to be queued", Duration::from_secs(10), || {
-        let client = client.clone();
-        async move {
-            client
-                .describe("mr/job")
-                .await
-                .ok()
-                .flatten()
-                .filter(|i| i.waiters.len() == 1)
-        }
+    describe_until(&client, "mr/job", "b to be queued", |i| {
+        i.waiters.len() == 1
     })
     .await;
     // The leader leaves the cluster but its process keeps running.
@@ -242,20 +169,11 @@ async fn a_blocking_acquire_parked_on_a_removed_leader_is_answered() {
     )
     .await;
     assert!(held.release().await.expect("release"));
-    let info = eventually(
+    let info = describe_until(
+        &client,
+        "mr/job",
         "the new leader to hand mr/job to b",
-        Duration::from_secs(10),
-        || {
-            let client = client.clone();
-            async move {
-                client
-                    .describe("mr/job")
-                    .await
-                    .ok()
-                    .flatten()
-                    .filter(|i| i.waiters.is_empty())
-            }
-        },
+        |i| i.waiters.is_empty(),
     )
     .await;
     assert_eq!(

@@ -1,0 +1,132 @@
+//! Load that tests run while they break the cluster: contending workers
+//! that record every grant they were acknowledged, and the checks on what
+//! they recorded.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use raftlock_client::proto::LockInfo;
+use raftlock_client::{Client, Error};
+use tokio::task::JoinHandle;
+
+use crate::{eventually, TestCluster};
+
+/// Workers that take turns on a few names, each recording `(name, fence)`
+/// while it holds the grant (so per name the records are in grant order)
+/// and asserting that every release finds its grant still there (a lost
+/// acknowledged grant would fail the release).
+pub struct Contenders {
+    acked: Arc<Mutex<Vec<(String, u64)>>>,
+    stop: Arc<AtomicBool>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl Contenders {
+    /// Starts `workers` workers on `names`, each with its own client (which
+    /// knows the cluster's nodes at this moment and finds later ones through
+    /// leader hints) and session. Each acquire waits at most `wait`; one
+    /// that is not granted in time is simply tried again.
+    pub async fn start(
+        cluster: &TestCluster,
+        names: &'static [&'static str],
+        workers: usize,
+        wait: Duration,
+    ) -> Contenders {
+        let acked: Arc<Mutex<Vec<(String, u64)>>> = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut handles = Vec::new();
+        for w in 0..workers {
+            let client = cluster.client().await;
+            let acked = acked.clone();
+            let stop = stop.clone();
+            handles.push(tokio::spawn(async move {
+                let session = client
+                    .session(Duration::from_secs(10))
+                    .await
+                    .expect("worker session");
+                let mut i = w;
+                while !stop.load(Ordering::SeqCst) {
+                    let name = names[i % names.len()];
+                    i += 1;
+                    let g = match session.lock_timeout(name, wait).await {
+                        Ok(g) => g,
+                        Err(Error::NotAcquired(_)) => continue,
+                        Err(e) => panic!("worker acquire of {name} failed: {e:?}"),
+                    };
+                    acked
+                        .lock()
+                        .expect("lock")
+                        .push((name.to_string(), g.fence()));
+                    assert!(
+                        g.release().await.expect("worker releases"),
+                        "grant {} on {name} was lost before its release",
+                        g.fence()
+                    );
+                }
+                session.close().await.expect("close");
+            }));
+        }
+        Contenders {
+            acked,
+            stop,
+            workers: handles,
+        }
+    }
+
+    /// Grants acknowledged so far.
+    pub fn count(&self) -> usize {
+        self.acked.lock().expect("lock").len()
+    }
+
+    /// Waits (20 s at most) for `more` grants after the ones so far.
+    pub async fn progress(&self, more: usize, phase: &str) {
+        let start = self.count();
+        eventually(
+            &format!("{more} more grants ({phase})"),
+            Duration::from_secs(20),
+            || async { (self.count() >= start + more).then_some(()) },
+        )
+        .await;
+    }
+
+    /// Stops the workers, checks they ended cleanly, and returns every
+    /// acknowledged grant after checking no fence was handed out twice and
+    /// fences only grew on each name.
+    pub async fn finish(self) -> Vec<(String, u64)> {
+        self.stop.store(true, Ordering::SeqCst);
+        for w in self.workers {
+            w.await.expect("worker ran cleanly");
+        }
+        let acked = self.acked.lock().expect("lock").clone();
+        let mut last: BTreeMap<&str, u64> = BTreeMap::new();
+        let mut fences = HashSet::new();
+        for (name, fence) in &acked {
+            assert!(fences.insert(*fence), "fence {fence} handed out twice");
+            if let Some(prev) = last.insert(name, *fence) {
+                assert!(*fence > prev, "{name}: fence {fence} after {prev}");
+            }
+        }
+        acked
+    }
+}
+
+/// Polls `Describe` of `name` until the lock exists and `check` holds
+/// (20 s at most); returns what it saw.
+pub async fn describe_until(
+    client: &Client,
+    name: &str,
+    what: &str,
+    check: impl Fn(&LockInfo) -> bool,
+) -> LockInfo {
+    eventually(what, Duration::from_secs(20), || async {
+        client
+            .describe(name)
+            .await
+            .ok()
+            .flatten()
+            .filter(|info| check(info))
+    })
+    .await
+}
