@@ -115,8 +115,7 @@ impl Peer {
     /// Sends one RPC and counts it in the metrics if it fails.
     async fn call<Req, Resp, E>(
         &mut self,
-        rpc: &'static str,
-        method: fn(&mut RaftClient<Channel>, tonic::Request<pb::RaftMessage>) -> CallFuture,
+        rpc: Rpc,
         req: &Req,
         option: &RPCOption,
     ) -> Result<Resp, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>
@@ -125,16 +124,16 @@ impl Peer {
         Resp: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,
     {
-        let result = self.call_inner(method, req, option).await;
+        let result = self.call_inner(rpc, req, option).await;
         if result.is_err() {
-            self.metrics.raft_rpc_error(rpc);
+            self.metrics.raft_rpc_error(rpc.name());
         }
         result
     }
 
     async fn call_inner<Req, Resp, E>(
         &mut self,
-        method: fn(&mut RaftClient<Channel>, tonic::Request<pb::RaftMessage>) -> CallFuture,
+        rpc: Rpc,
         req: &Req,
         option: &RPCOption,
     ) -> Result<Resp, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>
@@ -164,7 +163,13 @@ impl Peer {
                 .metadata_mut()
                 .insert(crate::auth::AUTHORIZATION, value);
         }
-        let fut = method(&mut client, request);
+        let fut = async {
+            match rpc {
+                Rpc::AppendEntries => client.append_entries(request).await,
+                Rpc::InstallSnapshot => client.install_snapshot(request).await,
+                Rpc::Vote => client.vote(request).await,
+            }
+        };
         let resp = match tokio::time::timeout(option.hard_ttl(), fut).await {
             Err(_) => {
                 return Err(RPCError::Network(NetworkError::new(&Msg(format!(
@@ -199,12 +204,24 @@ impl Peer {
     }
 }
 
-type CallFuture = std::pin::Pin<
-    Box<
-        dyn std::future::Future<Output = Result<tonic::Response<pb::RaftMessage>, tonic::Status>>
-            + Send,
-    >,
->;
+/// The three RPCs of the Raft service.
+#[derive(Clone, Copy)]
+enum Rpc {
+    AppendEntries,
+    InstallSnapshot,
+    Vote,
+}
+
+impl Rpc {
+    /// The name the error metric uses.
+    fn name(self) -> &'static str {
+        match self {
+            Rpc::AppendEntries => "append_entries",
+            Rpc::InstallSnapshot => "install_snapshot",
+            Rpc::Vote => "vote",
+        }
+    }
+}
 
 impl RaftNetwork<TypeConfig> for Peer {
     async fn append_entries(
@@ -212,16 +229,7 @@ impl RaftNetwork<TypeConfig> for Peer {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        self.call(
-            "append_entries",
-            |c, m| {
-                let mut c = c.clone();
-                Box::pin(async move { c.append_entries(m).await })
-            },
-            &rpc,
-            &option,
-        )
-        .await
+        self.call(Rpc::AppendEntries, &rpc, &option).await
     }
 
     async fn install_snapshot(
@@ -232,16 +240,7 @@ impl RaftNetwork<TypeConfig> for Peer {
         InstallSnapshotResponse<NodeId>,
         RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
     > {
-        self.call(
-            "install_snapshot",
-            |c, m| {
-                let mut c = c.clone();
-                Box::pin(async move { c.install_snapshot(m).await })
-            },
-            &rpc,
-            &option,
-        )
-        .await
+        self.call(Rpc::InstallSnapshot, &rpc, &option).await
     }
 
     async fn vote(
@@ -249,16 +248,7 @@ impl RaftNetwork<TypeConfig> for Peer {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        self.call(
-            "vote",
-            |c, m| {
-                let mut c = c.clone();
-                Box::pin(async move { c.vote(m).await })
-            },
-            &rpc,
-            &option,
-        )
-        .await
+        self.call(Rpc::Vote, &rpc, &option).await
     }
 
     fn backoff(&self) -> openraft::network::Backoff {
