@@ -90,7 +90,9 @@ impl From<Refusal> for Error {
             Refusal::TooManyWaiters { .. }
             | Refusal::TooManyLocks { .. }
             | Refusal::TooManySessions => Error::ResourceExhausted(msg),
-            Refusal::RestoreIntoNonEmpty => Error::FailedPrecondition(msg),
+            Refusal::RestoreIntoNonEmpty | Refusal::InvalidRestorePart { .. } => {
+                Error::FailedPrecondition(msg)
+            }
             Refusal::InvalidBackup { .. } => Error::InvalidArgument(msg),
         }
     }

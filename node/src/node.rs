@@ -52,15 +52,15 @@ async fn seed_from_backup(api: Api, path: PathBuf) {
         return;
     }
     let outcome = match std::fs::read(&path) {
-        Ok(snapshot) => api.write(crate::state::Command::Restore { snapshot }).await,
+        Ok(snapshot) => api.restore_backup(&snapshot).await,
         Err(e) => Err(crate::error::Error::Internal(format!(
             "cannot read {}: {e}",
             path.display()
         ))),
     };
     let suffix = match &outcome {
-        Ok((_, reply)) => {
-            tracing::info!(?reply, "restore: backup applied");
+        Ok((sessions, last_fence)) => {
+            tracing::info!(sessions, last_fence, "restore: backup applied");
             "applied"
         }
         Err(e) => {
@@ -70,6 +70,14 @@ async fn seed_from_backup(api: Api, path: PathBuf) {
     };
     let _ = std::fs::rename(&path, path.with_extension(suffix));
 }
+
+/// Most log entries the leader sends a follower in one `AppendEntries`.
+/// openraft 0.9 gives every `AppendEntries` one heartbeat interval to
+/// complete; an entry carries at most `MAX_BATCH` commands or one
+/// `MAX_RESTORE_PART` of a backup, so this keeps a catching-up follower's
+/// RPCs to a few MB that it can take within that time (openraft's default
+/// of 300 entries could reach tens of MB and then time out every retry).
+pub const MAX_PAYLOAD_ENTRIES: u64 = 32;
 
 /// Largest backup `Backup` sends and `Restore` accepts.
 pub const MAX_BACKUP_BYTES: usize = 1 << 30;
@@ -169,6 +177,7 @@ impl Node {
             election_timeout_max: opts.timing.election_timeout.1.as_millis() as u64,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(opts.timing.snapshot_every),
             max_in_snapshot_log_to_keep: 1_000,
+            max_payload_entries: MAX_PAYLOAD_ENTRIES,
             install_snapshot_timeout: 10_000,
             ..Default::default()
         }

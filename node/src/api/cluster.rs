@@ -227,25 +227,11 @@ impl Cluster for Api {
     ) -> Result<Response<pb::RestoreResponse>, Status> {
         self.caller(&req)?.require_admin()?;
         let snapshot = req.into_inner().snapshot;
-        // Refuse garbage before it reaches the log.
-        crate::state::LockTable::from_snapshot(&snapshot)
-            .map_err(|e| Error::InvalidArgument(format!("invalid backup: {e}")))?;
-        match self
-            .write(crate::state::Command::Restore { snapshot })
-            .await?
-        {
-            (
-                _,
-                crate::state::Reply::Restored {
-                    sessions,
-                    last_fence,
-                },
-            ) => Ok(Response::new(pb::RestoreResponse {
-                sessions,
-                last_fence,
-            })),
-            (_, other) => Err(Error::Internal(format!("unexpected reply {other:?}")).into()),
-        }
+        let (sessions, last_fence) = self.restore_backup(&snapshot).await?;
+        Ok(Response::new(pb::RestoreResponse {
+            sessions,
+            last_fence,
+        }))
     }
 
     #[tracing::instrument(skip_all, fields(node = req.get_ref().id))]

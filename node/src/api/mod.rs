@@ -90,6 +90,53 @@ impl Api {
         }
     }
 
+    /// Restores `backup` into the (empty) cluster: checks it, then proposes
+    /// it in parts of at most `MAX_RESTORE_PART` bytes, one after the other;
+    /// the last part installs it. Returns the sessions restored and the
+    /// fence counter.
+    pub async fn restore_backup(&self, backup: &[u8]) -> Result<(u64, u64), Error> {
+        use crate::state::limits::{MAX_RESTORE_BYTES, MAX_RESTORE_PART};
+        if backup.len() > MAX_RESTORE_BYTES {
+            return Err(Error::InvalidArgument(format!(
+                "a backup may be at most {MAX_RESTORE_BYTES} bytes, got {}",
+                backup.len()
+            )));
+        }
+        // Refuse garbage before it reaches the log.
+        crate::state::LockTable::from_snapshot(backup)
+            .map_err(|e| Error::InvalidArgument(format!("invalid backup: {e}")))?;
+        let restore = rand::random::<u64>();
+        let chunks: Vec<&[u8]> = if backup.is_empty() {
+            vec![backup]
+        } else {
+            backup.chunks(MAX_RESTORE_PART).collect()
+        };
+        let parts = u32::try_from(chunks.len())
+            .map_err(|_| Error::InvalidArgument("backup too large".into()))?;
+        for (part, bytes) in chunks.into_iter().enumerate() {
+            let command = Command::RestorePart {
+                restore,
+                part: part as u32,
+                parts,
+                bytes: bytes.to_vec(),
+            };
+            match self.write(command).await? {
+                (_, Reply::RestorePartTaken { .. }) => {}
+                (
+                    _,
+                    Reply::Restored {
+                        sessions,
+                        last_fence,
+                    },
+                ) => return Ok((sessions, last_fence)),
+                (_, other) => return Err(Error::Internal(format!("unexpected reply {other:?}"))),
+            }
+        }
+        Err(Error::Internal(
+            "the last restore part did not install the backup".into(),
+        ))
+    }
+
     /// Fails at once if this node is stopping.
     pub fn check_running(&self) -> Result<(), Error> {
         if self

@@ -128,6 +128,7 @@ pub enum Command {
         /// no timeout; else the leader cancels the wait after this long.
         timeout_ms: u64,
         /// Holder value (≤ [`MAX_VALUE_LEN`](super::limits::MAX_VALUE_LEN)).
+        #[serde(with = "super::bytes")]
         value: Vec<u8>,
         /// The identity the request came from; must be the session's owner.
         caller: String,
@@ -167,12 +168,24 @@ pub enum Command {
         /// The log index that started the delay (a newer delay is left alone).
         since: u64,
     },
-    /// Seeds an empty table from a backup (`raftlockd restore`): sessions,
-    /// grants, queues, lock-delays and the fence counter, so fences go on
-    /// growing from where the backup left them.
-    Restore {
-        /// [`LockTable::to_snapshot`](super::LockTable::to_snapshot) bytes.
-        snapshot: Vec<u8>,
+    /// One part of a backup being restored into an empty table. A backup
+    /// can be far larger than one log entry may reasonably be (followers
+    /// must take each append within a heartbeat), so it travels in parts of
+    /// at most [`MAX_RESTORE_PART`](super::limits::MAX_RESTORE_PART) bytes,
+    /// in order. The last part installs the backup: sessions, grants,
+    /// queues, lock-delays and the fence counter, so fences go on growing
+    /// from where the backup left them.
+    RestorePart {
+        /// Chosen by the proposer; parts of different restores never mix.
+        restore: u64,
+        /// This part's number, from 0.
+        part: u32,
+        /// How many parts the backup has.
+        parts: u32,
+        /// The next [`LockTable::to_snapshot`](super::LockTable::to_snapshot)
+        /// bytes.
+        #[serde(with = "super::bytes")]
+        bytes: Vec<u8>,
     },
 }
 
@@ -235,6 +248,11 @@ pub enum Reply {
     DelayEnded {
         /// True if a delay ended.
         ended: bool,
+    },
+    /// A restore part was taken; `next` is the part expected next.
+    RestorePartTaken {
+        /// The next part's number.
+        next: u32,
     },
     /// A backup was restored.
     Restored {
@@ -371,6 +389,19 @@ pub enum Refusal {
     /// A restore was proposed to a table that is not empty.
     #[error("a backup can only be restored into an empty cluster")]
     RestoreIntoNonEmpty,
+    /// A restore part that does not continue the restore under way, or
+    /// whose size or numbering is out of bounds.
+    #[error("restore part {part} of {parts} (restore {restore}) is out of order or out of bounds: {reason}")]
+    InvalidRestorePart {
+        /// The restore it claims to belong to.
+        restore: u64,
+        /// Its number.
+        part: u32,
+        /// The number of parts it claims.
+        parts: u32,
+        /// What is wrong.
+        reason: String,
+    },
     /// A restore carried bytes that are not a valid table.
     #[error("invalid backup: {reason}")]
     InvalidBackup {
@@ -581,9 +612,31 @@ impl Command {
             | Command::EndLockDelay { name, .. } => {
                 LockName::new(name.as_str())?;
             }
-            Command::CloseSession { .. }
-            | Command::ExpireSession { .. }
-            | Command::Restore { .. } => {}
+            Command::RestorePart {
+                restore,
+                part,
+                parts,
+                bytes,
+            } => {
+                let bad = |reason: String| {
+                    Err(Refusal::InvalidRestorePart {
+                        restore: *restore,
+                        part: *part,
+                        parts: *parts,
+                        reason,
+                    })
+                };
+                if *parts == 0 || part >= parts {
+                    return bad("part numbers run from 0 to parts - 1".into());
+                }
+                if bytes.len() > MAX_RESTORE_PART {
+                    return bad(format!(
+                        "{} bytes, more than the {MAX_RESTORE_PART} a part may carry",
+                        bytes.len()
+                    ));
+                }
+            }
+            Command::CloseSession { .. } | Command::ExpireSession { .. } => {}
         }
         Ok(())
     }

@@ -43,5 +43,12 @@ pub const MAX_SESSIONS: usize = 250_000;
 /// than applied twice.
 pub const MAX_REMEMBERED_REPLIES: usize = 256;
 
+/// Largest part of a backup one `RestorePart` command carries (each part is
+/// one log entry, which followers must take within a heartbeat).
+pub const MAX_RESTORE_PART: usize = 64 * 1024;
+
+/// Largest backup a restore may assemble.
+pub const MAX_RESTORE_BYTES: usize = 1 << 30;
+
 /// `timeout_ms` value meaning "wait without a timeout".
 pub const WAIT_FOREVER: u64 = u64::MAX;

@@ -36,6 +36,7 @@
 //! 6. The wait-for graph between sessions has no cycle (see [`deadlock`]).
 //! 7. A name with no holder, waiter or lock-delay has no entry.
 
+mod bytes;
 mod command;
 pub mod deadlock;
 pub mod limits;

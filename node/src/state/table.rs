@@ -23,6 +23,23 @@ pub struct LockTable {
     pub(super) nonces: BTreeMap<u64, SessionId>,
     /// The last fence handed out; the next grant gets `last_fence + 1`.
     pub(super) last_fence: u64,
+    /// The parts of a backup received so far, while a restore is under way
+    /// (only ever on an otherwise empty table).
+    pub(super) restoring: Option<PendingRestore>,
+}
+
+/// A restore under way.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct PendingRestore {
+    /// The proposer's id for it.
+    pub(super) restore: u64,
+    /// The part expected next.
+    pub(super) next: u32,
+    /// How many parts there are.
+    pub(super) parts: u32,
+    /// The bytes so far.
+    #[serde(with = "super::bytes")]
+    pub(super) bytes: Vec<u8>,
 }
 
 /// One open session.
@@ -118,6 +135,7 @@ pub(super) struct Holder {
     pub(super) session: SessionId,
     pub(super) seq: u64,
     pub(super) mode: Mode,
+    #[serde(with = "super::bytes")]
     pub(super) value: Vec<u8>,
     /// Log index of the grant.
     pub(super) index: u64,
@@ -129,6 +147,7 @@ pub(super) struct Waiter {
     pub(super) session: SessionId,
     pub(super) seq: u64,
     pub(super) mode: Mode,
+    #[serde(with = "super::bytes")]
     pub(super) value: Vec<u8>,
     pub(super) timeout_ms: u64,
     /// Log index at which it was queued.
@@ -284,24 +303,90 @@ impl LockTable {
             Command::EndLockDelay { name, since } => {
                 self.end_lock_delay(index, name, since, &mut events)
             }
-            Command::Restore { snapshot } => self.restore(&snapshot, &mut events),
+            Command::RestorePart {
+                restore,
+                part,
+                parts,
+                bytes,
+            } => self.restore_part(restore, part, parts, bytes, &mut events),
         };
         Response { reply, events }
     }
 
-    fn restore(&mut self, snapshot: &[u8], events: &mut Vec<Event>) -> Reply {
-        if *self != LockTable::default() {
+    fn restore_part(
+        &mut self,
+        restore: u64,
+        part: u32,
+        parts: u32,
+        bytes: Vec<u8>,
+        events: &mut Vec<Event>,
+    ) -> Reply {
+        let empty = self.sessions.is_empty()
+            && self.locks.is_empty()
+            && self.nonces.is_empty()
+            && self.last_fence == 0;
+        if !empty {
             return Reply::Refused(Refusal::RestoreIntoNonEmpty);
         }
-        let table = match LockTable::from_snapshot(snapshot) {
-            Ok(table) => table,
-            Err(e) => {
-                return Reply::Refused(Refusal::InvalidBackup {
-                    reason: e.to_string(),
-                })
+        let refuse = |reason: String| {
+            Reply::Refused(Refusal::InvalidRestorePart {
+                restore,
+                part,
+                parts,
+                reason,
+            })
+        };
+        // Part 0 starts a restore (replacing one that was abandoned); every
+        // other part must continue the one under way, in order.
+        let mut pending = if part == 0 {
+            PendingRestore {
+                restore,
+                next: 0,
+                parts,
+                bytes: Vec::new(),
+            }
+        } else {
+            match &self.restoring {
+                Some(p) if p.restore == restore && p.parts == parts && p.next == part => {
+                    self.restoring.take().expect("checked above")
+                }
+                Some(p) if p.restore == restore => {
+                    return refuse(format!("expected part {} of {}", p.next, p.parts))
+                }
+                _ => return refuse("no such restore under way (part 0 starts one)".into()),
             }
         };
-        *self = table;
+        if pending.bytes.len() + bytes.len() > MAX_RESTORE_BYTES {
+            if part > 0 {
+                self.restoring = Some(pending);
+            }
+            return refuse(format!("the backup exceeds {MAX_RESTORE_BYTES} bytes"));
+        }
+        let before = pending.bytes.len();
+        pending.bytes.extend_from_slice(&bytes);
+        pending.next += 1;
+        if pending.next < parts {
+            self.restoring = Some(pending);
+            return Reply::RestorePartTaken { next: part + 1 };
+        }
+        let table = match LockTable::from_snapshot(&pending.bytes) {
+            Ok(table) => table,
+            Err(e) => {
+                // Refused: leave the restore as it was before this part.
+                pending.bytes.truncate(before);
+                pending.next -= 1;
+                if part > 0 {
+                    self.restoring = Some(pending);
+                }
+                return Reply::Refused(Refusal::InvalidBackup {
+                    reason: e.to_string(),
+                });
+            }
+        };
+        *self = LockTable {
+            restoring: None,
+            ..table
+        };
         // Tell the leader's timers about everything that now needs one.
         for s in self.sessions() {
             events.push(Event::SessionOpened {

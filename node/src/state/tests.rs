@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 
 use super::limits::*;
-use super::table::{Session, WaitRef, Waiter};
+use super::table::{PendingRestore, Session, WaitRef, Waiter};
 use super::view::SNAPSHOT_VERSION;
 use super::*;
 
@@ -2804,4 +2804,164 @@ fn owners_survive_a_snapshot() {
     let restored = LockTable::from_snapshot(&h.table.to_snapshot()).expect("decodes");
     assert_eq!(restored.session_owner(alice), Some("alice"));
     assert_eq!(restored, h.table);
+}
+
+// ---- Restoring a backup in parts ----
+
+fn part(restore: u64, part: u32, parts: u32, bytes: &[u8]) -> Command {
+    Command::RestorePart {
+        restore,
+        part,
+        parts,
+        bytes: bytes.to_vec(),
+    }
+}
+
+/// A backup of a small table: two sessions, a grant, a waiter.
+fn small_backup() -> (LockTable, Vec<u8>) {
+    let mut h = Harness::new();
+    let a = h.open();
+    let b = h.open();
+    h.grant(a, "x", X);
+    h.queue(b, "x", X);
+    let bytes = h.table.to_snapshot();
+    (h.table, bytes)
+}
+
+#[test]
+fn a_backup_restored_in_parts_installs_on_the_last_part() {
+    let (original, backup) = small_backup();
+    let mut h = Harness::new();
+    let chunks: Vec<&[u8]> = backup.chunks(backup.len() / 3 + 1).collect();
+    let parts = chunks.len() as u32;
+    assert_eq!(parts, 3);
+    for (i, chunk) in chunks[..2].iter().enumerate() {
+        let r = h.apply(part(7, i as u32, parts, chunk));
+        assert_eq!(r.reply, Reply::RestorePartTaken { next: i as u32 + 1 });
+        assert!(r.events.is_empty());
+        assert_eq!(h.table.sessions().count(), 0, "nothing installed yet");
+    }
+    let r = h.apply(part(7, 2, parts, chunks[2]));
+    assert_eq!(
+        r.reply,
+        Reply::Restored {
+            sessions: 2,
+            last_fence: original.last_fence().0
+        }
+    );
+    // The leader's timers hear of every session and wait.
+    assert_eq!(
+        r.events
+            .iter()
+            .filter(|e| matches!(e, Event::SessionOpened { .. }))
+            .count(),
+        2
+    );
+    assert!(r.events.iter().any(|e| matches!(e, Event::Queued { .. })));
+    assert_eq!(h.table, original);
+    // The table is not empty any more: a second restore is refused.
+    assert_eq!(
+        h.refuse(part(8, 0, 1, &backup)),
+        Refusal::RestoreIntoNonEmpty
+    );
+}
+
+#[test]
+fn restore_parts_must_come_in_order_from_one_restore() {
+    let (original, backup) = small_backup();
+    let (first, rest) = backup.split_at(backup.len() / 2);
+    let mut h = Harness::new();
+    // A part with no restore under way.
+    assert!(matches!(
+        h.refuse(part(1, 1, 2, rest)),
+        Refusal::InvalidRestorePart { .. }
+    ));
+    h.apply(part(1, 0, 2, first));
+    // Another restore's part, a repeated part, a wrong count: refused, and
+    // the restore under way is untouched.
+    for bad in [
+        part(2, 1, 2, rest),
+        part(1, 2, 3, rest),
+        part(1, 1, 3, rest),
+    ] {
+        assert!(
+            matches!(h.refuse(bad.clone()), Refusal::InvalidRestorePart { .. }),
+            "{bad:?}"
+        );
+    }
+    // A bad last part is refused and the restore can still finish.
+    assert!(matches!(
+        h.refuse(part(1, 1, 2, b"garbage")),
+        Refusal::InvalidBackup { .. }
+    ));
+    assert!(matches!(
+        h.apply(part(1, 1, 2, rest)).reply,
+        Reply::Restored { .. }
+    ));
+    assert_eq!(h.table, original);
+}
+
+#[test]
+fn part_zero_replaces_an_abandoned_restore() {
+    let (original, backup) = small_backup();
+    let (first, rest) = backup.split_at(backup.len() / 2);
+    let mut h = Harness::new();
+    h.apply(part(1, 0, 2, b"stale beginning"));
+    h.apply(part(2, 0, 2, first));
+    assert!(matches!(
+        h.refuse(part(1, 1, 2, rest)),
+        Refusal::InvalidRestorePart { .. }
+    ));
+    h.apply(part(2, 1, 2, rest));
+    assert_eq!(h.table, original);
+}
+
+#[test]
+fn restore_part_bounds_are_checked_at_their_edges() {
+    let mut h = Harness::new();
+    // Numbering: parts ≥ 1, part < parts.
+    for (p, parts) in [(0, 0), (1, 1), (5, 2)] {
+        assert!(matches!(
+            h.refuse(part(1, p, parts, b"")),
+            Refusal::InvalidRestorePart { .. }
+        ));
+    }
+    // Size of one part: MAX_RESTORE_PART is taken, one more byte is not.
+    let r = h.apply(part(1, 0, 2, &vec![1; MAX_RESTORE_PART]));
+    assert_eq!(r.reply, Reply::RestorePartTaken { next: 1 });
+    assert!(matches!(
+        h.refuse(part(1, 1, 2, &vec![1; MAX_RESTORE_PART + 1])),
+        Refusal::InvalidRestorePart { .. }
+    ));
+
+    // The whole backup: up to MAX_RESTORE_BYTES is assembled (these zeros
+    // then fail to decode), one byte more is refused before it is copied.
+    let mut t = LockTable::new();
+    t.restoring = Some(PendingRestore {
+        restore: 9,
+        next: 1,
+        parts: 2,
+        bytes: vec![0; MAX_RESTORE_BYTES - 1],
+    });
+    let r = t.apply(1, part(9, 1, 2, &[0, 0]));
+    assert!(
+        matches!(r.reply, Reply::Refused(Refusal::InvalidRestorePart { .. })),
+        "{:?}",
+        r.reply
+    );
+    assert_eq!(
+        t.restoring.as_ref().map(|p| (p.next, p.bytes.len())),
+        Some((1, MAX_RESTORE_BYTES - 1)),
+        "the refusal changed nothing"
+    );
+    let r = t.apply(2, part(9, 1, 2, &[0]));
+    assert!(
+        matches!(r.reply, Reply::Refused(Refusal::InvalidBackup { .. })),
+        "{:?}",
+        r.reply
+    );
+    assert_eq!(
+        t.restoring.as_ref().map(|p| (p.next, p.bytes.len())),
+        Some((1, MAX_RESTORE_BYTES - 1))
+    );
 }
