@@ -305,6 +305,9 @@ impl LockTable {
             {
                 return Err(format!("{name}: queue out of index order"));
             }
+            if !lock.holders.is_sorted() {
+                return Err(format!("{name}: holders out of fence order"));
+            }
             if lock.holders.is_empty() && lock.queue.is_empty() && lock.delay.is_none() {
                 return Err(format!("{name}: idle entry kept"));
             }
