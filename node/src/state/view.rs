@@ -218,9 +218,16 @@ impl LockTable {
 
     /// Encodes the whole table: a version byte, then bincode.
     pub fn to_snapshot(&self) -> Vec<u8> {
-        let mut out = vec![SNAPSHOT_VERSION];
-        bincode::serialize_into(&mut out, self).expect("serializing to a Vec cannot fail");
+        let mut out = Vec::new();
+        self.encode_snapshot_into(&mut out);
         out
+    }
+
+    /// Appends [`to_snapshot`](Self::to_snapshot)'s bytes to `out`, for a
+    /// caller that frames them without another copy.
+    pub fn encode_snapshot_into(&self, out: &mut Vec<u8>) {
+        out.push(SNAPSHOT_VERSION);
+        bincode::serialize_into(out, self).expect("serializing to a Vec cannot fail");
     }
 
     /// Decodes a table written by [`to_snapshot`](Self::to_snapshot).
