@@ -119,7 +119,12 @@ impl Session {
             closed: AtomicBool::new(false),
             keeper: std::sync::Mutex::new(None),
         });
-        let keeper = tokio::spawn(keep_alive_loop(Arc::downgrade(&inner)));
+        // OpenSession itself started the lease (counted from `sent_at`), so
+        // the first keep-alive is due a third of the ttl after that, like
+        // every later one: renewing at once would only cost a round trip and
+        // a leadership confirmation per session.
+        let first = sent_at + ttl / 3;
+        let keeper = tokio::spawn(keep_alive_loop(Arc::downgrade(&inner), first));
         *inner.keeper.lock().expect("keeper lock poisoned") = Some(keeper);
         Ok(Session { inner })
     }
@@ -440,11 +445,14 @@ impl Semaphore {
     }
 }
 
-/// Sends keep-alives about every ttl/3 and keeps the lease view current.
-/// If the lease runs out before a keep-alive gets through, the session is
-/// marked lost at that instant (even while an attempt is still under way)
-/// and keep-alives stop: `Lost` is final.
-async fn keep_alive_loop(weak: std::sync::Weak<SessionInner>) {
+/// Sends keep-alives about every ttl/3, the first at `first`, and keeps
+/// the lease view current. If the lease runs out before a keep-alive gets
+/// through, the session is marked lost at that instant (even while an
+/// attempt is still under way) and keep-alives stop: `Lost` is final.
+async fn keep_alive_loop(weak: std::sync::Weak<SessionInner>, first: Instant) {
+    // Holds no reference while asleep, so dropping the last `Session` ends
+    // the session's keep-alives even before the first one.
+    tokio::time::sleep_until(first).await;
     loop {
         let Some(inner) = weak.upgrade() else { return };
         let session = Session { inner };

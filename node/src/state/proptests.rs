@@ -1404,7 +1404,7 @@ fn build(s: &Situation) -> LockTable {
         let name = lock_name(&format!("n{i}"));
         let mut lock = Lock {
             capacity: (i >= SITUATION_LOCKS).then_some(4),
-            holders: BTreeMap::new(),
+            holders: Default::default(),
             held_weight: 0,
             queue: VecDeque::new(),
             delay: None,

@@ -223,9 +223,16 @@ impl LockTable {
 
     /// Encodes the whole table: a version byte, then bincode.
     pub fn to_snapshot(&self) -> Vec<u8> {
-        let mut out = vec![SNAPSHOT_VERSION];
-        bincode::serialize_into(&mut out, self).expect("serializing to a Vec cannot fail");
+        let mut out = Vec::new();
+        self.encode_snapshot_into(&mut out);
         out
+    }
+
+    /// Appends [`to_snapshot`](Self::to_snapshot)'s bytes to `out`, for a
+    /// caller that frames them without another copy.
+    pub fn encode_snapshot_into(&self, out: &mut Vec<u8>) {
+        out.push(SNAPSHOT_VERSION);
+        bincode::serialize_into(out, self).expect("serializing to a Vec cannot fail");
     }
 
     /// Decodes a table written by [`to_snapshot`](Self::to_snapshot).
@@ -309,6 +316,9 @@ impl LockTable {
                 .any(|(a, b)| a.index >= b.index)
             {
                 return Err(format!("{name}: queue out of index order"));
+            }
+            if !lock.holders.is_sorted() {
+                return Err(format!("{name}: holders out of fence order"));
             }
             if lock.holders.is_empty() && lock.queue.is_empty() && lock.delay.is_none() {
                 return Err(format!("{name}: idle entry kept"));
