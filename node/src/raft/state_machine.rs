@@ -367,6 +367,7 @@ mod tests {
                 ttl_ms: 10_000,
                 lock_delay_ms: 0,
                 nonce: 7,
+                owner: String::new(),
             },
         );
         table.apply(
@@ -378,6 +379,7 @@ mod tests {
                 mode: Mode::Exclusive,
                 timeout_ms: 0,
                 value: b"v".to_vec(),
+                caller: String::new(),
             },
         );
         let meta = SnapshotMeta {

@@ -1090,6 +1090,7 @@ mod holders_tests {
                     ttl_ms: 10_000,
                     lock_delay_ms: 0,
                     nonce,
+                    owner: String::new(),
                 },
             );
         }
@@ -1103,6 +1104,7 @@ mod holders_tests {
                     mode: Mode::Shared,
                     timeout_ms: 0,
                     value: Vec::new(),
+                    caller: String::new(),
                 },
             );
         }
