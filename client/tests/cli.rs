@@ -223,6 +223,13 @@ async fn a_lost_lease_is_reported_and_the_command_gets_sigterm() {
     );
 }
 
+/// The CLI exited 1 with `text` in its error message.
+fn fails_with(out: &std::process::Output, text: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains(text), "{stderr}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn token_file_authenticates_the_cli() {
     let acl = "peer_token = \"cli-test-peer-token-0123\"\n\
@@ -258,22 +265,12 @@ async fn token_file_authenticates_the_cli() {
     ])
     .await
     .expect("runs");
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("permission denied"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    fails_with(&out, "permission denied");
 
     let out = run(&["lock", "billing/x", "--", "true"])
         .await
         .expect("runs");
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("unauthenticated"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    fails_with(&out, "unauthenticated");
 
     let empty = dir.path().join("empty");
     std::fs::write(&empty, "\n").expect("write");

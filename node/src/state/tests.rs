@@ -2697,6 +2697,16 @@ fn acq_as(session: SessionId, seq: u64, n: &str, caller: &str) -> Command {
     }
 }
 
+fn rel_as(session: SessionId, seq: u64, n: &str, fence: Fence, caller: &str) -> Command {
+    Command::Release {
+        session,
+        seq,
+        name: n.to_string(),
+        fence,
+        caller: caller.to_string(),
+    }
+}
+
 #[test]
 fn only_the_owner_identity_uses_a_session() {
     let mut h = Harness::new();
@@ -2713,13 +2723,7 @@ fn only_the_owner_identity_uses_a_session() {
     );
     let s3 = h.next_seq();
     assert_eq!(
-        h.refuse(Command::Release {
-            session: alice,
-            seq: s3,
-            name: "x".into(),
-            fence,
-            caller: "mallory".into(),
-        }),
+        h.refuse(rel_as(alice, s3, "x", fence, "mallory")),
         Refusal::NotOwner { session: alice }
     );
     let s4 = h.next_seq();
@@ -2747,14 +2751,7 @@ fn only_the_owner_identity_uses_a_session() {
     // Alice herself still can.
     let s6 = h.next_seq();
     assert_eq!(
-        h.apply(Command::Release {
-            session: alice,
-            seq: s6,
-            name: "x".into(),
-            fence,
-            caller: "alice".into(),
-        })
-        .reply,
+        h.apply(rel_as(alice, s6, "x", fence, "alice")).reply,
         Reply::Released { released: true }
     );
     assert_eq!(h.table.session_owner(alice), Some("alice"));
