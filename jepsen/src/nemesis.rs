@@ -460,21 +460,7 @@ async fn membership(
             json!({"node": target}),
         );
         let r = tokio::time::timeout(Duration::from_secs(30), admin.remove_node(target)).await;
-        let (kind, value) = match &r {
-            Ok(Ok(m)) => (
-                Type::Ok,
-                json!({"node": target, "members": m.iter().map(|m| m.id).collect::<Vec<_>>()}),
-            ),
-            Ok(Err(e)) => (
-                if e.is_retryable() {
-                    Type::Info
-                } else {
-                    Type::Fail
-                },
-                json!({"node": target, "error": e.to_string()}),
-            ),
-            Err(_) => (Type::Info, json!({"node": target, "error": "timed out"})),
-        };
+        let (kind, value) = change_outcome(target, &r);
         rec.record(Process::NEMESIS, kind, "remove-node", value.clone());
         // A node that has left is decommissioned: wiped and started empty,
         // a spare for a later add. Only when the leader confirms it left.
@@ -512,21 +498,7 @@ async fn membership(
             admin.add_node(target, &addr, false),
         )
         .await;
-        let (kind, value) = match &r {
-            Ok(Ok(m)) => (
-                Type::Ok,
-                json!({"node": target, "members": m.iter().map(|m| m.id).collect::<Vec<_>>()}),
-            ),
-            Ok(Err(e)) => (
-                if e.is_retryable() {
-                    Type::Info
-                } else {
-                    Type::Fail
-                },
-                json!({"node": target, "error": e.to_string()}),
-            ),
-            Err(_) => (Type::Info, json!({"node": target, "error": "timed out"})),
-        };
+        let (kind, value) = change_outcome(target, &r);
         rec.record(Process::NEMESIS, kind, "add-node", value.clone());
         Ok((
             "add".into(),
@@ -534,6 +506,33 @@ async fn membership(
             json!({ "result": value }),
             Active::Done,
         ))
+    }
+}
+
+/// How a membership change on `target` ended, as the history records it:
+/// `ok` with the new members, `fail` for a definite refusal, `info` when the
+/// outcome is unknown (retryable error or timeout).
+fn change_outcome(
+    target: u64,
+    r: &Result<
+        raftlock_client::Result<Vec<raftlock_client::proto::Member>>,
+        tokio::time::error::Elapsed,
+    >,
+) -> (Type, Value) {
+    match r {
+        Ok(Ok(m)) => (
+            Type::Ok,
+            json!({"node": target, "members": m.iter().map(|m| m.id).collect::<Vec<_>>()}),
+        ),
+        Ok(Err(e)) => (
+            if e.is_retryable() {
+                Type::Info
+            } else {
+                Type::Fail
+            },
+            json!({"node": target, "error": e.to_string()}),
+        ),
+        Err(_) => (Type::Info, json!({"node": target, "error": "timed out"})),
     }
 }
 

@@ -362,9 +362,7 @@ impl Auth {
                 acl: None,
             });
         };
-        let certs = req.peer_certs();
-        let leaf = certs.as_ref().and_then(|c| c.first()).map(|c| c.as_ref());
-        let identity = acl.identify(req.metadata(), leaf)?;
+        let identity = with_leaf_cert(req, |leaf| acl.identify(req.metadata(), leaf))?;
         Ok(Caller {
             identity,
             acl: Some(acl),
@@ -376,9 +374,7 @@ impl Auth {
         let Some(acl) = self.current() else {
             return Ok(());
         };
-        let certs = req.peer_certs();
-        let leaf = certs.as_ref().and_then(|c| c.first()).map(|c| c.as_ref());
-        if acl.is_peer(req.metadata(), leaf) {
+        if with_leaf_cert(req, |leaf| acl.is_peer(req.metadata(), leaf)) {
             Ok(())
         } else {
             Err(Error::Unauthenticated(
@@ -388,6 +384,13 @@ impl Auth {
             ))
         }
     }
+}
+
+/// Runs `f` with the DER of the certificate the request's connection
+/// presented, if any (mTLS).
+fn with_leaf_cert<T, R>(req: &tonic::Request<T>, f: impl FnOnce(Option<&[u8]>) -> R) -> R {
+    let certs = req.peer_certs();
+    f(certs.as_ref().and_then(|c| c.first()).map(|c| c.as_ref()))
 }
 
 /// An identified caller. Without access control its identity is empty and

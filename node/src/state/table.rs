@@ -342,14 +342,10 @@ impl LockTable {
             };
         }
         // Sessions are bound to the identity that opened them: a request
-        // naming another identity's session changes nothing and learns
-        // nothing (not even a remembered reply).
-        if let Err(refusal) = self.check_owner(&command) {
-            return Response {
-                reply: Reply::Refused(refusal),
-                events: Vec::new(),
-            };
-        }
+        // naming another identity's session (`caller` is not its `owner`) is
+        // refused where the session is looked up, before anything else, so
+        // it changes nothing and learns nothing (not even a remembered
+        // reply).
         let mut events = Vec::new();
         let reply = match command {
             Command::OpenSession {
@@ -358,15 +354,18 @@ impl LockTable {
                 nonce,
                 owner,
             } => self.open_session(index, ttl_ms, lock_delay_ms, nonce, owner, &mut events),
-            Command::CloseSession { session, .. } => {
+            Command::CloseSession {
+                session, caller, ..
+            } => match self.sessions.get(&session) {
+                Some(s) if s.owner != caller => Reply::Refused(Refusal::NotOwner { session }),
                 // Closing removes the session and with it its reply window, so
                 // a retried close answers SessionNotFound; clients treat that
                 // as closed.
-                match self.end_session(session, false, index, &mut events) {
+                _ => match self.end_session(session, false, index, &mut events) {
                     Some(released) => Reply::Closed { released },
                     None => Reply::Refused(Refusal::SessionNotFound { session }),
-                }
-            }
+                },
+            },
             Command::Acquire {
                 session,
                 seq,
@@ -374,10 +373,10 @@ impl LockTable {
                 mode,
                 timeout_ms,
                 value,
-                caller: _,
+                caller,
             } => self.acquire(
                 index,
-                session,
+                (session, &caller),
                 seq,
                 name,
                 mode,
@@ -390,8 +389,8 @@ impl LockTable {
                 seq,
                 name,
                 fence,
-                caller: _,
-            } => self.release(index, session, seq, name, fence, &mut events),
+                caller,
+            } => self.release(index, (session, &caller), seq, name, fence, &mut events),
             Command::ExpireSession { session } => Reply::Expired {
                 existed: self
                     .end_session(session, true, index, &mut events)
@@ -518,38 +517,6 @@ impl LockTable {
         }
     }
 
-    /// `NotOwner` if `command` uses a session that exists and belongs to an
-    /// identity other than the command's caller. (A missing session is left
-    /// to the command, which answers `SessionNotFound`.)
-    fn check_owner(&self, command: &Command) -> Result<(), Refusal> {
-        let (session, caller) = match command {
-            Command::CloseSession {
-                session, caller, ..
-            }
-            | Command::Acquire {
-                session, caller, ..
-            }
-            | Command::Release {
-                session, caller, ..
-            } => (*session, caller),
-            Command::OpenSession { nonce, owner, .. } => {
-                // A retried open returns the session its nonce opened, but
-                // only to the same identity.
-                return match self.nonces.get(nonce) {
-                    Some(&session) if *nonce != 0 && self.sessions[&session].owner != *owner => {
-                        Err(Refusal::NotOwner { session })
-                    }
-                    _ => Ok(()),
-                };
-            }
-            _ => return Ok(()),
-        };
-        match self.sessions.get(&session) {
-            Some(s) if s.owner != *caller => Err(Refusal::NotOwner { session }),
-            _ => Ok(()),
-        }
-    }
-
     fn open_session(
         &mut self,
         index: u64,
@@ -562,6 +529,11 @@ impl LockTable {
         if nonce != 0 {
             if let Some(&session) = self.nonces.get(&nonce) {
                 let s = &self.sessions[&session];
+                // A retried open finds its session only for the same
+                // identity.
+                if s.owner != owner {
+                    return Reply::Refused(Refusal::NotOwner { session });
+                }
                 return Reply::Opened {
                     session,
                     ttl_ms: s.ttl_ms,
@@ -682,7 +654,7 @@ impl LockTable {
     fn acquire(
         &mut self,
         index: u64,
-        session: SessionId,
+        (session, caller): (SessionId, &str),
         seq: u64,
         name: String,
         mode: Mode,
@@ -694,8 +666,10 @@ impl LockTable {
             Ok(name) => name,
             Err(refusal) => return Reply::Refused(refusal),
         };
-        let Some(s) = self.sessions.get(&session) else {
-            return Reply::Refused(Refusal::SessionNotFound { session });
+        let s = match self.sessions.get(&session) {
+            None => return Reply::Refused(Refusal::SessionNotFound { session }),
+            Some(s) if s.owner != caller => return Reply::Refused(Refusal::NotOwner { session }),
+            Some(s) => s,
         };
         match s.replies.lookup(seq) {
             Lookup::New => {}
@@ -855,7 +829,7 @@ impl LockTable {
     fn release(
         &mut self,
         index: u64,
-        session: SessionId,
+        (session, caller): (SessionId, &str),
         seq: u64,
         name: String,
         fence: Fence,
@@ -865,8 +839,10 @@ impl LockTable {
             Ok(name) => name,
             Err(refusal) => return Reply::Refused(refusal),
         };
-        let Some(s) = self.sessions.get_mut(&session) else {
-            return Reply::Refused(Refusal::SessionNotFound { session });
+        let s = match self.sessions.get_mut(&session) {
+            None => return Reply::Refused(Refusal::SessionNotFound { session }),
+            Some(s) if s.owner != caller => return Reply::Refused(Refusal::NotOwner { session }),
+            Some(s) => s,
         };
         match s.replies.lookup(seq) {
             Lookup::New => {}
