@@ -2962,3 +2962,103 @@ fn restore_part_bounds_are_checked_at_their_edges() {
         Some((1, MAX_RESTORE_BYTES - 1))
     );
 }
+
+// ---- Restore never reuses ids, queue positions or fences ----
+
+/// The review's backup: A holds `x`, B queues on it; in the backup's
+/// cluster they were opened at indexes 2 and 3 (ids 2048 and 3072).
+fn indexed_backup() -> (SessionId, SessionId, Vec<u8>) {
+    let mut old = LockTable::new();
+    let id = |r: &Response| match r.reply {
+        Reply::Opened { session, .. } => session,
+        ref other => panic!("open failed: {other:?}"),
+    };
+    let a = id(&old.apply(2048, open_cmd(60_000, 0, 11)));
+    let b = id(&old.apply(3072, open_cmd(5_000, 0, 12)));
+    old.apply(4096, acq(a, 1, "x", X, TRY));
+    old.apply(5120, acq(b, 1, "x", X, WAIT));
+    (a, b, old.to_snapshot())
+}
+
+/// Restores `backup` as one part at raw index 2048 (the new cluster's log
+/// starts again near 0).
+fn restore_at_2048(backup: &[u8]) -> LockTable {
+    let mut t = LockTable::new();
+    let r = t.apply(2048, part(1, 0, 1, backup));
+    assert!(matches!(r.reply, Reply::Restored { .. }), "{:?}", r.reply);
+    t
+}
+
+#[test]
+fn a_session_opened_after_a_restore_never_takes_a_restored_id() {
+    let (a, b, backup) = indexed_backup();
+    let mut t = restore_at_2048(&backup);
+    let r = t.apply(3072, open_cmd(10_000, 0, 99));
+    let Reply::Opened { session: c, .. } = r.reply else {
+        panic!("open failed: {:?}", r.reply)
+    };
+    assert!(c != a && c != b, "new session {c} reuses a restored id");
+    assert!(c.0 > b.0, "ids keep growing across a restore");
+    t.check_invariants().expect("invariants hold after the restore");
+    // The restored cluster can be backed up and restored again.
+    let again = restore_at_2048(&t.to_snapshot());
+    again.check_invariants().expect("a backup of the restored cluster restores");
+}
+
+#[test]
+fn a_restore_keeps_queue_order_and_never_grants_to_a_ghost() {
+    let (a, b, backup) = indexed_backup();
+    let mut t = restore_at_2048(&backup);
+    let r = t.apply(4097, open_cmd(10_000, 0, 98));
+    let Reply::Opened { session: c, .. } = r.reply else {
+        panic!("open failed: {:?}", r.reply)
+    };
+    t.apply(4098, acq(c, 1, "x", X, WAIT));
+    t.check_invariants().expect("queue order kept");
+    // B (queued before the backup) expires, then A: C is next, not B.
+    t.apply(6144, Command::ExpireSession { session: b });
+    t.apply(7168, Command::ExpireSession { session: a });
+    let info = t.describe(&name("x")).expect("x is held");
+    assert_eq!(
+        info.holders.iter().map(|h| h.session).collect::<Vec<_>>(),
+        vec![c],
+        "x must pass to C, the only waiter left"
+    );
+    t.check_invariants().expect("invariants hold");
+}
+
+#[test]
+fn fences_after_a_restore_start_above_what_the_old_cluster_may_have_issued() {
+    let (a, _b, backup) = indexed_backup();
+    let backup_fence = LockTable::from_snapshot(&backup)
+        .expect("decodes")
+        .last_fence()
+        .0;
+    let mut t = restore_at_2048(&backup);
+    let r = t.apply(3072, rel(a, 2, "x", Fence(1)));
+    assert_eq!(r.reply, Reply::Released { released: true });
+    // B was queued, so the release granted it; its fence must be above any
+    // fence the old cluster could have issued after the backup (within the
+    // default bump).
+    let fence = t.describe(&name("x")).expect("held").holders[0].fence.0;
+    assert!(
+        fence > backup_fence + (1 << 32),
+        "fence {fence} after a restore of a backup at {backup_fence} could repeat one the old cluster issued"
+    );
+}
+
+#[test]
+fn apply_refuses_instead_of_panicking_on_a_broken_table() {
+    // A session whose nonce index points at nothing, a grant the lock does
+    // not have: tables no apply makes, but a bug or a bad backup could.
+    let mut h = Harness::new();
+    let a = h.open();
+    let fence = h.grant(a, "x", X);
+    h.table.nonces.insert(77, SessionId(999_999));
+    let r = h.table.apply(100, open_cmd(10_000, 0, 77));
+    assert!(matches!(r.reply, Reply::Refused(_)), "{:?}", r.reply);
+    h.table.nonces.remove(&77);
+    h.table.locks.clear();
+    let r = h.table.apply(101, rel(a, 50, "x", fence));
+    assert!(matches!(r.reply, Reply::Refused(_)), "{:?}", r.reply);
+}
