@@ -571,10 +571,26 @@ impl Client {
             .into_inner())
     }
 
-    /// Restores a backup into an empty cluster.
+    /// Restores a backup into an empty cluster, raising its fence counter
+    /// by the default bump (2^32; see [`restore_with`](Self::restore_with)).
     pub async fn restore(&self, snapshot: Vec<u8>) -> Result<pb::RestoreResponse> {
+        self.restore_with(snapshot, None).await
+    }
+
+    /// Restores a backup into an empty cluster, raising its fence counter
+    /// by `fence_bump` (`None`: the server's default, 2^32). The bump must
+    /// exceed the number of grants the backup's cluster made after the
+    /// backup was taken, or stores may see a fence twice.
+    pub async fn restore_with(
+        &self,
+        snapshot: Vec<u8>,
+        fence_bump: Option<u64>,
+    ) -> Result<pb::RestoreResponse> {
         let timeout = Duration::from_secs(60);
-        let req = pb::RestoreRequest { snapshot };
+        let req = pb::RestoreRequest {
+            snapshot,
+            fence_bump,
+        };
         Ok(self
             .cluster_call(Kind::Write, timeout, |mut c| {
                 let req = req.clone();

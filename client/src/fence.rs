@@ -4,7 +4,15 @@
 //! has accepted, and refuses any write that carries a smaller one: the
 //! write of a holder that was paused, partitioned or expired and has since
 //! been superseded. Equal fences are accepted (the same holder writing
-//! again).
+//! again: raftlock never gives one fence value to two grants).
+//!
+//! Across a disaster recovery: a cluster restored from a backup hands out
+//! fences above the backup's counter plus the restore's fence bump
+//! (default 2^32), so a store keeps what it remembers and goes on
+//! working, as long as the old cluster made fewer grants than the bump
+//! after the backup was taken. If it may have made more, restore with a
+//! larger `--fence-bump`. After losing every node *without* a backup, a new
+//! cluster starts again from 1: reset the store's remembered fences then.
 //!
 //! ```
 //! use raftlock_client::fence::FenceChecker;

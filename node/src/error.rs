@@ -94,6 +94,7 @@ impl From<Refusal> for Error {
                 Error::FailedPrecondition(msg)
             }
             Refusal::InvalidBackup { .. } => Error::InvalidArgument(msg),
+            Refusal::Inconsistent { .. } => Error::Internal(msg),
         }
     }
 }

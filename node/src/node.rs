@@ -32,6 +32,10 @@ pub const MAX_STREAMS_PER_CONNECTION: u32 = 1024;
 /// the node that bootstraps the cluster proposes it once it leads.
 pub const RESTORE_FILE: &str = "restore.bin";
 
+/// Name of the file beside [`RESTORE_FILE`] holding the fence bump for that
+/// restore, in decimal (absent: the default bump).
+pub const RESTORE_BUMP_FILE: &str = "restore.fence_bump";
+
 /// Proposes the backup at `path` to the new cluster once this node leads it,
 /// then renames the file so it is never applied twice.
 async fn seed_from_backup(api: Api, path: PathBuf) {
@@ -51,8 +55,19 @@ async fn seed_from_backup(api: Api, path: PathBuf) {
         );
         return;
     }
+    let bump_path = path.with_file_name(RESTORE_BUMP_FILE);
+    let fence_bump = match std::fs::read_to_string(&bump_path) {
+        Ok(text) => match text.trim().parse::<u64>() {
+            Ok(bump) => bump,
+            Err(e) => {
+                tracing::error!(path = %bump_path.display(), error = %e, "restore: bad fence bump; nothing restored");
+                return;
+            }
+        },
+        Err(_) => crate::state::limits::DEFAULT_RESTORE_FENCE_BUMP,
+    };
     let outcome = match std::fs::read(&path) {
-        Ok(snapshot) => api.restore_backup(&snapshot).await,
+        Ok(snapshot) => api.restore_backup(&snapshot, fence_bump).await,
         Err(e) => Err(crate::error::Error::Internal(format!(
             "cannot read {}: {e}",
             path.display()

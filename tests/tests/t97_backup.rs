@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use raftlock_client::Error;
+use raftlock_node::state::limits::DEFAULT_RESTORE_FENCE_BUMP as BUMP;
 use raftlock_tests::{eventually, TestCluster};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -44,7 +45,9 @@ async fn a_backup_restores_into_an_empty_cluster_only() {
         .restore(backup.snapshot.clone())
         .await
         .expect("restore");
-    assert_eq!((r.sessions, r.last_fence), (2, held.fence()));
+    // Fences continue above anything the old cluster may have handed out
+    // after the backup (within the default bump).
+    assert_eq!((r.sessions, r.last_fence), (2, held.fence() + BUMP));
     assert_eq!(
         fresh.list("").await.expect("list"),
         before,
@@ -61,27 +64,45 @@ async fn a_backup_restores_into_an_empty_cluster_only() {
         .await
         .expect_err("garbage");
     assert!(matches!(garbage, Error::InvalidArgument(_)), "{garbage:?}");
-    // New grants continue above the backup's fences.
+    // New sessions never take a restored session's id, and new grants get
+    // fences above the bump.
     let s = fresh
         .session(Duration::from_secs(10))
         .await
         .expect("session");
+    assert!(
+        s.id() > a.id().max(b.id()),
+        "session {} opened after the restore reuses or precedes a restored id ({}, {})",
+        s.id(),
+        a.id(),
+        b.id()
+    );
     let g = s.lock("backup/new").await.expect("lock");
-    assert!(g.fence() > backup.last_fence);
+    assert!(g.fence() > backup.last_fence + BUMP);
 
-    // Or seeded at bootstrap, as `raftlockd restore` leaves it.
-    let seeded = TestCluster::start_seeded(3, &backup.snapshot).await;
+    // The restored cluster's own backup seeds a third cluster at bootstrap,
+    // as `raftlockd restore` leaves it.
+    let backup2 = fresh
+        .backup()
+        .await
+        .expect("backup of the restored cluster");
+    let before2 = fresh.list("").await.expect("list");
+    let seeded = TestCluster::start_seeded(3, &backup2.snapshot).await;
     let sc = seeded.client().await;
     eventually(
         "the seeded backup to be applied",
         Duration::from_secs(20),
         || {
             let sc = sc.clone();
-            let before = before.clone();
-            async move { (sc.list("").await.ok()? == before).then_some(()) }
+            let before2 = before2.clone();
+            async move { (sc.list("").await.ok()? == before2).then_some(()) }
         },
     )
     .await;
+    let s3 = sc.session(Duration::from_secs(10)).await.expect("session");
+    assert!(s3.id() > s.id(), "ids keep growing across two restores");
+    let g3 = s3.lock("backup/third").await.expect("lock");
+    assert!(g3.fence() > g.fence() + BUMP);
 
     held.release().await.expect("release");
     waiting

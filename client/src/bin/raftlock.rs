@@ -150,6 +150,11 @@ enum SnapshotCmd {
     Restore {
         /// A file written by `snapshot save`.
         file: std::path::PathBuf,
+        /// Added to the backup's fence counter (default 2^32): more than
+        /// the old cluster can have granted after the backup was taken.
+        /// 0 only if FILE is the old cluster's final state.
+        #[arg(long)]
+        fence_bump: Option<u64>,
     },
 }
 
@@ -368,11 +373,11 @@ async fn run(client: Client, cmd: Cmd) -> Result<u8, Error> {
             Ok(0)
         }
         Cmd::Snapshot {
-            action: SnapshotCmd::Restore { file },
+            action: SnapshotCmd::Restore { file, fence_bump },
         } => {
             let bytes = std::fs::read(&file)
                 .map_err(|e| Error::Config(format!("cannot read {}: {e}", file.display())))?;
-            let r = client.restore(bytes).await?;
+            let r = client.restore_with(bytes, fence_bump).await?;
             println!(
                 "restored {} sessions; fences continue after {}",
                 r.sessions, r.last_fence

@@ -226,8 +226,11 @@ impl Cluster for Api {
         req: Request<pb::RestoreRequest>,
     ) -> Result<Response<pb::RestoreResponse>, Status> {
         self.caller(&req)?.require_admin()?;
-        let snapshot = req.into_inner().snapshot;
-        let (sessions, last_fence) = self.restore_backup(&snapshot).await?;
+        let r = req.into_inner();
+        let fence_bump = r
+            .fence_bump
+            .unwrap_or(crate::state::limits::DEFAULT_RESTORE_FENCE_BUMP);
+        let (sessions, last_fence) = self.restore_backup(&r.snapshot, fence_bump).await?;
         Ok(Response::new(pb::RestoreResponse {
             sessions,
             last_fence,

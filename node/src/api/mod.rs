@@ -92,9 +92,13 @@ impl Api {
 
     /// Restores `backup` into the (empty) cluster: checks it, then proposes
     /// it in parts of at most `MAX_RESTORE_PART` bytes, one after the other;
-    /// the last part installs it. Returns the sessions restored and the
-    /// fence counter.
-    pub async fn restore_backup(&self, backup: &[u8]) -> Result<(u64, u64), Error> {
+    /// the last part installs it, with its fence counter raised by
+    /// `fence_bump`. Returns the sessions restored and the fence counter.
+    pub async fn restore_backup(
+        &self,
+        backup: &[u8],
+        fence_bump: u64,
+    ) -> Result<(u64, u64), Error> {
         use crate::state::limits::{MAX_RESTORE_BYTES, MAX_RESTORE_PART};
         if backup.len() > MAX_RESTORE_BYTES {
             return Err(Error::InvalidArgument(format!(
@@ -102,9 +106,15 @@ impl Api {
                 backup.len()
             )));
         }
-        // Refuse garbage before it reaches the log.
-        crate::state::LockTable::from_snapshot(backup)
-            .map_err(|e| Error::InvalidArgument(format!("invalid backup: {e}")))?;
+        // Refuse garbage before it reaches the log. Decoding and checking a
+        // large backup takes a while: not on a runtime thread.
+        let copy = backup.to_vec();
+        tokio::task::spawn_blocking(move || {
+            crate::state::LockTable::from_snapshot(&copy).map(drop)
+        })
+        .await
+        .map_err(|e| Error::Internal(format!("backup check failed: {e}")))?
+        .map_err(|e| Error::InvalidArgument(format!("invalid backup: {e}")))?;
         let restore = rand::random::<u64>();
         let chunks: Vec<&[u8]> = if backup.is_empty() {
             vec![backup]
@@ -119,6 +129,7 @@ impl Api {
                 part: part as u32,
                 parts,
                 bytes: bytes.to_vec(),
+                fence_bump,
             };
             match self.write(command).await? {
                 (_, Reply::RestorePartTaken { .. }) => {}

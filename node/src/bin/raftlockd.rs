@@ -57,6 +57,11 @@ enum Command {
         /// The (empty) data directory of the node that will bootstrap.
         #[arg(long)]
         data_dir: PathBuf,
+        /// Added to the backup's fence counter (default 2^32): more than
+        /// the old cluster can have granted after the backup was taken.
+        /// 0 only if FILE is the old cluster's final state.
+        #[arg(long)]
+        fence_bump: Option<u64>,
     },
     /// Print the SHA-256 of a token read from stdin, for an ACL file's
     /// `sha256 = "..."` (so the file need not hold the token itself).
@@ -163,7 +168,11 @@ async fn main() {
     let result = match cli.command {
         Command::Run(args) => run(*args).await,
         Command::Dev(args) => dev(args).await,
-        Command::Restore { file, data_dir } => restore(&file, &data_dir),
+        Command::Restore {
+            file,
+            data_dir,
+            fence_bump,
+        } => restore(&file, &data_dir, fence_bump),
         Command::HashToken => hash_token(),
     };
     if let Err(e) = result {
@@ -224,7 +233,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn restore(file: &std::path::Path, data_dir: &std::path::Path) -> anyhow::Result<()> {
+fn restore(
+    file: &std::path::Path,
+    data_dir: &std::path::Path,
+    fence_bump: Option<u64>,
+) -> anyhow::Result<()> {
     let bytes =
         std::fs::read(file).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", file.display()))?;
     let table = raftlock_node::state::LockTable::from_snapshot(&bytes)
@@ -237,12 +250,18 @@ fn restore(file: &std::path::Path, data_dir: &std::path::Path) -> anyhow::Result
     }
     std::fs::create_dir_all(data_dir)?;
     std::fs::write(data_dir.join(raftlock_node::node::RESTORE_FILE), &bytes)?;
+    let fence_bump = fence_bump.unwrap_or(raftlock_node::state::limits::DEFAULT_RESTORE_FENCE_BUMP);
+    std::fs::write(
+        data_dir.join(raftlock_node::node::RESTORE_BUMP_FILE),
+        fence_bump.to_string(),
+    )?;
     let stats = table.stats();
     println!(
-        "backup with {} sessions, {} grants, last fence {} placed in {}; start this node with `raftlockd run --init ...`",
+        "backup with {} sessions, {} grants, last fence {} (new fences start above {}) placed in {}; start this node with `raftlockd run --init ...`",
         stats.sessions,
         stats.grants,
         stats.last_fence,
+        stats.last_fence.saturating_add(fence_bump),
         data_dir.display()
     );
     Ok(())

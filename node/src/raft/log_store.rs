@@ -39,7 +39,10 @@ pub fn open_db(path: &std::path::Path) -> anyhow::Result<sled::Db> {
             let found = u64::from_be_bytes(v.as_ref().try_into().unwrap_or([0xff; 8]));
             if found != FORMAT_VERSION {
                 anyhow::bail!(
-                    "data directory {} has on-disk format {found}; this build reads {FORMAT_VERSION}",
+                    "data directory {} has on-disk format {found}; this build reads {FORMAT_VERSION}. \
+                     To move the data: with the old version still running, `raftlock snapshot save FILE`; \
+                     then start a new cluster with this version on empty data directories and \
+                     `raftlock snapshot restore FILE` (this build reads older backups)",
                     path.display()
                 );
             }

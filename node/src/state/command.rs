@@ -186,6 +186,12 @@ pub enum Command {
         /// bytes.
         #[serde(with = "super::bytes")]
         bytes: Vec<u8>,
+        /// Added to the backup's fence counter when the last part installs
+        /// it, so that fences the backup's cluster handed out after the
+        /// backup was taken are never handed out again (see
+        /// [`DEFAULT_RESTORE_FENCE_BUMP`](super::limits::DEFAULT_RESTORE_FENCE_BUMP)).
+        /// The last part's value counts.
+        fence_bump: u64,
     },
 }
 
@@ -408,6 +414,14 @@ pub enum Refusal {
         /// What is wrong with it.
         reason: String,
     },
+    /// The table is not consistent with itself (a bug, or a backup that
+    /// passed validation but should not have). The command is refused and
+    /// changes nothing, instead of panicking every node at this entry.
+    #[error("internal inconsistency in the lock table: {reason}")]
+    Inconsistent {
+        /// What was found.
+        reason: String,
+    },
 }
 
 /// One edge of a wait-for cycle: `session` waits for `name`, which `blocker`
@@ -617,6 +631,7 @@ impl Command {
                 part,
                 parts,
                 bytes,
+                ..
             } => {
                 let bad = |reason: String| {
                     Err(Refusal::InvalidRestorePart {

@@ -222,7 +222,7 @@ impl LockTable {
                 break;
             }
             blocker = waiter;
-            (waiter, on) = parent[&waiter];
+            (waiter, on) = *parent.get(&waiter)?;
         }
         cycle.reverse();
         Some(cycle)

@@ -52,3 +52,18 @@ pub const MAX_RESTORE_BYTES: usize = 1 << 30;
 
 /// `timeout_ms` value meaning "wait without a timeout".
 pub const WAIT_FOREVER: u64 = u64::MAX;
+
+/// Command indexes a restore leaves free above the largest one in the
+/// backup (2^48, about 2.7e11 log entries): the backup's cluster may have
+/// gone on opening sessions and queueing requests after the backup was
+/// taken, and a client of that cluster must never find its old session id
+/// or queue position given to someone else. See `LockTable::index_floor`.
+pub const RESTORE_INDEX_BUMP: u64 = 1 << 48;
+
+/// Fences a restore skips by default above the backup's counter (2^32):
+/// grants the backup's cluster made after the backup was taken had fences
+/// above the backup's counter, and stores may have accepted them. Restored
+/// clusters hand out fences above `last_fence + bump`, so such fences are
+/// never handed out again as long as the old cluster made fewer than
+/// `bump` grants after the backup. Configurable per restore.
+pub const DEFAULT_RESTORE_FENCE_BUMP: u64 = 1 << 32;

@@ -26,6 +26,13 @@ pub struct LockTable {
     /// The parts of a backup received so far, while a restore is under way
     /// (only ever on an otherwise empty table).
     pub(super) restoring: Option<PendingRestore>,
+    /// Added to every command index before the table uses it (session ids,
+    /// queue positions, grant and lock-delay indexes). 0 until a restore;
+    /// a restore sets it above every index in the backup plus
+    /// [`RESTORE_INDEX_BUMP`], so the new cluster's log, which starts again
+    /// near 0, never hands out an id or a queue position the backup's
+    /// cluster used or may have used after the backup was taken.
+    pub(super) index_floor: u64,
 }
 
 /// A restore under way.
@@ -333,6 +340,9 @@ impl LockTable {
     /// Deterministic: the same table, index and command always give the same
     /// new table and the same response. Refusals change nothing.
     pub fn apply(&mut self, index: u64, command: Command) -> Response {
+        // Every id and position comes from the command index, lifted above
+        // whatever a restored backup holds (see `index_floor`).
+        let index = self.index_floor.saturating_add(index);
         // The stateless checks (names, sizes, ttl, capacity, weight) live in
         // one place, `Command::validate`; what follows checks state.
         if let Err(refusal) = command.validate() {
@@ -407,17 +417,17 @@ impl LockTable {
                 part,
                 parts,
                 bytes,
-            } => self.restore_part(restore, part, parts, bytes, &mut events),
+                fence_bump,
+            } => self.restore_part((restore, part, parts), bytes, fence_bump, &mut events),
         };
         Response { reply, events }
     }
 
     fn restore_part(
         &mut self,
-        restore: u64,
-        part: u32,
-        parts: u32,
+        (restore, part, parts): (u64, u32, u32),
         bytes: Vec<u8>,
+        fence_bump: u64,
         events: &mut Vec<Event>,
     ) -> Reply {
         let empty = self.sessions.is_empty()
@@ -482,8 +492,15 @@ impl LockTable {
                 });
             }
         };
+        // New ids and queue positions start above everything the backup's
+        // cluster used, and new fences above every fence it may have handed
+        // out after the backup was taken (within `fence_bump`).
+        let index_floor = table.max_index().saturating_add(RESTORE_INDEX_BUMP);
+        let last_fence = table.last_fence.saturating_add(fence_bump);
         *self = LockTable {
             restoring: None,
+            index_floor,
+            last_fence,
             ..table
         };
         // Tell the leader's timers about everything that now needs one.
@@ -528,7 +545,11 @@ impl LockTable {
     ) -> Reply {
         if nonce != 0 {
             if let Some(&session) = self.nonces.get(&nonce) {
-                let s = &self.sessions[&session];
+                let Some(s) = self.sessions.get(&session) else {
+                    return Reply::Refused(Refusal::Inconsistent {
+                        reason: format!("nonce {nonce} names {session}, which is not open"),
+                    });
+                };
                 // A retried open finds its session only for the same
                 // identity.
                 if s.owner != owner {
@@ -545,6 +566,15 @@ impl LockTable {
             return Reply::Refused(Refusal::TooManySessions);
         }
         let session = SessionId(index);
+        if self.sessions.contains_key(&session) {
+            // Ids come from command indexes, which only grow (and a restore
+            // lifts them above the backup's), so this cannot happen; if a
+            // bug ever made it happen, overwriting the session would hand
+            // its grants to a stranger.
+            return Reply::Refused(Refusal::Inconsistent {
+                reason: format!("{session} exists already"),
+            });
+        }
         self.sessions.insert(
             session,
             Session {
@@ -610,7 +640,7 @@ impl LockTable {
         for (name, fence) in s.held {
             if let Some(lock) = self.locks.get_mut(&name) {
                 if let Some(h) = lock.holders.remove(&fence) {
-                    lock.held_weight -= u64::from(h.mode.weight());
+                    lock.held_weight = lock.held_weight.saturating_sub(u64::from(h.mode.weight()));
                     events.push(Event::Ended {
                         name: name.clone(),
                         session,
@@ -775,7 +805,9 @@ impl LockTable {
             return Reply::Refused(Refusal::Deadlock { cycle });
         }
         let Some(lock) = self.locks.get_mut(&name) else {
-            unreachable!("a busy name has an entry");
+            return Reply::Refused(Refusal::Inconsistent {
+                reason: format!("{name} is busy but has no entry"),
+            });
         };
         lock.queue.push_back(Waiter {
             session,
@@ -857,13 +889,23 @@ impl LockTable {
         }
         // Owner check: the session must hold this very grant.
         let released = if s.held.get(&name) == Some(&fence) {
+            // The session lists the grant, so the lock has it; a table where
+            // it does not (a bug, a bad backup) is refused, not a panic that
+            // every node would repeat at this entry forever.
+            let Some(h) = self
+                .locks
+                .get_mut(&name)
+                .and_then(|lock| lock.holders.remove(&fence).map(|h| (lock, h)))
+                .map(|(lock, h)| {
+                    lock.held_weight = lock.held_weight.saturating_sub(u64::from(h.mode.weight()));
+                    h
+                })
+            else {
+                return Reply::Refused(Refusal::Inconsistent {
+                    reason: format!("{session} lists a grant on {name} the lock does not have"),
+                });
+            };
             s.held.remove(&name);
-            let lock = self.locks.get_mut(&name).expect("a held name has an entry");
-            let h = lock
-                .holders
-                .remove(&fence)
-                .expect("the session's grant is in the lock");
-            lock.held_weight -= u64::from(h.mode.weight());
             events.push(Event::Ended {
                 name: name.clone(),
                 session,

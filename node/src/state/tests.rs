@@ -2811,6 +2811,17 @@ fn part(restore: u64, part: u32, parts: u32, bytes: &[u8]) -> Command {
         part,
         parts,
         bytes: bytes.to_vec(),
+        fence_bump: DEFAULT_RESTORE_FENCE_BUMP,
+    }
+}
+
+/// `restored` with the index floor and fence bump a restore adds taken
+/// off again: the table the backup held.
+fn as_backed_up(restored: &LockTable) -> LockTable {
+    LockTable {
+        index_floor: 0,
+        last_fence: restored.last_fence - DEFAULT_RESTORE_FENCE_BUMP,
+        ..restored.clone()
     }
 }
 
@@ -2843,9 +2854,10 @@ fn a_backup_restored_in_parts_installs_on_the_last_part() {
         r.reply,
         Reply::Restored {
             sessions: 2,
-            last_fence: original.last_fence().0
+            last_fence: original.last_fence().0 + DEFAULT_RESTORE_FENCE_BUMP
         }
     );
+    assert!(h.table.index_floor > original.max_index() + RESTORE_INDEX_BUMP - 1);
     // The leader's timers hear of every session and wait.
     assert_eq!(
         r.events
@@ -2855,7 +2867,7 @@ fn a_backup_restored_in_parts_installs_on_the_last_part() {
         2
     );
     assert!(r.events.iter().any(|e| matches!(e, Event::Queued { .. })));
-    assert_eq!(h.table, original);
+    assert_eq!(as_backed_up(&h.table), original);
     // The table is not empty any more: a second restore is refused.
     assert_eq!(
         h.refuse(part(8, 0, 1, &backup)),
@@ -2895,7 +2907,7 @@ fn restore_parts_must_come_in_order_from_one_restore() {
         h.apply(part(1, 1, 2, rest)).reply,
         Reply::Restored { .. }
     ));
-    assert_eq!(h.table, original);
+    assert_eq!(as_backed_up(&h.table), original);
 }
 
 #[test]
@@ -2910,7 +2922,7 @@ fn part_zero_replaces_an_abandoned_restore() {
         Refusal::InvalidRestorePart { .. }
     ));
     h.apply(part(2, 1, 2, rest));
-    assert_eq!(h.table, original);
+    assert_eq!(as_backed_up(&h.table), original);
 }
 
 #[test]
@@ -2999,10 +3011,13 @@ fn a_session_opened_after_a_restore_never_takes_a_restored_id() {
     };
     assert!(c != a && c != b, "new session {c} reuses a restored id");
     assert!(c.0 > b.0, "ids keep growing across a restore");
-    t.check_invariants().expect("invariants hold after the restore");
+    t.check_invariants()
+        .expect("invariants hold after the restore");
     // The restored cluster can be backed up and restored again.
     let again = restore_at_2048(&t.to_snapshot());
-    again.check_invariants().expect("a backup of the restored cluster restores");
+    again
+        .check_invariants()
+        .expect("a backup of the restored cluster restores");
 }
 
 #[test]
@@ -3061,4 +3076,22 @@ fn apply_refuses_instead_of_panicking_on_a_broken_table() {
     h.table.locks.clear();
     let r = h.table.apply(101, rel(a, 50, "x", fence));
     assert!(matches!(r.reply, Reply::Refused(_)), "{:?}", r.reply);
+}
+
+#[test]
+fn a_backup_in_the_previous_format_still_restores() {
+    let (original, backup) = small_backup();
+    assert_eq!(backup[0], SNAPSHOT_VERSION);
+    // Format 2 is format 3 without the trailing index floor.
+    let mut v2 = backup[..backup.len() - 8].to_vec();
+    v2[0] = super::view::SNAPSHOT_VERSION_2;
+    assert_eq!(LockTable::from_snapshot(&v2).expect("decodes"), original);
+    let mut h = Harness::new();
+    assert!(matches!(
+        h.apply(part(3, 0, 1, &v2)).reply,
+        Reply::Restored { .. }
+    ));
+    assert_eq!(as_backed_up(&h.table), original);
+    let err = LockTable::from_snapshot(&[9, 0, 0]).expect_err("unknown version");
+    assert!(err.to_string().contains("reads 2 and 3"), "{err}");
 }

@@ -86,7 +86,7 @@ pub struct Stats {
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
     /// The format version is not one this build reads.
-    #[error("unsupported lock-table snapshot version {0} (this build reads {SNAPSHOT_VERSION})")]
+    #[error("unsupported lock-table snapshot version {0} (this build reads {SNAPSHOT_VERSION_2} and {SNAPSHOT_VERSION}; a newer raftlock wrote it)")]
     Version(u8),
     /// The bytes are not a valid snapshot.
     #[error("corrupt lock-table snapshot: {0}")]
@@ -94,7 +94,11 @@ pub enum SnapshotError {
 }
 
 /// Format version of [`LockTable::to_snapshot`]'s output, its first byte.
-pub const SNAPSHOT_VERSION: u8 = 2;
+/// Version 3 added the index floor a restore sets.
+pub const SNAPSHOT_VERSION: u8 = 3;
+
+/// The previous format, still read (see [`LockTable::from_snapshot`]).
+pub const SNAPSHOT_VERSION_2: u8 = 2;
 
 impl LockTable {
     /// The state of `name`, if it has any.
@@ -216,6 +220,26 @@ impl LockTable {
         stats
     }
 
+    /// The largest command index the table holds anywhere (session ids,
+    /// grant and queue indexes, lock-delay starts, and its own floor): a
+    /// restore of this table lifts later indexes above it.
+    pub fn max_index(&self) -> u64 {
+        let sessions = self.sessions.keys().next_back().map_or(0, |s| s.0);
+        let locks = self.locks.values().flat_map(|lock| {
+            lock.holders
+                .values()
+                .map(|h| h.index)
+                .chain(lock.queue.iter().map(|w| w.index))
+                .chain(lock.delay.map(|d| d.since))
+        });
+        locks.chain([sessions, self.index_floor]).max().unwrap_or(0)
+    }
+
+    /// The floor added to every command index (0 until a restore).
+    pub fn index_floor(&self) -> u64 {
+        self.index_floor
+    }
+
     /// The last fence handed out.
     pub fn last_fence(&self) -> Fence {
         Fence(self.last_fence)
@@ -235,7 +259,10 @@ impl LockTable {
         bincode::serialize_into(out, self).expect("serializing to a Vec cannot fail");
     }
 
-    /// Decodes a table written by [`to_snapshot`](Self::to_snapshot).
+    /// Decodes a table written by [`to_snapshot`](Self::to_snapshot), or by
+    /// the previous format ([`SNAPSHOT_VERSION_2`], which lacked the index
+    /// floor: such a table has floor 0), so backups of older clusters can
+    /// be restored.
     pub fn from_snapshot(bytes: &[u8]) -> Result<Self, SnapshotError> {
         match bytes.split_first() {
             Some((&SNAPSHOT_VERSION, rest)) => {
@@ -243,6 +270,14 @@ impl LockTable {
                     .map_err(|e| SnapshotError::Corrupt(e.to_string()))?;
                 table.check_invariants().map_err(SnapshotError::Corrupt)?;
                 Ok(table)
+            }
+            Some((&SNAPSHOT_VERSION_2, rest)) => {
+                // Version 3 only appended the floor (a u64) to the table.
+                let mut upgraded = Vec::with_capacity(rest.len() + 9);
+                upgraded.push(SNAPSHOT_VERSION);
+                upgraded.extend_from_slice(rest);
+                upgraded.extend_from_slice(&0u64.to_le_bytes());
+                Self::from_snapshot(&upgraded)
             }
             Some((&v, _)) => Err(SnapshotError::Version(v)),
             None => Err(SnapshotError::Corrupt("empty".into())),
