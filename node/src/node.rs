@@ -178,8 +178,9 @@ impl Node {
     ) -> anyhow::Result<Node> {
         anyhow::ensure!(opts.id != 0, "node id must be non-zero");
         std::fs::create_dir_all(&opts.data_dir)?;
-        let db = open_db(&opts.data_dir.join("sled"))?;
-        let log_store = LogStore::new(db)?;
+        let sled_dir = opts.data_dir.join("sled");
+        let db = open_db(&sled_dir)?;
+        let log_store = LogStore::new(db, &sled_dir)?;
         let committed = log_store.committed_marker();
         let fresh = log_store.is_fresh();
         let shared = Shared::new();

@@ -1,9 +1,12 @@
 //! The Raft log, vote and commit markers in sled.
 
 use std::fmt::Debug;
+use std::collections::HashSet;
+use std::ffi::OsString;
 use std::ops::{Bound, RangeBounds};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{
@@ -18,6 +21,76 @@ const KEY_FORMAT: &[u8] = b"format";
 const KEY_VOTE: &[u8] = b"vote";
 const KEY_COMMITTED: &[u8] = b"committed";
 const KEY_LAST_PURGED: &[u8] = b"last_purged";
+
+/// The files sled keeps the log in, synced for real.
+///
+/// sled 0.34's `flush` ends in `sync_file_range` on Linux: the pages reach
+/// the device, but the device's cache is not flushed and neither is the
+/// file's size, so a power loss can take "flushed" appends and votes with
+/// it. It also writes items too large for its segments (about 128 KiB) to
+/// separate files under `blobs/` without syncing them at all. After every
+/// flush the store therefore calls `fdatasync` on `db` and `fsync` on each
+/// blob file it has not synced before (and on the `blobs` directory when
+/// one appeared). An `fdatasync` through another descriptor of the same
+/// file covers every write to it, whichever descriptor made it.
+struct DurableFiles {
+    /// sled's main file.
+    db: std::fs::File,
+    /// sled's directory of large items.
+    blobs: PathBuf,
+    /// Blob files synced already (pruned of those sled has deleted).
+    synced_blobs: Mutex<HashSet<OsString>>,
+}
+
+impl DurableFiles {
+    fn open(dir: &Path) -> std::io::Result<Self> {
+        let db = std::fs::OpenOptions::new().read(true).open(dir.join("db"))?;
+        Ok(DurableFiles {
+            db,
+            blobs: dir.join("blobs"),
+            synced_blobs: Mutex::default(),
+        })
+    }
+
+    /// Makes everything sled has written so far durable: blobs first, then
+    /// the file that points at them.
+    fn sync(&self) -> std::io::Result<()> {
+        let mut synced = self.synced_blobs.lock().expect("blob set lock poisoned");
+        let mut present = HashSet::new();
+        let mut new = false;
+        match std::fs::read_dir(&self.blobs) {
+            Ok(entries) => {
+                for entry in entries {
+                    let entry = entry?;
+                    let name = entry.file_name();
+                    if !synced.contains(&name) {
+                        match std::fs::File::open(entry.path()) {
+                            Ok(f) => f.sync_all()?,
+                            // Deleted by sled meanwhile: nothing to keep.
+                            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                            Err(e) => return Err(e),
+                        }
+                        new = true;
+                    }
+                    present.insert(name);
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        if new {
+            sync_dir(&self.blobs)?;
+        }
+        *synced = present;
+        self.db.sync_data()
+    }
+}
+
+/// `fsync` of a directory, so entries created or renamed in it survive a
+/// power loss.
+pub(crate) fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::File::open(dir)?.sync_all()
+}
 
 /// Opens (or creates) the node's sled database and checks its format
 /// version.
@@ -34,6 +107,14 @@ pub fn open_db(path: &std::path::Path) -> anyhow::Result<sled::Db> {
         None => {
             meta.insert(KEY_FORMAT, &FORMAT_VERSION.to_be_bytes())?;
             db.flush()?;
+            // A new database: its files and their directory entries too.
+            for file in ["conf", "db"] {
+                std::fs::File::open(path.join(file))?.sync_all()?;
+            }
+            sync_dir(path)?;
+            if let Some(parent) = path.parent() {
+                sync_dir(parent)?;
+            }
         }
         Some(v) => {
             let found = u64::from_be_bytes(v.as_ref().try_into().unwrap_or([0xff; 8]));
@@ -58,6 +139,8 @@ pub struct LogStore {
     db: sled::Db,
     log: sled::Tree,
     meta: sled::Tree,
+    /// sled's files, synced after every flush.
+    files: Arc<DurableFiles>,
     /// The last commit index saved, for status.
     committed: Arc<AtomicU64>,
 }
@@ -74,14 +157,19 @@ fn decode<T: DeserializeOwned>(
 }
 
 impl LogStore {
-    /// Opens the log trees of `db`.
-    pub fn new(db: sled::Db) -> anyhow::Result<Self> {
+    /// Opens the log trees of `db`, the sled database in `dir` (as opened
+    /// by [`open_db`]).
+    pub fn new(db: sled::Db, dir: &Path) -> anyhow::Result<Self> {
         let log = db.open_tree("log")?;
         let meta = db.open_tree("meta")?;
+        let files = DurableFiles::open(dir).map_err(|e| {
+            anyhow::anyhow!("cannot open sled's files in {}: {e}", dir.display())
+        })?;
         let store = LogStore {
             db,
             log,
             meta,
+            files: Arc::new(files),
             committed: Arc::default(),
         };
         let committed: Option<Option<LogId<NodeId>>> = store.get_meta(KEY_COMMITTED)?;
@@ -107,12 +195,24 @@ impl LogStore {
         }
     }
 
+    /// Makes every write so far durable: sled's flush (which only
+    /// `sync_file_range`s), then a real sync of its files. Runs on a
+    /// blocking thread; the caller acknowledges to openraft only after it.
     async fn flush(&self, subject: ErrorSubject<NodeId>) -> Result<(), StorageError> {
-        self.db
-            .flush_async()
+        self.durable()
             .await
-            .map_err(|e| io_err(subject, ErrorVerb::Write, e))?;
-        Ok(())
+            .map_err(|e| io_err(subject, ErrorVerb::Write, e))
+    }
+
+    async fn durable(&self) -> std::io::Result<()> {
+        let db = self.db.clone();
+        let files = self.files.clone();
+        tokio::task::spawn_blocking(move || {
+            db.flush().map_err(std::io::Error::other)?;
+            files.sync()
+        })
+        .await
+        .map_err(std::io::Error::other)?
     }
 
     /// True if this node has ever voted or logged (so it must not be
@@ -220,8 +320,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.log
             .apply_batch(batch)
             .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Write, e))?;
-        match self.db.flush_async().await {
-            Ok(_) => {
+        match self.durable().await {
+            Ok(()) => {
                 callback.log_io_completed(Ok(()));
                 Ok(())
             }
@@ -281,10 +381,31 @@ mod tests {
         {
             let dir = tempfile::tempdir().expect("tempdir");
             let db = open_db(dir.path()).expect("open");
-            let log = LogStore::new(db.clone()).expect("log");
+            let log = LogStore::new(db.clone(), dir.path()).expect("log");
             let sm =
                 StateMachineStore::new(db, crate::shared::Shared::new_for_tests()).expect("sm");
             Ok((dir, log, sm))
+        }
+    }
+
+    /// Items too large for sled's segments go to blob files, which sled
+    /// never syncs: the store finds and syncs them.
+    #[test]
+    fn large_items_land_in_blob_files_that_get_synced() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = open_db(dir.path()).expect("open");
+        let files = DurableFiles::open(dir.path()).expect("files");
+        db.insert(b"big", vec![7u8; 1 << 20]).expect("insert");
+        db.flush().expect("flush");
+        files.sync().expect("sync");
+        let blobs: Vec<_> = std::fs::read_dir(dir.path().join("blobs"))
+            .expect("blobs dir")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        assert!(!blobs.is_empty(), "a 1 MiB item is a blob");
+        let synced = files.synced_blobs.lock().expect("lock").clone();
+        for blob in &blobs {
+            assert!(synced.contains(blob), "{blob:?} was not synced");
         }
     }
 

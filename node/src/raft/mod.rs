@@ -7,12 +7,17 @@
 //! * tree `log`: key = log index as 8 big-endian bytes (so sled's order is
 //!   log order), value = bincode of the openraft `Entry`;
 //! * tree `meta`: `format` (on-disk format version), `vote`, `committed`,
-//!   `last_purged`, `snapshot` (the latest snapshot: meta + lock table).
+//!   `last_purged`;
+//! * file `DATA_DIR/snapshot.bin`: the latest snapshot (meta + lock table,
+//!   with a checksum).
 //!
-//! Every write that openraft must be able to count on after a crash (append,
-//! vote, truncate, purge, snapshot) is flushed with `flush_async` before it
-//! is acknowledged. sled's own background flusher runs only every 500 ms
-//! and is never relied on.
+//! Every write that openraft must be able to count on after a crash or a
+//! power loss (append, vote, truncate, purge) is on stable storage before it
+//! is acknowledged: sled's flush, then `fdatasync` of sled's `db` file and
+//! `fsync` of any new blob file and its directory (sled's own flush is only
+//! `sync_file_range`; see `log_store::DurableFiles`). Snapshots are files
+//! written to a temporary name, synced, renamed and the directory synced.
+//! sled's background flusher is off and never relied on.
 
 // openraft's error types are large and its traits return them by value; our
 // helpers follow the traits rather than box what openraft will unbox.
