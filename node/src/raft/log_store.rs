@@ -1,8 +1,8 @@
 //! The Raft log, vote and commit markers in sled.
 
-use std::fmt::Debug;
 use std::collections::HashSet;
 use std::ffi::OsString;
+use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -44,7 +44,9 @@ struct DurableFiles {
 
 impl DurableFiles {
     fn open(dir: &Path) -> std::io::Result<Self> {
-        let db = std::fs::OpenOptions::new().read(true).open(dir.join("db"))?;
+        let db = std::fs::OpenOptions::new()
+            .read(true)
+            .open(dir.join("db"))?;
         Ok(DurableFiles {
             db,
             blobs: dir.join("blobs"),
@@ -162,9 +164,8 @@ impl LogStore {
     pub fn new(db: sled::Db, dir: &Path) -> anyhow::Result<Self> {
         let log = db.open_tree("log")?;
         let meta = db.open_tree("meta")?;
-        let files = DurableFiles::open(dir).map_err(|e| {
-            anyhow::anyhow!("cannot open sled's files in {}: {e}", dir.display())
-        })?;
+        let files = DurableFiles::open(dir)
+            .map_err(|e| anyhow::anyhow!("cannot open sled's files in {}: {e}", dir.display()))?;
         let store = LogStore {
             db,
             log,

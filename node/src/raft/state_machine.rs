@@ -404,3 +404,86 @@ mod tests {
         assert_eq!(LockTable::from_snapshot(&file.table).expect("table"), table);
     }
 }
+
+#[cfg(test)]
+mod file_tests {
+    use super::*;
+    use crate::shared::Shared;
+
+    fn table_with_a_grant() -> LockTable {
+        let mut table = LockTable::new();
+        table.apply(
+            1,
+            crate::state::Command::OpenSession {
+                ttl_ms: 10_000,
+                lock_delay_ms: 0,
+                nonce: 7,
+                owner: String::new(),
+            },
+        );
+        table
+    }
+
+    /// A snapshot file with a flipped bit is refused at start, naming the
+    /// file, instead of silently loading a different table.
+    #[test]
+    fn a_corrupt_snapshot_file_is_refused_at_start() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("snapshot.bin");
+        let meta = SnapshotMeta {
+            last_log_id: Some(LogId::new(openraft::CommittedLeaderId::new(3, 1), 2)),
+            last_membership: StoredMembership::default(),
+            snapshot_id: "3-2-0".into(),
+        };
+        let bytes = encode_snapshot_file(&meta, &table_with_a_grant(), 0);
+        std::fs::write(&path, &bytes).expect("write");
+        assert!(StateMachineStore::open(Shared::new(), Some(path.clone())).is_ok());
+        // Flip one bit of the ttl (10_000 → 10_016): still a valid table.
+        let ttl_at = bytes
+            .windows(8)
+            .rposition(|w| w == 10_000u64.to_le_bytes())
+            .expect("ttl in the file");
+        let mut bad = bytes.clone();
+        bad[ttl_at] ^= 0x10;
+        std::fs::write(&path, &bad).expect("write");
+        let err = match StateMachineStore::open(Shared::new(), Some(path.clone())) {
+            Ok(_) => panic!("a corrupt snapshot file was loaded"),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains("snapshot.bin"), "{err}");
+    }
+}
+
+#[cfg(test)]
+mod persist_tests {
+    use super::*;
+    use crate::shared::Shared;
+
+    fn file_at(index: u64) -> Vec<u8> {
+        let meta = SnapshotMeta {
+            last_log_id: Some(LogId::new(openraft::CommittedLeaderId::new(1, 1), index)),
+            last_membership: StoredMembership::default(),
+            snapshot_id: format!("1-{index}-0"),
+        };
+        encode_snapshot_file(&meta, &LockTable::new(), 0)
+    }
+
+    /// A snapshot built from an older applied index (the builder encodes,
+    /// meanwhile an install persists a newer one) must not overwrite the
+    /// newer file: the log behind it may be purged already.
+    #[tokio::test]
+    async fn an_older_snapshot_never_replaces_a_newer_one() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("snapshot.bin");
+        let shared = Shared::new();
+        let snap = SnapshotShared::default();
+        persist(&shared, &snap, Some(path.clone()), file_at(5000))
+            .await
+            .expect("persist 5000");
+        persist(&shared, &snap, Some(path.clone()), file_at(1000))
+            .await
+            .expect("persist 1000");
+        let on_disk = decode_snapshot_meta(&std::fs::read(&path).expect("read")).expect("meta");
+        assert_eq!(on_disk.last_log_id.map(|l| l.index), Some(5000));
+    }
+}
