@@ -185,6 +185,7 @@ impl Node {
         let fresh = log_store.is_fresh();
         let shared = Shared::new();
         let sm = StateMachineStore::open(shared.clone(), Some(opts.data_dir.join("snapshot.bin")))?;
+        let log_store = log_store.with_snapshot_floor(sm.persisted_snapshot());
 
         let config = openraft::Config {
             cluster_name: "raftlock".into(),

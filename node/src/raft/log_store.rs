@@ -143,6 +143,9 @@ pub struct LogStore {
     meta: sled::Tree,
     /// sled's files, synced after every flush.
     files: Arc<DurableFiles>,
+    /// What the snapshot file on disk covers (last index + 1), if purges
+    /// must wait for it (see [`with_snapshot_floor`](Self::with_snapshot_floor)).
+    snapshot_floor: Option<Arc<AtomicU64>>,
     /// The last commit index saved, for status.
     committed: Arc<AtomicU64>,
 }
@@ -171,12 +174,29 @@ impl LogStore {
             log,
             meta,
             files: Arc::new(files),
+            snapshot_floor: None,
             committed: Arc::default(),
         };
         let committed: Option<Option<LogId<NodeId>>> = store.get_meta(KEY_COMMITTED)?;
         let index = committed.flatten().map_or(0, |c| c.index);
         store.committed.store(index, Ordering::Relaxed);
         Ok(store)
+    }
+
+    /// Never deletes entries the snapshot file on disk does not cover
+    /// (`floor`: its last index + 1, as the state-machine store keeps it).
+    ///
+    /// openraft 0.9 purges the log up to an installed snapshot as soon as it
+    /// has *sent* the install to the state-machine task, before the
+    /// snapshot is written; a crash in between would leave a node whose
+    /// snapshot is older than its purged log, which cannot restart. So a
+    /// purge past the persisted snapshot records only what is covered and
+    /// leaves the rest for a later purge; openraft never reads below its
+    /// own purge point, so the extra entries are only kept, never used,
+    /// unless the node restarts before the new snapshot is on disk.
+    pub fn with_snapshot_floor(mut self, floor: Arc<AtomicU64>) -> Self {
+        self.snapshot_floor = Some(floor);
+        self
     }
 
     /// A shared view of the commit index this store has saved.
@@ -298,9 +318,20 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>, StorageError> {
-        Ok(self
+        let committed = self
             .get_meta::<Option<LogId<NodeId>>>(KEY_COMMITTED)?
-            .flatten())
+            .flatten();
+        // openraft re-applies up to this at start-up, so it must not point
+        // past the entries this node has: after a crash while a snapshot was
+        // being installed, the commit index may already be the snapshot's
+        // while the older snapshot on disk and the log end below it. A lower
+        // commit index is always safe; the leader tells the rest again.
+        let last = self.get_log_state().await?.last_log_id;
+        Ok(match (committed, last) {
+            (Some(c), Some(l)) if c.index > l.index => Some(l),
+            (Some(_), None) => None,
+            (c, _) => c,
+        })
     }
 
     async fn append<I>(
@@ -347,6 +378,31 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError> {
+        // Only what the snapshot on disk covers (see `with_snapshot_floor`).
+        let log_id = match &self.snapshot_floor {
+            None => log_id,
+            Some(floor) => {
+                let covered = floor.load(Ordering::SeqCst);
+                if log_id.index < covered {
+                    log_id
+                } else {
+                    let Some(upto) = covered.checked_sub(1) else {
+                        return Ok(());
+                    };
+                    match self
+                        .log
+                        .get(upto.to_be_bytes())
+                        .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Read, e))?
+                    {
+                        Some(v) => {
+                            *decode::<Entry<TypeConfig>>(&v, ErrorSubject::Logs)?.get_log_id()
+                        }
+                        // Gone already: nothing more to purge now.
+                        None => return Ok(()),
+                    }
+                }
+            }
+        };
         // Record the purge point first: a crash between the two steps then
         // leaves extra entries below it, which are ignored, never a gap.
         self.meta
@@ -407,6 +463,88 @@ mod tests {
         let synced = files.synced_blobs.lock().expect("lock").clone();
         for blob in &blobs {
             assert!(synced.contains(blob), "{blob:?} was not synced");
+        }
+    }
+
+    fn blank(index: u64) -> Entry<TypeConfig> {
+        Entry {
+            log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
+            payload: openraft::EntryPayload::Blank,
+        }
+    }
+
+    /// Review finding 7a: openraft purges up to an installed snapshot
+    /// before the snapshot is written. The store keeps what the snapshot on
+    /// disk does not cover, and at start-up never reports a commit index
+    /// past its last entry, so a crash in that window leaves a node that
+    /// restarts from its older snapshot and its own log.
+    #[tokio::test]
+    async fn a_purge_never_passes_the_snapshot_on_disk() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let floor = Arc::new(AtomicU64::new(0));
+        let mut store = LogStore::new(open_db(dir.path()).expect("open"), dir.path())
+            .expect("log")
+            .with_snapshot_floor(floor.clone());
+        for i in 1..=10u64 {
+            store
+                .log
+                .insert(i.to_be_bytes(), encode(&blank(i)))
+                .expect("insert");
+        }
+        let indexes = |entries: Vec<Entry<TypeConfig>>| -> Vec<u64> {
+            entries.iter().map(|e| e.log_id.index).collect()
+        };
+        // No snapshot on disk yet: a purge to 8 deletes nothing.
+        store.purge(blank(8).log_id).await.expect("purge");
+        assert_eq!(
+            indexes(store.try_get_log_entries(0..=10).await.expect("read")),
+            (1..=10).collect::<Vec<_>>()
+        );
+        // A snapshot covering 1..=5 is on disk: the purge stops there.
+        floor.store(6, Ordering::SeqCst);
+        store.purge(blank(8).log_id).await.expect("purge");
+        assert_eq!(
+            indexes(store.try_get_log_entries(0..=10).await.expect("read")),
+            (6..=10).collect::<Vec<_>>()
+        );
+        let state = store.get_log_state().await.expect("state");
+        assert_eq!(state.last_purged_log_id.map(|l| l.index), Some(5));
+        // The commit index saved during the install may be the snapshot's,
+        // past this node's log: start-up replays only what is there.
+        store
+            .save_committed(Some(blank(12).log_id))
+            .await
+            .expect("save");
+        drop(store);
+        let mut reopened = LogStore::new(open_db(dir.path()).expect("reopen"), dir.path())
+            .expect("log")
+            .with_snapshot_floor(floor);
+        assert_eq!(
+            reopened
+                .read_committed()
+                .await
+                .expect("committed")
+                .map(|l| l.index),
+            Some(10)
+        );
+        // Once the newer snapshot is on disk the rest goes.
+        reopened
+            .with_snapshot_floor_value(9)
+            .purge(blank(8).log_id)
+            .await
+            .expect("purge");
+        assert_eq!(
+            indexes(reopened.try_get_log_entries(0..=10).await.expect("read")),
+            vec![9, 10]
+        );
+    }
+
+    impl LogStore {
+        fn with_snapshot_floor_value(&mut self, covered: u64) -> &mut Self {
+            if let Some(f) = &self.snapshot_floor {
+                f.store(covered, Ordering::SeqCst);
+            }
+            self
         }
     }
 

@@ -7,7 +7,7 @@
 
 use std::io::{Cursor, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use openraft::storage::{RaftStateMachine, Snapshot};
@@ -29,8 +29,12 @@ struct SnapshotFile {
     table: Vec<u8>,
 }
 
-/// Version byte at the start of a snapshot file.
-const SNAPSHOT_FILE_VERSION: u8 = 1;
+/// Version byte at the start of a snapshot file. Version 2 ends with a
+/// CRC32 (little-endian) of everything before it.
+const SNAPSHOT_FILE_VERSION: u8 = 2;
+
+/// Bytes of the checksum at the end of a snapshot file.
+const CHECKSUM_LEN: usize = 4;
 
 /// The state-machine store handed to openraft.
 pub struct StateMachineStore {
@@ -57,6 +61,10 @@ struct SnapshotShared {
     file: tokio::sync::Mutex<()>,
     /// Size of the last snapshot built, to size the next one's buffer.
     last_len: AtomicUsize,
+    /// What the snapshot file on disk covers: its last log index + 1 (0: no
+    /// file). Shared with the log store, which never purges past it (see
+    /// [`LogStore::with_snapshot_floor`](super::log_store::LogStore::with_snapshot_floor)).
+    persisted: Arc<AtomicU64>,
 }
 
 /// Encodes a snapshot file of `table` straight into one buffer: the bytes of
@@ -78,10 +86,37 @@ fn encode_snapshot_file(
     table.encode_snapshot_into(&mut out);
     let len = (out.len() - len_at - 8) as u64;
     out[len_at..len_at + 8].copy_from_slice(&len.to_le_bytes());
+    let crc = crc32fast::hash(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
     out
 }
 
+/// The file's bytes without their checksum, if the checksum matches.
+fn checked(bytes: &[u8]) -> Result<&[u8], String> {
+    if bytes.first() != Some(&SNAPSHOT_FILE_VERSION) {
+        return match bytes.first() {
+            None => Err("empty snapshot".into()),
+            Some(v) => Err(format!(
+                "unsupported snapshot file version {v} (this build reads {SNAPSHOT_FILE_VERSION})"
+            )),
+        };
+    }
+    let Some(body_len) = bytes.len().checked_sub(CHECKSUM_LEN) else {
+        return Err("truncated snapshot".into());
+    };
+    let (body, crc) = bytes.split_at(body_len);
+    let stored = u32::from_le_bytes(crc.try_into().expect("4 bytes"));
+    let computed = crc32fast::hash(body);
+    if stored != computed {
+        return Err(format!(
+            "snapshot checksum mismatch (stored {stored:08x}, computed {computed:08x}): the file is corrupt"
+        ));
+    }
+    Ok(body)
+}
+
 fn decode_snapshot(bytes: &[u8]) -> Result<SnapshotFile, String> {
+    let bytes = checked(bytes)?;
     match bytes.split_first() {
         Some((&SNAPSHOT_FILE_VERSION, rest)) => {
             bincode::deserialize(rest).map_err(|e| format!("corrupt snapshot: {e}"))
@@ -96,6 +131,7 @@ const SYNC_CHUNK: usize = 4 << 20;
 
 /// The meta of a snapshot file, without copying out the table's bytes.
 fn decode_snapshot_meta(bytes: &[u8]) -> Result<SnapshotMeta<NodeId, BasicNode>, String> {
+    let bytes = checked(bytes)?;
     match bytes.split_first() {
         Some((&SNAPSHOT_FILE_VERSION, mut rest)) => {
             // `SnapshotFile` starts with its meta; reading from a reader
@@ -134,11 +170,22 @@ impl StateMachineStore {
     /// A store over `shared`, loading the snapshot at `snapshot_path` (if it
     /// exists) into the shared table.
     pub fn open(shared: Arc<Shared>, snapshot_path: Option<PathBuf>) -> anyhow::Result<Self> {
+        let snap = Arc::new(SnapshotShared::default());
         if let Some(path) = &snapshot_path {
             if path.exists() {
                 let bytes = std::fs::read(path)?;
-                let file = decode_snapshot(&bytes).map_err(anyhow::Error::msg)?;
-                let table = LockTable::from_snapshot(&file.table)?;
+                let refuse = |e: String| {
+                    anyhow::anyhow!(
+                        "{}: {e}. This node's data cannot be trusted: remove it from the \
+                         cluster (`raftlock members remove ID`), empty its data directory and \
+                         add it back as a new node (`raftlock members add`)",
+                        path.display()
+                    )
+                };
+                let file = decode_snapshot(&bytes).map_err(refuse)?;
+                let table =
+                    LockTable::from_snapshot(&file.table).map_err(|e| refuse(e.to_string()))?;
+                snap.persisted.store(covered(&file.meta), Ordering::SeqCst);
                 shared.install(
                     table,
                     file.meta.last_log_id,
@@ -151,8 +198,14 @@ impl StateMachineStore {
         Ok(StateMachineStore {
             shared,
             snapshot_path,
-            snap: Arc::default(),
+            snap,
         })
+    }
+
+    /// What the snapshot file on disk covers (its last log index + 1; 0: no
+    /// file), for the log store's purges.
+    pub fn persisted_snapshot(&self) -> Arc<AtomicU64> {
+        self.snap.persisted.clone()
     }
 
     /// A store with no snapshot file, for unit tests.
@@ -174,15 +227,38 @@ async fn persist(
     path: Option<PathBuf>,
     bytes: Vec<u8>,
 ) -> Result<Vec<u8>, StorageError> {
+    let covers = decode_snapshot_meta(&bytes)
+        .map(|m| covered(&m))
+        .map_err(|e| {
+            io_err(
+                ErrorSubject::Snapshot(None),
+                ErrorVerb::Write,
+                std::io::Error::other(e),
+            )
+        })?;
     let Some(path) = path else {
         shared.set_snapshot(Arc::new(bytes.clone()));
+        snap.persisted.fetch_max(covers, Ordering::SeqCst);
         return Ok(bytes);
     };
     let _file = snap.file.lock().await;
-    tokio::task::spawn_blocking(move || write_durably(&path, &bytes).map(|()| bytes))
+    // The builder encodes from the table while an install may persist a
+    // newer snapshot meanwhile: the newer file stays (the log behind it may
+    // be purged already).
+    if covers < snap.persisted.load(Ordering::SeqCst) {
+        return Ok(bytes);
+    }
+    let bytes = tokio::task::spawn_blocking(move || write_durably(&path, &bytes).map(|()| bytes))
         .await
         .map_err(|e| io_err(ErrorSubject::Snapshot(None), ErrorVerb::Write, e))?
-        .map_err(|e| io_err(ErrorSubject::Snapshot(None), ErrorVerb::Write, e))
+        .map_err(|e| io_err(ErrorSubject::Snapshot(None), ErrorVerb::Write, e))?;
+    snap.persisted.store(covers, Ordering::SeqCst);
+    Ok(bytes)
+}
+
+/// What a snapshot covers: its last log index + 1 (0 for an empty one).
+fn covered(meta: &SnapshotMeta<NodeId, BasicNode>) -> u64 {
+    meta.last_log_id.map_or(0, |l| l.index + 1)
 }
 
 /// Builds a snapshot of the table at one applied index.
@@ -396,6 +472,8 @@ mod tests {
             },
         )
         .expect("serializes");
+        let crc = crc32fast::hash(&old);
+        old.extend_from_slice(&crc.to_le_bytes());
         for capacity in [0, 16, 1 << 20] {
             assert_eq!(encode_snapshot_file(&meta, &table, capacity), old);
         }
