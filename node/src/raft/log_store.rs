@@ -236,6 +236,18 @@ impl LogStore {
         .map_err(std::io::Error::other)?
     }
 
+    /// Writes a blank entry at `index` straight into the log (tests only).
+    #[cfg(test)]
+    pub(crate) fn append_for_tests(&self, index: u64) {
+        let entry: Entry<TypeConfig> = Entry {
+            log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
+            payload: openraft::EntryPayload::Blank,
+        };
+        self.log
+            .insert(index.to_be_bytes(), encode(&entry))
+            .expect("insert");
+    }
+
     /// True if this node has ever voted or logged (so it must not be
     /// bootstrapped again).
     pub fn is_fresh(&self) -> bool {
