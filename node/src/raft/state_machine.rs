@@ -378,9 +378,17 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             )
             .into()
         };
-        let file = decode_snapshot(&bytes).map_err(bad)?;
-        let table = LockTable::from_snapshot(&file.table).map_err(|e| bad(e.to_string()))?;
-        drop(file);
+        // Decoding and checking a large table takes a while (seconds at 1M
+        // held locks): not on a runtime thread, where it would hold up
+        // heartbeats and requests.
+        let (table, bytes) = tokio::task::spawn_blocking(move || {
+            let table = decode_snapshot(&bytes)
+                .and_then(|file| LockTable::from_snapshot(&file.table).map_err(|e| e.to_string()));
+            (table, bytes)
+        })
+        .await
+        .map_err(|e| bad(e.to_string()))?;
+        let table = table.map_err(bad)?;
         self.persist(bytes).await?;
         let _gate = self.snap.gate.read().await;
         self.shared
