@@ -66,6 +66,10 @@ install_missing() {
   command -v etcdctl >/dev/null || need+=(etcd-client)
   command -v redis-server >/dev/null || need+=(redis-server)
   command -v protoc >/dev/null || need+=(protobuf-compiler)
+  # etcd-client's build imports google/protobuf/descriptor.proto, which is in
+  # libprotobuf-dev, not in protobuf-compiler (and --no-install-recommends
+  # leaves it out).
+  [ -e /usr/include/google/protobuf/descriptor.proto ] || need+=(libprotobuf-dev)
   [ ${#need[@]} -eq 0 ] && return 0
   [ "$INSTALL" = 1 ] || { echo "compare.sh: missing ${need[*]} (and --no-install)" >&2; exit 1; }
   log "installing ${need[*]}"
@@ -79,10 +83,12 @@ install_missing() {
     # private folder instead of installing them.
     PKGROOT=$(mktemp -d "${TMPDIR:-/tmp}/raftlock-pkgs.XXXXXX")
     (cd "$PKGROOT" && apt-get download etcd-server etcd-client redis-tools libjemalloc2 liblzf1 \
-       protobuf-compiler libprotoc32 libprotobuf32 >/dev/null)
+       protobuf-compiler libprotoc32 libprotobuf32 libprotobuf-dev >/dev/null)
     for deb in "$PKGROOT"/*.deb; do dpkg -x "$deb" "$PKGROOT/root"; done
     export PATH="$PKGROOT/root/usr/bin:$PATH"
     export LD_LIBRARY_PATH="$PKGROOT/root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    # Where prost-build finds google/protobuf/*.proto.
+    export PROTOC_INCLUDE="$PKGROOT/root/usr/include"
   fi
 }
 install_missing
