@@ -6,6 +6,13 @@
 //! Held locks are spread over enough holder sessions to stay under the
 //! per-session limit; sessions and holders use the longest ttl (1 h) so no
 //! keep-alive traffic blurs the figure.
+//!
+//! `live-sessions` is the opposite: sessions with a short ttl (`--live-ttl`,
+//! 10 s) that the client library keeps alive in the background (a
+//! keep-alive every ttl/3 each), so the figure is what the keep-alive load
+//! of N live sessions does to lock operations. Each step also reports the
+//! nodes' CPU during the measurement and how many of the sessions the
+//! client believes it has lost (a lease that lapsed under load).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -37,6 +44,8 @@ pub enum Kind {
     Locks,
     /// Open sessions.
     Sessions,
+    /// Open sessions with a short ttl, kept alive by the client library.
+    LiveSessions,
 }
 
 /// `raftlock-bench scale` arguments.
@@ -61,6 +70,9 @@ pub struct ScaleArgs {
     /// Seconds of uncontended load measured at each step.
     #[arg(long, default_value_t = 8.0)]
     secs: f64,
+    /// Session ttl of `live-sessions`, in seconds.
+    #[arg(long, default_value_t = 10)]
+    live_ttl: u64,
     /// Clients of the measured load.
     #[arg(long, default_value_t = 64)]
     clients: usize,
@@ -132,7 +144,43 @@ pub struct Step {
     pub max_rss_mib: f64,
     /// `/proc/loadavg` after the measurement.
     pub load_avg: String,
+    /// Each node's CPU use during the measurement, in percent of one core.
+    #[serde(default)]
+    pub cpu_percent: Vec<f64>,
+    /// `live-sessions`: the keep-alives the sessions need per second
+    /// (count / (ttl / 3)).
+    #[serde(default)]
+    pub keepalives_per_sec: f64,
+    /// `live-sessions`: sessions whose lease the client saw lapse by the
+    /// end of the step.
+    #[serde(default)]
+    pub sessions_lost: u64,
 }
+
+/// CPU time (user + system) of `pid` so far, in clock ticks.
+fn cpu_ticks(pid: i32) -> u64 {
+    parse_cpu_ticks(&std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default())
+}
+
+/// utime + stime from a `/proc/PID/stat` line.
+fn parse_cpu_ticks(text: &str) -> u64 {
+    // The fields after the command name (which may hold spaces) start
+    // after the last ')'; utime and stime are fields 14 and 15.
+    let Some((_, rest)) = text.rsplit_once(')') else {
+        return 0;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let field = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    field(11) + field(12)
+}
+
+/// Clock ticks per second (`getconf CLK_TCK`; 100 on Linux).
+const TICKS_PER_SEC: f64 = 100.0;
 
 /// The JSON `scale` writes.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -150,7 +198,7 @@ pub struct ScaleResult {
 /// What is held open so the table keeps its size.
 enum Holdings {
     Locks { holders: Vec<Session> },
-    Sessions { open: Vec<Session> },
+    Sessions { open: Vec<Session>, ttl: Duration },
 }
 
 /// Fills from `from` to `to` with `concurrency` requests in flight.
@@ -169,9 +217,9 @@ async fn fill(
         let next = next.clone();
         let errors = errors.clone();
         let client = client.clone();
-        let holders = match holdings {
-            Holdings::Locks { holders } => holders.clone(),
-            Holdings::Sessions { .. } => Vec::new(),
+        let (holders, ttl) = match holdings {
+            Holdings::Locks { holders } => (holders.clone(), HOLDER_TTL),
+            Holdings::Sessions { ttl, .. } => (Vec::new(), *ttl),
         };
         let prefix = prefix.to_string();
         tasks.push(tokio::spawn(async move {
@@ -183,7 +231,7 @@ async fn fill(
                 }
                 loop {
                     let done = if holders.is_empty() {
-                        match client.session(HOLDER_TTL).await {
+                        match client.session(ttl).await {
                             Ok(s) => {
                                 opened.push(s);
                                 true
@@ -215,7 +263,7 @@ async fn fill(
     }
     for t in tasks {
         let opened = t.await.context("fill task")?;
-        if let Holdings::Sessions { open } = holdings {
+        if let Holdings::Sessions { open, .. } = holdings {
             open.extend(opened);
         }
     }
@@ -241,10 +289,22 @@ pub async fn run(args: ScaleArgs) -> anyhow::Result<()> {
             }
             Holdings::Locks { holders }
         }
-        Kind::Sessions => Holdings::Sessions { open: Vec::new() },
+        Kind::Sessions => Holdings::Sessions {
+            open: Vec::new(),
+            ttl: HOLDER_TTL,
+        },
+        Kind::LiveSessions => Holdings::Sessions {
+            open: Vec::new(),
+            ttl: Duration::from_secs(args.live_ttl.max(1)),
+        },
     };
     let mut result = ScaleResult {
-        kind: format!("{:?}", args.kind).to_lowercase(),
+        kind: match args.kind {
+            Kind::Locks => "locks",
+            Kind::Sessions => "sessions",
+            Kind::LiveSessions => "live-sessions",
+        }
+        .to_string(),
         clients: args.clients,
         baseline_rss: args.pids.iter().map(|p| rss(*p)).collect(),
         steps: Vec::new(),
@@ -281,6 +341,8 @@ pub async fn run(args: ScaleArgs) -> anyhow::Result<()> {
             label: format!("raftlock/scale {step} {}", result.kind),
             quiet: args.quiet,
         };
+        let cpu_before: Vec<u64> = args.pids.iter().map(|p| cpu_ticks(*p)).collect();
+        let measured = Instant::now();
         let m = drive(
             Target::Raftlock,
             &opts,
@@ -289,6 +351,22 @@ pub async fn run(args: ScaleArgs) -> anyhow::Result<()> {
             Ctx::new(false),
         )
         .await?;
+        let wall = measured.elapsed().as_secs_f64().max(1e-9);
+        let cpu_percent = args
+            .pids
+            .iter()
+            .zip(&cpu_before)
+            .map(|(p, before)| {
+                round3(cpu_ticks(*p).saturating_sub(*before) as f64 / TICKS_PER_SEC / wall * 100.0)
+            })
+            .collect();
+        let (keepalives_per_sec, sessions_lost) = match (&holdings, args.kind) {
+            (Holdings::Sessions { open, ttl }, Kind::LiveSessions) => (
+                round3(open.len() as f64 / (ttl.as_secs_f64() / 3.0)),
+                open.iter().filter(|s| !s.is_valid()).count() as u64,
+            ),
+            _ => (0.0, 0),
+        };
         let rss: Vec<Rss> = args.pids.iter().map(|p| rss(*p)).collect();
         let max_rss = rss.iter().map(|r| r.rss_kib).max().unwrap_or(0);
         let s = Step {
@@ -303,10 +381,13 @@ pub async fn run(args: ScaleArgs) -> anyhow::Result<()> {
             rss,
             max_rss_mib: round3(max_rss as f64 / 1024.0),
             load_avg: load_avg(),
+            cpu_percent,
+            keepalives_per_sec,
+            sessions_lost,
         };
         println!(
-            "scale {:>8} {:<8}  fill {:>8.0}/s  load {:>8.0} ops/s  p99 {:>7.2} ms  max node RSS {:>7.1} MiB  (load avg {})",
-            s.count, result.kind, s.fill_per_sec, s.ops_per_sec, s.p99_ms, s.max_rss_mib, s.load_avg
+            "scale {:>8} {:<8}  fill {:>8.0}/s  load {:>8.0} ops/s  p99 {:>7.2} ms  max node RSS {:>7.1} MiB  node CPU {:?} %  keep-alives {:.0}/s  lost {}  (load avg {})",
+            s.count, result.kind, s.fill_per_sec, s.ops_per_sec, s.p99_ms, s.max_rss_mib, s.cpu_percent, s.keepalives_per_sec, s.sessions_lost, s.load_avg
         );
         result.steps.push(s);
         if let Some(path) = &args.json {
@@ -316,10 +397,23 @@ pub async fn run(args: ScaleArgs) -> anyhow::Result<()> {
     if !args.no_cleanup {
         let sessions = match holdings {
             Holdings::Locks { holders } => holders,
-            Holdings::Sessions { open } => open,
+            Holdings::Sessions { open, .. } => open,
         };
         let closes = futures::future::join_all(sessions.iter().map(|s| s.close()));
         let _ = tokio::time::timeout(Duration::from_secs(60), closes).await;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_time_is_read_past_a_command_name_with_spaces() {
+        let line =
+            "4242 (raft lockd) x) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 70 0 0 20 0 9 0 1 2 3";
+        assert_eq!(parse_cpu_ticks(line), 320);
+        assert_eq!(parse_cpu_ticks(""), 0);
+    }
 }
