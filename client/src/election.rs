@@ -40,11 +40,13 @@ impl Election {
     }
 
     /// Gives up leadership (or the queue place). Safe to call when not
-    /// leading.
+    /// leading. A campaign whose future was dropped while queued withdraws
+    /// itself; `resign` returns once that withdrawal is done.
     pub async fn resign(&mut self) -> Result<()> {
         if let Some(g) = self.guard.take() {
             g.release().await?;
         }
+        self.session.settle(&self.name).await;
         Ok(())
     }
 

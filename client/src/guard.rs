@@ -111,6 +111,10 @@ impl Guard {
         if self.inner.released.swap(true, Ordering::SeqCst) {
             return Ok(false);
         }
+        // In flight until done: an acquire of this name on the session
+        // (another task's) waits for it instead of being refused as "already
+        // held".
+        let _in_flight = self.inner.session.start_in_flight(&self.inner.name).await;
         let result = release(&self.inner.session, &self.inner.name, self.inner.fence).await;
         if result.is_err() {
             // Not released as far as we know: let a later call (or the drop)
@@ -148,15 +152,14 @@ impl Drop for GuardInner {
         if self.released.swap(true, Ordering::SeqCst) {
             return;
         }
-        let Ok(handle) = tokio::runtime::Handle::try_current() else {
-            // No runtime to release on: the session's expiry (or close)
-            // releases it.
-            return;
-        };
+        // In the background (without a runtime nothing runs: the session's
+        // expiry or close releases it), and in flight for the name, so a
+        // `lock` of the same name on this session right after the drop
+        // waits for this release instead of racing it.
         let session = self.session.clone();
-        let name = std::mem::take(&mut self.name);
+        let name = self.name.clone();
         let fence = self.fence;
-        handle.spawn(async move {
+        self.session.in_background(&self.name, async move {
             if let Err(e) = release(&session, &name, fence).await {
                 tracing::warn!(name, fence, error = %e, "release on drop failed; the session's expiry will release it");
             }

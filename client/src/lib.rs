@@ -21,6 +21,24 @@
 //!   ([`Session::lost`]) when it may be gone, without cancelling anything.
 //! * [`Guard`]s release on drop; `release()` is idempotent.
 //! * [`fence`] is what a downstream store embeds to refuse stale writers.
+//!
+//! **Grants and waits.** No two live guards ever share one grant:
+//!
+//! * a session holds at most one grant per name. A second `lock` of a name
+//!   the session holds (or waits for), from another task sharing the
+//!   session, fails with [`Error::FailedPrecondition`] instead of being
+//!   handed the same grant. Give each task its own session, or share the
+//!   guard;
+//! * `drop(guard); session.lock(name)` is safe: the dropped guard's release
+//!   is sent in the background, and a new acquire of that name on that
+//!   session waits until it is done, so it gets a fresh grant (with a new,
+//!   larger fence) in its turn;
+//! * a wait the caller gives up on is withdrawn through the log (the
+//!   `Cancel` RPC): a `lock()` future dropped while queued, an acquire whose
+//!   outcome is unknown after a leader change or a timeout, the failing
+//!   name of [`Session::acquire_all`], a campaign given up with
+//!   [`Election::resign`]. A grant made to such an acquire meanwhile is
+//!   released. It never stays queued to be granted to nobody.
 
 mod client;
 mod election;

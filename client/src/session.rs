@@ -9,6 +9,8 @@
 //! the cluster does. When the client's count runs out, [`Session::lost`]
 //! fires; work already running is not cancelled, only told.
 
+use std::collections::HashMap;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -65,14 +67,102 @@ pub enum LeaseState {
 }
 
 pub(crate) struct SessionInner {
+    /// The cluster handle the session talks through.
     pub(crate) client: Client,
+    /// The session id the cluster gave it.
     pub(crate) id: u64,
+    /// Its lease length.
     pub(crate) ttl: Duration,
+    /// How much of the ttl the client's own lease view leaves out.
     margin: Duration,
+    /// The next request sequence number (exactly-once).
     seq: AtomicU64,
+    /// The client's view of the lease.
     lease: watch::Sender<LeaseState>,
+    /// Set once `close` ran.
     closed: AtomicBool,
+    /// The keep-alive task.
     keeper: std::sync::Mutex<Option<JoinHandle<()>>>,
+    /// Work on a name that a new acquire of that name must wait for: a
+    /// release or cancel still in flight (from a dropped guard or a dropped
+    /// acquire, or an explicit `release` in another task). Without it a
+    /// re-acquire could reach the cluster before the release of the old
+    /// grant and be refused as "already held".
+    in_flight: std::sync::Mutex<HashMap<String, watch::Receiver<bool>>>,
+}
+
+/// Marks work on a name as in flight until dropped (see
+/// `SessionInner::in_flight`).
+pub(crate) struct InFlight {
+    session: Session,
+    name: String,
+    done: watch::Sender<bool>,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let _ = self.done.send(true);
+        let mut map = self
+            .session
+            .inner
+            .in_flight
+            .lock()
+            .expect("in-flight lock poisoned");
+        if map
+            .get(&self.name)
+            .is_some_and(|rx| rx.same_channel(&self.done.subscribe()))
+        {
+            map.remove(&self.name);
+        }
+    }
+}
+
+/// An acquire that was sent and whose outcome the caller has not taken: if
+/// it is dropped armed (the caller's future was dropped, or the outcome is
+/// unknown), the acquire is withdrawn in the background (`Cancel`), so no
+/// wait stays queued and no grant stays held for nobody.
+struct PendingAcquire {
+    session: Session,
+    name: String,
+    seq: u64,
+    armed: bool,
+}
+
+impl Drop for PendingAcquire {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let session = self.session.clone();
+        let name = self.name.clone();
+        let seq = self.seq;
+        self.session.in_background(&self.name, async move {
+            cancel(&session, &name, seq).await;
+        });
+    }
+}
+
+/// Withdraws the acquire `seq` on `name` (`Cancel`), logging a failure: the
+/// session's end (expiry or close) withdraws it then.
+async fn cancel(session: &Session, name: &str, seq: u64) {
+    let req = pb::CancelRequest {
+        session_id: session.id(),
+        seq,
+        name: name.to_string(),
+    };
+    let result = session
+        .client()
+        .locks_call(Kind::Write, |mut c| {
+            let req = req.clone();
+            async move { c.cancel(req).await }
+        })
+        .await;
+    match result {
+        Ok(_) | Err(Error::SessionNotFound(_)) => {}
+        Err(e) => {
+            tracing::warn!(name, seq, error = %e, "cancelling an abandoned acquire failed; the session's end will withdraw it")
+        }
+    }
 }
 
 /// An open session. Cheap to clone; the lease is kept alive until the last
@@ -118,6 +208,7 @@ impl Session {
             lease,
             closed: AtomicBool::new(false),
             keeper: std::sync::Mutex::new(None),
+            in_flight: std::sync::Mutex::default(),
         });
         // OpenSession itself started the lease (counted from `sent_at`), so
         // the first keep-alive is due a third of the ttl after that, like
@@ -186,6 +277,70 @@ impl Session {
         self.inner.seq.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// Marks work on `name` in flight until the returned value is dropped;
+    /// first waits for work on `name` already in flight, so releases and
+    /// cancels of one name reach the cluster in order.
+    pub(crate) async fn start_in_flight(&self, name: &str) -> InFlight {
+        let (marker, previous) = self.mark_in_flight(name);
+        if let Some(mut previous) = previous {
+            let _ = previous.wait_for(|done| *done).await;
+        }
+        marker
+    }
+
+    fn mark_in_flight(&self, name: &str) -> (InFlight, Option<watch::Receiver<bool>>) {
+        let (done, rx) = watch::channel(false);
+        let previous = self
+            .inner
+            .in_flight
+            .lock()
+            .expect("in-flight lock poisoned")
+            .insert(name.to_string(), rx);
+        let marker = InFlight {
+            session: self.clone(),
+            name: name.to_string(),
+            done,
+        };
+        (marker, previous)
+    }
+
+    /// Runs `work` on `name` in the background, in flight (see
+    /// [`start_in_flight`](Self::start_in_flight)). Without a runtime
+    /// (dropped outside one) nothing runs: the session's end releases and
+    /// withdraws whatever it has.
+    pub(crate) fn in_background<F>(&self, name: &str, work: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        // Registered now, not when the task first runs, so an acquire of
+        // the name right after the drop already waits for it.
+        let (marker, previous) = self.mark_in_flight(name);
+        handle.spawn(async move {
+            if let Some(mut previous) = previous {
+                let _ = previous.wait_for(|done| *done).await;
+            }
+            work.await;
+            drop(marker);
+        });
+    }
+
+    /// Waits until no release or cancel of `name` is in flight.
+    pub(crate) async fn settle(&self, name: &str) {
+        let rx = self
+            .inner
+            .in_flight
+            .lock()
+            .expect("in-flight lock poisoned")
+            .get(name)
+            .cloned();
+        if let Some(mut rx) = rx {
+            let _ = rx.wait_for(|done| *done).await;
+        }
+    }
+
     fn mark_lost(&self) {
         self.inner.lease.send_if_modified(|s| {
             if matches!(s, LeaseState::Valid(_)) {
@@ -209,6 +364,9 @@ impl Session {
         if !self.is_valid() {
             return Err(Error::LeaseLost);
         }
+        // A release or cancel of this name still in flight goes first: the
+        // cluster refuses a new acquire of a name the session still holds.
+        self.settle(name).await;
         let seq = self.next_seq();
         let timeout_ms = match timeout {
             None => WAIT_FOREVER_MS,
@@ -245,15 +403,37 @@ impl Session {
                 Instant::now() + opts.retry_deadline + t * 2,
             ),
         };
-        let resp = self
+        // From here on the acquire may be queued or granted: if this future
+        // is dropped, or the outcome stays unknown, it is withdrawn.
+        let mut pending = PendingAcquire {
+            session: self.clone(),
+            name: name.to_string(),
+            seq,
+            armed: true,
+        };
+        let result = self
             .inner
             .client
             .call(Kind::Write, attempt, deadline, |c| {
                 let req = req.clone();
                 async move { Client::locks(c).acquire(req).await }
             })
-            .await?
-            .into_inner();
+            .await;
+        let resp = match result {
+            Ok(resp) => {
+                pending.armed = false;
+                resp.into_inner()
+            }
+            Err(e) => {
+                // A refusal changed nothing; anything else may have left the
+                // acquire queued (or granted) on the cluster.
+                pending.armed = matches!(
+                    e,
+                    Error::Unknown(_) | Error::Unavailable(_) | Error::Internal(_)
+                );
+                return Err(e);
+            }
+        };
         if !resp.acquired {
             return Err(Error::NotAcquired(timeout.unwrap_or(Duration::MAX)));
         }

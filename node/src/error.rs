@@ -84,6 +84,8 @@ impl From<Refusal> for Error {
             Refusal::CapacityMismatch { .. }
             | Refusal::KindMismatch { .. }
             | Refusal::OtherMode { .. }
+            | Refusal::AlreadyHeld { .. }
+            | Refusal::AlreadyWaiting { .. }
             | Refusal::SequenceTooOld { .. } => Error::FailedPrecondition(msg),
             Refusal::Deadlock { .. } => Error::Deadlock(msg),
             Refusal::SessionNotFound { .. } => Error::NotFound(msg),

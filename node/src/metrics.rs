@@ -18,12 +18,13 @@ pub const LATENCY_BUCKETS: [f64; 12] = [
 ];
 
 /// The RPC methods whose latency is recorded.
-pub const METHODS: [&str; 13] = [
+pub const METHODS: [&str; 14] = [
     "OpenSession",
     "KeepAlive",
     "CloseSession",
     "Acquire",
     "Release",
+    "Cancel",
     "Describe",
     "List",
     "CheckFence",

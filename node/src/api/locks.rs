@@ -79,9 +79,18 @@ impl Api {
             }
         };
         // The registration is dropped without an outcome when this node stops
-        // leading or shuts down (it may never apply the outcome then): the
-        // client retries with the same seq at the leader and keeps its place.
-        let closed = || self.not_leader();
+        // leading or shuts down (it may never apply the outcome then). The
+        // acquire is in the log, queued: the answer must not read as "not
+        // the leader" (which clients take as "never sent"). The client
+        // retries with the same seq at the leader and keeps its place, or
+        // cancels it.
+        let closed = || {
+            Error::Unavailable(
+                "leadership changed while the acquire was queued; its outcome is unknown \
+                 (it may still be queued): retry with the same session_id and seq, or cancel it"
+                    .into(),
+            )
+        };
         if timeout_ms == WAIT_FOREVER {
             return rx.await.map_err(|_| closed());
         }
@@ -269,6 +278,31 @@ impl Locks for Api {
             (_, Reply::Released { released }) => {
                 Ok(Response::new(pb::ReleaseResponse { released }))
             }
+            (_, other) => Err(Error::Internal(format!("unexpected reply {other:?}")).into()),
+        }
+    }
+
+    #[tracing::instrument(skip_all, fields(lock = %req.get_ref().name, session = req.get_ref().session_id))]
+    async fn cancel(
+        &self,
+        req: Request<pb::CancelRequest>,
+    ) -> Result<Response<pb::CancelResponse>, Status> {
+        let _timer = self.0.shared.metrics.timer("Cancel");
+        // Like a release: only the session's owner may (checked in the
+        // table), and no rule is needed to give something up.
+        let caller = self.caller(&req)?;
+        let r = req.into_inner();
+        name(&r.name)?;
+        let command = Command::Withdraw {
+            session: SessionId(r.session_id),
+            seq: r.seq,
+            name: r.name,
+            caller: caller.identity,
+        };
+        match self.write(command).await? {
+            (_, Reply::Withdrawn { withdrawn }) => Ok(Response::new(pb::CancelResponse {
+                cancelled: withdrawn,
+            })),
             (_, other) => Err(Error::Internal(format!("unexpected reply {other:?}")).into()),
         }
     }

@@ -193,6 +193,21 @@ pub enum Command {
         /// The last part's value counts.
         fence_bump: u64,
     },
+    /// Withdraw the acquire `seq` of `session` on `name`, whatever became of
+    /// it: a queued wait leaves the queue; a grant made to it and still held
+    /// is released. Sent by a client that gave up on an acquire whose
+    /// outcome it does not know (a dropped future, a timeout, a leader
+    /// change). Idempotent.
+    Withdraw {
+        /// The session that sent the acquire.
+        session: SessionId,
+        /// The acquire's sequence number.
+        seq: u64,
+        /// The name it asked for.
+        name: String,
+        /// The identity the request came from; must be the session's owner.
+        caller: String,
+    },
 }
 
 /// The outcome of an acquire.
@@ -269,6 +284,12 @@ pub enum Reply {
     },
     /// The command was refused and changed nothing.
     Refused(Refusal),
+    /// The outcome of a withdrawal: `true` if a wait left its queue or a
+    /// grant was released.
+    Withdrawn {
+        /// True if something was withdrawn.
+        withdrawn: bool,
+    },
 }
 
 /// Why a command was refused. Each maps to one gRPC status in `api/`.
@@ -422,6 +443,31 @@ pub enum Refusal {
         /// What was found.
         reason: String,
     },
+    /// The session already holds the name in the mode asked for, through an
+    /// earlier acquire. One session holds one grant per name: release it
+    /// first (a repeat of that earlier acquire, with its seq, is answered
+    /// with the grant).
+    #[error("{session} already holds {name} (fence {}); release it before acquiring it again", fence.0)]
+    AlreadyHeld {
+        /// The session.
+        session: SessionId,
+        /// The name.
+        name: LockName,
+        /// The grant it holds.
+        fence: Fence,
+    },
+    /// The session already waits for the name in the mode asked for,
+    /// through the acquire `seq`. Retry that acquire (same seq) to keep
+    /// waiting, or withdraw it.
+    #[error("{session} already waits for {name} (acquire seq {seq})")]
+    AlreadyWaiting {
+        /// The session.
+        session: SessionId,
+        /// The name.
+        name: LockName,
+        /// The waiting acquire's sequence number.
+        seq: u64,
+    },
 }
 
 /// One edge of a wait-for cycle: `session` waits for `name`, which `blocker`
@@ -468,6 +514,8 @@ pub enum CancelCause {
     TimedOut,
     /// Its session was closed or expired.
     SessionEnded,
+    /// Its client withdrew it (`Withdraw`).
+    Withdrawn,
 }
 
 /// Something that happened while applying a command. The node uses events to
@@ -622,6 +670,7 @@ impl Command {
                 }
             }
             Command::Release { name, .. }
+            | Command::Withdraw { name, .. }
             | Command::CancelWait { name, .. }
             | Command::EndLockDelay { name, .. } => {
                 LockName::new(name.as_str())?;

@@ -1215,18 +1215,24 @@ impl History {
             name: lock_name(n),
         });
         match (held, waiting) {
-            // Asking again for what it holds: that grant, or OtherMode.
+            // Asking again (a new seq) for what it holds or waits for:
+            // refused, naming the grant or wait, or OtherMode.
             (Some(h), _) if h.mode == mode => prop_assert_eq!(
                 &r.reply,
-                &Reply::Acquire(Acquired::Granted {
-                    fence: h.fence,
-                    mode,
-                    index: h.index
+                &Reply::Refused(Refusal::AlreadyHeld {
+                    session,
+                    name: lock_name(n),
+                    fence: h.fence
                 })
             ),
-            (_, Some(w)) if w.mode == mode => {
-                prop_assert_eq!(&r.reply, &Reply::Acquire(Acquired::Queued))
-            }
+            (_, Some(w)) if w.mode == mode => prop_assert_eq!(
+                &r.reply,
+                &Reply::Refused(Refusal::AlreadyWaiting {
+                    session,
+                    name: lock_name(n),
+                    seq: w.seq
+                })
+            ),
             (Some(_), _) | (_, Some(_)) => prop_assert_eq!(&r.reply, &other_mode),
             (None, None) if grantable_now(info.as_ref(), mode) => {
                 let fence = Fence(before.last_fence().0 + 1);

@@ -419,6 +419,12 @@ impl LockTable {
                 bytes,
                 fence_bump,
             } => self.restore_part((restore, part, parts), bytes, fence_bump, &mut events),
+            Command::Withdraw {
+                session,
+                seq,
+                name,
+                caller,
+            } => self.withdraw(index, (session, &caller), seq, name, &mut events),
         };
         Response { reply, events }
     }
@@ -739,33 +745,40 @@ impl LockTable {
             }
         }
 
-        // Re-acquiring what the session already holds or waits for returns
-        // that grant or wait: a session never deadlocks on itself.
+        // A session holds at most one grant and one wait per name, and a new
+        // request (a new seq) for a name it already holds or waits for is
+        // refused rather than answered with that grant or wait: two callers
+        // sharing the session (or a re-acquire racing the release of the
+        // old grant) would otherwise both believe they hold one grant, and
+        // the release of one would leave the other holding nothing. The
+        // same request retried (the same seq) was answered above.
         if let Some(&fence) = s.held.get(&name) {
-            let holder = lock.and_then(|l| l.holders.get(&fence));
-            return match holder {
-                Some(h) if h.mode == mode => {
-                    let reply = Reply::Acquire(Acquired::Granted {
-                        fence,
-                        mode,
-                        index: h.index,
-                    });
-                    self.remember(session, seq, &reply);
-                    reply
+            let same = lock
+                .and_then(|l| l.holders.get(&fence))
+                .is_some_and(|h| h.mode == mode);
+            return Reply::Refused(if same {
+                Refusal::AlreadyHeld {
+                    session,
+                    name,
+                    fence,
                 }
-                _ => Reply::Refused(Refusal::OtherMode { session, name }),
-            };
+            } else {
+                Refusal::OtherMode { session, name }
+            });
         }
         if let Some(wait) = s.waiting.get(&name) {
             let same = lock
                 .and_then(|l| l.position(wait.index).map(|p| l.queue[p].mode))
                 .is_some_and(|m| m == mode);
-            if !same {
-                return Reply::Refused(Refusal::OtherMode { session, name });
-            }
-            let reply = Reply::Acquire(Acquired::Queued);
-            self.remember(session, seq, &reply);
-            return reply;
+            return Reply::Refused(if same {
+                Refusal::AlreadyWaiting {
+                    session,
+                    name,
+                    seq: wait.seq,
+                }
+            } else {
+                Refusal::OtherMode { session, name }
+            });
         }
         if s.held.len() + s.waiting.len() >= MAX_LOCKS_PER_SESSION {
             return Reply::Refused(Refusal::TooManyLocks { session });
@@ -957,6 +970,75 @@ impl LockTable {
         // The cancelled wait may have been holding up those behind it.
         self.promote(&name, index, events);
         Reply::Cancelled { cancelled: true }
+    }
+
+    /// Withdraws the acquire `seq` of `session` on `name`, whatever became
+    /// of it: a queued wait leaves the queue, a grant made to it and still
+    /// held is released. Idempotent: `withdrawn: false` when there is
+    /// nothing (left) to withdraw.
+    fn withdraw(
+        &mut self,
+        index: u64,
+        (session, caller): (SessionId, &str),
+        seq: u64,
+        name: String,
+        events: &mut Vec<Event>,
+    ) -> Reply {
+        let name = match LockName::new(name) {
+            Ok(name) => name,
+            Err(refusal) => return Reply::Refused(refusal),
+        };
+        let s = match self.sessions.get_mut(&session) {
+            // The session ended, and its waits and grants with it.
+            None => return Reply::Withdrawn { withdrawn: false },
+            Some(s) if s.owner != caller => return Reply::Refused(Refusal::NotOwner { session }),
+            Some(s) => s,
+        };
+        if let Some(wait) = s.waiting.get(&name).copied().filter(|w| w.seq == seq) {
+            s.waiting.remove(&name);
+            s.replies.settle(seq, Reply::Acquire(Acquired::NotAcquired));
+            if let Some(lock) = self.locks.get_mut(&name) {
+                if let Some(w) = lock.position(wait.index).and_then(|p| lock.queue.remove(p)) {
+                    events.push(Event::Cancelled {
+                        name: name.clone(),
+                        session,
+                        seq,
+                        mode: w.mode,
+                        cause: CancelCause::Withdrawn,
+                    });
+                }
+            }
+            // Those behind it may be grantable now.
+            self.promote(&name, index, events);
+            return Reply::Withdrawn { withdrawn: true };
+        }
+        let Some(&fence) = s.held.get(&name) else {
+            return Reply::Withdrawn { withdrawn: false };
+        };
+        let Some(lock) = self.locks.get_mut(&name) else {
+            return Reply::Refused(Refusal::Inconsistent {
+                reason: format!("{session} lists a grant on {name} the lock does not have"),
+            });
+        };
+        if lock.holders.get(&fence).is_none_or(|h| h.seq != seq) {
+            // Held through another acquire: not this one's to give back.
+            return Reply::Withdrawn { withdrawn: false };
+        }
+        let Some(h) = lock.holders.remove(&fence) else {
+            return Reply::Withdrawn { withdrawn: false };
+        };
+        lock.held_weight = lock.held_weight.saturating_sub(u64::from(h.mode.weight()));
+        s.held.remove(&name);
+        s.replies.settle(seq, Reply::Acquire(Acquired::NotAcquired));
+        events.push(Event::Ended {
+            name: name.clone(),
+            session,
+            fence,
+            mode: h.mode,
+            cause: EndCause::Released,
+        });
+        self.promote(&name, index, events);
+        Reply::Withdrawn { withdrawn: true }
     }
 
     fn end_lock_delay(

@@ -1120,9 +1120,9 @@ fn every_grant_gets_a_larger_fence_cluster_wide() {
     assert!(fences.windows(2).all(|w| w[0] < w[1]), "{fences:?}");
     assert_eq!(h.table.last_fence(), fences[5]);
     assert_eq!(h.table.stats().last_fence, fences[5].0);
-    // Re-acquiring a held grant does not use up a fence.
-    let r = h.acquire(a, "x", X, WAIT);
-    assert_eq!(fence_of(&r), fences[0]);
+    // A refused re-acquire of a held grant does not use up a fence.
+    let seq = h.next_seq();
+    h.refuse(acq(a, seq, "x", X, WAIT));
     assert_eq!(h.table.last_fence(), fences[5]);
     // Fences never go back, even once everything is released.
     h.close(a);
@@ -1232,22 +1232,40 @@ fn release_of_an_unknown_name_releases_nothing() {
 // -------------------------------------------------------------- re-acquire
 
 #[test]
-fn reacquire_in_the_same_mode_returns_the_same_grant() {
+fn reacquire_in_the_same_mode_is_refused_naming_the_grant() {
+    // Review finding 4: answering a new acquire with the grant the session
+    // already holds gave two callers one grant.
     let mut h = Harness::new();
     let a = h.open();
     let fx = h.grant(a, "x", X);
-    let grant_index = h.index;
+    let x_seq = h.seq;
     let fs = h.grant(a, "s", sem(2, 3));
-    let s_index = h.index;
     let locks = h.table.locks.clone();
     for timeout in [TRY, WAIT] {
-        let r = h.acquire(a, "x", X, timeout);
-        assert_eq!(r.reply, granted_reply(fx, X, grant_index));
-        assert!(r.events.is_empty());
-        let r = h.acquire(a, "s", sem(2, 3), timeout);
-        assert_eq!(r.reply, granted_reply(fs, sem(2, 3), s_index));
-        assert!(r.events.is_empty());
+        let seq = h.next_seq();
+        assert_eq!(
+            h.refuse(acq(a, seq, "x", X, timeout)),
+            Refusal::AlreadyHeld {
+                session: a,
+                name: name("x"),
+                fence: fx
+            }
+        );
+        let seq = h.next_seq();
+        assert_eq!(
+            h.refuse(acq(a, seq, "s", sem(2, 3), timeout)),
+            Refusal::AlreadyHeld {
+                session: a,
+                name: name("s"),
+                fence: fs
+            }
+        );
     }
+    // The acquire that made the grant, retried, is still answered with it.
+    assert!(matches!(
+        h.no_op(acq(a, x_seq, "x", X, WAIT)),
+        Reply::Acquire(Acquired::Granted { fence, .. }) if fence == fx
+    ));
     assert_eq!(h.table.locks, locks);
 }
 
@@ -1272,18 +1290,30 @@ fn reacquire_in_another_mode_is_refused() {
 }
 
 #[test]
-fn reacquire_while_queued_returns_queued() {
+fn reacquire_while_queued_is_refused_naming_the_wait() {
     let mut h = Harness::new();
     let a = h.open();
     let b = h.open();
     h.grant(a, "x", X);
     h.queue(b, "x", SH);
+    let wait_seq = h.seq;
     let locks = h.table.locks.clone();
-    let r = h.acquire(b, "x", SH, WAIT);
-    assert_eq!(r.reply, Reply::Acquire(Acquired::Queued));
-    assert!(r.events.is_empty());
+    let seq = h.next_seq();
+    assert_eq!(
+        h.refuse(acq(b, seq, "x", SH, WAIT)),
+        Refusal::AlreadyWaiting {
+            session: b,
+            name: name("x"),
+            seq: wait_seq
+        }
+    );
     assert_eq!(h.table.locks, locks);
     assert_eq!(waiters(&h.table, "x"), vec![(b, SH)]);
+    // The waiting acquire itself, retried, keeps its place.
+    assert_eq!(
+        h.no_op(acq(b, wait_seq, "x", SH, WAIT)),
+        Reply::Acquire(Acquired::Queued)
+    );
     let seq = h.next_seq();
     assert_eq!(
         h.refuse(acq(b, seq, "x", X, WAIT)),
@@ -1694,13 +1724,14 @@ fn replies_are_remembered_for_max_remembered_replies_sequence_numbers() {
     let first = h.apply(acq(a, 1, "x", X, WAIT));
     let fa = fence_of(&first);
     let window = MAX_REMEMBERED_REPLIES as u64;
-    for seq in 2..=window {
-        assert_eq!(fence_of(&h.apply(acq(a, seq, "x", X, WAIT))), fa);
+    let second = h.apply(acq(a, 2, "y", X, WAIT));
+    for seq in 3..=window {
+        h.apply(rel(a, seq, "nothing-held", Fence(1)));
     }
     // Exactly MAX_REMEMBERED_REPLIES remembered: the oldest still replays.
     assert_eq!(h.no_op(acq(a, 1, "x", X, WAIT)), first.reply);
     // One more and it is forgotten; retrying it is refused, not re-applied.
-    h.apply(acq(a, window + 1, "x", X, WAIT));
+    h.apply(rel(a, window + 1, "nothing-held", Fence(1)));
     assert_eq!(
         h.refuse(acq(a, 1, "x", X, WAIT)),
         Refusal::SequenceTooOld {
@@ -1725,7 +1756,7 @@ fn replies_are_remembered_for_max_remembered_replies_sequence_numbers() {
             floor: 1
         }
     );
-    assert_eq!(h.no_op(acq(a, 2, "x", X, WAIT)), first.reply);
+    assert_eq!(h.no_op(acq(a, 2, "y", X, WAIT)), second.reply);
     assert_eq!(holders(&h.table, "x"), vec![(a, X)]);
 }
 
@@ -2216,12 +2247,18 @@ fn locks_per_session_edge() {
             Refusal::TooManyLocks { session: a }
         );
     }
-    // Asking again for a name it holds or waits for is no new name.
+    // Asking again for a name it holds or waits for is no new name: it is
+    // refused as held or waiting, not as one too many.
     let seq = h.next_seq();
-    fence_of(&h.apply_unchecked(acq(a, seq, "n00000", X, TRY)));
+    assert!(matches!(
+        h.refuse_unchecked(acq(a, seq, "n00000", X, TRY)),
+        Refusal::AlreadyHeld { .. }
+    ));
     let seq = h.next_seq();
-    let r = h.apply_unchecked(acq(a, seq, "busy", X, WAIT));
-    assert_eq!(r.reply, Reply::Acquire(Acquired::Queued));
+    assert!(matches!(
+        h.refuse_unchecked(acq(a, seq, "busy", X, WAIT)),
+        Refusal::AlreadyWaiting { .. }
+    ));
     // Letting one go makes room.
     let seq = h.next_seq();
     h.apply_unchecked(cancel(a, "busy", MAX_LOCKS_PER_SESSION as u64 + 1));
@@ -3094,4 +3131,90 @@ fn a_backup_in_the_previous_format_still_restores() {
     assert_eq!(as_backed_up(&h.table), original);
     let err = LockTable::from_snapshot(&[9, 0, 0]).expect_err("unknown version");
     assert!(err.to_string().contains("reads 2 and 3"), "{err}");
+}
+
+// ---- Withdraw: a client gives up on an acquire ----
+
+fn withdraw(session: SessionId, seq: u64, name: &str) -> Command {
+    Command::Withdraw {
+        session,
+        seq,
+        name: name.to_string(),
+        caller: String::new(),
+    }
+}
+
+#[test]
+fn withdraw_removes_a_queued_acquire_and_lets_the_queue_move() {
+    let mut h = Harness::new();
+    let [a, b, c] = [(); 3].map(|_| h.open());
+    h.grant(a, "x", X);
+    h.queue(b, "x", X);
+    let b_seq = h.seq;
+    h.queue(c, "x", SH);
+    let r = h.apply(withdraw(b, b_seq, "x"));
+    assert_eq!(r.reply, Reply::Withdrawn { withdrawn: true });
+    assert!(r.events.iter().any(|e| matches!(
+        e,
+        Event::Cancelled { session, cause: CancelCause::Withdrawn, .. } if *session == b
+    )));
+    assert_eq!(waiters(&h.table, "x"), vec![(c, SH)]);
+    // A retry of the withdrawn acquire learns it was not acquired.
+    assert_eq!(
+        h.no_op(acq(b, b_seq, "x", X, WAIT)),
+        Reply::Acquire(Acquired::NotAcquired)
+    );
+    // Idempotent.
+    assert_eq!(
+        h.no_op(withdraw(b, b_seq, "x")),
+        Reply::Withdrawn { withdrawn: false }
+    );
+}
+
+#[test]
+fn withdraw_releases_a_grant_made_to_that_acquire_only() {
+    let mut h = Harness::new();
+    let [a, b] = [(); 2].map(|_| h.open());
+    h.grant(a, "x", X);
+    let a_seq = h.seq;
+    h.queue(b, "x", X);
+    // Another seq of a's is not the acquire that holds x: nothing happens.
+    assert_eq!(
+        h.no_op(withdraw(a, a_seq + 100, "x")),
+        Reply::Withdrawn { withdrawn: false }
+    );
+    let r = h.apply(withdraw(a, a_seq, "x"));
+    assert_eq!(r.reply, Reply::Withdrawn { withdrawn: true });
+    assert_eq!(holders(&h.table, "x"), vec![(b, X)]);
+    // Another identity cannot withdraw someone's acquire; an ended session
+    // has nothing to withdraw.
+    let mut t = LockTable::new();
+    t.apply(
+        1,
+        Command::OpenSession {
+            ttl_ms: 10_000,
+            lock_delay_ms: 0,
+            nonce: 0,
+            owner: "alice".into(),
+        },
+    );
+    let alice = SessionId(1);
+    let r = t.apply(
+        2,
+        Command::Withdraw {
+            session: alice,
+            seq: 1,
+            name: "x".into(),
+            caller: "bob".into(),
+        },
+    );
+    assert_eq!(
+        r.reply,
+        Reply::Refused(Refusal::NotOwner { session: alice })
+    );
+    h.close(b);
+    assert_eq!(
+        h.no_op(withdraw(b, 1, "x")),
+        Reply::Withdrawn { withdrawn: false }
+    );
 }
