@@ -3218,3 +3218,59 @@ fn withdraw_releases_a_grant_made_to_that_acquire_only() {
         Reply::Withdrawn { withdrawn: false }
     );
 }
+
+// ---- Exactly-once without gaps (review findings 6 and 14) ----
+
+#[test]
+fn a_queued_acquire_is_never_forgotten_by_the_reply_window() {
+    let mut h = Harness::new();
+    let [a, s] = [(); 2].map(|_| h.open());
+    h.grant(a, "x", X);
+    let r = h.apply(acq(s, 1, "x", X, WAIT));
+    assert_eq!(r.reply, Reply::Acquire(Acquired::Queued));
+    // Many more requests on the same session than the window holds.
+    for seq in 2..=MAX_REMEMBERED_REPLIES as u64 + 10 {
+        h.apply(rel(s, seq, "nothing-held", Fence(1)));
+    }
+    // The queued acquire, retried, still learns where it stands.
+    assert_eq!(
+        h.no_op(acq(s, 1, "x", X, WAIT)),
+        Reply::Acquire(Acquired::Queued)
+    );
+}
+
+#[test]
+fn a_seq_reused_for_another_command_is_refused() {
+    let mut h = Harness::new();
+    let a = h.open();
+    let r = h.apply(acq(a, 5, "reuse-a", X, TRY));
+    let fa = fence_of(&r);
+    // Same seq, another name: not the first request's answer.
+    let r = h.apply(acq(a, 5, "reuse-b", X, TRY));
+    assert!(
+        matches!(r.reply, Reply::Refused(_)),
+        "seq 5 reused for another name was answered {:?}",
+        r.reply
+    );
+    let r = h.apply(rel(a, 5, "reuse-a", fa));
+    assert!(
+        matches!(r.reply, Reply::Refused(_)),
+        "seq 5 reused for a release was answered {:?}",
+        r.reply
+    );
+    assert_eq!(holders(&h.table, "reuse-a"), vec![(a, X)]);
+}
+
+#[test]
+fn a_retried_close_is_answered_like_the_first() {
+    let mut h = Harness::new();
+    let a = h.open();
+    h.grant(a, "x", X);
+    let close = Command::CloseSession {
+        session: a,
+        seq: 9,
+        caller: String::new(),
+    };
+    assert_eq!(h.apply(close.clone()).reply, Reply::Closed { released: 1 });
+    assert_eq!(h.apply(close).reply, Reply::Closed { released: 1 });
+}
