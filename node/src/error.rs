@@ -85,6 +85,7 @@ impl From<Refusal> for Error {
             | Refusal::KindMismatch { .. }
             | Refusal::OtherMode { .. }
             | Refusal::AlreadyHeld { .. }
+            | Refusal::SequenceReused { .. }
             | Refusal::AlreadyWaiting { .. }
             | Refusal::SequenceTooOld { .. } => Error::FailedPrecondition(msg),
             Refusal::Deadlock { .. } => Error::Deadlock(msg),

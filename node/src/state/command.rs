@@ -456,6 +456,16 @@ pub enum Refusal {
         /// The grant it holds.
         fence: Fence,
     },
+    /// The sequence number was used by the session for another request
+    /// (the remembered request differs): exactly-once needs a new seq per
+    /// request.
+    #[error("sequence number {seq} of {session} was used for another request; use a new seq for every request")]
+    SequenceReused {
+        /// The session.
+        session: SessionId,
+        /// The sequence number given.
+        seq: u64,
+    },
     /// The session already waits for the name in the mode asked for,
     /// through the acquire `seq`. Retry that acquire (same seq) to keep
     /// waiting, or withdraw it.
@@ -628,7 +638,75 @@ pub struct Response {
     pub events: Vec<Event>,
 }
 
+/// FNV-1a, 64-bit: a digest of fixed-width fields, the same on every node
+/// and platform.
+struct Fnv(u64);
+
+impl Fnv {
+    fn new(kind: u8) -> Self {
+        let mut h = Fnv(0xcbf2_9ce4_8422_2325);
+        h.bytes(&[kind]);
+        h
+    }
+
+    fn bytes(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 ^= u64::from(*b);
+            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+
+    fn u64(&mut self, v: u64) {
+        self.bytes(&v.to_le_bytes());
+    }
+
+    /// A length-prefixed byte string.
+    fn string(&mut self, bytes: &[u8]) {
+        self.u64(bytes.len() as u64);
+        self.bytes(bytes);
+    }
+}
+
 impl Command {
+    /// A digest of what the request asks (not who sends it: the session and
+    /// seq are the key it is remembered under), so a seq reused for another
+    /// request can be told from a retry. Never 0 (0 means "unknown" in the
+    /// reply window).
+    pub fn digest(&self) -> u64 {
+        let h = match self {
+            Command::Acquire {
+                name,
+                mode,
+                timeout_ms,
+                value,
+                ..
+            } => {
+                let mut h = Fnv::new(1);
+                h.string(name.as_bytes());
+                let (m, weight, capacity) = match *mode {
+                    Mode::Exclusive => (0, 0, 0),
+                    Mode::Shared => (1, 0, 0),
+                    Mode::Semaphore { weight, capacity } => (2, weight, capacity),
+                };
+                h.u64(m);
+                h.u64(u64::from(weight));
+                h.u64(u64::from(capacity));
+                h.u64(*timeout_ms);
+                h.string(value);
+                h
+            }
+            Command::Release { name, fence, .. } => {
+                let mut h = Fnv::new(2);
+                h.string(name.as_bytes());
+                h.u64(fence.0);
+                h
+            }
+            Command::CloseSession { .. } => Fnv::new(3),
+            _ => Fnv::new(0),
+        };
+        h.0.max(1)
+    }
+
     /// The checks that need no state: name, value size, ttl, lock-delay,
     /// capacity and weight. `apply` makes them too; handlers call this first
     /// so bad input never reaches the log.

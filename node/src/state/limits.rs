@@ -37,11 +37,18 @@ pub const MAX_LOCKS_PER_SESSION: usize = 10_000;
 /// Most open sessions in the cluster.
 pub const MAX_SESSIONS: usize = 250_000;
 
-/// How many replies each session remembers for exactly-once retries. A
-/// client may have this many requests in flight on one session; a retry of
-/// a request older than the window is refused with `SequenceTooOld` rather
-/// than applied twice.
+/// How many settled replies each session remembers for exactly-once
+/// retries: the newest this many by sequence number, plus every queued
+/// acquire's until it is granted or cancelled. A retry of a request older
+/// than the window is refused with `SequenceTooOld` rather than applied
+/// twice; a client that keeps at most this many requests in flight on one
+/// session always learns the outcome of a retry.
 pub const MAX_REMEMBERED_REPLIES: usize = 256;
+
+/// How many closed sessions the table remembers (the newest by id), so a
+/// retried `CloseSession` is answered like the first instead of with
+/// `NOT_FOUND`.
+pub const MAX_REMEMBERED_CLOSES: usize = 10_000;
 
 /// Largest part of a backup one `RestorePart` command carries (each part is
 /// one log entry, which followers must take within a heartbeat).

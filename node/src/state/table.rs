@@ -33,6 +33,9 @@ pub struct LockTable {
     /// near 0, never hands out an id or a queue position the backup's
     /// cluster used or may have used after the backup was taken.
     pub(super) index_floor: u64,
+    /// Sessions closed by their clients, newest [`MAX_REMEMBERED_CLOSES`]
+    /// by id, so a retried `CloseSession` is answered like the first.
+    pub(super) closed: BTreeMap<SessionId, Closed>,
 }
 
 /// A restore under way.
@@ -79,23 +82,40 @@ pub(super) struct WaitRef {
 }
 
 /// A session's remembered replies: the newest [`MAX_REMEMBERED_REPLIES`]
-/// by sequence number, and the highest sequence number forgotten.
+/// by sequence number, plus every reply whose outcome is still pending (a
+/// queued acquire: its client may need to ask again, however many requests
+/// it sent meanwhile), and the highest sequence number forgotten.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(super) struct Replies {
-    map: BTreeMap<u64, Reply>,
-    floor: Option<u64>,
+    pub(super) map: BTreeMap<u64, Remembered>,
+    pub(super) floor: Option<u64>,
+}
+
+/// One remembered reply and a digest of the command it answered, so a seq
+/// reused for another command is refused instead of answered with this.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct Remembered {
+    /// [`Command::digest`] of the request (0: unknown, for replies restored
+    /// from a format that kept none; any request matches it).
+    pub(super) digest: u64,
+    /// The answer.
+    pub(super) reply: Reply,
 }
 
 enum Lookup {
     New,
     Replay(Reply),
     TooOld(u64),
+    Reused,
 }
 
 impl Replies {
-    fn lookup(&self, seq: u64) -> Lookup {
-        if let Some(reply) = self.map.get(&seq) {
-            return Lookup::Replay(reply.clone());
+    fn lookup(&self, seq: u64, digest: u64) -> Lookup {
+        if let Some(r) = self.map.get(&seq) {
+            if r.digest != 0 && r.digest != digest {
+                return Lookup::Reused;
+            }
+            return Lookup::Replay(r.reply.clone());
         }
         match self.floor {
             Some(floor) if seq <= floor => Lookup::TooOld(floor),
@@ -103,12 +123,29 @@ impl Replies {
         }
     }
 
-    fn remember(&mut self, seq: u64, reply: &Reply) {
-        self.map.insert(seq, reply.clone());
+    fn remember(&mut self, seq: u64, digest: u64, reply: &Reply) {
+        self.map.insert(
+            seq,
+            Remembered {
+                digest,
+                reply: reply.clone(),
+            },
+        );
         while self.map.len() > MAX_REMEMBERED_REPLIES {
-            if let Some((old, _)) = self.map.pop_first() {
-                self.floor = Some(self.floor.map_or(old, |f| f.max(old)));
-            }
+            // The oldest settled reply goes; pending ones (queued acquires)
+            // stay until settled, so their retries still find them. A
+            // session waits for at most MAX_LOCKS_PER_SESSION names, which
+            // bounds them.
+            let Some(old) = self
+                .map
+                .iter()
+                .find(|(_, r)| r.reply != Reply::Acquire(Acquired::Queued))
+                .map(|(seq, _)| *seq)
+            else {
+                break;
+            };
+            self.map.remove(&old);
+            self.floor = Some(self.floor.map_or(old, |f| f.max(old)));
         }
     }
 
@@ -116,9 +153,21 @@ impl Replies {
     /// queued acquire granted or cancelled).
     fn settle(&mut self, seq: u64, reply: Reply) {
         if let Some(slot) = self.map.get_mut(&seq) {
-            *slot = reply;
+            slot.reply = reply;
         }
     }
+}
+
+/// A session closed by its client, remembered so a retried close is
+/// answered like the first (see [`MAX_REMEMBERED_CLOSES`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct Closed {
+    /// The close's sequence number.
+    pub(super) seq: u64,
+    /// Grants it released.
+    pub(super) released: u32,
+    /// The identity that owned the session.
+    pub(super) owner: String,
 }
 
 /// One name's state.
@@ -357,6 +406,7 @@ impl LockTable {
         // it changes nothing and learns nothing (not even a remembered
         // reply).
         let mut events = Vec::new();
+        let digest = command.digest();
         let reply = match command {
             Command::OpenSession {
                 ttl_ms,
@@ -365,17 +415,10 @@ impl LockTable {
                 owner,
             } => self.open_session(index, ttl_ms, lock_delay_ms, nonce, owner, &mut events),
             Command::CloseSession {
-                session, caller, ..
-            } => match self.sessions.get(&session) {
-                Some(s) if s.owner != caller => Reply::Refused(Refusal::NotOwner { session }),
-                // Closing removes the session and with it its reply window, so
-                // a retried close answers SessionNotFound; clients treat that
-                // as closed.
-                _ => match self.end_session(session, false, index, &mut events) {
-                    Some(released) => Reply::Closed { released },
-                    None => Reply::Refused(Refusal::SessionNotFound { session }),
-                },
-            },
+                session,
+                seq,
+                caller,
+            } => self.close_session(index, (session, &caller), seq, &mut events),
             Command::Acquire {
                 session,
                 seq,
@@ -386,7 +429,7 @@ impl LockTable {
                 caller,
             } => self.acquire(
                 index,
-                (session, &caller),
+                (session, &caller, digest),
                 seq,
                 name,
                 mode,
@@ -400,7 +443,14 @@ impl LockTable {
                 name,
                 fence,
                 caller,
-            } => self.release(index, (session, &caller), seq, name, fence, &mut events),
+            } => self.release(
+                index,
+                (session, &caller, digest),
+                seq,
+                name,
+                fence,
+                &mut events,
+            ),
             Command::ExpireSession { session } => Reply::Expired {
                 existed: self
                     .end_session(session, true, index, &mut events)
@@ -690,7 +740,7 @@ impl LockTable {
     fn acquire(
         &mut self,
         index: u64,
-        (session, caller): (SessionId, &str),
+        (session, caller, digest): (SessionId, &str, u64),
         seq: u64,
         name: String,
         mode: Mode,
@@ -707,8 +757,9 @@ impl LockTable {
             Some(s) if s.owner != caller => return Reply::Refused(Refusal::NotOwner { session }),
             Some(s) => s,
         };
-        match s.replies.lookup(seq) {
+        match s.replies.lookup(seq, digest) {
             Lookup::New => {}
+            Lookup::Reused => return Reply::Refused(Refusal::SequenceReused { session, seq }),
             Lookup::TooOld(floor) => {
                 return Reply::Refused(Refusal::SequenceTooOld {
                     session,
@@ -802,13 +853,13 @@ impl LockTable {
                 mode,
             });
             let reply = Reply::Acquire(Acquired::Granted { fence, mode, index });
-            self.remember(session, seq, &reply);
+            self.remember(session, seq, digest, &reply);
             return reply;
         }
         // Busy, so the lock exists.
         if timeout_ms == 0 {
             let reply = Reply::Acquire(Acquired::NotAcquired);
-            self.remember(session, seq, &reply);
+            self.remember(session, seq, digest, &reply);
             return reply;
         }
         if lock.is_some_and(|l| l.queue.len() >= MAX_WAITERS_PER_NAME) {
@@ -841,7 +892,7 @@ impl LockTable {
             timeout_ms,
         });
         let reply = Reply::Acquire(Acquired::Queued);
-        self.remember(session, seq, &reply);
+        self.remember(session, seq, digest, &reply);
         reply
     }
 
@@ -865,16 +916,57 @@ impl LockTable {
         Acquired::NotAcquired
     }
 
-    fn remember(&mut self, session: SessionId, seq: u64, reply: &Reply) {
+    fn remember(&mut self, session: SessionId, seq: u64, digest: u64, reply: &Reply) {
         if let Some(s) = self.sessions.get_mut(&session) {
-            s.replies.remember(seq, reply);
+            s.replies.remember(seq, digest, reply);
         }
+    }
+
+    /// Closes `session` for its owner, or answers a retried close like the
+    /// first one.
+    fn close_session(
+        &mut self,
+        index: u64,
+        (session, caller): (SessionId, &str),
+        seq: u64,
+        events: &mut Vec<Event>,
+    ) -> Reply {
+        match self.sessions.get(&session) {
+            Some(s) if s.owner != caller => return Reply::Refused(Refusal::NotOwner { session }),
+            Some(_) => {}
+            None => {
+                return match self.closed.get(&session) {
+                    Some(c) if c.owner != caller => Reply::Refused(Refusal::NotOwner { session }),
+                    Some(c) if c.seq == seq => Reply::Closed {
+                        released: c.released,
+                    },
+                    // Expired, never opened, or closed by another request.
+                    _ => Reply::Refused(Refusal::SessionNotFound { session }),
+                };
+            }
+        }
+        let owner = caller.to_string();
+        let Some(released) = self.end_session(session, false, index, events) else {
+            return Reply::Refused(Refusal::SessionNotFound { session });
+        };
+        self.closed.insert(
+            session,
+            Closed {
+                seq,
+                released,
+                owner,
+            },
+        );
+        while self.closed.len() > MAX_REMEMBERED_CLOSES {
+            self.closed.pop_first();
+        }
+        Reply::Closed { released }
     }
 
     fn release(
         &mut self,
         index: u64,
-        (session, caller): (SessionId, &str),
+        (session, caller, digest): (SessionId, &str, u64),
         seq: u64,
         name: String,
         fence: Fence,
@@ -889,8 +981,9 @@ impl LockTable {
             Some(s) if s.owner != caller => return Reply::Refused(Refusal::NotOwner { session }),
             Some(s) => s,
         };
-        match s.replies.lookup(seq) {
+        match s.replies.lookup(seq, digest) {
             Lookup::New => {}
+            Lookup::Reused => return Reply::Refused(Refusal::SequenceReused { session, seq }),
             Lookup::TooOld(floor) => {
                 return Reply::Refused(Refusal::SequenceTooOld {
                     session,
@@ -932,7 +1025,7 @@ impl LockTable {
             false
         };
         let reply = Reply::Released { released };
-        self.remember(session, seq, &reply);
+        self.remember(session, seq, digest, &reply);
         reply
     }
 

@@ -272,12 +272,11 @@ impl LockTable {
                 Ok(table)
             }
             Some((&SNAPSHOT_VERSION_2, rest)) => {
-                // Version 3 only appended the floor (a u64) to the table.
-                let mut upgraded = Vec::with_capacity(rest.len() + 9);
-                upgraded.push(SNAPSHOT_VERSION);
-                upgraded.extend_from_slice(rest);
-                upgraded.extend_from_slice(&0u64.to_le_bytes());
-                Self::from_snapshot(&upgraded)
+                let table: v2::LockTable = bincode::deserialize(rest)
+                    .map_err(|e| SnapshotError::Corrupt(e.to_string()))?;
+                let table = table.upgrade();
+                table.check_invariants().map_err(SnapshotError::Corrupt)?;
+                Ok(table)
             }
             Some((&v, _)) => Err(SnapshotError::Version(v)),
             None => Err(SnapshotError::Corrupt("empty".into())),
@@ -443,5 +442,84 @@ fn probe_compatible(lock: &super::table::Lock, mode: Mode) -> bool {
         (Some(cap), _) => lock.held_weight + u64::from(mode.weight()) <= u64::from(cap),
         (None, Mode::Shared) => lock.holders.values().all(|h| h.mode == Mode::Shared),
         (None, _) => lock.holders.is_empty(),
+    }
+}
+
+/// The lock-table format 2 (before the index floor, command digests in the
+/// reply window and remembered closes), decoded so backups of older
+/// clusters can be restored.
+mod v2 {
+    use std::collections::BTreeMap;
+
+    use serde::Deserialize;
+
+    use super::super::command::{Fence, LockName, Reply, SessionId};
+    use super::super::table::{self, Lock, PendingRestore, Remembered, Replies, WaitRef};
+
+    #[derive(Deserialize)]
+    pub(super) struct LockTable {
+        sessions: BTreeMap<SessionId, Session>,
+        locks: BTreeMap<LockName, Lock>,
+        nonces: BTreeMap<u64, SessionId>,
+        last_fence: u64,
+        restoring: Option<PendingRestore>,
+    }
+
+    #[derive(Deserialize)]
+    struct Session {
+        ttl_ms: u64,
+        lock_delay_ms: u64,
+        nonce: u64,
+        owner: String,
+        held: BTreeMap<LockName, Fence>,
+        waiting: BTreeMap<LockName, WaitRef>,
+        replies: OldReplies,
+    }
+
+    #[derive(Deserialize)]
+    struct OldReplies {
+        map: BTreeMap<u64, Reply>,
+        floor: Option<u64>,
+    }
+
+    impl LockTable {
+        /// The same table in today's format: no floor, no remembered
+        /// closes, replies with an unknown digest (any retry matches).
+        pub(super) fn upgrade(self) -> table::LockTable {
+            let sessions = self
+                .sessions
+                .into_iter()
+                .map(|(id, s)| {
+                    let replies = Replies {
+                        map: s
+                            .replies
+                            .map
+                            .into_iter()
+                            .map(|(seq, reply)| (seq, Remembered { digest: 0, reply }))
+                            .collect(),
+                        floor: s.replies.floor,
+                    };
+                    let session = table::Session {
+                        ttl_ms: s.ttl_ms,
+                        lock_delay_ms: s.lock_delay_ms,
+                        nonce: s.nonce,
+                        owner: s.owner,
+                        held: s.held,
+                        waiting: s.waiting,
+                        replies,
+                    };
+                    (id, session)
+                })
+                .collect();
+            table::LockTable {
+                sessions,
+                locks: self.locks,
+                nonces: self.nonces,
+                last_fence: self.last_fence,
+                restoring: self.restoring,
+                index_floor: 0,
+                closed: BTreeMap::new(),
+            }
+        }
     }
 }
