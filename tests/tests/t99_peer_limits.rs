@@ -1,0 +1,110 @@
+//! The Raft service and large messages (review finding 3): credentials are
+//! checked before a body is decoded, and no service decodes more than it
+//! needs.
+
+use raftlock_proto::v1 as pb;
+use raftlock_proto::v1::raft_client::RaftClient;
+use raftlock_tests::{channel, TestCluster};
+use tonic::{Code, Request};
+use tonic_prost::ProstCodec;
+
+const PEER_TOKEN: &str = "limits-peer-token-0123456789";
+
+fn acl() -> String {
+    format!(
+        r#"
+peer_token = "{PEER_TOKEN}"
+
+[[token]]
+identity = "app"
+token = "tok-app"
+
+[[rule]]
+identity = "app"
+allow = "lock"
+"#
+    )
+}
+
+fn with_token<T>(msg: T, token: &str) -> Request<T> {
+    let mut req = Request::new(msg);
+    req.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {token}").parse().expect("ascii"),
+    );
+    req
+}
+
+/// Sends `msg` (any protobuf message) to `path`, answered as a RaftMessage.
+async fn raw<M: prost::Message + Send + Sync + 'static>(
+    addr: &str,
+    path: &'static str,
+    req: Request<M>,
+) -> tonic::Status {
+    let mut grpc = tonic::client::Grpc::new(channel(addr));
+    grpc.ready().await.expect("ready");
+    let codec: ProstCodec<M, pb::RaftMessage> = ProstCodec::default();
+    grpc.unary(
+        req,
+        tonic::codegen::http::uri::PathAndQuery::from_static(path),
+        codec,
+    )
+    .await
+    .expect_err("refused")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn credentials_are_checked_before_a_body_is_decoded() {
+    let cluster = TestCluster::start_acl(3, &acl(), None).await;
+    let leader = cluster.leader_addr().await;
+    // Not a RaftMessage at all (field 1 as a varint): a node that decodes
+    // before it authenticates answers with a decode error; one that
+    // authenticates first never looks at it.
+    let malformed = pb::StatusResponse {
+        id: 5,
+        ..Default::default()
+    };
+    for path in [
+        "/raftlock.v1.Raft/AppendEntries",
+        "/raftlock.v1.Raft/Vote",
+        "/raftlock.v1.Raft/InstallSnapshot",
+    ] {
+        let status = raw(&leader, path, Request::new(malformed.clone())).await;
+        assert_eq!(status.code(), Code::Unauthenticated, "{path}: {status:?}");
+        let status = raw(&leader, path, with_token(malformed.clone(), "tok-app")).await;
+        assert_eq!(status.code(), Code::Unauthenticated, "{path}: {status:?}");
+    }
+    // The Cluster service too: no credentials, no decoding.
+    let status = raw(
+        &leader,
+        "/raftlock.v1.Cluster/Restore",
+        Request::new(malformed.clone()),
+    )
+    .await;
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_raft_message_larger_than_replication_needs_is_refused() {
+    let cluster = TestCluster::start_acl(3, &acl(), None).await;
+    let leader = cluster.leader_addr().await;
+    let mut raft = RaftClient::new(channel(&leader))
+        .max_encoding_message_size(usize::MAX)
+        .max_decoding_message_size(usize::MAX);
+    let huge = pb::RaftMessage {
+        data: vec![0; 32 << 20],
+        error: Vec::new(),
+    };
+    let status = raft
+        .append_entries(with_token(huge, PEER_TOKEN))
+        .await
+        .expect_err("too large");
+    assert!(
+        matches!(status.code(), Code::OutOfRange | Code::ResourceExhausted),
+        "{status:?}"
+    );
+    // The cluster is unharmed.
+    cluster.client().await.status().await.expect("status");
+    cluster.shutdown().await;
+}
