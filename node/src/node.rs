@@ -15,6 +15,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
+use tonic::service::interceptor::InterceptedService;
 
 use crate::api::raft_service::RaftService;
 use crate::api::Api;
@@ -96,6 +97,26 @@ pub const MAX_PAYLOAD_ENTRIES: u64 = 32;
 
 /// Largest backup `Backup` sends and `Restore` accepts.
 pub const MAX_BACKUP_BYTES: usize = 1 << 30;
+
+/// Largest snapshot chunk one `InstallSnapshot` carries (openraft's
+/// `snapshot_max_chunk_size`, set explicitly so the Raft service's limit
+/// below can rely on it).
+pub const SNAPSHOT_CHUNK_BYTES: u64 = 4 << 20;
+
+/// Largest Raft message a node decodes. An `AppendEntries` carries at most
+/// [`MAX_PAYLOAD_ENTRIES`] entries of at most
+/// [`MAX_BATCH_BYTES`](crate::api::batcher::MAX_BATCH_BYTES) (plus one
+/// command, at most a restore part) each, about 6.3 MiB; an
+/// `InstallSnapshot` one chunk of [`SNAPSHOT_CHUNK_BYTES`]. Anything larger
+/// is refused (`OUT_OF_RANGE`) before it is read into memory.
+pub const MAX_RAFT_MESSAGE_BYTES: usize = 16 << 20;
+
+const _: () = assert!(
+    (MAX_PAYLOAD_ENTRIES as usize)
+        * (crate::api::batcher::MAX_BATCH_BYTES + 2 * crate::state::limits::MAX_RESTORE_PART)
+        < MAX_RAFT_MESSAGE_BYTES
+);
+const _: () = assert!((SNAPSHOT_CHUNK_BYTES as usize) * 2 < MAX_RAFT_MESSAGE_BYTES);
 
 /// Timing and policy of the Raft layer.
 #[derive(Clone, Debug)]
@@ -195,6 +216,7 @@ impl Node {
             snapshot_policy: SnapshotPolicy::LogsSinceLast(opts.timing.snapshot_every),
             max_in_snapshot_log_to_keep: 1_000,
             max_payload_entries: MAX_PAYLOAD_ENTRIES,
+            snapshot_max_chunk_size: SNAPSHOT_CHUNK_BYTES,
             install_snapshot_timeout: 10_000,
             ..Default::default()
         }
@@ -262,16 +284,21 @@ impl Node {
                 .add_service(health_service)
                 .add_service(reflection)
                 .add_service(LocksServer::new(api.clone()).max_decoding_message_size(max))
-                .add_service(
+                // Credentials are checked from the headers, before a body
+                // (up to a 1 GiB backup, or a 16 MiB Raft message) is read:
+                // without them nothing is decoded.
+                .add_service(InterceptedService::new(
                     ClusterServer::new(api.clone())
                         .max_decoding_message_size(MAX_BACKUP_BYTES)
                         .max_encoding_message_size(MAX_BACKUP_BYTES),
-                )
-                .add_service(
+                    authenticated(opts.auth.clone()),
+                ))
+                .add_service(InterceptedService::new(
                     RaftServer::new(RaftService::new(raft.clone(), opts.auth.clone()))
-                        .max_decoding_message_size(usize::MAX)
-                        .max_encoding_message_size(usize::MAX),
-                )
+                        .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
+                        .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES),
+                    peers_only(opts.auth.clone()),
+                ))
                 .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         };
         let server = tokio::spawn(server);
@@ -347,6 +374,28 @@ impl Node {
             t.abort();
         }
         let _ = self.raft.shutdown().await;
+    }
+}
+
+/// An interceptor that lets through only requests with valid credentials
+/// (any identity; without access control, everyone).
+fn authenticated(
+    auth: Arc<crate::auth::Auth>,
+) -> impl FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Clone {
+    move |req| {
+        auth.caller(&req)?;
+        Ok(req)
+    }
+}
+
+/// An interceptor that lets through only the cluster's peers (see
+/// [`Auth::check_peer`](crate::auth::Auth::check_peer)).
+fn peers_only(
+    auth: Arc<crate::auth::Auth>,
+) -> impl FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Clone {
+    move |req| {
+        auth.check_peer(&req)?;
+        Ok(req)
     }
 }
 

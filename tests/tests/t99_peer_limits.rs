@@ -93,7 +93,7 @@ async fn a_raft_message_larger_than_replication_needs_is_refused() {
         .max_encoding_message_size(usize::MAX)
         .max_decoding_message_size(usize::MAX);
     let huge = pb::RaftMessage {
-        data: vec![0; 32 << 20],
+        data: vec![0; raftlock_node::node::MAX_RAFT_MESSAGE_BYTES + 1],
         error: Vec::new(),
     };
     let status = raft
@@ -105,6 +105,23 @@ async fn a_raft_message_larger_than_replication_needs_is_refused() {
         "{status:?}"
     );
     // The cluster is unharmed.
-    cluster.client().await.status().await.expect("status");
+    let client = raftlock_client::Client::with_options(
+        cluster.addrs(),
+        raftlock_client::ClientOptions {
+            token: Some("tok-app".into()),
+            ..Default::default()
+        },
+    )
+    .expect("client");
+    let s = client
+        .session(std::time::Duration::from_secs(10))
+        .await
+        .expect("session");
+    s.lock("limits/x")
+        .await
+        .expect("lock")
+        .release()
+        .await
+        .expect("release");
     cluster.shutdown().await;
 }

@@ -19,6 +19,43 @@ use crate::state::{Command, Response};
 pub const MAX_BATCH: usize = 1000;
 const _: () = assert!(MAX_BATCH as u64 <= BATCH_SLOTS);
 
+/// Most bytes (by [`command_bytes`]) in one entry: a batch is closed before
+/// a command would take it past this (a single larger command still gets
+/// an entry of its own). It bounds an `AppendEntries` of
+/// `MAX_PAYLOAD_ENTRIES` entries to a few MiB, which a follower can take
+/// within openraft 0.9's one-heartbeat RPC budget, and keeps entries under
+/// sled's blob threshold (~128 KiB) in the common case. Without it 1000
+/// acquires with 4 KiB values made a 5 MB entry and a 160 MB catch-up RPC.
+pub const MAX_BATCH_BYTES: usize = 128 * 1024;
+
+/// About how many bytes `command` takes in a log entry.
+pub fn command_bytes(command: &Command) -> usize {
+    const FIXED: usize = 64;
+    FIXED
+        + match command {
+            Command::OpenSession { owner, .. } => owner.len(),
+            Command::CloseSession { caller, .. } => caller.len(),
+            Command::Acquire {
+                name,
+                value,
+                caller,
+                ..
+            } => name.len() + value.len() + caller.len(),
+            Command::Release { name, caller, .. } | Command::Withdraw { name, caller, .. } => {
+                name.len() + caller.len()
+            }
+            Command::ExpireSession { .. } => 0,
+            Command::CancelWait { name, .. } | Command::EndLockDelay { name, .. } => name.len(),
+            Command::RestorePart { bytes, .. } => bytes.len(),
+        }
+}
+
+/// Whether a command of `next` bytes still fits a batch of `len` commands
+/// and `bytes` bytes.
+fn fits(len: usize, bytes: usize, next: usize) -> bool {
+    len < MAX_BATCH && bytes + next <= MAX_BATCH_BYTES
+}
+
 /// Most batches proposed and not yet applied at once. While all are in
 /// flight, new requests queue up and form the next, larger batch.
 ///
@@ -70,17 +107,29 @@ impl Batcher {
 
 async fn run(raft: Raft, mut rx: mpsc::Receiver<Pending>) {
     let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+    // A request that did not fit the last batch starts the next.
+    let mut carry: Option<Pending> = None;
     loop {
         let Ok(permit) = in_flight.clone().acquire_owned().await else {
             return;
         };
-        let Some(first) = rx.recv().await else { return };
+        let first = match carry.take() {
+            Some(p) => p,
+            None => match rx.recv().await {
+                Some(p) => p,
+                None => return,
+            },
+        };
+        let mut bytes = command_bytes(&first.command);
         let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(p) => batch.push(p),
-                Err(_) => break,
+        while let Ok(p) = rx.try_recv() {
+            let next = command_bytes(&p.command);
+            if !fits(batch.len(), bytes, next) {
+                carry = Some(p);
+                break;
             }
+            bytes += next;
+            batch.push(p);
         }
         let raft = raft.clone();
         tokio::spawn(async move {
@@ -102,5 +151,39 @@ async fn run(raft: Raft, mut rx: mpsc::Receiver<Pending>) {
             }
             drop(permit);
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_close_at_their_count_and_byte_limits() {
+        // By count.
+        assert!(fits(MAX_BATCH - 1, 0, 64));
+        assert!(!fits(MAX_BATCH, 0, 64));
+        // By bytes: up to the limit exactly, not one byte more.
+        assert!(fits(1, MAX_BATCH_BYTES - 100, 100));
+        assert!(!fits(1, MAX_BATCH_BYTES - 100, 101));
+        // An acquire with a 4 KiB value: ~26 per batch instead of 1000.
+        let big = Command::Acquire {
+            session: crate::state::SessionId(1),
+            seq: 1,
+            name: "n".repeat(512),
+            mode: crate::state::Mode::Exclusive,
+            timeout_ms: 0,
+            value: vec![0; 4096],
+            caller: String::new(),
+        };
+        let each = command_bytes(&big);
+        let mut n = 1;
+        let mut bytes = each;
+        while fits(n, bytes, each) {
+            n += 1;
+            bytes += each;
+        }
+        assert_eq!(n, MAX_BATCH_BYTES / each);
+        assert!(n * each <= MAX_BATCH_BYTES);
     }
 }

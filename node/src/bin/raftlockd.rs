@@ -222,6 +222,16 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         None => None,
     };
     warn_on_clear_tokens(&opts);
+    if merged.acl_file.is_none() {
+        // `raftlockd dev` stays quiet: it listens on loopback only.
+        tracing::warn!(
+            listen = %opts.advertise,
+            "NO PEER AUTHENTICATION: anyone who can reach this port can call the internal \
+             Raft service and rewrite the replicated log (and every lock in it). Set acl_file \
+             (with a peer_token) on every node, or keep this port reachable from the cluster's \
+             nodes only"
+        );
+    }
     if let Some(path) = merged.acl_file.clone() {
         tokio::spawn(reload_acl_on_sighup(opts.auth.clone(), path));
     }

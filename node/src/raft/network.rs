@@ -149,8 +149,8 @@ impl Peer {
             .clone();
         let data = bincode::serialize(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let mut client = RaftClient::new(channel)
-            .max_decoding_message_size(usize::MAX)
-            .max_encoding_message_size(usize::MAX);
+            .max_decoding_message_size(crate::node::MAX_RAFT_MESSAGE_BYTES)
+            .max_encoding_message_size(crate::node::MAX_RAFT_MESSAGE_BYTES);
         let mut request = tonic::Request::new(pb::RaftMessage {
             data,
             error: Vec::new(),
