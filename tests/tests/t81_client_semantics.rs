@@ -150,3 +150,30 @@ async fn a_resigned_campaign_leaves_the_queue() {
     eventually_state(&client, "elect/leader", vec![], vec![]).await;
     cluster.shutdown().await;
 }
+
+/// Review finding 16: extreme durations do not panic the client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn extreme_timeouts_do_not_panic() {
+    let cluster = TestCluster::start(3).await;
+    let client = cluster.client().await;
+    let a = client.session(Duration::from_secs(20)).await.expect("a");
+    let g = a
+        .lock_timeout("edge/x", Duration::MAX)
+        .await
+        .expect("free: granted");
+    g.release().await.expect("release");
+    let all = a
+        .acquire_all(&["edge/y", "edge/z"], Duration::MAX)
+        .await
+        .expect("free: granted");
+    for g in all {
+        g.release().await.expect("release");
+    }
+    let sem = a.semaphore("edge/s", 2);
+    let p = sem
+        .acquire_timeout(1, Duration::MAX)
+        .await
+        .expect("free: granted");
+    p.release().await.expect("release");
+    cluster.shutdown().await;
+}
