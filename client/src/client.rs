@@ -336,9 +336,15 @@ impl Client {
 
     async fn sleep_or_give_up(&self, backoff: &mut Duration, deadline: Instant) -> Result<()> {
         let jitter = rand::rng().random_range(0.5..1.5);
-        let delay = backoff.mul_f64(jitter);
-        *backoff = (*backoff * 2).min(self.inner.options.max_backoff);
-        if Instant::now() + delay >= deadline {
+        let delay =
+            Duration::try_from_secs_f64(backoff.as_secs_f64() * jitter).unwrap_or(Duration::MAX);
+        *backoff = backoff
+            .saturating_mul(2)
+            .min(self.inner.options.max_backoff);
+        if Instant::now()
+            .checked_add(delay)
+            .is_none_or(|end| end >= deadline)
+        {
             // Sleeping would only end after the deadline: give up now.
             return Err(Error::Unavailable("retry deadline reached".into()));
         }
@@ -359,7 +365,7 @@ impl Client {
         Fut: Future<Output = std::result::Result<T, Status>>,
     {
         let opts = &self.inner.options;
-        let deadline = Instant::now() + opts.retry_deadline;
+        let deadline = crate::session::after(opts.retry_deadline);
         let mut f = f;
         self.call(kind, opts.request_timeout, deadline, move |c| {
             f(Self::locks(c))
@@ -496,7 +502,7 @@ impl Client {
         F: FnMut(ClusterClient<Conn>) -> Fut,
         Fut: Future<Output = std::result::Result<T, Status>>,
     {
-        let deadline = Instant::now() + self.inner.options.retry_deadline.max(timeout);
+        let deadline = crate::session::after(self.inner.options.retry_deadline.max(timeout));
         let mut f = f;
         self.call(kind, timeout, deadline, move |c| f(ClusterClient::new(c)))
             .await

@@ -31,6 +31,14 @@ pub const WAIT_FOREVER_MS: u64 = u64::MAX;
 /// (same seq, same queue place) after each.
 pub const FOREVER_ATTEMPT: Duration = Duration::from_secs(30);
 
+/// The instant `d` from now, or about a century from now if that is
+/// further (or overflows the clock): "no deadline" without a panic.
+pub(crate) fn after(d: Duration) -> Instant {
+    const FAR: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    let now = Instant::now();
+    now.checked_add(d.min(FAR)).unwrap_or(now)
+}
+
 /// How a session is opened.
 #[derive(Clone, Debug)]
 pub struct SessionOptions {
@@ -370,7 +378,9 @@ impl Session {
         let seq = self.next_seq();
         let timeout_ms = match timeout {
             None => WAIT_FOREVER_MS,
-            Some(t) => (t.as_millis() as u64).min(WAIT_FOREVER_MS - 1),
+            Some(t) => u64::try_from(t.as_millis())
+                .unwrap_or(u64::MAX)
+                .min(WAIT_FOREVER_MS - 1),
         };
         let (pmode, weight, capacity) = match mode {
             Mode::Exclusive => (pb::Mode::Exclusive, 0, 0),
@@ -394,13 +404,10 @@ impl Session {
         // the same seq resumes the same place in the queue, and a node that
         // was cut off from the cluster is not waited on forever.
         let (attempt, deadline) = match timeout {
-            None => (
-                FOREVER_ATTEMPT,
-                Instant::now() + Duration::from_secs(3600 * 24 * 365),
-            ),
+            None => (FOREVER_ATTEMPT, after(Duration::MAX)),
             Some(t) => (
-                opts.request_timeout + t * 2,
-                Instant::now() + opts.retry_deadline + t * 2,
+                opts.request_timeout.saturating_add(t.saturating_mul(2)),
+                after(opts.retry_deadline.saturating_add(t.saturating_mul(2))),
             ),
         };
         // From here on the acquire may be queued or granted: if this future
@@ -525,7 +532,7 @@ impl Session {
         let mut sorted: Vec<&str> = names.iter().map(AsRef::as_ref).collect();
         sorted.sort_unstable();
         sorted.dedup();
-        let deadline = Instant::now() + timeout;
+        let deadline = after(timeout);
         let mut held: Vec<Guard> = Vec::with_capacity(sorted.len());
         for name in sorted {
             let left = deadline.saturating_duration_since(Instant::now());
