@@ -291,3 +291,56 @@ async fn token_file_authenticates_the_cli() {
     );
     cluster.shutdown().await;
 }
+
+/// If `raftlock` itself dies (SIGKILL, OOM), the command it runs must not
+/// go on running without the lock: it gets SIGTERM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_command_dies_with_raftlock() {
+    let cluster = Cluster::start().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let pid_file = dir.path().join("pid");
+    let script = format!(
+        "echo $$ > {}.tmp; mv {0}.tmp {0}; exec sleep 30",
+        pid_file.display()
+    );
+    let mut child = raftlock(&cluster.endpoints())
+        .args(["lock", "orphan", "--", "sh", "-c", &script])
+        .spawn()
+        .expect("spawn");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let pid = loop {
+        if let Ok(text) = std::fs::read_to_string(&pid_file) {
+            break text.trim().parse::<i32>().expect("pid");
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "command never started"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    child.start_kill().expect("kill -9 raftlock");
+    let _ = child.wait().await;
+    // Gone (or a zombie nobody has reaped yet) within a second.
+    let running = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim().to_string()))
+            .is_some_and(|rest| !rest.starts_with('Z'))
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+    while running(pid) {
+        if tokio::time::Instant::now() > deadline {
+            kill_leftover(pid);
+            panic!("the command (pid {pid}) still runs after raftlock was killed");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    cluster.shutdown().await;
+}
+
+/// Cleans up after a failed check.
+fn kill_leftover(pid: i32) {
+    let _ = std::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status();
+}
