@@ -475,11 +475,32 @@ async fn run_child(
     let (program, args) = command
         .split_first()
         .ok_or_else(|| Error::InvalidArgument("no command".into()))?;
-    let mut child = tokio::process::Command::new(program)
+    let mut command = tokio::process::Command::new(program);
+    command
         .args(args)
         .env("RAFTLOCK_FENCE", fence.to_string())
         .env("RAFTLOCK_NAME", name)
-        .env("RAFTLOCK_SESSION", session.id().to_string())
+        .env("RAFTLOCK_SESSION", session.id().to_string());
+    // If raftlock dies (SIGKILL, OOM), the command must not go on running
+    // as if it held the lock: the kernel sends it SIGTERM. (The signal is
+    // tied to the thread that forks; tokio forks on a runtime worker,
+    // which lives as long as raftlock.)
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: only async-signal-safe calls (prctl, getppid, raise) between
+    // fork and exec.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // raftlock died before the line above: act on it now.
+            if libc::getppid() != parent {
+                libc::raise(libc::SIGTERM);
+            }
+            Ok(())
+        });
+    }
+    let mut child = command
         .spawn()
         .map_err(|e| Error::InvalidArgument(format!("cannot run {program}: {e}")))?;
     let mut lost = false;
