@@ -177,3 +177,35 @@ async fn extreme_timeouts_do_not_panic() {
     p.release().await.expect("release");
     cluster.shutdown().await;
 }
+
+/// Black-box 4.30: one unknown session on a KeepAlive stream gets its own
+/// answer, and the stream goes on for the other sessions on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unknown_session_does_not_end_a_keep_alive_stream() {
+    use raftlock_client::proto as pb;
+    let cluster = TestCluster::start(3).await;
+    let client = cluster.client().await;
+    let a = client.session(Duration::from_secs(20)).await.expect("a");
+    let leader = cluster.leader_addr().await;
+    let mut locks = raftlock_tests::locks_at(&leader);
+    let ids = [a.id(), 999_999_999, a.id()];
+    let outbound = tokio_stream::iter(ids.map(|session_id| pb::KeepAliveRequest { session_id }));
+    let mut inbound = locks
+        .keep_alive(outbound)
+        .await
+        .expect("stream")
+        .into_inner();
+    let mut answers = Vec::new();
+    while let Ok(Some(r)) = inbound.message().await {
+        answers.push((r.session_id, r.ttl_ms));
+        if answers.len() == ids.len() {
+            break;
+        }
+    }
+    assert_eq!(
+        answers,
+        vec![(a.id(), 20_000), (999_999_999, 0), (a.id(), 20_000)],
+        "every session on the stream gets its own answer"
+    );
+    cluster.shutdown().await;
+}
