@@ -704,5 +704,8 @@ async fn send_keep_alive(session: &Session) -> Result<Duration> {
             }
         })
         .await?;
+    if resp.expired {
+        return Err(Error::SessionNotFound(format!("session {id} expired")));
+    }
     Ok(Duration::from_millis(resp.ttl_ms))
 }

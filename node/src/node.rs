@@ -446,18 +446,24 @@ async fn follow_leadership(
                 .await;
         }
         if leading && !quorum_lost {
+            // Counting for this term (a new term re-arms everything at full
+            // length; the same term after a quorum blip goes on).
             let applied = shared.applied.read().expect("applied lock poisoned");
             shared.leases.activate_for_term(term, &applied.table);
+        } else if leading && quorum_lost {
+            // Cut off from a quorum but still leader of this term: nobody
+            // else can lead this term, so the deadlines stay valid; propose
+            // and acknowledge nothing until the quorum is back. Parked
+            // requests go to retry where they can be answered.
+            if shared.leases.is_active() && !shared.leases.is_paused() {
+                tracing::info!(term, "leases: quorum lost, pausing");
+                shared.leases.pause();
+                shared.waiters.fail_all();
+            }
         } else if shared.leases.is_active() {
-            // Deposed, or cut off from a quorum: stop counting leases (a new
-            // leader may be counting them) and send parked requests to
-            // retry where they can be answered. If the quorum comes back in
-            // the same term, leases are re-armed at full length.
-            tracing::info!(
-                term,
-                quorum_lost,
-                "leases: not an effective leader, stop counting"
-            );
+            // Deposed: stop counting leases (a new leader counts them) and
+            // send parked requests to retry where they can be answered.
+            tracing::info!(term, "leases: not the leader, stop counting");
             shared.leases.deactivate();
             shared.waiters.fail_all();
         }

@@ -187,14 +187,28 @@ impl Locks for Api {
                             KeepAliveError::UnknownSession => {
                                 Error::NotFound(format!("{session} not found (closed or expired)"))
                             }
+                            KeepAliveError::Expiring => {
+                                Error::NotFound(format!("{session} expired"))
+                            }
                         }),
                 };
-                let item = result
-                    .map(|ttl| pb::KeepAliveResponse {
+                // A session that is gone gets its own answer and the stream
+                // goes on for the others on it; anything else (not the
+                // leader, no quorum) ends the stream, to be retried at the
+                // leader.
+                let item = match result {
+                    Ok(ttl) => Ok(pb::KeepAliveResponse {
                         session_id: session.0,
                         ttl_ms: ttl.as_millis() as u64,
-                    })
-                    .map_err(Status::from);
+                        expired: false,
+                    }),
+                    Err(Error::NotFound(_)) => Ok(pb::KeepAliveResponse {
+                        session_id: session.0,
+                        ttl_ms: 0,
+                        expired: true,
+                    }),
+                    Err(e) => Err(Status::from(e)),
+                };
                 let failed = item.is_err();
                 if tx.send(item).await.is_err() || failed {
                     return;

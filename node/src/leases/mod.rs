@@ -14,7 +14,7 @@
 //! leader's memory, after the leader has confirmed with a quorum that it is
 //! still the leader (see `api::locks`).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -74,6 +74,13 @@ struct Timers {
     /// The lock-delay in force per name (its `since`); a name has at most
     /// one, and a newer one replaces the older.
     delays: HashMap<LockName, u64>,
+    /// True while this leader has lost touch with a quorum within its term:
+    /// deadlines are kept (nobody else can lead this term), but nothing is
+    /// proposed and no keep-alive is acknowledged until the quorum is back.
+    paused: bool,
+    /// Sessions whose expiry has been proposed: no keep-alive is
+    /// acknowledged for them any more (the expiry may commit any moment).
+    expiring: HashSet<SessionId>,
 }
 
 impl Timers {
@@ -92,11 +99,13 @@ impl Timers {
 
     fn clear(&mut self) {
         self.active = false;
+        self.paused = false;
         self.term = None;
         self.deadlines.clear();
         self.queue.clear();
         self.ttls.clear();
         self.delays.clear();
+        self.expiring.clear();
     }
 
     /// Times the lock-delay on `name` that started at `since`, replacing an
@@ -125,6 +134,8 @@ pub enum KeepAliveError {
     NotLeader,
     /// No such open session.
     UnknownSession,
+    /// The session's lease ran out and its expiry has been proposed.
+    Expiring,
 }
 
 fn duration_ms(ms: u64) -> Option<Duration> {
@@ -140,6 +151,16 @@ impl Leases {
         let now = Instant::now();
         let mut t = self.timers.lock().expect("timers lock poisoned");
         if t.active && t.term == Some(term) {
+            if t.paused {
+                // The quorum is back within the same term: this leader's
+                // deadlines stayed valid (no other node can have led this
+                // term), so they go on from where they were instead of
+                // restarting at full length.
+                tracing::info!(term, "leases: quorum back, counting on");
+                t.paused = false;
+                drop(t);
+                self.changed.notify_one();
+            }
             return;
         }
         tracing::info!(
@@ -165,6 +186,28 @@ impl Leases {
         }
         drop(t);
         self.changed.notify_one();
+    }
+
+    /// This leader lost touch with a quorum but is still leader of the
+    /// term it counts for: keep every deadline, propose nothing and
+    /// acknowledge no keep-alive until [`activate_for_term`] is called for
+    /// the same term again (then counting goes on) or another term (then
+    /// everything restarts at full length), or [`deactivate`].
+    ///
+    /// [`activate_for_term`]: Self::activate_for_term
+    /// [`deactivate`]: Self::deactivate
+    pub fn pause(&self) {
+        let mut t = self.timers.lock().expect("timers lock poisoned");
+        if t.active {
+            t.paused = true;
+        }
+        drop(t);
+        self.changed.notify_one();
+    }
+
+    /// True while counting is paused (see [`pause`](Self::pause)).
+    pub fn is_paused(&self) -> bool {
+        self.timers.lock().expect("timers lock poisoned").paused
     }
 
     /// Stops counting (leadership lost).
@@ -206,6 +249,7 @@ impl Leases {
                 }
                 Event::SessionEnded { session, .. } => {
                     t.ttls.remove(session);
+                    t.expiring.remove(session);
                     t.disarm(&TimerKey::Session(*session));
                 }
                 Event::Queued {
@@ -256,10 +300,16 @@ impl Leases {
     /// leadership with a quorum *after* the keep-alive arrived.
     pub fn keep_alive(&self, session: SessionId) -> Result<Duration, KeepAliveError> {
         let mut t = self.timers.lock().expect("timers lock poisoned");
-        if !t.active {
+        if !t.active || t.paused {
             return Err(KeepAliveError::NotLeader);
         }
         let ttl = *t.ttls.get(&session).ok_or(KeepAliveError::UnknownSession)?;
+        if t.expiring.contains(&session) {
+            // Its expiry is proposed: acknowledging now would tell the
+            // client its lease goes on while its grants are being handed
+            // over.
+            return Err(KeepAliveError::Expiring);
+        }
         t.arm(TimerKey::Session(session), Instant::now() + ttl);
         Ok(ttl)
     }
@@ -269,6 +319,9 @@ impl Leases {
     fn take_due(&self, now: Instant) -> Vec<TimerKey> {
         let mut t = self.timers.lock().expect("timers lock poisoned");
         let mut due = Vec::new();
+        if t.paused {
+            return due;
+        }
         while let Some((at, _)) = t.queue.first() {
             if *at > now {
                 break;
@@ -278,17 +331,19 @@ impl Leases {
         }
         for key in &due {
             t.arm(key.clone(), now + RETRY_AFTER);
+            if let TimerKey::Session(session) = key {
+                t.expiring.insert(*session);
+            }
         }
         due
     }
 
     fn next_deadline(&self) -> Option<Instant> {
-        self.timers
-            .lock()
-            .expect("timers lock poisoned")
-            .queue
-            .first()
-            .map(|(at, _)| *at)
+        let t = self.timers.lock().expect("timers lock poisoned");
+        if t.paused {
+            return None;
+        }
+        t.queue.first().map(|(at, _)| *at)
     }
 
     /// The timer loop: sleeps until the next deadline (or a change) and
@@ -491,5 +546,68 @@ mod tests {
         );
         leases.on_events(&[Event::LockDelayEnded { name: name.clone() }]);
         assert_eq!(leases.armed(), 0);
+    }
+
+    /// Review finding 10: a short loss of quorum within one term keeps the
+    /// deadlines (a dead client's lease still ends on time) instead of
+    /// restarting every lease at full length.
+    #[tokio::test(start_paused = true)]
+    async fn a_quorum_blip_in_the_same_term_keeps_the_deadlines() {
+        let leases = Leases::default();
+        let table = table_with_session(10_000);
+        leases.activate_for_term(1, &table);
+        tokio::time::advance(Duration::from_secs(6)).await;
+        leases.pause();
+        assert!(leases.is_paused());
+        // Paused: nothing is due and no keep-alive is acknowledged.
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert!(leases.take_due(Instant::now()).is_empty());
+        assert_eq!(
+            leases.keep_alive(SessionId(1)),
+            Err(KeepAliveError::NotLeader)
+        );
+        // The quorum is back in the same term: the lease ran out meanwhile
+        // (10 s after it was armed), so it is due at once.
+        leases.activate_for_term(1, &table);
+        assert!(!leases.is_paused());
+        assert_eq!(
+            leases.take_due(Instant::now()),
+            vec![TimerKey::Session(SessionId(1))]
+        );
+        // A new term restarts it at full length.
+        leases.pause();
+        leases.activate_for_term(2, &table);
+        assert!(leases.take_due(Instant::now()).is_empty());
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert_eq!(
+            leases.take_due(Instant::now()),
+            vec![TimerKey::Session(SessionId(1))]
+        );
+    }
+
+    /// Review finding 9: once a session's expiry is proposed, no keep-alive
+    /// for it is acknowledged.
+    #[tokio::test(start_paused = true)]
+    async fn no_keep_alive_is_acknowledged_once_the_expiry_is_proposed() {
+        let leases = Leases::default();
+        leases.activate_for_term(1, &table_with_session(1_000));
+        tokio::time::advance(Duration::from_millis(1_001)).await;
+        assert_eq!(
+            leases.take_due(Instant::now()),
+            vec![TimerKey::Session(SessionId(1))]
+        );
+        assert_eq!(
+            leases.keep_alive(SessionId(1)),
+            Err(KeepAliveError::Expiring)
+        );
+        // Once the expiry is applied the session is simply unknown.
+        leases.on_events(&[Event::SessionEnded {
+            session: SessionId(1),
+            expired: true,
+        }]);
+        assert_eq!(
+            leases.keep_alive(SessionId(1)),
+            Err(KeepAliveError::UnknownSession)
+        );
     }
 }
