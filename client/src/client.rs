@@ -20,7 +20,8 @@ use crate::error::{Error, Result};
 use crate::session::{Session, SessionOptions};
 
 /// Metadata key in which a follower names the leader's address.
-pub const LEADER_ADDR_KEY: &str = "raftlock-leader";
+pub use raftlock_proto::LEADER_ADDR_KEY;
+use raftlock_proto::NOT_LEADER_KEY;
 
 /// Tuning for a [`Client`].
 #[derive(Clone, Debug)]
@@ -298,7 +299,7 @@ impl Client {
                         .map(str::to_string);
                     // A transport failure may have happened after the
                     // request left; a "not the leader" answer never does.
-                    let not_leader = status.message().starts_with("not the leader");
+                    let not_leader = status.metadata().get(NOT_LEADER_KEY).is_some();
                     if !not_leader {
                         sent |= kind == Kind::Write;
                     }

@@ -20,10 +20,7 @@ use tonic::Status;
 use crate::raft::NodeId;
 use crate::state::Refusal;
 
-/// Metadata key carrying the leader's address on `UNAVAILABLE`.
-pub const LEADER_ADDR_KEY: &str = "raftlock-leader";
-/// Metadata key carrying the leader's node id on `UNAVAILABLE`.
-pub const LEADER_ID_KEY: &str = "raftlock-leader-id";
+pub use raftlock_proto::{LEADER_ADDR_KEY, LEADER_ID_KEY, NOT_LEADER_KEY};
 
 /// Everything a request can fail with.
 #[derive(Clone, Debug, thiserror::Error)]
@@ -151,6 +148,9 @@ impl From<Error> for Status {
             Error::NotFound(_) => Status::not_found(msg),
             Error::NotLeader { leader } => {
                 let mut status = Status::unavailable(msg);
+                status
+                    .metadata_mut()
+                    .insert(NOT_LEADER_KEY, MetadataValue::from_static("1"));
                 if let Some((id, addr)) = leader {
                     if let Ok(v) = MetadataValue::try_from(addr.as_str()) {
                         status.metadata_mut().insert(LEADER_ADDR_KEY, v);

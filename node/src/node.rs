@@ -265,9 +265,14 @@ impl Node {
         // leader (see `follow_leadership`); and server reflection so grpcurl
         // and friends need no .proto file.
         let (health, health_service) = tonic_health::server::health_reporter();
+        // Both reflection versions: grpc.reflection.v1, and v1alpha for
+        // stock Python, older grpcurl and GUI clients that speak only it.
         let reflection = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(raftlock_proto::FILE_DESCRIPTOR_SET)
             .build_v1()?;
+        let reflection_alpha = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(raftlock_proto::FILE_DESCRIPTOR_SET)
+            .build_v1alpha()?;
         let server = {
             let mut stop_rx = stop_rx.clone();
             let shutdown = async move {
@@ -283,6 +288,7 @@ impl Node {
                 .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
                 .add_service(health_service)
                 .add_service(reflection)
+                .add_service(reflection_alpha)
                 .add_service(LocksServer::new(api.clone()).max_decoding_message_size(max))
                 // Credentials are checked from the headers, before a body
                 // (up to a 1 GiB backup, or a 16 MiB Raft message) is read:

@@ -16,3 +16,19 @@ pub use v1::*;
 /// The encoded `FileDescriptorSet` of `raftlock.proto`, for gRPC server
 /// reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("raftlock_descriptor");
+
+/// Response metadata key carrying the leader's address (`host:port`) on an
+/// `UNAVAILABLE` "not the leader" answer, when the leader is known.
+pub const LEADER_ADDR_KEY: &str = "raftlock-leader";
+
+/// Response metadata key carrying the leader's node id, beside
+/// [`LEADER_ADDR_KEY`].
+pub const LEADER_ID_KEY: &str = "raftlock-leader-id";
+
+/// Response metadata key present (value `1`) on every `UNAVAILABLE` answer
+/// that means "this node is not the leader (or knows none), the request was
+/// not applied": a client may resend it elsewhere without the outcome being
+/// in doubt. Other `UNAVAILABLE` answers (a transport failure, a queued
+/// acquire whose node lost its leadership) carry no such key and may have
+/// been applied.
+pub const NOT_LEADER_KEY: &str = "raftlock-not-leader";

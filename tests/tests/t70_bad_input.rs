@@ -418,9 +418,15 @@ async fn bad_requests_get_documented_codes_and_change_nothing() {
         .await
         .expect("keep-alive stream")
         .into_inner();
+    // An unknown session gets its own answer on the stream: expired.
+    let answer = ka
+        .message()
+        .await
+        .expect("an answer")
+        .expect("not the end of the stream");
     assert_eq!(
-        ka.message().await.expect_err("unknown session").code(),
-        Code::NotFound
+        (answer.session_id, answer.ttl_ms, answer.expired),
+        (ghost, 0, true)
     );
 
     // Releases that do not match a grant are answered, not refused.
@@ -583,6 +589,13 @@ async fn bad_requests_get_documented_codes_and_change_nothing() {
         assert_eq!(
             md.get("raftlock-leader-id").and_then(|v| v.to_str().ok()),
             Some(leader.to_string().as_str()),
+            "{what}"
+        );
+        // The machine-readable "not the leader, not applied" marker.
+        assert_eq!(
+            md.get(raftlock_proto::NOT_LEADER_KEY)
+                .and_then(|v| v.to_str().ok()),
+            Some("1"),
             "{what}"
         );
     };
