@@ -19,6 +19,7 @@ use tonic::service::interceptor::InterceptedService;
 
 use crate::api::raft_service::RaftService;
 use crate::api::Api;
+use crate::raft::identity::ClusterIdentity;
 use crate::raft::log_store::{open_db, LogStore};
 use crate::raft::network::Network;
 use crate::raft::state_machine::StateMachineStore;
@@ -202,8 +203,13 @@ impl Node {
         let sled_dir = opts.data_dir.join("sled");
         let db = open_db(&sled_dir)?;
         let log_store = LogStore::new(db, &sled_dir)?;
+        log_store.check_node_id(opts.id).await?;
         let committed = log_store.committed_marker();
         let fresh = log_store.is_fresh();
+        let cluster = Arc::new(ClusterIdentity::open(log_store.clone())?);
+        if opts.init && fresh {
+            cluster.create().await?;
+        }
         let shared = Shared::new();
         let sm = StateMachineStore::open(shared.clone(), Some(opts.data_dir.join("snapshot.bin")))?;
         let log_store = log_store.with_snapshot_floor(sm.persisted_snapshot());
@@ -229,6 +235,7 @@ impl Node {
                 shared.metrics.clone(),
                 opts.tls.as_ref().map(|t| t.peer_client_config()),
                 opts.auth.clone(),
+                cluster.clone(),
             ),
             log_store,
             sm,
@@ -300,9 +307,13 @@ impl Node {
                     authenticated(opts.auth.clone()),
                 ))
                 .add_service(InterceptedService::new(
-                    RaftServer::new(RaftService::new(raft.clone(), opts.auth.clone()))
-                        .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
-                        .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES),
+                    RaftServer::new(RaftService::new(
+                        raft.clone(),
+                        opts.auth.clone(),
+                        cluster.clone(),
+                    ))
+                    .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
+                    .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES),
                     peers_only(opts.auth.clone()),
                 ))
                 .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)

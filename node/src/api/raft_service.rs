@@ -9,6 +9,7 @@ use tonic::{Request, Response, Status};
 use std::sync::Arc;
 
 use crate::auth::Auth;
+use crate::raft::identity::ClusterIdentity;
 use crate::raft::Raft;
 
 /// Serves the node-to-node RPCs of one node.
@@ -16,13 +17,24 @@ use crate::raft::Raft;
 pub struct RaftService {
     raft: Raft,
     auth: Arc<Auth>,
+    cluster: Arc<ClusterIdentity>,
 }
 
 impl RaftService {
     /// The service over `raft`; with access control on, only peers (see
-    /// [`Auth::check_peer`]) may call it.
-    pub fn new(raft: Raft, auth: Arc<Auth>) -> Self {
-        RaftService { raft, auth }
+    /// [`Auth::check_peer`]) may call it, and only from this node's cluster
+    /// (see [`ClusterIdentity`]).
+    pub fn new(raft: Raft, auth: Arc<Auth>, cluster: Arc<ClusterIdentity>) -> Self {
+        RaftService {
+            raft,
+            auth,
+            cluster,
+        }
+    }
+
+    async fn admit<T>(&self, req: &Request<T>) -> Result<(), Status> {
+        self.auth.check_peer(req)?;
+        self.cluster.check(req.metadata()).await
     }
 }
 
@@ -58,7 +70,7 @@ impl RaftRpc for RaftService {
         &self,
         req: Request<pb::RaftMessage>,
     ) -> Result<Response<pb::RaftMessage>, Status> {
-        self.auth.check_peer(&req)?;
+        self.admit(&req).await?;
         let rpc = decode(req.get_ref())?;
         reply(self.raft.append_entries(rpc).await)
     }
@@ -67,7 +79,7 @@ impl RaftRpc for RaftService {
         &self,
         req: Request<pb::RaftMessage>,
     ) -> Result<Response<pb::RaftMessage>, Status> {
-        self.auth.check_peer(&req)?;
+        self.admit(&req).await?;
         let rpc = decode(req.get_ref())?;
         reply(self.raft.vote(rpc).await)
     }
@@ -76,7 +88,7 @@ impl RaftRpc for RaftService {
         &self,
         req: Request<pb::RaftMessage>,
     ) -> Result<Response<pb::RaftMessage>, Status> {
-        self.auth.check_peer(&req)?;
+        self.admit(&req).await?;
         let rpc = decode(req.get_ref())?;
         reply(self.raft.install_snapshot(rpc).await)
     }

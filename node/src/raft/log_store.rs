@@ -21,6 +21,8 @@ const KEY_FORMAT: &[u8] = b"format";
 const KEY_VOTE: &[u8] = b"vote";
 const KEY_COMMITTED: &[u8] = b"committed";
 const KEY_LAST_PURGED: &[u8] = b"last_purged";
+const KEY_NODE_ID: &[u8] = b"node_id";
+const KEY_CLUSTER_ID: &[u8] = b"cluster_id";
 
 /// The files sled keeps the log in, synced for real.
 ///
@@ -246,6 +248,39 @@ impl LogStore {
         self.log
             .insert(index.to_be_bytes(), encode(&entry))
             .expect("insert");
+    }
+
+    /// Binds the data directory to node `id`: records it on first use, and
+    /// refuses another id later (a directory mixed up between nodes would
+    /// make a node forget its vote and lack entries it acknowledged).
+    pub async fn check_node_id(&self, id: NodeId) -> anyhow::Result<()> {
+        match self.get_meta::<NodeId>(KEY_NODE_ID)? {
+            Some(own) if own == id => Ok(()),
+            Some(own) => anyhow::bail!(
+                "this data directory belongs to node {own}, not to node {id} (--id {id}): start \
+                 node {own} on it, or give node {id} its own empty data directory (and, if node \
+                 {id} is new, add it with `raftlock members add`)"
+            ),
+            None => {
+                self.meta.insert(KEY_NODE_ID, encode(&id))?;
+                self.flush(ErrorSubject::Store).await?;
+                Ok(())
+            }
+        }
+    }
+
+    /// The cluster this node belongs to (`None` until it bootstraps one or
+    /// hears from one).
+    pub fn cluster_id(&self) -> Result<Option<u64>, StorageError> {
+        self.get_meta(KEY_CLUSTER_ID)
+    }
+
+    /// Records (durably) that this node belongs to cluster `id`.
+    pub async fn set_cluster_id(&self, id: u64) -> Result<(), StorageError> {
+        self.meta
+            .insert(KEY_CLUSTER_ID, encode(&id))
+            .map_err(|e| io_err(ErrorSubject::Store, ErrorVerb::Write, e))?;
+        self.flush(ErrorSubject::Store).await
     }
 
     /// True if this node has ever voted or logged (so it must not be

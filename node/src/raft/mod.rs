@@ -23,6 +23,7 @@
 // helpers follow the traits rather than box what openraft will unbox.
 #![allow(clippy::result_large_err)]
 
+pub mod identity;
 pub mod log_store;
 pub mod network;
 pub mod state_machine;

@@ -40,6 +40,8 @@ pub struct Network {
     tls: Option<tonic::transport::ClientTlsConfig>,
     /// Access control: when on, every RPC carries the peer token.
     auth: Arc<Auth>,
+    /// This node's cluster id, sent with every RPC.
+    cluster: Option<Arc<crate::raft::identity::ClusterIdentity>>,
 }
 
 impl Network {
@@ -50,12 +52,14 @@ impl Network {
         metrics: Arc<Metrics>,
         tls: Option<tonic::transport::ClientTlsConfig>,
         auth: Arc<Auth>,
+        cluster: Arc<crate::raft::identity::ClusterIdentity>,
     ) -> Self {
         Network {
             dial: Arc::new(dial),
             metrics,
             tls,
             auth,
+            cluster: Some(cluster),
             ..Default::default()
         }
     }
@@ -94,6 +98,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             channel: self.channel(&addr),
             metrics: self.metrics.clone(),
             auth: self.auth.clone(),
+            cluster: self.cluster.clone(),
         }
     }
 }
@@ -105,6 +110,7 @@ pub struct Peer {
     channel: Result<Channel, String>,
     metrics: Arc<Metrics>,
     auth: Arc<Auth>,
+    cluster: Option<Arc<crate::raft::identity::ClusterIdentity>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -155,6 +161,11 @@ impl Peer {
             data,
             error: Vec::new(),
         });
+        if let Some(id) = self.cluster.as_ref().and_then(|c| c.header()) {
+            request
+                .metadata_mut()
+                .insert(crate::raft::identity::CLUSTER_ID_KEY, id);
+        }
         if let Some(acl) = self.auth.current() {
             let value = format!("Bearer {}", acl.peer_token())
                 .parse()
