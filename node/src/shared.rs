@@ -67,6 +67,15 @@ pub struct Shared {
     /// Set when the node is stopping: handlers answer `UNAVAILABLE` at once
     /// instead of waiting on a Raft that will not answer.
     pub stopping: std::sync::atomic::AtomicBool,
+    /// Applies and installs take it shared; whoever encodes the whole table
+    /// (the snapshot builder, `Backup`) takes it exclusively while it does.
+    /// The table's own lock is a blocking `std` lock: without this gate, an
+    /// apply arriving during a long encode would block its tokio worker
+    /// thread in `RwLock::write` (and, the lock preferring writers, every
+    /// reader after it), and with two cores that stalls the whole node:
+    /// Raft heartbeats, reads, keep-alives. Behind the gate the apply waits
+    /// as a parked task, and only applies wait.
+    pub snapshot_gate: Arc<tokio::sync::RwLock<()>>,
 }
 
 impl Shared {
@@ -84,6 +93,7 @@ impl Shared {
             watch: broadcast::channel(WATCH_BUFFER).0,
             metrics: Arc::new(Metrics::default()),
             stopping: std::sync::atomic::AtomicBool::new(false),
+            snapshot_gate: Arc::default(),
         })
     }
 

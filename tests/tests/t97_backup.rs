@@ -116,3 +116,25 @@ async fn a_backup_restores_into_an_empty_cluster_only() {
     new.shutdown().await;
     seeded.shutdown().await;
 }
+
+/// Review finding 13: `Backup` encodes behind the snapshot gate (on a
+/// blocking thread), like a snapshot, so applies arriving meanwhile wait as
+/// parked tasks instead of blocking runtime threads on the table's lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_backup_waits_at_the_snapshot_gate() {
+    let cluster = TestCluster::start(3).await;
+    let client = cluster.client().await;
+    let leader = cluster.leader().await;
+    let gate = cluster.node(leader).shared.snapshot_gate.clone();
+    let held = gate.write().await;
+    let mut backup = tokio::spawn({
+        let client = client.clone();
+        async move { client.backup().await }
+    });
+    // While the gate is held the backup cannot encode.
+    let early = tokio::time::timeout(Duration::from_millis(300), &mut backup).await;
+    assert!(early.is_err(), "the backup did not wait at the gate");
+    drop(held);
+    backup.await.expect("join").expect("backup");
+    cluster.shutdown().await;
+}

@@ -49,14 +49,6 @@ pub struct StateMachineStore {
 /// openraft runs in a task of its own).
 #[derive(Default)]
 struct SnapshotShared {
-    /// Applies and installs take it shared, the builder exclusively while it
-    /// encodes. The table's own lock is a blocking `std` lock: without this
-    /// gate, an apply arriving during a long encode would block its tokio
-    /// worker thread in `RwLock::write` (and, the lock preferring writers,
-    /// every reader after it), and with two cores that stalls the whole
-    /// node: Raft heartbeats, reads, keep-alives. Behind the gate the apply
-    /// waits as a parked task, and only applies wait.
-    gate: Arc<tokio::sync::RwLock<()>>,
     /// Serializes writes of the snapshot file (they share its temp file).
     file: tokio::sync::Mutex<()>,
     /// Size of the last snapshot built, to size the next one's buffer.
@@ -276,7 +268,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         // Applies wait for the encoding at the gate, as parked tasks; reads
         // go on. The encoding runs on a blocking thread, not on one of the
         // runtime's workers.
-        let gate = self.snap.gate.clone().write_owned().await;
+        let gate = self.shared.snapshot_gate.clone().write_owned().await;
         let shared = self.shared.clone();
         let capacity = self.snap.last_len.load(Ordering::Relaxed);
         let (meta, bytes) = tokio::task::spawn_blocking(move || {
@@ -329,7 +321,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         I::IntoIter: OptionalSend,
     {
         // Waits here, as a parked task, while a snapshot is being encoded.
-        let _gate = self.snap.gate.read().await;
+        let _gate = self.shared.snapshot_gate.read().await;
         let mut out = Vec::new();
         for entry in entries {
             let index = entry.log_id.index;
@@ -390,7 +382,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         .map_err(|e| bad(e.to_string()))?;
         let table = table.map_err(bad)?;
         self.persist(bytes).await?;
-        let _gate = self.snap.gate.read().await;
+        let _gate = self.shared.snapshot_gate.read().await;
         self.shared
             .install(table, meta.last_log_id, meta.last_membership.clone());
         Ok(())
