@@ -25,6 +25,10 @@ use crate::raft::{NodeId, Raft};
 use crate::shared::Shared;
 use crate::state::{Command, Reply};
 
+/// How often a pending write looks whether its leader lost its quorum
+/// (it then fails fast instead of hanging until the client's deadline).
+pub const QUORUM_CHECK: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// State shared by the public services.
 pub struct ApiInner {
     /// This node's id.
@@ -83,7 +87,30 @@ impl Api {
     /// log index and the table's reply (refusals as errors).
     pub async fn write(&self, command: Command) -> Result<(u64, Reply), Error> {
         self.check_running()?;
-        let (index, response) = self.0.batcher.submit(command).await?;
+        let leases = &self.0.shared.leases;
+        if leases.is_paused() {
+            // This leader has lost its quorum (see `follow_leadership`):
+            // nothing it proposes can commit until it is back, and another
+            // node may be leader by now. Not proposed, so surely not applied.
+            return Err(Error::NotLeader { leader: None });
+        }
+        let submit = self.0.batcher.submit(command);
+        tokio::pin!(submit);
+        let (index, response) = loop {
+            tokio::select! {
+                done = &mut submit => break done?,
+                _ = tokio::time::sleep(QUORUM_CHECK) => {
+                    if leases.is_paused() {
+                        return Err(Error::Timeout(
+                            "this leader lost its quorum while the write was pending; the \
+                             outcome is unknown (it may still commit): retry with the same \
+                             session_id and seq"
+                                .into(),
+                        ));
+                    }
+                }
+            }
+        };
         match response.reply {
             Reply::Refused(refusal) => Err(refusal.into()),
             reply => Ok((index, reply)),
