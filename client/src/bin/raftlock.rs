@@ -588,7 +588,7 @@ fn print_info(i: &LockInfo) {
     } else {
         ""
     };
-    println!("{} — {kind}{delayed}", i.name);
+    println!("{} — {kind}{delayed}", printable(&i.name));
     for h in &i.holders {
         let value = if h.value.is_empty() {
             String::new()
@@ -614,6 +614,17 @@ fn print_info(i: &LockInfo) {
     }
 }
 
+/// A name as printed on a terminal: control characters (newlines, escape
+/// sequences, NUL) escaped, so a lock name cannot rewrite the screen or
+/// forge output lines. JSON output escapes them already.
+fn printable(name: &str) -> std::borrow::Cow<'_, str> {
+    if name.chars().any(char::is_control) {
+        std::borrow::Cow::Owned(name.chars().flat_map(char::escape_default).collect())
+    } else {
+        std::borrow::Cow::Borrowed(name)
+    }
+}
+
 fn print_event(e: &pb::WatchEvent, json: bool) {
     let kind = match EventKind::try_from(e.kind) {
         Ok(EventKind::Granted) => "granted",
@@ -634,7 +645,10 @@ fn print_event(e: &pb::WatchEvent, json: bool) {
     } else {
         println!(
             "{} {kind} {} session {} fence {}",
-            e.index, e.name, e.session_id, e.fence
+            e.index,
+            printable(&e.name),
+            e.session_id,
+            e.fence
         );
     }
 }
@@ -663,4 +677,16 @@ fn status_json(s: &pb::StatusResponse) -> serde_json::Value {
         "waiters": s.waiters, "last_fence": s.last_fence,
         "members": s.members.iter().map(member_json).collect::<Vec<_>>(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::printable;
+
+    #[test]
+    fn names_with_control_characters_are_escaped() {
+        assert_eq!(printable("jobs/nightly"), "jobs/nightly");
+        assert_eq!(printable("a\nb\u{1b}[2J\0"), "a\\nb\\u{1b}[2J\\u{0}");
+        assert!(!printable("x\ry").contains('\r'));
+    }
 }
