@@ -209,3 +209,28 @@ async fn an_unknown_session_does_not_end_a_keep_alive_stream() {
     );
     cluster.shutdown().await;
 }
+
+/// Review finding 5, across a leader change: a wait given up on while the
+/// leader changes is withdrawn at the new leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_wait_given_up_across_a_leader_change_leaves_no_waiter() {
+    let mut cluster = TestCluster::start(3).await;
+    let client = cluster.client().await;
+    let a = client.session(Duration::from_secs(20)).await.expect("a");
+    let b = client.session(Duration::from_secs(20)).await.expect("b");
+    let g = a.lock("failover/x").await.expect("lock");
+    let waiting = tokio::spawn({
+        let b = b.clone();
+        async move { b.lock("failover/x").await }
+    });
+    eventually_state(&client, "failover/x", vec![a.id()], vec![b.id()]).await;
+    let leader = cluster.leader().await;
+    cluster.kill(leader).await;
+    // b gives up while the cluster elects a new leader.
+    waiting.abort();
+    let _ = waiting.await;
+    eventually_state(&client, "failover/x", vec![a.id()], vec![]).await;
+    g.release().await.expect("release");
+    eventually_state(&client, "failover/x", vec![], vec![]).await;
+    cluster.shutdown().await;
+}
