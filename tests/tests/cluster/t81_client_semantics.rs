@@ -10,7 +10,7 @@ use raftlock_tests::{eventually, TestCluster};
 /// Waits until `name`'s holders and waiters are the given sessions.
 async fn eventually_state(client: &Client, name: &str, holders: Vec<u64>, waiters: Vec<u64>) {
     let what = format!("{name}: holders {holders:?}, waiters {waiters:?}");
-    eventually(&what, Duration::from_secs(15), || {
+    eventually(&what, Duration::from_secs(30), || {
         let client = client.clone();
         let (holders, waiters) = (holders.clone(), waiters.clone());
         async move {

@@ -1,0 +1,23 @@
+//! Cluster integration tests: real raftlock nodes on loopback ports, one
+//! test binary (linked once) with a module per area, numbered in the order
+//! they build on each other (as in openraft's own test suites).
+
+mod t10_basic;
+mod t20_failover;
+mod t25_five_nodes;
+mod t26_quorum_loss;
+mod t30_restart;
+mod t40_expiry;
+mod t50_membership;
+mod t60_snapshot;
+mod t70_bad_input;
+mod t80_client;
+mod t81_client_semantics;
+mod t90_observability;
+mod t91_reflection;
+mod t92_identity;
+mod t95_tls;
+mod t96_session_limit;
+mod t97_backup;
+mod t98_acl;
+mod t99_peer_limits;
