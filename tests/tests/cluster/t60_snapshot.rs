@@ -276,9 +276,11 @@ async fn nodes_restart_with_the_same_state_after_snapshots_and_purges() {
     }
 
     // The next grant's fence is above all before. (The waiter's own
-    // request was parked on a killed node; the table shows its grant.)
-    held.waiter.abort();
+    // request was parked on a killed node; its client retries it, same seq,
+    // at the new leader and keeps its place. Aborting it would withdraw
+    // the wait.)
     assert!(held.lock.release().await.expect("release"));
+    let granted = held.waiter.await.expect("join").expect("the waiter gets it");
     let info = eventually("the waiter to be granted", Duration::from_secs(10), || {
         let client = client.clone();
         async move {
@@ -294,6 +296,7 @@ async fn nodes_restart_with_the_same_state_after_snapshots_and_purges() {
     assert_eq!(info.holders.len(), 1);
     assert_ne!(info.holders[0].session_id, held.keeper.id());
     assert!(info.holders[0].fence > before.last_fence);
+    assert_eq!(granted.fence(), info.holders[0].fence);
     held.permits.release().await.expect("release");
     held.keeper.close().await.expect("close");
     cluster.shutdown().await;
