@@ -280,7 +280,11 @@ async fn nodes_restart_with_the_same_state_after_snapshots_and_purges() {
     // at the new leader and keeps its place. Aborting it would withdraw
     // the wait.)
     assert!(held.lock.release().await.expect("release"));
-    let granted = held.waiter.await.expect("join").expect("the waiter gets it");
+    let granted = held
+        .waiter
+        .await
+        .expect("join")
+        .expect("the waiter gets it");
     let info = eventually("the waiter to be granted", Duration::from_secs(10), || {
         let client = client.clone();
         async move {
