@@ -125,3 +125,63 @@ async fn a_raft_message_larger_than_replication_needs_is_refused() {
         .expect("release");
     cluster.shutdown().await;
 }
+
+/// An AcquireRequest whose `name` is raw bytes (not UTF-8).
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawAcquire {
+    #[prost(uint64, tag = "1")]
+    session_id: u64,
+    #[prost(uint64, tag = "2")]
+    seq: u64,
+    #[prost(bytes = "vec", tag = "3")]
+    name: Vec<u8>,
+}
+
+/// Black-box 4.06/4.26: what the .proto header says a name that is not
+/// UTF-8, or a message that is not protobuf, gets: INTERNAL "failed to
+/// decode Protobuf message", and nothing changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn undecodable_requests_get_the_documented_status() {
+    let cluster = TestCluster::start(1).await;
+    let addr = cluster.addr(1);
+    let mut grpc = tonic::client::Grpc::new(channel(&addr));
+    grpc.ready().await.expect("ready");
+    let codec: ProstCodec<RawAcquire, pb::AcquireResponse> = ProstCodec::default();
+    let status = grpc
+        .unary(
+            Request::new(RawAcquire {
+                session_id: 1,
+                seq: 1,
+                name: vec![0xff, 0xfe, 0xc0, 0x80],
+            }),
+            tonic::codegen::http::uri::PathAndQuery::from_static("/raftlock.v1.Locks/Acquire"),
+            codec,
+        )
+        .await
+        .expect_err("not UTF-8");
+    assert_eq!(status.code(), Code::Internal, "{status:?}");
+    assert!(
+        status
+            .message()
+            .starts_with("failed to decode Protobuf message"),
+        "{status:?}"
+    );
+    let malformed = pb::StatusResponse {
+        id: 5,
+        ..Default::default()
+    };
+    let status = raw(
+        &addr,
+        "/raftlock.v1.Locks/Describe",
+        Request::new(malformed),
+    )
+    .await;
+    assert_eq!(status.code(), Code::Internal, "{status:?}");
+    assert!(
+        status
+            .message()
+            .starts_with("failed to decode Protobuf message"),
+        "{status:?}"
+    );
+    cluster.shutdown().await;
+}
