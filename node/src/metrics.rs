@@ -17,23 +17,87 @@ pub const LATENCY_BUCKETS: [f64; 12] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
 ];
 
-/// The RPC methods whose latency is recorded.
-pub const METHODS: [&str; 14] = [
-    "OpenSession",
-    "KeepAlive",
-    "CloseSession",
-    "Acquire",
-    "Release",
-    "Cancel",
-    "Describe",
-    "List",
-    "CheckFence",
-    "Watch",
-    "Status",
-    "Members",
-    "AddNode",
-    "RemoveNode",
-];
+/// The RPC methods whose latency is recorded: an enum, so a request cannot
+/// be timed under a name that records nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Method {
+    /// `Locks.OpenSession`.
+    OpenSession,
+    /// `Locks.KeepAlive` (a stream).
+    KeepAlive,
+    /// `Locks.CloseSession`.
+    CloseSession,
+    /// `Locks.Acquire` (includes the wait).
+    Acquire,
+    /// `Locks.Release`.
+    Release,
+    /// `Locks.Cancel`.
+    Cancel,
+    /// `Locks.Describe`.
+    Describe,
+    /// `Locks.List`.
+    List,
+    /// `Locks.CheckFence`.
+    CheckFence,
+    /// `Locks.Watch` (a stream).
+    Watch,
+    /// `Cluster.Status`.
+    Status,
+    /// `Cluster.Members`.
+    Members,
+    /// `Cluster.AddNode`.
+    AddNode,
+    /// `Cluster.RemoveNode`.
+    RemoveNode,
+    /// `Cluster.Backup`.
+    Backup,
+    /// `Cluster.Restore`.
+    Restore,
+}
+
+impl Method {
+    /// Every method, in the order of [`Metrics`]' histograms.
+    pub const ALL: [Method; 16] = [
+        Method::OpenSession,
+        Method::KeepAlive,
+        Method::CloseSession,
+        Method::Acquire,
+        Method::Release,
+        Method::Cancel,
+        Method::Describe,
+        Method::List,
+        Method::CheckFence,
+        Method::Watch,
+        Method::Status,
+        Method::Members,
+        Method::AddNode,
+        Method::RemoveNode,
+        Method::Backup,
+        Method::Restore,
+    ];
+
+    /// The gRPC method name, as the `method` label shows it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::OpenSession => "OpenSession",
+            Method::KeepAlive => "KeepAlive",
+            Method::CloseSession => "CloseSession",
+            Method::Acquire => "Acquire",
+            Method::Release => "Release",
+            Method::Cancel => "Cancel",
+            Method::Describe => "Describe",
+            Method::List => "List",
+            Method::CheckFence => "CheckFence",
+            Method::Watch => "Watch",
+            Method::Status => "Status",
+            Method::Members => "Members",
+            Method::AddNode => "AddNode",
+            Method::RemoveNode => "RemoveNode",
+            Method::Backup => "Backup",
+            Method::Restore => "Restore",
+        }
+    }
+}
 
 /// The outgoing Raft RPCs whose errors are counted.
 pub const RAFT_RPCS: [&str; 3] = ["append_entries", "vote", "install_snapshot"];
@@ -66,7 +130,7 @@ pub struct Metrics {
     releases: AtomicU64,
     expiries: AtomicU64,
     timeouts: AtomicU64,
-    requests: [Histogram; METHODS.len()],
+    requests: [Histogram; Method::ALL.len()],
     raft_rpc_errors: [AtomicU64; RAFT_RPCS.len()],
 }
 
@@ -83,13 +147,13 @@ impl Drop for Timer<'_> {
 }
 
 impl Metrics {
-    /// A timer for `method` (one of [`METHODS`]).
-    pub fn timer(&self, method: &'static str) -> Option<Timer<'_>> {
-        let i = METHODS.iter().position(|m| *m == method)?;
-        Some(Timer {
-            histogram: &self.requests[i],
+    /// A timer for `method`.
+    pub fn timer(&self, method: Method) -> Timer<'_> {
+        // `ALL` lists every variant in declaration order.
+        Timer {
+            histogram: &self.requests[method as usize],
             start: Instant::now(),
-        })
+        }
     }
 
     /// Counts the grants, releases and expiries in applied events.
@@ -221,7 +285,8 @@ impl Metrics {
             out,
             "# HELP raftlock_request_duration_seconds gRPC request latency by method.\n# TYPE raftlock_request_duration_seconds histogram"
         );
-        for (i, method) in METHODS.iter().enumerate() {
+        for (i, method) in Method::ALL.iter().enumerate() {
+            let method = method.name();
             let h = &self.requests[i];
             for (b, le) in LATENCY_BUCKETS.iter().enumerate() {
                 let v = h.buckets[b].load(Ordering::Relaxed);
@@ -279,10 +344,13 @@ mod tests {
     }
 
     #[test]
-    fn unknown_methods_and_rpcs_are_ignored() {
+    fn unknown_rpcs_are_ignored_and_every_method_has_its_histogram() {
         let m = Metrics::default();
-        assert!(m.timer("Nope").is_none());
         m.raft_rpc_error("nope");
-        assert!(m.timer("Acquire").is_some());
+        for (i, method) in Method::ALL.iter().enumerate() {
+            assert_eq!(*method as usize, i, "{method:?} out of order in ALL");
+            drop(m.timer(*method));
+            assert_eq!(m.requests[i].count.load(Ordering::Relaxed), 1);
+        }
     }
 }

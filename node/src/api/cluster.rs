@@ -78,7 +78,7 @@ impl Cluster for Api {
         &self,
         req: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::StatusResponse>, Status> {
-        let _timer = self.0.shared.metrics.timer("Status");
+        let _timer = self.0.shared.metrics.timer(crate::metrics::Method::Status);
         self.caller(&req)?.require_any(Permission::Read)?;
         let m = self.0.raft.metrics().borrow().clone();
         let leader_addr = m
@@ -121,7 +121,7 @@ impl Cluster for Api {
         &self,
         req: Request<pb::MembersRequest>,
     ) -> Result<Response<pb::MembersResponse>, Status> {
-        let _timer = self.0.shared.metrics.timer("Members");
+        let _timer = self.0.shared.metrics.timer(crate::metrics::Method::Members);
         self.caller(&req)?.require_any(Permission::Read)?;
         let m = self.0.raft.metrics().borrow().clone();
         Ok(Response::new(pb::MembersResponse {
@@ -135,7 +135,7 @@ impl Cluster for Api {
         &self,
         req: Request<pb::AddNodeRequest>,
     ) -> Result<Response<pb::AddNodeResponse>, Status> {
-        let _timer = self.0.shared.metrics.timer("AddNode");
+        let _timer = self.0.shared.metrics.timer(crate::metrics::Method::AddNode);
         self.caller(&req)?.require_admin()?;
         let r = req.into_inner();
         if r.id == 0 {
@@ -204,6 +204,7 @@ impl Cluster for Api {
         &self,
         req: Request<pb::BackupRequest>,
     ) -> Result<Response<pb::BackupResponse>, Status> {
+        let _timer = self.0.shared.metrics.timer(crate::metrics::Method::Backup);
         self.caller(&req)?.require_admin()?;
         // Linearizable on the leader: the copy includes every write
         // acknowledged before the call.
@@ -237,6 +238,7 @@ impl Cluster for Api {
         &self,
         req: Request<pb::RestoreRequest>,
     ) -> Result<Response<pb::RestoreResponse>, Status> {
+        let _timer = self.0.shared.metrics.timer(crate::metrics::Method::Restore);
         self.caller(&req)?.require_admin()?;
         let r = req.into_inner();
         let fence_bump = r
@@ -254,7 +256,11 @@ impl Cluster for Api {
         &self,
         req: Request<pb::RemoveNodeRequest>,
     ) -> Result<Response<pb::RemoveNodeResponse>, Status> {
-        let _timer = self.0.shared.metrics.timer("RemoveNode");
+        let _timer = self
+            .0
+            .shared
+            .metrics
+            .timer(crate::metrics::Method::RemoveNode);
         self.caller(&req)?.require_admin()?;
         let r = req.into_inner();
         let current = self.0.raft.metrics().borrow().membership_config.clone();

@@ -126,7 +126,11 @@ impl Locks for Api {
         &self,
         req: Request<pb::OpenSessionRequest>,
     ) -> Result<Response<pb::OpenSessionResponse>, Status> {
-        let _timer = self.0.shared.metrics.timer("OpenSession");
+        let _timer = self
+            .0
+            .shared
+            .metrics
+            .timer(crate::metrics::Method::OpenSession);
         let caller = self.caller(&req)?;
         caller.require_any(Permission::Lock)?;
         let r = req.into_inner();
@@ -160,7 +164,11 @@ impl Locks for Api {
         &self,
         req: Request<Streaming<pb::KeepAliveRequest>>,
     ) -> Result<Response<Self::KeepAliveStream>, Status> {
-        let _timer = self.0.shared.metrics.timer("KeepAlive");
+        let _timer = self
+            .0
+            .shared
+            .metrics
+            .timer(crate::metrics::Method::KeepAlive);
         let caller = self.caller(&req)?;
         let mut inbound = req.into_inner();
         let (tx, rx) = mpsc::channel(16);
@@ -223,7 +231,11 @@ impl Locks for Api {
         &self,
         req: Request<pb::CloseSessionRequest>,
     ) -> Result<Response<pb::CloseSessionResponse>, Status> {
-        let _timer = self.0.shared.metrics.timer("CloseSession");
+        let _timer = self
+            .0
+            .shared
+            .metrics
+            .timer(crate::metrics::Method::CloseSession);
         let caller = self.caller(&req)?;
         let r = req.into_inner();
         let command = Command::CloseSession {
@@ -244,7 +256,7 @@ impl Locks for Api {
         &self,
         req: Request<pb::AcquireRequest>,
     ) -> Result<Response<pb::AcquireResponse>, Status> {
-        let _timer = self.0.shared.metrics.timer("Acquire");
+        let _timer = self.0.shared.metrics.timer(crate::metrics::Method::Acquire);
         let caller = self.caller(&req)?;
         caller.require_name(Permission::Lock, &req.get_ref().name)?;
         let r = req.into_inner();
@@ -274,7 +286,7 @@ impl Locks for Api {
         &self,
         req: Request<pb::ReleaseRequest>,
     ) -> Result<Response<pb::ReleaseResponse>, Status> {
-        let _timer = self.0.shared.metrics.timer("Release");
+        let _timer = self.0.shared.metrics.timer(crate::metrics::Method::Release);
         // Releasing needs no rule: only the session's owner can release
         // (checked in the table), and a grant must stay releasable even if
         // the rule that allowed it is gone.
@@ -301,7 +313,7 @@ impl Locks for Api {
         &self,
         req: Request<pb::CancelRequest>,
     ) -> Result<Response<pb::CancelResponse>, Status> {
-        let _timer = self.0.shared.metrics.timer("Cancel");
+        let _timer = self.0.shared.metrics.timer(crate::metrics::Method::Cancel);
         // Like a release: only the session's owner may (checked in the
         // table), and no rule is needed to give something up.
         let caller = self.caller(&req)?;
@@ -326,7 +338,11 @@ impl Locks for Api {
         &self,
         req: Request<pb::DescribeRequest>,
     ) -> Result<Response<pb::DescribeResponse>, Status> {
-        let _timer = self.0.shared.metrics.timer("Describe");
+        let _timer = self
+            .0
+            .shared
+            .metrics
+            .timer(crate::metrics::Method::Describe);
         self.caller(&req)?
             .require_name(Permission::Read, &req.get_ref().name)?;
         let r = req.into_inner();
@@ -347,7 +363,7 @@ impl Locks for Api {
         &self,
         req: Request<pb::ListRequest>,
     ) -> Result<Response<pb::ListResponse>, Status> {
-        let _timer = self.0.shared.metrics.timer("List");
+        let _timer = self.0.shared.metrics.timer(crate::metrics::Method::List);
         self.caller(&req)?
             .require_prefix(Permission::Read, &req.get_ref().prefix)?;
         let r = req.into_inner();
@@ -386,7 +402,11 @@ impl Locks for Api {
         &self,
         req: Request<pb::CheckFenceRequest>,
     ) -> Result<Response<pb::CheckFenceResponse>, Status> {
-        let _timer = self.0.shared.metrics.timer("CheckFence");
+        let _timer = self
+            .0
+            .shared
+            .metrics
+            .timer(crate::metrics::Method::CheckFence);
         self.caller(&req)?
             .require_name(Permission::Read, &req.get_ref().name)?;
         let r = req.into_inner();
@@ -407,7 +427,7 @@ impl Locks for Api {
         &self,
         req: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        let _timer = self.0.shared.metrics.timer("Watch");
+        let _timer = self.0.shared.metrics.timer(crate::metrics::Method::Watch);
         let caller = self.caller(&req)?;
         match req.get_ref().name.as_str() {
             "" => caller.require_prefix(Permission::Read, &req.get_ref().prefix)?,
