@@ -321,6 +321,18 @@ impl Client {
                     self.forget_leader(&addr);
                     last = Some(Error::from_status(&status, sent));
                 }
+                // A failure of this side's transport (an HTTP/2 protocol
+                // error on a connection the node dropped, say) arrives as a
+                // status with an error source; the node never answered, so
+                // it is not the node's word: retry elsewhere, the request
+                // may have been sent.
+                _ if std::error::Error::source(&status).is_some() => {
+                    sent |= kind == Kind::Write;
+                    self.forget_leader(&addr);
+                    last = Some(Error::Unavailable(format!(
+                        "{addr}: transport failure: {status}"
+                    )));
+                }
                 _ => return Err(Error::from_status(&status, sent)),
             }
             self.sleep_or_give_up(&mut backoff, deadline).await?;

@@ -150,25 +150,39 @@ impl Drop for PendingAcquire {
     }
 }
 
-/// Withdraws the acquire `seq` on `name` (`Cancel`), logging a failure: the
-/// session's end (expiry or close) withdraws it then.
+/// Withdraws the acquire `seq` on `name` (`Cancel`). Cancelling is
+/// idempotent, so transient failures are retried for as long as the
+/// session's lease could keep the wait alive (a ttl, at least the client's
+/// retry deadline); a final failure is logged: the session's end (expiry or
+/// close) withdraws the wait then.
 async fn cancel(session: &Session, name: &str, seq: u64) {
     let req = pb::CancelRequest {
         session_id: session.id(),
         seq,
         name: name.to_string(),
     };
-    let result = session
-        .client()
-        .locks_call(Kind::Write, |mut c| {
-            let req = req.clone();
-            async move { c.cancel(req).await }
-        })
-        .await;
-    match result {
-        Ok(_) | Err(Error::SessionNotFound(_)) => {}
-        Err(e) => {
-            tracing::warn!(name, seq, error = %e, "cancelling an abandoned acquire failed; the session's end will withdraw it")
+    let deadline = after(session.ttl().max(session.client().options().retry_deadline));
+    loop {
+        let result = session
+            .client()
+            .locks_call(Kind::Write, |mut c| {
+                let req = req.clone();
+                async move { c.cancel(req).await }
+            })
+            .await;
+        match result {
+            Ok(_) | Err(Error::SessionNotFound(_)) => return,
+            Err(e) if e.is_retryable() || matches!(e, Error::Internal(_)) => {
+                if Instant::now() >= deadline || !session.is_valid() {
+                    tracing::warn!(name, seq, error = %e, "cancelling an abandoned acquire failed; the session's end will withdraw it");
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => {
+                tracing::warn!(name, seq, error = %e, "cancelling an abandoned acquire was refused; the session's end will withdraw it");
+                return;
+            }
         }
     }
 }
