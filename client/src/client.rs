@@ -562,9 +562,23 @@ impl Client {
         addr: &str,
         learner_only: bool,
     ) -> Result<Vec<pb::Member>> {
+        self.add_node_with_peer_addr(id, addr, None, learner_only)
+            .await
+    }
+
+    /// Like [`add_node`](Self::add_node), for a node that serves peers on a
+    /// separate `peer_addr` (`raftlockd run --peer-listen`).
+    pub async fn add_node_with_peer_addr(
+        &self,
+        id: u64,
+        addr: &str,
+        peer_addr: Option<&str>,
+        learner_only: bool,
+    ) -> Result<Vec<pb::Member>> {
         let req = pb::AddNodeRequest {
             id,
             addr: addr.to_string(),
+            peer_addr: peer_addr.unwrap_or_default().to_string(),
             learner_only,
             catch_up_timeout_ms: 0,
         };

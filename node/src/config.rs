@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::node::{NodeOptions, RaftTiming};
-use crate::raft::NodeId;
+use crate::raft::{valid_addr, NodeAddrs, NodeId};
 
 /// A node's settings. Every field can come from the TOML file; flags and
 /// environment variables override it.
@@ -20,14 +20,26 @@ pub struct Config {
     /// This node's id: a non-zero integer, unique in the cluster and never
     /// reused for another machine.
     pub id: Option<NodeId>,
-    /// Address to listen on for clients and peers, e.g. `127.0.0.1:7101`.
+    /// Address to listen on for clients (and for peers, unless
+    /// `peer_listen` is set), e.g. `127.0.0.1:7101`.
     pub listen: Option<SocketAddr>,
-    /// Address others reach this node at, if not `listen` (e.g. a DNS name
-    /// behind NAT or in Kubernetes).
+    /// Address clients (and peers, unless `peer_listen` is set) reach this
+    /// node at, if not `listen` (e.g. a DNS name behind NAT or in
+    /// Kubernetes).
     pub advertise: Option<String>,
+    /// Serve the internal Raft service on this separate address instead of
+    /// `listen` (like etcd's peer port 2380), so that it can be firewalled
+    /// off from clients. The client address then answers `UNIMPLEMENTED`
+    /// to Raft calls.
+    pub peer_listen: Option<SocketAddr>,
+    /// Address peers reach this node's peer listener at, if not
+    /// `peer_listen`. Only with `peer_listen`.
+    pub peer_advertise: Option<String>,
     /// Directory for the Raft log, votes and snapshots.
     pub data_dir: Option<PathBuf>,
-    /// Initial cluster members as `id = "host:port"`, used with `init`.
+    /// Initial cluster members as `id = "host:port"`, used with `init`;
+    /// `id = "host:port/host:peer_port"` for a member with a separate peer
+    /// address.
     pub peers: Option<BTreeMap<NodeId, String>>,
     /// Bootstrap a new cluster from `peers` if this node has no data yet.
     /// Give it to exactly one node of a new cluster.
@@ -77,7 +89,8 @@ fn err(setting: &'static str, reason: impl Into<String>) -> ConfigError {
     }
 }
 
-/// Parses `1=127.0.0.1:7101,2=127.0.0.1:7102`.
+/// Parses `1=127.0.0.1:7101,2=127.0.0.1:7102` (an address may be
+/// `CLIENT/PEER`, see [`NodeAddrs::parse`]).
 pub fn parse_peers(s: &str) -> Result<BTreeMap<NodeId, String>, ConfigError> {
     let mut peers = BTreeMap::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -95,11 +108,6 @@ pub fn parse_peers(s: &str) -> Result<BTreeMap<NodeId, String>, ConfigError> {
     Ok(peers)
 }
 
-/// True for `host:port` with a non-empty host and a non-zero port.
-pub(crate) fn valid_addr(addr: &str) -> bool {
-    matches!(addr.rsplit_once(':'), Some((h, p)) if !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p != 0))
-}
-
 impl Config {
     /// Reads a TOML file.
     pub fn from_toml_file(path: &std::path::Path) -> Result<Config, ConfigError> {
@@ -114,6 +122,8 @@ impl Config {
             id: self.id.or(lower.id),
             listen: self.listen.or(lower.listen),
             advertise: self.advertise.or(lower.advertise),
+            peer_listen: self.peer_listen.or(lower.peer_listen),
+            peer_advertise: self.peer_advertise.or(lower.peer_advertise),
             data_dir: self.data_dir.or(lower.data_dir),
             peers: self.peers.or(lower.peers),
             init: self.init.or(lower.init),
@@ -172,7 +182,7 @@ impl Config {
 
     /// Checks every setting and produces the node's options and listen
     /// address.
-    pub fn validate(&self) -> Result<(NodeOptions, SocketAddr), ConfigError> {
+    pub fn validate(&self) -> Result<(NodeOptions, Listen), ConfigError> {
         let id = self.id.ok_or_else(|| err("id", "required"))?;
         if id == 0 {
             return Err(err("id", "must be non-zero"));
@@ -190,6 +200,38 @@ impl Config {
                 format!("must be host:port, got {advertise:?}"),
             ));
         }
+        let peer_advertise = match (self.peer_listen, &self.peer_advertise) {
+            (None, None) => None,
+            (None, Some(_)) => {
+                return Err(err(
+                    "peer_advertise",
+                    "only with peer_listen (without it, peers use `advertise`)",
+                ))
+            }
+            (Some(pl), _) if pl.port() == 0 => {
+                return Err(err("peer_listen", "needs a fixed port"));
+            }
+            (Some(pl), _) if pl == listen => {
+                return Err(err(
+                    "peer_listen",
+                    "must differ from listen (leave it out to serve peers on listen)",
+                ));
+            }
+            (Some(pl), pa) => {
+                let pa = pa.clone().unwrap_or_else(|| pl.to_string());
+                if !valid_addr(&pa) {
+                    return Err(err(
+                        "peer_advertise",
+                        format!("must be host:port, got {pa:?}"),
+                    ));
+                }
+                Some(pa)
+            }
+        };
+        let own = NodeAddrs::new(
+            advertise.clone(),
+            peer_advertise.clone().unwrap_or_else(|| advertise.clone()),
+        );
         let data_dir = self
             .data_dir
             .clone()
@@ -197,17 +239,21 @@ impl Config {
         if data_dir.as_os_str().is_empty() {
             return Err(err("data_dir", "must not be empty"));
         }
-        let mut peers = self.peers.clone().unwrap_or_default();
-        for (pid, addr) in &peers {
+        let mut peers = BTreeMap::new();
+        for (pid, addr) in self.peers.iter().flatten() {
             if *pid == 0 {
                 return Err(err("peers", "node ids must be non-zero"));
             }
-            if !valid_addr(addr) {
+            let Some(addrs) = NodeAddrs::parse(addr) else {
                 return Err(err(
                     "peers",
-                    format!("address of node {pid} must be host:port, got {addr:?}"),
+                    format!(
+                        "address of node {pid} must be host:port or host:port/host:peer_port, \
+                         got {addr:?}"
+                    ),
                 ));
-            }
+            };
+            peers.insert(*pid, addrs);
         }
         let dial = self.dial.clone().unwrap_or_default();
         for (pid, addr) in &dial {
@@ -229,7 +275,7 @@ impl Config {
         if init {
             match peers.get(&id) {
                 None if peers.is_empty() => {
-                    peers.insert(id, advertise.clone());
+                    peers.insert(id, own.clone());
                 }
                 None => {
                     return Err(err(
@@ -268,6 +314,7 @@ impl Config {
             NodeOptions {
                 id,
                 advertise,
+                peer_advertise,
                 data_dir,
                 peers,
                 init,
@@ -280,9 +327,21 @@ impl Config {
                 tls,
                 auth: std::sync::Arc::new(crate::auth::Auth::new(acl)),
             },
-            listen,
+            Listen {
+                client: listen,
+                peer: self.peer_listen,
+            },
         ))
     }
+}
+
+/// The addresses a node listens on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Listen {
+    /// For clients (and peers, without `peer`).
+    pub client: SocketAddr,
+    /// For peers, if separate.
+    pub peer: Option<SocketAddr>,
 }
 
 #[cfg(test)]
@@ -301,7 +360,7 @@ mod tests {
     #[test]
     fn a_minimal_config_is_valid_and_defaults_apply() {
         let (opts, listen) = base().validate().expect("valid");
-        assert_eq!(listen.port(), 7101);
+        assert_eq!(listen.client.port(), 7101);
         assert_eq!(opts.advertise, "127.0.0.1:7101");
         assert_eq!(opts.timing.heartbeat, Duration::from_millis(100));
         assert!(!opts.init);
@@ -363,6 +422,49 @@ mod tests {
             ),
             (
                 Config {
+                    peers: Some([(3, "h:1/".to_string())].into()),
+                    ..base()
+                },
+                "peers",
+            ),
+            (
+                Config {
+                    peers: Some([(3, "h:1/h:2/h:3".to_string())].into()),
+                    ..base()
+                },
+                "peers",
+            ),
+            (
+                Config {
+                    peer_advertise: Some("h:1".into()),
+                    ..base()
+                },
+                "peer_advertise",
+            ),
+            (
+                Config {
+                    peer_listen: Some("127.0.0.1:7101".parse().expect("addr")),
+                    ..base()
+                },
+                "peer_listen",
+            ),
+            (
+                Config {
+                    peer_listen: Some("127.0.0.1:0".parse().expect("addr")),
+                    ..base()
+                },
+                "peer_listen",
+            ),
+            (
+                Config {
+                    peer_listen: Some("127.0.0.1:7201".parse().expect("addr")),
+                    peer_advertise: Some("nohost".into()),
+                    ..base()
+                },
+                "peer_advertise",
+            ),
+            (
+                Config {
                     heartbeat_ms: Some(600),
                     ..base()
                 },
@@ -401,9 +503,37 @@ mod tests {
         .validate()
         .expect("valid");
         assert_eq!(
-            opts.peers.get(&1).map(String::as_str),
-            Some("127.0.0.1:7101")
+            opts.peers.get(&1),
+            Some(&NodeAddrs::shared("127.0.0.1:7101"))
         );
+    }
+
+    #[test]
+    fn a_separate_peer_listener_is_advertised_and_bootstrapped() {
+        let (opts, listen) = Config {
+            init: Some(true),
+            peer_listen: Some("127.0.0.1:7201".parse().expect("addr")),
+            ..base()
+        }
+        .validate()
+        .expect("valid");
+        assert_eq!(listen.peer.map(|p| p.port()), Some(7201));
+        assert_eq!(opts.peer_advertise.as_deref(), Some("127.0.0.1:7201"));
+        assert_eq!(
+            opts.peers.get(&1),
+            Some(&NodeAddrs::new("127.0.0.1:7101", "127.0.0.1:7201"))
+        );
+        let (opts, _) = Config {
+            peers: Some([(1, "a:1".into()), (2, " b:1 / b:2 ".into())].into()),
+            peer_listen: Some("127.0.0.1:7201".parse().expect("addr")),
+            peer_advertise: Some("node-1.peers:7201".into()),
+            ..base()
+        }
+        .validate()
+        .expect("valid");
+        assert_eq!(opts.peer_advertise.as_deref(), Some("node-1.peers:7201"));
+        assert_eq!(opts.peers.get(&1), Some(&NodeAddrs::shared("a:1")));
+        assert_eq!(opts.peers.get(&2), Some(&NodeAddrs::new("b:1", "b:2")));
     }
 
     #[test]

@@ -13,11 +13,10 @@
 //! | `Internal` | `INTERNAL` |
 
 use openraft::error::{ClientWriteError, ForwardToLeader, RaftError};
-use openraft::BasicNode;
 use tonic::metadata::MetadataValue;
 use tonic::Status;
 
-use crate::raft::NodeId;
+use crate::raft::{NodeAddrs, NodeId};
 use crate::state::Refusal;
 
 pub use raftlock_proto::{LEADER_ADDR_KEY, LEADER_ID_KEY, NOT_LEADER_KEY};
@@ -99,16 +98,16 @@ impl From<Refusal> for Error {
     }
 }
 
-impl From<ForwardToLeader<NodeId, BasicNode>> for Error {
-    fn from(f: ForwardToLeader<NodeId, BasicNode>) -> Self {
+impl From<ForwardToLeader<NodeId, NodeAddrs>> for Error {
+    fn from(f: ForwardToLeader<NodeId, NodeAddrs>) -> Self {
         Error::NotLeader {
             leader: f.leader_id.zip(f.leader_node.map(|n| n.addr)),
         }
     }
 }
 
-impl From<RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>> for Error {
-    fn from(e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> Self {
+impl From<RaftError<NodeId, ClientWriteError<NodeId, NodeAddrs>>> for Error {
+    fn from(e: RaftError<NodeId, ClientWriteError<NodeId, NodeAddrs>>) -> Self {
         match e {
             RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => f.into(),
             RaftError::APIError(ClientWriteError::ChangeMembershipError(c)) => {
@@ -119,8 +118,8 @@ impl From<RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>> for Error {
     }
 }
 
-impl From<RaftError<NodeId, openraft::error::CheckIsLeaderError<NodeId, BasicNode>>> for Error {
-    fn from(e: RaftError<NodeId, openraft::error::CheckIsLeaderError<NodeId, BasicNode>>) -> Self {
+impl From<RaftError<NodeId, openraft::error::CheckIsLeaderError<NodeId, NodeAddrs>>> for Error {
+    fn from(e: RaftError<NodeId, openraft::error::CheckIsLeaderError<NodeId, NodeAddrs>>) -> Self {
         use openraft::error::CheckIsLeaderError;
         match e {
             RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f)) => f.into(),

@@ -1,5 +1,5 @@
 //! One raftlock node: storage, Raft, the lease keeper and the gRPC server,
-//! wired together. The caller owns the listening socket (so tests bind port
+//! wired together. The caller owns the listening sockets (so tests bind port
 //! 0) and decides when to stop.
 
 use std::collections::BTreeMap;
@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use openraft::{BasicNode, ServerState, SnapshotPolicy};
+use openraft::{ServerState, SnapshotPolicy};
 use raftlock_proto::v1::cluster_server::ClusterServer;
 use raftlock_proto::v1::locks_server::LocksServer;
 use raftlock_proto::v1::raft_server::RaftServer;
@@ -23,7 +23,7 @@ use crate::raft::identity::ClusterIdentity;
 use crate::raft::log_store::{open_db, LogStore};
 use crate::raft::network::Network;
 use crate::raft::state_machine::StateMachineStore;
-use crate::raft::{NodeId, Raft};
+use crate::raft::{NodeAddrs, NodeId, Raft};
 use crate::shared::Shared;
 
 /// Most concurrent gRPC streams (requests, keep-alive and watch streams) on
@@ -151,12 +151,17 @@ impl Default for RaftTiming {
 pub struct NodeOptions {
     /// This node's id (non-zero).
     pub id: NodeId,
-    /// The address peers and clients reach this node at.
+    /// The address clients (and peers, without `peer_advertise`) reach
+    /// this node at.
     pub advertise: String,
+    /// The address peers reach this node's separate peer listener at
+    /// (`None`: no separate listener; the Raft service is served on the
+    /// client listener). Given exactly when [`Listeners::peer`] is.
+    pub peer_advertise: Option<String>,
     /// Where the node keeps its data.
     pub data_dir: PathBuf,
     /// Initial members (including this node) to bootstrap with, if `init`.
-    pub peers: BTreeMap<NodeId, String>,
+    pub peers: BTreeMap<NodeId, NodeAddrs>,
     /// Bootstrap a new cluster from `peers` if this node has no data yet.
     pub init: bool,
     /// Raft timing.
@@ -170,25 +175,49 @@ pub struct NodeOptions {
     pub auth: Arc<crate::auth::Auth>,
 }
 
+/// The sockets a node serves on; the caller binds them.
+pub struct Listeners {
+    /// Clients: `Locks`, `Cluster`, health and reflection; also `Raft`
+    /// unless `peer` is given.
+    pub client: TcpListener,
+    /// Peers: the internal `Raft` service only (`--peer-listen`).
+    pub peer: Option<TcpListener>,
+    /// Prometheus metrics (`GET /metrics`).
+    pub metrics: Option<TcpListener>,
+}
+
+impl Listeners {
+    /// One listener for clients and peers, no metrics.
+    pub fn client(client: TcpListener) -> Self {
+        Listeners {
+            client,
+            peer: None,
+            metrics: None,
+        }
+    }
+}
+
 /// A running node.
 pub struct Node {
     /// Its id.
     pub id: NodeId,
-    /// Its advertised address.
+    /// Its advertised client address.
     pub addr: String,
     /// The Raft handle.
     pub raft: Raft,
     /// Table and observers.
     pub shared: Arc<Shared>,
     stop: watch::Sender<bool>,
+    /// Serves the client listener and, if any, the peer listener.
     server: JoinHandle<Result<(), tonic::transport::Error>>,
     tasks: Vec<JoinHandle<()>>,
 }
 
 impl Node {
-    /// Opens the data directory, starts Raft and serves on `listener`.
+    /// Opens the data directory, starts Raft and serves clients and peers
+    /// on `listener`.
     pub async fn start(opts: NodeOptions, listener: TcpListener) -> anyhow::Result<Node> {
-        Self::start_with_metrics(opts, listener, None).await
+        Self::start_with(opts, Listeners::client(listener)).await
     }
 
     /// Like [`start`](Self::start), also serving Prometheus metrics on
@@ -198,7 +227,28 @@ impl Node {
         listener: TcpListener,
         metrics: Option<TcpListener>,
     ) -> anyhow::Result<Node> {
+        Self::start_with(
+            opts,
+            Listeners {
+                metrics,
+                ..Listeners::client(listener)
+            },
+        )
+        .await
+    }
+
+    /// Opens the data directory, starts Raft and serves on `listeners`.
+    pub async fn start_with(opts: NodeOptions, listeners: Listeners) -> anyhow::Result<Node> {
         anyhow::ensure!(opts.id != 0, "node id must be non-zero");
+        anyhow::ensure!(
+            opts.peer_advertise.is_some() == listeners.peer.is_some(),
+            "a separate peer listener needs a peer address to advertise, and the other way round"
+        );
+        let Listeners {
+            client: listener,
+            peer: peer_listener,
+            metrics,
+        } = listeners;
         std::fs::create_dir_all(&opts.data_dir)?;
         let sled_dir = opts.data_dir.join("sled");
         let db = open_db(&sled_dir)?;
@@ -243,11 +293,7 @@ impl Node {
         .await?;
 
         if opts.init && fresh {
-            let members: BTreeMap<NodeId, BasicNode> = opts
-                .peers
-                .iter()
-                .map(|(id, addr)| (*id, BasicNode { addr: addr.clone() }))
-                .collect();
+            let members = opts.peers.clone();
             anyhow::ensure!(
                 members.contains_key(&opts.id),
                 "--init: the peer list must include this node ({})",
@@ -280,45 +326,73 @@ impl Node {
         let reflection_alpha = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(raftlock_proto::FILE_DESCRIPTOR_SET)
             .build_v1alpha()?;
-        let server = {
+        let shutdown = || {
             let mut stop_rx = stop_rx.clone();
-            let shutdown = async move {
+            async move {
                 let _ = stop_rx.wait_for(|s| *s).await;
-            };
-            let max = crate::MAX_MESSAGE_BYTES;
+            }
+        };
+        let builder = || -> anyhow::Result<tonic::transport::Server> {
             let mut builder = tonic::transport::Server::builder();
             if let Some(tls) = &opts.tls {
                 builder = builder.tls_config(tls.server_config())?;
             }
-            builder
+            Ok(builder
                 .tcp_nodelay(true)
-                .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
+                .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION))
+        };
+        // The internal Raft service: peers only, checked from the headers
+        // before a body (up to a 16 MiB Raft message) is read.
+        let raft_service = || {
+            InterceptedService::new(
+                RaftServer::new(RaftService::new(
+                    raft.clone(),
+                    opts.auth.clone(),
+                    cluster.clone(),
+                ))
+                .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES),
+                peers_only(opts.auth.clone()),
+            )
+        };
+        let peer_server = match peer_listener {
+            None => None,
+            Some(listener) => Some(
+                builder()?
+                    .add_service(raft_service())
+                    .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown()),
+            ),
+        };
+        let client_server = {
+            let max = crate::MAX_MESSAGE_BYTES;
+            let router = builder()?
                 .add_service(health_service)
                 .add_service(reflection)
                 .add_service(reflection_alpha)
                 .add_service(LocksServer::new(api.clone()).max_decoding_message_size(max))
                 // Credentials are checked from the headers, before a body
-                // (up to a 1 GiB backup, or a 16 MiB Raft message) is read:
-                // without them nothing is decoded.
+                // (up to a 1 GiB backup) is read: without them nothing is
+                // decoded.
                 .add_service(InterceptedService::new(
                     ClusterServer::new(api.clone())
                         .max_decoding_message_size(MAX_BACKUP_BYTES)
                         .max_encoding_message_size(MAX_BACKUP_BYTES),
                     authenticated(opts.auth.clone()),
-                ))
-                .add_service(InterceptedService::new(
-                    RaftServer::new(RaftService::new(
-                        raft.clone(),
-                        opts.auth.clone(),
-                        cluster.clone(),
-                    ))
-                    .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
-                    .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES),
-                    peers_only(opts.auth.clone()),
-                ))
-                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+                ));
+            // With a separate peer listener the client port has no Raft
+            // service at all (`UNIMPLEMENTED`).
+            let router = match peer_server {
+                Some(_) => router,
+                None => router.add_service(raft_service()),
+            };
+            router.serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown())
         };
-        let server = tokio::spawn(server);
+        let server = tokio::spawn(async move {
+            match peer_server {
+                None => client_server.await,
+                Some(peer_server) => tokio::try_join!(client_server, peer_server).map(|_| ()),
+            }
+        });
 
         let mut tasks = vec![
             tokio::spawn(shared.leases.clone().run(raft.clone())),
@@ -334,17 +408,13 @@ impl Node {
             tasks.push(tokio::spawn(seed_from_backup(api.clone(), path)));
         }
         if let Some(listener) = metrics {
-            let mut stop_rx = stop_rx.clone();
-            let shutdown = async move {
-                let _ = stop_rx.wait_for(|s| *s).await;
-            };
             let serve = crate::metrics::serve(
                 listener,
                 shared.metrics.clone(),
                 raft.clone(),
                 shared.clone(),
                 committed,
-                shutdown,
+                shutdown(),
             );
             tasks.push(tokio::spawn(async move {
                 if let Err(e) = serve.await {

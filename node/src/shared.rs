@@ -12,13 +12,13 @@
 
 use std::sync::{Arc, Mutex, RwLock};
 
-use openraft::{BasicNode, LogId, StoredMembership};
+use openraft::{LogId, StoredMembership};
 use tokio::sync::broadcast;
 
 use crate::api::waiters::Waiters;
 use crate::leases::Leases;
 use crate::metrics::Metrics;
-use crate::raft::{command_index, Batch, NodeId};
+use crate::raft::{command_index, Batch, NodeAddrs, NodeId};
 use crate::state::{Event, LockTable, Response};
 
 /// The applied state machine.
@@ -28,7 +28,7 @@ pub struct AppliedState {
     /// The last log id applied to it.
     pub last_applied: Option<LogId<NodeId>>,
     /// The last membership applied.
-    pub membership: StoredMembership<NodeId, BasicNode>,
+    pub membership: StoredMembership<NodeId, NodeAddrs>,
 }
 
 /// What a watch stream receives.
@@ -131,7 +131,7 @@ impl Shared {
     pub fn advance(
         &self,
         log_id: LogId<NodeId>,
-        membership: Option<StoredMembership<NodeId, BasicNode>>,
+        membership: Option<StoredMembership<NodeId, NodeAddrs>>,
     ) {
         let mut applied = self.applied.write().expect("applied lock poisoned");
         applied.last_applied = Some(log_id);
@@ -145,7 +145,7 @@ impl Shared {
         &self,
         table: LockTable,
         last_applied: Option<LogId<NodeId>>,
-        membership: StoredMembership<NodeId, BasicNode>,
+        membership: StoredMembership<NodeId, NodeAddrs>,
     ) {
         let mut applied = self.applied.write().expect("applied lock poisoned");
         applied.table = table;

@@ -199,8 +199,12 @@ impl TestCluster {
         NodeOptions {
             id,
             advertise: self.addrs[&id].clone(),
+            peer_advertise: None,
             data_dir: self.data_dir(id),
-            peers,
+            peers: peers
+                .into_iter()
+                .map(|(id, addr)| (id, raftlock_node::raft::NodeAddrs::shared(addr)))
+                .collect(),
             init,
             timing: self.timing.clone(),
             dial: BTreeMap::new(),

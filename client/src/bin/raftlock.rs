@@ -166,8 +166,11 @@ enum MembersCmd {
     Add {
         /// Node id.
         id: u64,
-        /// Node address host:port.
+        /// Node's client address host:port.
         addr: String,
+        /// Its peer address host:port, if it runs with --peer-listen.
+        #[arg(long)]
+        peer_addr: Option<String>,
     },
     /// Remove node ID.
     Remove {
@@ -387,7 +390,15 @@ async fn run(client: Client, cmd: Cmd) -> Result<u8, Error> {
         Cmd::Members { action, json } => {
             let members = match action.unwrap_or(MembersCmd::List) {
                 MembersCmd::List => client.members().await?.members,
-                MembersCmd::Add { id, addr } => client.add_node(id, &addr, false).await?,
+                MembersCmd::Add {
+                    id,
+                    addr,
+                    peer_addr,
+                } => {
+                    client
+                        .add_node_with_peer_addr(id, &addr, peer_addr.as_deref(), false)
+                        .await?
+                }
                 MembersCmd::Remove { id } => client.remove_node(id).await?,
             };
             if json {
@@ -654,13 +665,18 @@ fn print_event(e: &pb::WatchEvent, json: bool) {
 }
 
 fn member_json(m: &pb::Member) -> serde_json::Value {
-    json!({"id": m.id, "addr": m.addr, "voter": m.voter})
+    json!({"id": m.id, "addr": m.addr, "peer_addr": m.peer_addr, "voter": m.voter})
 }
 
 fn print_members(members: &[pb::Member]) {
     for m in members {
+        let peer = if m.peer_addr.is_empty() || m.peer_addr == m.addr {
+            String::new()
+        } else {
+            format!(" (peers: {})", m.peer_addr)
+        };
         println!(
-            "  {} {} {}",
+            "  {} {}{peer} {}",
             m.id,
             m.addr,
             if m.voter { "voter" } else { "learner" }

@@ -33,8 +33,12 @@ impl Cluster {
             let opts = NodeOptions {
                 id,
                 advertise: peers[&id].clone(),
+                peer_advertise: None,
                 data_dir: dir.path().join(format!("node-{id}")),
-                peers: peers.clone(),
+                peers: peers
+                    .iter()
+                    .map(|(id, addr)| (*id, raftlock_node::raft::NodeAddrs::shared(addr.clone())))
+                    .collect(),
                 init: id == 1,
                 timing: RaftTiming::default(),
                 dial: BTreeMap::new(),

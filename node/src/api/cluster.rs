@@ -2,18 +2,17 @@
 
 use std::collections::BTreeSet;
 
-use openraft::{BasicNode, ServerState, StoredMembership};
+use openraft::{ServerState, StoredMembership};
 use raftlock_proto::v1 as pb;
 use raftlock_proto::v1::cluster_server::Cluster;
 use tonic::{Request, Response, Status};
 
 use super::Api;
 use crate::auth::Permission;
-use crate::config::valid_addr;
 use crate::error::Error;
-use crate::raft::NodeId;
+use crate::raft::{valid_addr, NodeAddrs, NodeId};
 
-fn members(m: &StoredMembership<NodeId, BasicNode>) -> Vec<pb::Member> {
+fn members(m: &StoredMembership<NodeId, NodeAddrs>) -> Vec<pb::Member> {
     let voters: BTreeSet<NodeId> = m.membership().voter_ids().collect();
     m.membership()
         .nodes()
@@ -21,6 +20,7 @@ fn members(m: &StoredMembership<NodeId, BasicNode>) -> Vec<pb::Member> {
             id: *id,
             addr: node.addr.clone(),
             voter: voters.contains(id),
+            peer_addr: node.peer_addr.clone(),
         })
         .collect()
 }
@@ -148,12 +148,23 @@ impl Cluster for Api {
             ))
             .into());
         }
+        if !r.peer_addr.is_empty() && !valid_addr(&r.peer_addr) {
+            return Err(Error::InvalidArgument(format!(
+                "node peer address must be host:port (or empty), got {:?}",
+                r.peer_addr
+            ))
+            .into());
+        }
+        let node = match r.peer_addr.as_str() {
+            "" => NodeAddrs::shared(r.addr.clone()),
+            peer => NodeAddrs::new(r.addr.clone(), peer),
+        };
         let current = self.0.raft.metrics().borrow().membership_config.clone();
         if let Some(existing) = current.membership().get_node(&r.id) {
-            if existing.addr != r.addr {
+            if *existing != node {
                 return Err(Error::FailedPrecondition(format!(
-                    "node {} is already a member at {}",
-                    r.id, existing.addr
+                    "node {} is already a member at {existing}",
+                    r.id
                 ))
                 .into());
             }
@@ -162,13 +173,7 @@ impl Cluster for Api {
         let added = self
             .0
             .raft
-            .add_learner(
-                r.id,
-                BasicNode {
-                    addr: r.addr.clone(),
-                },
-                false,
-            )
+            .add_learner(r.id, node, false)
             .await
             .map_err(Error::from)?;
         // openraft's own "blocking" add only waits while the learner lags by
@@ -312,5 +317,7 @@ mod tests {
         assert!(!valid_addr(":7101"));
         assert!(!valid_addr("127.0.0.1:0"));
         assert!(!valid_addr("127.0.0.1:99999"));
+        assert!(!valid_addr("a:1/b:2"));
+        assert!(!valid_addr("a b:2"));
     }
 }

@@ -13,7 +13,8 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use raftlock_node::auth::Auth;
 use raftlock_node::config::{parse_peers, Config};
-use raftlock_node::node::{Node, NodeOptions, RaftTiming};
+use raftlock_node::node::{Listeners, Node, NodeOptions, RaftTiming};
+use raftlock_node::raft::NodeAddrs;
 use tokio::net::TcpListener;
 
 #[derive(Parser)]
@@ -76,16 +77,25 @@ struct RunArgs {
     /// This node's id (non-zero, unique in the cluster).
     #[arg(long, env = "RAFTLOCK_ID")]
     id: Option<u64>,
-    /// Address to listen on, e.g. 127.0.0.1:7101.
+    /// Address to listen on for clients (and peers, without
+    /// --peer-listen), e.g. 127.0.0.1:7101.
     #[arg(long, env = "RAFTLOCK_LISTEN")]
     listen: Option<std::net::SocketAddr>,
     /// Address others reach this node at (default: --listen).
     #[arg(long, env = "RAFTLOCK_ADVERTISE")]
     advertise: Option<String>,
+    /// Serve the internal Raft service on this separate address (like
+    /// etcd's peer port), so it can be firewalled off from clients.
+    #[arg(long, env = "RAFTLOCK_PEER_LISTEN")]
+    peer_listen: Option<std::net::SocketAddr>,
+    /// Address peers reach --peer-listen at (default: --peer-listen).
+    #[arg(long, env = "RAFTLOCK_PEER_ADVERTISE")]
+    peer_advertise: Option<String>,
     /// Data directory.
     #[arg(long, env = "RAFTLOCK_DATA_DIR")]
     data_dir: Option<PathBuf>,
-    /// Initial members: 1=HOST:PORT,2=HOST:PORT,...
+    /// Initial members: 1=HOST:PORT,2=HOST:PORT,... (HOST:PORT/HOST:PEER_PORT
+    /// for a member with a separate peer listener).
     #[arg(long, env = "RAFTLOCK_PEERS")]
     peers: Option<String>,
     /// Bootstrap a new cluster from --peers if this node has no data.
@@ -188,6 +198,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         id: args.id,
         listen: args.listen,
         advertise: args.advertise,
+        peer_listen: args.peer_listen,
+        peer_advertise: args.peer_advertise,
         data_dir: args.data_dir,
         peers,
         init: args.init.then_some(true),
@@ -209,9 +221,17 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     let merged = flags.or(file);
     let (opts, listen) = merged.validate()?;
-    let listener = TcpListener::bind(listen)
+    let listener = TcpListener::bind(listen.client)
         .await
-        .map_err(|e| anyhow::anyhow!("cannot listen on {listen}: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", listen.client))?;
+    let peer_listener = match listen.peer {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot listen on {addr} for peers: {e}"))?,
+        ),
+        None => None,
+    };
     let metrics_listen = merged.metrics_listen;
     let metrics = match metrics_listen {
         Some(addr) => Some(
@@ -224,19 +244,31 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     warn_on_clear_tokens(&opts);
     if merged.acl_file.is_none() {
         // `raftlockd dev` stays quiet: it listens on loopback only.
+        let peer_port = listen.peer.unwrap_or(listen.client);
         tracing::warn!(
-            listen = %opts.advertise,
-            "NO PEER AUTHENTICATION: anyone who can reach this port can call the internal \
+            peer_listen = %peer_port,
+            "NO PEER AUTHENTICATION: anyone who can reach {peer_port} can call the internal \
              Raft service and rewrite the replicated log (and every lock in it). Set acl_file \
-             (with a peer_token) on every node, or keep this port reachable from the cluster's \
-             nodes only"
+             (with a peer_token) on every node, or keep that port reachable from the cluster's \
+             nodes only (--peer-listen gives peers a port of their own to firewall)"
         );
     }
     if let Some(path) = merged.acl_file.clone() {
         tokio::spawn(reload_acl_on_sighup(opts.auth.clone(), path));
     }
-    let node = Node::start_with_metrics(opts, listener, metrics).await?;
-    tracing::info!(id = node.id, addr = %node.addr, metrics = ?metrics_listen, "raftlockd serving");
+    let listeners = Listeners {
+        client: listener,
+        peer: peer_listener,
+        metrics,
+    };
+    let node = Node::start_with(opts, listeners).await?;
+    tracing::info!(
+        id = node.id,
+        addr = %node.addr,
+        peer_listen = ?listen.peer,
+        metrics = ?metrics_listen,
+        "raftlockd serving"
+    );
     wait_for_signal().await;
     tracing::info!("shutting down");
     node.shutdown().await;
@@ -280,7 +312,9 @@ fn restore(
 async fn dev(args: DevArgs) -> anyhow::Result<()> {
     anyhow::ensure!((1..=9).contains(&args.nodes), "--nodes must be 1..=9");
     let addr = |i: u64| format!("127.0.0.1:{}", u64::from(args.base_port) + i - 1);
-    let peers: BTreeMap<u64, String> = (1..=args.nodes).map(|i| (i, addr(i))).collect();
+    let peers: BTreeMap<u64, NodeAddrs> = (1..=args.nodes)
+        .map(|i| (i, NodeAddrs::shared(addr(i))))
+        .collect();
     // Bind every port first, then start node 1 (the one that bootstraps)
     // last, so its first election finds its peers listening.
     let mut listeners = Vec::new();
@@ -303,6 +337,7 @@ async fn dev(args: DevArgs) -> anyhow::Result<()> {
         let opts = NodeOptions {
             id: i,
             advertise: addr(i),
+            peer_advertise: None,
             data_dir: args.data_dir.join(format!("node-{i}")),
             peers: peers.clone(),
             init: i == 1,

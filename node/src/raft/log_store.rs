@@ -513,6 +513,34 @@ mod tests {
         }
     }
 
+    /// A data directory of another format version (e.g. 3, whose members
+    /// had one address) is refused with the steps to move its data, and
+    /// left as it was.
+    #[test]
+    fn another_format_version_is_refused_with_upgrade_steps() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let db = open_db(dir.path()).expect("open");
+            let meta = db.open_tree("meta").expect("meta");
+            meta.insert(KEY_FORMAT, &3u64.to_be_bytes())
+                .expect("insert");
+            db.flush().expect("flush");
+        }
+        let err = open_db(dir.path()).expect_err("format 3 is refused");
+        let msg = format!("{err:#}");
+        assert!(
+            msg.contains("format 3") && msg.contains("reads 4") && msg.contains("snapshot save"),
+            "{msg}"
+        );
+        let db = sled::open(dir.path()).expect("reopen");
+        let found = db
+            .open_tree("meta")
+            .expect("meta")
+            .get(KEY_FORMAT)
+            .expect("get");
+        assert_eq!(found.as_deref(), Some(&3u64.to_be_bytes()[..]));
+    }
+
     fn blank(index: u64) -> Entry<TypeConfig> {
         Entry {
             log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),

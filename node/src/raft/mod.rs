@@ -43,11 +43,76 @@ openraft::declare_raft_types!(
         D = Batch,
         R = Applied,
         NodeId = NodeId,
-        Node = openraft::BasicNode,
+        Node = NodeAddrs,
         Entry = openraft::Entry<TypeConfig>,
         SnapshotData = Cursor<Vec<u8>>,
         AsyncRuntime = openraft::TokioRuntime,
 );
+
+/// A member's addresses, as the membership replicates them.
+///
+/// Clients and peers may reach a node on different ports: `addr` serves
+/// `Locks` and `Cluster` (followers redirect clients to the leader's
+/// `addr`), `peer_addr` serves `Raft` (what the other nodes dial). They are
+/// the same unless the node runs a separate peer listener
+/// (`raftlockd run --peer-listen`), which operators can firewall off from
+/// clients, like etcd's peer port.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeAddrs {
+    /// Where clients reach the node (host:port).
+    pub addr: String,
+    /// Where peers send Raft messages (host:port).
+    pub peer_addr: String,
+}
+
+impl NodeAddrs {
+    /// A node that serves clients and peers on one address.
+    pub fn shared(addr: impl Into<String>) -> Self {
+        let addr = addr.into();
+        NodeAddrs {
+            peer_addr: addr.clone(),
+            addr,
+        }
+    }
+
+    /// A node with a separate peer address.
+    pub fn new(addr: impl Into<String>, peer_addr: impl Into<String>) -> Self {
+        NodeAddrs {
+            addr: addr.into(),
+            peer_addr: peer_addr.into(),
+        }
+    }
+
+    /// Parses `CLIENT_ADDR` or `CLIENT_ADDR/PEER_ADDR`, as `--peers` and
+    /// the TOML file's `[peers]` take them. `None` if either address is not
+    /// `host:port`.
+    pub fn parse(s: &str) -> Option<Self> {
+        let (addr, peer) = match s.split_once('/') {
+            Some((a, p)) => (a.trim(), p.trim()),
+            None => (s.trim(), s.trim()),
+        };
+        (valid_addr(addr) && valid_addr(peer)).then(|| NodeAddrs::new(addr, peer))
+    }
+}
+
+impl std::fmt::Display for NodeAddrs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.addr == self.peer_addr {
+            f.write_str(&self.addr)
+        } else {
+            write!(f, "{}/{}", self.addr, self.peer_addr)
+        }
+    }
+}
+
+/// True for `host:port` with a non-empty host (no `/` or whitespace in it)
+/// and a non-zero port.
+pub fn valid_addr(addr: &str) -> bool {
+    matches!(addr.rsplit_once(':'), Some((h, p))
+        if !h.is_empty()
+            && !h.contains(|c: char| c == '/' || c.is_whitespace())
+            && p.parse::<u16>().is_ok_and(|p| p != 0))
+}
 
 /// One log entry's payload: lock commands applied in order.
 ///
@@ -92,8 +157,9 @@ pub type Raft = openraft::Raft<TypeConfig>;
 /// a data directory with another version, saying how to move its data (a
 /// backup from the old version restores into a new cluster). Version 3:
 /// restore parts carry a fence bump, lock tables an index floor, snapshot
-/// files a checksum.
-pub const FORMAT_VERSION: u64 = 3;
+/// files a checksum. Version 4: members carry a client and a peer address
+/// ([`NodeAddrs`]).
+pub const FORMAT_VERSION: u64 = 4;
 
 /// A storage failure inside openraft's traits.
 pub type StorageError = openraft::StorageError<NodeId>;

@@ -12,14 +12,13 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
-use openraft::BasicNode;
 use raftlock_proto::v1 as pb;
 use raftlock_proto::v1::raft_client::RaftClient;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tonic::transport::{Channel, Endpoint};
 
-use super::{NodeId, TypeConfig};
+use super::{NodeAddrs, NodeId, TypeConfig};
 use crate::auth::Auth;
 use crate::metrics::Metrics;
 
@@ -90,8 +89,10 @@ impl Network {
 impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = Peer;
 
-    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Peer {
-        let addr = self.dial.get(&target).unwrap_or(&node.addr).clone();
+    async fn new_client(&mut self, target: NodeId, node: &NodeAddrs) -> Peer {
+        // Peers are dialled at their peer address (their client address
+        // unless they run a separate peer listener).
+        let addr = self.dial.get(&target).unwrap_or(&node.peer_addr).clone();
         Peer {
             target,
             node: node.clone(),
@@ -106,7 +107,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 /// The connection to one peer.
 pub struct Peer {
     target: NodeId,
-    node: BasicNode,
+    node: NodeAddrs,
     channel: Result<Channel, String>,
     metrics: Arc<Metrics>,
     auth: Arc<Auth>,
@@ -124,7 +125,7 @@ impl Peer {
         rpc: Rpc,
         req: &Req,
         option: &RPCOption,
-    ) -> Result<Resp, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>
+    ) -> Result<Resp, RPCError<NodeId, NodeAddrs, RaftError<NodeId, E>>>
     where
         Req: Serialize,
         Resp: DeserializeOwned,
@@ -142,7 +143,7 @@ impl Peer {
         rpc: Rpc,
         req: &Req,
         option: &RPCOption,
-    ) -> Result<Resp, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>
+    ) -> Result<Resp, RPCError<NodeId, NodeAddrs, RaftError<NodeId, E>>>
     where
         Req: Serialize,
         Resp: DeserializeOwned,
@@ -239,7 +240,7 @@ impl RaftNetwork<TypeConfig> for Peer {
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, NodeAddrs, RaftError<NodeId>>> {
         self.call(Rpc::AppendEntries, &rpc, &option).await
     }
 
@@ -249,7 +250,7 @@ impl RaftNetwork<TypeConfig> for Peer {
         option: RPCOption,
     ) -> Result<
         InstallSnapshotResponse<NodeId>,
-        RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
+        RPCError<NodeId, NodeAddrs, RaftError<NodeId, InstallSnapshotError>>,
     > {
         self.call(Rpc::InstallSnapshot, &rpc, &option).await
     }
@@ -258,7 +259,7 @@ impl RaftNetwork<TypeConfig> for Peer {
         &mut self,
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
-    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, NodeAddrs, RaftError<NodeId>>> {
         self.call(Rpc::Vote, &rpc, &option).await
     }
 

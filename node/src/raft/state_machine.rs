@@ -12,19 +12,19 @@ use std::sync::Arc;
 
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{
-    BasicNode, Entry, EntryPayload, ErrorSubject, ErrorVerb, LogId, OptionalSend,
-    RaftSnapshotBuilder, SnapshotMeta, StorageIOError, StoredMembership,
+    Entry, EntryPayload, ErrorSubject, ErrorVerb, LogId, OptionalSend, RaftSnapshotBuilder,
+    SnapshotMeta, StorageIOError, StoredMembership,
 };
 use serde::{Deserialize, Serialize};
 
-use super::{io_err, Applied, NodeId, StorageError, TypeConfig};
+use super::{io_err, Applied, NodeAddrs, NodeId, StorageError, TypeConfig};
 use crate::shared::Shared;
 use crate::state::LockTable;
 
 /// A snapshot as stored on disk and sent to lagging nodes.
 #[derive(Serialize, Deserialize)]
 struct SnapshotFile {
-    meta: SnapshotMeta<NodeId, BasicNode>,
+    meta: SnapshotMeta<NodeId, NodeAddrs>,
     /// [`LockTable::to_snapshot`] bytes.
     table: Vec<u8>,
 }
@@ -64,7 +64,7 @@ struct SnapshotShared {
 /// without the intermediate `to_snapshot()` copy (the table's bytes are
 /// written in place and their length prefix patched afterwards).
 fn encode_snapshot_file(
-    meta: &SnapshotMeta<NodeId, BasicNode>,
+    meta: &SnapshotMeta<NodeId, NodeAddrs>,
     table: &LockTable,
     capacity: usize,
 ) -> Vec<u8> {
@@ -122,7 +122,7 @@ fn decode_snapshot(bytes: &[u8]) -> Result<SnapshotFile, String> {
 const SYNC_CHUNK: usize = 4 << 20;
 
 /// The meta of a snapshot file, without copying out the table's bytes.
-fn decode_snapshot_meta(bytes: &[u8]) -> Result<SnapshotMeta<NodeId, BasicNode>, String> {
+fn decode_snapshot_meta(bytes: &[u8]) -> Result<SnapshotMeta<NodeId, NodeAddrs>, String> {
     let bytes = checked(bytes)?;
     match bytes.split_first() {
         Some((&SNAPSHOT_FILE_VERSION, mut rest)) => {
@@ -249,7 +249,7 @@ async fn persist(
 }
 
 /// What a snapshot covers: its last log index + 1 (0 for an empty one).
-fn covered(meta: &SnapshotMeta<NodeId, BasicNode>) -> u64 {
+fn covered(meta: &SnapshotMeta<NodeId, NodeAddrs>) -> u64 {
     meta.last_log_id.map_or(0, |l| l.index + 1)
 }
 
@@ -310,7 +310,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
 
     async fn applied_state(
         &mut self,
-    ) -> Result<(Option<LogId<NodeId>>, StoredMembership<NodeId, BasicNode>), StorageError> {
+    ) -> Result<(Option<LogId<NodeId>>, StoredMembership<NodeId, NodeAddrs>), StorageError> {
         let applied = self.shared.applied.read().expect("applied lock poisoned");
         Ok((applied.last_applied, applied.membership.clone()))
     }
@@ -358,7 +358,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
 
     async fn install_snapshot(
         &mut self,
-        meta: &SnapshotMeta<NodeId, BasicNode>,
+        meta: &SnapshotMeta<NodeId, NodeAddrs>,
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError> {
         let bytes = snapshot.into_inner();

@@ -212,6 +212,7 @@ async fn an_unreachable_node_is_not_promoted_to_voter() {
         .add_node(AddNodeRequest {
             id: 9,
             addr: dead_addr,
+            peer_addr: String::new(),
             learner_only: false,
             catch_up_timeout_ms: 1_500,
         })

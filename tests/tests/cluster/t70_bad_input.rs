@@ -660,24 +660,30 @@ async fn bad_requests_get_documented_codes_and_change_nothing() {
         .expect("members")
         .into_inner()
         .members;
+    let good = "127.0.0.1:7999";
     let bad_adds = [
-        (0, "127.0.0.1:7999".to_string()),
-        (9, String::new()),
-        (9, "not-an-address".into()),
-        (9, "127.0.0.1".into()),
-        (9, ":7999".into()),
-        (9, "127.0.0.1:0".into()),
-        (9, "127.0.0.1:99999".into()),
+        (0, good, ""),
+        (9, "", ""),
+        (9, "not-an-address", ""),
+        (9, "127.0.0.1", ""),
+        (9, ":7999", ""),
+        (9, "127.0.0.1:0", ""),
+        (9, "127.0.0.1:99999", ""),
+        (9, "a:1/b:2", ""),
+        (9, good, "not-an-address"),
+        (9, good, "127.0.0.1:0"),
+        (9, good, " "),
     ];
-    for (id, a) in bad_adds {
-        let what = format!("add node {id} at {a:?}");
+    for (id, a, peer) in bad_adds {
+        let what = format!("add node {id} at {a:?} (peers: {peer:?})");
         refused_early!(
             p,
             Code::InvalidArgument,
             &what,
             admin.add_node(AddNodeRequest {
                 id,
-                addr: a,
+                addr: a.into(),
+                peer_addr: peer.into(),
                 learner_only: false,
                 catch_up_timeout_ms: 0,
             })
@@ -686,6 +692,7 @@ async fn bad_requests_get_documented_codes_and_change_nothing() {
     let taken = AddNodeRequest {
         id: leader,
         addr: "127.0.0.1:1".into(),
+        peer_addr: String::new(),
         learner_only: false,
         catch_up_timeout_ms: 0,
     };

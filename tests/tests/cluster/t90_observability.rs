@@ -32,8 +32,9 @@ async fn metrics_and_health_on_a_single_node_cluster() {
         NodeOptions {
             id: 1,
             advertise: addr.clone(),
+            peer_advertise: None,
             data_dir: dir.path().join("n1"),
-            peers: BTreeMap::from([(1, addr.clone())]),
+            peers: BTreeMap::from([(1, raftlock_node::raft::NodeAddrs::shared(addr.clone()))]),
             init: true,
             timing: test_timing(),
             dial: BTreeMap::new(),

@@ -17,8 +17,9 @@ fn options(id: u64, addr: &str, dir: &std::path::Path, init: bool) -> NodeOption
     NodeOptions {
         id,
         advertise: addr.to_string(),
+        peer_advertise: None,
         data_dir: dir.to_path_buf(),
-        peers: BTreeMap::from([(id, addr.to_string())]),
+        peers: BTreeMap::from([(id, raftlock_node::raft::NodeAddrs::shared(addr))]),
         init,
         timing: test_timing(),
         dial: BTreeMap::new(),
