@@ -9,6 +9,7 @@
 //! | `semaphore` | permits certainly held at once, or described holders, exceed the capacity |
 //! | `linearizability` | no linearization of a lock's operations fits the lock model (see [`crate::linear`]) |
 //! | `hold-windows` | never: reports where the windows clients *believed* they held overlapped |
+//! | `audit` | anything is still held or queued at the end of the run (see [`crate::audit`]) |
 //!
 //! "Certainly held": from the acquire's return until the invocation of a
 //! release that answered `released: true` (the server still had the grant
@@ -41,6 +42,8 @@ pub struct CheckInput<'a> {
     pub linear_timeout: Duration,
     /// Where to put porcupine's visualizations.
     pub out_dir: &'a Path,
+    /// The end-of-run audit record (`audit.json`), if the run made one.
+    pub audit: Option<&'a Value>,
 }
 
 /// Checker results by name, and the anomalies they found.
@@ -519,6 +522,12 @@ pub fn check(input: &CheckInput) -> Checked {
         WorkloadKind::Semaphore => {
             add("semaphore", semaphore(input.ops, &grants, input.capacity));
         }
+        WorkloadKind::Clients => {
+            add("mutual-exclusion", mutual_exclusion(&grants));
+        }
+    }
+    if let Some(audit) = input.audit {
+        add("audit", crate::audit::check(audit));
     }
     add(
         "hold-windows",

@@ -12,6 +12,8 @@
 //! linearizable. [`run`] ties it together and writes `results.json` and
 //! `report.html` ([`report`]).
 
+pub mod audit;
+pub mod campaign;
 pub mod checker;
 pub mod cluster;
 pub mod history;

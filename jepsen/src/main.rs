@@ -5,6 +5,9 @@
 //!   --workload fenced-counter --concurrency 4 --seed 1 --out DIR`
 //! * `raftlock-jepsen check --out DIR --workload NAME` re-checks a finished
 //!   run.
+//! * `raftlock-jepsen campaign --runs N --nodes 3,5 --workloads ... --nemesis
+//!   ... --time-limit S --out DIR` runs a seeded matrix and writes
+//!   `DIR/summary.html` and `DIR/summary.json`.
 //!
 //! Exit codes: 0 valid, 1 invalid, 2 the harness itself failed (bad
 //! arguments, no raftlockd, the cluster never came up), 130 interrupted.
@@ -13,6 +16,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use raftlock_jepsen::campaign::{self, CampaignArgs};
 use raftlock_jepsen::run::{self, RunArgs};
 use raftlock_jepsen::workload::WorkloadKind;
 
@@ -31,6 +35,8 @@ struct Cli {
 enum Command {
     /// Run a test and check it.
     Run(RunArgs),
+    /// Run a seeded matrix of runs and summarize them.
+    Campaign(CampaignArgs),
     /// Re-check a finished run's history.
     Check {
         /// The run's output directory.
@@ -104,6 +110,22 @@ fn main() {
                 tokio::select! {
                     r = run::run(args) => r.inspect(|_| {
                         eprintln!("raftlock-jepsen: results in {}", out.join("results.json").display());
+                    }),
+                    _ = interrupted() => {
+                        eprintln!("raftlock-jepsen: interrupted; stopping every node");
+                        return 130;
+                    }
+                }
+            }
+            Command::Campaign(args) => {
+                let out = args.out.clone();
+                tokio::select! {
+                    r = campaign::campaign(args) => r.inspect(|o| {
+                        eprintln!(
+                            "raftlock-jepsen campaign: {} of {} runs valid; summary in {}",
+                            o.results["valid_runs"], o.results["runs"],
+                            out.join("summary.html").display()
+                        );
                     }),
                     _ = interrupted() => {
                         eprintln!("raftlock-jepsen: interrupted; stopping every node");

@@ -30,7 +30,7 @@ pub struct RunArgs {
     /// or all / none.
     #[arg(long, default_value = "kill,pause,partition")]
     pub nemesis: String,
-    /// fenced-counter, lock or semaphore.
+    /// fenced-counter, lock, semaphore or clients.
     #[arg(long, value_enum, default_value = "fenced-counter")]
     pub workload: WorkloadKind,
     /// Client workers.
@@ -211,7 +211,14 @@ pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
     eprintln!("raftlock-jepsen: healed; {} s of recovery", args.recovery);
     tokio::time::sleep(Duration::from_secs(args.recovery)).await;
     stop.store(true, Ordering::SeqCst);
-    let drain = futures::future::join_all(workers.iter_mut());
+    let mut leftovers = Vec::new();
+    let drain = async {
+        for w in workers.iter_mut() {
+            if let Ok(l) = w.await {
+                leftovers.push(l);
+            }
+        }
+    };
     if tokio::time::timeout(Duration::from_secs(30), drain)
         .await
         .is_err()
@@ -221,6 +228,32 @@ pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
     for w in &workers {
         w.abort();
     }
+
+    // The end-of-run audit, while the workers' sessions are still alive.
+    let believed: Vec<(u64, u64)> = leftovers
+        .iter()
+        .filter_map(|l| Some((l.process, l.session.as_ref()?.id())))
+        .collect();
+    let audit_client = raftlock_client::Client::with_options(
+        cluster.lock().await.client_endpoints(),
+        raftlock_client::ClientOptions {
+            request_timeout: Duration::from_secs(2),
+            retry_deadline: Duration::from_secs(10),
+            ..Default::default()
+        },
+    )?;
+    let audit =
+        crate::audit::collect(&audit_client, &believed, 2 * ttl + Duration::from_secs(5)).await;
+    std::fs::write(
+        out.join("audit.json"),
+        serde_json::to_string_pretty(&audit)?,
+    )?;
+    eprintln!(
+        "raftlock-jepsen: audit after {} ms: {} names still held or queued",
+        audit["waited_ms"],
+        audit["locks"].as_array().map_or(0, Vec::len)
+    );
+    futures::future::join_all(leftovers.into_iter().map(|l| l.close())).await;
 
     let store_values = store.as_ref().map(Store::values).unwrap_or_default();
     if let Some(s) = &store {
@@ -245,6 +278,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
         capacity: args.capacity,
         linear_timeout: Duration::from_secs(args.linearizability_timeout),
         out_dir: &out,
+        audit: Some(&audit),
     });
     let valid = checked.valid();
     let results = json!({
@@ -298,6 +332,9 @@ pub fn recheck(
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok())
         .unwrap_or_default();
+    let audit: Option<Value> = std::fs::read_to_string(out.join("audit.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok());
     let checked = checker::check(&CheckInput {
         ops: &ops,
         workload,
@@ -306,6 +343,7 @@ pub fn recheck(
         capacity,
         linear_timeout,
         out_dir: out,
+        audit: audit.as_ref(),
     });
     let valid = checked.valid();
     let windows = nemesis::windows_from_history(&events);
