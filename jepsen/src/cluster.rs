@@ -474,6 +474,37 @@ impl Cluster {
         Ok(())
     }
 
+    /// Disaster recovery: starts a fresh cluster of the same shape in
+    /// `dir` (new ports, empty data), restores `backup` into it with
+    /// `fence_bump`, and puts it in this one's place; the old
+    /// cluster's nodes and proxies are stopped. Returns the restore's
+    /// answer.
+    pub async fn replace_by_restore(
+        &mut self,
+        backup: Vec<u8>,
+        fence_bump: u64,
+        dir: PathBuf,
+    ) -> anyhow::Result<raftlock_client::proto::RestoreResponse> {
+        let opts = ClusterOptions {
+            dir,
+            ..self.opts.clone()
+        };
+        let mut fresh = Cluster::start(opts).await?;
+        let restored = fresh
+            .admin
+            .restore_with(backup, Some(fence_bump))
+            .await
+            .context("restore into the fresh cluster")?;
+        std::mem::swap(self, &mut fresh);
+        fresh.stop_all().await;
+        Ok(restored)
+    }
+
+    /// The run directory.
+    pub fn dir(&self) -> &Path {
+        &self.opts.dir
+    }
+
     /// Kills every process now (also done on drop).
     pub async fn stop_all(&mut self) {
         for id in self.ids() {

@@ -41,6 +41,8 @@ pub enum NemesisKind {
     Clock,
     /// Add and remove nodes.
     Membership,
+    /// Back up, restore into a fresh cluster, move the workers there.
+    Restore,
 }
 
 impl NemesisKind {
@@ -64,16 +66,20 @@ impl NemesisKind {
                 "membership" => {
                     out.insert(NemesisKind::Membership);
                 }
+                "restore" => {
+                    out.insert(NemesisKind::Restore);
+                }
                 "all" => out.extend([
                     NemesisKind::Kill,
                     NemesisKind::Pause,
                     NemesisKind::Partition,
                     NemesisKind::Clock,
                     NemesisKind::Membership,
+                    NemesisKind::Restore,
                 ]),
                 "none" => {}
                 other => anyhow::bail!(
-                    "unknown nemesis {other:?} (expected kill, pause, partition, clock, membership, all or none)"
+                    "unknown nemesis {other:?} (expected kill, pause, partition, clock, membership, restore, all or none)"
                 ),
             }
         }
@@ -87,6 +93,7 @@ impl NemesisKind {
             NemesisKind::Partition => "partition",
             NemesisKind::Clock => "clock",
             NemesisKind::Membership => "membership",
+            NemesisKind::Restore => "restore",
         }
     }
 }
@@ -132,6 +139,11 @@ pub struct NemesisOptions {
     pub cut_mode: CutMode,
     /// Initial voter count (membership grows it by one and back).
     pub nodes: u64,
+    /// The run directory (restored clusters live in `restore-N/` in it).
+    pub out: std::path::PathBuf,
+    /// Where the workers learn the client addresses of the cluster they
+    /// must move to after a restore.
+    pub endpoints: Option<Arc<tokio::sync::watch::Sender<Vec<String>>>>,
 }
 
 /// What a fault did, to be healed.
@@ -153,6 +165,7 @@ pub async fn run(
 ) -> Vec<Window> {
     let mut rng = StdRng::seed_from_u64(opts.seed ^ 0x006e_656d_6573_6973);
     let mut windows = Vec::new();
+    let mut backups: Vec<Backup> = Vec::new();
     if opts.kinds.is_empty() {
         return windows;
     }
@@ -168,7 +181,7 @@ pub async fn run(
         let kind = *opts.kinds.choose(&mut rng).expect("kinds is not empty");
         let start_ns = rec.now_ns();
         let (variant, nodes, detail, active) =
-            match start(&cluster, &rec, &opts, kind, &mut rng).await {
+            match start(&cluster, &rec, &opts, kind, &mut rng, &mut backups).await {
                 Ok(x) => x,
                 Err(e) => {
                     rec.record(
@@ -186,7 +199,7 @@ pub async fn run(
             // cluster that has moved on.
             NemesisKind::Pause => opts.ttl + Duration::from_millis(rng.random_range(1000..=3000)),
             NemesisKind::Kill => Duration::from_millis(rng.random_range(1000..=5000)),
-            NemesisKind::Membership => Duration::ZERO,
+            NemesisKind::Membership | NemesisKind::Restore => Duration::ZERO,
             _ => fault_len,
         };
         let hold_until = (Instant::now() + hold).min(until.max(Instant::now()));
@@ -235,7 +248,11 @@ async fn start(
     opts: &NemesisOptions,
     kind: NemesisKind,
     rng: &mut StdRng,
+    backups: &mut Vec<Backup>,
 ) -> anyhow::Result<Started> {
+    if kind == NemesisKind::Restore {
+        return restore(cluster, rec, opts, rng, backups).await;
+    }
     let mut members = voters(cluster).await;
     anyhow::ensure!(!members.is_empty(), "no voters to fault");
     members.shuffle(rng);
@@ -362,6 +379,7 @@ async fn start(
         NemesisKind::Membership => {
             return membership(cluster, rec, opts, members, leader, rng).await;
         }
+        NemesisKind::Restore => unreachable!("handled above"),
     };
     rec.record(
         Process::NEMESIS,
@@ -370,6 +388,86 @@ async fn start(
         json!({"variant": started.0, "nodes": started.1, "detail": started.2}),
     );
     Ok(started)
+}
+
+/// A backup taken during the run: the table and its largest fence.
+pub struct Backup {
+    snapshot: Vec<u8>,
+    last_fence: u64,
+}
+
+/// The server's default fence bump on restore.
+const DEFAULT_FENCE_BUMP: u64 = 1 << 32;
+
+/// Disaster recovery under load: `Backup` from the live cluster, start a
+/// fresh cluster, `Restore` into it (a third of the time an older backup of
+/// this run, when there is one), and move the workers there. The old
+/// cluster is stopped, as an operator would. Fences granted after the move
+/// must be above everything the store accepted before it, and restored
+/// session ids and queue positions must not collide with new ones.
+async fn restore(
+    cluster: &Arc<Mutex<Cluster>>,
+    rec: &Recorder,
+    opts: &NemesisOptions,
+    rng: &mut StdRng,
+    backups: &mut Vec<Backup>,
+) -> anyhow::Result<Started> {
+    let mut c = cluster.lock().await;
+    let backup = c.admin().backup().await?;
+    backups.push(Backup {
+        snapshot: backup.snapshot,
+        last_fence: backup.last_fence,
+    });
+    let older = backups.len() > 1 && rng.random_bool(1.0 / 3.0);
+    let pick = if older {
+        rng.random_range(0..backups.len() - 1)
+    } else {
+        backups.len() - 1
+    };
+    let generation = std::fs::read_dir(&opts.out)
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with("restore-"))
+                .count()
+        })
+        .unwrap_or(0)
+        + 1;
+    let variant = if older {
+        "older-backup"
+    } else {
+        "latest-backup"
+    };
+    // What an operator must do (deploy/README.md, "Backup and restore"):
+    // the default bump covers what the cluster granted after the backup,
+    // but an older backup may predate an earlier restore, whose own bump
+    // put the live fences further out still. Raise the bump by the gap to
+    // the newest fence the cluster being replaced reached.
+    let fence_bump =
+        DEFAULT_FENCE_BUMP + backup.last_fence.saturating_sub(backups[pick].last_fence);
+    rec.record(
+        Process::NEMESIS,
+        Type::Info,
+        "start-restore",
+        json!({"variant": variant, "backup": pick, "backups": backups.len(),
+               "live_index": backup.index, "live_last_fence": backup.last_fence,
+               "backup_last_fence": backups[pick].last_fence, "fence_bump": fence_bump}),
+    );
+    let restored = c
+        .replace_by_restore(
+            backups[pick].snapshot.clone(),
+            fence_bump,
+            opts.out.join(format!("restore-{generation}")),
+        )
+        .await?;
+    if let Some(tx) = &opts.endpoints {
+        tx.send_replace(c.client_endpoints());
+    }
+    let detail = json!({
+        "backup": pick, "backups": backups.len(), "generation": generation, "fence_bump": fence_bump,
+        "sessions": restored.sessions, "last_fence": restored.last_fence,
+    });
+    rec.record(Process::NEMESIS, Type::Info, "restored", detail.clone());
+    Ok((variant.to_string(), c.initial_ids(), detail, Active::Done))
 }
 
 /// The directions to cut for a partition variant over `members` (shuffled).

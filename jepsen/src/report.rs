@@ -27,6 +27,7 @@ fn kind_color(k: NemesisKind) -> &'static str {
         NemesisKind::Partition => "#4e79a7",
         NemesisKind::Clock => "#b07aa1",
         NemesisKind::Membership => "#59a14f",
+        NemesisKind::Restore => "#76b7b2",
     }
 }
 

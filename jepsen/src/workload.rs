@@ -95,6 +95,9 @@ pub struct WorkloadOptions {
     pub concurrency: u64,
     /// The run's seed.
     pub seed: u64,
+    /// The client addresses of the cluster to use; changes when the
+    /// restore nemesis has moved everything to a restored cluster.
+    pub moved: tokio::sync::watch::Receiver<Vec<String>>,
 }
 
 /// The lock name guarding counter `k`.
@@ -228,6 +231,33 @@ impl Worker {
         }
     }
 
+    /// The cluster was restored elsewhere: abandon the old session (it lives
+    /// on in the restored cluster until its lease runs out) and talk to the
+    /// new cluster from now on.
+    fn move_to_restored(&mut self) {
+        let endpoints = self.opts.moved.borrow_and_update().clone();
+        if let Some(s) = self.session.take() {
+            let sid = s.id();
+            self.rec.record(
+                Process::Client(self.process),
+                Type::Invoke,
+                "close",
+                json!({ "session": sid }),
+            );
+            self.rec.record(
+                Process::Client(self.process),
+                Type::Info,
+                "close",
+                json!({ "session": sid, "moved": true }),
+            );
+            self.process += self.opts.concurrency;
+        }
+        match Client::with_options(endpoints, worker_client_options()) {
+            Ok(c) => self.client = c,
+            Err(e) => eprintln!("raftlock-jepsen: worker cannot reach the restored cluster: {e}"),
+        }
+    }
+
     /// Closes the current session (releasing whatever it holds). `ok` means
     /// it ended by now; `info` that it ends at some unknown time (it will
     /// expire: nobody keeps it alive any more).
@@ -327,6 +357,9 @@ impl Worker {
     /// still has (holding nothing), for the end-of-run audit.
     async fn run(mut self) -> Leftover {
         while !self.stopped() {
+            if self.opts.moved.has_changed().unwrap_or(false) {
+                self.move_to_restored();
+            }
             let Some(session) = self.session().await else {
                 continue;
             };
@@ -695,6 +728,14 @@ impl Leftover {
     }
 }
 
+fn worker_client_options() -> ClientOptions {
+    ClientOptions {
+        request_timeout: Duration::from_secs(2),
+        retry_deadline: Duration::from_secs(4),
+        ..ClientOptions::default()
+    }
+}
+
 /// Starts `concurrency` workers; they run until `stop` is set, then hand
 /// back the sessions they still have (see [`Leftover`]).
 pub fn spawn_workers(
@@ -704,14 +745,7 @@ pub fn spawn_workers(
 ) -> anyhow::Result<Vec<tokio::task::JoinHandle<Leftover>>> {
     let mut handles = Vec::new();
     for slot in 0..opts.concurrency {
-        let client = Client::with_options(
-            opts.endpoints.clone(),
-            ClientOptions {
-                request_timeout: Duration::from_secs(2),
-                retry_deadline: Duration::from_secs(4),
-                ..ClientOptions::default()
-            },
-        )?;
+        let client = Client::with_options(opts.endpoints.clone(), worker_client_options())?;
         let worker = Worker {
             rec: rec.clone(),
             opts: opts.clone(),
