@@ -89,6 +89,9 @@ pub struct ClusterOptions {
     pub spares: u64,
     /// libfaketime, when the clock nemesis runs.
     pub libfaketime: Option<PathBuf>,
+    /// Put each node's data directory on the disk-fault layer
+    /// ([`crate::lazyfs`]), for the lose-unsynced and slow-disk nemeses.
+    pub disk_faults: bool,
 }
 
 struct NodeProc {
@@ -103,6 +106,8 @@ struct NodeProc {
     started: bool,
     /// Clock rate under libfaketime (1.0 = real time).
     rate: f64,
+    /// The disk-fault layer under its data directory, if any.
+    disk: Option<crate::lazyfs::Mount>,
 }
 
 /// The nodes of one run and the proxies between them.
@@ -123,6 +128,11 @@ impl Cluster {
         for &id in &ids {
             let dir = opts.dir.join(format!("n{id}"));
             std::fs::create_dir_all(&dir)?;
+            let disk = if opts.disk_faults {
+                Some(crate::lazyfs::mount(&dir.join("disk"), &dir.join("data"))?)
+            } else {
+                None
+            };
             nodes.insert(
                 id,
                 NodeProc {
@@ -132,6 +142,7 @@ impl Cluster {
                     paused: false,
                     started: false,
                     rate: 1.0,
+                    disk,
                 },
             );
         }
@@ -399,12 +410,43 @@ impl Cluster {
         self.kill(id).await?;
         let n = self.nodes.get_mut(&id).expect("known node");
         let data = n.dir.join("data");
-        if data.exists() {
+        if n.disk.is_some() {
+            // The directory is a mount point: empty it.
+            for e in std::fs::read_dir(&data)? {
+                let p = e?.path();
+                if p.is_dir() {
+                    std::fs::remove_dir_all(&p)
+                } else {
+                    std::fs::remove_file(&p)
+                }
+                .with_context(|| format!("cannot wipe {}", p.display()))?;
+            }
+        } else if data.exists() {
             std::fs::remove_dir_all(&data)
                 .with_context(|| format!("cannot wipe {}", data.display()))?;
         }
         n.started = true;
         self.restart(id).await
+    }
+
+    /// Drops every write node `id`'s disk has not synced (kill it first):
+    /// the files that lost something.
+    pub fn lose_unsynced(&self, id: u64) -> anyhow::Result<usize> {
+        let disk = self.nodes[&id]
+            .disk
+            .as_ref()
+            .context("no disk-fault layer (the run was started without disk nemeses)")?;
+        Ok(disk.control.lose_unsynced()?)
+    }
+
+    /// Makes every sync on node `id`'s disk take `delay`.
+    pub fn set_fsync_delay(&self, id: u64, delay: Duration) -> anyhow::Result<()> {
+        let disk = self.nodes[&id]
+            .disk
+            .as_ref()
+            .context("no disk-fault layer (the run was started without disk nemeses)")?;
+        disk.control.set_fsync_delay(delay);
+        Ok(())
     }
 
     /// SIGSTOPs node `id`.
@@ -526,6 +568,18 @@ impl Drop for Cluster {
                 }
                 let _ = child.start_kill();
                 let _ = child.try_wait();
+            }
+            if n.disk.is_some() {
+                // A killed node may not have exited yet, and an unmount of
+                // a busy mount fails: detach it now, it goes when the
+                // process does.
+                let data = n.dir.join("data");
+                if let Ok(path) = std::ffi::CString::new(data.as_os_str().as_encoded_bytes()) {
+                    // SAFETY: umount2(2) with a valid C string.
+                    unsafe {
+                        libc::umount2(path.as_ptr(), libc::MNT_DETACH);
+                    }
+                }
             }
         }
         self.net.shutdown();

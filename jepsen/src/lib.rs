@@ -17,6 +17,7 @@ pub mod campaign;
 pub mod checker;
 pub mod cluster;
 pub mod history;
+pub mod lazyfs;
 pub mod linear;
 pub mod nemesis;
 pub mod proxy;

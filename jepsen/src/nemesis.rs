@@ -43,6 +43,10 @@ pub enum NemesisKind {
     Membership,
     /// Back up, restore into a fresh cluster, move the workers there.
     Restore,
+    /// Kill nodes and drop what their disks had not synced (power loss).
+    LoseUnsynced,
+    /// Make syncs slow on some nodes.
+    SlowDisk,
 }
 
 impl NemesisKind {
@@ -69,6 +73,13 @@ impl NemesisKind {
                 "restore" => {
                     out.insert(NemesisKind::Restore);
                 }
+                "lose-unsynced" => {
+                    out.insert(NemesisKind::LoseUnsynced);
+                }
+                "slow-disk" => {
+                    out.insert(NemesisKind::SlowDisk);
+                }
+                "disk" => out.extend([NemesisKind::LoseUnsynced, NemesisKind::SlowDisk]),
                 "all" => out.extend([
                     NemesisKind::Kill,
                     NemesisKind::Pause,
@@ -76,10 +87,12 @@ impl NemesisKind {
                     NemesisKind::Clock,
                     NemesisKind::Membership,
                     NemesisKind::Restore,
+                    NemesisKind::LoseUnsynced,
+                    NemesisKind::SlowDisk,
                 ]),
                 "none" => {}
                 other => anyhow::bail!(
-                    "unknown nemesis {other:?} (expected kill, pause, partition, clock, membership, restore, all or none)"
+                    "unknown nemesis {other:?} (expected kill, pause, partition, clock, membership, restore, lose-unsynced, slow-disk, disk, all or none)"
                 ),
             }
         }
@@ -94,7 +107,14 @@ impl NemesisKind {
             NemesisKind::Clock => "clock",
             NemesisKind::Membership => "membership",
             NemesisKind::Restore => "restore",
+            NemesisKind::LoseUnsynced => "lose-unsynced",
+            NemesisKind::SlowDisk => "slow-disk",
         }
+    }
+
+    /// True for the kinds that need the disk-fault layer.
+    pub fn needs_disk_layer(self) -> bool {
+        matches!(self, NemesisKind::LoseUnsynced | NemesisKind::SlowDisk)
     }
 }
 
@@ -152,6 +172,7 @@ enum Active {
     Paused(Vec<u64>),
     Cut,
     Clock(Vec<u64>),
+    SlowDisk(Vec<u64>),
     Done,
 }
 
@@ -198,7 +219,9 @@ pub async fn run(
             // Longer than the ttl, so leases run out on the clock of a
             // cluster that has moved on.
             NemesisKind::Pause => opts.ttl + Duration::from_millis(rng.random_range(1000..=3000)),
-            NemesisKind::Kill => Duration::from_millis(rng.random_range(1000..=5000)),
+            NemesisKind::Kill | NemesisKind::LoseUnsynced => {
+                Duration::from_millis(rng.random_range(1000..=5000))
+            }
             NemesisKind::Membership | NemesisKind::Restore => Duration::ZERO,
             _ => fault_len,
         };
@@ -380,6 +403,101 @@ async fn start(
             return membership(cluster, rec, opts, members, leader, rng).await;
         }
         NemesisKind::Restore => unreachable!("handled above"),
+        NemesisKind::LoseUnsynced => {
+            // A power loss: one node, the leader, the leader and a
+            // follower, every node (then no copy of an unsynced write
+            // survives anywhere), or a majority while the rest lag behind
+            // (paused for 1-2 s first, so the majority alone holds the
+            // newest acknowledged writes; the laggards then lead).
+            let variant = *[
+                "one",
+                "leader",
+                "leader-and-follower",
+                "all",
+                "majority-ahead",
+            ]
+            .choose(rng)
+            .expect("non-empty");
+            let l = pick_leader(rng);
+            let mut majority_set = vec![l];
+            majority_set.extend(
+                members
+                    .iter()
+                    .copied()
+                    .filter(|&m| m != l)
+                    .take(majority - 1),
+            );
+            let targets: Vec<u64> = match variant {
+                "one" => vec![members[0]],
+                "leader" => vec![l],
+                "leader-and-follower" => {
+                    let mut t = vec![l];
+                    t.extend(members.iter().copied().find(|&m| m != l));
+                    t
+                }
+                "majority-ahead" => majority_set.clone(),
+                _ => members.clone(),
+            };
+            let laggards: Vec<u64> = if variant == "majority-ahead" {
+                members
+                    .iter()
+                    .copied()
+                    .filter(|m| !targets.contains(m))
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            let mut c = cluster.lock().await;
+            let mut lost = Vec::new();
+            for &t in &laggards {
+                c.pause(t)?;
+            }
+            if !laggards.is_empty() {
+                tokio::time::sleep(Duration::from_millis(rng.random_range(1000..=2000))).await;
+            }
+            for &t in &targets {
+                c.kill(t).await?;
+            }
+            for &t in &laggards {
+                c.resume(t)?;
+            }
+            for &t in &targets {
+                lost.push(json!({"node": t, "files": c.lose_unsynced(t)?}));
+            }
+            (
+                variant.to_string(),
+                targets.clone(),
+                json!({ "lost": lost, "laggards": laggards }),
+                Active::Killed(targets),
+            )
+        }
+        NemesisKind::SlowDisk => {
+            let variant = *["leader", "follower", "majority"]
+                .choose(rng)
+                .expect("non-empty");
+            let l = pick_leader(rng);
+            let targets: Vec<u64> = match variant {
+                "leader" => vec![l],
+                "follower" => members
+                    .iter()
+                    .copied()
+                    .filter(|&m| m != l)
+                    .take(1)
+                    .collect(),
+                _ => members.iter().copied().take(majority).collect(),
+            };
+            let delay = Duration::from_millis(rng.random_range(100..=2000));
+            let c = cluster.lock().await;
+            for &t in &targets {
+                c.set_fsync_delay(t, delay)?;
+            }
+            (
+                variant.to_string(),
+                targets.clone(),
+                json!({ "fsync_ms": delay.as_millis() as u64 }),
+                Active::SlowDisk(targets),
+            )
+        }
     };
     rec.record(
         Process::NEMESIS,
@@ -653,6 +771,11 @@ async fn heal(cluster: &Arc<Mutex<Cluster>>, active: &Active) -> anyhow::Result<
                 c.set_rate(id, 1.0).await?;
             }
         }
+        Active::SlowDisk(ids) => {
+            for &id in ids {
+                c.set_fsync_delay(id, Duration::ZERO)?;
+            }
+        }
         Active::Done => {}
     }
     Ok(())
@@ -667,6 +790,9 @@ pub fn windows_from_history(events: &[crate::history::Event]) -> Vec<Window> {
         "partition" => Some(NemesisKind::Partition),
         "clock" => Some(NemesisKind::Clock),
         "membership" | "add-node" | "remove-node" => Some(NemesisKind::Membership),
+        "restore" => Some(NemesisKind::Restore),
+        "lose-unsynced" => Some(NemesisKind::LoseUnsynced),
+        "slow-disk" => Some(NemesisKind::SlowDisk),
         _ => None,
     };
     let mut open: std::collections::HashMap<String, (u64, Value)> = Default::default();
@@ -758,7 +884,15 @@ mod tests {
             NemesisKind::parse_list("kill,pause").unwrap(),
             vec![NemesisKind::Kill, NemesisKind::Pause]
         );
-        assert_eq!(NemesisKind::parse_list("all").unwrap().len(), 5);
+        assert_eq!(NemesisKind::parse_list("all").unwrap().len(), 8);
+        assert_eq!(
+            NemesisKind::parse_list("restore,disk").unwrap(),
+            vec![
+                NemesisKind::Restore,
+                NemesisKind::LoseUnsynced,
+                NemesisKind::SlowDisk
+            ]
+        );
         assert!(NemesisKind::parse_list("none").unwrap().is_empty());
         assert!(NemesisKind::parse_list("flood").is_err());
     }

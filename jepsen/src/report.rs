@@ -28,6 +28,8 @@ fn kind_color(k: NemesisKind) -> &'static str {
         NemesisKind::Clock => "#b07aa1",
         NemesisKind::Membership => "#59a14f",
         NemesisKind::Restore => "#76b7b2",
+        NemesisKind::LoseUnsynced => "#9c755f",
+        NemesisKind::SlowDisk => "#edc948",
     }
 }
 

@@ -27,7 +27,7 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 60)]
     pub time_limit: u64,
     /// Faults: comma-separated kill, pause, partition, clock, membership,
-    /// restore, or all / none.
+    /// restore, lose-unsynced, slow-disk (disk = both), or all / none.
     #[arg(long, default_value = "kill,pause,partition")]
     pub nemesis: String,
     /// fenced-counter, lock, semaphore or clients.
@@ -127,6 +127,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
         kinds.retain(|k| *k != NemesisKind::Restore);
     }
     let raftlockd = cluster::find_raftlockd(args.raftlockd.as_deref())?;
+    let disk_faults = kinds.iter().any(|k| k.needs_disk_layer());
+    anyhow::ensure!(
+        !disk_faults || crate::lazyfs::available(),
+        "the lose-unsynced and slow-disk nemeses need FUSE (/dev/fuse), which this machine \
+         does not have; leave them out (`all` includes them)"
+    );
     let libfaketime = if kinds.contains(&NemesisKind::Clock) {
         Some(cluster::find_libfaketime()?)
     } else {
@@ -158,6 +164,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
         nodes: args.nodes,
         spares,
         libfaketime,
+        disk_faults,
     })
     .await?;
     eprintln!(
