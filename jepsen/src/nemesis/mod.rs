@@ -23,6 +23,13 @@ use serde_json::{json, Value};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
+mod disk;
+mod membership;
+mod restore;
+
+use membership::membership;
+use restore::{restore, Backup};
+
 use crate::cluster::Cluster;
 use crate::history::{Process, Recorder, Type};
 use crate::proxy::Link;
@@ -404,99 +411,12 @@ async fn start(
         }
         NemesisKind::Restore => unreachable!("handled above"),
         NemesisKind::LoseUnsynced => {
-            // A power loss: one node, the leader, the leader and a
-            // follower, every node (then no copy of an unsynced write
-            // survives anywhere), or a majority while the rest lag behind
-            // (paused for 1-2 s first, so the majority alone holds the
-            // newest acknowledged writes; the laggards then lead).
-            let variant = *[
-                "one",
-                "leader",
-                "leader-and-follower",
-                "all",
-                "majority-ahead",
-            ]
-            .choose(rng)
-            .expect("non-empty");
             let l = pick_leader(rng);
-            let mut majority_set = vec![l];
-            majority_set.extend(
-                members
-                    .iter()
-                    .copied()
-                    .filter(|&m| m != l)
-                    .take(majority - 1),
-            );
-            let targets: Vec<u64> = match variant {
-                "one" => vec![members[0]],
-                "leader" => vec![l],
-                "leader-and-follower" => {
-                    let mut t = vec![l];
-                    t.extend(members.iter().copied().find(|&m| m != l));
-                    t
-                }
-                "majority-ahead" => majority_set.clone(),
-                _ => members.clone(),
-            };
-            let laggards: Vec<u64> = if variant == "majority-ahead" {
-                members
-                    .iter()
-                    .copied()
-                    .filter(|m| !targets.contains(m))
-                    .collect()
-            } else {
-                Vec::new()
-            };
-            let mut c = cluster.lock().await;
-            let mut lost = Vec::new();
-            for &t in &laggards {
-                c.pause(t)?;
-            }
-            if !laggards.is_empty() {
-                tokio::time::sleep(Duration::from_millis(rng.random_range(1000..=2000))).await;
-            }
-            for &t in &targets {
-                c.kill(t).await?;
-            }
-            for &t in &laggards {
-                c.resume(t)?;
-            }
-            for &t in &targets {
-                lost.push(json!({"node": t, "files": c.lose_unsynced(t)?}));
-            }
-            (
-                variant.to_string(),
-                targets.clone(),
-                json!({ "lost": lost, "laggards": laggards }),
-                Active::Killed(targets),
-            )
+            disk::lose_unsynced(cluster, &members, l, majority, rng).await?
         }
         NemesisKind::SlowDisk => {
-            let variant = *["leader", "follower", "majority"]
-                .choose(rng)
-                .expect("non-empty");
             let l = pick_leader(rng);
-            let targets: Vec<u64> = match variant {
-                "leader" => vec![l],
-                "follower" => members
-                    .iter()
-                    .copied()
-                    .filter(|&m| m != l)
-                    .take(1)
-                    .collect(),
-                _ => members.iter().copied().take(majority).collect(),
-            };
-            let delay = Duration::from_millis(rng.random_range(100..=2000));
-            let c = cluster.lock().await;
-            for &t in &targets {
-                c.set_fsync_delay(t, delay)?;
-            }
-            (
-                variant.to_string(),
-                targets.clone(),
-                json!({ "fsync_ms": delay.as_millis() as u64 }),
-                Active::SlowDisk(targets),
-            )
+            disk::slow_disk(cluster, &members, l, majority, rng).await?
         }
     };
     rec.record(
@@ -506,86 +426,6 @@ async fn start(
         json!({"variant": started.0, "nodes": started.1, "detail": started.2}),
     );
     Ok(started)
-}
-
-/// A backup taken during the run: the table and its largest fence.
-pub struct Backup {
-    snapshot: Vec<u8>,
-    last_fence: u64,
-}
-
-/// The server's default fence bump on restore.
-const DEFAULT_FENCE_BUMP: u64 = 1 << 32;
-
-/// Disaster recovery under load: `Backup` from the live cluster, start a
-/// fresh cluster, `Restore` into it (a third of the time an older backup of
-/// this run, when there is one), and move the workers there. The old
-/// cluster is stopped, as an operator would. Fences granted after the move
-/// must be above everything the store accepted before it, and restored
-/// session ids and queue positions must not collide with new ones.
-async fn restore(
-    cluster: &Arc<Mutex<Cluster>>,
-    rec: &Recorder,
-    opts: &NemesisOptions,
-    rng: &mut StdRng,
-    backups: &mut Vec<Backup>,
-) -> anyhow::Result<Started> {
-    let mut c = cluster.lock().await;
-    let backup = c.admin().backup().await?;
-    backups.push(Backup {
-        snapshot: backup.snapshot,
-        last_fence: backup.last_fence,
-    });
-    let older = backups.len() > 1 && rng.random_bool(1.0 / 3.0);
-    let pick = if older {
-        rng.random_range(0..backups.len() - 1)
-    } else {
-        backups.len() - 1
-    };
-    let generation = std::fs::read_dir(&opts.out)
-        .map(|d| {
-            d.flatten()
-                .filter(|e| e.file_name().to_string_lossy().starts_with("restore-"))
-                .count()
-        })
-        .unwrap_or(0)
-        + 1;
-    let variant = if older {
-        "older-backup"
-    } else {
-        "latest-backup"
-    };
-    // What an operator must do (deploy/README.md, "Backup and restore"):
-    // the default bump covers what the cluster granted after the backup,
-    // but an older backup may predate an earlier restore, whose own bump
-    // put the live fences further out still. Raise the bump by the gap to
-    // the newest fence the cluster being replaced reached.
-    let fence_bump =
-        DEFAULT_FENCE_BUMP + backup.last_fence.saturating_sub(backups[pick].last_fence);
-    rec.record(
-        Process::NEMESIS,
-        Type::Info,
-        "start-restore",
-        json!({"variant": variant, "backup": pick, "backups": backups.len(),
-               "live_index": backup.index, "live_last_fence": backup.last_fence,
-               "backup_last_fence": backups[pick].last_fence, "fence_bump": fence_bump}),
-    );
-    let restored = c
-        .replace_by_restore(
-            backups[pick].snapshot.clone(),
-            fence_bump,
-            opts.out.join(format!("restore-{generation}")),
-        )
-        .await?;
-    if let Some(tx) = &opts.endpoints {
-        tx.send_replace(c.client_endpoints());
-    }
-    let detail = json!({
-        "backup": pick, "backups": backups.len(), "generation": generation, "fence_bump": fence_bump,
-        "sessions": restored.sessions, "last_fence": restored.last_fence,
-    });
-    rec.record(Process::NEMESIS, Type::Info, "restored", detail.clone());
-    Ok((variant.to_string(), c.initial_ids(), detail, Active::Done))
 }
 
 /// The directions to cut for a partition variant over `members` (shuffled).
@@ -644,111 +484,6 @@ pub fn partition_links(variant: &str, members: &[u64], leader: u64, rng: &mut St
                 rest.iter().map(|&r| (r, leader)).collect()
             }
         }
-    }
-}
-
-async fn membership(
-    cluster: &Arc<Mutex<Cluster>>,
-    rec: &Recorder,
-    opts: &NemesisOptions,
-    voters: Vec<u64>,
-    leader: Option<u64>,
-    rng: &mut StdRng,
-) -> anyhow::Result<Started> {
-    let (admin, all, members) = {
-        let c = cluster.lock().await;
-        (
-            c.admin().clone(),
-            c.ids(),
-            c.members().await.unwrap_or_else(|| voters.clone()),
-        )
-    };
-    if voters.len() as u64 > opts.nodes {
-        // Shrink back: remove a voter, the leader a third of the time.
-        let target = match leader {
-            Some(l) if rng.random_bool(0.33) => l,
-            _ => *voters.choose(rng).expect("voters"),
-        };
-        rec.record(
-            Process::NEMESIS,
-            Type::Invoke,
-            "remove-node",
-            json!({"node": target}),
-        );
-        let r = tokio::time::timeout(Duration::from_secs(30), admin.remove_node(target)).await;
-        let (kind, value) = change_outcome(target, &r);
-        rec.record(Process::NEMESIS, kind, "remove-node", value.clone());
-        // A node that has left is decommissioned: wiped and started empty,
-        // a spare for a later add. Only when the leader confirms it left.
-        let mut wiped = false;
-        if kind == Type::Ok {
-            let mut c = cluster.lock().await;
-            if c.members().await.is_some_and(|m| !m.contains(&target)) {
-                c.wipe(target).await?;
-                wiped = true;
-            }
-        }
-        Ok((
-            "remove".into(),
-            vec![target],
-            json!({"result": value, "wiped": wiped}),
-            Active::Done,
-        ))
-    } else {
-        let spares: Vec<u64> = all
-            .iter()
-            .copied()
-            .filter(|id| !members.contains(id))
-            .collect();
-        anyhow::ensure!(!spares.is_empty(), "no spare node to add");
-        let target = *spares.choose(rng).expect("spares");
-        let addr = cluster.lock().await.addr(target);
-        rec.record(
-            Process::NEMESIS,
-            Type::Invoke,
-            "add-node",
-            json!({"node": target, "addr": addr}),
-        );
-        let r = tokio::time::timeout(
-            Duration::from_secs(40),
-            admin.add_node(target, &addr, false),
-        )
-        .await;
-        let (kind, value) = change_outcome(target, &r);
-        rec.record(Process::NEMESIS, kind, "add-node", value.clone());
-        Ok((
-            "add".into(),
-            vec![target],
-            json!({ "result": value }),
-            Active::Done,
-        ))
-    }
-}
-
-/// How a membership change on `target` ended, as the history records it:
-/// `ok` with the new members, `fail` for a definite refusal, `info` when the
-/// outcome is unknown (retryable error or timeout).
-fn change_outcome(
-    target: u64,
-    r: &Result<
-        raftlock_client::Result<Vec<raftlock_client::proto::Member>>,
-        tokio::time::error::Elapsed,
-    >,
-) -> (Type, Value) {
-    match r {
-        Ok(Ok(m)) => (
-            Type::Ok,
-            json!({"node": target, "members": m.iter().map(|m| m.id).collect::<Vec<_>>()}),
-        ),
-        Ok(Err(e)) => (
-            if e.is_retryable() {
-                Type::Info
-            } else {
-                Type::Fail
-            },
-            json!({"node": target, "error": e.to_string()}),
-        ),
-        Err(_) => (Type::Info, json!({"node": target, "error": "timed out"})),
     }
 }
 
