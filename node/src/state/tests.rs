@@ -3237,6 +3237,31 @@ fn withdraw_removes_a_queued_acquire_and_lets_the_queue_move() {
     );
 }
 
+/// A withdraw can overtake its acquire: the client gave up while the
+/// acquire was still on its way, or a retry of it went out around a leader
+/// change. The acquire must then grant nothing when it arrives. Found by
+/// the harness's end-of-run audit (`clients` workload, `--nemesis all`): a
+/// lock held, with a fence no worker ever saw, by a live session whose
+/// client had abandoned that acquire.
+#[test]
+fn a_withdraw_that_overtakes_its_acquire_stops_it() {
+    let mut h = Harness::new();
+    let a = h.open();
+    let seq = h.next_seq();
+    let r = h.apply(withdraw(a, seq, "x"));
+    assert_eq!(r.reply, Reply::Withdrawn { withdrawn: false });
+    let r = h.apply(acq(a, seq, "x", X, WAIT));
+    assert_eq!(r.reply, Reply::Acquire(Acquired::NotAcquired));
+    assert!(r.events.is_empty(), "{:?}", r.events);
+    assert!(holders(&h.table, "x").is_empty());
+    // Its retries get the same answer; the session's next acquire works.
+    assert_eq!(
+        h.no_op(acq(a, seq, "x", X, WAIT)),
+        Reply::Acquire(Acquired::NotAcquired)
+    );
+    h.grant(a, "x", X);
+}
+
 #[test]
 fn withdraw_releases_a_grant_made_to_that_acquire_only() {
     let mut h = Harness::new();
