@@ -195,9 +195,10 @@ pub enum Command {
     },
     /// Withdraw the acquire `seq` of `session` on `name`, whatever became of
     /// it: a queued wait leaves the queue; a grant made to it and still held
-    /// is released. Sent by a client that gave up on an acquire whose
-    /// outcome it does not know (a dropped future, a timeout, a leader
-    /// change). Idempotent.
+    /// is released; if the acquire has not been applied yet, it grants
+    /// nothing when it is (it is answered "not acquired"). Sent by a client
+    /// that gave up on an acquire whose outcome it does not know (a dropped
+    /// future, a timeout, a leader change). Idempotent.
     Withdraw {
         /// The session that sent the acquire.
         session: SessionId,

@@ -149,6 +149,11 @@ impl Replies {
         }
     }
 
+    /// True if `seq` was never answered (nor forgotten below the floor).
+    fn is_unseen(&self, seq: u64) -> bool {
+        !self.map.contains_key(&seq) && self.floor.is_none_or(|f| seq > f)
+    }
+
     /// Rewrites a remembered reply whose outcome has since been decided (a
     /// queued acquire granted or cancelled).
     fn settle(&mut self, seq: u64, reply: Reply) {
@@ -1067,8 +1072,10 @@ impl LockTable {
 
     /// Withdraws the acquire `seq` of `session` on `name`, whatever became
     /// of it: a queued wait leaves the queue, a grant made to it and still
-    /// held is released. Idempotent: `withdrawn: false` when there is
-    /// nothing (left) to withdraw.
+    /// held is released, and an acquire not applied yet (the withdraw
+    /// overtook it) is answered "not acquired" when it comes, granting
+    /// nothing. Idempotent: `withdrawn: false` when there is nothing (left)
+    /// to withdraw.
     fn withdraw(
         &mut self,
         index: u64,
@@ -1104,6 +1111,13 @@ impl LockTable {
             // Those behind it may be grantable now.
             self.promote(&name, index, events);
             return Reply::Withdrawn { withdrawn: true };
+        }
+        if s.replies.is_unseen(seq) {
+            // The acquire has not arrived (yet): when it does, it finds
+            // this answer and is not applied (digest 0 matches it).
+            s.replies
+                .remember(seq, 0, &Reply::Acquire(Acquired::NotAcquired));
+            return Reply::Withdrawn { withdrawn: false };
         }
         let Some(&fence) = s.held.get(&name) else {
             return Reply::Withdrawn { withdrawn: false };

@@ -3269,11 +3269,13 @@ fn withdraw_releases_a_grant_made_to_that_acquire_only() {
     h.grant(a, "x", X);
     let a_seq = h.seq;
     h.queue(b, "x", X);
-    // Another seq of a's is not the acquire that holds x: nothing happens.
+    // Another seq of a's is not the acquire that holds x: x stays held
+    // (that seq, not seen yet, will grant nothing if it ever comes).
     assert_eq!(
-        h.no_op(withdraw(a, a_seq + 100, "x")),
+        h.apply(withdraw(a, a_seq + 100, "x")).reply,
         Reply::Withdrawn { withdrawn: false }
     );
+    assert_eq!(holders(&h.table, "x"), vec![(a, X)]);
     let r = h.apply(withdraw(a, a_seq, "x"));
     assert_eq!(r.reply, Reply::Withdrawn { withdrawn: true });
     assert_eq!(holders(&h.table, "x"), vec![(b, X)]);
