@@ -191,7 +191,8 @@ impl TestCluster {
         cluster
     }
 
-    fn data_dir(&self, id: u64) -> PathBuf {
+    /// Node `id`'s data directory.
+    pub fn data_dir(&self, id: u64) -> PathBuf {
         self.dir.path().join(format!("node-{id}"))
     }
 
