@@ -213,11 +213,7 @@ impl Cluster for Api {
         self.caller(&req)?.require_admin()?;
         // Linearizable on the leader: the copy includes every write
         // acknowledged before the call.
-        self.0
-            .raft
-            .ensure_linearizable()
-            .await
-            .map_err(Error::from)?;
+        self.read_barrier(false).await?;
         // Encoding a large table takes a while (about half a second at 1M
         // held locks): on a blocking thread, behind the snapshot gate, so
         // applies wait as parked tasks instead of blocking runtime threads

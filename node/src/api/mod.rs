@@ -14,7 +14,7 @@ pub mod locks;
 pub mod raft_service;
 pub mod waiters;
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
@@ -49,6 +49,9 @@ pub struct ApiInner {
     pub(crate) watches: Arc<std::sync::atomic::AtomicUsize>,
     /// Access control.
     pub auth: Arc<Auth>,
+    /// The term in which this process, as leader, has had an entry of its
+    /// own committed and applied (0: none yet); see [`Api::read_barrier`].
+    read_ready_term: AtomicU64,
 }
 
 /// The public services (`Locks`, `Cluster`); cheap to clone.
@@ -75,6 +78,7 @@ impl Api {
             batcher: batcher::Batcher::start(raft.clone()),
             watches: Arc::default(),
             auth,
+            read_ready_term: AtomicU64::new(0),
         }))
     }
 
@@ -190,10 +194,32 @@ impl Api {
 
     /// Waits until this node's table reflects every write committed before
     /// the call (openraft's read-index), unless `stale`.
+    ///
+    /// openraft's read index is the larger of the leader's first entry of
+    /// its term and its commit index. A leader restarted with its term
+    /// (openraft restores a leader whose vote is committed) starts from the
+    /// commit index it saved, which can lag what it acknowledged before it
+    /// stopped, and its first entry of the term is old: that read index
+    /// would serve a table missing acknowledged writes. So before its first
+    /// linearizable read in a term, this process as leader has an empty
+    /// entry of its own committed and applied, which brings the commit
+    /// index past everything committed before.
     pub async fn read_barrier(&self, stale: bool) -> Result<(), Error> {
         self.check_running()?;
         if stale {
             return Ok(());
+        }
+        let (leading, term) = {
+            let m = self.0.raft.metrics();
+            let m = m.borrow();
+            (m.state == openraft::ServerState::Leader, m.current_term)
+        };
+        if leading && self.0.read_ready_term.load(Ordering::Acquire) != term {
+            self.0
+                .raft
+                .client_write(crate::raft::Batch(Vec::new()))
+                .await?;
+            self.0.read_ready_term.store(term, Ordering::Release);
         }
         self.0.raft.ensure_linearizable().await?;
         Ok(())
