@@ -301,7 +301,17 @@ impl Cluster {
         let deadline = Instant::now() + timeout;
         let addr = self.addr(id);
         loop {
-            if self.admin.node_status(&addr).await.is_ok() {
+            // Our node, not whatever else may have taken the port: free
+            // ports are found by binding and releasing, and another process
+            // on the machine can take one in between.
+            if let Ok(s) = self.admin.node_status(&addr).await {
+                anyhow::ensure!(
+                    s.id == id,
+                    "{addr} is answered by node {} of another cluster, not node {id}: another \
+                     process took the port (see {})",
+                    s.id,
+                    self.nodes[&id].dir.join("raftlockd.log").display()
+                );
                 return Ok(());
             }
             anyhow::ensure!(
