@@ -15,6 +15,7 @@ use std::time::Instant;
 use serde_json::{json, Value};
 
 use crate::nemesis::{CutMode, NemesisKind};
+use crate::report::esc;
 use crate::run::{self, RunArgs};
 use crate::workload::WorkloadKind;
 
@@ -209,13 +210,6 @@ fn write_summary(dir: &Path, rows: &[Value], wall_s: f64) -> anyhow::Result<Valu
     )?;
     std::fs::write(dir.join("summary.html"), render(&summary))?;
     Ok(summary)
-}
-
-fn esc(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
 }
 
 fn render(summary: &Value) -> String {

@@ -13,7 +13,8 @@ const WIDTH: f64 = 1200.0;
 const LEFT: f64 = 70.0;
 const RIGHT: f64 = 20.0;
 
-fn esc(s: &str) -> String {
+/// Escapes text for HTML (also used by the campaign summary).
+pub(crate) fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
