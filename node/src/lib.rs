@@ -4,6 +4,7 @@
 //! node together; the `raftlockd` binary runs it.
 
 pub mod api;
+pub mod apply;
 pub mod auth;
 pub mod config;
 pub mod error;
@@ -11,7 +12,6 @@ pub mod leases;
 pub mod metrics;
 pub mod node;
 pub mod raft;
-pub mod shared;
 pub mod state;
 pub mod tls;
 

@@ -1,16 +1,15 @@
 //! Prometheus metrics: counters kept by the node, gauges read at scrape
 //! time, served as text on a separate HTTP port (`GET /metrics`).
+//!
+//! A leaf module: the apply path and the network count into it through
+//! enum keys ([`Counter`], [`RaftRpc`], [`Method`]), and whoever serves it
+//! supplies the gauges ([`Gauges`]) at scrape time, so it knows nothing of
+//! Raft or the lock table.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-use openraft::ServerState;
-
-use crate::raft::Raft;
-use crate::shared::Shared;
-use crate::state::{EndCause, Event};
 
 /// Upper bounds of the request-latency buckets, in seconds.
 pub const LATENCY_BUCKETS: [f64; 12] = [
@@ -99,8 +98,103 @@ impl Method {
     }
 }
 
-/// The outgoing Raft RPCs whose errors are counted.
-pub const RAFT_RPCS: [&str; 3] = ["append_entries", "vote", "install_snapshot"];
+/// The outgoing Raft RPCs, whose errors are counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RaftRpc {
+    /// `Raft.AppendEntries`.
+    AppendEntries,
+    /// `Raft.Vote`.
+    Vote,
+    /// `Raft.InstallSnapshot`.
+    InstallSnapshot,
+}
+
+impl RaftRpc {
+    /// Every RPC, in the order of [`Metrics`]' error counters.
+    pub const ALL: [RaftRpc; 3] = [
+        RaftRpc::AppendEntries,
+        RaftRpc::Vote,
+        RaftRpc::InstallSnapshot,
+    ];
+
+    /// The name the `rpc` label shows.
+    pub fn name(self) -> &'static str {
+        match self {
+            RaftRpc::AppendEntries => "append_entries",
+            RaftRpc::Vote => "vote",
+            RaftRpc::InstallSnapshot => "install_snapshot",
+        }
+    }
+}
+
+/// What the apply path counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counter {
+    /// A grant applied.
+    Grants,
+    /// A release by its holder applied.
+    Releases,
+    /// A session expiry applied.
+    Expiries,
+    /// A queued acquire that timed out.
+    WaitTimeouts,
+}
+
+impl Counter {
+    /// Every counter, in the order of [`Metrics`]' counters.
+    pub const ALL: [Counter; 4] = [
+        Counter::Grants,
+        Counter::Releases,
+        Counter::Expiries,
+        Counter::WaitTimeouts,
+    ];
+
+    /// The metric's name and help text.
+    fn describe(self) -> (&'static str, &'static str) {
+        match self {
+            Counter::Grants => ("raftlock_grants_total", "Grants applied on this node."),
+            Counter::Releases => (
+                "raftlock_releases_total",
+                "Releases by holders applied on this node.",
+            ),
+            Counter::Expiries => (
+                "raftlock_expiries_total",
+                "Session expiries applied on this node.",
+            ),
+            Counter::WaitTimeouts => (
+                "raftlock_wait_timeouts_total",
+                "Queued acquires that timed out.",
+            ),
+        }
+    }
+}
+
+/// The values read at scrape time, from Raft and the lock table.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Gauges {
+    /// Current Raft term.
+    pub term: u64,
+    /// Whether this node is the leader.
+    pub is_leader: bool,
+    /// The leader this node knows (0: none).
+    pub leader_id: u64,
+    /// Highest log index known committed.
+    pub commit_index: u64,
+    /// Highest log index applied.
+    pub applied_index: u64,
+    /// Last log index.
+    pub last_log_index: u64,
+    /// Open sessions.
+    pub sessions: u64,
+    /// Held grants (locks and semaphore permits).
+    pub held_locks: u64,
+    /// Queued acquires.
+    pub waiters: u64,
+    /// Largest fence handed out.
+    pub last_fence: u64,
+    /// Blocking acquires parked on this node.
+    pub parked_requests: u64,
+}
 
 #[derive(Default)]
 struct Histogram {
@@ -126,12 +220,9 @@ impl Histogram {
 /// One node's counters.
 #[derive(Default)]
 pub struct Metrics {
-    grants: AtomicU64,
-    releases: AtomicU64,
-    expiries: AtomicU64,
-    timeouts: AtomicU64,
+    counters: [AtomicU64; Counter::ALL.len()],
     requests: [Histogram; Method::ALL.len()],
-    raft_rpc_errors: [AtomicU64; RAFT_RPCS.len()],
+    raft_rpc_errors: [AtomicU64; RaftRpc::ALL.len()],
 }
 
 /// Records a request's latency when dropped.
@@ -156,129 +247,82 @@ impl Metrics {
         }
     }
 
-    /// Counts the grants, releases and expiries in applied events.
-    pub fn on_events(&self, events: &[Event]) {
-        for e in events {
-            match e {
-                Event::Granted { .. } => {
-                    self.grants.fetch_add(1, Ordering::Relaxed);
-                }
-                Event::Ended {
-                    cause: EndCause::Released,
-                    ..
-                } => {
-                    self.releases.fetch_add(1, Ordering::Relaxed);
-                }
-                Event::SessionEnded { expired: true, .. } => {
-                    self.expiries.fetch_add(1, Ordering::Relaxed);
-                }
-                Event::Cancelled {
-                    cause: crate::state::CancelCause::TimedOut,
-                    ..
-                } => {
-                    self.timeouts.fetch_add(1, Ordering::Relaxed);
-                }
-                _ => {}
-            }
-        }
+    /// Adds one to `counter`.
+    pub fn count(&self, counter: Counter) {
+        self.counters[counter as usize].fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Counts a failed outgoing Raft RPC (`rpc` one of [`RAFT_RPCS`]).
-    pub fn raft_rpc_error(&self, rpc: &str) {
-        if let Some(i) = RAFT_RPCS.iter().position(|r| *r == rpc) {
-            self.raft_rpc_errors[i].fetch_add(1, Ordering::Relaxed);
-        }
+    /// Counts a failed outgoing Raft RPC.
+    pub fn raft_rpc_error(&self, rpc: RaftRpc) {
+        self.raft_rpc_errors[rpc as usize].fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The Prometheus text exposition of this node.
-    pub fn render(&self, raft: &Raft, shared: &Shared, committed: u64) -> String {
-        let m = raft.metrics().borrow().clone();
-        let stats = shared
-            .applied
-            .read()
-            .expect("applied lock poisoned")
-            .table
-            .stats();
+    /// The Prometheus text exposition of this node, with `gauges` read by
+    /// the caller.
+    pub fn render(&self, gauges: &Gauges) -> String {
+        let g = gauges;
         let mut out = String::new();
         let mut gauge = |name: &str, help: &str, v: u64| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
         };
-        gauge("raftlock_term", "Current Raft term.", m.current_term);
+        gauge("raftlock_term", "Current Raft term.", g.term);
         gauge(
             "raftlock_is_leader",
             "1 if this node is the leader.",
-            u64::from(m.state == ServerState::Leader),
+            u64::from(g.is_leader),
         );
         gauge(
             "raftlock_leader_id",
             "Id of the leader this node knows (0: none).",
-            m.current_leader.unwrap_or(0),
+            g.leader_id,
         );
         gauge(
             "raftlock_commit_index",
             "Highest log index known committed.",
-            committed,
+            g.commit_index,
         );
         gauge(
             "raftlock_applied_index",
             "Highest log index applied.",
-            m.last_applied.map_or(0, |l| l.index),
+            g.applied_index,
         );
         gauge(
             "raftlock_last_log_index",
             "Last log index.",
-            m.last_log_index.unwrap_or(0),
+            g.last_log_index,
         );
-        gauge("raftlock_sessions", "Open sessions.", stats.sessions);
+        gauge("raftlock_sessions", "Open sessions.", g.sessions);
         gauge(
             "raftlock_held_locks",
             "Held grants (locks and semaphore permits).",
-            stats.grants,
+            g.held_locks,
         );
-        gauge("raftlock_waiters", "Queued acquires.", stats.waiters);
+        gauge("raftlock_waiters", "Queued acquires.", g.waiters);
         gauge(
             "raftlock_last_fence",
             "Largest fence handed out.",
-            stats.last_fence,
+            g.last_fence,
         );
         gauge(
             "raftlock_parked_requests",
             "Blocking acquires parked on this node.",
-            shared.waiters.len() as u64,
+            g.parked_requests,
         );
-        let mut counter = |name: &str, help: &str, v: &AtomicU64| {
+        for counter in Counter::ALL {
+            let (name, help) = counter.describe();
+            let v = self.counters[counter as usize].load(Ordering::Relaxed);
             let _ = writeln!(
                 out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
-                v.load(Ordering::Relaxed)
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
             );
-        };
-        counter(
-            "raftlock_grants_total",
-            "Grants applied on this node.",
-            &self.grants,
-        );
-        counter(
-            "raftlock_releases_total",
-            "Releases by holders applied on this node.",
-            &self.releases,
-        );
-        counter(
-            "raftlock_expiries_total",
-            "Session expiries applied on this node.",
-            &self.expiries,
-        );
-        counter(
-            "raftlock_wait_timeouts_total",
-            "Queued acquires that timed out.",
-            &self.timeouts,
-        );
+        }
         let _ = writeln!(
             out,
             "# HELP raftlock_raft_rpc_errors_total Failed outgoing Raft RPCs.\n# TYPE raftlock_raft_rpc_errors_total counter"
         );
-        for (i, rpc) in RAFT_RPCS.iter().enumerate() {
-            let v = self.raft_rpc_errors[i].load(Ordering::Relaxed);
+        for rpc in RaftRpc::ALL {
+            let v = self.raft_rpc_errors[rpc as usize].load(Ordering::Relaxed);
+            let rpc = rpc.name();
             let _ = writeln!(out, "raftlock_raft_rpc_errors_total{{rpc=\"{rpc}\"}} {v}");
         }
         let _ = writeln!(
@@ -309,18 +353,17 @@ impl Metrics {
 }
 
 /// Serves `GET /metrics` on `listener` until `shutdown` resolves.
+/// `gauges` is called once per scrape.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     metrics: Arc<Metrics>,
-    raft: Raft,
-    shared: Arc<Shared>,
-    committed: Arc<AtomicU64>,
+    gauges: impl Fn() -> Gauges + Clone + Send + Sync + 'static,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let app = axum::Router::new().route(
         "/metrics",
         axum::routing::get(move || {
-            let body = metrics.render(&raft, &shared, committed.load(Ordering::Relaxed));
+            let body = metrics.render(&gauges());
             async move { ([("content-type", "text/plain; version=0.0.4")], body) }
         }),
     );
@@ -344,9 +387,30 @@ mod tests {
     }
 
     #[test]
-    fn unknown_rpcs_are_ignored_and_every_method_has_its_histogram() {
+    fn every_key_has_its_slot_and_shows_in_the_text() {
         let m = Metrics::default();
-        m.raft_rpc_error("nope");
+        for (i, rpc) in RaftRpc::ALL.iter().enumerate() {
+            assert_eq!(*rpc as usize, i, "{rpc:?} out of order in ALL");
+            m.raft_rpc_error(*rpc);
+        }
+        for (i, counter) in Counter::ALL.iter().enumerate() {
+            assert_eq!(*counter as usize, i, "{counter:?} out of order in ALL");
+            m.count(*counter);
+        }
+        let text = m.render(&Gauges {
+            term: 7,
+            ..Gauges::default()
+        });
+        assert!(text.contains("\nraftlock_term 7\n"), "{text}");
+        assert!(
+            text.contains("raftlock_raft_rpc_errors_total{rpc=\"vote\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("\nraftlock_wait_timeouts_total 1\n"),
+            "{text}"
+        );
+        assert!(text.contains("\nraftlock_grants_total 1\n"), "{text}");
         for (i, method) in Method::ALL.iter().enumerate() {
             assert_eq!(*method as usize, i, "{method:?} out of order in ALL");
             drop(m.timer(*method));

@@ -19,12 +19,12 @@ use tonic::service::interceptor::InterceptedService;
 
 use crate::api::raft_service::RaftService;
 use crate::api::Api;
+use crate::apply::state_machine::StateMachineStore;
+use crate::apply::Shared;
 use crate::raft::identity::ClusterIdentity;
 use crate::raft::log_store::{open_db, LogStore};
 use crate::raft::network::Network;
-use crate::raft::state_machine::StateMachineStore;
 use crate::raft::{NodeAddrs, NodeId, Raft};
-use crate::shared::Shared;
 
 /// Most concurrent gRPC streams (requests, keep-alive and watch streams) on
 /// one client connection; past it the client's HTTP/2 stack waits.
@@ -104,20 +104,12 @@ pub const MAX_BACKUP_BYTES: usize = 1 << 30;
 /// below can rely on it).
 pub const SNAPSHOT_CHUNK_BYTES: u64 = 4 << 20;
 
-/// Largest Raft message a node decodes. An `AppendEntries` carries at most
-/// [`MAX_PAYLOAD_ENTRIES`] entries of at most
-/// [`MAX_BATCH_BYTES`](crate::api::batcher::MAX_BATCH_BYTES) (plus one
-/// command, at most a restore part) each, about 6.3 MiB; an
-/// `InstallSnapshot` one chunk of [`SNAPSHOT_CHUNK_BYTES`]. Anything larger
-/// is refused (`OUT_OF_RANGE`) before it is read into memory.
-pub const MAX_RAFT_MESSAGE_BYTES: usize = 16 << 20;
-
 const _: () = assert!(
     (MAX_PAYLOAD_ENTRIES as usize)
         * (crate::api::batcher::MAX_BATCH_BYTES + 2 * crate::state::limits::MAX_RESTORE_PART)
-        < MAX_RAFT_MESSAGE_BYTES
+        < crate::raft::MAX_RAFT_MESSAGE_BYTES
 );
-const _: () = assert!((SNAPSHOT_CHUNK_BYTES as usize) * 2 < MAX_RAFT_MESSAGE_BYTES);
+const _: () = assert!((SNAPSHOT_CHUNK_BYTES as usize) * 2 < crate::raft::MAX_RAFT_MESSAGE_BYTES);
 
 /// Timing and policy of the Raft layer.
 #[derive(Clone, Debug)]
@@ -260,7 +252,7 @@ impl Node {
         if opts.init && fresh {
             cluster.create().await?;
         }
-        let shared = Shared::new();
+        let shared = Shared::new(committed);
         let sm = StateMachineStore::open(shared.clone(), Some(opts.data_dir.join("snapshot.bin")))?;
         let log_store = log_store.with_snapshot_floor(sm.persisted_snapshot());
 
@@ -311,7 +303,6 @@ impl Node {
             opts.advertise.clone(),
             raft.clone(),
             shared.clone(),
-            committed.clone(),
             opts.auth.clone(),
         );
         // Standard gRPC health checking: SERVING while this node knows a
@@ -350,8 +341,8 @@ impl Node {
                     opts.auth.clone(),
                     cluster.clone(),
                 ))
-                .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES),
+                .max_decoding_message_size(crate::raft::MAX_RAFT_MESSAGE_BYTES)
+                .max_encoding_message_size(crate::raft::MAX_RAFT_MESSAGE_BYTES),
                 peers_only(opts.auth.clone()),
             )
         };
@@ -408,14 +399,11 @@ impl Node {
             tasks.push(tokio::spawn(seed_from_backup(api.clone(), path)));
         }
         if let Some(listener) = metrics {
-            let serve = crate::metrics::serve(
-                listener,
-                shared.metrics.clone(),
-                raft.clone(),
-                shared.clone(),
-                committed,
-                shutdown(),
-            );
+            let gauges = {
+                let (raft, shared) = (raft.clone(), shared.clone());
+                move || gauges(&raft, &shared)
+            };
+            let serve = crate::metrics::serve(listener, shared.metrics.clone(), gauges, shutdown());
             tasks.push(tokio::spawn(async move {
                 if let Err(e) = serve.await {
                     tracing::error!(error = %e, "metrics server failed");
@@ -535,8 +523,7 @@ async fn follow_leadership(
         if leading && !quorum_lost {
             // Counting for this term (a new term re-arms everything at full
             // length; the same term after a quorum blip goes on).
-            let applied = shared.applied.read().expect("applied lock poisoned");
-            shared.leases.activate_for_term(term, &applied.table);
+            shared.read(|applied| shared.leases.activate_for_term(term, &applied.table));
         } else if leading && quorum_lost {
             // Cut off from a quorum but still leader of this term: nobody
             // else can lead this term, so the deadlines stay valid; propose
@@ -562,5 +549,24 @@ async fn follow_leadership(
             }
             _ = tick.tick() => {}
         }
+    }
+}
+
+/// What `/metrics` shows of Raft and the lock table right now.
+fn gauges(raft: &Raft, shared: &Shared) -> crate::metrics::Gauges {
+    let m = raft.metrics().borrow().clone();
+    let stats = shared.read(|applied| applied.table.stats());
+    crate::metrics::Gauges {
+        term: m.current_term,
+        is_leader: m.state == openraft::ServerState::Leader,
+        leader_id: m.current_leader.unwrap_or(0),
+        commit_index: shared.committed.load(std::sync::atomic::Ordering::Relaxed),
+        applied_index: m.last_applied.map_or(0, |l| l.index),
+        last_log_index: m.last_log_index.unwrap_or(0),
+        sessions: stats.sessions,
+        held_locks: stats.grants,
+        waiters: stats.waiters,
+        last_fence: stats.last_fence,
+        parked_requests: shared.waiters.len() as u64,
     }
 }

@@ -12,12 +12,8 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::error::Error;
-use crate::raft::{Batch, Raft, BATCH_SLOTS};
+use crate::raft::{Batch, Raft, MAX_BATCH};
 use crate::state::{Command, Response};
-
-/// Most commands in one entry.
-pub const MAX_BATCH: usize = 1000;
-const _: () = assert!(MAX_BATCH as u64 <= BATCH_SLOTS);
 
 /// Most bytes (by [`command_bytes`]) in one entry: a batch is closed before
 /// a command would take it past this (a single larger command still gets

@@ -92,13 +92,10 @@ impl Cluster for Api {
             .unwrap_or_default();
         // Counters and applied index from the same read of the table, so
         // they agree with each other.
-        let (stats, applied_index) = {
-            let applied = self.0.shared.applied.read().expect("applied lock poisoned");
-            (
-                applied.table.stats(),
-                applied.last_applied.map_or(0, |l| l.index),
-            )
-        };
+        let (stats, applied_index) = self
+            .0
+            .shared
+            .read(|applied| (applied.table.stats(), applied.index()));
         Ok(Response::new(pb::StatusResponse {
             id: self.0.id,
             addr: self.0.addr.clone(),
@@ -106,7 +103,11 @@ impl Cluster for Api {
             term: m.current_term,
             leader_id: m.current_leader.unwrap_or(0),
             leader_addr,
-            commit_index: self.0.committed.load(std::sync::atomic::Ordering::Relaxed),
+            commit_index: self
+                .0
+                .shared
+                .committed
+                .load(std::sync::atomic::Ordering::Relaxed),
             applied_index,
             last_log_index: m.last_log_index.unwrap_or(0),
             members: members(&m.membership_config),
@@ -222,12 +223,11 @@ impl Cluster for Api {
         let shared = self.0.shared.clone();
         let response = tokio::task::spawn_blocking(move || {
             let _gate = gate;
-            let applied = shared.applied.read().expect("applied lock poisoned");
-            pb::BackupResponse {
+            shared.read(|applied| pb::BackupResponse {
                 snapshot: applied.table.to_snapshot(),
-                index: applied.last_applied.map_or(0, |l| l.index),
+                index: applied.index(),
                 last_fence: applied.table.last_fence().0,
-            }
+            })
         })
         .await
         .map_err(|e| Error::Internal(format!("backup failed: {e}")))?;

@@ -12,11 +12,11 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::convert::{lock_info, mode_from_request, mode_to_proto, watch_event};
 use super::Api;
+use crate::apply::WatchItem;
 use crate::auth::{Caller, Permission};
 use crate::error::Error;
 use crate::leases::KeepAliveError;
 use crate::raft::log_index_of;
-use crate::shared::WatchItem;
 use crate::state::limits::WAIT_FOREVER;
 use crate::state::{Acquired, Command, Fence, LockName, Refusal, Reply, SessionId};
 
@@ -71,12 +71,18 @@ impl Api {
         name: LockName,
         timeout_ms: u64,
     ) -> Result<Acquired, Error> {
-        let rx = {
-            let applied = self.0.shared.applied.read().expect("applied lock poisoned");
-            match applied.table.standing(session, &name) {
-                Acquired::Queued => self.0.shared.waiters.register(session, name),
-                settled => return Ok(settled),
-            }
+        // Registered under the read lock, so the grant cannot be applied
+        // between the look and the registration.
+        let rx = self
+            .0
+            .shared
+            .read(|applied| match applied.table.standing(session, &name) {
+                Acquired::Queued => Ok(self.0.shared.waiters.register(session, name)),
+                settled => Err(settled),
+            });
+        let rx = match rx {
+            Ok(rx) => rx,
+            Err(settled) => return Ok(settled),
         };
         // The registration is dropped without an outcome when this node stops
         // leading or shuts down (it may never apply the outcome then). The
@@ -348,9 +354,10 @@ impl Locks for Api {
         let r = req.into_inner();
         let lock = name(&r.name)?;
         self.read_barrier(r.stale).await?;
-        let applied = self.0.shared.applied.read().expect("applied lock poisoned");
-        let info = applied.table.describe(&lock);
-        let index = applied.last_applied.map_or(0, |l| l.index);
+        let (info, index) = self
+            .0
+            .shared
+            .read(|applied| (applied.table.describe(&lock), applied.index()));
         Ok(Response::new(pb::DescribeResponse {
             exists: info.is_some(),
             info: info.map(lock_info),
@@ -378,10 +385,14 @@ impl Locks for Api {
             n => n,
         };
         self.read_barrier(r.stale).await?;
-        let applied = self.0.shared.applied.read().expect("applied lock poisoned");
         let after = (!r.page_token.is_empty()).then_some(r.page_token.as_str());
         // One extra tells whether another page follows.
-        let mut page = applied.table.list(&r.prefix, after, limit + 1);
+        let (mut page, index) = self.0.shared.read(|applied| {
+            (
+                applied.table.list(&r.prefix, after, limit + 1),
+                applied.index(),
+            )
+        });
         let next_page_token = if page.len() > limit {
             page.truncate(limit);
             page.last()
@@ -393,7 +404,7 @@ impl Locks for Api {
         Ok(Response::new(pb::ListResponse {
             locks: page.into_iter().map(lock_info).collect(),
             next_page_token,
-            index: applied.last_applied.map_or(0, |l| l.index),
+            index,
         }))
     }
 
@@ -412,12 +423,16 @@ impl Locks for Api {
         let r = req.into_inner();
         let lock = name(&r.name)?;
         self.read_barrier(r.stale).await?;
-        let applied = self.0.shared.applied.read().expect("applied lock poisoned");
-        let (current, latest) = applied.table.check_fence(&lock, Fence(r.fence));
+        let ((current, latest), index) = self.0.shared.read(|applied| {
+            (
+                applied.table.check_fence(&lock, Fence(r.fence)),
+                applied.index(),
+            )
+        });
         Ok(Response::new(pb::CheckFenceResponse {
             current,
             latest_fence: latest.map_or(0, |f| f.0),
-            index: applied.last_applied.map_or(0, |l| l.index),
+            index,
         }))
     }
 
@@ -499,11 +514,12 @@ impl Api {
     /// `caller`'s. (An unknown session is left to the caller's request,
     /// which answers `NOT_FOUND`.)
     fn owns(&self, caller: &Caller, session: SessionId) -> bool {
-        let applied = self.0.shared.applied.read().expect("applied lock poisoned");
-        applied
-            .table
-            .session_owner(session)
-            .is_none_or(|owner| owner == caller.identity)
+        self.0.shared.read(|applied| {
+            applied
+                .table
+                .session_owner(session)
+                .is_none_or(|owner| owner == caller.identity)
+        })
     }
 
     /// `NotLeader` with the leader this node knows of.

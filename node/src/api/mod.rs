@@ -12,17 +12,16 @@ pub mod cluster;
 pub mod convert;
 pub mod locks;
 pub mod raft_service;
-pub mod waiters;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
 
+use crate::apply::Shared;
 use crate::auth::{Auth, Caller};
 use crate::error::Error;
 use crate::raft::{NodeId, Raft};
-use crate::shared::Shared;
 use crate::state::{Command, Reply};
 
 /// How often a pending write looks whether its leader lost its quorum
@@ -39,8 +38,6 @@ pub struct ApiInner {
     pub raft: Raft,
     /// Table, waiters, leases, watch.
     pub shared: Arc<Shared>,
-    /// The highest log index this node knows committed.
-    pub committed: Arc<AtomicU64>,
     /// Coalesces leadership confirmations.
     leader_check: LeaderCheck,
     /// Groups concurrent writes into one log entry.
@@ -60,20 +57,12 @@ pub struct Api(pub Arc<ApiInner>);
 
 impl Api {
     /// Services for the node `id` at `addr`.
-    pub fn new(
-        id: NodeId,
-        addr: String,
-        raft: Raft,
-        shared: Arc<Shared>,
-        committed: Arc<AtomicU64>,
-        auth: Arc<Auth>,
-    ) -> Self {
+    pub fn new(id: NodeId, addr: String, raft: Raft, shared: Arc<Shared>, auth: Arc<Auth>) -> Self {
         Api(Arc::new(ApiInner {
             id,
             addr,
             raft: raft.clone(),
             shared,
-            committed,
             leader_check: LeaderCheck::default(),
             batcher: batcher::Batcher::start(raft.clone()),
             watches: Arc::default(),
@@ -232,8 +221,10 @@ impl Api {
         self.check_running()?;
         self.0.leader_check.confirm(&self.0.raft).await?;
         let term = self.0.raft.metrics().borrow().current_term;
-        let applied = self.0.shared.applied.read().expect("applied lock poisoned");
-        self.0.shared.leases.activate_for_term(term, &applied.table);
+        let leases = &self.0.shared.leases;
+        self.0
+            .shared
+            .read(|applied| leases.activate_for_term(term, &applied.table));
         Ok(())
     }
 }

@@ -21,8 +21,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::api::batcher::MAX_BATCH;
-use crate::raft::{Batch, Raft};
+use crate::raft::{Batch, Raft, MAX_BATCH};
 use crate::state::limits::WAIT_FOREVER as WAIT_FOREVER_MS;
 use crate::state::{Command, Event, LockName, LockTable, SessionId};
 

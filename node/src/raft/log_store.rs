@@ -474,7 +474,7 @@ mod tests {
     use openraft::StorageError;
 
     use super::*;
-    use crate::raft::state_machine::StateMachineStore;
+    use crate::apply::state_machine::StateMachineStore;
 
     struct Builder;
 
@@ -486,8 +486,7 @@ mod tests {
             let dir = tempfile::tempdir().expect("tempdir");
             let db = open_db(dir.path()).expect("open");
             let log = LogStore::new(db.clone(), dir.path()).expect("log");
-            let sm =
-                StateMachineStore::new(db, crate::shared::Shared::new_for_tests()).expect("sm");
+            let sm = StateMachineStore::new(db, crate::apply::Shared::new_for_tests()).expect("sm");
             Ok((dir, log, sm))
         }
     }

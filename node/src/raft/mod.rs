@@ -1,6 +1,6 @@
-//! The Raft layer: openraft's type configuration, the sled-backed log store,
-//! the state-machine store that feeds [`crate::state`], and the outgoing
-//! gRPC network.
+//! The Raft layer: openraft's type configuration, the sled-backed log store
+//! and the outgoing gRPC network. (The state-machine store, which feeds the
+//! lock table, is the apply path's: `crate::apply`.)
 //!
 //! Storage layout (one sled database per node, `DATA_DIR/sled`):
 //!
@@ -26,7 +26,6 @@
 pub mod identity;
 pub mod log_store;
 pub mod network;
-pub mod state_machine;
 
 use std::io::Cursor;
 
@@ -128,6 +127,11 @@ pub struct Batch(pub Vec<Command>);
 /// commands.
 pub const BATCH_SLOTS: u64 = 1024;
 
+/// Most commands in one entry: what the batcher groups and what the lease
+/// keeper proposes at once.
+pub const MAX_BATCH: usize = 1000;
+const _: () = assert!(MAX_BATCH as u64 <= BATCH_SLOTS);
+
 /// The command index of the `position`-th command of the entry at
 /// `log_index`.
 pub fn command_index(log_index: u64, position: usize) -> u64 {
@@ -149,6 +153,14 @@ pub struct Applied {
     /// The lock table's responses, one per command of the batch.
     pub responses: Vec<Response>,
 }
+
+/// Largest Raft message a node decodes. An `AppendEntries` carries at most
+/// [`MAX_PAYLOAD_ENTRIES`](crate::node::MAX_PAYLOAD_ENTRIES) entries of at most
+/// [`MAX_BATCH_BYTES`](crate::api::batcher::MAX_BATCH_BYTES) (plus one
+/// command, at most a restore part) each, about 6.3 MiB; an
+/// `InstallSnapshot` one chunk of [`SNAPSHOT_CHUNK_BYTES`](crate::node::SNAPSHOT_CHUNK_BYTES). Anything larger
+/// is refused (`OUT_OF_RANGE`) before it is read into memory.
+pub const MAX_RAFT_MESSAGE_BYTES: usize = 16 << 20;
 
 /// The openraft handle used throughout the node.
 pub type Raft = openraft::Raft<TypeConfig>;

@@ -20,7 +20,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use super::{NodeAddrs, NodeId, TypeConfig};
 use crate::auth::Auth;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, RaftRpc as Rpc};
 
 /// How long to wait for a TCP connection to a peer.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
@@ -133,7 +133,7 @@ impl Peer {
     {
         let result = self.call_inner(rpc, req, option).await;
         if result.is_err() {
-            self.metrics.raft_rpc_error(rpc.name());
+            self.metrics.raft_rpc_error(rpc);
         }
         result
     }
@@ -156,8 +156,8 @@ impl Peer {
             .clone();
         let data = bincode::serialize(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let mut client = RaftClient::new(channel)
-            .max_decoding_message_size(crate::node::MAX_RAFT_MESSAGE_BYTES)
-            .max_encoding_message_size(crate::node::MAX_RAFT_MESSAGE_BYTES);
+            .max_decoding_message_size(super::MAX_RAFT_MESSAGE_BYTES)
+            .max_encoding_message_size(super::MAX_RAFT_MESSAGE_BYTES);
         let mut request = tonic::Request::new(pb::RaftMessage {
             data,
             error: Vec::new(),
@@ -213,25 +213,6 @@ impl Peer {
             )));
         }
         bincode::deserialize(&resp.data).map_err(|e| RPCError::Network(NetworkError::new(&e)))
-    }
-}
-
-/// The three RPCs of the Raft service.
-#[derive(Clone, Copy)]
-enum Rpc {
-    AppendEntries,
-    InstallSnapshot,
-    Vote,
-}
-
-impl Rpc {
-    /// The name the error metric uses.
-    fn name(self) -> &'static str {
-        match self {
-            Rpc::AppendEntries => "append_entries",
-            Rpc::InstallSnapshot => "install_snapshot",
-            Rpc::Vote => "vote",
-        }
     }
 }
 

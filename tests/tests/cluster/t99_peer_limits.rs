@@ -93,7 +93,7 @@ async fn a_raft_message_larger_than_replication_needs_is_refused() {
         .max_encoding_message_size(usize::MAX)
         .max_decoding_message_size(usize::MAX);
     let huge = pb::RaftMessage {
-        data: vec![0; raftlock_node::node::MAX_RAFT_MESSAGE_BYTES + 1],
+        data: vec![0; raftlock_node::raft::MAX_RAFT_MESSAGE_BYTES + 1],
         error: Vec::new(),
     };
     let status = raft

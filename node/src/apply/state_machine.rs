@@ -17,8 +17,8 @@ use openraft::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::{io_err, Applied, NodeAddrs, NodeId, StorageError, TypeConfig};
-use crate::shared::Shared;
+use super::Shared;
+use crate::raft::{io_err, Applied, NodeAddrs, NodeId, StorageError, TypeConfig};
 use crate::state::LockTable;
 
 /// A snapshot as stored on disk and sent to lagging nodes.
@@ -55,7 +55,7 @@ struct SnapshotShared {
     last_len: AtomicUsize,
     /// What the snapshot file on disk covers: its last log index + 1 (0: no
     /// file). Shared with the log store, which never purges past it (see
-    /// [`LogStore::with_snapshot_floor`](super::log_store::LogStore::with_snapshot_floor)).
+    /// [`LogStore::with_snapshot_floor`](crate::raft::log_store::LogStore::with_snapshot_floor)).
     persisted: Arc<AtomicU64>,
 }
 
@@ -273,26 +273,27 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         let capacity = self.snap.last_len.load(Ordering::Relaxed);
         let (meta, bytes) = tokio::task::spawn_blocking(move || {
             let _gate = gate;
-            let applied = shared.applied.read().expect("applied lock poisoned");
-            let last = applied.last_applied;
-            let snapshot_id = match last {
-                Some(id) => format!(
-                    "{}-{}-{}",
-                    id.leader_id.term,
-                    id.index,
-                    applied.table.last_fence().0
-                ),
-                None => "empty".to_string(),
-            };
-            let meta = SnapshotMeta {
-                last_log_id: last,
-                last_membership: applied.membership.clone(),
-                snapshot_id,
-            };
-            // Room for some growth, so the buffer is not reallocated (and
-            // copied) while the lock is held.
-            let bytes = encode_snapshot_file(&meta, &applied.table, capacity + capacity / 8);
-            (meta, bytes)
+            shared.read(|applied| {
+                let last = applied.last_applied;
+                let snapshot_id = match last {
+                    Some(id) => format!(
+                        "{}-{}-{}",
+                        id.leader_id.term,
+                        id.index,
+                        applied.table.last_fence().0
+                    ),
+                    None => "empty".to_string(),
+                };
+                let meta = SnapshotMeta {
+                    last_log_id: last,
+                    last_membership: applied.membership.clone(),
+                    snapshot_id,
+                };
+                // Room for some growth, so the buffer is not reallocated (and
+                // copied) while the lock is held.
+                let bytes = encode_snapshot_file(&meta, &applied.table, capacity + capacity / 8);
+                (meta, bytes)
+            })
         })
         .await
         .map_err(|e| io_err(ErrorSubject::Snapshot(None), ErrorVerb::Write, e))?;
@@ -311,8 +312,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     async fn applied_state(
         &mut self,
     ) -> Result<(Option<LogId<NodeId>>, StoredMembership<NodeId, NodeAddrs>), StorageError> {
-        let applied = self.shared.applied.read().expect("applied lock poisoned");
-        Ok((applied.last_applied, applied.membership.clone()))
+        Ok(self
+            .shared
+            .read(|applied| (applied.last_applied, applied.membership.clone())))
     }
 
     async fn apply<I>(&mut self, entries: I) -> Result<Vec<Applied>, StorageError>
@@ -486,7 +488,6 @@ mod tests {
 #[cfg(test)]
 mod file_tests {
     use super::*;
-    use crate::shared::Shared;
 
     fn table_with_a_grant() -> LockTable {
         let mut table = LockTable::new();
@@ -515,7 +516,7 @@ mod file_tests {
         };
         let bytes = encode_snapshot_file(&meta, &table_with_a_grant(), 0);
         std::fs::write(&path, &bytes).expect("write");
-        assert!(StateMachineStore::open(Shared::new(), Some(path.clone())).is_ok());
+        assert!(StateMachineStore::open(Shared::new_for_tests(), Some(path.clone())).is_ok());
         // Flip one bit of the ttl (10_000 → 10_016): still a valid table.
         let ttl_at = bytes
             .windows(8)
@@ -524,7 +525,7 @@ mod file_tests {
         let mut bad = bytes.clone();
         bad[ttl_at] ^= 0x10;
         std::fs::write(&path, &bad).expect("write");
-        let err = match StateMachineStore::open(Shared::new(), Some(path.clone())) {
+        let err = match StateMachineStore::open(Shared::new_for_tests(), Some(path.clone())) {
             Ok(_) => panic!("a corrupt snapshot file was loaded"),
             Err(e) => e.to_string(),
         };
@@ -535,7 +536,6 @@ mod file_tests {
 #[cfg(test)]
 mod persist_tests {
     use super::*;
-    use crate::shared::Shared;
 
     fn file_at(index: u64) -> Vec<u8> {
         let meta = SnapshotMeta {
@@ -553,7 +553,7 @@ mod persist_tests {
     async fn an_older_snapshot_never_replaces_a_newer_one() {
         let dir = tempfile::tempdir().expect("dir");
         let path = dir.path().join("snapshot.bin");
-        let shared = Shared::new();
+        let shared = Shared::new_for_tests();
         let snap = SnapshotShared::default();
         persist(&shared, &snap, Some(path.clone()), file_at(5000))
             .await
@@ -575,7 +575,6 @@ mod install_crash_tests {
 
     use super::*;
     use crate::raft::log_store::{open_db, LogStore};
-    use crate::shared::Shared;
 
     fn log_id(index: u64) -> LogId<NodeId> {
         LogId::new(openraft::CommittedLeaderId::new(1, 1), index)
@@ -603,7 +602,7 @@ mod install_crash_tests {
     }
 
     fn stores(dir: &Path) -> (LogStore, StateMachineStore) {
-        let sm = StateMachineStore::open(Shared::new(), Some(dir.join("snapshot.bin")))
+        let sm = StateMachineStore::open(Shared::new_for_tests(), Some(dir.join("snapshot.bin")))
             .expect("state machine opens");
         let sled = dir.join("sled");
         let log = LogStore::new(open_db(&sled).expect("db"), &sled)

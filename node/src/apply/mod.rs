@@ -1,4 +1,6 @@
-//! State shared between the apply path and the request handlers.
+//! The apply path: openraft's state-machine store
+//! ([`state_machine::StateMachineStore`]) and the state it shares with the
+//! request handlers.
 //!
 //! The apply path (openraft's state-machine task) is the only writer of the
 //! table. While it holds the write lock it also tells the three observers
@@ -10,16 +12,20 @@
 //! * [`Leases`]: the leader's timers (they only track while leader);
 //! * the watch broadcast, which feeds `Watch` streams.
 
+pub mod state_machine;
+pub mod waiters;
+
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, RwLock};
 
 use openraft::{LogId, StoredMembership};
 use tokio::sync::broadcast;
 
-use crate::api::waiters::Waiters;
 use crate::leases::Leases;
-use crate::metrics::Metrics;
+use crate::metrics::{Counter, Metrics};
 use crate::raft::{command_index, Batch, NodeAddrs, NodeId};
-use crate::state::{Event, LockTable, Response};
+use crate::state::{CancelCause, EndCause, Event, LockTable, Response};
+use waiters::Waiters;
 
 /// The applied state machine.
 pub struct AppliedState {
@@ -29,6 +35,13 @@ pub struct AppliedState {
     pub last_applied: Option<LogId<NodeId>>,
     /// The last membership applied.
     pub membership: StoredMembership<NodeId, NodeAddrs>,
+}
+
+impl AppliedState {
+    /// The log index last applied (0: none).
+    pub fn index(&self) -> u64 {
+        self.last_applied.map_or(0, |l| l.index)
+    }
 }
 
 /// What a watch stream receives.
@@ -52,8 +65,9 @@ pub const WATCH_BUFFER: usize = 4096;
 
 /// Everything the apply path and the handlers share.
 pub struct Shared {
-    /// The table and what has been applied to it.
-    pub applied: RwLock<AppliedState>,
+    /// The table and what has been applied to it: read through
+    /// [`Shared::read`]; only the apply path (this module) writes it.
+    applied: RwLock<AppliedState>,
     /// The latest snapshot's encoded bytes.
     snapshot: Mutex<Option<Arc<Vec<u8>>>>,
     /// Parked blocking acquires.
@@ -64,6 +78,9 @@ pub struct Shared {
     pub watch: broadcast::Sender<Arc<WatchItem>>,
     /// Counters for `/metrics`.
     pub metrics: Arc<Metrics>,
+    /// The highest log index this node knows committed (the log store's
+    /// marker, updated whenever openraft saves it).
+    pub committed: Arc<AtomicU64>,
     /// Set when the node is stopping: handlers answer `UNAVAILABLE` at once
     /// instead of waiting on a Raft that will not answer.
     pub stopping: std::sync::atomic::AtomicBool,
@@ -79,8 +96,8 @@ pub struct Shared {
 }
 
 impl Shared {
-    /// An empty state.
-    pub fn new() -> Arc<Self> {
+    /// An empty state; `committed` is the log store's commit marker.
+    pub fn new(committed: Arc<AtomicU64>) -> Arc<Self> {
         Arc::new(Shared {
             applied: RwLock::new(AppliedState {
                 table: LockTable::new(),
@@ -92,6 +109,7 @@ impl Shared {
             leases: Arc::new(Leases::default()),
             watch: broadcast::channel(WATCH_BUFFER).0,
             metrics: Arc::new(Metrics::default()),
+            committed,
             stopping: std::sync::atomic::AtomicBool::new(false),
             snapshot_gate: Arc::default(),
         })
@@ -100,7 +118,14 @@ impl Shared {
     /// An empty state for unit tests.
     #[cfg(test)]
     pub fn new_for_tests() -> Arc<Self> {
-        Self::new()
+        Self::new(Arc::default())
+    }
+
+    /// Runs `f` on the applied state under the read lock (applies wait
+    /// meanwhile, so keep `f` short; encoding the whole table goes behind
+    /// [`Shared::snapshot_gate`] on a blocking thread).
+    pub fn read<R>(&self, f: impl FnOnce(&AppliedState) -> R) -> R {
+        f(&self.applied.read().expect("applied lock poisoned"))
     }
 
     /// Applies one entry's commands in order and tells the observers.
@@ -112,7 +137,7 @@ impl Shared {
             let response = applied.table.apply(index, command);
             if !response.events.is_empty() {
                 self.waiters.on_events(index, &response.events);
-                self.metrics.on_events(&response.events);
+                count(&self.metrics, &response.events);
                 self.leases.on_events(&response.events);
                 if self.watch.receiver_count() > 0 {
                     let _ = self.watch.send(Arc::new(WatchItem::Events {
@@ -166,5 +191,26 @@ impl Shared {
     /// Records the latest snapshot's bytes.
     pub fn set_snapshot(&self, bytes: Arc<Vec<u8>>) {
         *self.snapshot.lock().expect("snapshot lock poisoned") = Some(bytes);
+    }
+}
+
+/// Counts the grants, releases, expiries and wait timeouts in applied
+/// events.
+fn count(metrics: &Metrics, events: &[Event]) {
+    for e in events {
+        let counter = match e {
+            Event::Granted { .. } => Counter::Grants,
+            Event::Ended {
+                cause: EndCause::Released,
+                ..
+            } => Counter::Releases,
+            Event::SessionEnded { expired: true, .. } => Counter::Expiries,
+            Event::Cancelled {
+                cause: CancelCause::TimedOut,
+                ..
+            } => Counter::WaitTimeouts,
+            _ => continue,
+        };
+        metrics.count(counter);
     }
 }

@@ -1,0 +1,126 @@
+//! The node's modules depend on each other one way only: api → apply →
+//! raft → state, with leases, metrics and auth beside (see the graph this
+//! prints with `cargo test -p raftlock-node --test layers -- --nocapture`).
+//!
+//! An edge is a `crate::MODULE` path in a module's source outside its
+//! tests and comments; a module is a top-level file or folder of
+//! `node/src`. Two modules that import each other fail the test.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+type Graph = BTreeMap<String, BTreeSet<String>>;
+
+/// The modules `source` (a file of module `module`) names through `crate::`.
+fn imports(module: &str, source: &str) -> BTreeSet<String> {
+    // Tests sit at the end of a file, in `#[cfg(test)] mod tests`.
+    let code = match source.find("#[cfg(test)]\nmod ") {
+        Some(i) => &source[..i],
+        None => source,
+    };
+    let mut out = BTreeSet::new();
+    for line in code.lines() {
+        let line = line.trim_start();
+        if line.starts_with("//") {
+            continue;
+        }
+        let mut rest = line;
+        while let Some(i) = rest.find("crate::") {
+            rest = &rest[i + "crate::".len()..];
+            let names: Vec<&str> = match rest.strip_prefix('{') {
+                // `use crate::{a::X, b}`: every path's first segment.
+                Some(group) => group
+                    .split(',')
+                    .map(|p| p.trim().split("::").next().unwrap_or(""))
+                    .collect(),
+                None => vec![rest.split("::").next().unwrap_or("")],
+            };
+            for name in names {
+                let name: String = name
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                // Lower case: a module (upper case is a root constant).
+                if name.starts_with(|c: char| c.is_ascii_lowercase()) && name != module {
+                    out.insert(name);
+                }
+            }
+        }
+    }
+    out
+}
+
+fn walk(dir: &Path, module: Option<&str>, graph: &mut Graph) {
+    for entry in std::fs::read_dir(dir).expect("read node/src") {
+        let path = entry.expect("dir entry").path();
+        let file = path.file_name().unwrap().to_string_lossy().into_owned();
+        let top = module
+            .map(str::to_string)
+            .unwrap_or_else(|| file.trim_end_matches(".rs").to_string());
+        if module.is_none() && (file == "bin" || file == "lib.rs") {
+            continue;
+        }
+        if path.is_dir() {
+            walk(&path, Some(&top), graph);
+        } else if file.ends_with(".rs") && file != "tests.rs" && file != "proptests.rs" {
+            let source = std::fs::read_to_string(&path).expect("read source");
+            graph
+                .entry(top.clone())
+                .or_default()
+                .extend(imports(&top, &source));
+        }
+    }
+}
+
+/// Pairs of modules that import each other.
+fn two_way(graph: &Graph) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for (a, targets) in graph {
+        for b in targets {
+            if a < b && graph.get(b).is_some_and(|t| t.contains(a)) {
+                out.push((a.clone(), b.clone()));
+            }
+        }
+    }
+    out
+}
+
+fn node_graph() -> Graph {
+    let mut graph = Graph::new();
+    walk(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+        None,
+        &mut graph,
+    );
+    graph
+}
+
+#[test]
+fn no_two_modules_import_each_other() {
+    let graph = node_graph();
+    for (module, targets) in &graph {
+        let targets: Vec<&str> = targets.iter().map(String::as_str).collect();
+        println!("{module:>8} -> {}", targets.join(" "));
+    }
+    assert!(graph.len() >= 10, "modules not found: {graph:?}");
+    assert_eq!(two_way(&graph), Vec::<(String, String)>::new());
+    for leaf in ["state", "metrics", "tls"] {
+        assert_eq!(graph[leaf], BTreeSet::new(), "{leaf} must import no module");
+    }
+}
+
+#[test]
+fn the_check_sees_edges_in_every_form_and_skips_tests_and_comments() {
+    let source = "use crate::raft::{Batch, Raft};\n\
+                  use crate::{auth::Caller, error};\n\
+                  // crate::commented\n\
+                  fn f() { crate::leases::go(crate::MAX) }\n\
+                  #[cfg(test)]\nmod tests { use crate::node; }\n";
+    let found: Vec<String> = imports("api", source).into_iter().collect();
+    assert_eq!(found, ["auth", "error", "leases", "raft"]);
+
+    let mut graph = Graph::new();
+    graph.insert("a".into(), ["b".to_string()].into());
+    graph.insert("b".into(), ["a".to_string(), "c".to_string()].into());
+    assert_eq!(two_way(&graph), [("a".to_string(), "b".to_string())]);
+}
