@@ -1,0 +1,118 @@
+//! Restoring a backup into an empty table, part by part.
+
+use super::{LockTable, PendingRestore};
+use crate::state::command::{Event, Refusal, Reply};
+use crate::state::limits::{MAX_RESTORE_BYTES, RESTORE_INDEX_BUMP};
+
+impl LockTable {
+    pub(super) fn restore_part(
+        &mut self,
+        (restore, part, parts): (u64, u32, u32),
+        bytes: Vec<u8>,
+        fence_bump: u64,
+        events: &mut Vec<Event>,
+    ) -> Result<Reply, Refusal> {
+        let empty = self.sessions.is_empty()
+            && self.locks.is_empty()
+            && self.nonces.is_empty()
+            && self.last_fence == 0;
+        if !empty {
+            return Err(Refusal::RestoreIntoNonEmpty);
+        }
+        let refuse = |reason: String| {
+            Err(Refusal::InvalidRestorePart {
+                restore,
+                part,
+                parts,
+                reason,
+            })
+        };
+        // Part 0 starts a restore (replacing one that was abandoned); every
+        // other part must continue the one under way, in order.
+        let mut pending = if part == 0 {
+            PendingRestore {
+                restore,
+                next: 0,
+                parts,
+                bytes: Vec::new(),
+            }
+        } else {
+            match &self.restoring {
+                Some(p) if p.restore == restore && p.parts == parts && p.next == part => {
+                    self.restoring.take().expect("checked above")
+                }
+                Some(p) if p.restore == restore => {
+                    return refuse(format!("expected part {} of {}", p.next, p.parts))
+                }
+                _ => return refuse("no such restore under way (part 0 starts one)".into()),
+            }
+        };
+        if pending.bytes.len() + bytes.len() > MAX_RESTORE_BYTES {
+            if part > 0 {
+                self.restoring = Some(pending);
+            }
+            return refuse(format!("the backup exceeds {MAX_RESTORE_BYTES} bytes"));
+        }
+        let before = pending.bytes.len();
+        pending.bytes.extend_from_slice(&bytes);
+        pending.next += 1;
+        if pending.next < parts {
+            self.restoring = Some(pending);
+            return Ok(Reply::RestorePartTaken { next: part + 1 });
+        }
+        let table = match LockTable::from_snapshot(&pending.bytes) {
+            Ok(table) => table,
+            Err(e) => {
+                // Refused: leave the restore as it was before this part.
+                pending.bytes.truncate(before);
+                pending.next -= 1;
+                if part > 0 {
+                    self.restoring = Some(pending);
+                }
+                return Err(Refusal::InvalidBackup {
+                    reason: e.to_string(),
+                });
+            }
+        };
+        // New ids and queue positions start above everything the backup's
+        // cluster used, and new fences above every fence it may have handed
+        // out after the backup was taken (within `fence_bump`).
+        let index_floor = table.max_index().saturating_add(RESTORE_INDEX_BUMP);
+        let last_fence = table.last_fence.saturating_add(fence_bump);
+        *self = LockTable {
+            restoring: None,
+            index_floor,
+            last_fence,
+            ..table
+        };
+        // Tell the leader's timers about everything that now needs one.
+        for s in self.sessions() {
+            events.push(Event::SessionOpened {
+                session: s.session,
+                ttl_ms: s.ttl_ms,
+            });
+        }
+        for w in self.waits() {
+            events.push(Event::Queued {
+                name: w.name,
+                session: w.session,
+                seq: w.seq,
+                mode: w.mode,
+                timeout_ms: w.timeout_ms,
+            });
+        }
+        let delays: Vec<Event> = self
+            .delays()
+            .map(|(name, since, delay_ms)| Event::LockDelayStarted {
+                name: name.clone(),
+                delay_ms,
+                since,
+            })
+            .collect();
+        events.extend(delays);
+        Ok(Reply::Restored {
+            sessions: self.sessions.len() as u64,
+            last_fence: self.last_fence,
+        })
+    }
+}
