@@ -128,7 +128,7 @@ pub enum Command {
         /// no timeout; else the leader cancels the wait after this long.
         timeout_ms: u64,
         /// Holder value (≤ [`MAX_VALUE_LEN`](super::limits::MAX_VALUE_LEN)).
-        #[serde(with = "super::bytes")]
+        #[serde(with = "serde_bytes")]
         value: Vec<u8>,
         /// The identity the request came from; must be the session's owner.
         caller: String,
@@ -184,7 +184,7 @@ pub enum Command {
         parts: u32,
         /// The next [`LockTable::to_snapshot`](super::LockTable::to_snapshot)
         /// bytes.
-        #[serde(with = "super::bytes")]
+        #[serde(with = "serde_bytes")]
         bytes: Vec<u8>,
         /// Added to the backup's fence counter when the last part installs
         /// it, so that fences the backup's cluster handed out after the

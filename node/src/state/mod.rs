@@ -36,7 +36,6 @@
 //! 6. The wait-for graph between sessions has no cycle (see [`deadlock`]).
 //! 7. A name with no holder, waiter or lock-delay has no entry.
 
-mod bytes;
 mod command;
 pub mod deadlock;
 pub mod limits;
@@ -55,3 +54,33 @@ mod tests;
 
 #[cfg(test)]
 mod proptests;
+
+#[cfg(test)]
+mod encoding_tests {
+    use serde::{Deserialize, Serialize};
+
+    #[derive(Debug, PartialEq, Serialize, Deserialize)]
+    struct Plain(Vec<u8>);
+
+    #[derive(Debug, PartialEq, Serialize, Deserialize)]
+    struct Blob(#[serde(with = "serde_bytes")] Vec<u8>);
+
+    /// Values, restore parts and backups are `serde_bytes` blobs: bincode
+    /// must write them byte for byte like the plain `Vec<u8>` that log
+    /// entries and snapshots of earlier versions hold.
+    #[test]
+    fn bincode_bytes_are_the_same_as_a_plain_vec() {
+        let data: Vec<u8> = (0..=255).collect();
+        let plain = bincode::serialize(&Plain(data.clone())).expect("encode");
+        let blob = bincode::serialize(&Blob(data.clone())).expect("encode");
+        assert_eq!(plain, blob);
+        let back: Blob = bincode::deserialize(&plain).expect("decode");
+        assert_eq!(back.0, data);
+        // JSON still round-trips.
+        let json = serde_json::to_string(&Blob(vec![1, 2, 3])).expect("json");
+        let back: Blob = serde_json::from_str(&json).expect("json back");
+        assert_eq!(back.0, vec![1, 2, 3]);
+        let truncated = &plain[..plain.len() - 1];
+        assert!(bincode::deserialize::<Blob>(truncated).is_err());
+    }
+}

@@ -18,7 +18,7 @@ pub(in crate::state) struct PendingRestore {
     /// How many parts there are.
     pub(in crate::state) parts: u32,
     /// The bytes so far.
-    #[serde(with = "crate::state::bytes")]
+    #[serde(with = "serde_bytes")]
     pub(in crate::state) bytes: Vec<u8>,
 }
 
@@ -84,7 +84,7 @@ pub(in crate::state) struct Holder {
     pub(in crate::state) session: SessionId,
     pub(in crate::state) seq: u64,
     pub(in crate::state) mode: Mode,
-    #[serde(with = "crate::state::bytes")]
+    #[serde(with = "serde_bytes")]
     pub(in crate::state) value: Vec<u8>,
     /// Log index of the grant.
     pub(in crate::state) index: u64,
@@ -96,7 +96,7 @@ pub(in crate::state) struct Waiter {
     pub(in crate::state) session: SessionId,
     pub(in crate::state) seq: u64,
     pub(in crate::state) mode: Mode,
-    #[serde(with = "crate::state::bytes")]
+    #[serde(with = "serde_bytes")]
     pub(in crate::state) value: Vec<u8>,
     pub(in crate::state) timeout_ms: u64,
     /// Log index at which it was queued.
