@@ -147,21 +147,14 @@ impl Locks for Api {
             owner: caller.identity,
         };
         command.validate()?;
-        match self.write(command).await? {
-            (
-                _,
-                Reply::Opened {
-                    session,
-                    ttl_ms,
-                    lock_delay_ms,
-                },
-            ) => Ok(Response::new(pb::OpenSessionResponse {
+        let response = write_reply!(self, command,
+            Reply::Opened { session, ttl_ms, lock_delay_ms } => pb::OpenSessionResponse {
                 session_id: session.0,
                 ttl_ms,
                 lock_delay_ms,
-            })),
-            (_, other) => Err(Error::Internal(format!("unexpected reply {other:?}")).into()),
-        }
+            },
+        );
+        Ok(Response::new(response))
     }
 
     type KeepAliveStream = BoxStream<pb::KeepAliveResponse>;
@@ -249,12 +242,8 @@ impl Locks for Api {
             seq: r.seq,
             caller: caller.identity,
         };
-        match self.write(command).await? {
-            (_, Reply::Closed { released }) => {
-                Ok(Response::new(pb::CloseSessionResponse { released }))
-            }
-            (_, other) => Err(Error::Internal(format!("unexpected reply {other:?}")).into()),
-        }
+        let released = write_reply!(self, command, Reply::Closed { released } => released);
+        Ok(Response::new(pb::CloseSessionResponse { released }))
     }
 
     #[tracing::instrument(skip_all, fields(lock = %req.get_ref().name, session = req.get_ref().session_id))]
@@ -279,10 +268,9 @@ impl Locks for Api {
             caller: caller.identity,
         };
         command.validate()?;
-        let outcome = match self.write(command).await? {
-            (_, Reply::Acquire(Acquired::Queued)) => self.park(session, lock, r.timeout_ms).await?,
-            (_, Reply::Acquire(outcome)) => outcome,
-            (_, other) => return Err(Error::Internal(format!("unexpected reply {other:?}")).into()),
+        let outcome = match write_reply!(self, command, Reply::Acquire(outcome) => outcome) {
+            Acquired::Queued => self.park(session, lock, r.timeout_ms).await?,
+            outcome => outcome,
         };
         Ok(Response::new(acquired_response(outcome)))
     }
@@ -306,12 +294,8 @@ impl Locks for Api {
             fence: Fence(r.fence),
             caller: caller.identity,
         };
-        match self.write(command).await? {
-            (_, Reply::Released { released }) => {
-                Ok(Response::new(pb::ReleaseResponse { released }))
-            }
-            (_, other) => Err(Error::Internal(format!("unexpected reply {other:?}")).into()),
-        }
+        let released = write_reply!(self, command, Reply::Released { released } => released);
+        Ok(Response::new(pb::ReleaseResponse { released }))
     }
 
     #[tracing::instrument(skip_all, fields(lock = %req.get_ref().name, session = req.get_ref().session_id))]
@@ -331,12 +315,8 @@ impl Locks for Api {
             name: r.name,
             caller: caller.identity,
         };
-        match self.write(command).await? {
-            (_, Reply::Withdrawn { withdrawn }) => Ok(Response::new(pb::CancelResponse {
-                cancelled: withdrawn,
-            })),
-            (_, other) => Err(Error::Internal(format!("unexpected reply {other:?}")).into()),
-        }
+        let cancelled = write_reply!(self, command, Reply::Withdrawn { withdrawn } => withdrawn);
+        Ok(Response::new(pb::CancelResponse { cancelled }))
     }
 
     #[tracing::instrument(skip_all, fields(lock = %req.get_ref().name))]

@@ -7,6 +7,25 @@
 //! retry there. Forwarding would hide a hop and double the failure modes of
 //! a request whose outcome may be unknown.
 
+/// Proposes a command (`write_reply!(api, command, PATTERN => VALUE, …)`)
+/// and takes its reply apart by the patterns its kind of command answers
+/// with. Every command kind has its own reply variants, so any other reply
+/// is a bug: it is answered `INTERNAL`, from this one place.
+macro_rules! write_reply {
+    ($api:expr, $command:expr, $($pattern:pat => $value:expr),+ $(,)?) => {
+        match $api.write($command).await?.1 {
+            $($pattern => $value,)+
+            #[allow(unreachable_patterns)]
+            other => {
+                return Err($crate::error::Error::Internal(format!(
+                    "a command was answered with {other:?}, which its kind never gets"
+                ))
+                .into())
+            }
+        }
+    };
+}
+
 pub mod batcher;
 pub mod cluster;
 pub mod convert;
@@ -151,17 +170,10 @@ impl Api {
                 bytes: bytes.to_vec(),
                 fence_bump,
             };
-            match self.write(command).await? {
-                (_, Reply::RestorePartTaken { .. }) => {}
-                (
-                    _,
-                    Reply::Restored {
-                        sessions,
-                        last_fence,
-                    },
-                ) => return Ok((sessions, last_fence)),
-                (_, other) => return Err(Error::Internal(format!("unexpected reply {other:?}"))),
-            }
+            write_reply!(self, command,
+                Reply::RestorePartTaken { .. } => {},
+                Reply::Restored { sessions, last_fence } => return Ok((sessions, last_fence)),
+            );
         }
         Err(Error::Internal(
             "the last restore part did not install the backup".into(),
