@@ -12,63 +12,86 @@ use serde::Deserialize;
 use crate::node::{NodeOptions, RaftTiming};
 use crate::raft::{valid_addr, NodeAddrs, NodeId};
 
-/// A node's settings. Every field can come from the TOML file; flags and
-/// environment variables override it.
-#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+/// A node's settings, declared once: each field is a `raftlockd run` flag
+/// (`--heartbeat-ms`), an environment variable (`RAFTLOCK_HEARTBEAT_MS`) and
+/// a key of the TOML file (`heartbeat_ms`). Flags and environment variables
+/// override the file ([`Config::or`]).
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, clap::Args)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// This node's id: a non-zero integer, unique in the cluster and never
     /// reused for another machine.
+    #[arg(long, env = "RAFTLOCK_ID")]
     pub id: Option<NodeId>,
-    /// Address to listen on for clients (and for peers, unless
-    /// `peer_listen` is set), e.g. `127.0.0.1:7101`.
+    /// Address to listen on for clients (and for peers, without a separate
+    /// peer listener), e.g. 127.0.0.1:7101.
+    #[arg(long, env = "RAFTLOCK_LISTEN")]
     pub listen: Option<SocketAddr>,
-    /// Address clients (and peers, unless `peer_listen` is set) reach this
-    /// node at, if not `listen` (e.g. a DNS name behind NAT or in
-    /// Kubernetes).
+    /// Address clients (and peers, without a separate peer listener) reach
+    /// this node at, if not the listen address (e.g. a DNS name behind NAT
+    /// or in Kubernetes).
+    #[arg(long, env = "RAFTLOCK_ADVERTISE")]
     pub advertise: Option<String>,
-    /// Serve the internal Raft service on this separate address instead of
-    /// `listen` (like etcd's peer port 2380), so that it can be firewalled
-    /// off from clients. The client address then answers `UNIMPLEMENTED`
-    /// to Raft calls.
+    /// Serve the internal Raft service on this separate address (like
+    /// etcd's peer port 2380), so it can be firewalled off from clients;
+    /// the client address then answers UNIMPLEMENTED to Raft calls.
+    #[arg(long, env = "RAFTLOCK_PEER_LISTEN")]
     pub peer_listen: Option<SocketAddr>,
-    /// Address peers reach this node's peer listener at, if not
-    /// `peer_listen`. Only with `peer_listen`.
+    /// Address peers reach the peer listener at, if not its listen address.
+    /// Only with a peer listener.
+    #[arg(long, env = "RAFTLOCK_PEER_ADVERTISE")]
     pub peer_advertise: Option<String>,
     /// Directory for the Raft log, votes and snapshots.
+    #[arg(long, env = "RAFTLOCK_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
-    /// Initial cluster members as `id = "host:port"`, used with `init`;
-    /// `id = "host:port/host:peer_port"` for a member with a separate peer
-    /// address.
+    /// Initial cluster members, used with init: 1=HOST:PORT,2=HOST:PORT,...
+    /// as a flag, a table `id = "host:port"` in the file;
+    /// HOST:PORT/HOST:PEER_PORT for a member with a separate peer listener.
+    #[arg(long, env = "RAFTLOCK_PEERS", value_parser = parse_peers)]
     pub peers: Option<BTreeMap<NodeId, String>>,
-    /// Bootstrap a new cluster from `peers` if this node has no data yet.
+    /// Bootstrap a new cluster from the peers if this node has no data yet.
     /// Give it to exactly one node of a new cluster.
+    #[arg(long, env = "RAFTLOCK_INIT", num_args = 0, default_missing_value = "true",
+          value_parser = clap::builder::FalseyValueParser::new())]
     pub init: Option<bool>,
     /// Leader heartbeat interval in milliseconds (default 100).
+    #[arg(long, env = "RAFTLOCK_HEARTBEAT_MS")]
     pub heartbeat_ms: Option<u64>,
     /// Lower bound of the election timeout in milliseconds (default 300).
+    #[arg(long, env = "RAFTLOCK_ELECTION_TIMEOUT_MIN_MS")]
     pub election_timeout_min_ms: Option<u64>,
     /// Upper bound of the election timeout in milliseconds (default 500).
+    #[arg(long, env = "RAFTLOCK_ELECTION_TIMEOUT_MAX_MS")]
     pub election_timeout_max_ms: Option<u64>,
     /// Build a snapshot every this many applied entries (default 10000).
+    #[arg(long, env = "RAFTLOCK_SNAPSHOT_EVERY")]
     pub snapshot_every: Option<u64>,
-    /// Dial peers at these addresses instead of their advertised ones, as
-    /// `id = "host:port"` (for fault-injection proxies).
+    /// Dial peers at these addresses instead of their advertised ones
+    /// (fault-injection proxies): 2=HOST:PORT,... as a flag, a table in the
+    /// file.
+    #[arg(long, env = "RAFTLOCK_DIAL", value_parser = parse_peers)]
     pub dial: Option<BTreeMap<NodeId, String>>,
-    /// PEM certificate chain of this node (TLS for clients and peers).
-    /// TLS needs `tls_cert`, `tls_key` and `tls_ca` together.
+    /// PEM certificate chain of this node (TLS for clients and peers; needs
+    /// the key and the CA too).
+    #[arg(long, env = "RAFTLOCK_TLS_CERT")]
     pub tls_cert: Option<PathBuf>,
-    /// PEM private key of `tls_cert`.
+    /// PEM private key of the node's certificate.
+    #[arg(long, env = "RAFTLOCK_TLS_KEY")]
     pub tls_key: Option<PathBuf>,
     /// PEM CA certificate that signs the nodes' (and clients') certificates.
+    #[arg(long, env = "RAFTLOCK_TLS_CA")]
     pub tls_ca: Option<PathBuf>,
-    /// Require client certificates signed by `tls_ca` from every client and
+    /// Require client certificates signed by the CA from every client and
     /// peer (mTLS).
+    #[arg(long, env = "RAFTLOCK_TLS_CLIENT_AUTH", num_args = 0, default_missing_value = "true",
+          value_parser = clap::builder::FalseyValueParser::new())]
     pub tls_client_auth: Option<bool>,
-    /// Serve Prometheus metrics (`GET /metrics`) on this address.
+    /// Serve Prometheus metrics (GET /metrics) on this address.
+    #[arg(long, env = "RAFTLOCK_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
     /// Turn access control on with this ACL file (tokens, rules, peer
-    /// token; see `deploy/README.md`). `SIGHUP` reloads it.
+    /// token; see deploy/README.md). SIGHUP reloads it.
+    #[arg(long, env = "RAFTLOCK_ACL_FILE")]
     pub acl_file: Option<PathBuf>,
 }
 
@@ -347,6 +370,57 @@ pub struct Listen {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[derive(clap::Parser)]
+    struct Flags {
+        #[command(flatten)]
+        config: Config,
+    }
+
+    fn flags(args: &[&str]) -> Result<Config, clap::Error> {
+        use clap::Parser;
+        Flags::try_parse_from(std::iter::once("raftlockd").chain(args.iter().copied()))
+            .map(|f| f.config)
+    }
+
+    #[test]
+    fn every_setting_is_a_flag_with_the_toml_meaning() {
+        let c = flags(&[
+            "--id",
+            "2",
+            "--listen",
+            "127.0.0.1:7102",
+            "--peers",
+            "1=a:1,2=b:2/b:3",
+            "--init",
+            "--dial",
+            "1=p:9",
+            "--tls-client-auth",
+            "--heartbeat-ms",
+            "50",
+        ])
+        .expect("parse");
+        assert_eq!(c.id, Some(2));
+        assert_eq!(c.init, Some(true));
+        assert_eq!(c.tls_client_auth, Some(true));
+        assert_eq!(c.heartbeat_ms, Some(50));
+        assert_eq!(
+            c.peers,
+            Some(BTreeMap::from([
+                (1, "a:1".to_string()),
+                (2, "b:2/b:3".to_string())
+            ]))
+        );
+        assert_eq!(c.dial, Some(BTreeMap::from([(1, "p:9".to_string())])));
+        // Unset flags leave the file's value in force.
+        let none = flags(&[]).expect("parse");
+        assert_eq!(none, Config::default());
+        let toml: Config = toml::from_str("init = true\n[peers]\n1 = \"a:1\"\n").expect("toml");
+        assert_eq!(none.or(toml.clone()), toml);
+        // A bad list is refused, naming the setting.
+        let e = flags(&["--peers", "1=a:1,x=b:2"]).expect_err("bad peers");
+        assert!(e.to_string().contains("invalid setting `peers`"), "{e}");
+    }
 
     fn base() -> Config {
         Config {

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use raftlock_node::auth::Auth;
-use raftlock_node::config::{parse_peers, Config};
+use raftlock_node::config::Config;
 use raftlock_node::node::{Listeners, Node, NodeOptions, RaftTiming};
 use raftlock_node::raft::NodeAddrs;
 use tokio::net::TcpListener;
@@ -74,67 +74,8 @@ struct RunArgs {
     /// TOML file with any of the settings below (flags and env override it).
     #[arg(long, env = "RAFTLOCK_CONFIG")]
     config: Option<PathBuf>,
-    /// This node's id (non-zero, unique in the cluster).
-    #[arg(long, env = "RAFTLOCK_ID")]
-    id: Option<u64>,
-    /// Address to listen on for clients (and peers, without
-    /// --peer-listen), e.g. 127.0.0.1:7101.
-    #[arg(long, env = "RAFTLOCK_LISTEN")]
-    listen: Option<std::net::SocketAddr>,
-    /// Address others reach this node at (default: --listen).
-    #[arg(long, env = "RAFTLOCK_ADVERTISE")]
-    advertise: Option<String>,
-    /// Serve the internal Raft service on this separate address (like
-    /// etcd's peer port), so it can be firewalled off from clients.
-    #[arg(long, env = "RAFTLOCK_PEER_LISTEN")]
-    peer_listen: Option<std::net::SocketAddr>,
-    /// Address peers reach --peer-listen at (default: --peer-listen).
-    #[arg(long, env = "RAFTLOCK_PEER_ADVERTISE")]
-    peer_advertise: Option<String>,
-    /// Data directory.
-    #[arg(long, env = "RAFTLOCK_DATA_DIR")]
-    data_dir: Option<PathBuf>,
-    /// Initial members: 1=HOST:PORT,2=HOST:PORT,... (HOST:PORT/HOST:PEER_PORT
-    /// for a member with a separate peer listener).
-    #[arg(long, env = "RAFTLOCK_PEERS")]
-    peers: Option<String>,
-    /// Bootstrap a new cluster from --peers if this node has no data.
-    #[arg(long, env = "RAFTLOCK_INIT")]
-    init: bool,
-    /// Heartbeat interval in ms.
-    #[arg(long, env = "RAFTLOCK_HEARTBEAT_MS")]
-    heartbeat_ms: Option<u64>,
-    /// Election timeout lower bound in ms.
-    #[arg(long, env = "RAFTLOCK_ELECTION_TIMEOUT_MIN_MS")]
-    election_timeout_min_ms: Option<u64>,
-    /// Election timeout upper bound in ms.
-    #[arg(long, env = "RAFTLOCK_ELECTION_TIMEOUT_MAX_MS")]
-    election_timeout_max_ms: Option<u64>,
-    /// Snapshot every N applied entries.
-    #[arg(long, env = "RAFTLOCK_SNAPSHOT_EVERY")]
-    snapshot_every: Option<u64>,
-    /// PEM certificate of this node (enables TLS with --tls-key, --tls-ca).
-    #[arg(long, env = "RAFTLOCK_TLS_CERT")]
-    tls_cert: Option<PathBuf>,
-    /// PEM private key of --tls-cert.
-    #[arg(long, env = "RAFTLOCK_TLS_KEY")]
-    tls_key: Option<PathBuf>,
-    /// PEM CA certificate that signs node and client certificates.
-    #[arg(long, env = "RAFTLOCK_TLS_CA")]
-    tls_ca: Option<PathBuf>,
-    /// Require client certificates signed by --tls-ca (mTLS).
-    #[arg(long, env = "RAFTLOCK_TLS_CLIENT_AUTH")]
-    tls_client_auth: bool,
-    /// Serve Prometheus metrics (GET /metrics) on this address.
-    #[arg(long, env = "RAFTLOCK_METRICS_LISTEN")]
-    metrics_listen: Option<std::net::SocketAddr>,
-    /// Dial peers through these addresses: 2=HOST:PORT,... (fault-injection
-    /// proxies).
-    #[arg(long, env = "RAFTLOCK_DIAL")]
-    dial: Option<String>,
-    /// Turn access control on with this ACL file (SIGHUP reloads it).
-    #[arg(long, env = "RAFTLOCK_ACL_FILE")]
-    acl_file: Option<PathBuf>,
+    #[command(flatten)]
+    settings: Config,
 }
 
 #[derive(Args)]
@@ -192,29 +133,7 @@ async fn main() {
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
-    let peers = args.peers.as_deref().map(parse_peers).transpose()?;
-    let dial = args.dial.as_deref().map(parse_peers).transpose()?;
-    let flags = Config {
-        id: args.id,
-        listen: args.listen,
-        advertise: args.advertise,
-        peer_listen: args.peer_listen,
-        peer_advertise: args.peer_advertise,
-        data_dir: args.data_dir,
-        peers,
-        init: args.init.then_some(true),
-        heartbeat_ms: args.heartbeat_ms,
-        election_timeout_min_ms: args.election_timeout_min_ms,
-        election_timeout_max_ms: args.election_timeout_max_ms,
-        snapshot_every: args.snapshot_every,
-        dial,
-        tls_cert: args.tls_cert,
-        tls_key: args.tls_key,
-        tls_ca: args.tls_ca,
-        tls_client_auth: args.tls_client_auth.then_some(true),
-        metrics_listen: args.metrics_listen,
-        acl_file: args.acl_file,
-    };
+    let flags = args.settings;
     let file = match &args.config {
         Some(path) => Config::from_toml_file(path)?,
         None => Config::default(),
