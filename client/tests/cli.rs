@@ -1,12 +1,10 @@
 //! The `raftlock` command end to end against a real 3-node cluster.
 
-mod common;
-
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::Cluster;
 use raftlock_client::Client;
+use raftlock_testkit::TestCluster;
 use tokio::process::Command;
 
 fn raftlock(endpoints: &str) -> Command {
@@ -19,8 +17,8 @@ fn raftlock(endpoints: &str) -> Command {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn lock_runs_the_command_with_a_fence_and_passes_its_exit_code() {
-    let cluster = Cluster::start().await;
-    let out = raftlock(&cluster.endpoints())
+    let cluster = TestCluster::start(3).await;
+    let out = raftlock(&cluster.addrs().join(","))
         .args([
             "lock",
             "demo",
@@ -47,7 +45,7 @@ async fn lock_runs_the_command_with_a_fence_and_passes_its_exit_code() {
     assert!(fence > 0);
     assert!(stdout.contains("name=demo"));
 
-    let out = raftlock(&cluster.endpoints())
+    let out = raftlock(&cluster.addrs().join(","))
         .args(["lock", "demo", "--", "sh", "-c", "exit 7"])
         .output()
         .await
@@ -58,7 +56,7 @@ async fn lock_runs_the_command_with_a_fence_and_passes_its_exit_code() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_concurrent_locks_never_overlap() {
-    let cluster = Cluster::start().await;
+    let cluster = TestCluster::start(3).await;
     let dir = tempfile::tempdir().expect("dir");
     let log = dir.path().join("log");
     let script = format!(
@@ -68,7 +66,7 @@ async fn two_concurrent_locks_never_overlap() {
     let mut runs = Vec::new();
     for _ in 0..3 {
         runs.push(
-            raftlock(&cluster.endpoints())
+            raftlock(&cluster.addrs().join(","))
                 .args(["lock", "overlap", "--", "sh", "-c", &script])
                 .spawn()
                 .expect("spawn"),
@@ -101,17 +99,15 @@ async fn two_concurrent_locks_never_overlap() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn not_granted_in_time_exits_3_and_reads_work() {
-    let cluster = Cluster::start().await;
-    let client = Client::connect(cluster.addrs.clone())
-        .await
-        .expect("client");
+    let cluster = TestCluster::start(3).await;
+    let client = Client::connect(cluster.addrs()).await.expect("client");
     let session = client
         .session(Duration::from_secs(10))
         .await
         .expect("session");
     let guard = session.lock("busy").await.expect("lock");
 
-    let out = raftlock(&cluster.endpoints())
+    let out = raftlock(&cluster.addrs().join(","))
         .args(["lock", "busy", "--timeout", "0.3", "--", "true"])
         .output()
         .await
@@ -124,7 +120,7 @@ async fn not_granted_in_time_exits_3_and_reads_work() {
     );
     assert!(String::from_utf8_lossy(&out.stderr).contains("not acquired"));
 
-    let out = raftlock(&cluster.endpoints())
+    let out = raftlock(&cluster.addrs().join(","))
         .args(["describe", "busy", "--json"])
         .output()
         .await
@@ -134,7 +130,7 @@ async fn not_granted_in_time_exits_3_and_reads_work() {
     assert_eq!(v["holders"][0]["fence"], guard.fence());
     assert_eq!(v["holders"][0]["session"], session.id());
 
-    let out = raftlock(&cluster.endpoints())
+    let out = raftlock(&cluster.addrs().join(","))
         .args(["status", "--json"])
         .output()
         .await
@@ -156,10 +152,8 @@ async fn not_granted_in_time_exits_3_and_reads_work() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stale_writer_is_refused_by_a_fenced_store() {
     use raftlock_client::fence::FenceChecker;
-    let cluster = Cluster::start().await;
-    let client = Client::connect(cluster.addrs.clone())
-        .await
-        .expect("client");
+    let cluster = TestCluster::start(3).await;
+    let client = Client::connect(cluster.addrs()).await.expect("client");
     let store = FenceChecker::new();
     let a = client.session(Duration::from_secs(5)).await.expect("a");
     let ga = a.lock("accounts/1").await.expect("a locks");
@@ -187,11 +181,11 @@ async fn a_stale_writer_is_refused_by_a_fenced_store() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_lost_lease_is_reported_and_the_command_gets_sigterm() {
-    let cluster = Cluster::start().await;
+    let cluster = TestCluster::start(3).await;
     let dir = tempfile::tempdir().expect("dir");
     let marker = dir.path().join("started");
     let script = format!("touch {}; exec sleep 30", marker.display());
-    let child = raftlock(&cluster.endpoints())
+    let child = raftlock(&cluster.addrs().join(","))
         .args(["lock", "doomed", "--ttl", "2", "--", "sh", "-c", &script])
         .spawn()
         .expect("spawn");
@@ -235,12 +229,12 @@ async fn token_file_authenticates_the_cli() {
     let acl = "peer_token = \"cli-test-peer-token-0123\"\n\
                [[token]]\nidentity = \"billing\"\ntoken = \"tok-billing\"\n\
                [[rule]]\nidentity = \"billing\"\nallow = \"lock\"\nprefix = \"billing/\"\n";
-    let cluster = Cluster::start_with_acl(Some(acl)).await;
+    let cluster = TestCluster::start_acl(3, acl, None).await;
     let dir = tempfile::tempdir().expect("dir");
     let token = dir.path().join("token");
     std::fs::write(&token, "tok-billing\n").expect("write");
     let run = |args: &[&str]| {
-        let mut c = raftlock(&cluster.endpoints());
+        let mut c = raftlock(&cluster.addrs().join(","));
         c.args(args);
         c.output()
     };
@@ -296,14 +290,14 @@ async fn token_file_authenticates_the_cli() {
 /// go on running without the lock: it gets SIGTERM.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_command_dies_with_raftlock() {
-    let cluster = Cluster::start().await;
+    let cluster = TestCluster::start(3).await;
     let dir = tempfile::tempdir().expect("dir");
     let pid_file = dir.path().join("pid");
     let script = format!(
         "echo $$ > {}.tmp; mv {0}.tmp {0}; exec sleep 30",
         pid_file.display()
     );
-    let mut child = raftlock(&cluster.endpoints())
+    let mut child = raftlock(&cluster.addrs().join(","))
         .args(["lock", "orphan", "--", "sh", "-c", &script])
         .spawn()
         .expect("spawn");

@@ -20,7 +20,7 @@ pub mod history;
 pub mod lazyfs;
 pub mod linear;
 pub mod nemesis;
-pub mod proxy;
+pub use raftlock_testkit::proxy;
 pub mod report;
 pub mod run;
 pub mod store;

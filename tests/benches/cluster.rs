@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use raftlock_node::node::RaftTiming;
-use raftlock_tests::TestCluster;
+use raftlock_testkit::TestCluster;
 
 fn arg(name: &str, default: u64) -> u64 {
     let args: Vec<String> = std::env::args().collect();

@@ -6,6 +6,7 @@ mod t10_basic;
 mod t20_failover;
 mod t25_five_nodes;
 mod t26_quorum_loss;
+mod t27_partition;
 mod t30_restart;
 mod t40_expiry;
 mod t50_membership;

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use raftlock_client::proto::EventKind;
 use raftlock_client::Error;
-use raftlock_tests::TestCluster;
+use raftlock_testkit::TestCluster;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn acquire_release_and_contention() {
@@ -36,7 +36,7 @@ async fn acquire_release_and_contention() {
         let b = b.clone();
         async move { b.lock("job").await }
     });
-    let info = raftlock_tests::eventually("b to be queued", Duration::from_secs(10), || {
+    let info = raftlock_testkit::eventually("b to be queued", Duration::from_secs(10), || {
         let client = client.clone();
         async move {
             client

@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use raftlock_client::proto::{AcquireRequest, EventKind, Mode, OpenSessionRequest, WatchRequest};
-use raftlock_tests::workload::{describe_until, Contenders};
-use raftlock_tests::{eventually, locks_at, status_at, TestCluster};
+use raftlock_testkit::workload::{describe_until, Contenders};
+use raftlock_testkit::{eventually, locks_at, status_at, TestCluster};
 use tokio::time::Instant;
 
 /// A short lease, so "well past one ttl" is quick to reach.

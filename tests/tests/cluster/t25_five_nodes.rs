@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use raftlock_tests::workload::Contenders;
-use raftlock_tests::{eventually, TestCluster};
+use raftlock_testkit::workload::Contenders;
+use raftlock_testkit::{eventually, TestCluster};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn killing_two_of_five_loses_no_acknowledged_grant() {

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use raftlock_proto::v1 as pb;
-use raftlock_tests::{locks_at, TestCluster};
+use raftlock_testkit::{locks_at, TestCluster};
 use tonic::Code;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use raftlock_client::proto::{AcquireRequest, AcquireResponse, Holder, LockInfo, Mode};
 use raftlock_client::{Client, Guard, Session};
-use raftlock_tests::{eventually, locks_at, status_at, TestCluster};
+use raftlock_testkit::{eventually, locks_at, status_at, TestCluster};
 use tokio::task::JoinHandle;
 use tonic::{Response, Status};
 

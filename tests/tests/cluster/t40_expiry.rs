@@ -11,7 +11,7 @@ use std::time::Duration;
 use raftlock_client::proto::locks_client::LocksClient;
 use raftlock_client::proto::{AcquireRequest, KeepAliveRequest, Mode, OpenSessionRequest};
 use raftlock_client::{Client, Guard};
-use raftlock_tests::{eventually, locks_at, TestCluster};
+use raftlock_testkit::{eventually, locks_at, TestCluster};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tonic::transport::Channel;

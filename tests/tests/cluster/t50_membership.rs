@@ -6,8 +6,8 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use raftlock_client::proto::Member;
-use raftlock_tests::workload::{describe_until, Contenders};
-use raftlock_tests::{eventually, status_at, TestCluster};
+use raftlock_testkit::workload::{describe_until, Contenders};
+use raftlock_testkit::{eventually, status_at, TestCluster};
 
 const NAMES: [&str; 3] = ["mb/0", "mb/1", "mb/2"];
 

@@ -10,7 +10,7 @@ use raftlock_client::proto::{
     KeepAliveRequest, ListRequest, LockInfo, MembersRequest, Mode, OpenSessionRequest,
     ReleaseRequest, RemoveNodeRequest, WatchRequest,
 };
-use raftlock_tests::{cluster_at, eventually, locks_at, status_at, TestCluster};
+use raftlock_testkit::{cluster_at, eventually, locks_at, status_at, TestCluster};
 use tonic::transport::Channel;
 use tonic::{Code, Response, Status};
 

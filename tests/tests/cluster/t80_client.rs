@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use raftlock_client::{Election, Error, LeaseState};
-use raftlock_tests::{eventually, TestCluster};
+use raftlock_testkit::{eventually, TestCluster};
 use tokio::time::Instant;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use raftlock_client::{Client, Election};
-use raftlock_tests::{eventually, TestCluster};
+use raftlock_testkit::{eventually, TestCluster};
 
 /// Waits until `name`'s holders and waiters are the given sessions.
 async fn eventually_state(client: &Client, name: &str, holders: Vec<u64>, waiters: Vec<u64>) {
@@ -187,7 +187,7 @@ async fn an_unknown_session_does_not_end_a_keep_alive_stream() {
     let client = cluster.client().await;
     let a = client.session(Duration::from_secs(20)).await.expect("a");
     let leader = cluster.leader_addr().await;
-    let mut locks = raftlock_tests::locks_at(&leader);
+    let mut locks = raftlock_testkit::locks_at(&leader);
     let ids = [a.id(), 999_999_999, a.id()];
     let outbound = tokio_stream::iter(ids.map(|session_id| pb::KeepAliveRequest { session_id }));
     let mut inbound = locks

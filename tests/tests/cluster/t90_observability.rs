@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use raftlock_node::node::{Node, NodeOptions};
-use raftlock_tests::{eventually, test_timing};
+use raftlock_testkit::{eventually, test_timing};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -121,7 +121,7 @@ async fn watches_past_the_limit_are_refused_and_the_node_stays_healthy() {
     use raftlock_client::proto::WatchRequest;
     use raftlock_node::api::locks::MAX_WATCHES;
 
-    let cluster = raftlock_tests::TestCluster::start(1).await;
+    let cluster = raftlock_testkit::TestCluster::start(1).await;
     let addr = cluster.addr(1);
     // Several connections: one HTTP/2 connection carries at most
     // MAX_STREAMS_PER_CONNECTION streams.

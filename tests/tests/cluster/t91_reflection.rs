@@ -2,7 +2,7 @@
 //! `v1alpha` that stock Python, older grpcurl and GUI clients speak
 //! (black-box 11d: v1alpha answered UNIMPLEMENTED).
 
-use raftlock_tests::{channel, TestCluster};
+use raftlock_testkit::{channel, TestCluster};
 use tonic_reflection::pb::{v1, v1alpha};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

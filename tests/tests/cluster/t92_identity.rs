@@ -9,7 +9,7 @@ use raftlock_node::auth::Auth;
 use raftlock_node::node::{Node, NodeOptions};
 use raftlock_proto::v1 as pb;
 use raftlock_proto::v1::raft_client::RaftClient;
-use raftlock_tests::{channel, test_timing, TestCluster};
+use raftlock_testkit::{channel, test_timing, TestCluster};
 use tokio::net::TcpListener;
 use tonic::{Code, Request};
 

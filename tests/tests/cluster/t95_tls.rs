@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use raftlock_client::{Client, ClientOptions, ClientTls, Error};
 use raftlock_node::tls::TlsOptions;
-use raftlock_tests::certs::Ca;
-use raftlock_tests::TestCluster;
+use raftlock_testkit::certs::Ca;
+use raftlock_testkit::TestCluster;
 
 fn node_tls(ca: &Ca, client_auth: bool) -> TlsOptions {
     let node = ca.issue("raftlock node", &["127.0.0.1", "localhost"]);

@@ -8,7 +8,7 @@ use raftlock_client::proto::{AcquireRequest, CloseSessionRequest, Mode};
 use raftlock_client::Error;
 use raftlock_node::state::limits::{MAX_SESSIONS, MAX_SESSION_TTL_MS};
 use raftlock_node::state::{Command, LockTable, Reply};
-use raftlock_tests::{channel, locks_at, TestCluster};
+use raftlock_testkit::{channel, locks_at, TestCluster};
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use raftlock_client::Error;
 use raftlock_node::state::limits::DEFAULT_RESTORE_FENCE_BUMP as BUMP;
-use raftlock_tests::{eventually, TestCluster};
+use raftlock_testkit::{eventually, TestCluster};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_backup_restores_into_an_empty_cluster_only() {

@@ -8,8 +8,8 @@ use raftlock_client::{Client, ClientOptions, ClientTls, Error};
 use raftlock_node::tls::TlsOptions;
 use raftlock_proto::v1 as pb;
 use raftlock_proto::v1::raft_client::RaftClient;
-use raftlock_tests::certs::Ca;
-use raftlock_tests::{channel, cluster_at, locks_at, TestCluster};
+use raftlock_testkit::certs::Ca;
+use raftlock_testkit::{channel, cluster_at, locks_at, TestCluster};
 use tonic::{Code, Request};
 
 const PEER_TOKEN: &str = "test-peer-token-0123456789";

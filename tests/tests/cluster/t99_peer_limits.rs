@@ -4,7 +4,7 @@
 
 use raftlock_proto::v1 as pb;
 use raftlock_proto::v1::raft_client::RaftClient;
-use raftlock_tests::{channel, TestCluster};
+use raftlock_testkit::{channel, TestCluster};
 use tonic::{Code, Request};
 use tonic_prost::ProstCodec;
 

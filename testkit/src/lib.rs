@@ -1,0 +1,23 @@
+//! Test support for raftlock's tests and harness.
+//!
+//! * [`TestCluster`] runs full nodes in this process (each with its own
+//!   Raft, storage and gRPC server on a port the OS picked), so tests can
+//!   kill, restart and add nodes quickly and run in parallel; with
+//!   [`TestCluster::start_partitionable`] every node-to-node link goes
+//!   through a [`proxy`], so tests can also partition, isolate and heal.
+//! * [`eventually`] and the `wait_*` helpers poll for conditions with
+//!   deadlines; tests never sleep for a fixed time to "let things settle".
+//! * [`workload`]: contending workers that record what they were granted.
+//! * [`proxy`]: the TCP fault proxy (one per ordered pair of nodes), also
+//!   what the jepsen harness runs its partitions through. It is all that is
+//!   built without the default `cluster` feature.
+
+pub mod proxy;
+
+#[cfg(feature = "cluster")]
+mod cluster;
+#[cfg(feature = "cluster")]
+pub mod workload;
+
+#[cfg(feature = "cluster")]
+pub use cluster::*;

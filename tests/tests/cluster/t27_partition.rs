@@ -1,0 +1,150 @@
+//! Network partitions between in-process nodes (every Raft link through a
+//! proxy the test cuts): a leader cut off from its peers commits nothing,
+//! the majority elects another and goes on with larger fences, and after
+//! the heal everyone converges on one history.
+
+use std::time::Duration;
+
+use raftlock_proto::v1 as pb;
+use raftlock_testkit::{eventually, locks_at, TestCluster, WAIT};
+use tonic::Code;
+
+/// The node that leads among `ids` with a quorum: it sees itself as leader
+/// and counts leases, not paused for a lost quorum.
+fn leader_among(cluster: &TestCluster, ids: &[u64]) -> Option<u64> {
+    ids.iter().copied().find(|&id| {
+        let node = cluster.node(id);
+        let m = node.raft.metrics().borrow().clone();
+        m.current_leader == Some(id)
+            && m.state == openraft::ServerState::Leader
+            && node.shared.leases.is_active()
+            && !node.shared.leases.is_paused()
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_isolated_leader_commits_nothing_and_the_majority_goes_on() {
+    let cluster = TestCluster::start_partitionable(3).await;
+    let old = cluster.leader().await;
+    let client = cluster.client().await;
+    let session = client
+        .session(Duration::from_secs(30))
+        .await
+        .expect("session");
+    let before = session.lock("part/a").await.expect("lock before").fence();
+
+    cluster.isolate(old);
+    let rest: Vec<u64> = cluster
+        .running()
+        .into_iter()
+        .filter(|&n| n != old)
+        .collect();
+    let new = eventually(
+        "the majority to elect a leader of its own",
+        WAIT,
+        || async { leader_among(&cluster, &rest) },
+    )
+    .await;
+    assert_ne!(new, old);
+
+    // The old leader is cut off: a write sent to it is not acknowledged
+    // (refused at once, or given up as unknown), never answered OK.
+    let mut stale = locks_at(&cluster.addr(old));
+    let answer = tokio::time::timeout(
+        Duration::from_secs(15),
+        stale.open_session(pb::OpenSessionRequest {
+            ttl_ms: 10_000,
+            lock_delay_ms: 0,
+            nonce: 77,
+        }),
+    )
+    .await
+    .expect("the isolated leader answers within 15 s");
+    let status = answer.expect_err("an isolated leader cannot commit an OpenSession");
+    assert!(
+        matches!(
+            status.code(),
+            Code::Unavailable | Code::DeadlineExceeded | Code::FailedPrecondition
+        ),
+        "{status:?}"
+    );
+
+    // The majority serves: the session survives (the new leader restarts
+    // its lease at full length) and a new grant gets a larger fence.
+    let after = session
+        .lock("part/b")
+        .await
+        .expect("lock on the majority side");
+    assert!(after.fence() > before, "{} after {before}", after.fence());
+
+    cluster.heal();
+    // Everyone follows the new leader and applies the same entries.
+    eventually("the old leader to follow and catch up", WAIT, || async {
+        let index = cluster.applied(new);
+        let agree = cluster.running().into_iter().all(|id| {
+            let m = cluster.node(id).raft.metrics().borrow().clone();
+            m.current_leader == Some(new) && cluster.applied(id) >= index
+        });
+        agree.then_some(())
+    })
+    .await;
+    let info = client
+        .describe("part/b")
+        .await
+        .expect("describe")
+        .expect("part/b is held");
+    assert_eq!(info.holders.len(), 1);
+    assert_eq!(info.holders[0].fence, after.fence());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_minority_side_cannot_elect_or_grant_until_the_heal() {
+    let cluster = TestCluster::start_partitionable(5).await;
+    let leader = cluster.leader().await;
+    let others: Vec<u64> = cluster
+        .running()
+        .into_iter()
+        .filter(|&n| n != leader)
+        .collect();
+    // The leader and one follower on one side, three nodes on the other.
+    let minority = [leader, others[0]];
+    let majority = [others[1], others[2], others[3]];
+    cluster.partition(&[&minority, &majority]);
+    let new = eventually("the three to elect a leader", WAIT, || async {
+        leader_among(&cluster, &majority)
+    })
+    .await;
+    assert!(majority.contains(&new));
+    // The two on the other side never lead with a quorum: the old leader
+    // pauses its leases (it may still call itself leader of its old term),
+    // the follower cannot win an election.
+    eventually("the old leader to pause its leases", WAIT, || async {
+        cluster.node(leader).shared.leases.is_paused().then_some(())
+    })
+    .await;
+    assert_eq!(leader_among(&cluster, &minority), None);
+
+    let client = cluster.client().await;
+    let session = client
+        .session(Duration::from_secs(30))
+        .await
+        .expect("a session on the majority side");
+    let guard = session.lock("part/m").await.expect("lock");
+    cluster.heal();
+    eventually("all five to follow one leader", WAIT, || async {
+        let leaders: Vec<Option<u64>> = cluster
+            .running()
+            .into_iter()
+            .map(|id| cluster.node(id).raft.metrics().borrow().current_leader)
+            .collect();
+        (leaders.iter().all(|l| *l == leaders[0]) && leaders[0].is_some()).then_some(())
+    })
+    .await;
+    assert!(
+        client
+            .check_fence("part/m", guard.fence())
+            .await
+            .expect("check"),
+        "the grant made on the majority side survives the heal"
+    );
+}
