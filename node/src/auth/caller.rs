@@ -1,0 +1,148 @@
+//! The caller of a request: who it is (token or certificate) and what the
+//! ACL lets it do.
+
+use std::sync::{Arc, RwLock};
+
+use super::{Acl, Permission};
+use crate::error::Error;
+
+/// The node's access control: `None` when off. The ACL inside can be
+/// replaced at run time (`SIGHUP` reloads the file).
+#[derive(Debug, Default)]
+pub struct Auth {
+    acl: RwLock<Option<Arc<Acl>>>,
+}
+
+impl Auth {
+    /// Access control with `acl`, or off.
+    pub fn new(acl: Option<Acl>) -> Auth {
+        Auth {
+            acl: RwLock::new(acl.map(Arc::new)),
+        }
+    }
+
+    /// The current ACL, or `None` if access control is off.
+    pub fn current(&self) -> Option<Arc<Acl>> {
+        self.acl.read().expect("acl lock poisoned").clone()
+    }
+
+    /// Replaces the ACL (only when access control is on: it cannot be
+    /// switched on or off at run time).
+    pub fn replace(&self, acl: Acl) -> Result<(), String> {
+        let mut current = self.acl.write().expect("acl lock poisoned");
+        if current.is_none() {
+            return Err("access control is off on this node; restart it to turn it on".into());
+        }
+        *current = Some(Arc::new(acl));
+        Ok(())
+    }
+
+    /// Identifies the caller of a request.
+    pub fn caller<T>(&self, req: &tonic::Request<T>) -> Result<Caller, Error> {
+        let Some(acl) = self.current() else {
+            return Ok(Caller {
+                identity: String::new(),
+                acl: None,
+            });
+        };
+        let identity = with_leaf_cert(req, |leaf| acl.identify(req.metadata(), leaf))?;
+        Ok(Caller {
+            identity,
+            acl: Some(acl),
+        })
+    }
+
+    /// Checks that a request on the Raft service comes from a peer.
+    pub fn check_peer<T>(&self, req: &tonic::Request<T>) -> Result<(), Error> {
+        let Some(acl) = self.current() else {
+            return Ok(());
+        };
+        if with_leaf_cert(req, |leaf| acl.is_peer(req.metadata(), leaf)) {
+            Ok(())
+        } else {
+            Err(Error::Unauthenticated(
+                "the Raft service is for cluster nodes: present the peer_token or a peer \
+                 certificate"
+                    .into(),
+            ))
+        }
+    }
+}
+
+/// Runs `f` with the DER of the certificate the request's connection
+/// presented, if any (mTLS).
+fn with_leaf_cert<T, R>(req: &tonic::Request<T>, f: impl FnOnce(Option<&[u8]>) -> R) -> R {
+    let certs = req.peer_certs();
+    f(certs.as_ref().and_then(|c| c.first()).map(|c| c.as_ref()))
+}
+
+/// An identified caller. Without access control its identity is empty and
+/// it may do everything.
+#[derive(Clone, Debug)]
+pub struct Caller {
+    /// The identity (empty without access control).
+    pub identity: String,
+    pub(super) acl: Option<Arc<Acl>>,
+}
+
+impl Caller {
+    /// A caller with every permission (access control off).
+    pub fn unrestricted() -> Caller {
+        Caller {
+            identity: String::new(),
+            acl: None,
+        }
+    }
+
+    fn denied(&self, need: Permission, what: &str) -> Error {
+        Error::PermissionDenied(format!(
+            "identity {:?} has no `{}` permission on {what}",
+            self.identity,
+            need.as_str()
+        ))
+    }
+
+    /// Needs `need` on the name `name`.
+    pub fn require_name(&self, need: Permission, name: &str) -> Result<(), Error> {
+        match &self.acl {
+            Some(acl) if !acl.allows_name(&self.identity, need, name) => {
+                Err(self.denied(need, &format!("{name:?}")))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Needs `need` on every name starting with `prefix`.
+    pub fn require_prefix(&self, need: Permission, prefix: &str) -> Result<(), Error> {
+        match &self.acl {
+            Some(acl) if !acl.allows_name(&self.identity, need, prefix) => {
+                Err(self.denied(need, &format!("every name starting with {prefix:?}")))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Needs `need` on some names.
+    pub fn require_any(&self, need: Permission) -> Result<(), Error> {
+        match &self.acl {
+            Some(acl) if !acl.allows_any(&self.identity, need) => {
+                Err(self.denied(need, "any name"))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Needs `admin` on everything (cluster operations).
+    pub fn require_admin(&self) -> Result<(), Error> {
+        match &self.acl {
+            Some(acl) if !acl.allows_name(&self.identity, Permission::Admin, "") => {
+                Err(Error::PermissionDenied(format!(
+                    "identity {:?} needs `admin` on the empty prefix (every name) for cluster \
+                     operations",
+                    self.identity
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+}

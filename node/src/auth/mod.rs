@@ -1,0 +1,42 @@
+//! Access control: who is calling, and what they may do.
+//!
+//! Off unless a node is started with an ACL file (`acl_file`). When on,
+//! every request on the public services carries an identity:
+//!
+//! - a bearer token (`authorization: Bearer TOKEN` metadata) listed in the
+//!   file, which names its identity; or
+//! - without a token, the common name (CN) of the client certificate the
+//!   connection presented (mTLS: the TLS layer has already verified it
+//!   against the CA).
+//!
+//! Rules grant `read`, `lock` or `admin` on name prefixes; each permission
+//! includes the ones before it. A rule's identity `*` means every
+//! authenticated identity. Everything no rule allows is refused:
+//! `UNAUTHENTICATED` when the request carries no valid credentials,
+//! `PERMISSION_DENIED` when it does. Cluster operations (membership,
+//! backup, restore) need `admin` on the empty prefix, i.e. on everything.
+//!
+//! Sessions belong to the identity that opened them; the lock table checks
+//! that every request on a session comes from that identity (see
+//! `Refusal::NotOwner`).
+//!
+//! Nodes authenticate to each other's Raft service with the file's
+//! `peer_token` (every node's file carries the same one) or with a
+//! certificate whose CN is listed in `peer_subjects`.
+
+mod acl;
+mod caller;
+mod cert;
+#[cfg(test)]
+mod tests;
+
+pub use acl::{token_sha256_hex, Acl, AclError, Permission, Rule};
+pub use caller::{Auth, Caller};
+pub use cert::subject_common_name;
+
+/// Metadata key carrying the credentials.
+pub const AUTHORIZATION: &str = "authorization";
+
+/// Shortest `peer_token` accepted: a guessable peer token would let anyone
+/// who reaches the port rewrite the Raft log.
+pub const MIN_PEER_TOKEN_LEN: usize = 16;
