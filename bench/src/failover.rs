@@ -118,13 +118,15 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
     }
     let index = leader_index(target, &args.target.endpoints).await?;
     let pid = args.pids[index];
-    // SAFETY: kill(2) with a pid and a signal number has no memory effects.
-    let rc = unsafe { libc::kill(pid, libc::SIGKILL) };
+    let rc = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    );
     let killed_at = Instant::now();
-    if rc != 0 {
+    if let Err(e) = rc {
         ctx.stop();
         let _ = load.await;
-        bail!("kill -9 {pid} failed: {}", std::io::Error::last_os_error());
+        bail!("kill -9 {pid} failed: {e}");
     }
     eprintln!(
         "raftlock-bench: killed {} leader #{index} ({}, pid {pid})",

@@ -8,7 +8,7 @@ use std::time::Duration;
 use raftlock_proto::v1 as pb;
 use raftlock_proto::v1::cluster_client::ClusterClient;
 use raftlock_proto::v1::locks_client::LocksClient;
-use rand::Rng;
+use rand::RngExt;
 use tokio::time::Instant;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::interceptor::InterceptedService;

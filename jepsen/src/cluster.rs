@@ -12,6 +12,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::Context;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
 use raftlock_client::{Client, ClientOptions};
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
@@ -279,11 +281,14 @@ impl Cluster {
                 .env("FAKETIME", format!("+0 x{:.3}", n.rate))
                 .env_remove("FAKETIME_TIMESTAMP_FILE");
         }
-        // SAFETY: prctl with PR_SET_PDEATHSIG is async-signal-safe and only
-        // affects the child being set up.
+        // The node dies with the harness: a harness killed mid-run leaves
+        // no cluster behind.
+        // SAFETY: between fork and exec the closure makes one
+        // async-signal-safe system call (prctl) and allocates nothing.
+        #[allow(unsafe_code)]
         unsafe {
             cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
                 Ok(())
             });
         }
@@ -379,16 +384,13 @@ impl Cluster {
         Some(m.into_iter().map(|(id, _)| id).collect())
     }
 
-    fn signal(&self, id: u64, sig: libc::c_int) -> anyhow::Result<()> {
+    fn signal(&self, id: u64, sig: Signal) -> anyhow::Result<()> {
         let pid = self.nodes[&id]
             .child
             .as_ref()
             .and_then(Child::id)
             .with_context(|| format!("node {id} is not running"))?;
-        // SAFETY: kill(2) on a pid we spawned and have not reaped.
-        let rc = unsafe { libc::kill(pid as libc::pid_t, sig) };
-        anyhow::ensure!(rc == 0, "kill({pid}, {sig}) failed");
-        Ok(())
+        kill(Pid::from_raw(pid as i32), sig).with_context(|| format!("kill({pid}, {sig})"))
     }
 
     /// SIGKILLs node `id` and reaps it.
@@ -396,7 +398,7 @@ impl Cluster {
         if self.nodes[&id].child.is_none() {
             return Ok(());
         }
-        self.signal(id, libc::SIGKILL)?;
+        self.signal(id, Signal::SIGKILL)?;
         let n = self.nodes.get_mut(&id).expect("known node");
         if let Some(mut child) = n.child.take() {
             let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
@@ -461,7 +463,7 @@ impl Cluster {
 
     /// SIGSTOPs node `id`.
     pub fn pause(&mut self, id: u64) -> anyhow::Result<()> {
-        self.signal(id, libc::SIGSTOP)?;
+        self.signal(id, Signal::SIGSTOP)?;
         self.nodes.get_mut(&id).expect("known node").paused = true;
         Ok(())
     }
@@ -471,7 +473,7 @@ impl Cluster {
         if !self.nodes[&id].paused || self.nodes[&id].child.is_none() {
             return Ok(());
         }
-        self.signal(id, libc::SIGCONT)?;
+        self.signal(id, Signal::SIGCONT)?;
         self.nodes.get_mut(&id).expect("known node").paused = false;
         Ok(())
     }
@@ -486,11 +488,9 @@ impl Cluster {
         );
         if let Some(mut child) = self.nodes.get_mut(&id).and_then(|n| n.child.take()) {
             if let Some(pid) = child.id() {
-                // SAFETY: kill(2) on our own unreaped child.
-                unsafe {
-                    libc::kill(pid as libc::pid_t, libc::SIGCONT);
-                    libc::kill(pid as libc::pid_t, libc::SIGTERM);
-                }
+                let pid = Pid::from_raw(pid as i32);
+                kill(pid, Signal::SIGCONT).ok();
+                kill(pid, Signal::SIGTERM).ok();
             }
             if tokio::time::timeout(Duration::from_secs(5), child.wait())
                 .await
@@ -571,10 +571,7 @@ impl Drop for Cluster {
         for n in self.nodes.values_mut() {
             if let Some(child) = n.child.as_mut() {
                 if let Some(pid) = child.id() {
-                    // SAFETY: kill(2) on our own unreaped child.
-                    unsafe {
-                        libc::kill(pid as libc::pid_t, libc::SIGKILL);
-                    }
+                    kill(Pid::from_raw(pid as i32), Signal::SIGKILL).ok();
                 }
                 let _ = child.start_kill();
                 let _ = child.try_wait();
@@ -584,12 +581,7 @@ impl Drop for Cluster {
                 // a busy mount fails: detach it now, it goes when the
                 // process does.
                 let data = n.dir.join("data");
-                if let Ok(path) = std::ffi::CString::new(data.as_os_str().as_encoded_bytes()) {
-                    // SAFETY: umount2(2) with a valid C string.
-                    unsafe {
-                        libc::umount2(path.as_ptr(), libc::MNT_DETACH);
-                    }
-                }
+                nix::mount::umount2(&data, nix::mount::MntFlags::MNT_DETACH).ok();
             }
         }
         self.net.shutdown();

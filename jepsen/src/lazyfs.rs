@@ -19,6 +19,7 @@
 //! Everything else is passed through unchanged. The mount needs `/dev/fuse`
 //! and the right to mount (root, or `fusermount3` from Debian's `fuse3`).
 
+use nix::libc;
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs::{File, OpenOptions};

@@ -5,7 +5,7 @@
 
 use std::hint::black_box;
 
-use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use criterion::{BatchSize, Criterion, Throughput};
 use raftlock_node::state::{Acquired, Command, Fence, LockTable, Mode, Reply, SessionId};
 
 const NAMES: usize = 10_000;
@@ -194,5 +194,10 @@ fn semaphore(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, uncontended, contended, semaphore);
-criterion_main!(benches);
+fn main() {
+    let mut c = Criterion::default().configure_from_args();
+    uncontended(&mut c);
+    contended(&mut c);
+    semaphore(&mut c);
+    c.final_summary();
+}

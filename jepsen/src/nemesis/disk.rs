@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
-use rand::Rng;
+use rand::RngExt;
 use serde_json::json;
 use tokio::sync::Mutex;
 

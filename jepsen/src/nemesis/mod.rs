@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::seq::{IndexedRandom, SliceRandom};
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use serde::Serialize;
 use serde_json::{json, Value};
 use tokio::sync::Mutex;

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use rand::rngs::StdRng;
-use rand::Rng;
+use rand::RngExt;
 use serde_json::json;
 use tokio::sync::Mutex;
 

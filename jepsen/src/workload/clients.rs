@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use raftlock_client::{Error, Session};
-use rand::Rng;
+use rand::RngExt;
 use serde_json::{json, Value};
 
 use super::{classify, err_value, Worker, CLIENT_NAMES, ELECTION_NAME};

@@ -39,7 +39,7 @@ use std::time::Duration;
 use raftlock_client::proto::LockInfo;
 use raftlock_client::{Client, ClientOptions, Error, Guard, LeaseState, Session};
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use serde_json::{json, Value};
 
 mod clients;

@@ -1,0 +1,202 @@
+//! The command line: global flags, subcommands, and the client options
+//! they make.
+
+use clap::{Args, Parser, Subcommand};
+use raftlock_client::Error;
+
+#[derive(Parser)]
+#[command(name = "raftlock", version, about = "Command-line client for raftlock")]
+pub struct Cli {
+    /// Comma-separated node addresses.
+    #[arg(
+        long,
+        global = true,
+        env = "RAFTLOCK_ENDPOINTS",
+        default_value = "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103"
+    )]
+    pub endpoints: String,
+    /// PEM CA certificate of the cluster (enables TLS).
+    #[arg(long, global = true, env = "RAFTLOCK_CA")]
+    pub ca: Option<std::path::PathBuf>,
+    /// PEM client certificate, for clusters that require one (mTLS).
+    #[arg(long, global = true, env = "RAFTLOCK_CERT", requires = "key")]
+    pub cert: Option<std::path::PathBuf>,
+    /// PEM private key of --cert.
+    #[arg(long, global = true, env = "RAFTLOCK_KEY", requires = "cert")]
+    pub key: Option<std::path::PathBuf>,
+    /// File holding the bearer token to send, for clusters with access
+    /// control on (the first line is the token).
+    #[arg(long, global = true, env = "RAFTLOCK_TOKEN_FILE")]
+    pub token_file: Option<std::path::PathBuf>,
+    #[command(subcommand)]
+    pub command: Cmd,
+}
+
+#[derive(Args)]
+pub struct HoldArgs {
+    /// Session ttl in seconds.
+    #[arg(long, default_value_t = 10.0)]
+    pub ttl: f64,
+    /// Give up if not granted within this many seconds (default: wait
+    /// forever).
+    #[arg(long)]
+    pub timeout: Option<f64>,
+    /// The command to run while holding, after `--`.
+    #[arg(last = true, required = true)]
+    pub command: Vec<String>,
+}
+
+#[derive(Subcommand)]
+pub enum Cmd {
+    /// Run a command while holding a lock; the fence is in $RAFTLOCK_FENCE.
+    Lock {
+        /// Lock name.
+        name: String,
+        /// Take a shared lock instead of an exclusive one.
+        #[arg(long)]
+        shared: bool,
+        #[command(flatten)]
+        hold: HoldArgs,
+    },
+    /// Run a command while holding semaphore permits.
+    Sem {
+        /// Semaphore name.
+        name: String,
+        /// The semaphore's capacity.
+        #[arg(long)]
+        capacity: u32,
+        /// Permits to take.
+        #[arg(long, default_value_t = 1)]
+        weight: u32,
+        #[command(flatten)]
+        hold: HoldArgs,
+    },
+    /// Run a command while elected leader of NAME, announcing VALUE.
+    Elect {
+        /// Election name.
+        name: String,
+        /// The value followers see (e.g. this process's address).
+        value: String,
+        #[command(flatten)]
+        hold: HoldArgs,
+    },
+    /// Show one lock or semaphore.
+    Describe {
+        /// Lock name.
+        name: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List locks and semaphores.
+    List {
+        /// Name prefix.
+        #[arg(default_value = "")]
+        prefix: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stream events for names starting with PREFIX.
+    Watch {
+        /// Name prefix.
+        #[arg(default_value = "")]
+        prefix: String,
+        /// Print JSON lines.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show the leader's status.
+    Status {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Back up the lock table, or restore a backup into an empty cluster.
+    Snapshot {
+        #[command(subcommand)]
+        action: SnapshotCmd,
+    },
+    /// List, add or remove cluster members.
+    Members {
+        #[command(subcommand)]
+        action: Option<MembersCmd>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum SnapshotCmd {
+    /// Save a consistent copy of the lock table from the leader to FILE.
+    Save {
+        /// Output file.
+        file: std::path::PathBuf,
+    },
+    /// Restore FILE into an empty cluster.
+    Restore {
+        /// A file written by `snapshot save`.
+        file: std::path::PathBuf,
+        /// Added to the backup's fence counter (default 2^32): more than
+        /// the old cluster can have granted after the backup was taken.
+        /// 0 only if FILE is the old cluster's final state.
+        #[arg(long)]
+        fence_bump: Option<u64>,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum MembersCmd {
+    /// List members.
+    List,
+    /// Add node ID at ADDR (learner, catch-up, then voter).
+    Add {
+        /// Node id.
+        id: u64,
+        /// Node's client address host:port.
+        addr: String,
+        /// Its peer address host:port, if it runs with --peer-listen.
+        #[arg(long)]
+        peer_addr: Option<String>,
+    },
+    /// Remove node ID.
+    Remove {
+        /// Node id.
+        id: u64,
+    },
+}
+
+/// The token in `path`: its first line, trimmed.
+pub fn read_token(path: &std::path::Path) -> Result<String, Error> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::Config(format!("--token-file {}: {e}", path.display())))?;
+    let token = text.lines().next().unwrap_or("").trim().to_string();
+    if token.is_empty() {
+        return Err(Error::Config(format!(
+            "--token-file {}: the file is empty",
+            path.display()
+        )));
+    }
+    Ok(token)
+}
+
+pub fn tls_options(cli: &Cli) -> Result<Option<raftlock_client::ClientTls>, Error> {
+    let read = |flag: &str, p: &std::path::Path| {
+        std::fs::read(p).map_err(|e| Error::Config(format!("{flag} {}: {e}", p.display())))
+    };
+    match (&cli.ca, &cli.cert, &cli.key) {
+        (None, None, None) => Ok(None),
+        (None, _, _) => Err(Error::Config("--cert/--key need --ca".into())),
+        (Some(ca), cert, key) => {
+            let identity = match (cert, key) {
+                (Some(c), Some(k)) => Some((read("--cert", c)?, read("--key", k)?)),
+                _ => None,
+            };
+            Ok(Some(raftlock_client::ClientTls {
+                ca_pem: read("--ca", ca)?,
+                identity,
+            }))
+        }
+    }
+}

@@ -1,0 +1,216 @@
+//! `raftlock`: the command-line tool.
+//!
+//! Exit codes: the command's own code for `lock`, `sem` and `elect`
+//! (128 + N if it died of signal N); 3 if the lock was not granted in time;
+//! 4 if the lease was lost while the command ran (it is sent SIGTERM); 1 for
+//! any other error; 2 for bad usage.
+
+mod cli;
+mod hold;
+mod output;
+mod signals;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use raftlock_client::{Client, Election, Error};
+use serde_json::json;
+
+use cli::{read_token, tls_options, Cli, Cmd, MembersCmd, SnapshotCmd};
+use hold::{finish, hold_and_run, not_acquired, open, run_child, timeout};
+use output::{info_json, member_json, print_event, print_info, print_members, status_json};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    signals::default_sigpipe();
+    let cli = Cli::parse();
+    let tls = match tls_options(&cli) {
+        Ok(tls) => tls,
+        Err(e) => {
+            eprintln!("raftlock: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let token = match cli.token_file.as_deref().map(read_token).transpose() {
+        Ok(token) => token,
+        Err(e) => {
+            eprintln!("raftlock: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let options = raftlock_client::ClientOptions {
+        tls,
+        token,
+        ..Default::default()
+    };
+    let client = match Client::with_options(cli.endpoints.split(','), options) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("raftlock: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(client, cli.command).await {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("raftlock: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn run(client: Client, cmd: Cmd) -> Result<u8, Error> {
+    match cmd {
+        Cmd::Lock { name, shared, hold } => {
+            let session = open(&client, &hold).await?;
+            let guard = session
+                .lock_with(&name, shared, timeout(&hold), Vec::new())
+                .await;
+            hold_and_run(session, guard, &name, &hold).await
+        }
+        Cmd::Sem {
+            name,
+            capacity,
+            weight,
+            hold,
+        } => {
+            let session = open(&client, &hold).await?;
+            let sem = session.semaphore(&name, capacity);
+            let guard = match timeout(&hold) {
+                Some(t) => sem.acquire_timeout(weight, t).await,
+                None => sem.acquire(weight).await,
+            };
+            hold_and_run(session, guard, &name, &hold).await
+        }
+        Cmd::Elect { name, value, hold } => {
+            let session = open(&client, &hold).await?;
+            let mut election = Election::new(session.clone(), &name);
+            let campaign = election.campaign(value.into_bytes());
+            let fence = match timeout(&hold) {
+                Some(t) => tokio::time::timeout(t, campaign)
+                    .await
+                    .unwrap_or(Err(Error::NotAcquired(t))),
+                None => campaign.await,
+            };
+            match fence {
+                Ok(fence) => {
+                    let code = run_child(&session, &name, fence, &hold.command).await;
+                    if session.is_valid() {
+                        election.resign().await.ok();
+                    }
+                    finish(&session, None).await;
+                    code
+                }
+                Err(e) => not_acquired(e, &name, &session).await,
+            }
+        }
+        Cmd::Describe { name, json } => {
+            let info = client.describe(&name).await?;
+            if json {
+                println!("{}", info.as_ref().map_or(json!(null), info_json));
+            } else {
+                match info {
+                    None => println!("{name}: free"),
+                    Some(info) => print_info(&info),
+                }
+            }
+            Ok(0)
+        }
+        Cmd::List { prefix, json } => {
+            let all = client.list(&prefix).await?;
+            if json {
+                println!("{}", json!(all.iter().map(info_json).collect::<Vec<_>>()));
+            } else if all.is_empty() {
+                println!("(none)");
+            } else {
+                for info in &all {
+                    print_info(info);
+                }
+            }
+            Ok(0)
+        }
+        Cmd::Watch { prefix, json } => {
+            let mut events = client.watch(&prefix, true).await?;
+            loop {
+                match events.message().await {
+                    Ok(Some(e)) => print_event(&e, json),
+                    Ok(None) => return Ok(0),
+                    Err(status) => return Err(Error::Unavailable(status.message().to_string())),
+                }
+            }
+        }
+        Cmd::Status { json } => {
+            let s = client.status().await?;
+            if json {
+                println!("{}", status_json(&s));
+            } else {
+                println!(
+                    "node {} at {} is {} (term {})",
+                    s.id, s.addr, s.role, s.term
+                );
+                println!("leader: {} {}", s.leader_id, s.leader_addr);
+                println!(
+                    "commit {} applied {} last log {}",
+                    s.commit_index, s.applied_index, s.last_log_index
+                );
+                println!(
+                    "sessions {} grants {} waiters {} last fence {}",
+                    s.sessions, s.grants, s.waiters, s.last_fence
+                );
+                print_members(&s.members);
+            }
+            Ok(0)
+        }
+        Cmd::Snapshot {
+            action: SnapshotCmd::Save { file },
+        } => {
+            let backup = client.backup().await?;
+            std::fs::write(&file, &backup.snapshot)
+                .map_err(|e| Error::Config(format!("cannot write {}: {e}", file.display())))?;
+            println!(
+                "saved {} bytes at index {} (last fence {}) to {}",
+                backup.snapshot.len(),
+                backup.index,
+                backup.last_fence,
+                file.display()
+            );
+            Ok(0)
+        }
+        Cmd::Snapshot {
+            action: SnapshotCmd::Restore { file, fence_bump },
+        } => {
+            let bytes = std::fs::read(&file)
+                .map_err(|e| Error::Config(format!("cannot read {}: {e}", file.display())))?;
+            let r = client.restore_with(bytes, fence_bump).await?;
+            println!(
+                "restored {} sessions; fences continue after {}",
+                r.sessions, r.last_fence
+            );
+            Ok(0)
+        }
+        Cmd::Members { action, json } => {
+            let members = match action.unwrap_or(MembersCmd::List) {
+                MembersCmd::List => client.members().await?.members,
+                MembersCmd::Add {
+                    id,
+                    addr,
+                    peer_addr,
+                } => {
+                    client
+                        .add_node_with_peer_addr(id, &addr, peer_addr.as_deref(), false)
+                        .await?
+                }
+                MembersCmd::Remove { id } => client.remove_node(id).await?,
+            };
+            if json {
+                println!(
+                    "{}",
+                    json!(members.iter().map(member_json).collect::<Vec<_>>())
+                );
+            } else {
+                print_members(&members);
+            }
+            Ok(0)
+        }
+    }
+}
