@@ -74,7 +74,7 @@ async fn leader_index(target: Target, endpoints: &[String]) -> anyhow::Result<us
         Target::Raftlock => {
             let client = crate::targets::raftlock::client(endpoints).await?;
             let status = client.status().await.context("raftlock status")?;
-            let leader = status.leader_addr;
+            let leader = status.leader.map(|(_, addr)| addr).unwrap_or_default();
             endpoints
                 .iter()
                 .position(|e| *e == leader)

@@ -13,7 +13,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use raftlock_client::fence::{FenceChecker, StaleFence};
-use raftlock_client::Client;
+use raftlock_client::{Client, Fence};
 
 /// A toy key-value store that checks fences on every write.
 #[derive(Default)]
@@ -23,7 +23,7 @@ struct Store {
 }
 
 impl Store {
-    fn write(&self, key: &str, value: &str, fence: u64) -> Result<(), StaleFence> {
+    fn write(&self, key: &str, value: &str, fence: Fence) -> Result<(), StaleFence> {
         self.fences.guarded(key, fence, || {
             self.data
                 .lock()

@@ -5,6 +5,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::StreamExt;
 use raftlock_proto::v1 as pb;
 use raftlock_proto::v1::cluster_client::ClusterClient;
 use raftlock_proto::v1::locks_client::LocksClient;
@@ -18,6 +19,9 @@ use tonic::{Code, Status};
 
 use crate::error::{Error, Result};
 use crate::session::{Session, SessionOptions};
+use crate::types::{
+    members, Backup, Fence, LockInfo, Member, NodeStatus, Restored, Role, WatchEvent, WatchStream,
+};
 
 /// Metadata key in which a follower names the leader's address.
 pub use raftlock_proto::LEADER_ADDR_KEY;
@@ -405,10 +409,10 @@ impl Client {
 
     /// Asks the cluster whether `fence` belongs to a current holder of
     /// `name` (linearizable).
-    pub async fn check_fence(&self, name: &str, fence: u64) -> Result<bool> {
+    pub async fn check_fence(&self, name: &str, fence: Fence) -> Result<bool> {
         let req = pb::CheckFenceRequest {
             name: name.to_string(),
-            fence,
+            fence: fence.get(),
             stale: false,
         };
         let resp = self
@@ -422,7 +426,7 @@ impl Client {
 
     /// Describes `name` (linearizable); `None` if nobody holds, waits for or
     /// delays it.
-    pub async fn describe(&self, name: &str) -> Result<Option<pb::LockInfo>> {
+    pub async fn describe(&self, name: &str) -> Result<Option<LockInfo>> {
         let req = pb::DescribeRequest {
             name: name.to_string(),
             stale: false,
@@ -434,11 +438,14 @@ impl Client {
             })
             .await?
             .into_inner();
-        Ok(resp.info.filter(|_| resp.exists))
+        resp.info
+            .filter(|_| resp.exists)
+            .map(LockInfo::try_from)
+            .transpose()
     }
 
     /// Lists names with `prefix`, following pages to the end.
-    pub async fn list(&self, prefix: &str) -> Result<Vec<pb::LockInfo>> {
+    pub async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>> {
         let mut out = Vec::new();
         let mut token = String::new();
         loop {
@@ -455,7 +462,9 @@ impl Client {
                 })
                 .await?
                 .into_inner();
-            out.extend(page.locks);
+            for info in page.locks {
+                out.push(LockInfo::try_from(info)?);
+            }
             if page.next_page_token.is_empty() {
                 return Ok(out);
             }
@@ -465,12 +474,9 @@ impl Client {
 
     /// Streams events for `name` (exact) or, if `prefix` is true, for every
     /// name starting with it. Served by whichever node answers; events carry
-    /// the log index that caused them.
-    pub async fn watch(
-        &self,
-        name: &str,
-        prefix: bool,
-    ) -> Result<tonic::Streaming<pb::WatchEvent>> {
+    /// the log index that caused them. The stream ends with an error when
+    /// the node serving it stops (watch again to resume).
+    pub async fn watch(&self, name: &str, prefix: bool) -> Result<WatchStream> {
         let req = if prefix {
             pb::WatchRequest {
                 name: String::new(),
@@ -488,11 +494,17 @@ impl Client {
                 async move { c.watch(req).await }
             })
             .await?;
-        Ok(resp.into_inner())
+        Ok(resp
+            .into_inner()
+            .map(|e| match e {
+                Ok(e) => WatchEvent::try_from(e),
+                Err(status) => Err(Error::from_status(&status, false)),
+            })
+            .boxed())
     }
 
     /// The status of the node at `addr` (not necessarily the leader).
-    pub async fn node_status(&self, addr: &str) -> Result<pb::StatusResponse> {
+    pub async fn node_status(&self, addr: &str) -> Result<NodeStatus> {
         let mut c = ClusterClient::new(self.channel(addr)?);
         let resp = tokio::time::timeout(
             self.inner.options.request_timeout,
@@ -501,7 +513,7 @@ impl Client {
         .await
         .map_err(|_| Error::Unavailable(format!("{addr} did not answer")))?
         .map_err(|s| Error::from_status(&s, false))?;
-        Ok(resp.into_inner())
+        Ok(resp.into_inner().into())
     }
 
     /// Runs a `Cluster` call against the leader.
@@ -522,7 +534,7 @@ impl Client {
     }
 
     /// The status of the leader.
-    pub async fn status(&self) -> Result<pb::StatusResponse> {
+    pub async fn status(&self) -> Result<NodeStatus> {
         // Status answers on any node; ask until one that knows a leader
         // answers, then ask the leader itself.
         let any = self
@@ -534,34 +546,27 @@ impl Client {
             .await?
             .into_inner();
         if any.leader_addr.is_empty() || any.leader_addr == any.addr {
-            return Ok(any);
+            return Ok(any.into());
         }
-        self.node_status(&any.leader_addr).await.or(Ok(any))
+        let leader = any.leader_addr.clone();
+        self.node_status(&leader).await.or(Ok(any.into()))
     }
 
     /// The current members, as the leader sees them (a follower, or a node
     /// that was removed, may know an older membership).
-    pub async fn members(&self) -> Result<pb::MembersResponse> {
+    pub async fn members(&self) -> Result<Vec<Member>> {
         let status = self.status().await?;
-        if status.role != "leader" {
+        if status.role != Role::Leader {
             return Err(Error::Unavailable(
                 "no leader to ask for the membership".into(),
             ));
         }
-        Ok(pb::MembersResponse {
-            members: status.members,
-            leader_id: status.id,
-        })
+        Ok(status.members)
     }
 
     /// Adds node `id` at `addr` (learner, catch-up, then voter unless
     /// `learner_only`). Waits until done.
-    pub async fn add_node(
-        &self,
-        id: u64,
-        addr: &str,
-        learner_only: bool,
-    ) -> Result<Vec<pb::Member>> {
+    pub async fn add_node(&self, id: u64, addr: &str, learner_only: bool) -> Result<Vec<Member>> {
         self.add_node_with_peer_addr(id, addr, None, learner_only)
             .await
     }
@@ -574,7 +579,7 @@ impl Client {
         addr: &str,
         peer_addr: Option<&str>,
         learner_only: bool,
-    ) -> Result<Vec<pb::Member>> {
+    ) -> Result<Vec<Member>> {
         let req = pb::AddNodeRequest {
             id,
             addr: addr.to_string(),
@@ -583,30 +588,29 @@ impl Client {
             catch_up_timeout_ms: 0,
         };
         let timeout = Duration::from_secs(60);
-        Ok(self
+        let resp = self
             .cluster_call(Kind::Write, timeout, |mut c| {
                 let req = req.clone();
                 async move { c.add_node(req).await }
             })
-            .await?
-            .into_inner()
-            .members)
+            .await?;
+        Ok(members(resp.into_inner().members))
     }
 
     /// A consistent backup of the lock table, read on the leader.
-    pub async fn backup(&self) -> Result<pb::BackupResponse> {
+    pub async fn backup(&self) -> Result<Backup> {
         let timeout = Duration::from_secs(60);
-        Ok(self
+        let resp = self
             .cluster_call(Kind::Read, timeout, |mut c| async move {
                 c.backup(pb::BackupRequest {}).await
             })
-            .await?
-            .into_inner())
+            .await?;
+        Ok(resp.into_inner().into())
     }
 
     /// Restores a backup into an empty cluster, raising its fence counter
     /// by the default bump (2^32; see [`restore_with`](Self::restore_with)).
-    pub async fn restore(&self, snapshot: Vec<u8>) -> Result<pb::RestoreResponse> {
+    pub async fn restore(&self, snapshot: Vec<u8>) -> Result<Restored> {
         self.restore_with(snapshot, None).await
     }
 
@@ -618,30 +622,29 @@ impl Client {
         &self,
         snapshot: Vec<u8>,
         fence_bump: Option<u64>,
-    ) -> Result<pb::RestoreResponse> {
+    ) -> Result<Restored> {
         let timeout = Duration::from_secs(60);
         let req = pb::RestoreRequest {
             snapshot,
             fence_bump,
         };
-        Ok(self
+        let resp = self
             .cluster_call(Kind::Write, timeout, |mut c| {
                 let req = req.clone();
                 async move { c.restore(req).await }
             })
-            .await?
-            .into_inner())
+            .await?;
+        Ok(resp.into_inner().into())
     }
 
     /// Removes node `id`.
-    pub async fn remove_node(&self, id: u64) -> Result<Vec<pb::Member>> {
+    pub async fn remove_node(&self, id: u64) -> Result<Vec<Member>> {
         let timeout = Duration::from_secs(30);
-        Ok(self
+        let resp = self
             .cluster_call(Kind::Write, timeout, |mut c| async move {
                 c.remove_node(pb::RemoveNodeRequest { id }).await
             })
-            .await?
-            .into_inner()
-            .members)
+            .await?;
+        Ok(members(resp.into_inner().members))
     }
 }

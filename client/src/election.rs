@@ -9,6 +9,7 @@ use futures::{Stream, StreamExt};
 use crate::error::Result;
 use crate::guard::{Guard, Mode};
 use crate::session::Session;
+use crate::types::Fence;
 
 /// One candidate's participation in an election.
 pub struct Election {
@@ -29,7 +30,7 @@ impl Election {
 
     /// Waits until this candidate leads, announcing `value`. Returns the
     /// leadership's fence (use it to fence the leader's writes).
-    pub async fn campaign(&mut self, value: impl Into<Vec<u8>>) -> Result<u64> {
+    pub async fn campaign(&mut self, value: impl Into<Vec<u8>>) -> Result<Fence> {
         let guard = self
             .session
             .acquire(&self.name, Mode::Exclusive, None, value.into())
@@ -56,13 +57,13 @@ impl Election {
     }
 
     /// The current leader's value and fence, if there is a leader.
-    pub async fn leader(&self) -> Result<Option<(Vec<u8>, u64)>> {
+    pub async fn leader(&self) -> Result<Option<(Vec<u8>, Fence)>> {
         leader(&self.session, &self.name).await
     }
 
     /// A stream of leader changes: the leader's value and fence after each
     /// grant or release on the election's lock (`None` while leaderless).
-    pub async fn observe(&self) -> Result<impl Stream<Item = Result<Option<(Vec<u8>, u64)>>>> {
+    pub async fn observe(&self) -> Result<impl Stream<Item = Result<Option<(Vec<u8>, Fence)>>>> {
         let events = self.session.client().watch(&self.name, false).await?;
         let session = self.session.clone();
         let name = self.name.clone();
@@ -73,7 +74,7 @@ impl Election {
             async move {
                 match e {
                     Ok(_) => leader(&session, &name).await,
-                    Err(status) => Err(crate::Error::from_status(&status, false)),
+                    Err(e) => Err(e),
                 }
             }
         });
@@ -81,7 +82,7 @@ impl Election {
     }
 }
 
-async fn leader(session: &Session, name: &str) -> Result<Option<(Vec<u8>, u64)>> {
+async fn leader(session: &Session, name: &str) -> Result<Option<(Vec<u8>, Fence)>> {
     let info = session.client().describe(name).await?;
     Ok(info
         .and_then(|i| i.holders.into_iter().next())

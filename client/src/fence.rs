@@ -16,32 +16,36 @@
 //!
 //! ```
 //! use raftlock_client::fence::FenceChecker;
+//! use raftlock_client::Fence;
 //!
 //! let store = FenceChecker::new();
-//! assert!(store.check("accounts/7", 12).is_ok());
-//! assert!(store.check("accounts/7", 12).is_ok()); // same holder again
-//! assert!(store.check("accounts/7", 15).is_ok()); // a newer holder
-//! let stale = store.check("accounts/7", 12).unwrap_err(); // the old one, too late
-//! assert_eq!((stale.fence, stale.latest), (12, 15));
+//! let (old, new) = (Fence::new(12), Fence::new(15)); // e.g. from guard.fence()
+//! assert!(store.check("accounts/7", old).is_ok());
+//! assert!(store.check("accounts/7", old).is_ok()); // same holder again
+//! assert!(store.check("accounts/7", new).is_ok()); // a newer holder
+//! let stale = store.check("accounts/7", old).unwrap_err(); // the old one, too late
+//! assert_eq!((stale.fence, stale.latest), (old, new));
 //! ```
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+
+use crate::types::Fence;
 
 /// A write refused because a newer holder already wrote.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("stale fence {fence}: the resource has already accepted fence {latest}")]
 pub struct StaleFence {
     /// The fence the write carried.
-    pub fence: u64,
+    pub fence: Fence,
     /// The largest fence accepted so far.
-    pub latest: u64,
+    pub latest: Fence,
 }
 
 /// The largest fence accepted per resource. Thread-safe.
 #[derive(Debug, Default)]
 pub struct FenceChecker {
-    latest: Mutex<HashMap<String, u64>>,
+    latest: Mutex<HashMap<String, Fence>>,
 }
 
 impl FenceChecker {
@@ -53,7 +57,7 @@ impl FenceChecker {
     /// Accepts `fence` for `resource` if it is at least the largest seen,
     /// and records it. Call it atomically with the write it guards (the
     /// check and the write must not interleave with another writer's).
-    pub fn check(&self, resource: &str, fence: u64) -> Result<(), StaleFence> {
+    pub fn check(&self, resource: &str, fence: Fence) -> Result<(), StaleFence> {
         let mut latest = self.latest.lock().expect("fence lock poisoned");
         match latest.get_mut(resource) {
             Some(l) if fence < *l => Err(StaleFence { fence, latest: *l }),
@@ -73,11 +77,11 @@ impl FenceChecker {
     pub fn guarded<T>(
         &self,
         resource: &str,
-        fence: u64,
+        fence: Fence,
         write: impl FnOnce() -> T,
     ) -> Result<T, StaleFence> {
         let mut latest = self.latest.lock().expect("fence lock poisoned");
-        let l = latest.entry(resource.to_string()).or_insert(0);
+        let l = latest.entry(resource.to_string()).or_insert(Fence::new(0));
         if fence < *l {
             return Err(StaleFence { fence, latest: *l });
         }
@@ -86,7 +90,7 @@ impl FenceChecker {
     }
 
     /// The largest fence accepted for `resource`.
-    pub fn latest(&self, resource: &str) -> Option<u64> {
+    pub fn latest(&self, resource: &str) -> Option<Fence> {
         self.latest
             .lock()
             .expect("fence lock poisoned")
@@ -99,21 +103,25 @@ impl FenceChecker {
 mod tests {
     use super::*;
 
+    fn f(n: u64) -> Fence {
+        Fence::new(n)
+    }
+
     #[test]
     fn smaller_fences_are_refused_per_resource() {
         let c = FenceChecker::new();
-        c.check("a", 5).expect("first");
-        c.check("b", 1).expect("other resource is independent");
+        c.check("a", f(5)).expect("first");
+        c.check("b", f(1)).expect("other resource is independent");
         assert_eq!(
-            c.check("a", 4),
+            c.check("a", f(4)),
             Err(StaleFence {
-                fence: 4,
-                latest: 5
+                fence: f(4),
+                latest: f(5)
             })
         );
-        c.check("a", 5).expect("equal accepted");
-        c.check("a", 9).expect("larger accepted");
-        assert_eq!(c.latest("a"), Some(9));
+        c.check("a", f(5)).expect("equal accepted");
+        c.check("a", f(9)).expect("larger accepted");
+        assert_eq!(c.latest("a"), Some(f(9)));
         assert_eq!(c.latest("zzz"), None);
     }
 
@@ -121,8 +129,8 @@ mod tests {
     fn guarded_writes_run_only_when_accepted() {
         let c = FenceChecker::new();
         let mut log = Vec::new();
-        c.guarded("k", 3, || log.push(3)).expect("accepted");
-        assert!(c.guarded("k", 2, || log.push(2)).is_err());
+        c.guarded("k", f(3), || log.push(3)).expect("accepted");
+        assert!(c.guarded("k", f(2), || log.push(2)).is_err());
         assert_eq!(log, vec![3]);
     }
 }

@@ -8,6 +8,7 @@ use raftlock_proto::v1 as pb;
 use crate::client::Kind;
 use crate::error::{Error, Result};
 use crate::session::Session;
+use crate::types::Fence;
 
 /// What a grant holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,7 +29,7 @@ pub enum Mode {
 struct GuardInner {
     session: Session,
     name: String,
-    fence: u64,
+    fence: Fence,
     mode: Mode,
     value: Vec<u8>,
     released: AtomicBool,
@@ -56,7 +57,7 @@ impl Guard {
     pub(crate) fn new(
         session: Session,
         name: String,
-        fence: u64,
+        fence: Fence,
         mode: Mode,
         value: Vec<u8>,
     ) -> Guard {
@@ -74,7 +75,7 @@ impl Guard {
 
     /// The fencing token: pass it to every store you write while holding
     /// this grant.
-    pub fn fence(&self) -> u64 {
+    pub fn fence(&self) -> Fence {
         self.inner.fence
     }
 
@@ -125,12 +126,12 @@ impl Guard {
     }
 }
 
-async fn release(session: &Session, name: &str, fence: u64) -> Result<bool> {
+async fn release(session: &Session, name: &str, fence: Fence) -> Result<bool> {
     let req = pb::ReleaseRequest {
-        session_id: session.id(),
+        session_id: session.id().get(),
         seq: session.next_seq(),
         name: name.to_string(),
-        fence,
+        fence: fence.get(),
     };
     match session
         .client()
@@ -161,7 +162,7 @@ impl Drop for GuardInner {
         let fence = self.fence;
         self.session.in_background(&self.name, async move {
             if let Err(e) = release(&session, &name, fence).await {
-                tracing::warn!(name, fence, error = %e, "release on drop failed; the session's expiry will release it");
+                tracing::warn!(name, fence = fence.get(), error = %e, "release on drop failed; the session's expiry will release it");
             }
         });
     }

@@ -46,6 +46,7 @@ mod error;
 pub mod fence;
 mod guard;
 mod session;
+mod types;
 
 pub use client::{Client, ClientOptions, ClientTls, LEADER_ADDR_KEY};
 pub use election::Election;
@@ -53,3 +54,7 @@ pub use error::{Error, Result};
 pub use guard::{Guard, Mode};
 pub use raftlock_proto::v1 as proto;
 pub use session::{LeaseState, Semaphore, Session, SessionOptions, WAIT_FOREVER_MS};
+pub use types::{
+    Backup, EventKind, Fence, Holder, LockInfo, LockKind, LockMode, Member, NodeStatus, Restored,
+    Role, SessionId, Waiter, WatchEvent, WatchStream,
+};

@@ -23,6 +23,7 @@ use tokio::time::Instant;
 use crate::client::{Client, Kind};
 use crate::error::{Error, Result};
 use crate::guard::{Guard, Mode};
+use crate::types::{Fence, SessionId};
 
 /// `timeout_ms` meaning "wait without a timeout".
 pub const WAIT_FOREVER_MS: u64 = u64::MAX;
@@ -157,7 +158,7 @@ impl Drop for PendingAcquire {
 /// close) withdraws the wait then.
 async fn cancel(session: &Session, name: &str, seq: u64) {
     let req = pb::CancelRequest {
-        session_id: session.id(),
+        session_id: session.id().get(),
         seq,
         name: name.to_string(),
     };
@@ -243,8 +244,8 @@ impl Session {
     }
 
     /// The session id.
-    pub fn id(&self) -> u64 {
-        self.inner.id
+    pub fn id(&self) -> SessionId {
+        SessionId::new(self.inner.id)
     }
 
     /// The lease length.
@@ -458,7 +459,13 @@ impl Session {
         if !resp.acquired {
             return Err(Error::NotAcquired(timeout.unwrap_or(Duration::MAX)));
         }
-        let guard = Guard::new(self.clone(), name.to_string(), resp.fence, mode, value);
+        let guard = Guard::new(
+            self.clone(),
+            name.to_string(),
+            Fence::new(resp.fence),
+            mode,
+            value,
+        );
         // Never hand out a grant on a lease that may already have lapsed
         // (etcd #11456): give it back and say so.
         if !self.is_valid() {
@@ -525,7 +532,7 @@ impl Session {
     /// fence; releases afterwards whatever `f` returned.
     pub async fn with_lock<F, Fut, T>(&self, name: &str, f: F) -> Result<T>
     where
-        F: FnOnce(u64) -> Fut,
+        F: FnOnce(Fence) -> Fut,
         Fut: std::future::Future<Output = T>,
     {
         let guard = self.lock(name).await?;

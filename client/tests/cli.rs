@@ -127,8 +127,8 @@ async fn not_granted_in_time_exits_3_and_reads_work() {
         .expect("runs");
     assert!(out.status.success());
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
-    assert_eq!(v["holders"][0]["fence"], guard.fence());
-    assert_eq!(v["holders"][0]["session"], session.id());
+    assert_eq!(v["holders"][0]["fence"], guard.fence().get());
+    assert_eq!(v["holders"][0]["session"], session.id().get());
 
     let out = raftlock(&cluster.addrs().join(","))
         .args(["status", "--json"])

@@ -26,15 +26,15 @@ use raftlock_client::Client;
 use serde_json::{json, Value};
 
 /// Names with holders or waiters, as the audit records them.
-pub fn leftovers(locks: &[raftlock_client::proto::LockInfo]) -> Vec<Value> {
+pub fn leftovers(locks: &[raftlock_client::LockInfo]) -> Vec<Value> {
     locks
         .iter()
         .filter(|l| !l.holders.is_empty() || !l.waiters.is_empty())
         .map(|l| {
             json!({
                 "name": l.name,
-                "holders": l.holders.iter().map(|h| json!({"session": h.session_id, "fence": h.fence})).collect::<Vec<_>>(),
-                "waiters": l.waiters.iter().map(|w| json!({"session": w.session_id, "seq": w.seq})).collect::<Vec<_>>(),
+                "holders": l.holders.iter().map(|h| json!({"session": h.session, "fence": h.fence})).collect::<Vec<_>>(),
+                "waiters": l.waiters.iter().map(|w| json!({"session": w.session, "seq": w.seq})).collect::<Vec<_>>(),
             })
         })
         .collect()

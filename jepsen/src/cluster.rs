@@ -341,7 +341,7 @@ impl Cluster {
         answers
             .into_iter()
             .flatten()
-            .filter(|s| s.role == "leader")
+            .filter(|s| s.role == raftlock_client::Role::Leader)
             .max_by_key(|s| s.term)
             .map(|s| s.id)
     }
@@ -536,7 +536,7 @@ impl Cluster {
         backup: Vec<u8>,
         fence_bump: u64,
         dir: PathBuf,
-    ) -> anyhow::Result<raftlock_client::proto::RestoreResponse> {
+    ) -> anyhow::Result<raftlock_client::Restored> {
         let opts = ClusterOptions {
             dir,
             ..self.opts.clone()

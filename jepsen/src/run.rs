@@ -249,7 +249,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
     // The end-of-run audit, while the workers' sessions are still alive.
     let believed: Vec<(u64, u64)> = leftovers
         .iter()
-        .filter_map(|l| Some((l.process, l.session.as_ref()?.id())))
+        .filter_map(|l| Some((l.process, l.session.as_ref()?.id().get())))
         .collect();
     let audit_client = raftlock_client::Client::with_options(
         cluster.lock().await.client_endpoints(),

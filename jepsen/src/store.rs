@@ -28,6 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use raftlock_client::fence::FenceChecker;
+use raftlock_client::Fence;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
@@ -134,7 +135,7 @@ fn handle(shared: &Shared, req: &Value) -> Value {
     let check = if shared.broken {
         Ok(())
     } else {
-        shared.fences.check(key, fence)
+        shared.fences.check(key, Fence::new(fence))
     };
     match req.get("op").and_then(Value::as_str) {
         Some("read") => match check {
@@ -237,13 +238,13 @@ impl StoreClient {
     }
 
     /// Reads `key` under `fence`.
-    pub async fn read(&mut self, key: &str, fence: u64) -> StoreReply {
+    pub async fn read(&mut self, key: &str, fence: Fence) -> StoreReply {
         self.call(json!({"op": "read", "key": key, "fence": fence}))
             .await
     }
 
     /// Writes `value` to `key` under `fence`.
-    pub async fn write(&mut self, key: &str, fence: u64, value: u64) -> StoreReply {
+    pub async fn write(&mut self, key: &str, fence: Fence, value: u64) -> StoreReply {
         self.call(json!({"op": "write", "key": key, "fence": fence, "value": value}))
             .await
     }
@@ -260,14 +261,26 @@ mod tests {
         let log = dir.path().join("store.jsonl");
         let store = Store::start(&log, false, rec.clone()).await.unwrap();
         let mut c = StoreClient::new(store.addr());
-        assert!(matches!(c.read("k", 5).await, StoreReply::Ok(0)));
-        assert!(matches!(c.write("k", 5, 1).await, StoreReply::Ok(_)));
-        assert!(matches!(c.read("k", 7).await, StoreReply::Ok(1)));
         assert!(matches!(
-            c.write("k", 5, 2).await,
+            c.read("k", Fence::new(5)).await,
+            StoreReply::Ok(0)
+        ));
+        assert!(matches!(
+            c.write("k", Fence::new(5), 1).await,
+            StoreReply::Ok(_)
+        ));
+        assert!(matches!(
+            c.read("k", Fence::new(7)).await,
+            StoreReply::Ok(1)
+        ));
+        assert!(matches!(
+            c.write("k", Fence::new(5), 2).await,
             StoreReply::Stale { latest: 7 }
         ));
-        assert!(matches!(c.read("k", 6).await, StoreReply::Stale { .. }));
+        assert!(matches!(
+            c.read("k", Fence::new(6)).await,
+            StoreReply::Stale { .. }
+        ));
         assert_eq!(store.values().get("k"), Some(&1));
         store.stop();
         let text = std::fs::read_to_string(&log).unwrap();
@@ -284,7 +297,13 @@ mod tests {
             .await
             .unwrap();
         let mut c = StoreClient::new(broken.addr());
-        assert!(matches!(c.write("k", 9, 1).await, StoreReply::Ok(_)));
-        assert!(matches!(c.write("k", 3, 2).await, StoreReply::Ok(_)));
+        assert!(matches!(
+            c.write("k", Fence::new(9), 1).await,
+            StoreReply::Ok(_)
+        ));
+        assert!(matches!(
+            c.write("k", Fence::new(3), 2).await,
+            StoreReply::Ok(_)
+        ));
     }
 }

@@ -7,8 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use raftlock_client::proto::LockInfo;
-use raftlock_client::{Client, Error};
+use raftlock_client::{Client, Error, LockInfo};
 use tokio::task::JoinHandle;
 
 use crate::{eventually, TestCluster};
@@ -58,7 +57,7 @@ impl Contenders {
                     acked
                         .lock()
                         .expect("lock")
-                        .push((name.to_string(), g.fence()));
+                        .push((name.to_string(), g.fence().get()));
                     assert!(
                         g.release().await.expect("worker releases"),
                         "grant {} on {name} was lost before its release",

@@ -96,10 +96,7 @@ pub(super) async fn membership(
 /// outcome is unknown (retryable error or timeout).
 fn change_outcome(
     target: u64,
-    r: &Result<
-        raftlock_client::Result<Vec<raftlock_client::proto::Member>>,
-        tokio::time::error::Elapsed,
-    >,
+    r: &Result<raftlock_client::Result<Vec<raftlock_client::Member>>, tokio::time::error::Elapsed>,
 ) -> (Type, Value) {
     match r {
         Ok(Ok(m)) => (

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use raftlock_client::Fence;
 use rand::rngs::StdRng;
 use rand::RngExt;
 use serde_json::json;
@@ -37,7 +38,7 @@ pub(super) async fn restore(
     let backup = c.admin().backup().await?;
     backups.push(Backup {
         snapshot: backup.snapshot,
-        last_fence: backup.last_fence,
+        last_fence: backup.last_fence.map_or(0, Fence::get),
     });
     let older = backups.len() > 1 && rng.random_bool(1.0 / 3.0);
     let pick = if older {
@@ -63,14 +64,14 @@ pub(super) async fn restore(
     // but an older backup may predate an earlier restore, whose own bump
     // put the live fences further out still. Raise the bump by the gap to
     // the newest fence the cluster being replaced reached.
-    let fence_bump =
-        DEFAULT_FENCE_BUMP + backup.last_fence.saturating_sub(backups[pick].last_fence);
+    let live_last_fence = backup.last_fence.map_or(0, Fence::get);
+    let fence_bump = DEFAULT_FENCE_BUMP + live_last_fence.saturating_sub(backups[pick].last_fence);
     rec.record(
         Process::NEMESIS,
         Type::Info,
         "start-restore",
         json!({"variant": variant, "backup": pick, "backups": backups.len(),
-               "live_index": backup.index, "live_last_fence": backup.last_fence,
+               "live_index": backup.index, "live_last_fence": live_last_fence,
                "backup_last_fence": backups[pick].last_fence, "fence_bump": fence_bump}),
     );
     let restored = c

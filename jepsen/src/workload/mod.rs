@@ -36,8 +36,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use raftlock_client::proto::LockInfo;
-use raftlock_client::{Client, ClientOptions, Error, Guard, LeaseState, Session};
+use raftlock_client::{Client, ClientOptions, Error, Guard, LeaseState, LockInfo, Session};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use serde_json::{json, Value};
@@ -147,23 +146,15 @@ fn err_value(e: &Error) -> Value {
     json!({ "error": e.to_string() })
 }
 
-fn mode_name(m: i32) -> &'static str {
-    match m {
-        0 => "exclusive",
-        1 => "shared",
-        _ => "semaphore",
-    }
-}
-
 fn holders_value(info: &Option<LockInfo>) -> Value {
     let holders: Vec<Value> = info
         .iter()
         .flat_map(|i| i.holders.iter())
         .map(|h| {
             json!({
-                "session": h.session_id,
+                "session": h.session,
                 "fence": h.fence,
-                "mode": mode_name(h.mode),
+                "mode": h.mode.as_str(),
                 "weight": h.weight,
             })
         })

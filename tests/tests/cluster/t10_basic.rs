@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use raftlock_client::proto::EventKind;
-use raftlock_client::Error;
+use futures::StreamExt;
+use raftlock_client::{Error, EventKind};
 use raftlock_testkit::TestCluster;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -95,17 +95,17 @@ async fn shared_locks_semaphores_and_watch() {
     let mut kinds = Vec::new();
     let mut last_index = 0;
     while kinds.len() < 4 {
-        let e = tokio::time::timeout(Duration::from_secs(10), events.message())
+        let e = tokio::time::timeout(Duration::from_secs(10), events.next())
             .await
             .expect("event in time")
-            .expect("stream ok")
-            .expect("stream open");
+            .expect("stream open")
+            .expect("stream ok");
         assert!(e.index >= last_index);
         last_index = e.index;
         kinds.push((e.kind, e.name));
     }
-    assert_eq!(kinds[0], (EventKind::Granted as i32, "res/x".to_string()));
-    assert_eq!(kinds[1], (EventKind::Granted as i32, "res/x".to_string()));
-    assert_eq!(kinds[2], (EventKind::Granted as i32, "res/y".to_string()));
+    assert_eq!(kinds[0], (EventKind::Granted, "res/x".to_string()));
+    assert_eq!(kinds[1], (EventKind::Granted, "res/x".to_string()));
+    assert_eq!(kinds[2], (EventKind::Granted, "res/y".to_string()));
     cluster.shutdown().await;
 }

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use raftlock_client::proto::{AcquireRequest, EventKind, Mode, OpenSessionRequest, WatchRequest};
+use raftlock_client::{Fence, SessionId};
 use raftlock_testkit::workload::{describe_until, Contenders};
 use raftlock_testkit::{eventually, locks_at, status_at, TestCluster};
 use tokio::time::Instant;
@@ -44,7 +45,7 @@ async fn grants_queues_and_live_leases_survive_leader_failover() {
     // b waits for fo/job; the request is parked on the leader that will die.
     let queued = tokio::spawn({
         let mut raw = locks_at(&cluster.leader_addr().await);
-        let req = raw_wait(b.id(), "fo/job");
+        let req = raw_wait(b.id().get(), "fo/job");
         async move { raw.acquire(req).await }
     });
     let job_before = eventually("b to be queued on fo/job", Duration::from_secs(10), || {
@@ -60,9 +61,9 @@ async fn grants_queues_and_live_leases_survive_leader_failover() {
     })
     .await;
     assert_eq!(job_before.holders.len(), 1);
-    assert_eq!(job_before.holders[0].session_id, a.id());
+    assert_eq!(job_before.holders[0].session, a.id());
     assert_eq!(job_before.holders[0].fence, held.fence());
-    assert_eq!(job_before.waiters[0].session_id, b.id());
+    assert_eq!(job_before.waiters[0].session, b.id());
     let pool_before = client
         .describe("fo/pool")
         .await
@@ -73,7 +74,7 @@ async fn grants_queues_and_live_leases_survive_leader_failover() {
 
     let old_leader = cluster.leader().await;
     let before = status_at(&cluster.addr(old_leader)).await;
-    assert!(before.last_fence >= held.fence().max(permits.fence()));
+    assert!(before.last_fence >= held.fence().max(permits.fence()).get());
 
     let killed_at = Instant::now();
     cluster.kill(old_leader).await;
@@ -185,22 +186,23 @@ async fn grants_queues_and_live_leases_survive_leader_failover() {
     )
     .await;
     assert_eq!(info.holders.len(), 1);
-    assert_eq!(info.holders[0].session_id, b.id());
+    assert_eq!(info.holders[0].session, b.id());
     let next_fence = info.holders[0].fence;
     assert!(
-        next_fence > before.last_fence,
+        next_fence.get() > before.last_fence,
         "fence {next_fence} after {}",
         before.last_fence
     );
     let mut raw = locks_at(&cluster.leader_addr().await);
     let retry = raw
-        .acquire(raw_wait(b.id(), "fo/job"))
+        .acquire(raw_wait(b.id().get(), "fo/job"))
         .await
         .expect("retried acquire")
         .into_inner();
     assert!(retry.acquired, "{retry:?}");
     assert_eq!(
-        retry.fence, next_fence,
+        retry.fence,
+        next_fence.get(),
         "the retry returns the grant, not a new one"
     );
     let fresh = a
@@ -211,7 +213,7 @@ async fn grants_queues_and_live_leases_survive_leader_failover() {
     assert!(fresh.fence() > next_fence);
     assert_eq!(
         status_at(&cluster.addr(new_leader)).await.last_fence,
-        fresh.fence()
+        fresh.fence().get()
     );
 
     fresh.release().await.expect("release");
@@ -258,8 +260,8 @@ async fn a_new_leader_counts_silent_sessions_afresh_and_still_expires_them() {
         match info {
             Some(i) => {
                 assert_eq!(
-                    (i.holders[0].session_id, i.holders[0].fence),
-                    (silent, fence)
+                    (i.holders[0].session, i.holders[0].fence),
+                    (SessionId::new(silent), Fence::new(fence))
                 );
                 last_held = sent;
             }
@@ -319,7 +321,7 @@ async fn a_blocking_acquire_parked_on_a_killed_leader_is_answered() {
         |i| i.waiters.is_empty(),
     )
     .await;
-    assert_eq!(info.holders[0].session_id, b.id());
+    assert_eq!(info.holders[0].session, b.id());
     // b's `lock()` was parked on the node that died; it must not wait
     // forever for that node, but learn its grant from the new leader.
     let granted = tokio::time::timeout(Duration::from_secs(10), waiter)

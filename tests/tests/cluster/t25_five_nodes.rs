@@ -33,7 +33,7 @@ async fn killing_two_of_five_loses_no_acknowledged_grant() {
             let client = cluster.client().await;
             let mut fences = Vec::new();
             for addr in cluster.addrs() {
-                fences.push(client.node_status(&addr).await.ok()?.last_fence);
+                fences.push(client.node_status(&addr).await.ok()?.last_fence?.get());
             }
             (fences.iter().all(|f| *f == fences[0] && *f >= max_fence)).then_some(())
         },

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use raftlock_client::proto::{AcquireRequest, AcquireResponse, Holder, LockInfo, Mode};
-use raftlock_client::{Client, Guard, Session};
+use raftlock_client::proto::{AcquireRequest, AcquireResponse, Mode};
+use raftlock_client::{Client, Fence, Guard, Holder, LockInfo, Session};
 use raftlock_testkit::{eventually, locks_at, status_at, TestCluster};
 use tokio::task::JoinHandle;
 use tonic::{Response, Status};
@@ -60,7 +60,7 @@ fn spawn_raw_wait(
 }
 
 /// Re-sends a blocking acquire and expects the grant `holder` has.
-async fn resend_is_granted(cluster: &TestCluster, req: AcquireRequest, fence: u64) {
+async fn resend_is_granted(cluster: &TestCluster, req: AcquireRequest, fence: Fence) {
     let what = format!("{req:?}");
     let mut raw = locks_at(&cluster.leader_addr().await);
     let r = raw
@@ -70,7 +70,8 @@ async fn resend_is_granted(cluster: &TestCluster, req: AcquireRequest, fence: u6
         .into_inner();
     assert!(r.acquired, "{what}: {r:?}");
     assert_eq!(
-        r.fence, fence,
+        r.fence,
+        fence.get(),
         "{what}: the retry returns the grant, not a new one"
     );
 }
@@ -117,8 +118,8 @@ async fn build_state(client: &Client, leader_addr: &str) -> Fixture {
             .await
             .expect("b takes 3"),
     ];
-    let b_waits_x = spawn_raw_wait(leader_addr, raw_wait(b.id(), "r/x", false));
-    let c_waits_pool = spawn_raw_wait(leader_addr, raw_wait(c.id(), "r/pool", true));
+    let b_waits_x = spawn_raw_wait(leader_addr, raw_wait(b.id().get(), "r/x", false));
+    let c_waits_pool = spawn_raw_wait(leader_addr, raw_wait(c.id().get(), "r/pool", true));
     queued(client, "r/x", 1).await;
     queued(client, "r/pool", 1).await;
     Fixture {
@@ -191,7 +192,7 @@ async fn everything_survives(kill: bool) {
         .map(Guard::fence)
         .max()
         .expect("grants");
-    assert_eq!(before.last_fence, max_fence);
+    assert_eq!(before.last_fence, max_fence.get());
     assert_eq!((before.sessions, before.grants, before.waiters), (3, 5, 2));
 
     restart_all(&mut cluster, kill).await;
@@ -238,19 +239,19 @@ async fn everything_survives(kill: bool) {
     // and the waiters' re-sent requests find their grants.
     assert!(f.x.release().await.expect("release r/x"));
     let bx = holder_once_granted(&client, "r/x").await;
-    assert_eq!(bx.session_id, f.b.id());
+    assert_eq!(bx.session, f.b.id());
     assert!(
-        bx.fence > before.last_fence,
+        bx.fence.get() > before.last_fence,
         "fence {} after {}",
         bx.fence,
         before.last_fence
     );
-    resend_is_granted(&cluster, raw_wait(f.b.id(), "r/x", false), bx.fence).await;
+    resend_is_granted(&cluster, raw_wait(f.b.id().get(), "r/x", false), bx.fence).await;
     assert!(f.permits[0].release().await.expect("release a's permits"));
     let cp = holder_once_granted(&client, "r/pool").await;
-    assert_eq!(cp.session_id, f.c.id());
+    assert_eq!(cp.session, f.c.id());
     assert!(cp.fence > bx.fence);
-    resend_is_granted(&cluster, raw_wait(f.c.id(), "r/pool", true), cp.fence).await;
+    resend_is_granted(&cluster, raw_wait(f.c.id().get(), "r/pool", true), cp.fence).await;
     let fresh =
         f.a.try_lock("r/new")
             .await

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use raftlock_client::proto::locks_client::LocksClient;
 use raftlock_client::proto::{AcquireRequest, KeepAliveRequest, Mode, OpenSessionRequest};
-use raftlock_client::{Client, Guard};
+use raftlock_client::{Client, Fence, Guard, SessionId};
 use raftlock_testkit::{eventually, locks_at, TestCluster};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -43,14 +43,19 @@ fn exclusive(session_id: u64, seq: u64, name: &str) -> AcquireRequest {
     }
 }
 
-async fn lock_raw(locks: &mut LocksClient<Channel>, session_id: u64, seq: u64, name: &str) -> u64 {
+async fn lock_raw(
+    locks: &mut LocksClient<Channel>,
+    session_id: u64,
+    seq: u64,
+    name: &str,
+) -> Fence {
     let resp = locks
         .acquire(exclusive(session_id, seq, name))
         .await
         .expect("acquire")
         .into_inner();
     assert!(resp.acquired, "{name} is free");
-    resp.fence
+    Fence::new(resp.fence)
 }
 
 /// Queues a live session for `name` and waits until the queue shows it.
@@ -107,8 +112,8 @@ async fn a_silent_session_loses_its_locks_after_its_ttl_and_not_before() {
             .expect("still held");
         assert_eq!(info.holders.len(), 1, "{name}");
         assert_eq!(
-            (info.holders[0].session_id, info.holders[0].fence),
-            (silent, fence),
+            (info.holders[0].session, info.holders[0].fence),
+            (SessionId::new(silent), fence),
             "{name}"
         );
         assert!(client.check_fence(name, fence).await.expect("check"));
@@ -141,7 +146,7 @@ async fn a_silent_session_loses_its_locks_after_its_ttl_and_not_before() {
         .expect("describe")
         .expect("held by the waiter");
     assert_eq!(info.holders.len(), 1);
-    assert_eq!(info.holders[0].session_id, granted.session().id());
+    assert_eq!(info.holders[0].session, granted.session().id());
     eventually("ex/y to be free", Duration::from_secs(3), || {
         let client = client.clone();
         async move {
@@ -211,8 +216,8 @@ async fn lock_delay_keeps_an_expired_lock_unavailable() {
         }
         assert_eq!(info.holders.len(), 1, "{info:?}");
         assert_eq!(
-            (info.holders[0].session_id, info.holders[0].fence),
-            (silent, fence)
+            (info.holders[0].session, info.holders[0].fence),
+            (SessionId::new(silent), fence)
         );
         last_held = sent;
         assert!(
@@ -268,7 +273,7 @@ async fn lock_delay_keeps_an_expired_lock_unavailable() {
         .expect("describe")
         .expect("held");
     assert!(!info.lock_delayed, "{info:?}");
-    assert_eq!(info.holders[0].session_id, granted.session().id());
+    assert_eq!(info.holders[0].session, granted.session().id());
     granted.release().await.expect("release");
     other.close().await.expect("close");
     cluster.shutdown().await;
@@ -336,7 +341,7 @@ async fn keep_alives_keep_locks_for_many_ttls() {
         async move { client.describe("ka/raw").await.ok().flatten() }
     })
     .await;
-    assert_eq!(info.holders[0].session_id, raw_session);
+    assert_eq!(info.holders[0].session, SessionId::new(raw_session));
     guard.release().await.expect("release");
     session.close().await.expect("close");
     cluster.shutdown().await;

@@ -188,7 +188,7 @@ async fn a_new_node_catches_up_through_a_snapshot() {
     // And it follows what happens next.
     assert!(held.lock.release().await.expect("release"));
     let next = held.waiter.await.expect("join").expect("waiter granted");
-    assert!(next.fence() > l.last_fence);
+    assert!(next.fence().get() > l.last_fence);
     let next_fence = next.fence();
     eventually(
         "the new node to see the hand-off",
@@ -200,7 +200,8 @@ async fn a_new_node_catches_up_through_a_snapshot() {
                     .await
                     .into_iter()
                     .find(|i| i.name == "sn/held")?;
-                (info.holders.first()?.fence == next_fence && info.waiters.is_empty()).then_some(())
+                (info.holders.first()?.fence == next_fence.get() && info.waiters.is_empty())
+                    .then_some(())
             }
         },
     )
@@ -298,8 +299,8 @@ async fn nodes_restart_with_the_same_state_after_snapshots_and_purges() {
     })
     .await;
     assert_eq!(info.holders.len(), 1);
-    assert_ne!(info.holders[0].session_id, held.keeper.id());
-    assert!(info.holders[0].fence > before.last_fence);
+    assert_ne!(info.holders[0].session, held.keeper.id());
+    assert!(info.holders[0].fence.get() > before.last_fence);
     assert_eq!(granted.fence(), info.holders[0].fence);
     held.permits.release().await.expect("release");
     held.keeper.close().await.expect("close");

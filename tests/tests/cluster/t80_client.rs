@@ -127,7 +127,7 @@ async fn with_lock_acquire_all_and_deadlock_refusal() {
     let a = client.session(Duration::from_secs(10)).await.expect("a");
     let b = client.session(Duration::from_secs(10)).await.expect("b");
     let out = a
-        .with_lock("fn", |fence| async move { fence * 2 })
+        .with_lock("fn", |fence| async move { fence.get() * 2 })
         .await
         .expect("with_lock");
     assert!(out > 0);

@@ -18,8 +18,8 @@ async fn eventually_state(client: &Client, name: &str, holders: Vec<u64>, waiter
             let (h, w): (Vec<u64>, Vec<u64>) = match info {
                 None => (Vec::new(), Vec::new()),
                 Some(i) => (
-                    i.holders.iter().map(|h| h.session_id).collect(),
-                    i.waiters.iter().map(|w| w.session_id).collect(),
+                    i.holders.iter().map(|h| h.session.get()).collect(),
+                    i.waiters.iter().map(|w| w.session.get()).collect(),
                 ),
             };
             (h == holders && w == waiters).then_some(())
@@ -42,7 +42,7 @@ async fn a_relock_after_a_drop_never_gets_the_released_grant() {
         let b = b.clone();
         async move { b.lock_timeout("alias/x", Duration::from_secs(30)).await }
     });
-    eventually_state(&client, "alias/x", vec![a.id()], vec![b.id()]).await;
+    eventually_state(&client, "alias/x", vec![a.id().get()], vec![b.id().get()]).await;
     // The drop's release is in flight (on this one thread it has not even
     // been sent) when a asks again: a must queue behind b, not be handed
     // the grant that is being released.
@@ -61,7 +61,7 @@ async fn a_relock_after_a_drop_never_gets_the_released_grant() {
     let gb = b_task.await.expect("join").expect("b gets x");
     assert!(gb.fence() > f1);
     // a gave up (the future was dropped): its wait is withdrawn too.
-    eventually_state(&client, "alias/x", vec![b.id()], vec![]).await;
+    eventually_state(&client, "alias/x", vec![b.id().get()], vec![]).await;
     gb.release().await.expect("release");
     let g2 = a.lock("alias/x").await.expect("a gets x again");
     assert!(
@@ -105,7 +105,7 @@ async fn a_dropped_lock_future_leaves_no_waiter() {
     let g = a.lock("leak/x").await.expect("lock");
     let gave_up = tokio::time::timeout(Duration::from_millis(500), b.lock("leak/x")).await;
     assert!(gave_up.is_err(), "b cannot get x while a holds it");
-    eventually_state(&client, "leak/x", vec![a.id()], vec![]).await;
+    eventually_state(&client, "leak/x", vec![a.id().get()], vec![]).await;
     g.release().await.expect("release");
     // Nobody holds x now: b never got it behind its back.
     eventually_state(&client, "leak/x", vec![], vec![]).await;
@@ -124,7 +124,7 @@ async fn a_failed_acquire_all_leaves_no_waiter() {
         .acquire_all(&["all/q1", "all/q2"], Duration::from_millis(500))
         .await;
     assert!(r.is_err(), "q2 is held");
-    eventually_state(&client, "all/q2", vec![a.id()], vec![]).await;
+    eventually_state(&client, "all/q2", vec![a.id().get()], vec![]).await;
     eventually_state(&client, "all/q1", vec![], vec![]).await;
     drop(g);
     cluster.shutdown().await;
@@ -145,7 +145,7 @@ async fn a_resigned_campaign_leaves_the_queue() {
         tokio::time::timeout(Duration::from_millis(500), eb.campaign(b"b".to_vec())).await;
     assert!(gave_up.is_err(), "b cannot lead while a does");
     eb.resign().await.expect("resign");
-    eventually_state(&client, "elect/leader", vec![a.id()], vec![]).await;
+    eventually_state(&client, "elect/leader", vec![a.id().get()], vec![]).await;
     ea.resign().await.expect("resign");
     eventually_state(&client, "elect/leader", vec![], vec![]).await;
     cluster.shutdown().await;
@@ -188,7 +188,7 @@ async fn an_unknown_session_does_not_end_a_keep_alive_stream() {
     let a = client.session(Duration::from_secs(20)).await.expect("a");
     let leader = cluster.leader_addr().await;
     let mut locks = raftlock_testkit::locks_at(&leader);
-    let ids = [a.id(), 999_999_999, a.id()];
+    let ids = [a.id().get(), 999_999_999, a.id().get()];
     let outbound = tokio_stream::iter(ids.map(|session_id| pb::KeepAliveRequest { session_id }));
     let mut inbound = locks
         .keep_alive(outbound)
@@ -204,7 +204,11 @@ async fn an_unknown_session_does_not_end_a_keep_alive_stream() {
     }
     assert_eq!(
         answers,
-        vec![(a.id(), 20_000), (999_999_999, 0), (a.id(), 20_000)],
+        vec![
+            (a.id().get(), 20_000),
+            (999_999_999, 0),
+            (a.id().get(), 20_000)
+        ],
         "every session on the stream gets its own answer"
     );
     cluster.shutdown().await;
@@ -223,13 +227,19 @@ async fn a_wait_given_up_across_a_leader_change_leaves_no_waiter() {
         let b = b.clone();
         async move { b.lock("failover/x").await }
     });
-    eventually_state(&client, "failover/x", vec![a.id()], vec![b.id()]).await;
+    eventually_state(
+        &client,
+        "failover/x",
+        vec![a.id().get()],
+        vec![b.id().get()],
+    )
+    .await;
     let leader = cluster.leader().await;
     cluster.kill(leader).await;
     // b gives up while the cluster elects a new leader.
     waiting.abort();
     let _ = waiting.await;
-    eventually_state(&client, "failover/x", vec![a.id()], vec![]).await;
+    eventually_state(&client, "failover/x", vec![a.id().get()], vec![]).await;
     g.release().await.expect("release");
     eventually_state(&client, "failover/x", vec![], vec![]).await;
     cluster.shutdown().await;

@@ -37,7 +37,7 @@ async fn works(c: &Client) -> Result<u64, Error> {
     let fence = g.fence();
     g.release().await?;
     s.close().await?;
-    Ok(fence)
+    Ok(fence.get())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

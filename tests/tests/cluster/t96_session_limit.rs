@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use raftlock_client::proto::{AcquireRequest, CloseSessionRequest, Mode};
-use raftlock_client::Error;
+use raftlock_client::{Error, Fence};
 use raftlock_node::state::limits::{MAX_SESSIONS, MAX_SESSION_TTL_MS};
 use raftlock_node::state::{Command, LockTable, Reply};
 use raftlock_testkit::{channel, locks_at, TestCluster};
@@ -75,7 +75,7 @@ async fn a_full_cluster_refuses_new_sessions_and_keeps_serving() {
         .await
         .expect("an existing session locks")
         .into_inner();
-    assert!(granted.acquired && granted.fence > before.last_fence);
+    assert!(granted.acquired && Some(Fence::new(granted.fence)) > before.last_fence);
 
     // Closing one frees a slot for exactly one new session.
     locks

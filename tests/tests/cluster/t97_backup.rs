@@ -35,7 +35,7 @@ async fn a_backup_restores_into_an_empty_cluster_only() {
     })
     .await;
     let backup = client.backup().await.expect("backup");
-    assert_eq!(backup.last_fence, held.fence());
+    assert_eq!(backup.last_fence, Some(held.fence()));
     let before = client.list("").await.expect("list");
 
     // Restore with the API into a fresh cluster.
@@ -47,7 +47,10 @@ async fn a_backup_restores_into_an_empty_cluster_only() {
         .expect("restore");
     // Fences continue above anything the old cluster may have handed out
     // after the backup (within the default bump).
-    assert_eq!((r.sessions, r.last_fence), (2, held.fence() + BUMP));
+    assert_eq!(
+        (r.sessions, r.last_fence.get()),
+        (2, held.fence().get() + BUMP)
+    );
     assert_eq!(
         fresh.list("").await.expect("list"),
         before,
@@ -78,7 +81,7 @@ async fn a_backup_restores_into_an_empty_cluster_only() {
         b.id()
     );
     let g = s.lock("backup/new").await.expect("lock");
-    assert!(g.fence() > backup.last_fence + BUMP);
+    assert!(g.fence().get() > held.fence().get() + BUMP);
 
     // The restored cluster's own backup seeds a third cluster at bootstrap,
     // as `raftlockd restore` leaves it.
@@ -102,7 +105,7 @@ async fn a_backup_restores_into_an_empty_cluster_only() {
     let s3 = sc.session(Duration::from_secs(10)).await.expect("session");
     assert!(s3.id() > s.id(), "ids keep growing across two restores");
     let g3 = s3.lock("backup/third").await.expect("lock");
-    assert!(g3.fence() > g.fence() + BUMP);
+    assert!(g3.fence().get() > g.fence().get() + BUMP);
 
     held.release().await.expect("release");
     waiting

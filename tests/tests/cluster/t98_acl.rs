@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use raftlock_client::{Client, ClientOptions, ClientTls, Error};
+use raftlock_client::{Client, ClientOptions, ClientTls, Error, Fence};
 use raftlock_node::tls::TlsOptions;
 use raftlock_proto::v1 as pb;
 use raftlock_proto::v1::raft_client::RaftClient;
@@ -149,10 +149,10 @@ async fn without_valid_credentials_nothing_is_allowed() {
     // Releasing someone's grant needs credentials too.
     let status = locks_at(&leader)
         .release(pb::ReleaseRequest {
-            session_id: owner.id(),
+            session_id: owner.id().get(),
             seq: 1_000,
             name: "billing/x".into(),
-            fence: held.fence(),
+            fence: held.fence().get(),
         })
         .await
         .expect_err("refused");
@@ -196,7 +196,7 @@ async fn rules_bound_what_each_identity_may_do() {
         .lock("billing/invoice-1")
         .await
         .expect("inside the prefix");
-    assert!(g.fence() > 0);
+    assert!(g.fence().get() > 0);
     denied(s.lock("shipping/parcel").await);
     denied(s.try_lock("billing").await); // the prefix is "billing/"
     denied(s.semaphore("shipping/pool", 3).try_acquire(1).await);
@@ -235,7 +235,7 @@ async fn rules_bound_what_each_identity_may_do() {
         .check_fence("billing/invoice-1", g.fence())
         .await
         .expect("checks fences inside"));
-    denied(auditor.check_fence("shipping/parcel", 1).await);
+    denied(auditor.check_fence("shipping/parcel", Fence::new(1)).await);
     denied(auditor.describe("shipping/parcel").await);
 
     // An identity with no rules is known but may do nothing.
@@ -252,8 +252,8 @@ async fn rules_bound_what_each_identity_may_do() {
         .await
         .expect("admin locks anywhere");
     assert_eq!(ops.list("").await.expect("lists everything").len(), 2);
-    assert!(ops.backup().await.expect("backup").last_fence >= 2);
-    assert_eq!(ops.members().await.expect("members").members.len(), 3);
+    assert!(ops.backup().await.expect("backup").last_fence >= Some(Fence::new(2)));
+    assert_eq!(ops.members().await.expect("members").len(), 3);
     // Past the permission check, the request itself is judged.
     assert!(matches!(
         ops.remove_node(42).await,
@@ -279,10 +279,10 @@ async fn a_session_is_usable_only_by_its_identity() {
     // The intruder may lock billing/ names itself, but not through
     // billing's session: release, acquire, close and keep-alive are refused.
     let release = pb::ReleaseRequest {
-        session_id: s.id(),
+        session_id: s.id().get(),
         seq: 10_000,
         name: "billing/ledger".into(),
-        fence: g.fence(),
+        fence: g.fence().get(),
     };
     let status = locks
         .release(as_token(release.clone(), "tok-intruder"))
@@ -292,7 +292,7 @@ async fn a_session_is_usable_only_by_its_identity() {
     let status = locks
         .acquire(as_token(
             pb::AcquireRequest {
-                session_id: s.id(),
+                session_id: s.id().get(),
                 seq: 10_001,
                 name: "billing/other".into(),
                 ..Default::default()
@@ -305,7 +305,7 @@ async fn a_session_is_usable_only_by_its_identity() {
     let status = locks
         .close_session(as_token(
             pb::CloseSessionRequest {
-                session_id: s.id(),
+                session_id: s.id().get(),
                 seq: 10_002,
             },
             "tok-intruder",
@@ -314,9 +314,11 @@ async fn a_session_is_usable_only_by_its_identity() {
         .expect_err("not the owner");
     assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
     let (tx, rx) = tokio::sync::mpsc::channel(1);
-    tx.send(pb::KeepAliveRequest { session_id: s.id() })
-        .await
-        .expect("queued");
+    tx.send(pb::KeepAliveRequest {
+        session_id: s.id().get(),
+    })
+    .await
+    .expect("queued");
     let mut replies = locks
         .keep_alive(as_token(
             tokio_stream::wrappers::ReceiverStream::new(rx),
@@ -334,10 +336,7 @@ async fn a_session_is_usable_only_by_its_identity() {
         .await
         .expect("describe")
         .expect("held");
-    assert_eq!(
-        (info.holders.len(), info.holders[0].session_id),
-        (1, s.id())
-    );
+    assert_eq!((info.holders.len(), info.holders[0].session), (1, s.id()));
 
     // Even the same identity cannot release another session's grant: the
     // release names a grant that session does not hold, and nothing ends.
@@ -348,10 +347,10 @@ async fn a_session_is_usable_only_by_its_identity() {
     let status = locks
         .release(as_token(
             pb::ReleaseRequest {
-                session_id: other.id(),
+                session_id: other.id().get(),
                 seq: 1,
                 name: "billing/ledger".into(),
-                fence: g.fence(),
+                fence: g.fence().get(),
             },
             "tok-billing",
         ))

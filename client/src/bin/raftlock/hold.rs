@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use raftlock_client::{Client, Error, Guard, Session, SessionOptions};
+use raftlock_client::{Client, Error, Fence, Guard, Session, SessionOptions};
 
 use crate::cli::HoldArgs;
 
@@ -79,7 +79,7 @@ pub async fn finish(session: &Session, guard: Option<Guard>) {
 pub async fn run_child(
     session: &Session,
     name: &str,
-    fence: u64,
+    fence: Fence,
     command: &[String],
 ) -> Result<u8, Error> {
     let (program, args) = command

@@ -17,8 +17,12 @@ use raftlock_client::{Client, Election, Error};
 use serde_json::json;
 
 use cli::{read_token, tls_options, Cli, Cmd, MembersCmd, SnapshotCmd};
+use futures::StreamExt;
 use hold::{finish, hold_and_run, not_acquired, open, run_child, timeout};
-use output::{info_json, member_json, print_event, print_info, print_members, status_json};
+use output::{
+    info_json, last_fence, member_json, print_event, print_info, print_members, print_status,
+    status_json,
+};
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -132,10 +136,10 @@ async fn run(client: Client, cmd: Cmd) -> Result<u8, Error> {
         Cmd::Watch { prefix, json } => {
             let mut events = client.watch(&prefix, true).await?;
             loop {
-                match events.message().await {
-                    Ok(Some(e)) => print_event(&e, json),
-                    Ok(None) => return Ok(0),
-                    Err(status) => return Err(Error::Unavailable(status.message().to_string())),
+                match events.next().await {
+                    Some(Ok(e)) => print_event(&e, json),
+                    None => return Ok(0),
+                    Some(Err(e)) => return Err(e),
                 }
             }
         }
@@ -144,20 +148,7 @@ async fn run(client: Client, cmd: Cmd) -> Result<u8, Error> {
             if json {
                 println!("{}", status_json(&s));
             } else {
-                println!(
-                    "node {} at {} is {} (term {})",
-                    s.id, s.addr, s.role, s.term
-                );
-                println!("leader: {} {}", s.leader_id, s.leader_addr);
-                println!(
-                    "commit {} applied {} last log {}",
-                    s.commit_index, s.applied_index, s.last_log_index
-                );
-                println!(
-                    "sessions {} grants {} waiters {} last fence {}",
-                    s.sessions, s.grants, s.waiters, s.last_fence
-                );
-                print_members(&s.members);
+                print_status(&s);
             }
             Ok(0)
         }
@@ -171,7 +162,7 @@ async fn run(client: Client, cmd: Cmd) -> Result<u8, Error> {
                 "saved {} bytes at index {} (last fence {}) to {}",
                 backup.snapshot.len(),
                 backup.index,
-                backup.last_fence,
+                last_fence(backup.last_fence),
                 file.display()
             );
             Ok(0)
@@ -190,7 +181,7 @@ async fn run(client: Client, cmd: Cmd) -> Result<u8, Error> {
         }
         Cmd::Members { action, json } => {
             let members = match action.unwrap_or(MembersCmd::List) {
-                MembersCmd::List => client.members().await?.members,
+                MembersCmd::List => client.members().await?,
                 MembersCmd::Add {
                     id,
                     addr,

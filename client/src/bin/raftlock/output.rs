@@ -1,39 +1,41 @@
 //! What the commands print: text for people, `--json` for programs.
+//!
+//! The JSON keeps the .proto's field names and numbers: an absent fence or
+//! leader is 0, an absent peer address "".
 
-use raftlock_client::proto::{self as pb, EventKind, LockInfo};
+use raftlock_client::{Fence, LockInfo, LockKind, Member, NodeStatus, WatchEvent};
 use serde_json::json;
 
-pub fn mode_name(mode: i32) -> &'static str {
-    match pb::Mode::try_from(mode) {
-        Ok(pb::Mode::Exclusive) => "exclusive",
-        Ok(pb::Mode::Shared) => "shared",
-        Ok(pb::Mode::Semaphore) => "semaphore",
-        Err(_) => "unknown",
-    }
+/// A fence as printed: 0 for none.
+fn fence(f: Option<Fence>) -> u64 {
+    f.map_or(0, Fence::get)
 }
 
 pub fn info_json(i: &LockInfo) -> serde_json::Value {
+    let (semaphore, capacity) = match i.kind {
+        LockKind::Lock => (false, 0),
+        LockKind::Semaphore { capacity } => (true, capacity),
+    };
     json!({
         "name": i.name,
-        "semaphore": i.semaphore,
-        "capacity": i.capacity,
+        "semaphore": semaphore,
+        "capacity": capacity,
         "lock_delayed": i.lock_delayed,
         "holders": i.holders.iter().map(|h| json!({
-            "session": h.session_id, "fence": h.fence, "mode": mode_name(h.mode),
+            "session": h.session.get(), "fence": h.fence.get(), "mode": h.mode.as_str(),
             "weight": h.weight, "value": String::from_utf8_lossy(&h.value), "index": h.granted_index,
         })).collect::<Vec<_>>(),
         "waiters": i.waiters.iter().map(|w| json!({
-            "session": w.session_id, "seq": w.seq, "mode": mode_name(w.mode),
+            "session": w.session.get(), "seq": w.seq, "mode": w.mode.as_str(),
             "weight": w.weight, "index": w.queued_index,
         })).collect::<Vec<_>>(),
     })
 }
 
 pub fn print_info(i: &LockInfo) {
-    let kind = if i.semaphore {
-        format!("semaphore (capacity {})", i.capacity)
-    } else {
-        "lock".into()
+    let kind = match i.kind {
+        LockKind::Semaphore { capacity } => format!("semaphore (capacity {capacity})"),
+        LockKind::Lock => "lock".into(),
     };
     let delayed = if i.lock_delayed {
         ", lock-delay in force"
@@ -49,18 +51,15 @@ pub fn print_info(i: &LockInfo) {
         };
         println!(
             "  held by session {} fence {} {} weight {}{value}",
-            h.session_id,
-            h.fence,
-            mode_name(h.mode),
-            h.weight
+            h.session, h.fence, h.mode, h.weight
         );
     }
     for (n, w) in i.waiters.iter().enumerate() {
         println!(
             "  #{} waiting: session {} {} weight {}",
             n + 1,
-            w.session_id,
-            mode_name(w.mode),
+            w.session,
+            w.mode,
             w.weight
         );
     }
@@ -77,44 +76,34 @@ pub fn printable(name: &str) -> std::borrow::Cow<'_, str> {
     }
 }
 
-pub fn print_event(e: &pb::WatchEvent, json: bool) {
-    let kind = match EventKind::try_from(e.kind) {
-        Ok(EventKind::Granted) => "granted",
-        Ok(EventKind::Queued) => "queued",
-        Ok(EventKind::Released) => "released",
-        Ok(EventKind::Expired) => "expired",
-        Ok(EventKind::Cancelled) => "cancelled",
-        Ok(EventKind::LockDelayStarted) => "lock-delay-started",
-        Ok(EventKind::LockDelayEnded) => "lock-delay-ended",
-        _ => "unknown",
-    };
+pub fn print_event(e: &WatchEvent, json: bool) {
+    let session = e.session.map_or(0, |s| s.get());
     if json {
         println!(
             "{}",
-            json!({"index": e.index, "kind": kind, "name": e.name, "session": e.session_id,
-                   "fence": e.fence, "mode": mode_name(e.mode), "weight": e.weight})
+            json!({"index": e.index, "kind": e.kind.as_str(), "name": e.name, "session": session,
+                   "fence": fence(e.fence), "mode": e.mode.as_str(), "weight": e.weight})
         );
     } else {
         println!(
-            "{} {kind} {} session {} fence {}",
+            "{} {} {} session {session} fence {}",
             e.index,
+            e.kind,
             printable(&e.name),
-            e.session_id,
-            e.fence
+            fence(e.fence)
         );
     }
 }
 
-pub fn member_json(m: &pb::Member) -> serde_json::Value {
-    json!({"id": m.id, "addr": m.addr, "peer_addr": m.peer_addr, "voter": m.voter})
+pub fn member_json(m: &Member) -> serde_json::Value {
+    json!({"id": m.id, "addr": m.addr, "peer_addr": m.peer_addr.as_deref().unwrap_or(""), "voter": m.voter})
 }
 
-pub fn print_members(members: &[pb::Member]) {
+pub fn print_members(members: &[Member]) {
     for m in members {
-        let peer = if m.peer_addr.is_empty() || m.peer_addr == m.addr {
-            String::new()
-        } else {
-            format!(" (peers: {})", m.peer_addr)
+        let peer = match &m.peer_addr {
+            Some(p) if *p != m.addr => format!(" (peers: {p})"),
+            _ => String::new(),
         };
         println!(
             "  {} {}{peer} {}",
@@ -125,15 +114,49 @@ pub fn print_members(members: &[pb::Member]) {
     }
 }
 
-pub fn status_json(s: &pb::StatusResponse) -> serde_json::Value {
+/// The leader as printed: (0, "") for none.
+pub fn leader(s: &NodeStatus) -> (u64, &str) {
+    s.leader
+        .as_ref()
+        .map_or((0, ""), |(id, addr)| (*id, addr.as_str()))
+}
+
+pub fn status_json(s: &NodeStatus) -> serde_json::Value {
+    let (leader_id, leader_addr) = leader(s);
     json!({
-        "id": s.id, "addr": s.addr, "role": s.role, "term": s.term,
-        "leader_id": s.leader_id, "leader_addr": s.leader_addr,
+        "id": s.id, "addr": s.addr, "role": s.role.as_str(), "term": s.term,
+        "leader_id": leader_id, "leader_addr": leader_addr,
         "commit_index": s.commit_index, "applied_index": s.applied_index,
         "last_log_index": s.last_log_index, "sessions": s.sessions, "grants": s.grants,
-        "waiters": s.waiters, "last_fence": s.last_fence,
+        "waiters": s.waiters, "last_fence": fence(s.last_fence),
         "members": s.members.iter().map(member_json).collect::<Vec<_>>(),
     })
+}
+
+pub fn print_status(s: &NodeStatus) {
+    println!(
+        "node {} at {} is {} (term {})",
+        s.id, s.addr, s.role, s.term
+    );
+    let (leader_id, leader_addr) = leader(s);
+    println!("leader: {leader_id} {leader_addr}");
+    println!(
+        "commit {} applied {} last log {}",
+        s.commit_index, s.applied_index, s.last_log_index
+    );
+    println!(
+        "sessions {} grants {} waiters {} last fence {}",
+        s.sessions,
+        s.grants,
+        s.waiters,
+        fence(s.last_fence)
+    );
+    print_members(&s.members);
+}
+
+/// The last fence of a backup or restore as printed: 0 for none.
+pub fn last_fence(f: Option<Fence>) -> u64 {
+    fence(f)
 }
 
 #[cfg(test)]
