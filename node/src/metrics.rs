@@ -127,7 +127,7 @@ impl RaftRpc {
     }
 }
 
-/// What the apply path counts.
+/// What the node counts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Counter {
     /// A grant applied.
@@ -138,15 +138,21 @@ pub enum Counter {
     Expiries,
     /// A queued acquire that timed out.
     WaitTimeouts,
+    /// A `KeepAlive` stream opened.
+    KeepAliveStreams,
+    /// A session's lease renewed by a keep-alive.
+    KeepAlives,
 }
 
 impl Counter {
     /// Every counter, in the order of [`Metrics`]' counters.
-    pub const ALL: [Counter; 4] = [
+    pub const ALL: [Counter; 6] = [
         Counter::Grants,
         Counter::Releases,
         Counter::Expiries,
         Counter::WaitTimeouts,
+        Counter::KeepAliveStreams,
+        Counter::KeepAlives,
     ];
 
     /// The metric's name and help text.
@@ -164,6 +170,14 @@ impl Counter {
             Counter::WaitTimeouts => (
                 "raftlock_wait_timeouts_total",
                 "Queued acquires that timed out.",
+            ),
+            Counter::KeepAliveStreams => (
+                "raftlock_keepalive_streams_total",
+                "KeepAlive streams opened on this node.",
+            ),
+            Counter::KeepAlives => (
+                "raftlock_keepalives_total",
+                "Session leases renewed by keep-alives on this node.",
             ),
         }
     }
@@ -250,6 +264,11 @@ impl Metrics {
     /// Adds one to `counter`.
     pub fn count(&self, counter: Counter) {
         self.counters[counter as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The value of `counter`.
+    pub fn get(&self, counter: Counter) -> u64 {
+        self.counters[counter as usize].load(Ordering::Relaxed)
     }
 
     /// Counts a failed outgoing Raft RPC.

@@ -3,7 +3,7 @@
 use std::pin::Pin;
 use std::time::Duration;
 
-use futures::Stream;
+use futures::{FutureExt, Stream};
 use raftlock_proto::v1 as pb;
 use raftlock_proto::v1::locks_server::Locks;
 use tokio::sync::{broadcast, mpsc};
@@ -28,6 +28,10 @@ pub const MAX_LIST_LIMIT: usize = 1000;
 /// than its own timeout (the leader proposes the cancellation; a leader
 /// change re-arms it at full length), then answers `DEADLINE_EXCEEDED`.
 pub const WAIT_GRACE: Duration = Duration::from_secs(5);
+
+/// Most keep-alives of one `KeepAlive` stream confirmed by one leadership
+/// round (and the depth of the stream's answer queue).
+pub const KEEP_ALIVE_BATCH: usize = 1024;
 
 /// Most `Watch` streams open on one node at once; past it `Watch` answers
 /// `RESOURCE_EXHAUSTED`.
@@ -170,55 +174,64 @@ impl Locks for Api {
             .timer(crate::metrics::Method::KeepAlive);
         let caller = self.caller(&req)?;
         let mut inbound = req.into_inner();
-        let (tx, rx) = mpsc::channel(16);
+        self.0
+            .shared
+            .metrics
+            .count(crate::metrics::Counter::KeepAliveStreams);
+        let (tx, rx) = mpsc::channel(KEEP_ALIVE_BATCH);
         let api = self.clone();
         tokio::spawn(async move {
-            loop {
-                let msg = match inbound.message().await {
-                    Ok(Some(msg)) => msg,
+            // One client multiplexes all its sessions on one stream: take
+            // every keep-alive already waiting, confirm leadership once for
+            // them all (each arrived before the round starts), answer each
+            // in arrival order.
+            let mut batch = Vec::with_capacity(KEEP_ALIVE_BATCH);
+            let mut ended = false;
+            while !ended {
+                match inbound.message().await {
+                    Ok(Some(msg)) => batch.push(SessionId(msg.session_id)),
                     Ok(None) | Err(_) => return,
-                };
-                let session = SessionId(msg.session_id);
-                let result = match api.confirm_leadership().await {
-                    Err(e) => Err(e),
-                    Ok(()) if !api.owns(&caller, session) => {
-                        Err(Refusal::NotOwner { session }.into())
+                }
+                while batch.len() < KEEP_ALIVE_BATCH {
+                    match inbound.message().now_or_never() {
+                        Some(Ok(Some(msg))) => batch.push(SessionId(msg.session_id)),
+                        Some(Ok(None) | Err(_)) => {
+                            ended = true;
+                            break;
+                        }
+                        None => break,
                     }
-                    Ok(()) => api
-                        .0
-                        .shared
-                        .leases
-                        .keep_alive(session)
-                        .map_err(|e| match e {
-                            KeepAliveError::NotLeader => api.not_leader(),
-                            KeepAliveError::UnknownSession => {
-                                Error::NotFound(format!("{session} not found (closed or expired)"))
-                            }
-                            KeepAliveError::Expiring => {
-                                Error::NotFound(format!("{session} expired"))
-                            }
+                }
+                let confirmed = api.confirm_leadership().await;
+                for session in batch.drain(..) {
+                    let result = match &confirmed {
+                        Err(e) => Err(e.clone()),
+                        Ok(()) if !api.owns(&caller, session) => {
+                            Err(Refusal::NotOwner { session }.into())
+                        }
+                        Ok(()) => api.renew(session),
+                    };
+                    // A session that is gone gets its own answer and the
+                    // stream goes on for the others on it; anything else
+                    // (not the leader, no quorum) ends the stream, to be
+                    // retried at the leader.
+                    let item = match result {
+                        Ok(ttl) => Ok(pb::KeepAliveResponse {
+                            session_id: session.0,
+                            ttl_ms: ttl.as_millis() as u64,
+                            expired: false,
                         }),
-                };
-                // A session that is gone gets its own answer and the stream
-                // goes on for the others on it; anything else (not the
-                // leader, no quorum) ends the stream, to be retried at the
-                // leader.
-                let item = match result {
-                    Ok(ttl) => Ok(pb::KeepAliveResponse {
-                        session_id: session.0,
-                        ttl_ms: ttl.as_millis() as u64,
-                        expired: false,
-                    }),
-                    Err(Error::NotFound(_)) => Ok(pb::KeepAliveResponse {
-                        session_id: session.0,
-                        ttl_ms: 0,
-                        expired: true,
-                    }),
-                    Err(e) => Err(Status::from(e)),
-                };
-                let failed = item.is_err();
-                if tx.send(item).await.is_err() || failed {
-                    return;
+                        Err(Error::NotFound(_)) => Ok(pb::KeepAliveResponse {
+                            session_id: session.0,
+                            ttl_ms: 0,
+                            expired: true,
+                        }),
+                        Err(e) => Err(Status::from(e)),
+                    };
+                    let failed = item.is_err();
+                    if tx.send(item).await.is_err() || failed {
+                        return;
+                    }
                 }
             }
         });
@@ -500,6 +513,28 @@ impl Api {
                 .session_owner(session)
                 .is_none_or(|owner| owner == caller.identity)
         })
+    }
+
+    /// Restarts `session`'s lease at full length (leadership already
+    /// confirmed); its ttl.
+    fn renew(&self, session: SessionId) -> Result<Duration, Error> {
+        let ttl = self
+            .0
+            .shared
+            .leases
+            .keep_alive(session)
+            .map_err(|e| match e {
+                KeepAliveError::NotLeader => self.not_leader(),
+                KeepAliveError::UnknownSession => {
+                    Error::NotFound(format!("{session} not found (closed or expired)"))
+                }
+                KeepAliveError::Expiring => Error::NotFound(format!("{session} expired")),
+            })?;
+        self.0
+            .shared
+            .metrics
+            .count(crate::metrics::Counter::KeepAlives);
+        Ok(ttl)
     }
 
     /// `NotLeader` with the leader this node knows of.

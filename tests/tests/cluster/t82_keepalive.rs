@@ -1,0 +1,88 @@
+//! Keep-alives at scale: a client's sessions share one `KeepAlive` stream
+//! (a stream per keep-alive cost so much that at 100,000 sessions most
+//! leases lapsed), and that stream moves to the new leader when the old
+//! one is cut off.
+
+use std::time::Duration;
+
+use raftlock_client::Session;
+use raftlock_node::metrics::Counter;
+use raftlock_testkit::{eventually, TestCluster};
+
+/// Sessions on one client.
+const SESSIONS: usize = 40;
+
+/// Their ttl: a keep-alive each ~330 ms.
+const TTL: Duration = Duration::from_secs(1);
+
+fn counter(cluster: &TestCluster, id: u64, c: Counter) -> u64 {
+    cluster.node(id).shared.metrics.get(c)
+}
+
+async fn open_many(cluster: &TestCluster, ttl: Duration) -> Vec<Session> {
+    let client = cluster.client().await;
+    let opened = futures::future::join_all((0..SESSIONS).map(|_| client.session(ttl))).await;
+    opened
+        .into_iter()
+        .map(|s| s.expect("session"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_clients_sessions_share_one_keep_alive_stream() {
+    let cluster = TestCluster::start(3).await;
+    let leader = cluster.leader().await;
+    let sessions = open_many(&cluster, TTL).await;
+    let streams = counter(&cluster, leader, Counter::KeepAliveStreams);
+    let renewed = counter(&cluster, leader, Counter::KeepAlives);
+    // Every session renewed at least four more times.
+    let want = renewed + 4 * SESSIONS as u64;
+    eventually("keep-alives to flow", Duration::from_secs(20), || async {
+        (counter(&cluster, leader, Counter::KeepAlives) >= want).then_some(())
+    })
+    .await;
+    let opened = counter(&cluster, leader, Counter::KeepAliveStreams) - streams;
+    assert!(
+        opened <= 1,
+        "{opened} KeepAlive streams opened for {} keep-alives of {SESSIONS} sessions on one client",
+        4 * SESSIONS
+    );
+    assert!(sessions.iter().all(Session::is_valid), "a lease lapsed");
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_shared_stream_moves_to_a_new_leader_and_no_lease_lapses() {
+    let cluster = TestCluster::start_partitionable(3).await;
+    let old = cluster.leader().await;
+    // Long enough to outlive an election; short enough that a stream stuck
+    // on the isolated leader would lose them.
+    let sessions = open_many(&cluster, Duration::from_secs(6)).await;
+    cluster.isolate(old);
+    let new = eventually("a new leader", Duration::from_secs(20), || async {
+        cluster
+            .running()
+            .into_iter()
+            .filter(|&id| id != old)
+            .find(|&id| {
+                let node = cluster.node(id);
+                node.raft.metrics().borrow().current_leader == Some(id)
+                    && node.shared.leases.is_active()
+            })
+    })
+    .await;
+    let renewed = counter(&cluster, new, Counter::KeepAlives);
+    let want = renewed + 2 * SESSIONS as u64;
+    eventually(
+        "keep-alives at the new leader",
+        Duration::from_secs(30),
+        || async { (counter(&cluster, new, Counter::KeepAlives) >= want).then_some(()) },
+    )
+    .await;
+    assert!(
+        sessions.iter().all(Session::is_valid),
+        "a lease lapsed across the leader change"
+    );
+    cluster.heal();
+    cluster.shutdown().await;
+}
