@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -10,6 +10,7 @@ use raftlock_proto::v1 as pb;
 use raftlock_proto::v1::cluster_client::ClusterClient;
 use raftlock_proto::v1::locks_client::LocksClient;
 use rand::RngExt;
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::interceptor::InterceptedService;
@@ -18,6 +19,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 use tonic::{Code, Status};
 
 use crate::error::{Error, Result};
+use crate::keepalive;
 use crate::session::{Session, SessionOptions};
 use crate::types::{
     members, Backup, Fence, LockInfo, Member, NodeStatus, Restored, Role, WatchEvent, WatchStream,
@@ -110,6 +112,8 @@ pub(crate) struct Inner {
     leader: Mutex<Option<String>>,
     /// Next endpoint to try when the leader is unknown.
     next: Mutex<usize>,
+    /// The keep-alive multiplexer, started with the first keep-alive.
+    keep_alives: OnceLock<mpsc::UnboundedSender<keepalive::Ask>>,
 }
 
 /// Whether a request changes state. Every mutating request raftlock sends
@@ -170,6 +174,7 @@ impl Client {
                 channels: Mutex::new(HashMap::new()),
                 leader: Mutex::new(None),
                 next: Mutex::new(0),
+                keep_alives: OnceLock::new(),
             }),
         })
     }
@@ -245,6 +250,46 @@ impl Client {
 
     fn set_leader(&self, addr: String) {
         *self.inner.leader.lock().expect("leader lock poisoned") = Some(addr);
+    }
+
+    /// A stream to the leader failed with `status`: follow its leader hint,
+    /// else forget the leader.
+    pub(crate) fn stream_failed(&self, status: &Status) {
+        let hint = status
+            .metadata()
+            .get(LEADER_ADDR_KEY)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        *self.inner.leader.lock().expect("leader lock poisoned") = hint;
+    }
+
+    /// Renews `session`'s lease through the client's one keep-alive stream;
+    /// gives up at `deadline`.
+    pub(crate) async fn keep_alive(
+        &self,
+        session: u64,
+        deadline: Instant,
+    ) -> Result<pb::KeepAliveResponse> {
+        let asks = self
+            .inner
+            .keep_alives
+            .get_or_init(|| keepalive::start(Arc::downgrade(&self.inner)));
+        let (reply, answer) = oneshot::channel();
+        asks.send(keepalive::Ask {
+            session,
+            deadline,
+            reply,
+        })
+        .map_err(|_| Error::Internal("the keep-alive multiplexer stopped".into()))?;
+        match tokio::time::timeout_at(deadline, answer).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(_)) => Err(Error::Internal(
+                "the keep-alive multiplexer dropped an ask".into(),
+            )),
+            Err(_) => Err(Error::Unavailable(format!(
+                "no keep-alive answer for session {session} in time"
+            ))),
+        }
     }
 
     /// Runs `f` against the leader, following leader hints and retrying

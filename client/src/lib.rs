@@ -45,6 +45,7 @@ mod election;
 mod error;
 pub mod fence;
 mod guard;
+mod keepalive;
 mod session;
 mod types;
 

@@ -710,20 +710,12 @@ async fn keep_alive_loop(weak: std::sync::Weak<SessionInner>, first: Instant) {
 
 async fn send_keep_alive(session: &Session) -> Result<Duration> {
     let id = session.inner.id;
-    let client = &session.inner.client;
     // A keep-alive that takes longer than a third of the ttl is useless.
     let attempt = (session.inner.ttl / 3).max(Duration::from_millis(200));
-    let deadline = Instant::now() + attempt;
-    let resp = client
-        .call(Kind::Read, attempt, deadline, |c| async move {
-            let mut locks = Client::locks(c);
-            let outbound = tokio_stream::iter([pb::KeepAliveRequest { session_id: id }]);
-            let mut inbound = locks.keep_alive(outbound).await?.into_inner();
-            match inbound.message().await? {
-                Some(r) => Ok(r),
-                None => Err(tonic::Status::unavailable("keep-alive stream ended")),
-            }
-        })
+    let resp = session
+        .inner
+        .client
+        .keep_alive(id, Instant::now() + attempt)
         .await?;
     if resp.expired {
         return Err(Error::SessionNotFound(format!("session {id} expired")));
