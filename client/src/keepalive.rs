@@ -75,12 +75,14 @@ async fn run(inner: Weak<Inner>, mut asks: mpsc::UnboundedReceiver<Ask>) {
             }
             continue;
         }
-        // Holds the client only while opening, so that dropping the last
-        // handle ends this task.
-        let Some(inner) = inner.upgrade() else { return };
-        let client = Client { inner };
+        // Holds the client only while opening (and to note a failure), so
+        // that dropping its last handle drops the ask sender and ends this
+        // task, closing the stream.
+        let Some(inner_now) = inner.upgrade() else {
+            return;
+        };
         let first = backlog.pop_front().expect("not empty");
-        let opened = open(&client, first.session, first.deadline).await;
+        let opened = open(&Client { inner: inner_now }, first.session, first.deadline).await;
         let (answer, mut inbound, out) = match opened {
             Ok(o) => o,
             Err(e) => {
@@ -120,7 +122,7 @@ async fn run(inner: Weak<Inner>, mut asks: mpsc::UnboundedReceiver<Ask>) {
                         broken = true;
                     }
                     Err(status) => {
-                        client.stream_failed(&status);
+                        stream_failed(&inner, &status);
                         let e = Error::from_status(&status, false);
                         fail(&mut sent, || e.clone());
                         broken = true;
@@ -132,14 +134,23 @@ async fn run(inner: Weak<Inner>, mut asks: mpsc::UnboundedReceiver<Ask>) {
                     if last_answer < asked {
                         // Nothing at all came back since: the leader may
                         // be gone with the connection still up.
-                        client.stream_failed(&tonic::Status::unavailable("keep-alive stream stalled"));
+                        stream_failed(&inner, &tonic::Status::unavailable("keep-alive stream stalled"));
                         broken = true;
                     }
                 }
             }
         }
-        fail(&mut sent, || Error::Unavailable("keep-alive stream closed".into()));
-        drop(client);
+        fail(&mut sent, || {
+            Error::Unavailable("keep-alive stream closed".into())
+        });
+    }
+}
+
+/// Tells the client (if any handle is left) that its stream to the leader
+/// failed.
+fn stream_failed(inner: &Weak<Inner>, status: &tonic::Status) {
+    if let Some(inner) = inner.upgrade() {
+        Client { inner }.stream_failed(status);
     }
 }
 

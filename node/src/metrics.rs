@@ -140,18 +140,21 @@ pub enum Counter {
     WaitTimeouts,
     /// A `KeepAlive` stream opened.
     KeepAliveStreams,
+    /// A `KeepAlive` stream ended (the client closed it, or it failed).
+    KeepAliveStreamsEnded,
     /// A session's lease renewed by a keep-alive.
     KeepAlives,
 }
 
 impl Counter {
     /// Every counter, in the order of [`Metrics`]' counters.
-    pub const ALL: [Counter; 6] = [
+    pub const ALL: [Counter; 7] = [
         Counter::Grants,
         Counter::Releases,
         Counter::Expiries,
         Counter::WaitTimeouts,
         Counter::KeepAliveStreams,
+        Counter::KeepAliveStreamsEnded,
         Counter::KeepAlives,
     ];
 
@@ -174,6 +177,10 @@ impl Counter {
             Counter::KeepAliveStreams => (
                 "raftlock_keepalive_streams_total",
                 "KeepAlive streams opened on this node.",
+            ),
+            Counter::KeepAliveStreamsEnded => (
+                "raftlock_keepalive_streams_ended_total",
+                "KeepAlive streams ended on this node (opened minus ended is open now).",
             ),
             Counter::KeepAlives => (
                 "raftlock_keepalives_total",

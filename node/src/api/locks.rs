@@ -33,6 +33,15 @@ pub const WAIT_GRACE: Duration = Duration::from_secs(5);
 /// round (and the depth of the stream's answer queue).
 pub const KEEP_ALIVE_BATCH: usize = 1024;
 
+/// Counts a `KeepAlive` stream's end when its task ends, however it ends.
+struct StreamEnded(std::sync::Arc<crate::metrics::Metrics>);
+
+impl Drop for StreamEnded {
+    fn drop(&mut self) {
+        self.0.count(crate::metrics::Counter::KeepAliveStreamsEnded);
+    }
+}
+
 /// Most `Watch` streams open on one node at once; past it `Watch` answers
 /// `RESOURCE_EXHAUSTED`.
 pub const MAX_WATCHES: usize = 1000;
@@ -181,6 +190,7 @@ impl Locks for Api {
         let (tx, rx) = mpsc::channel(KEEP_ALIVE_BATCH);
         let api = self.clone();
         tokio::spawn(async move {
+            let _ended = StreamEnded(api.0.shared.metrics.clone());
             // One client multiplexes all its sessions on one stream: take
             // every keep-alive already waiting, confirm leadership once for
             // them all (each arrived before the round starts), answer each

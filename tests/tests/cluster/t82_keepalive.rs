@@ -22,10 +22,7 @@ fn counter(cluster: &TestCluster, id: u64, c: Counter) -> u64 {
 async fn open_many(cluster: &TestCluster, ttl: Duration) -> Vec<Session> {
     let client = cluster.client().await;
     let opened = futures::future::join_all((0..SESSIONS).map(|_| client.session(ttl))).await;
-    opened
-        .into_iter()
-        .map(|s| s.expect("session"))
-        .collect()
+    opened.into_iter().map(|s| s.expect("session")).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -84,5 +81,27 @@ async fn the_shared_stream_moves_to_a_new_leader_and_no_lease_lapses() {
         "a lease lapsed across the leader change"
     );
     cluster.heal();
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dropping_a_client_closes_its_keep_alive_stream() {
+    let cluster = TestCluster::start(3).await;
+    let leader = cluster.leader().await;
+    let sessions = open_many(&cluster, TTL).await;
+    let opened = |c: &TestCluster| counter(c, leader, Counter::KeepAliveStreams);
+    let ended = |c: &TestCluster| counter(c, leader, Counter::KeepAliveStreamsEnded);
+    eventually("a keep-alive stream", Duration::from_secs(20), || async {
+        (opened(&cluster) > ended(&cluster)).then_some(())
+    })
+    .await;
+    // The sessions hold the last handles of their client.
+    drop(sessions);
+    eventually(
+        "the client's stream to end on the node",
+        Duration::from_secs(20),
+        || async { (opened(&cluster) == ended(&cluster)).then_some(()) },
+    )
+    .await;
     cluster.shutdown().await;
 }
