@@ -42,6 +42,11 @@ pub struct Ctx {
     grants: Option<Mutex<Vec<Instant>>>,
     /// Set to end the run early.
     stop: watch::Sender<bool>,
+    /// Set when the measured window starts (warm-up over).
+    window: watch::Sender<bool>,
+    /// Latency of single writes (a lock or a release) in the window, as
+    /// workers report them with [`Ctx::write`].
+    writes: Mutex<Latencies>,
 }
 
 impl Ctx {
@@ -52,6 +57,8 @@ impl Ctx {
             releasing_at: AtomicU64::new(0),
             grants: track_grants.then(|| Mutex::new(Vec::new())),
             stop: watch::channel(false).0,
+            window: watch::channel(false).0,
+            writes: Mutex::default(),
         })
     }
 
@@ -79,6 +86,23 @@ impl Ctx {
             .as_ref()
             .map(|g| g.lock().expect("grants lock poisoned").clone())
             .unwrap_or_default()
+    }
+
+    /// Records one write's latency (only inside the measured window).
+    pub fn write(&self, d: Duration) {
+        if *self.window.borrow() {
+            self.writes.lock().expect("writes lock poisoned").record(d);
+        }
+    }
+
+    /// The writes recorded so far.
+    pub fn writes(&self) -> Latencies {
+        self.writes.lock().expect("writes lock poisoned").clone()
+    }
+
+    /// Waits until the measured window starts.
+    pub async fn window_started(&self) {
+        let _ = self.window.subscribe().wait_for(|w| *w).await;
     }
 
     /// Ends the run now.
@@ -203,6 +227,7 @@ pub async fn run<W: Worker>(workers: Vec<W>, plan: &Plan, ctx: Arc<Ctx>) -> Meas
         }
         recording.store(true, Ordering::Relaxed);
     }
+    ctx.window.send_replace(true);
     let start = Instant::now();
     match plan.goal {
         Goal::Time(d) => {

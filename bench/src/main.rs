@@ -16,6 +16,7 @@ mod failover;
 mod progress;
 mod report;
 mod scale;
+mod stages;
 mod stats;
 mod targets;
 
@@ -123,6 +124,11 @@ struct RunArgs {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+    /// raftlock only: the nodes' metrics addresses (host:port, comma-
+    /// separated); prints where a write's time goes, stage by stage, from
+    /// their `/debug/stages` (emptied when the window starts).
+    #[arg(long, value_delimiter = ',')]
+    trace_stages: Vec<String>,
 }
 
 #[derive(Args)]
@@ -202,7 +208,25 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         label: format!("{}/{}", target.name(), args.workload.name()),
         quiet: args.quiet,
     };
-    let m = drive(target, &opts, args.clients, &plan, Ctx::new(false)).await?;
+    if !args.trace_stages.is_empty() && target != Target::Raftlock {
+        bail!("--trace-stages reads raftlockd's stage histograms: raftlock only");
+    }
+    let ctx = Ctx::new(false);
+    let resetting = (!args.trace_stages.is_empty()).then(|| {
+        let (ctx, nodes) = (ctx.clone(), args.trace_stages.clone());
+        tokio::spawn(async move {
+            ctx.window_started().await;
+            stages::reset(&nodes).await
+        })
+    });
+    let m = drive(target, &opts, args.clients, &plan, ctx.clone()).await?;
+    let stage_rows = match resetting {
+        Some(reset) => {
+            reset.await.context("reset stages")??;
+            Some(stages::collect(&args.trace_stages, &ctx.writes()).await?)
+        }
+        None => None,
+    };
     let secs = m.window.as_secs_f64();
     let mut result = RunResult {
         target: target.name().into(),
@@ -222,6 +246,10 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         result.handoff_histogram = m.handoff.to_pairs();
     }
     print_run(&result);
+    if let Some(rows) = stage_rows {
+        stages::print(&rows);
+        result.stages = Some(rows);
+    }
     if let Some(path) = &args.json {
         write_json(path, &result)?;
     }

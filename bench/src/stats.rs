@@ -159,6 +159,9 @@ pub struct RunResult {
     /// Hand-off latencies as `[value_us, count]`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub handoff_histogram: Vec<[u64; 2]>,
+    /// `--trace-stages`: where a write's time went, stage by stage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stages: Option<Vec<crate::stages::StageRow>>,
 }
 
 impl RunResult {

@@ -254,7 +254,9 @@ impl Node {
         }
         let shared = Shared::new(committed);
         let sm = StateMachineStore::open(shared.clone(), Some(opts.data_dir.join("snapshot.bin")))?;
-        let log_store = log_store.with_snapshot_floor(sm.persisted_snapshot());
+        let log_store = log_store
+            .with_snapshot_floor(sm.persisted_snapshot())
+            .with_metrics(shared.metrics.clone());
 
         let config = openraft::Config {
             cluster_name: "raftlock".into(),
@@ -340,6 +342,7 @@ impl Node {
                     raft.clone(),
                     opts.auth.clone(),
                     cluster.clone(),
+                    shared.metrics.clone(),
                 ))
                 .max_decoding_message_size(crate::raft::MAX_RAFT_MESSAGE_BYTES)
                 .max_encoding_message_size(crate::raft::MAX_RAFT_MESSAGE_BYTES),

@@ -1,7 +1,7 @@
 //! raftlock through the client crate: one `Client` (and so one HTTP/2
 //! connection to the leader) and one session per simulated client.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use raftlock_client::{Client, ClientOptions, Session};
@@ -68,10 +68,17 @@ impl Worker for RaftlockWorker {
         match self.opts.workload {
             Workload::Uncontended | Workload::Contended => {
                 let session = self.session().await?;
+                let t0 = Instant::now();
                 let guard = session.lock(&name).await?;
                 let handoff = ctx.granted();
+                if self.opts.workload == Workload::Uncontended {
+                    // A contended lock's latency is mostly its wait.
+                    ctx.write(t0.elapsed());
+                }
                 ctx.releasing();
+                let t1 = Instant::now();
                 guard.release().await?;
+                ctx.write(t1.elapsed());
                 Ok(handoff)
             }
             Workload::Semaphore => {

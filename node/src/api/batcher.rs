@@ -8,10 +8,13 @@
 //! load a batch is a single command and nothing waits for company.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::error::Error;
+use crate::metrics::stages::{between, Stage};
+use crate::metrics::Metrics;
 use crate::raft::{Batch, Raft, MAX_BATCH};
 use crate::state::{Command, Response};
 
@@ -71,8 +74,14 @@ pub const QUEUE_DEPTH: usize = 16 * MAX_BATCH;
 
 struct Pending {
     command: Command,
-    reply: oneshot::Sender<Result<(u64, Response), Error>>,
+    /// When it reached the batcher.
+    queued: Instant,
+    reply: oneshot::Sender<Result<Written, Error>>,
 }
+
+/// A command's outcome: the log index of its entry, the table's response,
+/// and when openraft handed it back (to time the reply).
+pub type Written = (u64, Response, Instant);
 
 /// Hands commands to Raft in batches.
 #[derive(Clone)]
@@ -81,19 +90,23 @@ pub struct Batcher {
 }
 
 impl Batcher {
-    /// Starts the batching task for `raft`.
-    pub fn start(raft: Raft) -> Batcher {
+    /// Starts the batching task for `raft`, timing writes into `metrics`.
+    pub fn start(raft: Raft, metrics: Arc<Metrics>) -> Batcher {
         let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
-        tokio::spawn(run(raft, rx));
+        tokio::spawn(run(raft, metrics, rx));
         Batcher { tx }
     }
 
     /// Proposes `command`; resolves with the log index of its entry and the
     /// table's response once it is applied on this node.
-    pub async fn submit(&self, command: Command) -> Result<(u64, Response), Error> {
+    pub async fn submit(&self, command: Command) -> Result<Written, Error> {
         let (reply, rx) = oneshot::channel();
         self.tx
-            .send(Pending { command, reply })
+            .send(Pending {
+                command,
+                queued: Instant::now(),
+                reply,
+            })
             .await
             .map_err(|_| Error::Unavailable("node shutting down".into()))?;
         rx.await
@@ -101,7 +114,7 @@ impl Batcher {
     }
 }
 
-async fn run(raft: Raft, mut rx: mpsc::Receiver<Pending>) {
+async fn run(raft: Raft, metrics: Arc<Metrics>, mut rx: mpsc::Receiver<Pending>) {
     let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     // A request that did not fit the last batch starts the next.
     let mut carry: Option<Pending> = None;
@@ -128,14 +141,34 @@ async fn run(raft: Raft, mut rx: mpsc::Receiver<Pending>) {
             batch.push(p);
         }
         let raft = raft.clone();
+        let metrics = metrics.clone();
         tokio::spawn(async move {
-            let (commands, replies): (Vec<Command>, Vec<_>) =
-                batch.into_iter().map(|p| (p.command, p.reply)).unzip();
+            let proposed = Instant::now();
+            let stages = &metrics.stages;
+            let mut commands = Vec::with_capacity(batch.len());
+            let mut replies = Vec::with_capacity(batch.len());
+            for p in batch {
+                stages.record(Stage::BatchWait, between(p.queued, proposed), 1);
+                commands.push(p.command);
+                replies.push(p.reply);
+            }
             match raft.client_write(Batch(commands)).await {
                 Ok(resp) => {
+                    let responded = Instant::now();
                     let index = resp.data.index;
+                    if let Some(stamps) = stages.take(index) {
+                        let voters = raft
+                            .metrics()
+                            .borrow()
+                            .membership_config
+                            .membership()
+                            .voter_ids()
+                            .count();
+                        let n = replies.len() as u64;
+                        stages.record_entry(&stamps, proposed, responded, voters / 2, n);
+                    }
                     for (response, reply) in resp.data.responses.into_iter().zip(replies) {
-                        let _ = reply.send(Ok((index, response)));
+                        let _ = reply.send(Ok((index, response, responded)));
                     }
                 }
                 Err(e) => {

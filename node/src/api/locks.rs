@@ -16,6 +16,7 @@ use crate::apply::WatchItem;
 use crate::auth::{Caller, Permission};
 use crate::error::Error;
 use crate::leases::KeepAliveError;
+use crate::metrics::stages::Stage;
 use crate::raft::log_index_of;
 use crate::state::limits::WAIT_FOREVER;
 use crate::state::{Acquired, Command, Fence, LockName, Refusal, Reply, SessionId};
@@ -110,13 +111,18 @@ impl Api {
                     .into(),
             )
         };
+        let woken = |(outcome, at): (Acquired, std::time::Instant)| {
+            let stages = &self.0.shared.metrics.stages;
+            stages.record(Stage::WaiterWake, at.elapsed(), 1);
+            outcome
+        };
         if timeout_ms == WAIT_FOREVER {
-            return rx.await.map_err(|_| closed());
+            return rx.await.map(woken).map_err(|_| closed());
         }
         let timeout = Duration::from_millis(timeout_ms);
         let limit = timeout + timeout.max(WAIT_GRACE);
         match tokio::time::timeout(limit, rx).await {
-            Ok(outcome) => outcome.map_err(|_| closed()),
+            Ok(outcome) => outcome.map(woken).map_err(|_| closed()),
             Err(_) => Err(Error::Timeout(format!(
                 "no grant or cancellation applied on this node within {} ms; \
                  the outcome is unknown: retry with the same session_id and seq",

@@ -40,6 +40,7 @@ use tokio::sync::oneshot;
 use crate::apply::Shared;
 use crate::auth::{Auth, Caller};
 use crate::error::Error;
+use crate::metrics::stages::{between, Stage};
 use crate::raft::{NodeId, Raft};
 use crate::state::{Command, Reply};
 
@@ -77,13 +78,14 @@ pub struct Api(pub Arc<ApiInner>);
 impl Api {
     /// Services for the node `id` at `addr`.
     pub fn new(id: NodeId, addr: String, raft: Raft, shared: Arc<Shared>, auth: Arc<Auth>) -> Self {
+        let metrics = shared.metrics.clone();
         Api(Arc::new(ApiInner {
             id,
             addr,
             raft: raft.clone(),
             shared,
             leader_check: LeaderCheck::default(),
-            batcher: batcher::Batcher::start(raft.clone()),
+            batcher: batcher::Batcher::start(raft.clone(), metrics),
             watches: Arc::default(),
             auth,
             read_ready_term: AtomicU64::new(0),
@@ -98,6 +100,7 @@ impl Api {
     /// Proposes `command` and waits until it is applied here; returns the
     /// log index and the table's reply (refusals as errors).
     pub async fn write(&self, command: Command) -> Result<(u64, Reply), Error> {
+        let received = std::time::Instant::now();
         self.check_running()?;
         let leases = &self.0.shared.leases;
         if leases.is_paused() {
@@ -106,9 +109,13 @@ impl Api {
             // node may be leader by now. Not proposed, so surely not applied.
             return Err(Error::NotLeader { leader: None });
         }
-        let submit = self.0.batcher.submit(command);
+        let stages = &self.0.shared.metrics.stages;
+        let submit = async {
+            stages.record(Stage::Receive, received.elapsed(), 1);
+            self.0.batcher.submit(command).await
+        };
         tokio::pin!(submit);
-        let (index, response) = loop {
+        let (index, response, responded) = loop {
             tokio::select! {
                 done = &mut submit => break done?,
                 _ = tokio::time::sleep(QUORUM_CHECK) => {
@@ -123,6 +130,9 @@ impl Api {
                 }
             }
         };
+        let replied = std::time::Instant::now();
+        stages.record(Stage::Reply, between(responded, replied), 1);
+        stages.record(Stage::Server, between(received, replied), 1);
         match response.reply {
             Reply::Refused(refusal) => Err(refusal.into()),
             reply => Ok((index, reply)),

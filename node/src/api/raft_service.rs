@@ -7,8 +7,11 @@ use serde::Serialize;
 use tonic::{Request, Response, Status};
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use crate::auth::Auth;
+use crate::metrics::stages::{between, Stage};
+use crate::metrics::Metrics;
 use crate::raft::identity::ClusterIdentity;
 use crate::raft::Raft;
 
@@ -18,17 +21,43 @@ pub struct RaftService {
     raft: Raft,
     auth: Arc<Auth>,
     cluster: Arc<ClusterIdentity>,
+    /// Where a follower's share of a write is timed.
+    metrics: Arc<Metrics>,
 }
 
 impl RaftService {
     /// The service over `raft`; with access control on, only peers (see
     /// [`Auth::check_peer`]) may call it, and only from this node's cluster
     /// (see [`ClusterIdentity`]).
-    pub fn new(raft: Raft, auth: Arc<Auth>, cluster: Arc<ClusterIdentity>) -> Self {
+    pub fn new(
+        raft: Raft,
+        auth: Arc<Auth>,
+        cluster: Arc<ClusterIdentity>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         RaftService {
             raft,
             auth,
             cluster,
+            metrics,
+        }
+    }
+
+    /// Records this follower's share of entries `first..=last`, received
+    /// at `received` (see `metrics::stages`).
+    fn time_follower_append(&self, received: Instant, first: u64, last: u64) {
+        let answered = Instant::now();
+        let stages = &self.metrics.stages;
+        let mut appended = None;
+        for index in first..=last {
+            if let Some(e) = stages.take(index) {
+                appended = appended.or(e.append_start.zip(e.append_done));
+            }
+        }
+        if let Some((start, done)) = appended {
+            stages.record(Stage::FollowerQueue, between(received, start), 1);
+            stages.record(Stage::FollowerAppend, between(start, done), 1);
+            stages.record(Stage::FollowerReply, between(done, answered), 1);
         }
     }
 
@@ -70,9 +99,19 @@ impl RaftRpc for RaftService {
         &self,
         req: Request<pb::RaftMessage>,
     ) -> Result<Response<pb::RaftMessage>, Status> {
+        let received = Instant::now();
         self.admit(&req).await?;
-        let rpc = decode(req.get_ref())?;
-        reply(self.raft.append_entries(rpc).await)
+        let rpc: openraft::raft::AppendEntriesRequest<crate::raft::TypeConfig> =
+            decode(req.get_ref())?;
+        let carried = match (rpc.entries.first(), rpc.entries.last()) {
+            (Some(first), Some(last)) => Some((first.log_id.index, last.log_id.index)),
+            _ => None,
+        };
+        let result = self.raft.append_entries(rpc).await;
+        if let Some((first, last)) = carried {
+            self.time_follower_append(received, first, last);
+        }
+        reply(result)
     }
 
     async fn vote(

@@ -325,8 +325,10 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         // Waits here, as a parked task, while a snapshot is being encoded.
         let _gate = self.shared.snapshot_gate.read().await;
         let mut out = Vec::new();
+        let stages = &self.shared.metrics.stages;
         for entry in entries {
             let index = entry.log_id.index;
+            stages.applying(index, index, std::time::Instant::now());
             let responses = match entry.payload {
                 EntryPayload::Blank => {
                     self.shared.advance(entry.log_id, None);
@@ -341,6 +343,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                     Vec::new()
                 }
             };
+            stages.applied(index, index, std::time::Instant::now());
             out.push(Applied { index, responses });
         }
         Ok(out)

@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::time::Instant;
 
 use tokio::sync::oneshot;
 
@@ -16,18 +17,22 @@ use crate::state::{Acquired, Event, LockName, LockTable, SessionId};
 /// How a parked acquire ended.
 pub type Outcome = Acquired;
 
+/// A parked acquire's outcome and when it was applied (to time the
+/// wake-up, see `metrics::stages`).
+pub type Wake = (Outcome, Instant);
+
 type Key = (SessionId, LockName);
 
 /// Parked acquires by (session, name).
 #[derive(Default)]
 pub struct Waiters {
-    parked: Mutex<HashMap<Key, Vec<oneshot::Sender<Outcome>>>>,
+    parked: Mutex<HashMap<Key, Vec<oneshot::Sender<Wake>>>>,
 }
 
 impl Waiters {
     /// Parks a request of `session` for `name`. Call with the table
     /// read-locked, after checking the request is still queued.
-    pub fn register(&self, session: SessionId, name: LockName) -> oneshot::Receiver<Outcome> {
+    pub fn register(&self, session: SessionId, name: LockName) -> oneshot::Receiver<Wake> {
         let (tx, rx) = oneshot::channel();
         let mut parked = self.parked.lock().expect("waiters lock poisoned");
         let list = parked.entry((session, name)).or_default();
@@ -59,6 +64,7 @@ impl Waiters {
         if parked.is_empty() {
             return;
         }
+        let now = Instant::now();
         for e in events {
             let (key, outcome) = match e {
                 Event::Granted {
@@ -82,7 +88,7 @@ impl Waiters {
             };
             if let Some(list) = parked.remove(&key) {
                 for tx in list {
-                    let _ = tx.send(outcome);
+                    let _ = tx.send((outcome, now));
                 }
             }
         }
@@ -106,12 +112,13 @@ impl Waiters {
     /// whose fate the new table already shows.
     pub fn recheck(&self, table: &LockTable) {
         let mut parked = self.parked.lock().expect("waiters lock poisoned");
+        let now = Instant::now();
         parked.retain(
             |(session, name), list| match table.standing(*session, name) {
                 Acquired::Queued => true,
                 outcome => {
                     for tx in list.drain(..) {
-                        let _ = tx.send(outcome);
+                        let _ = tx.send((outcome, now));
                     }
                     false
                 }
@@ -152,14 +159,17 @@ mod tests {
             ],
         );
         assert_eq!(
-            granted.try_recv().expect("woken"),
+            granted.try_recv().expect("woken").0,
             Acquired::Granted {
                 fence: Fence(4),
                 mode: Mode::Exclusive,
                 index: 9
             }
         );
-        assert_eq!(cancelled.try_recv().expect("woken"), Acquired::NotAcquired);
+        assert_eq!(
+            cancelled.try_recv().expect("woken").0,
+            Acquired::NotAcquired
+        );
         assert!(other.try_recv().is_err(), "session 3 is still waiting");
         assert_eq!(waiters.len(), 1);
     }

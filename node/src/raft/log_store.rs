@@ -7,6 +7,7 @@ use std::ops::{Bound, RangeBounds};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{
@@ -16,6 +17,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::{io_err, NodeId, StorageError, TypeConfig, FORMAT_VERSION};
+use crate::metrics::Metrics;
 
 const KEY_FORMAT: &[u8] = b"format";
 const KEY_VOTE: &[u8] = b"vote";
@@ -150,6 +152,8 @@ pub struct LogStore {
     snapshot_floor: Option<Arc<AtomicU64>>,
     /// The last commit index saved, for status.
     committed: Arc<AtomicU64>,
+    /// Where appends are timed (see `metrics::stages`).
+    metrics: Arc<Metrics>,
 }
 
 fn encode<T: Serialize>(v: &T) -> Vec<u8> {
@@ -178,6 +182,7 @@ impl LogStore {
             files: Arc::new(files),
             snapshot_floor: None,
             committed: Arc::default(),
+            metrics: Arc::default(),
         };
         let committed: Option<Option<LogId<NodeId>>> = store.get_meta(KEY_COMMITTED)?;
         let index = committed.flatten().map_or(0, |c| c.index);
@@ -198,6 +203,12 @@ impl LogStore {
     /// unless the node restarts before the new snapshot is on disk.
     pub fn with_snapshot_floor(mut self, floor: Arc<AtomicU64>) -> Self {
         self.snapshot_floor = Some(floor);
+        self
+    }
+
+    /// Times appends into `metrics`' write stages.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = metrics;
         self
     }
 
@@ -392,15 +403,24 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     {
         // One batch, one flush, then the acknowledgement: the flush is the
         // cost of an append, so it is paid once per batch, not per entry.
+        let start = Instant::now();
         let mut batch = sled::Batch::default();
+        let mut indexes = None;
         for entry in entries {
-            batch.insert(&entry.get_log_id().index.to_be_bytes(), encode(&entry));
+            let index = entry.get_log_id().index;
+            let (first, _) = indexes.get_or_insert((index, index));
+            indexes = Some((*first, index));
+            batch.insert(&index.to_be_bytes(), encode(&entry));
         }
         self.log
             .apply_batch(batch)
             .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Write, e))?;
         match self.durable().await {
             Ok(()) => {
+                if let Some((first, last)) = indexes {
+                    let stages = &self.metrics.stages;
+                    stages.appended(first, last, start, Instant::now());
+                }
                 callback.log_io_completed(Ok(()));
                 Ok(())
             }

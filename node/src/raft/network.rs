@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use openraft::error::{
     InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
@@ -222,7 +222,25 @@ impl RaftNetwork<TypeConfig> for Peer {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, NodeAddrs, RaftError<NodeId>>> {
-        self.call(Rpc::AppendEntries, &rpc, &option).await
+        let carried = match (rpc.entries.first(), rpc.entries.last()) {
+            (Some(first), Some(last)) => Some((first.log_id.index, last.log_id.index)),
+            _ => None,
+        };
+        let metrics = self.metrics.clone();
+        let stages = &metrics.stages;
+        if let Some((first, last)) = carried {
+            stages.sent(self.target, first, last, Instant::now());
+        }
+        let resp = self.call(Rpc::AppendEntries, &rpc, &option).await?;
+        let upto = match (&resp, carried) {
+            (AppendEntriesResponse::Success, Some((_, last))) => Some(last),
+            (AppendEntriesResponse::PartialSuccess(Some(upto)), Some(_)) => Some(upto.index),
+            _ => None,
+        };
+        if let (Some(upto), Some((first, _))) = (upto, carried) {
+            stages.acked(self.target, first, upto, Instant::now());
+        }
+        Ok(resp)
     }
 
     async fn install_snapshot(

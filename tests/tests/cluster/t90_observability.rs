@@ -110,6 +110,34 @@ async fn metrics_and_health_on_a_single_node_cluster() {
         assert!(body.contains(series), "missing {series:?} in:\n{body}");
     }
     assert!(get(&metrics_addr, "/nope").await.contains("404"));
+    // The write-stage breakdown: JSON with every stage; the acquire and the
+    // session's open were timed; a reset empties it.
+    let stages = get(&metrics_addr, "/debug/stages").await;
+    assert!(stages.contains("application/json"), "{stages}");
+    let json: serde_json::Value =
+        serde_json::from_str(stages.split("\r\n\r\n").nth(1).expect("body")).expect("json");
+    let count = |json: &serde_json::Value, stage: &str| {
+        json.as_array()
+            .expect("a list of stages")
+            .iter()
+            .find(|s| s["stage"] == stage)
+            .unwrap_or_else(|| panic!("no {stage} in {json}"))["count"]
+            .as_u64()
+            .expect("count")
+    };
+    assert!(count(&json, "server_total") >= 2, "{json}");
+    assert!(count(&json, "leader_append_sync") >= 2, "{json}");
+    let mut s = TcpStream::connect(&metrics_addr).await.expect("connect");
+    s.write_all(b"POST /debug/stages/reset HTTP/1.0\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+        .await
+        .expect("send");
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).await.expect("read");
+    assert!(answer.contains(" 200 "), "{answer}");
+    let stages = get(&metrics_addr, "/debug/stages").await;
+    let json: serde_json::Value =
+        serde_json::from_str(stages.split("\r\n\r\n").nth(1).expect("body")).expect("json");
+    assert_eq!(count(&json, "server_total"), 0, "{json}");
     g.release().await.expect("release");
     session.close().await.expect("close");
     node.shutdown().await;
@@ -183,5 +211,65 @@ async fn watches_past_the_limit_are_refused_and_the_node_stays_healthy() {
         }
     })
     .await;
+    cluster.shutdown().await;
+}
+
+/// Every stage of a write is timed on a 3-node cluster: the leader's from
+/// its handler to its reply, the followers' appends, a parked acquire's
+/// wake-up (see `metrics::stages`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_writes_stages_are_timed_on_the_leader_and_the_followers() {
+    use raftlock_node::metrics::stages::{Stage, StageReport};
+    let cluster = raftlock_testkit::TestCluster::start(3).await;
+    let leader = cluster.leader().await;
+    let client = cluster.client().await;
+    let a = client.session(Duration::from_secs(30)).await.expect("a");
+    let b = client.session(Duration::from_secs(30)).await.expect("b");
+    for id in cluster.running() {
+        cluster.node(id).shared.metrics.stages.reset();
+    }
+    for i in 0..10 {
+        let g = a.lock(&format!("s{i}")).await.expect("lock");
+        g.release().await.expect("release");
+    }
+    // One acquire parked behind a holder, then woken by the release.
+    let held = a.lock("parked").await.expect("hold");
+    let waiting = tokio::spawn(async move { b.lock("parked").await.map(|g| g.fence()) });
+    eventually("b to be queued", Duration::from_secs(10), || async {
+        let info = client.describe("parked").await.ok().flatten()?;
+        (!info.waiters.is_empty()).then_some(())
+    })
+    .await;
+    held.release().await.expect("release");
+    waiting.await.expect("task").expect("b granted");
+    let report = |id: u64| cluster.node(id).shared.metrics.stages.report();
+    let count = |r: &[StageReport], stage: Stage| r[stage as usize].count;
+    let on_leader = report(leader);
+    for stage in [
+        Stage::Receive,
+        Stage::BatchWait,
+        Stage::Propose,
+        Stage::LeaderAppend,
+        Stage::ReplicationSend,
+        Stage::ReplicationRoundTrip,
+        Stage::Commit,
+        Stage::Apply,
+        Stage::Respond,
+        Stage::Reply,
+        Stage::Server,
+    ] {
+        assert!(
+            count(&on_leader, stage) >= 20,
+            "{stage:?}: {} writes timed, want at least 20",
+            count(&on_leader, stage)
+        );
+    }
+    assert_eq!(count(&on_leader, Stage::WaiterWake), 1);
+    assert_eq!(count(&on_leader, Stage::FollowerAppend), 0);
+    for id in cluster.running().into_iter().filter(|&id| id != leader) {
+        let r = report(id);
+        assert!(count(&r, Stage::FollowerAppend) > 0, "node {id}: {r:?}");
+        assert_eq!(count(&r, Stage::Server), 0, "node {id} served no write");
+    }
     cluster.shutdown().await;
 }

@@ -6,6 +6,8 @@
 //! supplies the gauges ([`Gauges`]) at scrape time, so it knows nothing of
 //! Raft or the lock table.
 
+pub mod stages;
+
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -244,6 +246,8 @@ pub struct Metrics {
     counters: [AtomicU64; Counter::ALL.len()],
     requests: [Histogram; Method::ALL.len()],
     raft_rpc_errors: [AtomicU64; RaftRpc::ALL.len()],
+    /// Where writes spend their time (`GET /debug/stages`).
+    pub stages: stages::Stages,
 }
 
 /// Records a request's latency when dropped.
@@ -379,20 +383,39 @@ impl Metrics {
 }
 
 /// Serves `GET /metrics` on `listener` until `shutdown` resolves.
-/// `gauges` is called once per scrape.
+/// `gauges` is called once per scrape. Also serves the write-stage
+/// breakdown (see [`stages`]): `GET /debug/stages` as JSON, and
+/// `POST /debug/stages/reset` to empty it.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     metrics: Arc<Metrics>,
     gauges: impl Fn() -> Gauges + Clone + Send + Sync + 'static,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || {
-            let body = metrics.render(&gauges());
-            async move { ([("content-type", "text/plain; version=0.0.4")], body) }
-        }),
-    );
+    let (m1, m2, m3) = (metrics.clone(), metrics.clone(), metrics);
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            axum::routing::get(move || {
+                let body = m1.render(&gauges());
+                async move { ([("content-type", "text/plain; version=0.0.4")], body) }
+            }),
+        )
+        .route(
+            "/debug/stages",
+            axum::routing::get(move || {
+                let body = serde_json::to_string(&m2.stages.report())
+                    .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
+                async move { ([("content-type", "application/json")], body) }
+            }),
+        )
+        .route(
+            "/debug/stages/reset",
+            axum::routing::post(move || {
+                m3.stages.reset();
+                async move { "reset\n" }
+            }),
+        );
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await
