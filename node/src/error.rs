@@ -12,11 +12,11 @@
 //! | `Unavailable` | `UNAVAILABLE` |
 //! | `Internal` | `INTERNAL` |
 
-use openraft::error::{ClientWriteError, ForwardToLeader, RaftError};
+use openraft::error::{ClientWriteError, ForwardToLeader, LinearizableReadError, RaftError};
 use tonic::metadata::MetadataValue;
 use tonic::Status;
 
-use crate::raft::{NodeAddrs, NodeId};
+use crate::raft::TypeConfig;
 use crate::state::Refusal;
 
 pub use raftlock_proto::{LEADER_ADDR_KEY, LEADER_ID_KEY, NOT_LEADER_KEY};
@@ -41,7 +41,7 @@ pub enum Error {
     #[error("not the leader{}", .leader.as_ref().map(|(id, a)| format!("; leader is node {id} at {a}")).unwrap_or_else(|| "; no leader known".into()))]
     NotLeader {
         /// The leader's id and address, when known.
-        leader: Option<(NodeId, String)>,
+        leader: Option<(crate::raft::NodeId, String)>,
     },
     /// A limit was reached.
     #[error("{0}")]
@@ -98,32 +98,43 @@ impl From<Refusal> for Error {
     }
 }
 
-impl From<ForwardToLeader<NodeId, NodeAddrs>> for Error {
-    fn from(f: ForwardToLeader<NodeId, NodeAddrs>) -> Self {
+impl From<ForwardToLeader<TypeConfig>> for Error {
+    fn from(f: ForwardToLeader<TypeConfig>) -> Self {
         Error::NotLeader {
             leader: f.leader_id.zip(f.leader_node.map(|n| n.addr)),
         }
     }
 }
 
-impl From<RaftError<NodeId, ClientWriteError<NodeId, NodeAddrs>>> for Error {
-    fn from(e: RaftError<NodeId, ClientWriteError<NodeId, NodeAddrs>>) -> Self {
+impl From<RaftError<TypeConfig, ClientWriteError<TypeConfig>>> for Error {
+    fn from(e: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> Self {
         match e {
+            // Refused before its entry was appended: surely not applied.
             RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => f.into(),
+            // Appended, then dropped from this node's log when it took
+            // another leader's: the entry may still commit there.
+            RaftError::APIError(ClientWriteError::LogEntryDiscarded(f)) => Error::Timeout(format!(
+                "leadership changed while the write was pending (leader now: {}); the \
+                     outcome is unknown (it may still commit): retry with the same session_id \
+                     and seq",
+                f.leader_id.map_or("unknown".into(), |id| id.to_string())
+            )),
             RaftError::APIError(ClientWriteError::ChangeMembershipError(c)) => {
                 Error::FailedPrecondition(c.to_string())
+            }
+            RaftError::APIError(ClientWriteError::PreconditionFailed(p)) => {
+                Error::FailedPrecondition(p.to_string())
             }
             RaftError::Fatal(f) => Error::Unavailable(format!("raft stopped: {f}")),
         }
     }
 }
 
-impl From<RaftError<NodeId, openraft::error::CheckIsLeaderError<NodeId, NodeAddrs>>> for Error {
-    fn from(e: RaftError<NodeId, openraft::error::CheckIsLeaderError<NodeId, NodeAddrs>>) -> Self {
-        use openraft::error::CheckIsLeaderError;
+impl From<RaftError<TypeConfig, LinearizableReadError<TypeConfig>>> for Error {
+    fn from(e: RaftError<TypeConfig, LinearizableReadError<TypeConfig>>) -> Self {
         match e {
-            RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f)) => f.into(),
-            RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(q)) => {
+            RaftError::APIError(LinearizableReadError::ForwardToLeader(f)) => f.into(),
+            RaftError::APIError(LinearizableReadError::QuorumNotEnough(q)) => {
                 Error::Unavailable(format!("no quorum: {q}"))
             }
             RaftError::Fatal(f) => Error::Unavailable(format!("raft stopped: {f}")),

@@ -20,11 +20,13 @@ use tonic::service::interceptor::InterceptedService;
 use crate::api::raft_service::RaftService;
 use crate::api::Api;
 use crate::apply::state_machine::StateMachineStore;
+use crate::apply::Raft;
 use crate::apply::Shared;
 use crate::raft::identity::ClusterIdentity;
 use crate::raft::log_store::{open_db, LogStore};
 use crate::raft::network::Network;
-use crate::raft::{NodeAddrs, NodeId, Raft};
+use crate::raft::WatchReceiver as _;
+use crate::raft::{NodeAddrs, NodeId};
 
 /// Most concurrent gRPC streams (requests, keep-alive and watch streams) on
 /// one client connection; past it the client's HTTP/2 stack waits.
@@ -42,21 +44,6 @@ pub const RESTORE_BUMP_FILE: &str = "restore.fence_bump";
 /// then renames the file so it is never applied twice.
 async fn seed_from_backup(api: Api, path: PathBuf) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    let mut metrics = api.0.raft.metrics();
-    let led = tokio::time::timeout_at(deadline, async {
-        metrics
-            .wait_for(|m| m.state == ServerState::Leader)
-            .await
-            .is_ok()
-    })
-    .await;
-    if !matches!(led, Ok(true)) {
-        tracing::error!(
-            path = %path.display(),
-            "restore: this node did not become leader; restore with `raftlock snapshot restore FILE` instead"
-        );
-        return;
-    }
     let bump_path = path.with_file_name(RESTORE_BUMP_FILE);
     let fence_bump = match std::fs::read_to_string(&bump_path) {
         Ok(text) => match text.trim().parse::<u64>() {
@@ -68,12 +55,45 @@ async fn seed_from_backup(api: Api, path: PathBuf) {
         },
         Err(_) => crate::state::limits::DEFAULT_RESTORE_FENCE_BUMP,
     };
-    let outcome = match std::fs::read(&path) {
-        Ok(snapshot) => api.restore_backup(&snapshot, fence_bump).await,
-        Err(e) => Err(crate::error::Error::Internal(format!(
-            "cannot read {}: {e}",
-            path.display()
-        ))),
+    let snapshot = match std::fs::read(&path) {
+        Ok(snapshot) => snapshot,
+        Err(e) => {
+            tracing::error!(path = %path.display(), error = %e, "restore: cannot read the backup");
+            let _ = std::fs::rename(&path, path.with_extension("refused"));
+            return;
+        }
+    };
+    let id = api.0.id;
+    let outcome = loop {
+        // A leader whose vote a quorum granted: openraft briefly reports a
+        // bootstrapping node as leader before its election.
+        let mut metrics = api.0.raft.metrics();
+        let led = tokio::time::timeout_at(
+            deadline,
+            crate::raft::wait_metrics(&mut metrics, |m| {
+                m.state == ServerState::Leader
+                    && m.current_leader == Some(id)
+                    && m.vote.is_committed()
+            }),
+        )
+        .await;
+        if !matches!(led, Ok(Some(_))) {
+            tracing::error!(
+                path = %path.display(),
+                "restore: this node did not become leader; restore with `raftlock snapshot restore FILE` instead"
+            );
+            return;
+        }
+        match api.restore_backup(&snapshot, fence_bump).await {
+            // Not (or no longer) the leader: wait to lead again, or give up
+            // at the deadline.
+            Err(crate::error::Error::NotLeader { .. })
+                if tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            outcome => break outcome,
+        }
     };
     let suffix = match &outcome {
         Ok((sessions, last_fence)) => {
@@ -89,7 +109,7 @@ async fn seed_from_backup(api: Api, path: PathBuf) {
 }
 
 /// Most log entries the leader sends a follower in one `AppendEntries`.
-/// openraft 0.9 gives every `AppendEntries` one heartbeat interval to
+/// openraft gives every `AppendEntries` one heartbeat interval to
 /// complete; an entry carries at most `MAX_BATCH` commands or one
 /// `MAX_RESTORE_PART` of a backup, so this keeps a catching-up follower's
 /// RPCs to a few MB that it can take within that time (openraft's default
@@ -99,24 +119,18 @@ pub const MAX_PAYLOAD_ENTRIES: u64 = 32;
 /// Largest backup `Backup` sends and `Restore` accepts.
 pub const MAX_BACKUP_BYTES: usize = 1 << 30;
 
-/// Largest snapshot chunk one `InstallSnapshot` carries (openraft's
-/// `snapshot_max_chunk_size`, set explicitly so the Raft service's limit
-/// below can rely on it).
-pub const SNAPSHOT_CHUNK_BYTES: u64 = 4 << 20;
-
 const _: () = assert!(
     (MAX_PAYLOAD_ENTRIES as usize)
         * (crate::api::batcher::MAX_BATCH_BYTES + 2 * crate::state::limits::MAX_RESTORE_PART)
         < crate::raft::MAX_RAFT_MESSAGE_BYTES
 );
-const _: () = assert!((SNAPSHOT_CHUNK_BYTES as usize) * 2 < crate::raft::MAX_RAFT_MESSAGE_BYTES);
 
 /// Timing and policy of the Raft layer.
 #[derive(Clone, Debug)]
 pub struct RaftTiming {
     /// Leader heartbeat interval.
     pub heartbeat: Duration,
-    /// Election timeout range. openraft 0.9 also keeps a leader lease of
+    /// Election timeout range. openraft also keeps a leader lease of
     /// the upper bound: a follower that knew a leader campaigns only after
     /// `max + random(min..max)` without hearing from it (0.8–1.0 s with the
     /// defaults), and refuses other candidates' votes until `max` has
@@ -203,6 +217,8 @@ pub struct Node {
     /// Serves the client listener and, if any, the peer listener.
     server: JoinHandle<Result<(), tonic::transport::Error>>,
     tasks: Vec<JoinHandle<()>>,
+    /// Tells when the log store, and with it the data directory, is closed.
+    log_closed: crate::raft::log_store::StoreClosed,
 }
 
 impl Node {
@@ -245,6 +261,7 @@ impl Node {
         let sled_dir = opts.data_dir.join("sled");
         let db = open_db(&sled_dir)?;
         let log_store = LogStore::new(db, &sled_dir)?;
+        let log_closed = log_store.closed();
         log_store.check_node_id(opts.id).await?;
         let committed = log_store.committed_marker();
         let fresh = log_store.is_fresh();
@@ -266,7 +283,6 @@ impl Node {
             snapshot_policy: SnapshotPolicy::LogsSinceLast(opts.timing.snapshot_every),
             max_in_snapshot_log_to_keep: 1_000,
             max_payload_entries: MAX_PAYLOAD_ENTRIES,
-            snapshot_max_chunk_size: SNAPSHOT_CHUNK_BYTES,
             install_snapshot_timeout: 10_000,
             ..Default::default()
         }
@@ -389,7 +405,18 @@ impl Node {
         });
 
         let mut tasks = vec![
-            tokio::spawn(shared.leases.clone().run(raft.clone())),
+            tokio::spawn(shared.leases.clone().run({
+                let raft = raft.clone();
+                move |batch| {
+                    let raft = raft.clone();
+                    async move {
+                        raft.client_write(batch)
+                            .await
+                            .map(drop)
+                            .map_err(|e| e.to_string())
+                    }
+                }
+            })),
             tokio::spawn(follow_leadership(
                 opts.id,
                 raft.clone(),
@@ -421,10 +448,12 @@ impl Node {
             stop,
             server,
             tasks,
+            log_closed,
         })
     }
 
-    /// Stops serving and shuts Raft down, flushing what it has.
+    /// Stops serving and shuts Raft down, flushing what it has. Returns
+    /// once the data directory is closed (another node may open it then).
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
         self.shared
@@ -436,12 +465,14 @@ impl Node {
         }
         let _ = self.raft.shutdown().await;
         let _ = tokio::time::timeout(Duration::from_secs(5), self.server).await;
+        Self::closed(self.raft, self.log_closed).await;
     }
 
     /// Stops abruptly, as close to a crash as a node inside a process can
     /// get: the listener closes, Raft stops without a goodbye and parked
     /// requests are dropped. Connections already accepted are not torn
     /// down; requests on them fail with `UNAVAILABLE`. Used by tests.
+    /// Returns once the data directory is closed.
     pub async fn kill(self) {
         self.server.abort();
         self.shared
@@ -452,6 +483,16 @@ impl Node {
             t.abort();
         }
         let _ = self.raft.shutdown().await;
+        Self::closed(self.raft, self.log_closed).await;
+    }
+
+    /// Drops this handle of `raft` and waits (a few seconds at most) until
+    /// openraft's tasks have let go of the log store.
+    async fn closed(raft: Raft, log: crate::raft::log_store::StoreClosed) {
+        drop(raft);
+        if !log.wait(Duration::from_secs(5)).await {
+            tracing::warn!("the log store is still open 5 s after shutdown");
+        }
     }
 }
 
@@ -500,8 +541,9 @@ async fn follow_leadership(
             let voters = m.membership_config.membership().voter_ids().count();
             let quorum_lost = leading
                 && voters > 1
-                && m.millis_since_quorum_ack
-                    .is_some_and(|ms| Duration::from_millis(ms) > quorum_timeout);
+                && m.last_quorum_acked
+                    .as_ref()
+                    .is_some_and(|at| openraft::Instant::elapsed(&**at) > quorum_timeout);
             (
                 leading,
                 m.current_term,
@@ -557,7 +599,7 @@ async fn follow_leadership(
 
 /// What `/metrics` shows of Raft and the lock table right now.
 fn gauges(raft: &Raft, shared: &Shared) -> crate::metrics::Gauges {
-    let m = raft.metrics().borrow().clone();
+    let m = raft.metrics().borrow_watched().clone();
     let stats = shared.read(|applied| applied.table.stats());
     crate::metrics::Gauges {
         term: m.current_term,

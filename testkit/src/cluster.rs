@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::proxy::Net;
+use raftlock_node::raft::WatchReceiver as _;
 
 /// Default deadline for `wait_*` helpers.
 pub const WAIT: Duration = Duration::from_secs(20);
@@ -284,7 +285,7 @@ impl TestCluster {
         eventually("a leader all running nodes agree on", WAIT, || async {
             let mut leader = None;
             for node in self.nodes.values() {
-                let m = node.raft.metrics().borrow().clone();
+                let m = node.raft.metrics().borrow_watched().clone();
                 let l = m.current_leader?;
                 if leader.is_some_and(|x| x != l) || !self.nodes.contains_key(&l) {
                     return None;
@@ -314,7 +315,7 @@ impl TestCluster {
         self.nodes[&id]
             .raft
             .metrics()
-            .borrow()
+            .borrow_watched()
             .last_applied
             .map_or(0, |l| l.index)
     }
@@ -436,7 +437,13 @@ impl TestCluster {
         eventually(&format!("node {id} to apply index {index}"), WAIT, || {
             let raft = raft.clone();
             async move {
-                (raft.metrics().borrow().last_applied.map_or(0, |l| l.index) >= index).then_some(())
+                (raft
+                    .metrics()
+                    .borrow_watched()
+                    .last_applied
+                    .map_or(0, |l| l.index)
+                    >= index)
+                    .then_some(())
             }
         })
         .await;
@@ -449,7 +456,7 @@ impl TestCluster {
             .map(|n| {
                 n.raft
                     .metrics()
-                    .borrow()
+                    .borrow_watched()
                     .last_applied
                     .map_or(0, |l| l.index)
             })

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use raftlock_node::node::RaftTiming;
+use raftlock_node::raft::WatchReceiver as _;
 use raftlock_testkit::TestCluster;
 
 fn arg(name: &str, default: u64) -> u64 {
@@ -103,7 +104,7 @@ async fn failover(rounds: u64) {
         let elected = tokio::spawn(async move {
             loop {
                 let l = survivors.iter().find_map(|r| {
-                    let m = r.metrics().borrow().clone();
+                    let m = r.metrics().borrow_watched().clone();
                     (m.state == openraft::ServerState::Leader).then_some(())
                 });
                 if l.is_some() {

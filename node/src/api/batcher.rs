@@ -1,28 +1,31 @@
 //! Group commit: concurrent writes share one log entry.
 //!
-//! openraft 0.9 appends (and so fsyncs) each client write on its own before
-//! taking the next, so one entry per request would cost one fsync per
-//! request. The batcher instead collects every request that arrives while
-//! earlier batches are in flight into one [`Batch`] entry: one append, one
-//! fsync per node and one replication round for all of them. Under light
-//! load a batch is a single command and nothing waits for company.
+//! Every log entry costs an append on every node, a place in an
+//! `AppendEntries`, an apply and a response; one entry per request would
+//! pay that per request. The batcher instead collects every request that
+//! arrives while earlier batches are in flight into one [`Batch`] entry.
+//! (The log store's sync thread also groups concurrent appends into one
+//! sync; see `raft::log_store`.) Under light load a batch is a single
+//! command and nothing waits for company.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
+use crate::apply::Raft;
 use crate::error::Error;
 use crate::metrics::stages::{between, Stage};
 use crate::metrics::Metrics;
-use crate::raft::{Batch, Raft, MAX_BATCH};
+use crate::raft::WatchReceiver as _;
+use crate::raft::{Batch, MAX_BATCH};
 use crate::state::{Command, Response};
 
 /// Most bytes (by [`command_bytes`]) in one entry: a batch is closed before
 /// a command would take it past this (a single larger command still gets
 /// an entry of its own). It bounds an `AppendEntries` of
 /// `MAX_PAYLOAD_ENTRIES` entries to a few MiB, which a follower can take
-/// within openraft 0.9's one-heartbeat RPC budget, and keeps entries under
+/// within openraft's one-heartbeat RPC budget, and keeps entries under
 /// sled's blob threshold (~128 KiB) in the common case. Without it 1000
 /// acquires with 4 KiB values made a 5 MB entry and a 160 MB catch-up RPC.
 pub const MAX_BATCH_BYTES: usize = 128 * 1024;
@@ -58,15 +61,13 @@ fn fits(len: usize, bytes: usize, next: usize) -> bool {
 /// Most batches proposed and not yet applied at once. While all are in
 /// flight, new requests queue up and form the next, larger batch.
 ///
-/// openraft 0.9 appends (and flushes) each proposal as its own entry and
-/// only then replicates it, one entry's flush after another, so batches
-/// proposed while Raft is busy merely queue there as separate entries,
-/// each costing a flush and a replication round on every node. Two in
-/// flight measured best on the benchmark machine (2 cores): against four,
-/// `uncontended` +20-28 % ops/s at ~25 % less node CPU per cycle, with
-/// the contended hand-off unchanged; one in flight gained as much
-/// uncontended but made the hand-off ~0.4 ms slower, because a release
-/// then waits for the previous holder's re-queue entry to commit first.
+/// Measured under openraft 0.9, which flushed each proposal as its own
+/// entry before replicating it: two in flight did best on the benchmark
+/// machine (2 cores): against four, `uncontended` +20-28 % ops/s at ~25 %
+/// less node CPU per cycle, with the contended hand-off unchanged; one in
+/// flight gained as much uncontended but made the hand-off ~0.4 ms slower,
+/// because a release then waits for the previous holder's re-queue entry
+/// to commit first.
 pub const MAX_IN_FLIGHT: usize = 2;
 
 /// Requests waiting to be batched, at most.
@@ -159,7 +160,7 @@ async fn run(raft: Raft, metrics: Arc<Metrics>, mut rx: mpsc::Receiver<Pending>)
                     if let Some(stamps) = stages.take(index) {
                         let voters = raft
                             .metrics()
-                            .borrow()
+                            .borrow_watched()
                             .membership_config
                             .membership()
                             .voter_ids()

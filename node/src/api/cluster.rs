@@ -2,7 +2,7 @@
 
 use std::collections::BTreeSet;
 
-use openraft::{ServerState, StoredMembership};
+use openraft::ServerState;
 use raftlock_proto::v1 as pb;
 use raftlock_proto::v1::cluster_server::Cluster;
 use tonic::{Request, Response, Status};
@@ -10,9 +10,10 @@ use tonic::{Request, Response, Status};
 use super::Api;
 use crate::auth::Permission;
 use crate::error::Error;
-use crate::raft::{valid_addr, NodeAddrs, NodeId};
+use crate::raft::WatchReceiver as _;
+use crate::raft::{valid_addr, NodeAddrs, NodeId, StoredMembership};
 
-fn members(m: &StoredMembership<NodeId, NodeAddrs>) -> Vec<pb::Member> {
+fn members(m: &StoredMembership) -> Vec<pb::Member> {
     let voters: BTreeSet<NodeId> = m.membership().voter_ids().collect();
     m.membership()
         .nodes()
@@ -49,7 +50,7 @@ impl Api {
         timeout: std::time::Duration,
     ) -> Result<(), Error> {
         let mut metrics = self.0.raft.metrics();
-        let caught_up = metrics.wait_for(|m| {
+        let caught_up = crate::raft::wait_metrics(&mut metrics, |m| {
             m.replication
                 .as_ref()
                 .and_then(|r| r.get(&id))
@@ -61,7 +62,7 @@ impl Api {
             .await
             .map(|r| r.map(|m| m.state == openraft::ServerState::Leader));
         match outcome {
-            Ok(Ok(true)) => Ok(()),
+            Ok(Some(true)) => Ok(()),
             Ok(_) => Err(self.not_leader()),
             Err(_) => Err(Error::FailedPrecondition(format!(
                 "node {id} at {addr} did not catch up within {:.1} s; it stays a learner \
@@ -80,7 +81,7 @@ impl Cluster for Api {
     ) -> Result<Response<pb::StatusResponse>, Status> {
         let _timer = self.0.shared.metrics.timer(crate::metrics::Method::Status);
         self.caller(&req)?.require_any(Permission::Read)?;
-        let m = self.0.raft.metrics().borrow().clone();
+        let m = self.0.raft.metrics().borrow_watched().clone();
         let leader_addr = m
             .current_leader
             .and_then(|l| {
@@ -124,7 +125,7 @@ impl Cluster for Api {
     ) -> Result<Response<pb::MembersResponse>, Status> {
         let _timer = self.0.shared.metrics.timer(crate::metrics::Method::Members);
         self.caller(&req)?.require_any(Permission::Read)?;
-        let m = self.0.raft.metrics().borrow().clone();
+        let m = self.0.raft.metrics().borrow_watched().clone();
         Ok(Response::new(pb::MembersResponse {
             members: members(&m.membership_config),
             leader_id: m.current_leader.unwrap_or(0),
@@ -160,7 +161,13 @@ impl Cluster for Api {
             "" => NodeAddrs::shared(r.addr.clone()),
             peer => NodeAddrs::new(r.addr.clone(), peer),
         };
-        let current = self.0.raft.metrics().borrow().membership_config.clone();
+        let current = self
+            .0
+            .raft
+            .metrics()
+            .borrow_watched()
+            .membership_config
+            .clone();
         if let Some(existing) = current.membership().get_node(&r.id) {
             if *existing != node {
                 return Err(Error::FailedPrecondition(format!(
@@ -187,7 +194,13 @@ impl Cluster for Api {
         };
         self.wait_caught_up(r.id, &r.addr, added.log_id.index, timeout)
             .await?;
-        let mut latest = self.0.raft.metrics().borrow().membership_config.clone();
+        let mut latest = self
+            .0
+            .raft
+            .metrics()
+            .borrow_watched()
+            .membership_config
+            .clone();
         if !r.learner_only {
             let mut voters: BTreeSet<NodeId> = latest.membership().voter_ids().collect();
             voters.insert(r.id);
@@ -264,7 +277,13 @@ impl Cluster for Api {
             .timer(crate::metrics::Method::RemoveNode);
         self.caller(&req)?.require_admin()?;
         let r = req.into_inner();
-        let current = self.0.raft.metrics().borrow().membership_config.clone();
+        let current = self
+            .0
+            .raft
+            .metrics()
+            .borrow_watched()
+            .membership_config
+            .clone();
         if current.membership().get_node(&r.id).is_none() {
             return Err(Error::NotFound(format!("node {} is not a member", r.id)).into());
         }
@@ -293,7 +312,7 @@ impl Cluster for Api {
         };
         let latest = match resp.membership {
             Some(m) => StoredMembership::new(Some(resp.log_id), m),
-            None => (*self.0.raft.metrics().borrow().membership_config).clone(),
+            None => (*self.0.raft.metrics().borrow_watched().membership_config).clone(),
         };
         Ok(Response::new(pb::RemoveNodeResponse {
             members: members(&latest),

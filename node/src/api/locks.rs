@@ -18,6 +18,7 @@ use crate::error::Error;
 use crate::leases::KeepAliveError;
 use crate::metrics::stages::Stage;
 use crate::raft::log_index_of;
+use crate::raft::WatchReceiver as _;
 use crate::state::limits::WAIT_FOREVER;
 use crate::state::{Acquired, Command, Fence, LockName, Refusal, Reply, SessionId};
 
@@ -555,7 +556,7 @@ impl Api {
 
     /// `NotLeader` with the leader this node knows of.
     pub fn not_leader(&self) -> Error {
-        let metrics = self.0.raft.metrics().borrow().clone();
+        let metrics = self.0.raft.metrics().borrow_watched().clone();
         let leader = metrics
             .current_leader
             .filter(|l| *l != self.0.id)

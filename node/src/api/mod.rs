@@ -37,11 +37,13 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
 
+use crate::apply::Raft;
 use crate::apply::Shared;
 use crate::auth::{Auth, Caller};
 use crate::error::Error;
 use crate::metrics::stages::{between, Stage};
-use crate::raft::{NodeId, Raft};
+use crate::raft::NodeId;
+use crate::raft::WatchReceiver as _;
 use crate::state::{Command, Reply};
 
 /// How often a pending write looks whether its leader lost its quorum
@@ -222,7 +224,7 @@ impl Api {
         }
         let (leading, term) = {
             let m = self.0.raft.metrics();
-            let m = m.borrow();
+            let m = m.borrow_watched();
             (m.state == openraft::ServerState::Leader, m.current_term)
         };
         if leading && self.0.read_ready_term.load(Ordering::Acquire) != term {
@@ -232,7 +234,10 @@ impl Api {
                 .await?;
             self.0.read_ready_term.store(term, Ordering::Release);
         }
-        self.0.raft.ensure_linearizable().await?;
+        self.0
+            .raft
+            .ensure_linearizable(openraft::ReadPolicy::ReadIndex)
+            .await?;
         Ok(())
     }
 
@@ -242,7 +247,7 @@ impl Api {
     pub async fn confirm_leadership(&self) -> Result<(), Error> {
         self.check_running()?;
         self.0.leader_check.confirm(&self.0.raft).await?;
-        let term = self.0.raft.metrics().borrow().current_term;
+        let term = self.0.raft.metrics().borrow_watched().current_term;
         let leases = &self.0.shared.leases;
         self.0
             .shared
@@ -288,7 +293,7 @@ impl LeaderCheck {
                         std::mem::take(&mut s.pending)
                     };
                     let result = raft
-                        .ensure_linearizable()
+                        .ensure_linearizable(openraft::ReadPolicy::ReadIndex)
                         .await
                         .map(|_| ())
                         .map_err(Error::from);

@@ -4,16 +4,17 @@ use raftlock_proto::v1 as pb;
 use raftlock_proto::v1::raft_server::Raft as RaftRpc;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tonic::{Request, Response, Status};
+use tonic::{Request, Response, Status, Streaming};
 
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::apply::Raft;
 use crate::auth::Auth;
 use crate::metrics::stages::{between, Stage};
 use crate::metrics::Metrics;
 use crate::raft::identity::ClusterIdentity;
-use crate::raft::Raft;
+use crate::raft::{Snapshot, SnapshotMeta, Vote, MAX_SNAPSHOT_BYTES};
 
 /// Serves the node-to-node RPCs of one node.
 #[derive(Clone)]
@@ -125,10 +126,29 @@ impl RaftRpc for RaftService {
 
     async fn install_snapshot(
         &self,
-        req: Request<pb::RaftMessage>,
+        req: Request<Streaming<pb::RaftMessage>>,
     ) -> Result<Response<pb::RaftMessage>, Status> {
         self.admit(&req).await?;
-        let rpc = decode(req.get_ref())?;
-        reply(self.raft.install_snapshot(rpc).await)
+        let mut stream = req.into_inner();
+        let head = stream
+            .message()
+            .await?
+            .ok_or_else(|| Status::invalid_argument("an empty snapshot stream"))?;
+        let (vote, meta): (Vote, SnapshotMeta) = decode(&head)?;
+        let mut data = Vec::new();
+        while let Some(chunk) = stream.message().await? {
+            if data.len() + chunk.data.len() > MAX_SNAPSHOT_BYTES {
+                return Err(Status::out_of_range(format!(
+                    "a snapshot may be at most {MAX_SNAPSHOT_BYTES} bytes"
+                )));
+            }
+            data.extend_from_slice(&chunk.data);
+        }
+        let snapshot = Snapshot {
+            meta,
+            snapshot: data,
+        };
+        let result = self.raft.install_full_snapshot(vote, snapshot).await;
+        reply(result.map_err(openraft::error::RaftError::<crate::raft::TypeConfig>::Fatal))
     }
 }

@@ -18,23 +18,26 @@ pub mod waiters;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, RwLock};
 
-use openraft::{LogId, StoredMembership};
 use tokio::sync::broadcast;
 
 use crate::leases::Leases;
 use crate::metrics::{Counter, Metrics};
-use crate::raft::{command_index, Batch, NodeAddrs, NodeId};
+use crate::raft::{command_index, Batch, LogId, StoredMembership, TypeConfig};
 use crate::state::{CancelCause, EndCause, Event, LockTable, Response};
 use waiters::Waiters;
+
+/// The openraft handle used throughout the node (its state machine is
+/// this module's [`StateMachineStore`](state_machine::StateMachineStore)).
+pub type Raft = openraft::Raft<TypeConfig, state_machine::StateMachineStore>;
 
 /// The applied state machine.
 pub struct AppliedState {
     /// The lock table.
     pub table: LockTable,
     /// The last log id applied to it.
-    pub last_applied: Option<LogId<NodeId>>,
+    pub last_applied: Option<LogId>,
     /// The last membership applied.
-    pub membership: StoredMembership<NodeId, NodeAddrs>,
+    pub membership: StoredMembership,
 }
 
 impl AppliedState {
@@ -129,7 +132,7 @@ impl Shared {
     }
 
     /// Applies one entry's commands in order and tells the observers.
-    pub fn apply(&self, log_id: LogId<NodeId>, batch: Batch) -> Vec<Response> {
+    pub fn apply(&self, log_id: LogId, batch: Batch) -> Vec<Response> {
         let mut applied = self.applied.write().expect("applied lock poisoned");
         let mut responses = Vec::with_capacity(batch.0.len());
         for (position, command) in batch.0.into_iter().enumerate() {
@@ -153,11 +156,7 @@ impl Shared {
     }
 
     /// Records a blank or membership entry as applied.
-    pub fn advance(
-        &self,
-        log_id: LogId<NodeId>,
-        membership: Option<StoredMembership<NodeId, NodeAddrs>>,
-    ) {
+    pub fn advance(&self, log_id: LogId, membership: Option<StoredMembership>) {
         let mut applied = self.applied.write().expect("applied lock poisoned");
         applied.last_applied = Some(log_id);
         if let Some(m) = membership {
@@ -169,8 +168,8 @@ impl Shared {
     pub fn install(
         &self,
         table: LockTable,
-        last_applied: Option<LogId<NodeId>>,
-        membership: StoredMembership<NodeId, NodeAddrs>,
+        last_applied: Option<LogId>,
+        membership: StoredMembership,
     ) {
         let mut applied = self.applied.write().expect("applied lock poisoned");
         applied.table = table;

@@ -5,26 +5,27 @@
 //! log plus snapshots: at start-up the latest snapshot is loaded and openraft
 //! re-applies the committed log after it.
 
-use std::io::{Cursor, Write};
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use openraft::storage::{RaftStateMachine, Snapshot};
-use openraft::{
-    Entry, EntryPayload, ErrorSubject, ErrorVerb, LogId, OptionalSend, RaftSnapshotBuilder,
-    SnapshotMeta, StorageIOError, StoredMembership,
-};
+use futures::{Stream, TryStreamExt};
+use openraft::storage::{EntryResponder, RaftStateMachine};
+use openraft::{OptionalSend, RaftSnapshotBuilder};
 use serde::{Deserialize, Serialize};
 
 use super::Shared;
-use crate::raft::{io_err, Applied, NodeAddrs, NodeId, StorageError, TypeConfig};
+use crate::raft::{
+    Applied, EntryPayload, LogId, Snapshot, SnapshotData, SnapshotMeta, StoredMembership,
+    TypeConfig,
+};
 use crate::state::LockTable;
 
 /// A snapshot as stored on disk and sent to lagging nodes.
 #[derive(Serialize, Deserialize)]
 struct SnapshotFile {
-    meta: SnapshotMeta<NodeId, NodeAddrs>,
+    meta: SnapshotMeta,
     /// [`LockTable::to_snapshot`] bytes.
     table: Vec<u8>,
 }
@@ -63,11 +64,7 @@ struct SnapshotShared {
 /// `SnapshotFile { meta, table: table.to_snapshot() }` under bincode, but
 /// without the intermediate `to_snapshot()` copy (the table's bytes are
 /// written in place and their length prefix patched afterwards).
-fn encode_snapshot_file(
-    meta: &SnapshotMeta<NodeId, NodeAddrs>,
-    table: &LockTable,
-    capacity: usize,
-) -> Vec<u8> {
+fn encode_snapshot_file(meta: &SnapshotMeta, table: &LockTable, capacity: usize) -> Vec<u8> {
     let mut out = Vec::with_capacity(capacity);
     out.push(SNAPSHOT_FILE_VERSION);
     bincode::serialize_into(&mut out, meta).expect("snapshot meta serializes");
@@ -122,7 +119,7 @@ fn decode_snapshot(bytes: &[u8]) -> Result<SnapshotFile, String> {
 const SYNC_CHUNK: usize = 4 << 20;
 
 /// The meta of a snapshot file, without copying out the table's bytes.
-fn decode_snapshot_meta(bytes: &[u8]) -> Result<SnapshotMeta<NodeId, NodeAddrs>, String> {
+fn decode_snapshot_meta(bytes: &[u8]) -> Result<SnapshotMeta, String> {
     let bytes = checked(bytes)?;
     match bytes.split_first() {
         Some((&SNAPSHOT_FILE_VERSION, mut rest)) => {
@@ -206,7 +203,7 @@ impl StateMachineStore {
         Self::open(shared, None)
     }
 
-    async fn persist(&mut self, bytes: Vec<u8>) -> Result<Vec<u8>, StorageError> {
+    async fn persist(&mut self, bytes: Vec<u8>) -> io::Result<Vec<u8>> {
         persist(&self.shared, &self.snap, self.snapshot_path.clone(), bytes).await
     }
 }
@@ -218,16 +215,10 @@ async fn persist(
     snap: &SnapshotShared,
     path: Option<PathBuf>,
     bytes: Vec<u8>,
-) -> Result<Vec<u8>, StorageError> {
+) -> io::Result<Vec<u8>> {
     let covers = decode_snapshot_meta(&bytes)
         .map(|m| covered(&m))
-        .map_err(|e| {
-            io_err(
-                ErrorSubject::Snapshot(None),
-                ErrorVerb::Write,
-                std::io::Error::other(e),
-            )
-        })?;
+        .map_err(io::Error::other)?;
     let Some(path) = path else {
         shared.set_snapshot(Arc::new(bytes.clone()));
         snap.persisted.fetch_max(covers, Ordering::SeqCst);
@@ -242,14 +233,13 @@ async fn persist(
     }
     let bytes = tokio::task::spawn_blocking(move || write_durably(&path, &bytes).map(|()| bytes))
         .await
-        .map_err(|e| io_err(ErrorSubject::Snapshot(None), ErrorVerb::Write, e))?
-        .map_err(|e| io_err(ErrorSubject::Snapshot(None), ErrorVerb::Write, e))?;
+        .map_err(io::Error::other)??;
     snap.persisted.store(covers, Ordering::SeqCst);
     Ok(bytes)
 }
 
 /// What a snapshot covers: its last log index + 1 (0 for an empty one).
-fn covered(meta: &SnapshotMeta<NodeId, NodeAddrs>) -> u64 {
+fn covered(meta: &SnapshotMeta) -> u64 {
     meta.last_log_id.map_or(0, |l| l.index + 1)
 }
 
@@ -261,7 +251,9 @@ pub struct SnapshotBuilder {
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
-    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
+    type SnapshotData = SnapshotData;
+
+    async fn build_snapshot(&mut self) -> io::Result<Snapshot> {
         // The table is encoded in place, under its read lock, so the
         // snapshot is of one applied index and no copy of a large table is
         // made (cloning the table costs about twice as much as encoding it).
@@ -274,20 +266,9 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         let (meta, bytes) = tokio::task::spawn_blocking(move || {
             let _gate = gate;
             shared.read(|applied| {
-                let last = applied.last_applied;
-                let snapshot_id = match last {
-                    Some(id) => format!(
-                        "{}-{}-{}",
-                        id.leader_id.term,
-                        id.index,
-                        applied.table.last_fence().0
-                    ),
-                    None => "empty".to_string(),
-                };
                 let meta = SnapshotMeta {
-                    last_log_id: last,
+                    last_log_id: applied.last_applied,
                     last_membership: applied.membership.clone(),
-                    snapshot_id,
                 };
                 // Room for some growth, so the buffer is not reallocated (and
                 // copied) while the lock is held.
@@ -296,37 +277,34 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             })
         })
         .await
-        .map_err(|e| io_err(ErrorSubject::Snapshot(None), ErrorVerb::Write, e))?;
+        .map_err(io::Error::other)?;
         self.snap.last_len.store(bytes.len(), Ordering::Relaxed);
         let bytes = persist(&self.shared, &self.snap, self.snapshot_path.clone(), bytes).await?;
         Ok(Snapshot {
             meta,
-            snapshot: Box::new(Cursor::new(bytes)),
+            snapshot: bytes,
         })
     }
 }
 
 impl RaftStateMachine<TypeConfig> for StateMachineStore {
+    type SnapshotData = SnapshotData;
     type SnapshotBuilder = SnapshotBuilder;
 
-    async fn applied_state(
-        &mut self,
-    ) -> Result<(Option<LogId<NodeId>>, StoredMembership<NodeId, NodeAddrs>), StorageError> {
+    async fn applied_state(&mut self) -> io::Result<(Option<LogId>, StoredMembership)> {
         Ok(self
             .shared
             .read(|applied| (applied.last_applied, applied.membership.clone())))
     }
 
-    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Applied>, StorageError>
+    async fn apply<Strm>(&mut self, mut entries: Strm) -> io::Result<()>
     where
-        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
-        I::IntoIter: OptionalSend,
+        Strm: Stream<Item = io::Result<EntryResponder<TypeConfig>>> + Unpin + OptionalSend,
     {
         // Waits here, as a parked task, while a snapshot is being encoded.
         let _gate = self.shared.snapshot_gate.read().await;
-        let mut out = Vec::new();
         let stages = &self.shared.metrics.stages;
-        for entry in entries {
+        while let Some((entry, responder)) = entries.try_next().await? {
             let index = entry.log_id.index;
             stages.applying(index, index, std::time::Instant::now());
             let responses = match entry.payload {
@@ -344,9 +322,13 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 }
             };
             stages.applied(index, index, std::time::Instant::now());
-            out.push(Applied { index, responses });
+            if let Some(responder) = responder {
+                // The writer's answer goes out from here, as soon as its
+                // entry is applied.
+                responder.send(Applied { index, responses });
+            }
         }
-        Ok(out)
+        Ok(())
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
@@ -357,24 +339,13 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         }
     }
 
-    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
-        Ok(Box::new(Cursor::new(Vec::new())))
-    }
-
     async fn install_snapshot(
         &mut self,
-        meta: &SnapshotMeta<NodeId, NodeAddrs>,
-        snapshot: Box<Cursor<Vec<u8>>>,
-    ) -> Result<(), StorageError> {
-        let bytes = snapshot.into_inner();
-        let bad = |e: String| -> StorageError {
-            StorageIOError::new(
-                ErrorSubject::Snapshot(Some(meta.signature())),
-                ErrorVerb::Read,
-                openraft::AnyError::error(e),
-            )
-            .into()
-        };
+        meta: &SnapshotMeta,
+        snapshot: SnapshotData,
+    ) -> io::Result<()> {
+        let bytes = snapshot;
+        let bad = |e: String| io::Error::new(io::ErrorKind::InvalidData, e);
         // Decoding and checking a large table takes a while (seconds at 1M
         // held locks): not on a runtime thread, where it would hold up
         // heartbeats and requests.
@@ -393,15 +364,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         Ok(())
     }
 
-    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
-        let read_err = |e: String| -> StorageError {
-            StorageIOError::new(
-                ErrorSubject::Snapshot(None),
-                ErrorVerb::Read,
-                openraft::AnyError::error(e),
-            )
-            .into()
-        };
+    async fn get_current_snapshot(&mut self) -> io::Result<Option<Snapshot>> {
         // The latest snapshot is its file (read when a follower needs it,
         // not kept in memory), or, without a file (unit tests), the bytes in
         // memory.
@@ -410,12 +373,11 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 let path = path.clone();
                 let read = tokio::task::spawn_blocking(move || match std::fs::read(&path) {
                     Ok(bytes) => Ok(Some(bytes)),
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
                     Err(e) => Err(e),
                 })
                 .await
-                .map_err(|e| io_err(ErrorSubject::Snapshot(None), ErrorVerb::Read, e))?
-                .map_err(|e| io_err(ErrorSubject::Snapshot(None), ErrorVerb::Read, e))?;
+                .map_err(io::Error::other)??;
                 match read {
                     Some(bytes) => bytes,
                     None => return Ok(None),
@@ -426,10 +388,10 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 None => return Ok(None),
             },
         };
-        let meta = decode_snapshot_meta(&bytes).map_err(read_err)?;
+        let meta = decode_snapshot_meta(&bytes).map_err(io::Error::other)?;
         Ok(Some(Snapshot {
             meta,
-            snapshot: Box::new(Cursor::new(bytes)),
+            snapshot: bytes,
         }))
     }
 }
@@ -464,9 +426,8 @@ mod tests {
             },
         );
         let meta = SnapshotMeta {
-            last_log_id: Some(LogId::new(openraft::CommittedLeaderId::new(3, 1), 2)),
+            last_log_id: Some(crate::raft::log_id(3, 1, 2)),
             last_membership: StoredMembership::default(),
-            snapshot_id: "3-2-1".into(),
         };
         let mut old = vec![SNAPSHOT_FILE_VERSION];
         bincode::serialize_into(
@@ -513,9 +474,8 @@ mod file_tests {
         let dir = tempfile::tempdir().expect("dir");
         let path = dir.path().join("snapshot.bin");
         let meta = SnapshotMeta {
-            last_log_id: Some(LogId::new(openraft::CommittedLeaderId::new(3, 1), 2)),
+            last_log_id: Some(crate::raft::log_id(3, 1, 2)),
             last_membership: StoredMembership::default(),
-            snapshot_id: "3-2-0".into(),
         };
         let bytes = encode_snapshot_file(&meta, &table_with_a_grant(), 0);
         std::fs::write(&path, &bytes).expect("write");
@@ -542,9 +502,8 @@ mod persist_tests {
 
     fn file_at(index: u64) -> Vec<u8> {
         let meta = SnapshotMeta {
-            last_log_id: Some(LogId::new(openraft::CommittedLeaderId::new(1, 1), index)),
+            last_log_id: Some(crate::raft::log_id(1, 1, index)),
             last_membership: StoredMembership::default(),
-            snapshot_id: format!("1-{index}-0"),
         };
         encode_snapshot_file(&meta, &LockTable::new(), 0)
     }
@@ -579,15 +538,14 @@ mod install_crash_tests {
     use super::*;
     use crate::raft::log_store::{open_db, LogStore};
 
-    fn log_id(index: u64) -> LogId<NodeId> {
-        LogId::new(openraft::CommittedLeaderId::new(1, 1), index)
+    fn log_id(index: u64) -> LogId {
+        crate::raft::log_id(1, 1, index)
     }
 
     fn file_at(index: u64) -> Vec<u8> {
         let meta = SnapshotMeta {
             last_log_id: Some(log_id(index)),
             last_membership: StoredMembership::default(),
-            snapshot_id: format!("1-{index}-0"),
         };
         encode_snapshot_file(&meta, &LockTable::new(), 0)
     }

@@ -284,10 +284,9 @@ async fn dev(args: DevArgs) -> anyhow::Result<()> {
     }
     let mut metrics = nodes[0].raft.metrics();
     let elected = tokio::time::timeout(Duration::from_secs(30), async {
-        metrics
-            .wait_for(|m| m.current_leader.is_some())
+        raftlock_node::raft::wait_metrics(&mut metrics, |m| m.current_leader.is_some())
             .await
-            .is_ok()
+            .is_some()
     });
     let stopped_early = tokio::select! {
         r = elected => {

@@ -21,7 +21,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::raft::{Batch, Raft, MAX_BATCH};
+use crate::raft::{Batch, MAX_BATCH};
 use crate::state::limits::WAIT_FOREVER as WAIT_FOREVER_MS;
 use crate::state::{Command, Event, LockName, LockTable, SessionId};
 
@@ -346,8 +346,13 @@ impl Leases {
     }
 
     /// The timer loop: sleeps until the next deadline (or a change) and
-    /// proposes the commands that are due. Runs until the task is dropped.
-    pub async fn run(self: Arc<Self>, raft: Raft) {
+    /// proposes the commands that are due with `propose` (the leader's
+    /// Raft write). Runs until the task is dropped.
+    pub async fn run<P, F>(self: Arc<Self>, propose: P)
+    where
+        P: Fn(Batch) -> F,
+        F: std::future::Future<Output = Result<(), String>> + Send + 'static,
+    {
         loop {
             let next = self.next_deadline();
             let changed = self.changed.notified();
@@ -365,12 +370,12 @@ impl Leases {
             }
             let due = self.take_due(Instant::now());
             for chunk in due.chunks(MAX_BATCH) {
-                let raft = raft.clone();
                 let commands: Vec<Command> = chunk.iter().map(TimerKey::command).collect();
+                let n = commands.len();
+                let proposed = propose(Batch(commands));
                 tokio::spawn(async move {
-                    let n = commands.len();
-                    match raft.client_write(Batch(commands)).await {
-                        Ok(_) => tracing::debug!(n, "expiry commands applied"),
+                    match proposed.await {
+                        Ok(()) => tracing::debug!(n, "expiry commands applied"),
                         Err(e) => {
                             tracing::debug!(n, error = %e, "expiry proposal failed; will retry")
                         }

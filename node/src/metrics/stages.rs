@@ -206,18 +206,37 @@ impl Stages {
         let _ = h.record_n(us, n);
     }
 
-    /// The log store appended entries `first..=last`: started at `start`,
-    /// on stable storage at `done`.
-    pub fn appended(&self, first: u64, last: u64, start: Instant, done: Instant) {
+    /// The log store started appending entries `first..=last` at `start`
+    /// (they are readable, so replication may send them, from now on).
+    pub fn appending(&self, first: u64, last: u64, start: Instant) {
         let mut entries = self.entries.lock().expect("stage entries lock poisoned");
         for index in first..=last {
-            let e = entries.entry(index).or_default();
-            e.append_start.get_or_insert(start);
-            e.append_done = Some(done);
+            // A new append of an index (another leader's entry) starts afresh.
+            entries.insert(
+                index,
+                EntryStamps {
+                    append_start: Some(start),
+                    ..EntryStamps::default()
+                },
+            );
         }
         while entries.len() > MAX_TRACKED {
             entries.pop_first();
         }
+    }
+
+    /// Entries `first..=last` were on stable storage at `done`.
+    pub fn synced(&self, first: u64, last: u64, done: Instant) {
+        self.update(first, last, |e| {
+            e.append_done.get_or_insert(done);
+        });
+    }
+
+    /// An append of `first..=last` from `start` to `done` (both at once,
+    /// for tests and synchronous stores).
+    pub fn appended(&self, first: u64, last: u64, start: Instant, done: Instant) {
+        self.appending(first, last, start);
+        self.synced(first, last, done);
     }
 
     fn update(&self, first: u64, last: u64, mut f: impl FnMut(&mut EntryStamps)) {

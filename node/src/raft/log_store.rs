@@ -3,20 +3,19 @@
 use std::collections::HashSet;
 use std::ffi::OsString;
 use std::fmt::Debug;
+use std::io;
 use std::ops::{Bound, RangeBounds};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::Instant;
 
-use openraft::storage::{LogFlushed, RaftLogStorage};
-use openraft::{
-    Entry, ErrorSubject, ErrorVerb, LogId, LogState, OptionalSend, RaftLogId, RaftLogReader, Vote,
-};
+use openraft::storage::{IOFlushed, RaftLogStorage};
+use openraft::{LogState, OptionalSend, RaftLogReader};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::{io_err, NodeId, StorageError, TypeConfig, FORMAT_VERSION};
+use super::{Entry, LogId, NodeId, TypeConfig, Vote, FORMAT_VERSION};
 use crate::metrics::Metrics;
 
 const KEY_FORMAT: &[u8] = b"format";
@@ -98,16 +97,47 @@ pub(crate) fn sync_dir(dir: &Path) -> std::io::Result<()> {
     std::fs::File::open(dir)?.sync_all()
 }
 
+/// How long opening the database waits for sled's lock on it.
+pub const DB_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// Opens (or creates) the node's sled database and checks its format
 /// version.
 pub fn open_db(path: &std::path::Path) -> anyhow::Result<sled::Db> {
-    let db = sled::Config::new()
-        .path(path)
-        // We flush explicitly where durability matters; the background
-        // flusher only adds writes.
-        .flush_every_ms(None)
-        .open()
-        .map_err(|e| anyhow::anyhow!("cannot open sled database at {}: {e}", path.display()))?;
+    let open = || {
+        sled::Config::new()
+            .path(path)
+            // We flush explicitly where durability matters; the background
+            // flusher only adds writes.
+            .flush_every_ms(None)
+            .open()
+    };
+    // sled locks its file while any of its threads of a closing database
+    // are still finishing (a node restarted in the same process, or a
+    // process restarted at once): wait for that a little, not for a
+    // directory another live node holds.
+    // sled reports its lock as an `Other` error with this text.
+    let locked =
+        |e: &sled::Error| matches!(e, sled::Error::Io(e) if e.to_string().contains("acquire lock"));
+    let deadline = std::time::Instant::now() + DB_LOCK_WAIT;
+    let db = loop {
+        match open() {
+            Err(e) if locked(&e) && std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(e) if locked(&e) => {
+                anyhow::bail!(
+                    "the data directory {} is in use by another process (sled's lock is held \
+                     after {} s): stop the other raftlockd, or give this one its own directory",
+                    path.display(),
+                    DB_LOCK_WAIT.as_secs()
+                )
+            }
+            Err(e) => {
+                anyhow::bail!("cannot open sled database at {}: {e}", path.display())
+            }
+            Ok(db) => break db,
+        }
+    };
     let meta = db.open_tree("meta")?;
     match meta.get(KEY_FORMAT)? {
         None => {
@@ -152,19 +182,85 @@ pub struct LogStore {
     snapshot_floor: Option<Arc<AtomicU64>>,
     /// The last commit index saved, for status.
     committed: Arc<AtomicU64>,
-    /// Where appends are timed (see `metrics::stages`).
-    metrics: Arc<Metrics>,
+    /// Where appends are timed (see `metrics::stages`), shared with the
+    /// sync thread.
+    metrics: Arc<Mutex<Arc<Metrics>>>,
+    /// The thread that makes appends durable and acknowledges them.
+    flusher: Arc<Flusher>,
+}
+
+/// Whether a [`LogStore`] is closed (see [`LogStore::closed`]).
+pub struct StoreClosed(std::sync::Weak<Flusher>);
+
+impl StoreClosed {
+    /// Waits until the store is closed, at most `timeout`; false if it is
+    /// still open then.
+    pub async fn wait(&self, timeout: std::time::Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        while self.0.strong_count() > 0 {
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        true
+    }
+}
+
+/// An append waiting for its sync.
+struct Pending {
+    /// The entries' indexes.
+    first: u64,
+    last: u64,
+    /// Told once the entries are on stable storage.
+    callback: IOFlushed<TypeConfig>,
+}
+
+/// Makes appends durable off the Raft core's path: `append` writes the
+/// entries into sled (readable at once, so replication can send them) and
+/// queues its callback here; one thread takes every queued append, runs
+/// one flush and sync for all of them ([`LogStore::durable`]), and then
+/// calls their callbacks. openraft counts this node's copy of an entry
+/// only from its callback, so the leader replicates while it syncs (Raft
+/// thesis §10.2.1) without ever counting an entry it could still lose.
+///
+/// Writes stay ordered: sled applies every insert, vote and truncation in
+/// call order, and a flush makes everything written before it durable, so
+/// a sync never covers a later write without the earlier ones.
+struct Flusher {
+    /// Where appends queue (`None` once dropped).
+    queue: Mutex<Option<mpsc::Sender<Pending>>>,
+    /// The sync thread, joined when the last handle of the store goes, so
+    /// that its copy of the database is closed before the directory can be
+    /// opened again.
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Drop for Flusher {
+    fn drop(&mut self) {
+        drop(self.queue.lock().map(|mut q| q.take()));
+        if let Ok(mut thread) = self.thread.lock() {
+            if let Some(t) = thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
 }
 
 fn encode<T: Serialize>(v: &T) -> Vec<u8> {
     bincode::serialize(v).expect("openraft types serialize")
 }
 
-fn decode<T: DeserializeOwned>(
-    bytes: &[u8],
-    subject: ErrorSubject<NodeId>,
-) -> Result<T, StorageError> {
-    bincode::deserialize(bytes).map_err(|e| io_err(subject, ErrorVerb::Read, e))
+fn decode<T: DeserializeOwned>(bytes: &[u8]) -> io::Result<T> {
+    bincode::deserialize(bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+/// A sled error as an I/O error.
+fn sled_io(e: sled::Error) -> io::Error {
+    match e {
+        sled::Error::Io(e) => e,
+        e => io::Error::other(e),
+    }
 }
 
 impl LogStore {
@@ -175,16 +271,29 @@ impl LogStore {
         let meta = db.open_tree("meta")?;
         let files = DurableFiles::open(dir)
             .map_err(|e| anyhow::anyhow!("cannot open sled's files in {}: {e}", dir.display()))?;
+        let files = Arc::new(files);
+        let (queue, pending) = mpsc::channel();
         let store = LogStore {
             db,
             log,
             meta,
-            files: Arc::new(files),
+            files,
             snapshot_floor: None,
             committed: Arc::default(),
             metrics: Arc::default(),
+            flusher: Arc::new(Flusher {
+                queue: Mutex::new(Some(queue)),
+                thread: Mutex::new(None),
+            }),
         };
-        let committed: Option<Option<LogId<NodeId>>> = store.get_meta(KEY_COMMITTED)?;
+        let (db, files) = (store.db.clone(), store.files.clone());
+        let metrics = store.metrics_handle();
+        let thread = std::thread::Builder::new()
+            .name("raftlock-log-sync".into())
+            .spawn(move || run_flusher(db, files, metrics, pending))
+            .map_err(|e| anyhow::anyhow!("cannot start the log's sync thread: {e}"))?;
+        *store.flusher.thread.lock().expect("flusher lock poisoned") = Some(thread);
+        let committed: Option<Option<LogId>> = store.get_meta(KEY_COMMITTED)?;
         let index = committed.flatten().map_or(0, |c| c.index);
         store.committed.store(index, Ordering::Relaxed);
         Ok(store)
@@ -193,10 +302,12 @@ impl LogStore {
     /// Never deletes entries the snapshot file on disk does not cover
     /// (`floor`: its last index + 1, as the state-machine store keeps it).
     ///
-    /// openraft 0.9 purges the log up to an installed snapshot as soon as it
-    /// has *sent* the install to the state-machine task, before the
-    /// snapshot is written; a crash in between would leave a node whose
-    /// snapshot is older than its purged log, which cannot restart. So a
+    /// openraft 0.9 purged the log up to an installed snapshot as soon as
+    /// it had *sent* the install to the state-machine task, before the
+    /// snapshot was written; a crash in between would leave a node whose
+    /// snapshot is older than its purged log, which cannot restart. (0.10
+    /// waits for the snapshot before it purges; the store does not rely on
+    /// that ordering.) So a
     /// purge past the persisted snapshot records only what is covered and
     /// leaves the rest for a later purge; openraft never reads below its
     /// own purge point, so the extra entries are only kept, never used,
@@ -207,9 +318,21 @@ impl LogStore {
     }
 
     /// Times appends into `metrics`' write stages.
-    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
-        self.metrics = metrics;
+    pub fn with_metrics(self, metrics: Arc<Metrics>) -> Self {
+        *self.metrics.lock().expect("metrics lock poisoned") = metrics;
         self
+    }
+
+    /// Where the sync thread times appends (set by [`Self::with_metrics`]).
+    fn metrics_handle(&self) -> Arc<Mutex<Arc<Metrics>>> {
+        self.metrics.clone()
+    }
+
+    /// Tells when every handle of this store (openraft's, its replication
+    /// tasks', the cluster identity's) is gone and the database closed, so
+    /// that the directory can be opened again.
+    pub fn closed(&self) -> StoreClosed {
+        StoreClosed(Arc::downgrade(&self.flusher))
     }
 
     /// A shared view of the commit index this store has saved.
@@ -217,44 +340,28 @@ impl LogStore {
         self.committed.clone()
     }
 
-    fn get_meta<T: DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>, StorageError> {
-        let subject = || ErrorSubject::Store;
-        match self
-            .meta
-            .get(key)
-            .map_err(|e| io_err(subject(), ErrorVerb::Read, e))?
-        {
+    fn get_meta<T: DeserializeOwned>(&self, key: &[u8]) -> io::Result<Option<T>> {
+        match self.meta.get(key).map_err(sled_io)? {
             None => Ok(None),
-            Some(bytes) => decode(&bytes, subject()).map(Some),
+            Some(bytes) => decode(&bytes).map(Some),
         }
     }
 
-    /// Makes every write so far durable: sled's flush (which only
-    /// `sync_file_range`s), then a real sync of its files. Runs on a
-    /// blocking thread; the caller acknowledges to openraft only after it.
-    async fn flush(&self, subject: ErrorSubject<NodeId>) -> Result<(), StorageError> {
-        self.durable()
+    /// Makes every write so far durable (see [`durable`]), on a blocking
+    /// thread; the caller acknowledges to openraft only after it.
+    async fn flush(&self) -> io::Result<()> {
+        let (db, files) = (self.db.clone(), self.files.clone());
+        tokio::task::spawn_blocking(move || durable(&db, &files))
             .await
-            .map_err(|e| io_err(subject, ErrorVerb::Write, e))
-    }
-
-    async fn durable(&self) -> std::io::Result<()> {
-        let db = self.db.clone();
-        let files = self.files.clone();
-        tokio::task::spawn_blocking(move || {
-            db.flush().map_err(std::io::Error::other)?;
-            files.sync()
-        })
-        .await
-        .map_err(std::io::Error::other)?
+            .map_err(io::Error::other)?
     }
 
     /// Writes a blank entry at `index` straight into the log (tests only).
     #[cfg(test)]
     pub(crate) fn append_for_tests(&self, index: u64) {
-        let entry: Entry<TypeConfig> = Entry {
-            log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
-            payload: openraft::EntryPayload::Blank,
+        let entry = Entry {
+            log_id: super::log_id(1, 1, index),
+            payload: super::EntryPayload::Blank,
         };
         self.log
             .insert(index.to_be_bytes(), encode(&entry))
@@ -274,7 +381,7 @@ impl LogStore {
             ),
             None => {
                 self.meta.insert(KEY_NODE_ID, encode(&id))?;
-                self.flush(ErrorSubject::Store).await?;
+                self.flush().await?;
                 Ok(())
             }
         }
@@ -282,16 +389,16 @@ impl LogStore {
 
     /// The cluster this node belongs to (`None` until it bootstraps one or
     /// hears from one).
-    pub fn cluster_id(&self) -> Result<Option<u64>, StorageError> {
+    pub fn cluster_id(&self) -> io::Result<Option<u64>> {
         self.get_meta(KEY_CLUSTER_ID)
     }
 
     /// Records (durably) that this node belongs to cluster `id`.
-    pub async fn set_cluster_id(&self, id: u64) -> Result<(), StorageError> {
+    pub async fn set_cluster_id(&self, id: u64) -> io::Result<()> {
         self.meta
             .insert(KEY_CLUSTER_ID, encode(&id))
-            .map_err(|e| io_err(ErrorSubject::Store, ErrorVerb::Write, e))?;
-        self.flush(ErrorSubject::Store).await
+            .map_err(sled_io)?;
+        self.flush().await
     }
 
     /// True if this node has ever voted or logged (so it must not be
@@ -301,11 +408,47 @@ impl LogStore {
     }
 }
 
+/// sled's flush (which only `sync_file_range`s), then a real sync of its
+/// files: everything written before the call is on stable storage after it.
+fn durable(db: &sled::Db, files: &DurableFiles) -> io::Result<()> {
+    db.flush().map_err(sled_io)?;
+    files.sync()
+}
+
+/// The sync thread: waits for an append, takes every append queued by
+/// then, makes them durable with one flush and sync, and acknowledges them
+/// (see [`Flusher`]). Ends when the store is dropped.
+fn run_flusher(
+    db: sled::Db,
+    files: Arc<DurableFiles>,
+    metrics: Arc<Mutex<Arc<Metrics>>>,
+    pending: mpsc::Receiver<Pending>,
+) {
+    while let Ok(first) = pending.recv() {
+        let mut batch = vec![first];
+        batch.extend(pending.try_iter());
+        let result = durable(&db, &files);
+        let done = Instant::now();
+        let metrics = metrics.lock().expect("metrics lock poisoned").clone();
+        for p in batch {
+            match &result {
+                Ok(()) => {
+                    metrics.stages.synced(p.first, p.last, done);
+                    p.callback.io_completed(Ok(()));
+                }
+                Err(e) => p
+                    .callback
+                    .io_completed(Err(io::Error::new(e.kind(), e.to_string()))),
+            }
+        }
+    }
+}
+
 impl RaftLogReader<TypeConfig> for LogStore {
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
         &mut self,
         range: RB,
-    ) -> Result<Vec<Entry<TypeConfig>>, StorageError> {
+    ) -> Result<Vec<Entry>, io::Error> {
         let start = match range.start_bound() {
             Bound::Included(&i) => i,
             Bound::Excluded(&i) => i + 1,
@@ -318,26 +461,25 @@ impl RaftLogReader<TypeConfig> for LogStore {
         };
         let mut out = Vec::new();
         for item in self.log.range((Bound::Included(start.to_be_bytes()), end)) {
-            let (_, v) = item.map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Read, e))?;
-            out.push(decode(&v, ErrorSubject::Logs)?);
+            let (_, v) = item.map_err(sled_io)?;
+            out.push(decode(&v)?);
         }
         Ok(out)
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote>, io::Error> {
+        self.get_meta(KEY_VOTE)
     }
 }
 
 impl RaftLogStorage<TypeConfig> for LogStore {
     type LogReader = LogStore;
 
-    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
-        let last_purged: Option<LogId<NodeId>> = self.get_meta(KEY_LAST_PURGED)?;
-        let last = self
-            .log
-            .last()
-            .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Read, e))?;
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, io::Error> {
+        let last_purged: Option<LogId> = self.get_meta(KEY_LAST_PURGED)?;
+        let last = self.log.last().map_err(sled_io)?;
         let last_log_id = match last {
-            Some((_, v)) => {
-                Some(*decode::<Entry<TypeConfig>>(&v, ErrorSubject::Logs)?.get_log_id())
-            }
+            Some((_, v)) => Some(decode::<Entry>(&v)?.log_id),
             None => last_purged,
         };
         Ok(LogState {
@@ -350,35 +492,24 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.clone()
     }
 
-    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError> {
-        self.meta
-            .insert(KEY_VOTE, encode(vote))
-            .map_err(|e| io_err(ErrorSubject::Vote, ErrorVerb::Write, e))?;
-        self.flush(ErrorSubject::Vote).await
+    async fn save_vote(&mut self, vote: &Vote) -> Result<(), io::Error> {
+        self.meta.insert(KEY_VOTE, encode(vote)).map_err(sled_io)?;
+        self.flush().await
     }
 
-    async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError> {
-        self.get_meta(KEY_VOTE)
-    }
-
-    async fn save_committed(
-        &mut self,
-        committed: Option<LogId<NodeId>>,
-    ) -> Result<(), StorageError> {
+    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), io::Error> {
         // Not flushed on its own: a lost commit marker only means replaying
         // fewer entries at start-up; the leader re-commits the rest.
         self.meta
             .insert(KEY_COMMITTED, encode(&committed))
-            .map_err(|e| io_err(ErrorSubject::Store, ErrorVerb::Write, e))?;
+            .map_err(sled_io)?;
         self.committed
             .store(committed.map_or(0, |c| c.index), Ordering::Relaxed);
         Ok(())
     }
 
-    async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>, StorageError> {
-        let committed = self
-            .get_meta::<Option<LogId<NodeId>>>(KEY_COMMITTED)?
-            .flatten();
+    async fn read_committed(&mut self) -> Result<Option<LogId>, io::Error> {
+        let committed = self.get_meta::<Option<LogId>>(KEY_COMMITTED)?.flatten();
         // openraft re-applies up to this at start-up, so it must not point
         // past the entries this node has: after a crash while a snapshot was
         // being installed, the commit index may already be the snapshot's
@@ -395,24 +526,25 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn append<I>(
         &mut self,
         entries: I,
-        callback: LogFlushed<TypeConfig>,
-    ) -> Result<(), StorageError>
+        callback: IOFlushed<TypeConfig>,
+    ) -> Result<(), io::Error>
     where
-        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        // One batch, one flush, then the acknowledgement: the flush is the
-        // cost of an append, so it is paid once per batch, not per entry.
-        let start = Instant::now();
+        let submitted = Instant::now();
         let mut encoded: Vec<([u8; 8], Vec<u8>)> = entries
             .into_iter()
-            .map(|entry| (entry.get_log_id().index.to_be_bytes(), encode(&entry)))
+            .map(|entry| (entry.log_id.index.to_be_bytes(), encode(&entry)))
             .collect();
-        let indexes = match (encoded.first(), encoded.last()) {
+        let (first, last) = match (encoded.first(), encoded.last()) {
             (Some((first, _)), Some((last, _))) => {
-                Some((u64::from_be_bytes(*first), u64::from_be_bytes(*last)))
+                (u64::from_be_bytes(*first), u64::from_be_bytes(*last))
             }
-            _ => None,
+            _ => {
+                callback.io_completed(Ok(()));
+                return Ok(());
+            }
         };
         // One entry (the usual case: a batch of commands) is one sled
         // write. Several go in as one atomic sled batch, so that a crash
@@ -430,37 +562,37 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             }
             self.log.apply_batch(batch)
         };
-        written.map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Write, e))?;
-        match self.durable().await {
-            Ok(()) => {
-                if let Some((first, last)) = indexes {
-                    let stages = &self.metrics.stages;
-                    stages.appended(first, last, start, Instant::now());
-                }
-                callback.log_io_completed(Ok(()));
-                Ok(())
-            }
-            Err(e) => {
-                let msg = e.to_string();
-                callback.log_io_completed(Err(std::io::Error::other(msg)));
-                Err(io_err(ErrorSubject::Logs, ErrorVerb::Write, e))
-            }
+        written.map_err(sled_io)?;
+        let metrics = self.metrics.lock().expect("metrics lock poisoned").clone();
+        metrics.stages.appending(first, last, submitted);
+        // Readable now; durable (and acknowledged) once the sync thread has
+        // synced it.
+        let pending = Pending {
+            first,
+            last,
+            callback,
+        };
+        let queue = self.flusher.queue.lock().expect("flusher lock poisoned");
+        match queue.as_ref().map(|q| q.send(pending)) {
+            Some(Ok(())) => Ok(()),
+            _ => Err(io::Error::other("the log's sync thread stopped")),
         }
     }
 
-    async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError> {
+    async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> Result<(), io::Error> {
+        let from = last_log_id.map_or(0, |l| l.index + 1);
+        // From the end backward would also leave no hole; one atomic batch
+        // does not even leave a shorter log half-way.
         let mut batch = sled::Batch::default();
-        for item in self.log.range(log_id.index.to_be_bytes()..) {
-            let (k, _) = item.map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Read, e))?;
+        for item in self.log.range(from.to_be_bytes()..) {
+            let (k, _) = item.map_err(sled_io)?;
             batch.remove(k);
         }
-        self.log
-            .apply_batch(batch)
-            .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Delete, e))?;
-        self.flush(ErrorSubject::Logs).await
+        self.log.apply_batch(batch).map_err(sled_io)?;
+        self.flush().await
     }
 
-    async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError> {
+    async fn purge(&mut self, log_id: LogId) -> Result<(), io::Error> {
         // Only what the snapshot on disk covers (see `with_snapshot_floor`).
         let log_id = match &self.snapshot_floor {
             None => log_id,
@@ -472,14 +604,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                     let Some(upto) = covered.checked_sub(1) else {
                         return Ok(());
                     };
-                    match self
-                        .log
-                        .get(upto.to_be_bytes())
-                        .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Read, e))?
-                    {
-                        Some(v) => {
-                            *decode::<Entry<TypeConfig>>(&v, ErrorSubject::Logs)?.get_log_id()
-                        }
+                    match self.log.get(upto.to_be_bytes()).map_err(sled_io)? {
+                        Some(v) => decode::<Entry>(&v)?.log_id,
                         // Gone already: nothing more to purge now.
                         None => return Ok(()),
                     }
@@ -490,23 +616,21 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // leaves extra entries below it, which are ignored, never a gap.
         self.meta
             .insert(KEY_LAST_PURGED, encode(&log_id))
-            .map_err(|e| io_err(ErrorSubject::Store, ErrorVerb::Write, e))?;
-        self.flush(ErrorSubject::Store).await?;
+            .map_err(sled_io)?;
+        self.flush().await?;
         let mut batch = sled::Batch::default();
         for item in self.log.range(..=log_id.index.to_be_bytes()) {
-            let (k, _) = item.map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Read, e))?;
+            let (k, _) = item.map_err(sled_io)?;
             batch.remove(k);
         }
-        self.log
-            .apply_batch(batch)
-            .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Delete, e))?;
-        self.flush(ErrorSubject::Logs).await
+        self.log.apply_batch(batch).map_err(sled_io)?;
+        self.flush().await
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use openraft::testing::{StoreBuilder, Suite};
+    use openraft::testing::log::{StoreBuilder, Suite};
     use openraft::StorageError;
 
     use super::*;
@@ -517,7 +641,7 @@ mod tests {
     impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, tempfile::TempDir> for Builder {
         async fn build(
             &self,
-        ) -> Result<(tempfile::TempDir, LogStore, StateMachineStore), StorageError<NodeId>>
+        ) -> Result<(tempfile::TempDir, LogStore, StateMachineStore), StorageError<TypeConfig>>
         {
             let dir = tempfile::tempdir().expect("tempdir");
             let db = open_db(dir.path()).expect("open");
@@ -548,6 +672,21 @@ mod tests {
         }
     }
 
+    /// A directory another live database holds is refused after
+    /// `DB_LOCK_WAIT`, saying so.
+    #[test]
+    fn a_directory_in_use_is_refused_after_a_wait() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let _held = open_db(dir.path()).expect("open");
+        let start = std::time::Instant::now();
+        let err = open_db(dir.path()).expect_err("held");
+        assert!(start.elapsed() >= DB_LOCK_WAIT);
+        assert!(
+            format!("{err:#}").contains("in use by another process"),
+            "{err:#}"
+        );
+    }
+
     /// A data directory of another format version (e.g. 3, whose members
     /// had one address) is refused with the steps to move its data, and
     /// left as it was.
@@ -576,10 +715,10 @@ mod tests {
         assert_eq!(found.as_deref(), Some(&3u64.to_be_bytes()[..]));
     }
 
-    fn blank(index: u64) -> Entry<TypeConfig> {
+    fn blank(index: u64) -> Entry {
         Entry {
-            log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
-            payload: openraft::EntryPayload::Blank,
+            log_id: crate::raft::log_id(1, 1, index),
+            payload: crate::raft::EntryPayload::Blank,
         }
     }
 
@@ -601,9 +740,8 @@ mod tests {
                 .insert(i.to_be_bytes(), encode(&blank(i)))
                 .expect("insert");
         }
-        let indexes = |entries: Vec<Entry<TypeConfig>>| -> Vec<u64> {
-            entries.iter().map(|e| e.log_id.index).collect()
-        };
+        let indexes =
+            |entries: Vec<Entry>| -> Vec<u64> { entries.iter().map(|e| e.log_id.index).collect() };
         // No snapshot on disk yet: a purge to 8 deletes nothing.
         store.purge(blank(8).log_id).await.expect("purge");
         assert_eq!(
@@ -659,8 +797,8 @@ mod tests {
     }
 
     /// openraft's own conformance suite for storage implementations.
-    #[test]
-    fn openraft_storage_suite() {
-        Suite::test_all(Builder).expect("suite passes");
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn openraft_storage_suite() {
+        Suite::test_all(Builder).await.expect("suite passes");
     }
 }

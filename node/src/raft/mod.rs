@@ -19,15 +19,9 @@
 //! written to a temporary name, synced, renamed and the directory synced.
 //! sled's background flusher is off and never relied on.
 
-// openraft's error types are large and its traits return them by value; our
-// helpers follow the traits rather than box what openraft will unbox.
-#![allow(clippy::result_large_err)]
-
 pub mod identity;
 pub mod log_store;
 pub mod network;
-
-use std::io::Cursor;
 
 use serde::{Deserialize, Serialize};
 
@@ -37,16 +31,71 @@ use crate::state::{Command, Response};
 pub type NodeId = u64;
 
 openraft::declare_raft_types!(
-    /// raftlock's openraft type configuration.
+    /// raftlock's openraft type configuration: terms and leader ids as
+    /// openraft's defaults (`u64`, the "advanced" leader id of term and node,
+    /// several leaders per term impossible by election), entries carrying a
+    /// [`Batch`], members with [`NodeAddrs`].
     pub TypeConfig:
         D = Batch,
         R = Applied,
         NodeId = NodeId,
         Node = NodeAddrs,
-        Entry = openraft::Entry<TypeConfig>,
-        SnapshotData = Cursor<Vec<u8>>,
-        AsyncRuntime = openraft::TokioRuntime,
 );
+
+/// A log id (the leader that proposed the entry, and its index).
+pub type LogId = openraft::type_config::alias::LogIdOf<TypeConfig>;
+/// The leader id a log id carries (term and node).
+pub type CommittedLeaderId = openraft::type_config::alias::CommittedLeaderIdOf<TypeConfig>;
+/// A log entry.
+pub type Entry = openraft::type_config::alias::EntryOf<TypeConfig>;
+/// An entry's payload.
+pub type EntryPayload = openraft::type_config::alias::EntryPayloadOf<TypeConfig>;
+/// A vote (term, candidate, whether a quorum granted it).
+pub type Vote = openraft::type_config::alias::VoteOf<TypeConfig>;
+/// A membership and the log id that set it.
+pub type StoredMembership = openraft::type_config::alias::StoredMembershipOf<TypeConfig>;
+/// What a snapshot covers.
+pub type SnapshotMeta = openraft::type_config::alias::SnapshotMetaOf<TypeConfig>;
+/// A snapshot as openraft hands it around: its meta and the file's bytes.
+pub type Snapshot = openraft::type_config::alias::SnapshotOf<TypeConfig, SnapshotData>;
+/// A snapshot's data: the bytes of a snapshot file.
+pub type SnapshotData = Vec<u8>;
+/// openraft's metrics of one node.
+pub type RaftMetrics = openraft::RaftMetrics<TypeConfig>;
+
+pub use openraft::async_runtime::WatchReceiver;
+
+/// openraft's metrics of one node, as a watch channel
+/// (`raft.metrics()`; read it with [`WatchReceiver::borrow_watched`]).
+pub type MetricsWatch = openraft::type_config::alias::WatchReceiverOf<TypeConfig, RaftMetrics>;
+
+/// Waits until `pred` holds for the metrics in `rx`, and returns them;
+/// `None` if Raft stopped first.
+pub async fn wait_metrics(
+    rx: &mut MetricsWatch,
+    mut pred: impl FnMut(&RaftMetrics) -> bool,
+) -> Option<RaftMetrics> {
+    loop {
+        {
+            let m = rx.borrow_and_update();
+            if pred(&m) {
+                return Some(m.clone());
+            }
+        }
+        rx.changed().await.ok()?;
+    }
+}
+
+/// The log id of the entry at `index` proposed by `node` in `term`.
+pub fn log_id(term: u64, node: NodeId, index: u64) -> LogId {
+    LogId::new(
+        CommittedLeaderId {
+            term,
+            node_id: node,
+        },
+        index,
+    )
+}
 
 /// A member's addresses, as the membership replicates them.
 ///
@@ -123,6 +172,12 @@ pub fn valid_addr(addr: &str) -> bool {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Batch(pub Vec<Command>);
 
+impl std::fmt::Display for Batch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "batch of {} command(s)", self.0.len())
+    }
+}
+
 /// Command-index slots per log entry; a batch holds at most this many
 /// commands.
 pub const BATCH_SLOTS: u64 = 1024;
@@ -154,16 +209,35 @@ pub struct Applied {
     pub responses: Vec<Response>,
 }
 
+impl std::fmt::Display for Applied {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "entry {}: {} response(s)",
+            self.index,
+            self.responses.len()
+        )
+    }
+}
+
 /// Largest Raft message a node decodes. An `AppendEntries` carries at most
 /// [`MAX_PAYLOAD_ENTRIES`](crate::node::MAX_PAYLOAD_ENTRIES) entries of at most
 /// [`MAX_BATCH_BYTES`](crate::api::batcher::MAX_BATCH_BYTES) (plus one
 /// command, at most a restore part) each, about 6.3 MiB; an
-/// `InstallSnapshot` one chunk of [`SNAPSHOT_CHUNK_BYTES`](crate::node::SNAPSHOT_CHUNK_BYTES). Anything larger
+/// `InstallSnapshot` one chunk of [`SNAPSHOT_CHUNK_BYTES`]. Anything larger
 /// is refused (`OUT_OF_RANGE`) before it is read into memory.
 pub const MAX_RAFT_MESSAGE_BYTES: usize = 16 << 20;
 
-/// The openraft handle used throughout the node.
-pub type Raft = openraft::Raft<TypeConfig>;
+/// Bytes of snapshot in one `InstallSnapshot` message: the leader streams
+/// a snapshot file in chunks of this size, each well under a peer's
+/// message limit.
+pub const SNAPSHOT_CHUNK_BYTES: u64 = 4 << 20;
+const _: () = assert!((SNAPSHOT_CHUNK_BYTES as usize) * 2 < MAX_RAFT_MESSAGE_BYTES);
+
+/// Largest snapshot a node takes from a leader (`InstallSnapshot`, a
+/// stream of messages of at most [`MAX_RAFT_MESSAGE_BYTES`]); a table that
+/// large is far past every limit of the lock table.
+pub const MAX_SNAPSHOT_BYTES: usize = 2 << 30;
 
 /// On-disk format version written to `meta/format`. A node refuses to open
 /// a data directory with another version, saying how to move its data (a
@@ -172,15 +246,3 @@ pub type Raft = openraft::Raft<TypeConfig>;
 /// files a checksum. Version 4: members carry a client and a peer address
 /// ([`NodeAddrs`]).
 pub const FORMAT_VERSION: u64 = 4;
-
-/// A storage failure inside openraft's traits.
-pub type StorageError = openraft::StorageError<NodeId>;
-
-/// Wraps any error as an openraft storage I/O error.
-pub(crate) fn io_err(
-    subject: openraft::ErrorSubject<NodeId>,
-    verb: openraft::ErrorVerb,
-    e: impl std::error::Error + 'static,
-) -> StorageError {
-    openraft::StorageIOError::new(subject, verb, openraft::AnyError::new(&e)).into()
-}

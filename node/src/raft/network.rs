@@ -1,16 +1,14 @@
 //! Outgoing Raft RPCs over gRPC, one reused HTTP/2 channel per peer.
 
 use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use openraft::error::{
-    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
-};
-use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::error::{NetworkError, RPCError, ReplicationClosed, StreamingError, Unreachable};
+use openraft::network::{Backoff, RPCOption, RaftNetworkFactory, RaftNetworkV2};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
-    VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
 };
 use raftlock_proto::v1 as pb;
 use raftlock_proto::v1::raft_client::RaftClient;
@@ -18,7 +16,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tonic::transport::{Channel, Endpoint};
 
-use super::{NodeAddrs, NodeId, TypeConfig};
+use super::{NodeAddrs, NodeId, Snapshot, SnapshotData, TypeConfig, Vote};
 use crate::auth::Auth;
 use crate::metrics::{Metrics, RaftRpc as Rpc};
 
@@ -118,50 +116,27 @@ pub struct Peer {
 #[error("{0}")]
 struct Msg(String);
 
+/// An RPC's failure, as openraft takes it.
+type RpcError = RPCError<TypeConfig>;
+
 impl Peer {
-    /// Sends one RPC and counts it in the metrics if it fails.
-    async fn call<Req, Resp, E>(
-        &mut self,
-        rpc: Rpc,
-        req: &Req,
-        option: &RPCOption,
-    ) -> Result<Resp, RPCError<NodeId, NodeAddrs, RaftError<NodeId, E>>>
-    where
-        Req: Serialize,
-        Resp: DeserializeOwned,
-        E: std::error::Error + DeserializeOwned,
-    {
-        let result = self.call_inner(rpc, req, option).await;
-        if result.is_err() {
-            self.metrics.raft_rpc_error(rpc);
-        }
-        result
+    fn channel(&self) -> Result<Channel, RpcError> {
+        self.channel
+            .as_ref()
+            .map_err(|e| RPCError::Unreachable(Unreachable::new(&Msg(e.clone()))))
+            .cloned()
     }
 
-    async fn call_inner<Req, Resp, E>(
-        &mut self,
-        rpc: Rpc,
-        req: &Req,
-        option: &RPCOption,
-    ) -> Result<Resp, RPCError<NodeId, NodeAddrs, RaftError<NodeId, E>>>
-    where
-        Req: Serialize,
-        Resp: DeserializeOwned,
-        E: std::error::Error + DeserializeOwned,
-    {
-        let channel = self
-            .channel
-            .as_ref()
-            .map_err(|e| RPCError::Unreachable(Unreachable::new(&Msg(e.clone()))))?
-            .clone();
-        let data = bincode::serialize(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let mut client = RaftClient::new(channel)
+    fn client(&self) -> Result<RaftClient<Channel>, RpcError> {
+        Ok(RaftClient::new(self.channel()?)
             .max_decoding_message_size(super::MAX_RAFT_MESSAGE_BYTES)
-            .max_encoding_message_size(super::MAX_RAFT_MESSAGE_BYTES);
-        let mut request = tonic::Request::new(pb::RaftMessage {
-            data,
-            error: Vec::new(),
-        });
+            .max_encoding_message_size(super::MAX_RAFT_MESSAGE_BYTES))
+    }
+
+    /// A request carrying `message` and this node's credentials: the
+    /// cluster id and, with access control on, the peer token.
+    fn request<T>(&self, message: T) -> Result<tonic::Request<T>, RpcError> {
+        let mut request = tonic::Request::new(message);
         if let Some(id) = self.cluster.as_ref().and_then(|c| c.header()) {
             request
                 .metadata_mut()
@@ -175,11 +150,63 @@ impl Peer {
                 .metadata_mut()
                 .insert(crate::auth::AUTHORIZATION, value);
         }
+        Ok(request)
+    }
+
+    /// What a failed gRPC call means to openraft: a peer that does not
+    /// answer is unreachable (openraft backs off), anything else a network
+    /// error (retried at once).
+    fn failed(&self, status: &tonic::Status) -> RpcError {
+        let err = Msg(format!(
+            "rpc to node {} at {}: {status}",
+            self.target, self.node.peer_addr
+        ));
+        if status.code() == tonic::Code::Unavailable {
+            RPCError::Unreachable(Unreachable::new(&err))
+        } else {
+            RPCError::Network(NetworkError::new(&err))
+        }
+    }
+
+    /// Sends one unary RPC and counts it in the metrics if it fails.
+    async fn call<Req, Resp>(
+        &mut self,
+        rpc: Rpc,
+        req: &Req,
+        option: &RPCOption,
+    ) -> Result<Resp, RpcError>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+    {
+        let result = self.call_inner(rpc, req, option).await;
+        if result.is_err() {
+            self.metrics.raft_rpc_error(rpc);
+        }
+        result
+    }
+
+    async fn call_inner<Req, Resp>(
+        &mut self,
+        rpc: Rpc,
+        req: &Req,
+        option: &RPCOption,
+    ) -> Result<Resp, RpcError>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+    {
+        let data = bincode::serialize(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let mut client = self.client()?;
+        let request = self.request(pb::RaftMessage {
+            data,
+            error: Vec::new(),
+        })?;
         let fut = async {
             match rpc {
                 Rpc::AppendEntries => client.append_entries(request).await,
-                Rpc::InstallSnapshot => client.install_snapshot(request).await,
                 Rpc::Vote => client.vote(request).await,
+                Rpc::InstallSnapshot => Err(tonic::Status::internal("snapshots are streamed")),
             }
         };
         let resp = match tokio::time::timeout(option.hard_ttl(), fut).await {
@@ -190,38 +217,38 @@ impl Peer {
                     option.hard_ttl()
                 )))))
             }
-            Ok(Err(status)) => {
-                let err = Msg(format!(
-                    "rpc to node {} at {}: {status}",
-                    self.target, self.node.addr
-                ));
-                return Err(if status.code() == tonic::Code::Unavailable {
-                    RPCError::Unreachable(Unreachable::new(&err))
-                } else {
-                    RPCError::Network(NetworkError::new(&err))
-                });
-            }
+            Ok(Err(status)) => return Err(self.failed(&status)),
             Ok(Ok(resp)) => resp.into_inner(),
         };
-        if !resp.error.is_empty() {
-            let e: RaftError<NodeId, E> = bincode::deserialize(&resp.error)
-                .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-            return Err(RPCError::RemoteError(RemoteError::new_with_node(
-                self.target,
-                self.node.clone(),
-                e,
-            )));
-        }
-        bincode::deserialize(&resp.data).map_err(|e| RPCError::Network(NetworkError::new(&e)))
+        decode_reply(self.target, &resp)
     }
 }
 
-impl RaftNetwork<TypeConfig> for Peer {
+/// openraft's answer in a `RaftMessage`: the value in `data`, or, from a
+/// node whose Raft has stopped, its error in `error` (then it cannot
+/// answer: unreachable, as far as openraft is concerned).
+fn decode_reply<Resp: DeserializeOwned>(
+    target: NodeId,
+    resp: &pb::RaftMessage,
+) -> Result<Resp, RpcError> {
+    if !resp.error.is_empty() {
+        let e: openraft::error::RaftError<TypeConfig> = bincode::deserialize(&resp.error)
+            .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        return Err(RPCError::Unreachable(Unreachable::new(&Msg(format!(
+            "node {target}: {e}"
+        )))));
+    }
+    bincode::deserialize(&resp.data).map_err(|e| RPCError::Network(NetworkError::new(&e)))
+}
+
+impl RaftNetworkV2<TypeConfig> for Peer {
+    type SnapshotData = SnapshotData;
+
     async fn append_entries(
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, NodeAddrs, RaftError<NodeId>>> {
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RpcError> {
         let carried = match (rpc.entries.first(), rpc.entries.last()) {
             (Some(first), Some(last)) => Some((first.log_id.index, last.log_id.index)),
             _ => None,
@@ -243,27 +270,86 @@ impl RaftNetwork<TypeConfig> for Peer {
         Ok(resp)
     }
 
-    async fn install_snapshot(
-        &mut self,
-        rpc: InstallSnapshotRequest<TypeConfig>,
-        option: RPCOption,
-    ) -> Result<
-        InstallSnapshotResponse<NodeId>,
-        RPCError<NodeId, NodeAddrs, RaftError<NodeId, InstallSnapshotError>>,
-    > {
-        self.call(Rpc::InstallSnapshot, &rpc, &option).await
-    }
-
     async fn vote(
         &mut self,
-        rpc: VoteRequest<NodeId>,
+        rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, NodeAddrs, RaftError<NodeId>>> {
+    ) -> Result<VoteResponse<TypeConfig>, RpcError> {
         self.call(Rpc::Vote, &rpc, &option).await
     }
 
-    fn backoff(&self) -> openraft::network::Backoff {
+    /// Streams the snapshot: a first message with the vote and the
+    /// snapshot's meta, then the file's bytes in chunks of
+    /// [`SNAPSHOT_CHUNK_BYTES`](super::SNAPSHOT_CHUNK_BYTES), each a
+    /// message well under the peer's message limit.
+    async fn full_snapshot(
+        &mut self,
+        vote: Vote,
+        snapshot: Snapshot,
+        cancel: impl Future<Output = ReplicationClosed> + openraft::OptionalSend + 'static,
+        option: RPCOption,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        let _ = option;
+        let result = self.send_snapshot(vote, snapshot, cancel).await;
+        if result.is_err() {
+            self.metrics.raft_rpc_error(Rpc::InstallSnapshot);
+        }
+        result
+    }
+
+    fn backoff(&self) -> Option<Backoff> {
         // A peer that is down is retried every 200 ms, so it rejoins quickly.
-        openraft::network::Backoff::new(std::iter::repeat(Duration::from_millis(200)))
+        Some(Backoff::new(std::iter::repeat(Duration::from_millis(200))))
+    }
+}
+
+impl Peer {
+    async fn send_snapshot(
+        &mut self,
+        vote: Vote,
+        snapshot: Snapshot,
+        cancel: impl Future<Output = ReplicationClosed> + Send + 'static,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        let net = |e: &dyn std::fmt::Display| {
+            StreamingError::Network(NetworkError::new(&Msg(format!(
+                "snapshot to node {}: {e}",
+                self.target
+            ))))
+        };
+        let head = bincode::serialize(&(&vote, &snapshot.meta)).map_err(|e| net(&e))?;
+        let chunk = super::SNAPSHOT_CHUNK_BYTES as usize;
+        let data = snapshot.snapshot;
+        let messages = std::iter::once(head)
+            .chain(
+                (0..data.len())
+                    .step_by(chunk)
+                    .map(move |at| data[at..(at + chunk).min(data.len())].to_vec()),
+            )
+            .map(|data| pb::RaftMessage {
+                data,
+                error: Vec::new(),
+            });
+        let mut client = self.client().map_err(|e| net(&e))?;
+        let request = self
+            .request(tokio_stream::iter(messages))
+            .map_err(|e| net(&e))?;
+        // No deadline for the whole transfer (a large table takes a while):
+        // openraft cancels it when it gives up on it, and the channel's
+        // HTTP/2 keep-alive ends it when the peer is gone.
+        let send = client.install_snapshot(request);
+        let resp = tokio::select! {
+            closed = cancel => return Err(StreamingError::Closed(closed)),
+            resp = send => resp,
+        };
+        let resp = match resp {
+            Err(status) => {
+                return Err(match self.failed(&status) {
+                    RPCError::Unreachable(u) => StreamingError::Unreachable(u),
+                    other => net(&other),
+                })
+            }
+            Ok(resp) => resp.into_inner(),
+        };
+        decode_reply(self.target, &resp).map_err(|e| net(&e))
     }
 }

@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use raftlock_node::raft::WatchReceiver as _;
 use raftlock_proto::v1 as pb;
 use raftlock_testkit::{eventually, locks_at, TestCluster, WAIT};
 use tonic::Code;
@@ -14,7 +15,7 @@ use tonic::Code;
 fn leader_among(cluster: &TestCluster, ids: &[u64]) -> Option<u64> {
     ids.iter().copied().find(|&id| {
         let node = cluster.node(id);
-        let m = node.raft.metrics().borrow().clone();
+        let m = node.raft.metrics().borrow_watched().clone();
         m.current_leader == Some(id)
             && m.state == openraft::ServerState::Leader
             && node.shared.leases.is_active()
@@ -82,7 +83,7 @@ async fn an_isolated_leader_commits_nothing_and_the_majority_goes_on() {
     eventually("the old leader to follow and catch up", WAIT, || async {
         let index = cluster.applied(new);
         let agree = cluster.running().into_iter().all(|id| {
-            let m = cluster.node(id).raft.metrics().borrow().clone();
+            let m = cluster.node(id).raft.metrics().borrow_watched().clone();
             m.current_leader == Some(new) && cluster.applied(id) >= index
         });
         agree.then_some(())
@@ -135,7 +136,14 @@ async fn a_minority_side_cannot_elect_or_grant_until_the_heal() {
         let leaders: Vec<Option<u64>> = cluster
             .running()
             .into_iter()
-            .map(|id| cluster.node(id).raft.metrics().borrow().current_leader)
+            .map(|id| {
+                cluster
+                    .node(id)
+                    .raft
+                    .metrics()
+                    .borrow_watched()
+                    .current_leader
+            })
             .collect();
         (leaders.iter().all(|l| *l == leaders[0]) && leaders[0].is_some()).then_some(())
     })

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use raftlock_client::proto::{ListRequest, LockInfo, StatusResponse, WatchRequest};
 use raftlock_client::{Client, Guard, Session};
+use raftlock_node::raft::WatchReceiver as _;
 use raftlock_testkit::{eventually, locks_at, status_at, TestCluster};
 use tokio::task::JoinHandle;
 use tonic::Code;
@@ -113,7 +114,7 @@ async fn churn_until_purged(cluster: &TestCluster, client: &Client, id: u64) -> 
     let raft = cluster.node(id).raft.clone();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
-        let m = raft.metrics().borrow().clone();
+        let m = raft.metrics().borrow_watched().clone();
         if let Some(purged) = m.snapshot.and(m.purged).map(|p| p.index).filter(|p| *p > 0) {
             return purged;
         }
@@ -149,7 +150,7 @@ async fn a_new_node_catches_up_through_a_snapshot() {
 
     let leader = cluster.leader().await;
     cluster.wait_applied(id, cluster.applied(leader)).await;
-    let installed = cluster.node(id).raft.metrics().borrow().snapshot;
+    let installed = cluster.node(id).raft.metrics().borrow_watched().snapshot;
     let installed = installed.expect("the new node has a snapshot").index;
     assert!(
         installed >= purged,
@@ -239,7 +240,7 @@ async fn nodes_restart_with_the_same_state_after_snapshots_and_purges() {
         "the restarted node to report its snapshot",
         Duration::from_secs(10),
         || {
-            let snapshot = raft.metrics().borrow().snapshot;
+            let snapshot = raft.metrics().borrow_watched().snapshot;
             async move { snapshot.map(|_| ()) }
         },
     )

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use raftlock_client::Session;
 use raftlock_node::metrics::Counter;
+use raftlock_node::raft::WatchReceiver as _;
 use raftlock_testkit::{eventually, TestCluster};
 
 /// Sessions on one client.
@@ -63,7 +64,7 @@ async fn the_shared_stream_moves_to_a_new_leader_and_no_lease_lapses() {
             .filter(|&id| id != old)
             .find(|&id| {
                 let node = cluster.node(id);
-                node.raft.metrics().borrow().current_leader == Some(id)
+                node.raft.metrics().borrow_watched().current_leader == Some(id)
                     && node.shared.leases.is_active()
             })
     })

@@ -77,3 +77,23 @@ async fn a_peer_from_another_cluster_is_refused() {
     s.lock("identity/x").await.expect("lock");
     cluster.shutdown().await;
 }
+
+/// A stopped node's directory opens again at once (openraft's tasks and
+/// sled's threads let go of it; opening waits for sled's lock a moment).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_opens_again_as_soon_as_its_node_has_stopped() {
+    let dir = tempfile::tempdir().expect("dir");
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    let node = Node::start(options(1, &addr, dir.path(), true), listener)
+        .await
+        .expect("node 1 starts");
+    node.shutdown().await;
+    for i in 0..10 {
+        let listener = TcpListener::bind(&addr).await.expect("bind again");
+        match Node::start(options(1, &addr, dir.path(), false), listener).await {
+            Ok(node) => node.shutdown().await,
+            Err(e) => panic!("round {i}: {e:#}"),
+        }
+    }
+}
