@@ -550,17 +550,25 @@ async fn follow_leadership(
     // until it hears from them, so also look at the clock.
     let mut tick = tokio::time::interval(quorum_timeout / 2);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Since when this node has led its current term (a leader that has
+    // never heard from a quorum counts from there).
+    let mut leading_since: Option<(u64, std::time::Instant)> = None;
     loop {
         let (leading, term, has_leader, quorum_lost) = {
             let m = metrics.borrow_and_update();
             let leading = m.state == ServerState::Leader && m.current_leader == Some(id);
+            if !leading {
+                leading_since = None;
+            } else if leading_since.is_none_or(|(t, _)| t != m.current_term) {
+                leading_since = Some((m.current_term, std::time::Instant::now()));
+            }
             // Single-node clusters have no one to ack; they never lose quorum.
             let voters = m.membership_config.membership().voter_ids().count();
-            let quorum_lost = leading
-                && voters > 1
-                && m.last_quorum_acked
-                    .as_ref()
-                    .is_some_and(|at| openraft::Instant::elapsed(&**at) > quorum_timeout);
+            let silent = match &m.last_quorum_acked {
+                Some(at) => openraft::Instant::elapsed(&**at),
+                None => leading_since.map_or(Duration::ZERO, |(_, since)| since.elapsed()),
+            };
+            let quorum_lost = leading && voters > 1 && silent > quorum_timeout;
             (
                 leading,
                 m.current_term,

@@ -153,6 +153,7 @@ async fn run(raft: Raft, metrics: Arc<Metrics>, mut rx: mpsc::Receiver<Pending>)
                 commands.push(p.command);
                 replies.push(p.reply);
             }
+            wait_for_lease(&raft).await;
             match raft.client_write(Batch(commands)).await {
                 Ok(resp) => {
                     let responded = Instant::now();
@@ -173,6 +174,7 @@ async fn run(raft: Raft, metrics: Arc<Metrics>, mut rx: mpsc::Receiver<Pending>)
                     }
                 }
                 Err(e) => {
+                    tracing::debug!(error = %e, "a batch was not written");
                     let e = Error::from(e);
                     for reply in replies {
                         let _ = reply.send(Err(e.clone()));
@@ -182,6 +184,33 @@ async fn run(raft: Raft, metrics: Arc<Metrics>, mut rx: mpsc::Receiver<Pending>)
             drop(permit);
         });
     }
+}
+
+/// How long a proposal waits for a newly elected leader's first quorum
+/// acknowledgement.
+pub const LEASE_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Waits (at most [`LEASE_WAIT`]) until this leader has heard from a quorum
+/// in its term. openraft 0.10 refuses a leader's writes until then (as "not
+/// the leader": it cannot know it still leads), which right after an
+/// election would turn away the first requests the new leader gets. A
+/// leader that heard from a quorum once and then lost it is refused at once
+/// (by openraft, as before), not held here.
+async fn wait_for_lease(raft: &Raft) {
+    let unconfirmed = |m: &crate::raft::RaftMetrics| {
+        m.state == openraft::ServerState::Leader
+            && m.last_quorum_acked.is_none()
+            && m.membership_config.membership().voter_ids().count() > 1
+    };
+    let mut metrics = raft.metrics();
+    if !unconfirmed(&metrics.borrow_watched()) {
+        return;
+    }
+    let _ = tokio::time::timeout(
+        LEASE_WAIT,
+        crate::raft::wait_metrics(&mut metrics, |m| !unconfirmed(m)),
+    )
+    .await;
 }
 
 #[cfg(test)]
