@@ -359,6 +359,7 @@ impl Node {
                     opts.auth.clone(),
                     cluster.clone(),
                     shared.metrics.clone(),
+                    stop_rx.clone(),
                 ))
                 .max_decoding_message_size(crate::raft::MAX_RAFT_MESSAGE_BYTES)
                 .max_encoding_message_size(crate::raft::MAX_RAFT_MESSAGE_BYTES),
@@ -464,7 +465,14 @@ impl Node {
             t.abort();
         }
         let _ = self.raft.shutdown().await;
-        let _ = tokio::time::timeout(Duration::from_secs(5), self.server).await;
+        let mut server = self.server;
+        if tokio::time::timeout(Duration::from_secs(5), &mut server)
+            .await
+            .is_err()
+        {
+            tracing::warn!("requests still open 5 s after shutdown; cutting them off");
+            server.abort();
+        }
         Self::closed(self.raft, self.log_closed).await;
     }
 
@@ -474,6 +482,7 @@ impl Node {
     /// down; requests on them fail with `UNAVAILABLE`. Used by tests.
     /// Returns once the data directory is closed.
     pub async fn kill(self) {
+        let _ = self.stop.send(true);
         self.server.abort();
         self.shared
             .stopping
@@ -656,7 +665,11 @@ mod tests {
         let addr = listener.local_addr().expect("addr");
         let mut accepted = Box::pin(incoming(listener));
         let _client = tokio::net::TcpStream::connect(addr).await.expect("connect");
-        let conn = accepted.next().await.expect("a connection").expect("accepted");
+        let conn = accepted
+            .next()
+            .await
+            .expect("a connection")
+            .expect("accepted");
         assert!(conn.nodelay().expect("nodelay"));
     }
 }

@@ -6,8 +6,12 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tonic::{Request, Response, Status, Streaming};
 
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
+
+use futures::{Stream, StreamExt};
 
 use crate::apply::Raft;
 use crate::auth::Auth;
@@ -24,6 +28,8 @@ pub struct RaftService {
     cluster: Arc<ClusterIdentity>,
     /// Where a follower's share of a write is timed.
     metrics: Arc<Metrics>,
+    /// Set when the node stops: open replication streams end then.
+    stopping: tokio::sync::watch::Receiver<bool>,
 }
 
 impl RaftService {
@@ -35,12 +41,14 @@ impl RaftService {
         auth: Arc<Auth>,
         cluster: Arc<ClusterIdentity>,
         metrics: Arc<Metrics>,
+        stopping: tokio::sync::watch::Receiver<bool>,
     ) -> Self {
         RaftService {
             raft,
             auth,
             cluster,
             metrics,
+            stopping,
         }
     }
 
@@ -94,8 +102,103 @@ fn internal(e: bincode::Error) -> Status {
     Status::internal(format!("cannot encode raft reply: {e}"))
 }
 
+/// The answers of a replication stream.
+type Answers = Pin<Box<dyn Stream<Item = Result<pb::RaftMessage, Status>> + Send + 'static>>;
+
 #[tonic::async_trait]
 impl RaftRpc for RaftService {
+    type StreamAppendStream = Answers;
+
+    /// Pipelined replication: every request is handed to openraft as it
+    /// arrives, and its answer (in order) goes back as soon as openraft
+    /// has it, without waiting for later requests. A malformed request ends
+    /// the stream with `INVALID_ARGUMENT` after the answers before it; the
+    /// stream also ends when this node stops.
+    async fn stream_append(
+        &self,
+        req: Request<Streaming<pb::RaftMessage>>,
+    ) -> Result<Response<Answers>, Status> {
+        self.admit(&req).await?;
+        let inbound = req.into_inner();
+        // Which entries each request carried and when it arrived, oldest
+        // first, to time this follower's share of them.
+        let received: Arc<Mutex<VecDeque<(Instant, Option<(u64, u64)>)>>> = Arc::default();
+        let refused: Arc<Mutex<Option<Status>>> = Arc::default();
+        let requests = {
+            let (received, refused) = (received.clone(), refused.clone());
+            let stopping = self.stopping.clone();
+            futures::stream::unfold(Some(inbound), move |inbound| {
+                let (received, refused) = (received.clone(), refused.clone());
+                let mut stopping = stopping.clone();
+                async move {
+                    let mut inbound = inbound?;
+                    let next = tokio::select! {
+                        next = inbound.message() => next,
+                        _ = stopping.wait_for(|s| *s) => return None,
+                    };
+                    let msg = match next {
+                        Ok(Some(msg)) => msg,
+                        Ok(None) => return None,
+                        Err(status) => {
+                            *refused.lock().expect("refused lock poisoned") = Some(status);
+                            return None;
+                        }
+                    };
+                    let at = Instant::now();
+                    match decode::<openraft::raft::AppendEntriesRequest<crate::raft::TypeConfig>>(
+                        &msg,
+                    ) {
+                        Ok(rpc) => {
+                            let carried = match (rpc.entries.first(), rpc.entries.last()) {
+                                (Some(f), Some(l)) => Some((f.log_id.index, l.log_id.index)),
+                                _ => None,
+                            };
+                            received
+                                .lock()
+                                .expect("received lock poisoned")
+                                .push_back((at, carried));
+                            Some((rpc, Some(inbound)))
+                        }
+                        Err(status) => {
+                            *refused.lock().expect("refused lock poisoned") = Some(status);
+                            None
+                        }
+                    }
+                }
+            })
+        };
+        let this = self.clone();
+        let answers = self
+            .raft
+            .stream_append(Box::pin(requests))
+            .map(move |result| {
+                let arrived = received.lock().expect("received lock poisoned").pop_front();
+                if let (Ok(Ok(_)), Some((at, Some((first, last))))) = (&result, arrived) {
+                    this.time_follower_append(at, first, last);
+                }
+                let msg = match result {
+                    Ok(answer) => bincode::serialize(&answer).map(|data| pb::RaftMessage {
+                        data,
+                        error: Vec::new(),
+                    }),
+                    Err(fatal) => bincode::serialize(&openraft::error::RaftError::<
+                        crate::raft::TypeConfig,
+                    >::Fatal(fatal))
+                    .map(|error| pb::RaftMessage {
+                        data: Vec::new(),
+                        error,
+                    }),
+                };
+                msg.map_err(internal)
+            });
+        let refusal =
+            futures::stream::once(
+                async move { refused.lock().expect("refused lock poisoned").take() },
+            )
+            .filter_map(|r| async move { r.map(Err) });
+        Ok(Response::new(Box::pin(answers.chain(refusal))))
+    }
+
     async fn append_entries(
         &self,
         req: Request<pb::RaftMessage>,

@@ -1,14 +1,17 @@
 //! Outgoing Raft RPCs over gRPC, one reused HTTP/2 channel per peer.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use futures::{Stream, StreamExt};
+use openraft::base::{BoxFuture, BoxStream};
 use openraft::error::{NetworkError, RPCError, ReplicationClosed, StreamingError, Unreachable};
 use openraft::network::{Backoff, RPCOption, RaftNetworkFactory, RaftNetworkV2};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, StreamAppendResult, VoteRequest,
+    VoteResponse,
 };
 use raftlock_proto::v1 as pb;
 use raftlock_proto::v1::raft_client::RaftClient;
@@ -270,6 +273,31 @@ impl RaftNetworkV2<TypeConfig> for Peer {
         Ok(resp)
     }
 
+    /// Pipelined replication over one bidirectional gRPC stream
+    /// (`Raft.StreamAppend`): each request goes out as soon as openraft
+    /// makes it, without waiting for the answer to the one before, and the
+    /// answers come back in order. The stream fails when an answer is
+    /// `soft_ttl` late (a follower that stopped answering).
+    fn stream_append<'s, S>(
+        &'s mut self,
+        input: S,
+        option: RPCOption,
+    ) -> BoxFuture<
+        's,
+        Result<BoxStream<'s, Result<StreamAppendResult<TypeConfig>, RpcError>>, RpcError>,
+    >
+    where
+        S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Send + Unpin + 'static,
+    {
+        Box::pin(async move {
+            let result = self.open_stream(input, option).await;
+            if result.is_err() {
+                self.metrics.raft_rpc_error(Rpc::AppendEntries);
+            }
+            result.map(|answers| answers as BoxStream<'s, _>)
+        })
+    }
+
     async fn vote(
         &mut self,
         rpc: VoteRequest<TypeConfig>,
@@ -303,7 +331,119 @@ impl RaftNetworkV2<TypeConfig> for Peer {
     }
 }
 
+/// Requests sent on a replication stream and not yet answered, oldest
+/// first: when each left and which entries it carried.
+type InFlight = Arc<Mutex<VecDeque<(Instant, Option<(u64, u64)>)>>>;
+
 impl Peer {
+    async fn open_stream<S>(
+        &self,
+        input: S,
+        option: RPCOption,
+    ) -> Result<BoxStream<'static, Result<StreamAppendResult<TypeConfig>, RpcError>>, RpcError>
+    where
+        S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Send + Unpin + 'static,
+    {
+        let in_flight: InFlight = Arc::default();
+        let target = self.target;
+        let outbound = {
+            let (in_flight, metrics) = (in_flight.clone(), self.metrics.clone());
+            input.map(move |rpc| {
+                let carried = match (rpc.entries.first(), rpc.entries.last()) {
+                    (Some(first), Some(last)) => Some((first.log_id.index, last.log_id.index)),
+                    _ => None,
+                };
+                let now = Instant::now();
+                if let Some((first, last)) = carried {
+                    metrics.stages.sent(target, first, last, now);
+                }
+                in_flight
+                    .lock()
+                    .expect("in-flight lock poisoned")
+                    .push_back((now, carried));
+                // Serializing openraft's own types cannot fail; an empty
+                // message would be refused by the peer as malformed.
+                pb::RaftMessage {
+                    data: bincode::serialize(&rpc).unwrap_or_default(),
+                    error: Vec::new(),
+                }
+            })
+        };
+        let mut client = self.client()?;
+        let request = self.request(outbound)?;
+        // openraft's budget for one request and its answer (the heartbeat
+        // interval): to open the stream, and for the oldest request still
+        // unanswered.
+        let ttl = option.hard_ttl();
+        let inbound = match tokio::time::timeout(ttl, client.stream_append(request)).await {
+            Err(_) => {
+                return Err(RPCError::Unreachable(Unreachable::new(&Msg(format!(
+                    "replication stream to node {target}: not opened within {ttl:?}"
+                )))))
+            }
+            Ok(Err(status)) => return Err(self.failed(&status)),
+            Ok(Ok(resp)) => resp.into_inner(),
+        };
+        let metrics = self.metrics.clone();
+        let node = self.node.peer_addr.clone();
+        let answers = futures::stream::unfold(Some((inbound, in_flight, metrics)), move |state| {
+            let node = node.clone();
+            async move {
+                let (mut inbound, in_flight, metrics) = state?;
+                let next = loop {
+                    match tokio::time::timeout(ttl, inbound.message()).await {
+                        Ok(next) => break next,
+                        Err(_) => {
+                            let oldest = in_flight
+                                .lock()
+                                .expect("in-flight lock poisoned")
+                                .front()
+                                .map(|(at, _)| at.elapsed());
+                            if oldest.is_some_and(|waited| waited >= ttl) {
+                                let e = Unreachable::new(&Msg(format!(
+                                    "replication stream to node {target}: no answer within {ttl:?}"
+                                )));
+                                return Some((Err(RPCError::Unreachable(e)), None));
+                            }
+                        }
+                    }
+                };
+                let item = match next {
+                    Ok(None) => return None,
+                    Err(status) => {
+                        let err = Msg(format!(
+                            "replication stream to node {target} at {node}: {status}"
+                        ));
+                        return Some((
+                            Err(if status.code() == tonic::Code::Unavailable {
+                                RPCError::Unreachable(Unreachable::new(&err))
+                            } else {
+                                RPCError::Network(NetworkError::new(&err))
+                            }),
+                            None,
+                        ));
+                    }
+                    Ok(Some(msg)) => msg,
+                };
+                let sent = in_flight
+                    .lock()
+                    .expect("in-flight lock poisoned")
+                    .pop_front();
+                let result: Result<StreamAppendResult<TypeConfig>, RpcError> =
+                    decode_reply(target, &item);
+                if let (Ok(Ok(Some(matched))), Some((_, Some((first, last))))) = (&result, sent) {
+                    let upto = matched.index.min(last);
+                    if upto >= first {
+                        metrics.stages.acked(target, first, upto, Instant::now());
+                    }
+                }
+                let go_on = matches!(result, Ok(Ok(_)));
+                Some((result, go_on.then_some((inbound, in_flight, metrics))))
+            }
+        });
+        Ok(Box::pin(answers))
+    }
+
     async fn send_snapshot(
         &mut self,
         vote: Vote,

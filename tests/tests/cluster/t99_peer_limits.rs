@@ -66,6 +66,7 @@ async fn credentials_are_checked_before_a_body_is_decoded() {
     };
     for path in [
         "/raftlock.v1.Raft/AppendEntries",
+        "/raftlock.v1.Raft/StreamAppend",
         "/raftlock.v1.Raft/Vote",
         "/raftlock.v1.Raft/InstallSnapshot",
     ] {
@@ -123,6 +124,54 @@ async fn a_raft_message_larger_than_replication_needs_is_refused() {
         .release()
         .await
         .expect("release");
+    cluster.shutdown().await;
+}
+
+/// The streamed Raft calls refuse what is not an openraft message with
+/// INVALID_ARGUMENT (after the answers to what came before it), and the
+/// node goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn malformed_streamed_raft_messages_are_refused() {
+    let cluster = TestCluster::start_acl(3, &acl(), None).await;
+    let leader = cluster.leader_addr().await;
+    let mut raft = RaftClient::new(channel(&leader));
+    let garbage = || pb::RaftMessage {
+        data: vec![0xff; 7],
+        error: Vec::new(),
+    };
+    let mut answers = raft
+        .stream_append(with_token(tokio_stream::iter([garbage()]), PEER_TOKEN))
+        .await
+        .expect("the stream opens")
+        .into_inner();
+    let status = answers.message().await.expect_err("refused");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    let status = raft
+        .install_snapshot(with_token(tokio_stream::iter([garbage()]), PEER_TOKEN))
+        .await
+        .expect_err("refused");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    let status = raft
+        .install_snapshot(with_token(
+            tokio_stream::iter(Vec::<pb::RaftMessage>::new()),
+            PEER_TOKEN,
+        ))
+        .await
+        .expect_err("refused");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    let client = raftlock_client::Client::with_options(
+        cluster.addrs(),
+        raftlock_client::ClientOptions {
+            token: Some("tok-app".into()),
+            ..Default::default()
+        },
+    )
+    .expect("client");
+    let s = client
+        .session(std::time::Duration::from_secs(10))
+        .await
+        .expect("the cluster still writes");
+    s.close().await.expect("close");
     cluster.shutdown().await;
 }
 
