@@ -48,10 +48,12 @@ if [ "$QUICK" = 1 ]; then
   FAILOVER_ROUNDS=1
   LOCK_STEPS=1000,10000,100000
   SESSION_STEPS=1000,10000
+  HELD_STEPS=0,1000,10000
   SCALE_SECS=4
 else
   LOCK_STEPS=1000,10000,100000,1000000
   SESSION_STEPS=1000,10000,100000
+  HELD_STEPS=0,1000,10000,100000
   SCALE_SECS=8
 fi
 
@@ -133,16 +135,18 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-for p in $(seq $((BASE_PORT + 1)) $((BASE_PORT + 3))) $((BASE_PORT + 79)) $(seq $((BASE_PORT + 81)) $((BASE_PORT + 86))); do
+for p in $(seq $((BASE_PORT + 1)) $((BASE_PORT + 3))) $(seq $((BASE_PORT + 11)) $((BASE_PORT + 13))) \
+         $((BASE_PORT + 79)) $(seq $((BASE_PORT + 81)) $((BASE_PORT + 86))); do
   if (echo >"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
     echo "compare.sh: port $p is in use; set BASE_PORT" >&2; exit 1
   fi
 done
 
-RL_EP=""; RL_PEERS=""
+RL_EP=""; RL_PEERS=""; RL_METRICS=""
 for i in 1 2 3; do
   RL_EP+="${RL_EP:+,}127.0.0.1:$((BASE_PORT + i))"
   RL_PEERS+="${RL_PEERS:+,}$i=127.0.0.1:$((BASE_PORT + i))"
+  RL_METRICS+="${RL_METRICS:+,}127.0.0.1:$((BASE_PORT + 10 + i))"
 done
 ETCD_EP=""; ETCD_CLUSTER=""
 for i in 1 2 3; do
@@ -155,6 +159,7 @@ REDIS_EP=127.0.0.1:$REDIS_PORT
 start_raftlock() { # start_raftlock ID [--init]
   local i=$1; shift
   RUST_LOG=${RUST_LOG:-warn} "$RAFTLOCKD" run --id "$i" --listen "127.0.0.1:$((BASE_PORT + i))" \
+    --metrics-listen "127.0.0.1:$((BASE_PORT + 10 + i))" \
     --data-dir "$TMP/raftlock-$i" --peers "$RL_PEERS" "$@" >>"$TMP/raftlock-$i.log" 2>&1 &
   PID[raftlock$i]=$!
 }
@@ -230,6 +235,15 @@ for round in $(seq "$ROUNDS"); do
   done
 done
 
+# One client, where a single write's time goes (the nodes' stage histograms).
+STAGE_FILES=()
+for w in uncontended contended; do
+  "$BENCH" run --target raftlock --workload "$w" --endpoints "$RL_EP" --clients 1 \
+    --duration "$DURATION" --warmup 2 --quiet --trace-stages "$RL_METRICS" \
+    --json "$TMP/stages-$w-1.json" || log "stage trace $w failed"
+  STAGE_FILES+=("$TMP/stages-$w-1.json")
+done
+
 # --- 5. failover: kill the leader under the contended workload ----------------
 if [ "$FAILOVER" = 1 ]; then
   for round in $(seq "$FAILOVER_ROUNDS"); do
@@ -265,12 +279,32 @@ if [ "$SCALE" = 1 ]; then
       --json "$TMP/scale-$kind.json" || log "scale $kind failed"
     SCALE_FILES+=("$TMP/scale-$kind.json")
   done
+  # Live sessions (raftlock) and leases (etcd) kept alive by their client
+  # at ttl 10 s while the uncontended workload runs, each system fresh and
+  # alone on the machine.
+  stop_raftlock_cluster
+  start_raftlock_cluster
+  "$BENCH" scale --kind sessions-held --target raftlock --endpoints "$RL_EP" --metrics "$RL_METRICS" \
+    --pids "$(pids_of raftlock)" --steps "$HELD_STEPS" --secs "$SCALE_SECS" --clients "$CLIENTS" \
+    --no-cleanup --json "$TMP/scale-held-raftlock.json" || log "scale sessions-held raftlock failed"
+  SCALE_FILES+=("$TMP/scale-held-raftlock.json")
+  stop_raftlock_cluster
+  rm -rf "$TMP"/etcd-[123]
+  for i in 1 2 3; do start_etcd "$i"; done
+  wait_ready etcd "$ETCD_EP"
+  "$BENCH" scale --kind sessions-held --target etcd --endpoints "$ETCD_EP" \
+    --pids "$(pids_of etcd)" --steps "$HELD_STEPS" --secs "$SCALE_SECS" --clients "$CLIENTS" \
+    --no-cleanup --json "$TMP/scale-held-etcd.json" || log "scale sessions-held etcd failed"
+  SCALE_FILES+=("$TMP/scale-held-etcd.json")
+  for k in etcd1 etcd2 etcd3; do stop_pid "${PID[$k]}"; unset "PID[$k]"; done
 fi
 
 # --- 7. report -----------------------------------------------------------------
 mkdir -p "$HERE/results"
 SCALE_ARG=$(IFS=,; echo "${SCALE_FILES[*]:-}")
+STAGES_ARG=$(IFS=,; echo "${STAGE_FILES[*]:-}")
 "$BENCH" report --runs "$RUNS" --failover "$FAILOVERS" ${SCALE_ARG:+--scale "$SCALE_ARG"} \
+  ${STAGES_ARG:+--stages "$STAGES_ARG"} \
   --machine "disk=$(df -h "$TMP" | awk 'NR==2 {print $1" ("$2")"}'), $(findmnt -no FSTYPE -T "$TMP" 2>/dev/null || echo '?')" \
   --machine "fsync_per_sec=${FSYNC_RATE:-?} (dd 4 KiB O_DSYNC)" \
   --machine "load_avg_start=$LOAD_START" --machine "load_avg_end=$(loadavg)" \

@@ -28,6 +28,10 @@ pub struct ReportArgs {
     /// `scale --json` files.
     #[arg(long, value_delimiter = ',')]
     scale: Vec<PathBuf>,
+    /// `run --trace-stages --json` files (raftlock, one client per run):
+    /// where a single write's time goes.
+    #[arg(long, value_delimiter = ',')]
+    stages: Vec<PathBuf>,
     /// Extra machine facts as KEY=VALUE (disk, fsync probe, …).
     #[arg(long = "machine")]
     machine: Vec<String>,
@@ -277,7 +281,31 @@ pub fn run(args: ReportArgs) -> anyhow::Result<()> {
         };
         let s: ScaleResult =
             serde_json::from_str(&text).with_context(|| format!("parse {}", p.display()))?;
-        scale.insert(s.kind.clone(), serde_json::to_value(&s)?);
+        if s.kind == "sessions-held" {
+            // Both systems: scale["sessions-held"]["raftlock" | "etcd"].
+            let by_target = scale.entry(s.kind.clone()).or_insert_with(|| json!({}));
+            by_target[s.target.as_str()] = serde_json::to_value(&s)?;
+        } else {
+            scale.insert(s.kind.clone(), serde_json::to_value(&s)?);
+        }
+    }
+
+    // Stage breakdowns, by workload and client count.
+    let mut stages = Map::new();
+    for p in &args.stages {
+        let Ok(text) = std::fs::read_to_string(p) else {
+            continue;
+        };
+        let r: RunResult =
+            serde_json::from_str(&text).with_context(|| format!("parse {}", p.display()))?;
+        stages.insert(
+            format!("{}-{}", r.workload, r.clients),
+            json!({
+                "ops_per_sec": r.ops_per_sec,
+                "load_avg": r.load_avg,
+                "stages": r.stages,
+            }),
+        );
     }
 
     let doc = json!({
@@ -285,6 +313,7 @@ pub fn run(args: ReportArgs) -> anyhow::Result<()> {
         "workloads": workloads,
         "failover": failover,
         "scale": scale,
+        "stages": stages,
     });
     print_targets(&doc);
     write_json(&args.out, &doc)?;
@@ -297,7 +326,7 @@ fn print_targets(doc: &Value) {
     let w = &doc["workloads"];
     let f = |v: &Value| v.as_f64();
     let mut lines = Vec::new();
-    for name in ["uncontended", "contended"] {
+    for name in ["uncontended", "contended", "semaphore", "sessions"] {
         let r = &w[name]["raftlock"];
         let e = &w[name]["etcd"];
         match (f(&r["ops_per_sec"]), f(&e["ops_per_sec"])) {
@@ -310,6 +339,9 @@ fn print_targets(doc: &Value) {
             }
             _ => {}
         }
+        if !matches!(name, "uncontended" | "contended") {
+            continue;
+        }
         if let (Some(a), Some(b)) = (f(&r["p99_ms"]), f(&e["p99_ms"])) {
             lines.push((
                 format!("{name}: raftlock p99 <= etcd p99"),
@@ -318,12 +350,48 @@ fn print_targets(doc: &Value) {
             ));
         }
     }
+    let one_write = doc["stages"]["uncontended-1"]["stages"]
+        .as_array()
+        .and_then(|rows| rows.iter().find(|r| r["stage"] == "client"))
+        .and_then(|r| f(&r["p50_ms"]));
+    if let Some(p50) = one_write {
+        lines.push((
+            "1 client: one lock or release p50 <= 0.5 ms".into(),
+            p50 <= 0.5,
+            format!("{p50:.3} ms"),
+        ));
+    }
     if let Some(h) = f(&w["contended"]["raftlock"]["handoff_p50_ms"]) {
         lines.push((
             "contended hand-off p50 <= 1 ms".into(),
             h <= 1.0,
             format!("{h:.2} ms"),
         ));
+    }
+    if let Some(h) = f(&w["contended"]["raftlock"]["handoff_p99_ms"]) {
+        lines.push((
+            "contended hand-off p99 <= 5 ms".into(),
+            h <= 5.0,
+            format!("{h:.2} ms"),
+        ));
+    }
+    if let Some(steps) = doc["scale"]["sessions-held"]["raftlock"]["steps"].as_array() {
+        let idle = steps.first().and_then(|s| f(&s["p99_ms"]));
+        let top = steps.last();
+        if let (Some(idle), Some(top)) = (idle, top) {
+            let n = top["count"].as_u64().unwrap_or(0);
+            if let (Some(p99), true) = (f(&top["p99_ms"]), n >= 100_000) {
+                lines.push((
+                    format!("{n} live sessions: lock-op p99 within 2x of idle"),
+                    p99 <= 2.0 * idle && top["sessions_lost"].as_u64() == Some(0),
+                    format!(
+                        "{p99:.1} ms vs {idle:.1} ms idle ({:.2}x), {} lost",
+                        p99 / idle.max(1e-9),
+                        top["sessions_lost"]
+                    ),
+                ));
+            }
+        }
     }
     let fo = &doc["failover"];
     if let Some(r) = f(&fo["raftlock"]["median_ms"]) {

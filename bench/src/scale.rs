@@ -7,12 +7,16 @@
 //! per-session limit; sessions and holders use the longest ttl (1 h) so no
 //! keep-alive traffic blurs the figure.
 //!
-//! `live-sessions` is the opposite: sessions with a short ttl (`--live-ttl`,
-//! 10 s) that the client library keeps alive in the background (a
-//! keep-alive every ttl/3 each), so the figure is what the keep-alive load
-//! of N live sessions does to lock operations. Each step also reports the
-//! nodes' CPU during the measurement and how many of the sessions the
-//! client believes it has lost (a lease that lapsed under load).
+//! `sessions-held` (alias `live-sessions`) is the opposite: sessions with
+//! a short ttl (`--live-ttl`, 10 s) that the client library keeps alive in
+//! the background (a keep-alive every ttl/3 each, all of one client's on
+//! one stream), so the figure is what the keep-alive load of N live
+//! sessions does to lock operations. With `--target etcd` the same with
+//! etcd leases, kept alive as etcd's Go client does (one stream, every
+//! ttl/3; see `targets::etcd_leases`). Each step also reports the nodes'
+//! CPU during the measurement, the keep-alives answered per second
+//! (raftlock: the nodes' `raftlock_keepalives_total`, with `--metrics`;
+//! etcd: answers on the stream) and how many sessions or leases lapsed.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -44,16 +48,27 @@ pub enum Kind {
     Locks,
     /// Open sessions.
     Sessions,
-    /// Open sessions with a short ttl, kept alive by the client library.
-    LiveSessions,
+    /// Open sessions with a short ttl, kept alive by the client library
+    /// (etcd: leases kept alive on one stream).
+    #[value(alias = "live-sessions")]
+    #[serde(rename = "sessions-held", alias = "live-sessions")]
+    SessionsHeld,
 }
 
 /// `raftlock-bench scale` arguments.
 #[derive(Args)]
 pub struct ScaleArgs {
-    /// raftlock node addresses.
+    /// Node addresses (host:port), comma-separated.
     #[arg(long, value_delimiter = ',', required = true)]
     endpoints: Vec<String>,
+    /// System: raftlock, or etcd (`sessions-held` only; needs the `etcd`
+    /// feature).
+    #[arg(long, value_enum, default_value = "raftlock")]
+    target: Target,
+    /// raftlock nodes' metrics addresses (host:port), to count the
+    /// keep-alives they answer.
+    #[arg(long, value_delimiter = ',')]
+    metrics: Vec<String>,
     /// raftlockd pids whose RSS to read.
     #[arg(long, value_delimiter = ',')]
     pids: Vec<i32>,
@@ -70,7 +85,7 @@ pub struct ScaleArgs {
     /// Seconds of uncontended load measured at each step.
     #[arg(long, default_value_t = 8.0)]
     secs: f64,
-    /// Session ttl of `live-sessions`, in seconds.
+    /// Session (lease) ttl of `sessions-held`, in seconds.
     #[arg(long, default_value_t = 10)]
     live_ttl: u64,
     /// Clients of the measured load.
@@ -147,12 +162,16 @@ pub struct Step {
     /// Each node's CPU use during the measurement, in percent of one core.
     #[serde(default)]
     pub cpu_percent: Vec<f64>,
-    /// `live-sessions`: the keep-alives the sessions need per second
+    /// `sessions-held`: the keep-alives the sessions need per second
     /// (count / (ttl / 3)).
     #[serde(default)]
     pub keepalives_per_sec: f64,
-    /// `live-sessions`: sessions whose lease the client saw lapse by the
-    /// end of the step.
+    /// `sessions-held`: keep-alives answered per second during the
+    /// measurement (0: not counted, raftlock without `--metrics`).
+    #[serde(default)]
+    pub keepalives_answered_per_sec: f64,
+    /// `sessions-held`: sessions (leases) that lapsed by the end of the
+    /// step.
     #[serde(default)]
     pub sessions_lost: u64,
 }
@@ -185,8 +204,11 @@ const TICKS_PER_SEC: f64 = 100.0;
 /// The JSON `scale` writes.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct ScaleResult {
-    /// `locks` or `sessions`.
+    /// `locks`, `sessions` or `sessions-held`.
     pub kind: String,
+    /// `raftlock` or `etcd`.
+    #[serde(default = "raftlock_name")]
+    pub target: String,
     /// Clients of the measured load.
     pub clients: usize,
     /// Node memory before filling.
@@ -195,10 +217,60 @@ pub struct ScaleResult {
     pub steps: Vec<Step>,
 }
 
+fn raftlock_name() -> String {
+    "raftlock".into()
+}
+
 /// What is held open so the table keeps its size.
 enum Holdings {
-    Locks { holders: Vec<Session> },
-    Sessions { open: Vec<Session>, ttl: Duration },
+    Locks {
+        holders: Vec<Session>,
+    },
+    Sessions {
+        open: Vec<Session>,
+        ttl: Duration,
+    },
+    #[cfg(feature = "etcd")]
+    Leases {
+        client: Box<etcd_client::Client>,
+        leases: crate::targets::etcd_leases::HeldLeases,
+    },
+}
+
+impl Holdings {
+    /// Sessions or leases that lapsed (0 where nothing can lapse).
+    fn lost(&self) -> u64 {
+        match self {
+            Holdings::Locks { .. } => 0,
+            Holdings::Sessions { open, .. } => open.iter().filter(|s| !s.is_valid()).count() as u64,
+            #[cfg(feature = "etcd")]
+            Holdings::Leases { leases, .. } => leases.lost(),
+        }
+    }
+
+    /// How many are held.
+    fn len(&self) -> usize {
+        match self {
+            Holdings::Locks { holders } => holders.len(),
+            Holdings::Sessions { open, .. } => open.len(),
+            #[cfg(feature = "etcd")]
+            Holdings::Leases { leases, .. } => leases.len(),
+        }
+    }
+}
+
+/// Sum of `raftlock_keepalives_total` over the nodes at `metrics`.
+async fn keepalives_answered(metrics: &[String]) -> anyhow::Result<u64> {
+    let mut total = 0;
+    for addr in metrics {
+        let body = crate::stages::http(addr, "GET", "/metrics").await?;
+        total += body
+            .lines()
+            .find_map(|l| l.strip_prefix("raftlock_keepalives_total "))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    Ok(total)
 }
 
 /// Fills from `from` to `to` with `concurrency` requests in flight.
@@ -210,6 +282,10 @@ async fn fill(
     to: u64,
     concurrency: usize,
 ) -> anyhow::Result<()> {
+    #[cfg(feature = "etcd")]
+    if let Holdings::Leases { client, leases } = holdings {
+        return leases.grow(client, to as usize, concurrency).await;
+    }
     let next = Arc::new(AtomicU64::new(from));
     let errors = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
@@ -220,6 +296,8 @@ async fn fill(
         let (holders, ttl) = match holdings {
             Holdings::Locks { holders } => (holders.clone(), HOLDER_TTL),
             Holdings::Sessions { ttl, .. } => (Vec::new(), *ttl),
+            #[cfg(feature = "etcd")]
+            Holdings::Leases { .. } => unreachable!("leases are granted above"),
         };
         let prefix = prefix.to_string();
         tasks.push(tokio::spawn(async move {
@@ -272,15 +350,14 @@ async fn fill(
     Ok(())
 }
 
-/// Runs the scale benchmark.
-pub async fn run(args: ScaleArgs) -> anyhow::Result<()> {
-    let mut steps = args.steps.clone();
-    steps.sort_unstable();
-    steps.dedup();
-    let top = steps.last().copied().unwrap_or(0);
-    let client = crate::targets::raftlock::client(&args.endpoints).await?;
-    let prefix = format!("scale-{:08x}", rand::random::<u32>());
-    let mut holdings = match args.kind {
+/// What raftlock holds for `kind` up to `top`.
+async fn raftlock_holdings(
+    client: &Client,
+    kind: Kind,
+    top: u64,
+    live_ttl: Duration,
+) -> anyhow::Result<Holdings> {
+    Ok(match kind {
         Kind::Locks => {
             let n = top.div_ceil(LOCKS_PER_HOLDER).max(1) as usize;
             let mut holders = Vec::with_capacity(n);
@@ -293,18 +370,53 @@ pub async fn run(args: ScaleArgs) -> anyhow::Result<()> {
             open: Vec::new(),
             ttl: HOLDER_TTL,
         },
-        Kind::LiveSessions => Holdings::Sessions {
+        Kind::SessionsHeld => Holdings::Sessions {
             open: Vec::new(),
-            ttl: Duration::from_secs(args.live_ttl.max(1)),
+            ttl: live_ttl,
         },
+    })
+}
+
+/// Keep-alives answered so far: raftlock's nodes' counters (with
+/// `--metrics`), or the etcd keeper's; `None` if not counted.
+async fn answered(holdings: &Holdings, metrics: &[String]) -> Option<u64> {
+    match holdings {
+        #[cfg(feature = "etcd")]
+        Holdings::Leases { leases, .. } => Some(leases.answered()),
+        _ if metrics.is_empty() => None,
+        _ => keepalives_answered(metrics).await.ok(),
+    }
+}
+
+/// Runs the scale benchmark.
+pub async fn run(args: ScaleArgs) -> anyhow::Result<()> {
+    let mut steps = args.steps.clone();
+    steps.sort_unstable();
+    steps.dedup();
+    let top = steps.last().copied().unwrap_or(0);
+    let client = crate::targets::raftlock::client(&args.endpoints).await?;
+    let prefix = format!("scale-{:08x}", rand::random::<u32>());
+    let live_ttl = Duration::from_secs(args.live_ttl.max(1));
+    let mut holdings = match (args.target, args.kind) {
+        (Target::Raftlock, _) => raftlock_holdings(&client, args.kind, top, live_ttl).await?,
+        #[cfg(feature = "etcd")]
+        (Target::Etcd, Kind::SessionsHeld) => Holdings::Leases {
+            client: Box::new(crate::targets::etcd::connect(&args.endpoints).await?),
+            leases: crate::targets::etcd_leases::HeldLeases::new(&args.endpoints[0], live_ttl),
+        },
+        (t, k) => anyhow::bail!(
+            "scale --kind {k:?} runs against raftlock only, not {} (etcd: sessions-held, with the `etcd` feature)",
+            t.name()
+        ),
     };
     let mut result = ScaleResult {
         kind: match args.kind {
             Kind::Locks => "locks",
             Kind::Sessions => "sessions",
-            Kind::LiveSessions => "live-sessions",
+            Kind::SessionsHeld => "sessions-held",
         }
         .to_string(),
+        target: args.target.name().to_string(),
         clients: args.clients,
         baseline_rss: args.pids.iter().map(|p| rss(*p)).collect(),
         steps: Vec::new(),
@@ -342,16 +454,11 @@ pub async fn run(args: ScaleArgs) -> anyhow::Result<()> {
             quiet: args.quiet,
         };
         let cpu_before: Vec<u64> = args.pids.iter().map(|p| cpu_ticks(*p)).collect();
+        let answered_before = answered(&holdings, &args.metrics).await;
         let measured = Instant::now();
-        let m = drive(
-            Target::Raftlock,
-            &opts,
-            args.clients,
-            &plan,
-            Ctx::new(false),
-        )
-        .await?;
+        let m = drive(args.target, &opts, args.clients, &plan, Ctx::new(false)).await?;
         let wall = measured.elapsed().as_secs_f64().max(1e-9);
+        let answered_after = answered(&holdings, &args.metrics).await;
         let cpu_percent = args
             .pids
             .iter()
@@ -360,12 +467,16 @@ pub async fn run(args: ScaleArgs) -> anyhow::Result<()> {
                 round3(cpu_ticks(*p).saturating_sub(*before) as f64 / TICKS_PER_SEC / wall * 100.0)
             })
             .collect();
-        let (keepalives_per_sec, sessions_lost) = match (&holdings, args.kind) {
-            (Holdings::Sessions { open, ttl }, Kind::LiveSessions) => (
-                round3(open.len() as f64 / (ttl.as_secs_f64() / 3.0)),
-                open.iter().filter(|s| !s.is_valid()).count() as u64,
+        let (keepalives_per_sec, keepalives_answered_per_sec, sessions_lost) = match args.kind {
+            Kind::SessionsHeld => (
+                round3(holdings.len() as f64 / (live_ttl.as_secs_f64() / 3.0)),
+                match (answered_before, answered_after) {
+                    (Some(b), Some(a)) => round3(a.saturating_sub(b) as f64 / wall),
+                    _ => 0.0,
+                },
+                holdings.lost(),
             ),
-            _ => (0.0, 0),
+            _ => (0.0, 0.0, 0),
         };
         let rss: Vec<Rss> = args.pids.iter().map(|p| rss(*p)).collect();
         let max_rss = rss.iter().map(|r| r.rss_kib).max().unwrap_or(0);
@@ -383,11 +494,12 @@ pub async fn run(args: ScaleArgs) -> anyhow::Result<()> {
             load_avg: load_avg(),
             cpu_percent,
             keepalives_per_sec,
+            keepalives_answered_per_sec,
             sessions_lost,
         };
         println!(
-            "scale {:>8} {:<8}  fill {:>8.0}/s  load {:>8.0} ops/s  p99 {:>7.2} ms  max node RSS {:>7.1} MiB  node CPU {:?} %  keep-alives {:.0}/s  lost {}  (load avg {})",
-            s.count, result.kind, s.fill_per_sec, s.ops_per_sec, s.p99_ms, s.max_rss_mib, s.cpu_percent, s.keepalives_per_sec, s.sessions_lost, s.load_avg
+            "scale {:<8} {:>8} {:<13}  fill {:>8.0}/s  load {:>8.0} ops/s  p99 {:>7.2} ms  max node RSS {:>7.1} MiB  node CPU {:?} %  keep-alives {:.0}/s needed, {:.0}/s answered  lost {}  (load avg {})",
+            result.target, s.count, result.kind, s.fill_per_sec, s.ops_per_sec, s.p99_ms, s.max_rss_mib, s.cpu_percent, s.keepalives_per_sec, s.keepalives_answered_per_sec, s.sessions_lost, s.load_avg
         );
         result.steps.push(s);
         if let Some(path) = &args.json {
@@ -398,6 +510,8 @@ pub async fn run(args: ScaleArgs) -> anyhow::Result<()> {
         let sessions = match holdings {
             Holdings::Locks { holders } => holders,
             Holdings::Sessions { open, .. } => open,
+            #[cfg(feature = "etcd")]
+            Holdings::Leases { .. } => Vec::new(),
         };
         let closes = futures::future::join_all(sessions.iter().map(|s| s.close()));
         let _ = tokio::time::timeout(Duration::from_secs(60), closes).await;

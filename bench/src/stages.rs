@@ -61,7 +61,7 @@ impl StageRow {
 }
 
 /// A one-shot HTTP/1.1 request to a node's metrics port; the body.
-async fn http(addr: &str, method: &str, path: &str) -> anyhow::Result<String> {
+pub async fn http(addr: &str, method: &str, path: &str) -> anyhow::Result<String> {
     let connect = TcpStream::connect(addr);
     let mut conn = tokio::time::timeout(Duration::from_secs(5), connect)
         .await

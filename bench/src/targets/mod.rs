@@ -4,6 +4,8 @@
 
 #[cfg(feature = "etcd")]
 pub mod etcd;
+#[cfg(feature = "etcd")]
+pub mod etcd_leases;
 pub mod raftlock;
 pub mod redis;
 pub mod resp;
