@@ -604,9 +604,10 @@ async fn follow_leadership(
             // length; the same term after a quorum blip goes on).
             shared.read(|applied| shared.leases.activate_for_term(term, &applied.table));
         } else if leading && quorum_lost {
-            // Cut off from a quorum but still leader of this term: nobody
-            // else can lead this term, so the deadlines stay valid; propose
-            // and acknowledge nothing until the quorum is back. Parked
+            // Cut off from a quorum but still leader of this term: the
+            // deadlines stay valid for as long as it leads (a quorum that
+            // elected another leader would refuse it); propose and
+            // acknowledge nothing until the quorum is back. Parked
             // requests go to retry where they can be answered.
             if shared.leases.is_active() && !shared.leases.is_paused() {
                 tracing::info!(term, "leases: quorum lost, pausing");

@@ -74,8 +74,10 @@ struct Timers {
     /// one, and a newer one replaces the older.
     delays: HashMap<LockName, u64>,
     /// True while this leader has lost touch with a quorum within its term:
-    /// deadlines are kept (nobody else can lead this term), but nothing is
-    /// proposed and no keep-alive is acknowledged until the quorum is back.
+    /// deadlines are kept (if a quorum acknowledges it again in this term,
+    /// no other leader was elected meanwhile: nodes that voted for one
+    /// would refuse it), but nothing is proposed and no keep-alive is
+    /// acknowledged until the quorum is back.
     paused: bool,
     /// Sessions whose expiry has been proposed: no keep-alive is
     /// acknowledged for them any more (the expiry may commit any moment).
@@ -151,10 +153,11 @@ impl Leases {
         let mut t = self.timers.lock().expect("timers lock poisoned");
         if t.active && t.term == Some(term) {
             if t.paused {
-                // The quorum is back within the same term: this leader's
-                // deadlines stayed valid (no other node can have led this
-                // term), so they go on from where they were instead of
-                // restarting at full length.
+                // The quorum is back within the same term: no other leader
+                // was elected meanwhile (nodes that voted for one would
+                // refuse this one), so this leader's deadlines stayed valid
+                // and go on from where they were instead of restarting at
+                // full length.
                 tracing::info!(term, "leases: quorum back, counting on");
                 t.paused = false;
                 drop(t);
