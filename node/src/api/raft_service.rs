@@ -76,6 +76,12 @@ impl RaftService {
     }
 }
 
+/// Whether `more` bytes of snapshot still fit after `have`.
+fn snapshot_fits(have: usize, more: usize) -> bool {
+    have.checked_add(more)
+        .is_some_and(|total| total <= MAX_SNAPSHOT_BYTES)
+}
+
 fn decode<T: DeserializeOwned>(msg: &pb::RaftMessage) -> Result<T, Status> {
     bincode::deserialize(&msg.data)
         .map_err(|e| Status::invalid_argument(format!("malformed raft message: {e}")))
@@ -240,7 +246,7 @@ impl RaftRpc for RaftService {
         let (vote, meta): (Vote, SnapshotMeta) = decode(&head)?;
         let mut data = Vec::new();
         while let Some(chunk) = stream.message().await? {
-            if data.len() + chunk.data.len() > MAX_SNAPSHOT_BYTES {
+            if !snapshot_fits(data.len(), chunk.data.len()) {
                 return Err(Status::out_of_range(format!(
                     "a snapshot may be at most {MAX_SNAPSHOT_BYTES} bytes"
                 )));
@@ -253,5 +259,18 @@ impl RaftRpc for RaftService {
         };
         let result = self.raft.install_full_snapshot(vote, snapshot).await;
         reply(result.map_err(openraft::error::RaftError::<crate::raft::TypeConfig>::Fatal))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_snapshot_may_be_exactly_the_limit_and_not_a_byte_more() {
+        assert!(snapshot_fits(0, MAX_SNAPSHOT_BYTES));
+        assert!(snapshot_fits(MAX_SNAPSHOT_BYTES - 10, 10));
+        assert!(!snapshot_fits(MAX_SNAPSHOT_BYTES - 10, 11));
+        assert!(!snapshot_fits(usize::MAX, 1), "no overflow");
     }
 }
