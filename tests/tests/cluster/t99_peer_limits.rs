@@ -35,6 +35,18 @@ fn with_token<T>(msg: T, token: &str) -> Request<T> {
     req
 }
 
+/// A client of the cluster with the application's token.
+fn app_client(cluster: &TestCluster) -> raftlock_client::Client {
+    raftlock_client::Client::with_options(
+        cluster.addrs(),
+        raftlock_client::ClientOptions {
+            token: Some("tok-app".into()),
+            ..Default::default()
+        },
+    )
+    .expect("client")
+}
+
 /// Sends `msg` (any protobuf message) to `path`, answered as a RaftMessage.
 async fn raw<M: prost::Message + Send + Sync + 'static>(
     addr: &str,
@@ -106,14 +118,7 @@ async fn a_raft_message_larger_than_replication_needs_is_refused() {
         "{status:?}"
     );
     // The cluster is unharmed.
-    let client = raftlock_client::Client::with_options(
-        cluster.addrs(),
-        raftlock_client::ClientOptions {
-            token: Some("tok-app".into()),
-            ..Default::default()
-        },
-    )
-    .expect("client");
+    let client = app_client(&cluster);
     let s = client
         .session(std::time::Duration::from_secs(10))
         .await
@@ -159,14 +164,7 @@ async fn malformed_streamed_raft_messages_are_refused() {
         .await
         .expect_err("refused");
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
-    let client = raftlock_client::Client::with_options(
-        cluster.addrs(),
-        raftlock_client::ClientOptions {
-            token: Some("tok-app".into()),
-            ..Default::default()
-        },
-    )
-    .expect("client");
+    let client = app_client(&cluster);
     let s = client
         .session(std::time::Duration::from_secs(10))
         .await
