@@ -230,6 +230,33 @@ mod tests {
         }
     }
 
+    /// A write refused before it was appended is "not the leader" (not
+    /// applied); one appended and then dropped at a leader change may
+    /// still commit: DEADLINE_EXCEEDED, outcome unknown.
+    #[test]
+    fn a_discarded_entry_is_an_unknown_outcome_not_a_refusal() {
+        use openraft::error::{ClientWriteError, ForwardToLeader, RaftError};
+        let forward =
+            ForwardToLeader::<TypeConfig>::new(2, crate::raft::NodeAddrs::shared("127.0.0.1:7102"));
+        let refused = Error::from(RaftError::APIError(ClientWriteError::ForwardToLeader(
+            forward.clone(),
+        )));
+        assert!(
+            matches!(&refused, Error::NotLeader { leader: Some((2, a)) } if a == "127.0.0.1:7102"),
+            "{refused:?}"
+        );
+        let discarded = Error::from(RaftError::APIError(ClientWriteError::LogEntryDiscarded(
+            forward,
+        )));
+        let status = Status::from(discarded);
+        assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status:?}");
+        assert!(status.metadata().get(NOT_LEADER_KEY).is_none());
+        assert!(
+            status.message().contains("outcome is unknown"),
+            "{status:?}"
+        );
+    }
+
     #[test]
     fn not_leader_carries_the_leader_in_metadata() {
         let status: Status = Error::NotLeader {
