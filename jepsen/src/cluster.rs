@@ -70,16 +70,15 @@ pub fn find_raftlockd(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
-/// A free loopback port (bound, then released: another process could take
-/// it in between, which is unlikely enough for a test harness).
-pub fn free_port() -> anyhow::Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?.port())
-}
-
-/// Ports for `n` nodes of one cluster.
-fn cluster_ports(n: usize) -> anyhow::Result<Vec<u16>> {
-    (0..n).map(|_| free_port()).collect()
+/// Loopback ports for `n` nodes of one cluster, each held by a listener
+/// until its node is about to start. Holding them all at once is what
+/// makes them distinct (the kernel picks port 0 at random, so ports found
+/// one at a time can repeat) and keeps the proxies, which bind port 0
+/// while the nodes are still down, off the nodes' ports.
+fn cluster_ports(n: usize) -> anyhow::Result<Vec<std::net::TcpListener>> {
+    (0..n)
+        .map(|_| Ok(std::net::TcpListener::bind("127.0.0.1:0")?))
+        .collect()
 }
 
 /// Settings for the whole cluster.
@@ -103,6 +102,8 @@ pub struct ClusterOptions {
 
 struct NodeProc {
     addr: String,
+    /// Holds `addr` until the node first starts (see [`cluster_ports`]).
+    reserved: Option<std::net::TcpListener>,
     dir: PathBuf,
     /// The running process, if any.
     child: Option<Child>,
@@ -131,7 +132,7 @@ impl Cluster {
     /// voters and spares); node 1 bootstraps. Waits for a leader.
     pub async fn start(opts: ClusterOptions) -> anyhow::Result<Cluster> {
         let ids: Vec<u64> = (1..=opts.nodes + opts.spares).collect();
-        let mut ports = cluster_ports(ids.len())?.into_iter();
+        let mut reserved = cluster_ports(ids.len())?.into_iter();
         let mut nodes = BTreeMap::new();
         for &id in &ids {
             let dir = opts.dir.join(format!("n{id}"));
@@ -141,10 +142,12 @@ impl Cluster {
             } else {
                 None
             };
+            let reserved = reserved.next().expect("one port per node");
             nodes.insert(
                 id,
                 NodeProc {
-                    addr: format!("127.0.0.1:{}", ports.next().expect("one port per node")),
+                    addr: reserved.local_addr()?.to_string(),
+                    reserved: Some(reserved),
                     dir,
                     child: None,
                     paused: false,
@@ -298,6 +301,9 @@ impl Cluster {
                 Ok(())
             });
         }
+        // Hand the port over: from here until the node binds it, another
+        // process could take it, which `wait_serving` reports.
+        n.reserved = None;
         let child = cmd
             .spawn()
             .with_context(|| format!("cannot start {}", self.opts.raftlockd.display()))?;
@@ -318,8 +324,8 @@ impl Cluster {
             if let Ok(s) = self.admin.node_status(&addr).await {
                 anyhow::ensure!(
                     s.id == id,
-                    "{addr} is answered by node {} of another cluster, not node {id}: another \
-                     process took the port (see {})",
+                    "{addr} is answered by node {}, not node {id}: another process took \
+                     the port (see {})",
                     s.id,
                     self.nodes[&id].dir.join("raftlockd.log").display()
                 );
@@ -604,8 +610,17 @@ mod tests {
     /// gives a repeat all but always (a 7-node harness run hit one).
     #[test]
     fn ports_of_one_cluster_are_distinct() {
-        let ports = cluster_ports(1_000).unwrap();
+        let held = cluster_ports(1_000).unwrap();
+        let ports: Vec<u16> = held
+            .iter()
+            .map(|l| l.local_addr().unwrap().port())
+            .collect();
         let distinct: std::collections::BTreeSet<u16> = ports.iter().copied().collect();
         assert_eq!(distinct.len(), ports.len(), "a port was handed out twice");
+        // Held means taken: nobody else (a proxy, say) can listen there.
+        let taken = std::net::TcpListener::bind(("127.0.0.1", ports[0]));
+        assert!(taken.is_err(), "a held port could be bound again");
+        drop(held);
+        std::net::TcpListener::bind(("127.0.0.1", ports[0])).expect("released on drop");
     }
 }
