@@ -22,6 +22,21 @@ use crate::stats::{load_avg, round3};
 use crate::targets::{Target, Workload};
 use crate::{drive, write_json, TargetArgs};
 
+/// Grants seen in the last half second that count as "flowing again".
+const RECOVERED_GRANTS: usize = 3;
+
+/// The grant that ends the outage: of the grants after `killed_at`, the
+/// one with the longest wait since the grant before it (which may be
+/// before the kill). `grants` is sorted.
+fn outage_end(grants: &[Instant], killed_at: Instant) -> Option<Instant> {
+    grants
+        .windows(2)
+        .filter(|w| w[1] > killed_at)
+        .max_by_key(|w| w[1] - w[0])
+        .map(|w| w[1])
+        .or_else(|| grants.iter().copied().find(|t| *t > killed_at))
+}
+
 /// `raftlock-bench failover` arguments.
 #[derive(Args)]
 pub struct FailoverArgs {
@@ -53,8 +68,9 @@ pub struct FailoverResult {
     pub killed_index: usize,
     /// Its pid.
     pub killed_pid: i32,
-    /// Kill → first grant seen after it (`null` if none within the
-    /// timeout).
+    /// Kill → the end of the outage: the first grant after the longest
+    /// stretch without grants that ends after the kill (`null` if grants
+    /// did not flow again within the timeout).
     pub gap_ms: Option<f64>,
     /// Largest gap between consecutive grants in the second before the
     /// kill (the steady-state baseline).
@@ -134,12 +150,21 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
         args.target.endpoints[index]
     );
     let limit = killed_at + Duration::from_secs_f64(args.timeout);
-    let first_after = loop {
-        if let Some(t) = ctx.grants().into_iter().find(|t| *t > killed_at) {
-            break Some(t);
+    // Wait until grants flow again (a few in the last half second). The
+    // first grant seen after the kill is not the end of the outage: an
+    // answer the dead leader sent just before it died can arrive after.
+    let recovered = loop {
+        let now = Instant::now();
+        let recent = ctx
+            .grants()
+            .into_iter()
+            .filter(|t| *t > killed_at && now - *t <= Duration::from_millis(500))
+            .count();
+        if recent >= RECOVERED_GRANTS {
+            break true;
         }
-        if Instant::now() >= limit {
-            break None;
+        if now >= limit {
+            break false;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     };
@@ -147,7 +172,8 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_secs(1)).await;
     ctx.stop();
     load.await.context("load task")??;
-    let grants = ctx.grants();
+    let mut grants = ctx.grants();
+    grants.sort();
     let before: Vec<Instant> = grants.iter().copied().filter(|t| *t <= killed_at).collect();
     let steady_max_gap = before
         .windows(2)
@@ -155,6 +181,7 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
         .map(|w| w[1] - w[0])
         .max()
         .unwrap_or_default();
+    let first_after = recovered.then(|| outage_end(&grants, killed_at)).flatten();
     let result = FailoverResult {
         target: target.name().into(),
         killed_index: index,
@@ -168,7 +195,7 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
     };
     match result.gap_ms {
         Some(g) => println!(
-            "{} failover: kill leader -> next grant {g:.0} ms (steady-state max gap {:.1} ms, load {})",
+            "{} failover: kill leader -> grants flow again after {g:.0} ms (steady-state max gap {:.1} ms, load {})",
             result.target, result.steady_max_gap_ms, result.load_avg
         ),
         None => println!(
@@ -180,4 +207,42 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
         write_json(path, &result)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(base: Instant, ms: &[u64]) -> Vec<Instant> {
+        ms.iter()
+            .map(|m| base + Duration::from_millis(*m))
+            .collect()
+    }
+
+    #[test]
+    fn the_outage_ends_at_the_grant_after_the_longest_silence() {
+        let base = Instant::now();
+        let kill = base + Duration::from_millis(100);
+        // Steady grants, the kill, then grants again after ~1.1 s.
+        let g = at(base, &[90, 95, 99, 1_200, 1_202, 1_205]);
+        assert_eq!(
+            outage_end(&g, kill),
+            Some(base + Duration::from_millis(1_200))
+        );
+        // An answer the dead leader sent just before the kill arrives
+        // right after it: it does not end the outage.
+        let g = at(base, &[90, 95, 99, 100, 101, 1_200, 1_202]);
+        assert_eq!(
+            outage_end(&g, kill),
+            Some(base + Duration::from_millis(1_200))
+        );
+        // A kill that stopped nothing: the outage is the ordinary gap.
+        let g = at(base, &[90, 95, 99, 103, 105]);
+        assert_eq!(
+            outage_end(&g, kill),
+            Some(base + Duration::from_millis(103))
+        );
+        // Nothing after the kill: no end.
+        assert_eq!(outage_end(&at(base, &[90, 95]), kill), None);
+    }
 }
