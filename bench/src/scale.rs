@@ -402,7 +402,13 @@ pub async fn run(args: ScaleArgs) -> anyhow::Result<()> {
         #[cfg(feature = "etcd")]
         (Target::Etcd, Kind::SessionsHeld) => Holdings::Leases {
             client: Box::new(crate::targets::etcd::connect(&args.endpoints).await?),
-            leases: crate::targets::etcd_leases::HeldLeases::new(&args.endpoints[0], live_ttl),
+            // Keep-alives go to the leader, as raftlock's client sends
+            // them: a follower of etcd 3.4 forwards each one to the leader
+            // as an HTTP request of its own, one at a time per stream.
+            leases: crate::targets::etcd_leases::HeldLeases::new(
+                &args.endpoints[crate::targets::etcd::leader_index(&args.endpoints).await?],
+                live_ttl,
+            ),
         },
         (t, k) => anyhow::bail!(
             "scale --kind {k:?} runs against raftlock only, not {} (etcd: sessions-held, with the `etcd` feature)",

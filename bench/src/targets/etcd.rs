@@ -40,6 +40,23 @@ pub async fn connect(endpoints: &[String]) -> anyhow::Result<Client> {
         .context("connect to etcd")
 }
 
+/// Connects to the endpoints that accept a TCP connection now (all of
+/// them if none does). etcd-client balances with tonic's power of two
+/// choices, which keeps sending calls to a dead member: they fail at once,
+/// so it looks the least loaded. etcd's Go client stops using a member
+/// whose connection failed; a worker does the same by reconnecting after a
+/// failed call.
+async fn connect_live(endpoints: &[String]) -> anyhow::Result<Client> {
+    let mut live = Vec::new();
+    for ep in endpoints {
+        let probe = tokio::net::TcpStream::connect(ep.as_str());
+        if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_millis(200), probe).await {
+            live.push(ep.clone());
+        }
+    }
+    connect(if live.is_empty() { endpoints } else { &live }).await
+}
+
 /// Index into `endpoints` of the current leader.
 pub async fn leader_index(endpoints: &[String]) -> anyhow::Result<usize> {
     let mut leader = None;
@@ -121,6 +138,9 @@ impl EtcdWorker {
     /// until the lease expires, so give it up with the lease and start a
     /// new one, as a careful client does.
     async fn drop_orphans(&mut self) {
+        if let Ok(c) = connect_live(&self.opts.endpoints).await {
+            self.client = c;
+        }
         if let Some(old) = self.lease.take() {
             old.keeper.abort();
             // Through a failover the revoke may fail for a while; keep
