@@ -166,6 +166,9 @@ impl Drop for HeldLeases {
     }
 }
 
+/// How finely the keeper spreads a period's keep-alives.
+const SLICE: Duration = Duration::from_millis(10);
+
 /// The keeper: one stream; every ttl/3 a keep-alive for each lease,
 /// spread evenly over the period; reopened if it breaks.
 async fn keep(
@@ -202,13 +205,18 @@ async fn keep(
                 loop {
                     tick.tick().await;
                     let start = tokio::time::Instant::now();
-                    let n = ids.len().max(1) as u32;
-                    for (i, id) in ids.iter().enumerate() {
-                        // Spread over the period, as a client's timers would be.
-                        let at = start + period * (i as u32) / n;
-                        tokio::time::sleep_until(at).await;
-                        if tx.send(LeaseKeepAliveRequest { id: *id }).await.is_err() {
-                            return;
+                    // Spread over the period, as a client's timers would
+                    // be, one slice per SLICE (tokio's timers tick once a
+                    // millisecond: one sleep per lease would cap the rate
+                    // at ~1,000 keep-alives/s).
+                    let slices = (period.as_millis() / SLICE.as_millis()).max(1) as usize;
+                    let per_slice = ids.len().div_ceil(slices).max(1);
+                    for (k, chunk) in ids.chunks(per_slice).enumerate() {
+                        tokio::time::sleep_until(start + SLICE * k as u32).await;
+                        for id in chunk {
+                            if tx.send(LeaseKeepAliveRequest { id: *id }).await.is_err() {
+                                return;
+                            }
                         }
                     }
                 }
