@@ -55,6 +55,17 @@ fn read_dir_json<T: serde::de::DeserializeOwned>(dir: &Path) -> anyhow::Result<V
     Ok(out)
 }
 
+/// `path` parsed as JSON, or `None` if it cannot be read (a step that did
+/// not run leaves no file); a file that is there but does not parse is an
+/// error.
+fn read_json_if_present<T: serde::de::DeserializeOwned>(path: &Path) -> anyhow::Result<Option<T>> {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Ok(None);
+    };
+    let value = serde_json::from_str(&text).with_context(|| format!("parse {}", path.display()))?;
+    Ok(Some(value))
+}
+
 fn first_line_value(path: &str, key: &str) -> Option<String> {
     std::fs::read_to_string(path).ok().and_then(|t| {
         t.lines()
@@ -276,11 +287,9 @@ pub fn run(args: ReportArgs) -> anyhow::Result<()> {
     // Scale.
     let mut scale = Map::new();
     for p in &args.scale {
-        let Ok(text) = std::fs::read_to_string(p) else {
+        let Some(s) = read_json_if_present::<ScaleResult>(p)? else {
             continue;
         };
-        let s: ScaleResult =
-            serde_json::from_str(&text).with_context(|| format!("parse {}", p.display()))?;
         if s.kind == "sessions-held" {
             // Both systems: scale["sessions-held"]["raftlock" | "etcd"].
             let by_target = scale.entry(s.kind.clone()).or_insert_with(|| json!({}));
@@ -293,11 +302,9 @@ pub fn run(args: ReportArgs) -> anyhow::Result<()> {
     // Stage breakdowns, by workload and client count.
     let mut stages = Map::new();
     for p in &args.stages {
-        let Ok(text) = std::fs::read_to_string(p) else {
+        let Some(r) = read_json_if_present::<RunResult>(p)? else {
             continue;
         };
-        let r: RunResult =
-            serde_json::from_str(&text).with_context(|| format!("parse {}", p.display()))?;
         stages.insert(
             format!("{}-{}", r.workload, r.clients),
             json!({
