@@ -160,15 +160,10 @@ impl Peer {
     /// answer is unreachable (openraft backs off), anything else a network
     /// error (retried at once).
     fn failed(&self, status: &tonic::Status) -> RpcError {
-        let err = Msg(format!(
-            "rpc to node {} at {}: {status}",
-            self.target, self.node.peer_addr
-        ));
-        if status.code() == tonic::Code::Unavailable {
-            RPCError::Unreachable(Unreachable::new(&err))
-        } else {
-            RPCError::Network(NetworkError::new(&err))
-        }
+        status_error(
+            format!("rpc to node {} at {}", self.target, self.node.peer_addr),
+            status,
+        )
     }
 
     /// Sends one unary RPC and counts it in the metrics if it fails.
@@ -331,6 +326,17 @@ impl RaftNetworkV2<TypeConfig> for Peer {
     }
 }
 
+/// A failed call as openraft sees it: `UNAVAILABLE` means the peer could
+/// not be reached, anything else is a network error. `what` names the call.
+fn status_error(what: String, status: &tonic::Status) -> RpcError {
+    let err = Msg(format!("{what}: {status}"));
+    if status.code() == tonic::Code::Unavailable {
+        RPCError::Unreachable(Unreachable::new(&err))
+    } else {
+        RPCError::Network(NetworkError::new(&err))
+    }
+}
+
 /// Requests sent on a replication stream and not yet answered, oldest
 /// first: when each left and which entries it carried.
 type InFlight = Arc<Mutex<VecDeque<(Instant, Option<(u64, u64)>)>>>;
@@ -411,17 +417,8 @@ impl Peer {
                 let item = match next {
                     Ok(None) => return None,
                     Err(status) => {
-                        let err = Msg(format!(
-                            "replication stream to node {target} at {node}: {status}"
-                        ));
-                        return Some((
-                            Err(if status.code() == tonic::Code::Unavailable {
-                                RPCError::Unreachable(Unreachable::new(&err))
-                            } else {
-                                RPCError::Network(NetworkError::new(&err))
-                            }),
-                            None,
-                        ));
+                        let what = format!("replication stream to node {target} at {node}");
+                        return Some((Err(status_error(what, &status)), None));
                     }
                     Ok(Some(msg)) => msg,
                 };
