@@ -6,7 +6,7 @@
 #![allow(dead_code)] // each test binary uses a part
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -36,7 +36,10 @@ where
         if let Some(v) = check().await {
             return v;
         }
-        assert!(Instant::now() < deadline, "timed out after {timeout:?}: {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?}: {what}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -69,11 +72,19 @@ pub struct Procs {
     children: BTreeMap<u64, Child>,
     /// Extra arguments for every node.
     extra: Vec<String>,
+    /// Data directories other than the default under `dir`.
+    dirs: BTreeMap<u64, PathBuf>,
 }
 
 impl Procs {
     /// Starts `n` nodes (node 1 bootstraps) with `extra` arguments each.
     pub fn start(n: u64, extra: &[&str]) -> Procs {
+        Self::start_with_dirs(n, extra, BTreeMap::new())
+    }
+
+    /// Like [`start`](Self::start), with the data of the nodes in `dirs`
+    /// there instead of in the cluster's temporary directory.
+    pub fn start_with_dirs(n: u64, extra: &[&str], dirs: BTreeMap<u64, PathBuf>) -> Procs {
         let addrs: BTreeMap<u64, String> = (1..=n)
             .map(|id| (id, format!("127.0.0.1:{}", free_port())))
             .collect();
@@ -88,6 +99,7 @@ impl Procs {
             peers,
             children: BTreeMap::new(),
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            dirs,
         };
         for id in 1..=n {
             procs.spawn(id, id == 1);
@@ -97,7 +109,10 @@ impl Procs {
 
     /// The data directory of node `id`.
     pub fn data_dir(&self, id: u64) -> PathBuf {
-        self.dir.path().join(format!("node-{id}"))
+        match self.dirs.get(&id) {
+            Some(dir) => dir.clone(),
+            None => self.dir.path().join(format!("node-{id}")),
+        }
     }
 
     /// Where node `id`'s standard error goes.
@@ -112,11 +127,7 @@ impl Procs {
 
     /// Starts node `id` from its data directory.
     pub fn spawn(&mut self, id: u64, init: bool) {
-        self.spawn_with_dir(id, init, &self.data_dir(id));
-    }
-
-    /// Starts node `id` with its data in `data_dir`.
-    pub fn spawn_with_dir(&mut self, id: u64, init: bool, data_dir: &Path) {
+        let data_dir = self.data_dir(id);
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -129,7 +140,7 @@ impl Procs {
             .arg("--listen")
             .arg(&self.addrs[&id])
             .arg("--data-dir")
-            .arg(data_dir)
+            .arg(&data_dir)
             .arg("--peers")
             .arg(&self.peers)
             .args(["--heartbeat-ms", "50"])
@@ -167,22 +178,26 @@ impl Procs {
     /// leader calls itself leader; returns its id.
     pub async fn leader(&self) -> u64 {
         let ids: Vec<u64> = self.children.keys().copied().collect();
-        eventually("a leader every running node agrees on", Duration::from_secs(30), || {
-            let ids = ids.clone();
-            async move {
-                let mut leader = None;
-                for id in &ids {
-                    let s = status(&self.addrs[id]).await?;
-                    if s.leader_id == 0 || leader.is_some_and(|l| l != s.leader_id) {
-                        return None;
+        eventually(
+            "a leader every running node agrees on",
+            Duration::from_secs(30),
+            || {
+                let ids = ids.clone();
+                async move {
+                    let mut leader = None;
+                    for id in &ids {
+                        let s = status(&self.addrs[id]).await?;
+                        if s.leader_id == 0 || leader.is_some_and(|l| l != s.leader_id) {
+                            return None;
+                        }
+                        leader = Some(s.leader_id);
                     }
-                    leader = Some(s.leader_id);
+                    let l = leader?;
+                    let s = status(self.addrs.get(&l)?).await?;
+                    (s.role == "leader").then_some(l)
                 }
-                let l = leader?;
-                let s = status(self.addrs.get(&l)?).await?;
-                (s.role == "leader").then_some(l)
-            }
-        })
+            },
+        )
         .await
     }
 
