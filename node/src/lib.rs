@@ -8,6 +8,7 @@ pub mod apply;
 pub mod auth;
 pub mod config;
 pub mod error;
+pub mod leader;
 pub mod leases;
 pub mod metrics;
 pub mod node;

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use openraft::{ServerState, SnapshotPolicy};
+use openraft::SnapshotPolicy;
 use raftlock_proto::v1::cluster_server::ClusterServer;
 use raftlock_proto::v1::locks_server::LocksServer;
 use raftlock_proto::v1::raft_server::RaftServer;
@@ -22,6 +22,7 @@ use crate::api::Api;
 use crate::apply::state_machine::StateMachineStore;
 use crate::apply::Raft;
 use crate::apply::Shared;
+use crate::leader::Leadership;
 use crate::raft::identity::ClusterIdentity;
 use crate::raft::log_store::{open_db, LogStore};
 use crate::raft::network::Network;
@@ -63,21 +64,14 @@ async fn seed_from_backup(api: Api, path: PathBuf) {
             return;
         }
     };
-    let id = api.0.id;
     let outcome = loop {
-        // A leader whose vote a quorum granted: openraft briefly reports a
-        // bootstrapping node as leader before its election.
-        let mut metrics = api.0.raft.metrics();
-        let led = tokio::time::timeout_at(
-            deadline,
-            crate::raft::wait_metrics(&mut metrics, |m| {
-                m.state == ServerState::Leader
-                    && m.current_leader == Some(id)
-                    && m.vote.is_committed()
-            }),
-        )
+        // A working leader: elected (or restored) and caught up.
+        let mut view = api.0.leadership.watch();
+        let led = tokio::time::timeout_at(deadline, async {
+            view.wait_for(|v| v.working_leader()).await.is_ok()
+        })
         .await;
-        if !matches!(led, Ok(Some(_))) {
+        if led != Ok(true) {
             tracing::error!(
                 path = %path.display(),
                 "restore: this node did not become leader; restore with `raftlock snapshot restore FILE` instead"
@@ -213,6 +207,8 @@ pub struct Node {
     pub raft: Raft,
     /// Table and observers.
     pub shared: Arc<Shared>,
+    /// The node's view of its own leadership (and of its Raft core).
+    pub leadership: Arc<Leadership>,
     stop: watch::Sender<bool>,
     /// Serves the client listener and, if any, the peer listener.
     server: JoinHandle<Result<(), tonic::transport::Error>>,
@@ -316,15 +312,23 @@ impl Node {
         let seed = (opts.init && fresh && seed.exists()).then_some(seed);
 
         let (stop, stop_rx) = watch::channel(false);
+        let leadership = Leadership::new(
+            opts.id,
+            raft.clone(),
+            shared.clone(),
+            opts.timing.election_timeout.1,
+            opts.data_dir.clone(),
+        );
         let api = Api::new(
             opts.id,
             opts.advertise.clone(),
             raft.clone(),
             shared.clone(),
+            leadership.clone(),
             opts.auth.clone(),
         );
         // Standard gRPC health checking: SERVING while this node knows a
-        // leader (see `follow_leadership`); and server reflection so grpcurl
+        // leader (see `Leadership::follow`); and server reflection so grpcurl
         // and friends need no .proto file.
         let (health, health_service) = tonic_health::server::health_reporter();
         // Both reflection versions: grpc.reflection.v1, and v1alpha for
@@ -418,21 +422,15 @@ impl Node {
                     }
                 }
             })),
-            tokio::spawn(follow_leadership(
-                opts.id,
-                raft.clone(),
-                shared.clone(),
-                health,
-                opts.timing.election_timeout.1,
-            )),
+            tokio::spawn(leadership.clone().follow(health)),
         ];
         if let Some(path) = seed {
             tasks.push(tokio::spawn(seed_from_backup(api.clone(), path)));
         }
         if let Some(listener) = metrics {
             let gauges = {
-                let (raft, shared) = (raft.clone(), shared.clone());
-                move || gauges(&raft, &shared)
+                let (raft, shared, leadership) = (raft.clone(), shared.clone(), leadership.clone());
+                move || gauges(&raft, &shared, &leadership)
             };
             let serve = crate::metrics::serve(listener, shared.metrics.clone(), gauges, shutdown());
             tasks.push(tokio::spawn(async move {
@@ -446,11 +444,20 @@ impl Node {
             addr: opts.advertise,
             raft,
             shared,
+            leadership,
             stop,
             server,
             tasks,
             log_closed,
         })
+    }
+
+    /// Resolves with the cause once this node's Raft core has stopped on
+    /// its own (a storage error, a panic): health is `NOT_SERVING` by then
+    /// and every request is refused. The process should exit non-zero so
+    /// that its supervisor restarts it (see `raftlockd run`).
+    pub async fn failed(&self) -> String {
+        self.leadership.failed().await
     }
 
     /// Stops serving and shuts Raft down, flushing what it has. Returns
@@ -544,102 +551,15 @@ fn peers_only(
     }
 }
 
-/// Starts and stops the lease keeper as this node gains and loses
-/// leadership.
-async fn follow_leadership(
-    id: NodeId,
-    raft: Raft,
-    shared: Arc<Shared>,
-    health: tonic_health::server::HealthReporter,
-    quorum_timeout: Duration,
-) {
-    let mut metrics = raft.metrics();
-    let mut serving = None;
-    // A leader cut off from its followers does not learn it is deposed
-    // until it hears from them, so also look at the clock.
-    let mut tick = tokio::time::interval(quorum_timeout / 2);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // Since when this node has led its current term (a leader that has
-    // never heard from a quorum counts from there).
-    let mut leading_since: Option<(u64, std::time::Instant)> = None;
-    loop {
-        let (leading, term, has_leader, quorum_lost) = {
-            let m = metrics.borrow_and_update();
-            let leading = m.state == ServerState::Leader && m.current_leader == Some(id);
-            if !leading {
-                leading_since = None;
-            } else if leading_since.is_none_or(|(t, _)| t != m.current_term) {
-                leading_since = Some((m.current_term, std::time::Instant::now()));
-            }
-            // Single-node clusters have no one to ack; they never lose quorum.
-            let voters = m.membership_config.membership().voter_ids().count();
-            let silent = match &m.last_quorum_acked {
-                Some(at) => openraft::Instant::elapsed(&**at),
-                None => leading_since.map_or(Duration::ZERO, |(_, since)| since.elapsed()),
-            };
-            let quorum_lost = leading && voters > 1 && silent > quorum_timeout;
-            (
-                leading,
-                m.current_term,
-                m.current_leader.is_some(),
-                quorum_lost,
-            )
-        };
-        let healthy = has_leader && !quorum_lost;
-        if serving != Some(healthy) {
-            serving = Some(healthy);
-            let status = if healthy {
-                tonic_health::ServingStatus::Serving
-            } else {
-                tonic_health::ServingStatus::NotServing
-            };
-            health.set_service_status("", status).await;
-            health.set_service_status("raftlock.v1.Locks", status).await;
-            health
-                .set_service_status("raftlock.v1.Cluster", status)
-                .await;
-        }
-        if leading && !quorum_lost {
-            // Counting for this term (a new term re-arms everything at full
-            // length; the same term after a quorum blip goes on).
-            shared.read(|applied| shared.leases.activate_for_term(term, &applied.table));
-        } else if leading && quorum_lost {
-            // Cut off from a quorum but still leader of this term: the
-            // deadlines stay valid for as long as it leads (a quorum that
-            // elected another leader would refuse it); propose and
-            // acknowledge nothing until the quorum is back. Parked
-            // requests go to retry where they can be answered.
-            if shared.leases.is_active() && !shared.leases.is_paused() {
-                tracing::info!(term, "leases: quorum lost, pausing");
-                shared.leases.pause();
-                shared.waiters.fail_all();
-            }
-        } else if shared.leases.is_active() {
-            // Deposed: stop counting leases (a new leader counts them) and
-            // send parked requests to retry where they can be answered.
-            tracing::info!(term, "leases: not the leader, stop counting");
-            shared.leases.deactivate();
-            shared.waiters.fail_all();
-        }
-        tokio::select! {
-            changed = metrics.changed() => {
-                if changed.is_err() {
-                    return;
-                }
-            }
-            _ = tick.tick() => {}
-        }
-    }
-}
-
 /// What `/metrics` shows of Raft and the lock table right now.
-fn gauges(raft: &Raft, shared: &Shared) -> crate::metrics::Gauges {
+fn gauges(raft: &Raft, shared: &Shared, leadership: &Leadership) -> crate::metrics::Gauges {
     let m = raft.metrics().borrow_watched().clone();
+    let view = leadership.view();
     let stats = shared.read(|applied| applied.table.stats());
     crate::metrics::Gauges {
-        term: m.current_term,
-        is_leader: m.state == openraft::ServerState::Leader,
-        leader_id: m.current_leader.unwrap_or(0),
+        term: view.term,
+        is_leader: view.working_leader(),
+        leader_id: view.leader.unwrap_or(0),
         commit_index: shared.committed.load(std::sync::atomic::Ordering::Relaxed),
         applied_index: m.last_applied.map_or(0, |l| l.index),
         last_log_index: m.last_log_index.unwrap_or(0),

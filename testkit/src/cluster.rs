@@ -280,21 +280,24 @@ impl TestCluster {
         .expect("client")
     }
 
-    /// Waits until the running nodes agree on a running leader; returns it.
+    /// Waits until the running nodes agree on a running leader that is a
+    /// working leader (caught up, counting leases); returns it.
     pub async fn wait_for_leader(&self) -> u64 {
         eventually("a leader all running nodes agree on", WAIT, || async {
             let mut leader = None;
             for node in self.nodes.values() {
-                let m = node.raft.metrics().borrow_watched().clone();
-                let l = m.current_leader?;
+                let l = node.leadership.view().leader?;
                 if leader.is_some_and(|x| x != l) || !self.nodes.contains_key(&l) {
                     return None;
                 }
                 leader = Some(l);
             }
             let l = leader?;
-            // The leader must be counting leases (it has taken over).
-            self.nodes[&l].shared.leases.is_active().then_some(l)
+            self.nodes[&l]
+                .leadership
+                .view()
+                .working_leader()
+                .then_some(l)
         })
         .await
     }

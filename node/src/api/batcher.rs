@@ -15,6 +15,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::apply::Raft;
 use crate::error::Error;
+use crate::leader::Leadership;
 use crate::metrics::stages::{between, Stage};
 use crate::metrics::Metrics;
 use crate::raft::WatchReceiver as _;
@@ -92,9 +93,9 @@ pub struct Batcher {
 
 impl Batcher {
     /// Starts the batching task for `raft`, timing writes into `metrics`.
-    pub fn start(raft: Raft, metrics: Arc<Metrics>) -> Batcher {
+    pub fn start(raft: Raft, leadership: Arc<Leadership>, metrics: Arc<Metrics>) -> Batcher {
         let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
-        tokio::spawn(run(raft, metrics, rx));
+        tokio::spawn(run(raft, leadership, metrics, rx));
         Batcher { tx }
     }
 
@@ -115,7 +116,12 @@ impl Batcher {
     }
 }
 
-async fn run(raft: Raft, metrics: Arc<Metrics>, mut rx: mpsc::Receiver<Pending>) {
+async fn run(
+    raft: Raft,
+    leadership: Arc<Leadership>,
+    metrics: Arc<Metrics>,
+    mut rx: mpsc::Receiver<Pending>,
+) {
     let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     // A request that did not fit the last batch starts the next.
     let mut carry: Option<Pending> = None;
@@ -142,6 +148,7 @@ async fn run(raft: Raft, metrics: Arc<Metrics>, mut rx: mpsc::Receiver<Pending>)
             batch.push(p);
         }
         let raft = raft.clone();
+        let leadership = leadership.clone();
         let metrics = metrics.clone();
         tokio::spawn(async move {
             let proposed = Instant::now();
@@ -153,7 +160,7 @@ async fn run(raft: Raft, metrics: Arc<Metrics>, mut rx: mpsc::Receiver<Pending>)
                 commands.push(p.command);
                 replies.push(p.reply);
             }
-            wait_for_lease(&raft).await;
+            leadership.wait_first_quorum().await;
             match raft.client_write(Batch(commands)).await {
                 Ok(resp) => {
                     let responded = Instant::now();
@@ -184,33 +191,6 @@ async fn run(raft: Raft, metrics: Arc<Metrics>, mut rx: mpsc::Receiver<Pending>)
             drop(permit);
         });
     }
-}
-
-/// How long a proposal waits for a newly elected leader's first quorum
-/// acknowledgement.
-pub const LEASE_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
-
-/// Waits (at most [`LEASE_WAIT`]) until this leader has heard from a quorum
-/// in its term. openraft 0.10 refuses a leader's writes until then (as "not
-/// the leader": it cannot know it still leads), which right after an
-/// election would turn away the first requests the new leader gets. A
-/// leader that heard from a quorum once and then lost it is refused at once
-/// (by openraft, as before), not held here.
-async fn wait_for_lease(raft: &Raft) {
-    let unconfirmed = |m: &crate::raft::RaftMetrics| {
-        m.state == openraft::ServerState::Leader
-            && m.last_quorum_acked.is_none()
-            && m.membership_config.membership().voter_ids().count() > 1
-    };
-    let mut metrics = raft.metrics();
-    if !unconfirmed(&metrics.borrow_watched()) {
-        return;
-    }
-    let _ = tokio::time::timeout(
-        LEASE_WAIT,
-        crate::raft::wait_metrics(&mut metrics, |m| !unconfirmed(m)),
-    )
-    .await;
 }
 
 #[cfg(test)]

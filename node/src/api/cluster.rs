@@ -2,7 +2,6 @@
 
 use std::collections::BTreeSet;
 
-use openraft::ServerState;
 use raftlock_proto::v1 as pb;
 use raftlock_proto::v1::cluster_server::Cluster;
 use tonic::{Request, Response, Status};
@@ -26,16 +25,6 @@ fn members(m: &StoredMembership) -> Vec<pb::Member> {
         .collect()
 }
 
-fn role(state: ServerState) -> &'static str {
-    match state {
-        ServerState::Leader => "leader",
-        ServerState::Follower => "follower",
-        ServerState::Candidate => "candidate",
-        ServerState::Learner => "learner",
-        ServerState::Shutdown => "shutdown",
-    }
-}
-
 /// How long `AddNode` waits for a new node to catch up before giving up
 /// (the node then stays a learner).
 pub const ADD_NODE_CATCH_UP: std::time::Duration = std::time::Duration::from_secs(30);
@@ -49,21 +38,25 @@ impl Api {
         index: u64,
         timeout: std::time::Duration,
     ) -> Result<(), Error> {
+        // Progress from openraft's replication metrics; whether this node
+        // still leads from the leadership owner.
         let mut metrics = self.0.raft.metrics();
+        let leadership = &self.0.leadership;
+        let leading = || leadership.view().role == crate::leader::Role::Leader;
         let caught_up = crate::raft::wait_metrics(&mut metrics, |m| {
             m.replication
                 .as_ref()
                 .and_then(|r| r.get(&id))
                 .and_then(|matched| *matched)
                 .is_some_and(|l| l.index >= index)
-                || m.state != openraft::ServerState::Leader
+                || !leading()
         });
         let outcome = tokio::time::timeout(timeout, caught_up)
             .await
-            .map(|r| r.map(|m| m.state == openraft::ServerState::Leader));
+            .map(|r| r.is_some() && leading());
         match outcome {
-            Ok(Some(true)) => Ok(()),
-            Ok(_) => Err(self.not_leader()),
+            Ok(true) => Ok(()),
+            Ok(false) => Err(self.not_leader()),
             Err(_) => Err(Error::FailedPrecondition(format!(
                 "node {id} at {addr} did not catch up within {:.1} s; it stays a learner \
                  (not a voter): check that it runs and is reachable, then add it again or remove it",
@@ -82,8 +75,9 @@ impl Cluster for Api {
         let _timer = self.0.shared.metrics.timer(crate::metrics::Method::Status);
         self.caller(&req)?.require_any(Permission::Read)?;
         let m = self.0.raft.metrics().borrow_watched().clone();
-        let leader_addr = m
-            .current_leader
+        let view = self.0.leadership.view();
+        let leader_addr = view
+            .leader
             .and_then(|l| {
                 m.membership_config
                     .membership()
@@ -100,9 +94,9 @@ impl Cluster for Api {
         Ok(Response::new(pb::StatusResponse {
             id: self.0.id,
             addr: self.0.addr.clone(),
-            role: role(m.state).to_string(),
-            term: m.current_term,
-            leader_id: m.current_leader.unwrap_or(0),
+            role: view.status_role().to_string(),
+            term: view.term,
+            leader_id: view.leader.unwrap_or(0),
             leader_addr,
             commit_index: self
                 .0
@@ -128,7 +122,7 @@ impl Cluster for Api {
         let m = self.0.raft.metrics().borrow_watched().clone();
         Ok(Response::new(pb::MembersResponse {
             members: members(&m.membership_config),
-            leader_id: m.current_leader.unwrap_or(0),
+            leader_id: self.0.leadership.view().leader.unwrap_or(0),
         }))
     }
 

@@ -18,7 +18,6 @@ use crate::error::Error;
 use crate::leases::KeepAliveError;
 use crate::metrics::stages::Stage;
 use crate::raft::log_index_of;
-use crate::raft::WatchReceiver as _;
 use crate::state::limits::WAIT_FOREVER;
 use crate::state::{Acquired, Command, Fence, LockName, Refusal, Reply, SessionId};
 
@@ -219,7 +218,7 @@ impl Locks for Api {
                         None => break,
                     }
                 }
-                let confirmed = api.confirm_leadership().await;
+                let confirmed = api.0.leadership.confirm().await;
                 for session in batch.drain(..) {
                     let result = match &confirmed {
                         Err(e) => Err(e.clone()),
@@ -552,21 +551,5 @@ impl Api {
             .metrics
             .count(crate::metrics::Counter::KeepAlives);
         Ok(ttl)
-    }
-
-    /// `NotLeader` with the leader this node knows of.
-    pub fn not_leader(&self) -> Error {
-        let metrics = self.0.raft.metrics().borrow_watched().clone();
-        let leader = metrics
-            .current_leader
-            .filter(|l| *l != self.0.id)
-            .and_then(|l| {
-                metrics
-                    .membership_config
-                    .membership()
-                    .get_node(&l)
-                    .map(|n| (l, n.addr.clone()))
-            });
-        Error::NotLeader { leader }
     }
 }

@@ -32,23 +32,16 @@ pub mod convert;
 pub mod locks;
 pub mod raft_service;
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-
-use tokio::sync::oneshot;
+use std::sync::Arc;
 
 use crate::apply::Raft;
 use crate::apply::Shared;
 use crate::auth::{Auth, Caller};
 use crate::error::Error;
+use crate::leader::Leadership;
 use crate::metrics::stages::{between, Stage};
 use crate::raft::NodeId;
-use crate::raft::WatchReceiver as _;
 use crate::state::{Command, Reply};
-
-/// How often a pending write looks whether its leader lost its quorum
-/// (it then fails fast instead of hanging until the client's deadline).
-pub const QUORUM_CHECK: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// State shared by the public services.
 pub struct ApiInner {
@@ -60,17 +53,14 @@ pub struct ApiInner {
     pub raft: Raft,
     /// Table, waiters, leases, watch.
     pub shared: Arc<Shared>,
-    /// Coalesces leadership confirmations.
-    leader_check: LeaderCheck,
+    /// Answers every "may I" (write, read, renew, call myself leader).
+    pub leadership: Arc<Leadership>,
     /// Groups concurrent writes into one log entry.
     batcher: batcher::Batcher,
     /// Open `Watch` streams.
     pub(crate) watches: Arc<std::sync::atomic::AtomicUsize>,
     /// Access control.
     pub auth: Arc<Auth>,
-    /// The term in which this process, as leader, has had an entry of its
-    /// own committed and applied (0: none yet); see [`Api::read_barrier`].
-    read_ready_term: AtomicU64,
 }
 
 /// The public services (`Locks`, `Cluster`); cheap to clone.
@@ -79,18 +69,24 @@ pub struct Api(pub Arc<ApiInner>);
 
 impl Api {
     /// Services for the node `id` at `addr`.
-    pub fn new(id: NodeId, addr: String, raft: Raft, shared: Arc<Shared>, auth: Arc<Auth>) -> Self {
+    pub fn new(
+        id: NodeId,
+        addr: String,
+        raft: Raft,
+        shared: Arc<Shared>,
+        leadership: Arc<Leadership>,
+        auth: Arc<Auth>,
+    ) -> Self {
         let metrics = shared.metrics.clone();
         Api(Arc::new(ApiInner {
             id,
             addr,
             raft: raft.clone(),
             shared,
-            leader_check: LeaderCheck::default(),
-            batcher: batcher::Batcher::start(raft.clone(), metrics),
+            batcher: batcher::Batcher::start(raft, leadership.clone(), metrics),
+            leadership,
             watches: Arc::default(),
             auth,
-            read_ready_term: AtomicU64::new(0),
         }))
     }
 
@@ -103,33 +99,23 @@ impl Api {
     /// log index and the table's reply (refusals as errors).
     pub async fn write(&self, command: Command) -> Result<(u64, Reply), Error> {
         let received = std::time::Instant::now();
-        self.check_running()?;
-        let leases = &self.0.shared.leases;
-        if leases.is_paused() {
-            // This leader has lost its quorum (see `follow_leadership`):
-            // nothing it proposes can commit until it is back, and another
-            // node may be leader by now. Not proposed, so surely not applied.
-            return Err(Error::NotLeader { leader: None });
-        }
+        // A leader cut off from its quorum proposes nothing: it could not
+        // commit, and another node may lead by now. Not proposed, so surely
+        // not applied.
+        self.0.leadership.may_write()?;
         let stages = &self.0.shared.metrics.stages;
         let submit = async {
             stages.record(Stage::Receive, received.elapsed(), 1);
             self.0.batcher.submit(command).await
         };
-        tokio::pin!(submit);
-        let (index, response, responded) = loop {
-            tokio::select! {
-                done = &mut submit => break done?,
-                _ = tokio::time::sleep(QUORUM_CHECK) => {
-                    if leases.is_paused() {
-                        return Err(Error::Timeout(
-                            "this leader lost its quorum while the write was pending; the \
-                             outcome is unknown (it may still commit): retry with the same \
-                             session_id and seq"
-                                .into(),
-                        ));
-                    }
-                }
+        let (index, response, responded) = tokio::select! {
+            done = submit => done?,
+            _ = self.0.leadership.quorum_lost() => {
+                return Err(Error::Timeout(
+                    "this leader lost its quorum while the write was pending; the outcome is \
+                     unknown (it may still commit): retry with the same session_id and seq"
+                        .into(),
+                ));
             }
         };
         let replied = std::time::Instant::now();
@@ -192,118 +178,20 @@ impl Api {
         ))
     }
 
-    /// Fails at once if this node is stopping.
+    /// Fails at once if this node is stopping or its Raft core has
+    /// stopped.
     pub fn check_running(&self) -> Result<(), Error> {
-        if self
-            .0
-            .shared
-            .stopping
-            .load(std::sync::atomic::Ordering::SeqCst)
-        {
-            return Err(Error::Unavailable("this node is stopping".into()));
-        }
-        Ok(())
+        self.0.leadership.check_running()
     }
 
     /// Waits until this node's table reflects every write committed before
-    /// the call (openraft's read-index), unless `stale`.
-    ///
-    /// openraft's read index is the larger of the leader's first entry of
-    /// its term and its commit index. A leader restarted with its term
-    /// (openraft restores a leader whose vote is committed) starts from the
-    /// commit index it saved, which can lag what it acknowledged before it
-    /// stopped, and its first entry of the term is old: that read index
-    /// would serve a table missing acknowledged writes. So before its first
-    /// linearizable read in a term, this process as leader has an empty
-    /// entry of its own committed and applied, which brings the commit
-    /// index past everything committed before.
+    /// the call, unless `stale` (see [`Leadership::read_barrier`]).
     pub async fn read_barrier(&self, stale: bool) -> Result<(), Error> {
-        self.check_running()?;
-        if stale {
-            return Ok(());
-        }
-        let (leading, term) = {
-            let m = self.0.raft.metrics();
-            let m = m.borrow_watched();
-            (m.state == openraft::ServerState::Leader, m.current_term)
-        };
-        if leading && self.0.read_ready_term.load(Ordering::Acquire) != term {
-            self.0
-                .raft
-                .client_write(crate::raft::Batch(Vec::new()))
-                .await?;
-            self.0.read_ready_term.store(term, Ordering::Release);
-        }
-        self.0
-            .raft
-            .ensure_linearizable(openraft::ReadPolicy::ReadIndex)
-            .await?;
-        Ok(())
+        self.0.leadership.read_barrier(stale).await
     }
 
-    /// Confirms leadership with a quorum in a round that starts after this
-    /// call; concurrent callers share rounds. Also makes sure the lease
-    /// keeper counts for the current term.
-    pub async fn confirm_leadership(&self) -> Result<(), Error> {
-        self.check_running()?;
-        self.0.leader_check.confirm(&self.0.raft).await?;
-        let term = self.0.raft.metrics().borrow_watched().current_term;
-        let leases = &self.0.shared.leases;
-        self.0
-            .shared
-            .read(|applied| leases.activate_for_term(term, &applied.table));
-        Ok(())
-    }
-}
-
-/// Leadership confirmations in shared rounds: a caller joins the next round
-/// that starts after it arrives, never one already under way (that round
-/// could have collected its acknowledgements before the caller's request
-/// existed).
-#[derive(Default)]
-struct LeaderCheck {
-    state: Arc<Mutex<CheckState>>,
-}
-
-#[derive(Default)]
-struct CheckState {
-    running: bool,
-    pending: Vec<oneshot::Sender<Result<(), Error>>>,
-}
-
-impl LeaderCheck {
-    async fn confirm(&self, raft: &Raft) -> Result<(), Error> {
-        let (tx, rx) = oneshot::channel();
-        let start = {
-            let mut s = self.state.lock().expect("leader check lock poisoned");
-            s.pending.push(tx);
-            !std::mem::replace(&mut s.running, true)
-        };
-        if start {
-            let state = self.state.clone();
-            let raft = raft.clone();
-            tokio::spawn(async move {
-                loop {
-                    let batch = {
-                        let mut s = state.lock().expect("leader check lock poisoned");
-                        if s.pending.is_empty() {
-                            s.running = false;
-                            return;
-                        }
-                        std::mem::take(&mut s.pending)
-                    };
-                    let result = raft
-                        .ensure_linearizable(openraft::ReadPolicy::ReadIndex)
-                        .await
-                        .map(|_| ())
-                        .map_err(Error::from);
-                    for tx in batch {
-                        let _ = tx.send(result.clone());
-                    }
-                }
-            });
-        }
-        rx.await
-            .map_err(|_| Error::Unavailable("node shutting down".into()))?
+    /// `NotLeader` with the leader this node knows of.
+    pub fn not_leader(&self) -> Error {
+        self.0.leadership.not_leader()
     }
 }

@@ -188,10 +188,26 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         metrics = ?metrics_listen,
         "raftlockd serving"
     );
-    wait_for_signal().await;
+    tokio::select! {
+        _ = wait_for_signal() => {}
+        cause = node.failed() => fail_stop(node.id, &cause),
+    }
     tracing::info!("shutting down");
     node.shutdown().await;
     Ok(())
+}
+
+/// Ends the process after a fatal error of node `id`'s Raft core: health
+/// already says `NOT_SERVING`; a node never runs on with a dead core. The
+/// supervisor (systemd's `Restart=`, Kubernetes) starts it again and Raft
+/// catches it up.
+fn fail_stop(id: u64, cause: &str) -> ! {
+    tracing::error!(
+        node = id,
+        "FATAL: {cause}; exiting so that the supervisor restarts this node"
+    );
+    eprintln!("raftlockd: node {id}: fatal: {cause}");
+    std::process::exit(EXIT_FATAL)
 }
 
 fn restore(
@@ -297,7 +313,15 @@ async fn dev(args: DevArgs) -> anyhow::Result<()> {
         _ = wait_for_signal() => true,
     };
     if !stopped_early {
-        wait_for_signal().await;
+        let failed = futures::future::select_all(
+            nodes
+                .iter()
+                .map(|n| Box::pin(async move { (n.id, n.failed().await) })),
+        );
+        tokio::select! {
+            _ = wait_for_signal() => {}
+            ((id, cause), _, _) = failed => fail_stop(id, &cause),
+        }
     }
     for node in nodes {
         node.shutdown().await;
@@ -352,6 +376,9 @@ async fn reload_acl_on_sighup(auth: Arc<Auth>, path: PathBuf) {
         let _ = (auth, path);
     }
 }
+
+/// Exit status of a node whose Raft core stopped on a fatal error.
+const EXIT_FATAL: i32 = 70;
 
 async fn wait_for_signal() {
     #[cfg(unix)]
