@@ -160,7 +160,7 @@ start_raftlock() { # start_raftlock ID [--init]
   local i=$1; shift
   RUST_LOG=${RUST_LOG:-warn} "$RAFTLOCKD" run --id "$i" --listen "127.0.0.1:$((BASE_PORT + i))" \
     --metrics-listen "127.0.0.1:$((BASE_PORT + 10 + i))" \
-    --data-dir "$TMP/raftlock-$i" --peers "$RL_PEERS" "$@" >>"$TMP/raftlock-$i.log" 2>&1 &
+    --data-dir "$TMP/raftlock-$i" --peers "$RL_PEERS" --insecure-peers "$@" >>"$TMP/raftlock-$i.log" 2>&1 &
   PID[raftlock$i]=$!
 }
 start_etcd() { # start_etcd ID  (a restart reuses the data dir; the flags are then ignored)

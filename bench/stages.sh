@@ -64,7 +64,7 @@ start() { # start ID [--init]
   # shellcheck disable=SC2086
   RUST_LOG=${RUST_LOG:-warn} "$BIN_DIR/raftlockd" run --id "$i" --listen "127.0.0.1:$((BASE_PORT + i))" \
     --metrics-listen "127.0.0.1:$((BASE_PORT + 10 + i))" --data-dir "$TMP/raftlock-$i" \
-    --peers "$PEERS" ${RAFTLOCKD_ARGS:-} "$@" >>"$TMP/raftlock-$i.log" 2>&1 &
+    --peers "$PEERS" --insecure-peers ${RAFTLOCKD_ARGS:-} "$@" >>"$TMP/raftlock-$i.log" 2>&1 &
   PIDS+=($!)
 }
 start 2; start 3; sleep 0.3; start 1 --init

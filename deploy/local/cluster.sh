@@ -184,6 +184,9 @@ start_node() {
     port_busy "$(metrics_port "$i")" && die "port $(metrics_port "$i") (node $i metrics) is already in use"
     local args=(run --id "$i" --listen "$(addr "$i")" --data-dir "$(datadir "$i")"
         --metrics-listen "$HOST:$(metrics_port "$i")")
+    # Loopback only: nothing but this machine can reach the Raft service.
+    # Set RAFTLOCK_ACL_FILE (with a peer_token) to run authenticated anyway.
+    [ -n "${RAFTLOCK_ACL_FILE:-}" ] || args+=(--insecure-peers)
     # Node 1 bootstraps; --init does nothing once its data directory has data.
     if [ "$i" = 1 ]; then args+=(--peers "$(peers)" --init); fi
     echo "=== $(date '+%F %T') starting: raftlockd ${args[*]}" >>"$(logfile "$i")"

@@ -114,6 +114,12 @@ impl View {
             && !(self.role == Role::Leader && self.quorum_lost)
     }
 
+    /// Whether the process still works: its Raft core runs (for liveness
+    /// probes; see [`LIVENESS_SERVICE`]).
+    pub fn alive(&self) -> bool {
+        self.role != Role::Stopped && self.fatal.is_none()
+    }
+
     /// The role `Status` reports: "leader" only for a working leader; a
     /// node that openraft calls leader but that has not yet committed an
     /// entry of its own term, or has lost its quorum, is still establishing
@@ -482,7 +488,7 @@ impl Leadership {
     /// when the core has stopped.
     pub async fn follow(self: Arc<Self>, health: tonic_health::server::HealthReporter) {
         let mut metrics = self.raft.metrics();
-        let mut serving = None;
+        let mut reported = None;
         // A leader cut off from its followers does not learn it is deposed
         // until it hears from them, so also look at the clock.
         let mut tick = tokio::time::interval(self.quorum_timeout / 2);
@@ -492,9 +498,10 @@ impl Leadership {
         loop {
             let m = metrics.borrow_and_update().clone();
             let view = self.settle_with(&m, core_gone);
-            if serving != Some(view.serving()) {
-                serving = Some(view.serving());
-                set_health(&health, view.serving()).await;
+            let health_now = (view.serving(), view.alive());
+            if reported != Some(health_now) {
+                reported = Some(health_now);
+                set_health(&health, health_now).await;
             }
             if view.role == Role::Leader && !view.ready && barrier_for != view.term {
                 // Arm the lease keeper as soon as the barrier applies, not
@@ -531,16 +538,28 @@ impl Leadership {
     }
 }
 
-/// Sets every service's health to `serving`.
-async fn set_health(health: &tonic_health::server::HealthReporter, serving: bool) {
-    let status = if serving {
-        tonic_health::ServingStatus::Serving
-    } else {
-        tonic_health::ServingStatus::NotServing
+/// The gRPC health service name that answers "does this process still
+/// work" (its Raft core runs), whether or not a leader is known: for
+/// liveness probes, which must not restart every node of a cluster that
+/// has lost its quorum.
+pub const LIVENESS_SERVICE: &str = "liveness";
+
+/// Sets the services' health: `""`, `raftlock.v1.Locks` and
+/// `raftlock.v1.Cluster` by `serving`, [`LIVENESS_SERVICE`] by `alive`.
+async fn set_health(health: &tonic_health::server::HealthReporter, (serving, alive): (bool, bool)) {
+    let status = |ok| {
+        if ok {
+            tonic_health::ServingStatus::Serving
+        } else {
+            tonic_health::ServingStatus::NotServing
+        }
     };
     for service in ["", "raftlock.v1.Locks", "raftlock.v1.Cluster"] {
-        health.set_service_status(service, status).await;
+        health.set_service_status(service, status(serving)).await;
     }
+    health
+        .set_service_status(LIVENESS_SERVICE, status(alive))
+        .await;
 }
 
 /// Leadership confirmations in shared rounds: a caller joins the next round

@@ -154,3 +154,28 @@ async fn a_bad_acl_file_stops_the_node_at_start() {
         "{stderr}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_with_peers_refuses_to_start_without_peer_authentication() {
+    let dir = tempfile::tempdir().expect("dir");
+    let out = Command::new(env!("CARGO_BIN_EXE_raftlockd"))
+        .args(["run", "--id", "1", "--listen", "127.0.0.1:1", "--init"])
+        .args(["--peers", "1=127.0.0.1:1,2=127.0.0.1:2,3=127.0.0.1:3"])
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .output()
+        .await
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("insecure_peers")
+            && stderr.contains("--insecure-peers")
+            && stderr.contains("peer_token"),
+        "{stderr}"
+    );
+    assert!(
+        !dir.path().join("data").exists(),
+        "nothing was written before the refusal"
+    );
+}

@@ -61,9 +61,11 @@ async fn restart_fast(procs: &mut Procs, leader: u64) -> bool {
     let term = status(&addr).await.expect("leader answers").term;
     procs.kill(leader).await;
     procs.spawn(leader, false);
-    let back = eventually("the restarted node answers", Duration::from_secs(20), || {
-        status(&addr)
-    })
+    let back = eventually(
+        "the restarted node answers",
+        Duration::from_secs(20),
+        || status(&addr),
+    )
     .await;
     back.term == term && back.leader_id == leader
 }
@@ -110,7 +112,11 @@ async fn a_restored_leader_never_renews_a_session_whose_expiry_committed() {
                 granted.fence
             ),
             // Not (yet) a working leader: the client retries elsewhere.
-            Err(status) => assert_eq!(status.code(), tonic::Code::Unavailable, "try {i}: {status:?}"),
+            Err(status) => assert_eq!(
+                status.code(),
+                tonic::Code::Unavailable,
+                "try {i}: {status:?}"
+            ),
         }
     }
     assert!(
@@ -134,7 +140,11 @@ async fn a_restored_leader_never_calls_an_acknowledged_session_expired() {
                 "try {i}: session {s}, opened and acknowledged before the restart, was \
                  answered {answer:?} by the restarted leader"
             ),
-            Err(status) => assert_eq!(status.code(), tonic::Code::Unavailable, "try {i}: {status:?}"),
+            Err(status) => assert_eq!(
+                status.code(),
+                tonic::Code::Unavailable,
+                "try {i}: {status:?}"
+            ),
         }
     }
     assert!(

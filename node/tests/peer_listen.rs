@@ -44,6 +44,7 @@ fn spawn(m: &Member, dir: &std::path::Path, peers: &str, init: bool) -> Child {
         .arg("300")
         .arg("--election-timeout-max-ms")
         .arg("500")
+        .arg("--insecure-peers")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .kill_on_drop(true);

@@ -161,8 +161,10 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         None => None,
     };
     warn_on_clear_tokens(&opts);
-    if merged.acl_file.is_none() {
-        // `raftlockd dev` stays quiet: it listens on loopback only.
+    if merged.acl_file.is_none() && !opts.tls.as_ref().is_some_and(|t| t.client_auth) {
+        // Only with --insecure-peers (or a single-node cluster, which has
+        // no peers yet); `raftlockd dev` stays quiet: it listens on
+        // loopback only.
         let peer_port = listen.peer.unwrap_or(listen.client);
         tracing::warn!(
             peer_listen = %peer_port,

@@ -93,6 +93,13 @@ pub struct Config {
     /// token; see deploy/README.md). SIGHUP reloads it.
     #[arg(long, env = "RAFTLOCK_ACL_FILE")]
     pub acl_file: Option<PathBuf>,
+    /// Run a node of a multi-member cluster without peer authentication
+    /// (no ACL file with a peer_token, no mutual TLS): anyone who can reach
+    /// its Raft port can then rewrite the replicated log. Without this
+    /// setting such a node refuses to start.
+    #[arg(long, env = "RAFTLOCK_INSECURE_PEERS", num_args = 0, default_missing_value = "true",
+          value_parser = clap::builder::FalseyValueParser::new())]
+    pub insecure_peers: Option<bool>,
 }
 
 /// A setting that cannot be used; names the setting.
@@ -165,6 +172,7 @@ impl Config {
             tls_client_auth: self.tls_client_auth.or(lower.tls_client_auth),
             metrics_listen: self.metrics_listen.or(lower.metrics_listen),
             acl_file: self.acl_file.or(lower.acl_file),
+            insecure_peers: self.insecure_peers.or(lower.insecure_peers),
         }
     }
 
@@ -308,6 +316,21 @@ impl Config {
                 }
                 Some(_) => {}
             }
+        }
+        // Secure by default: a node that will have peers authenticates
+        // them, or the operator says in so many words that it need not. A
+        // single-node cluster (init with itself alone) has no peers.
+        let single = init && peers.keys().all(|p| *p == id);
+        let peers_authenticated = acl.is_some() || tls.as_ref().is_some_and(|t| t.client_auth);
+        if !single && !peers_authenticated && !self.insecure_peers.unwrap_or(false) {
+            return Err(err(
+                "insecure_peers",
+                "this node's peers would not be authenticated, so anyone who can reach its \
+                 Raft port could rewrite the replicated log or stop the node: set acl_file \
+                 (with a peer_token) on every node, or mutual TLS (tls_cert, tls_key, tls_ca \
+                 and tls_client_auth); or pass --insecure-peers (RAFTLOCK_INSECURE_PEERS=true) \
+                 to run without, on a network only the cluster's nodes can reach",
+            ));
         }
         let defaults = RaftTiming::default();
         let ms = |v: Option<u64>, d: Duration| v.map(Duration::from_millis).unwrap_or(d);

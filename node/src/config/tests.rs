@@ -53,13 +53,59 @@ fn every_setting_is_a_flag_with_the_toml_meaning() {
     assert!(e.to_string().contains("invalid setting `peers`"), "{e}");
 }
 
+/// A node of a multi-member cluster on a trusted network.
 fn base() -> Config {
     Config {
         id: Some(1),
         listen: Some("127.0.0.1:7101".parse().expect("addr")),
         data_dir: Some("/tmp/x".into()),
+        insecure_peers: Some(true),
         ..Config::default()
     }
+}
+
+#[test]
+fn peers_must_be_authenticated_unless_the_operator_opts_out() {
+    let open = Config {
+        insecure_peers: None,
+        ..base()
+    };
+    // A node that joins or bootstraps a multi-member cluster.
+    for config in [
+        open.clone(),
+        Config {
+            init: Some(true),
+            peers: Some(BTreeMap::from([
+                (1, "127.0.0.1:7101".to_string()),
+                (2, "127.0.0.1:7102".to_string()),
+            ])),
+            ..open.clone()
+        },
+        Config {
+            insecure_peers: Some(false),
+            ..open.clone()
+        },
+    ] {
+        let e = config.validate().map(drop).expect_err("refused");
+        assert_eq!(e.setting, "insecure_peers");
+        assert!(e.reason.contains("--insecure-peers"), "{e}");
+        assert!(e.reason.contains("peer_token"), "{e}");
+    }
+    // A single-node cluster has no peers.
+    let single = Config {
+        init: Some(true),
+        ..open.clone()
+    };
+    single
+        .validate()
+        .expect("a single node needs no peer authentication");
+    // The flag and the variable opt out.
+    assert_eq!(
+        flags(&["--insecure-peers"]).expect("parse").insecure_peers,
+        Some(true)
+    );
+    let toml: Config = toml::from_str("insecure_peers = true\n").expect("toml");
+    open.or(toml).validate().expect("opted out");
 }
 
 #[test]
@@ -276,8 +322,10 @@ fn an_acl_file_turns_access_control_on_and_a_bad_one_is_refused() {
         "peer_token = \"0123456789abcdef\"\n[[rule]]\nidentity = \"a\"\nallow = \"read\"\n",
     )
     .expect("write");
+    // An ACL file authenticates peers (its peer_token): no opt-out needed.
     let (opts, _) = Config {
         acl_file: Some(good),
+        insecure_peers: None,
         ..base()
     }
     .validate()

@@ -146,6 +146,8 @@ impl Procs {
             .args(["--heartbeat-ms", "50"])
             .args(["--election-timeout-min-ms", "300"])
             .args(["--election-timeout-max-ms", "500"])
+            // Loopback only; these tests are not about peer authentication.
+            .arg("--insecure-peers")
             .args(&self.extra)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
