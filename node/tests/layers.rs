@@ -4,7 +4,7 @@
 //!
 //! An edge is a `crate::MODULE` path in a module's source outside its
 //! tests and comments; a module is a top-level file or folder of
-//! `node/src`. Two modules that import each other fail the test.
+//! `node/src`. A cycle of any length (a → b → c → a) fails the test.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -72,17 +72,46 @@ fn walk(dir: &Path, module: Option<&str>, graph: &mut Graph) {
     }
 }
 
-/// Pairs of modules that import each other.
-fn two_way(graph: &Graph) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    for (a, targets) in graph {
-        for b in targets {
-            if a < b && graph.get(b).is_some_and(|t| t.contains(a)) {
-                out.push((a.clone(), b.clone()));
+/// A cycle in `graph` (its modules in order, the first repeated at the
+/// end), if there is one: a depth-first search that meets a module already
+/// on its path has found one.
+fn cycle(graph: &Graph) -> Option<Vec<String>> {
+    #[derive(Clone, Copy, PartialEq)]
+    enum Mark {
+        OnPath,
+        Done,
+    }
+    fn visit(
+        graph: &Graph,
+        module: &str,
+        marks: &mut BTreeMap<String, Mark>,
+        path: &mut Vec<String>,
+    ) -> Option<Vec<String>> {
+        match marks.get(module) {
+            Some(Mark::Done) => return None,
+            Some(Mark::OnPath) => {
+                let start = path.iter().position(|m| m == module).expect("on the path");
+                let mut found = path[start..].to_vec();
+                found.push(module.to_string());
+                return Some(found);
+            }
+            None => {}
+        }
+        marks.insert(module.to_string(), Mark::OnPath);
+        path.push(module.to_string());
+        for next in graph.get(module).into_iter().flatten() {
+            if let Some(found) = visit(graph, next, marks, path) {
+                return Some(found);
             }
         }
+        path.pop();
+        marks.insert(module.to_string(), Mark::Done);
+        None
     }
-    out
+    let mut marks = BTreeMap::new();
+    graph
+        .keys()
+        .find_map(|m| visit(graph, m, &mut marks, &mut Vec::new()))
 }
 
 fn node_graph() -> Graph {
@@ -96,14 +125,19 @@ fn node_graph() -> Graph {
 }
 
 #[test]
-fn no_two_modules_import_each_other() {
+fn modules_import_one_way_without_cycles() {
     let graph = node_graph();
     for (module, targets) in &graph {
         let targets: Vec<&str> = targets.iter().map(String::as_str).collect();
         println!("{module:>8} -> {}", targets.join(" "));
     }
     assert!(graph.len() >= 10, "modules not found: {graph:?}");
-    assert_eq!(two_way(&graph), Vec::<(String, String)>::new());
+    if let Some(found) = cycle(&graph) {
+        panic!(
+            "modules import each other in a cycle: {}",
+            found.join(" -> ")
+        );
+    }
     for leaf in ["state", "metrics", "tls"] {
         assert_eq!(graph[leaf], BTreeSet::new(), "{leaf} must import no module");
     }
@@ -118,9 +152,35 @@ fn the_check_sees_edges_in_every_form_and_skips_tests_and_comments() {
                   #[cfg(test)]\nmod tests { use crate::node; }\n";
     let found: Vec<String> = imports("api", source).into_iter().collect();
     assert_eq!(found, ["auth", "error", "leases", "raft"]);
+}
 
-    let mut graph = Graph::new();
-    graph.insert("a".into(), ["b".to_string()].into());
-    graph.insert("b".into(), ["a".to_string(), "c".to_string()].into());
-    assert_eq!(two_way(&graph), [("a".to_string(), "b".to_string())]);
+#[test]
+fn the_check_finds_cycles_of_any_length() {
+    let graph = |edges: &[(&str, &str)]| {
+        let mut g = Graph::new();
+        for (a, b) in edges {
+            g.entry(a.to_string()).or_default().insert(b.to_string());
+            g.entry(b.to_string()).or_default();
+        }
+        g
+    };
+    let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        cycle(&graph(&[("a", "b"), ("b", "a")])),
+        Some(names(&["a", "b", "a"]))
+    );
+    assert_eq!(
+        cycle(&graph(&[
+            ("raft", "auth"),
+            ("auth", "error"),
+            ("error", "raft")
+        ])),
+        Some(names(&["auth", "error", "raft", "auth"]))
+    );
+    // A diamond is no cycle.
+    assert_eq!(
+        cycle(&graph(&[("a", "b"), ("a", "c"), ("b", "d"), ("c", "d")])),
+        None
+    );
+    assert_eq!(cycle(&graph(&[("a", "a")])), Some(names(&["a", "a"])));
 }
