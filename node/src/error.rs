@@ -65,6 +65,21 @@ pub enum Error {
     Internal(String),
 }
 
+impl From<crate::auth::AuthError> for Error {
+    fn from(e: crate::auth::AuthError) -> Self {
+        match e {
+            crate::auth::AuthError::Unauthenticated(m) => Error::Unauthenticated(m),
+            crate::auth::AuthError::PermissionDenied(m) => Error::PermissionDenied(m),
+        }
+    }
+}
+
+impl From<crate::auth::AuthError> for Status {
+    fn from(e: crate::auth::AuthError) -> Self {
+        Error::from(e).into()
+    }
+}
+
 impl From<Refusal> for Error {
     fn from(r: Refusal) -> Self {
         let msg = r.to_string();

@@ -92,7 +92,7 @@ impl Api {
 
     /// Identifies the caller of `req` (see [`crate::auth`]).
     pub fn caller<T>(&self, req: &tonic::Request<T>) -> Result<Caller, Error> {
-        self.0.auth.caller(req)
+        Ok(self.0.auth.caller(req)?)
     }
 
     /// Proposes `command` and waits until it is applied here; returns the

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use tonic::metadata::MetadataMap;
 
+use super::AuthError as Error;
 use super::{subject_common_name, AUTHORIZATION, MIN_PEER_TOKEN_LEN};
-use crate::error::Error;
 use crate::state::limits::MAX_OWNER_LEN;
 
 /// What a rule allows, each level including the ones below it.

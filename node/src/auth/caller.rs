@@ -3,8 +3,8 @@
 
 use std::sync::{Arc, RwLock};
 
+use super::AuthError as Error;
 use super::{Acl, Permission};
-use crate::error::Error;
 
 /// The node's access control: `None` when off. The ACL inside can be
 /// replaced at run time (`SIGHUP` reloads the file).

@@ -34,6 +34,21 @@ pub use acl::{token_sha256_hex, Acl, AclError, Permission, Rule};
 pub use caller::{Auth, Caller};
 pub use cert::subject_common_name;
 
+/// Why access control refused a request. Its own type, mapped to the node's
+/// error at the edge (`crate::error`), so that this module depends on
+/// nothing above it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    /// No valid credentials (no or unknown bearer token, no usable client
+    /// certificate): `UNAUTHENTICATED`.
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// The caller is known but no rule allows the request:
+    /// `PERMISSION_DENIED`.
+    #[error("{0}")]
+    PermissionDenied(String),
+}
+
 /// Metadata key carrying the credentials.
 pub const AUTHORIZATION: &str = "authorization";
 

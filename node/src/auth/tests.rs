@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use tonic::metadata::MetadataMap;
 
+use super::AuthError as Error;
 use super::*;
-use crate::error::Error;
 use crate::state::limits::MAX_OWNER_LEN;
 
 const PEER: &str = "peer-secret-0123456789";
