@@ -2,8 +2,10 @@
 //! the client port has no Raft service, and members (also ones added later)
 //! are dialled at their peer address.
 
+mod procs;
+
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use raftlock_proto::v1 as pb;
 use raftlock_proto::v1::cluster_client::ClusterClient;
@@ -12,14 +14,7 @@ use raftlock_proto::v1::raft_client::RaftClient;
 use tokio::process::{Child, Command};
 use tonic::Code;
 
-/// A free loopback port (bound, then released for the node to take).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
+use procs::{eventually, free_port, status};
 
 struct Member {
     id: u64,
@@ -55,29 +50,6 @@ fn spawn(m: &Member, dir: &std::path::Path, peers: &str, init: bool) -> Child {
         cmd.arg("--init");
     }
     cmd.spawn().expect("raftlockd starts")
-}
-
-async fn status(addr: &str) -> Option<pb::StatusResponse> {
-    let mut c = ClusterClient::connect(format!("http://{addr}"))
-        .await
-        .ok()?;
-    Some(c.status(pb::StatusRequest {}).await.ok()?.into_inner())
-}
-
-/// Polls until `check` gives a value, or panics after `timeout`.
-async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out: {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
