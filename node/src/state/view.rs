@@ -286,6 +286,13 @@ impl LockTable {
     /// Checks invariants 1–7 of the [module docs](super); the first broken
     /// one is described in the error. Linear in the table's size.
     pub fn check_invariants(&self) -> Result<(), String> {
+        if self.last_fence > super::limits::MAX_FENCE {
+            return Err(format!(
+                "fence counter {} is past the largest fence, {}",
+                self.last_fence,
+                super::limits::MAX_FENCE
+            ));
+        }
         let mut fences = BTreeSet::new();
         for (name, lock) in &self.locks {
             let exclusive = lock

@@ -365,6 +365,7 @@ fn a_backup_in_the_previous_format_still_restores() {
 
 /// The documented fence bound (2^63 - 1, PostgreSQL's largest `bigint`).
 const FENCE_BOUND: u64 = (1 << 63) - 1;
+const _: () = assert!(FENCE_BOUND == MAX_FENCE);
 
 /// `small_backup` restored with `bump`: the reply and the harness.
 fn restore_small_with_bump(bump: u64) -> (Reply, Harness) {
@@ -385,12 +386,21 @@ fn a_restore_whose_bump_would_pass_the_fence_bound_is_refused() {
     // The review's reproduction: `--fence-bump 18446744073709551614` took
     // the counter to u64::MAX and the next grants got fences 0, 1, ...
     for bump in [u64::MAX - 1, u64::MAX, FENCE_BOUND] {
+        // Refused in the apply too (a leader's API checks it first).
         let (reply, h) = restore_small_with_bump(bump);
-        assert!(
-            matches!(reply, Reply::Refused(_)),
-            "bump {bump} over a backup at fence 1 was {reply:?}"
+        assert_eq!(
+            reply,
+            Reply::Refused(Refusal::FenceBumpTooLarge {
+                last_fence: 1,
+                fence_bump: bump
+            }),
+            "bump {bump} over a backup at fence 1"
         );
-        assert_eq!(h.table, LockTable::new(), "a refused restore changed nothing");
+        assert_eq!(
+            h.table,
+            LockTable::new(),
+            "a refused restore changed nothing"
+        );
     }
 }
 
@@ -403,23 +413,32 @@ fn at_the_fence_bound_grants_stop_instead_of_wrapping() {
     let holder = h.table.describe(&name("x")).expect("x").holders[0].session;
     let c = h.open();
     let last = h.grant(c, "y", X);
-    assert_eq!(last, Fence(FENCE_BOUND), "the last fence is the bound itself");
+    assert_eq!(
+        last,
+        Fence(FENCE_BOUND),
+        "the last fence is the bound itself"
+    );
     // No fence is left: a new acquire is refused and changes nothing.
     let seq = h.next_seq();
-    let refusal = h.refuse(acq(c, seq, "z", X, WAIT));
-    assert!(
-        refusal.to_string().contains("fence"),
-        "refusal names the fence counter: {refusal}"
+    assert_eq!(
+        h.refuse(acq(c, seq, "z", X, WAIT)),
+        Refusal::FencesExhausted
     );
+    let seq = h.next_seq();
+    assert_eq!(h.refuse(acq(c, seq, "z", X, TRY)), Refusal::FencesExhausted);
     // Releasing x cannot grant B (no fence left): B's wait ends without a
     // grant, and nothing ever gets a fence at or below one in use.
     let r = h.release(holder, "x", Fence(1));
     assert_eq!(r.reply, Reply::Released { released: true });
-    assert!(grants(&r).is_empty(), "granted past the bound: {:?}", r.events);
+    assert!(
+        grants(&r).is_empty(),
+        "granted past the bound: {:?}",
+        r.events
+    );
     assert!(
         r.events
             .iter()
-            .any(|e| matches!(e, Event::Cancelled { name: n, .. } if n.as_str() == "x")),
+            .any(|e| matches!(e, Event::Cancelled { name: n, cause: CancelCause::FencesExhausted, .. } if n.as_str() == "x")),
         "the waiter behind x is told it will not be granted: {:?}",
         r.events
     );
@@ -466,7 +485,9 @@ proptest::proptest! {
                     proptest::prop_assert!(fence > last && fence.0 <= FENCE_BOUND);
                     last = fence;
                 }
-                Reply::Refused(_) => proptest::prop_assert_eq!(last.0, FENCE_BOUND),
+                Reply::Refused(Refusal::FencesExhausted) => {
+                    proptest::prop_assert_eq!(last.0, FENCE_BOUND)
+                }
                 other => proptest::prop_assert!(false, "unexpected {:?}", other),
             }
         }
