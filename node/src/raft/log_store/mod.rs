@@ -43,10 +43,40 @@ struct DurableFiles {
     blobs: PathBuf,
     /// Blob files synced already (pruned of those sled has deleted).
     synced_blobs: Mutex<HashSet<OsString>>,
+    /// Faults a test injects (none in production).
+    faults: StorageFaults,
+}
+
+/// Faults a test injects into a node's log storage, as a failing disk
+/// would cause them; production nodes have none (the default). Clones
+/// share one switch.
+#[derive(Clone, Debug, Default)]
+pub struct StorageFaults {
+    fail_syncs: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl StorageFaults {
+    /// From now on every sync of the log fails with `EIO`, as on a disk
+    /// that dropped written pages.
+    pub fn fail_syncs(&self) {
+        self.fail_syncs.store(true, Ordering::SeqCst);
+    }
+
+    /// Syncs reach the disk again (for a store opened afterwards).
+    pub fn heal(&self) {
+        self.fail_syncs.store(false, Ordering::SeqCst);
+    }
+
+    /// The injected error of a sync, if syncs fail now.
+    fn sync_error(&self) -> Option<io::Error> {
+        self.fail_syncs
+            .load(Ordering::SeqCst)
+            .then(|| io::Error::from_raw_os_error(5))
+    }
 }
 
 impl DurableFiles {
-    fn open(dir: &Path) -> std::io::Result<Self> {
+    fn open(dir: &Path, faults: StorageFaults) -> std::io::Result<Self> {
         let db = std::fs::OpenOptions::new()
             .read(true)
             .open(dir.join("db"))?;
@@ -54,6 +84,7 @@ impl DurableFiles {
             db,
             blobs: dir.join("blobs"),
             synced_blobs: Mutex::default(),
+            faults,
         })
     }
 
@@ -61,6 +92,9 @@ impl DurableFiles {
     /// the file that points at them.
     fn sync(&self) -> std::io::Result<()> {
         let mut synced = self.synced_blobs.lock().expect("blob set lock poisoned");
+        if let Some(e) = self.faults.sync_error() {
+            return Err(e);
+        }
         let mut present = HashSet::new();
         let mut new = false;
         match std::fs::read_dir(&self.blobs) {
@@ -267,9 +301,15 @@ impl LogStore {
     /// Opens the log trees of `db`, the sled database in `dir` (as opened
     /// by [`open_db`]).
     pub fn new(db: sled::Db, dir: &Path) -> anyhow::Result<Self> {
+        Self::with_faults(db, dir, StorageFaults::default())
+    }
+
+    /// Like [`new`](Self::new), with `faults` injected into its syncs
+    /// (tests only).
+    pub fn with_faults(db: sled::Db, dir: &Path, faults: StorageFaults) -> anyhow::Result<Self> {
         let log = db.open_tree("log")?;
         let meta = db.open_tree("meta")?;
-        let files = DurableFiles::open(dir)
+        let files = DurableFiles::open(dir, faults)
             .map_err(|e| anyhow::anyhow!("cannot open sled's files in {}: {e}", dir.display()))?;
         let files = Arc::new(files);
         let (queue, pending) = mpsc::channel();
