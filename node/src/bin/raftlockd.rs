@@ -290,6 +290,7 @@ async fn dev(args: DevArgs) -> anyhow::Result<()> {
             dial: BTreeMap::new(),
             tls: None,
             auth: auth.clone(),
+            storage_faults: Default::default(),
         };
         let metrics = match args.metrics_base_port {
             0 => None,

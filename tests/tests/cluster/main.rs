@@ -8,6 +8,7 @@ mod t25_five_nodes;
 mod t26_quorum_loss;
 mod t27_partition;
 mod t30_restart;
+mod t31_fail_stop;
 mod t40_expiry;
 mod t50_membership;
 mod t60_snapshot;

@@ -29,14 +29,13 @@ fn large_items_land_in_blob_files_that_get_synced() {
     let db = open_db(dir.path()).expect("open");
     let files = DurableFiles::open(dir.path(), StorageFaults::default()).expect("files");
     db.insert(b"big", vec![7u8; 1 << 20]).expect("insert");
-    db.flush().expect("flush");
-    files.sync().expect("sync");
+    files.durable(&db).expect("sync");
     let blobs: Vec<_> = std::fs::read_dir(dir.path().join("blobs"))
         .expect("blobs dir")
         .map(|e| e.expect("entry").file_name())
         .collect();
     assert!(!blobs.is_empty(), "a 1 MiB item is a blob");
-    let synced = files.synced_blobs.lock().expect("lock").clone();
+    let synced = files.state.lock().expect("lock").synced_blobs.clone();
     for blob in &blobs {
         assert!(synced.contains(blob), "{blob:?} was not synced");
     }
