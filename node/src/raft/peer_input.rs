@@ -11,9 +11,9 @@
 //! Each rule is something every message of a protocol-following cluster
 //! satisfies:
 //!
-//! * terms and log indexes stay below [`MAX_TERM`] and [`MAX_LOG_INDEX`]
-//!   (no cluster gets near them; past them openraft's `term + 1` and the
-//!   lock table's command indexes would overflow);
+//! * terms and log indexes stay at most [`MAX_TERM`] and [`MAX_LOG_INDEX`]
+//!   (no cluster gets near them; they keep openraft's `term + 1` and the
+//!   lock table's command indexes far from overflowing);
 //! * a leader's messages (`AppendEntries`, `InstallSnapshot`) carry a
 //!   committed vote, a candidate's (`Vote`) an uncommitted one, and neither
 //!   comes from this node's own id;
@@ -39,9 +39,11 @@ use openraft::raft::{AppendEntriesRequest, VoteRequest};
 
 use super::{EntryPayload, LogId, NodeId, SnapshotMeta, StoredMembership, TypeConfig, Vote};
 
-/// Largest term a peer may name (2^53): a cluster electing a leader every
-/// millisecond would take 285,000 years to reach it.
-pub const MAX_TERM: u64 = 1 << 53;
+/// Largest term a peer may name (2^62). No cluster gets near it (electing
+/// a leader every millisecond takes 146 million years), and one pushed to
+/// it by a forged vote still has 2^62 elections before openraft's
+/// `term + 1` could overflow.
+pub const MAX_TERM: u64 = 1 << 62;
 
 /// Largest log index a peer may name (2^53): 285 years at a million
 /// entries a second, and small enough that the lock table's command

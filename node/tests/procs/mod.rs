@@ -145,7 +145,11 @@ impl Procs {
             .arg(&self.peers)
             .args(["--heartbeat-ms", "50"]);
         // Fast elections, unless the test sets its own timing.
-        if !self.extra.iter().any(|a| a.starts_with("--election-timeout")) {
+        if !self
+            .extra
+            .iter()
+            .any(|a| a.starts_with("--election-timeout"))
+        {
             cmd.args(["--election-timeout-min-ms", "300"])
                 .args(["--election-timeout-max-ms", "500"]);
         }
