@@ -380,6 +380,7 @@ fn stream_failed(transport: &WeakTransport, status: &tonic::Status) {
 fn send(out: &mpsc::UnboundedSender<pb::KeepAliveRequest>, a: &Ask) -> Result<()> {
     out.send(pb::KeepAliveRequest {
         session_id: a.session,
+        ..Default::default()
     })
     .map_err(|_| Error::Unavailable("keep-alive stream closed".into()))
 }
@@ -404,6 +405,7 @@ async fn open(
             let (out, rx) = mpsc::unbounded_channel();
             out.send(pb::KeepAliveRequest {
                 session_id: session,
+                ..Default::default()
             })
             .expect("receiver held");
             let mut inbound = LocksClient::new(c)

@@ -53,6 +53,7 @@ async fn open(addr: &str, ttl_ms: u64, nonce: u64) -> u64 {
 async fn keep_alive(addr: &str, session: u64) -> Result<pb::KeepAliveResponse, tonic::Status> {
     let ask = futures::stream::iter([pb::KeepAliveRequest {
         session_id: session,
+        ask_id: 1,
     }])
     .chain(futures::stream::pending());
     let mut answers = locks(addr).keep_alive(ask).await?.into_inner();

@@ -205,12 +205,12 @@ impl Locks for Api {
             let mut ended = false;
             while !ended {
                 match inbound.message().await {
-                    Ok(Some(msg)) => batch.push(SessionId(msg.session_id)),
+                    Ok(Some(msg)) => batch.push((SessionId(msg.session_id), msg.ask_id)),
                     Ok(None) | Err(_) => return,
                 }
                 while batch.len() < KEEP_ALIVE_BATCH {
                     match inbound.message().now_or_never() {
-                        Some(Ok(Some(msg))) => batch.push(SessionId(msg.session_id)),
+                        Some(Ok(Some(msg))) => batch.push((SessionId(msg.session_id), msg.ask_id)),
                         Some(Ok(None) | Err(_)) => {
                             ended = true;
                             break;
@@ -219,7 +219,7 @@ impl Locks for Api {
                     }
                 }
                 let confirmed = api.0.leadership.confirm().await;
-                for session in batch.drain(..) {
+                for (session, ask_id) in batch.drain(..) {
                     let result = match &confirmed {
                         Err(e) => Err(e.clone()),
                         Ok(()) if !api.owns(&caller, session) => {
@@ -236,11 +236,13 @@ impl Locks for Api {
                             session_id: session.0,
                             ttl_ms: ttl.as_millis() as u64,
                             expired: false,
+                            ask_id,
                         }),
                         Err(Error::NotFound(_)) => Ok(pb::KeepAliveResponse {
                             session_id: session.0,
                             ttl_ms: 0,
                             expired: true,
+                            ask_id,
                         }),
                         Err(e) => Err(Status::from(e)),
                     };

@@ -170,6 +170,7 @@ async fn a_silent_session_loses_its_locks_after_its_ttl_and_not_before() {
     let mut ka = raw
         .keep_alive(futures::stream::iter([KeepAliveRequest {
             session_id: silent,
+            ask_id: 1,
         }]))
         .await
         .expect("keep-alive stream")
@@ -297,6 +298,7 @@ async fn keep_alives_keep_locks_for_many_ttls() {
     let (tx, rx) = futures::channel::mpsc::unbounded();
     tx.unbounded_send(KeepAliveRequest {
         session_id: raw_session,
+        ask_id: 1,
     })
     .expect("send");
     let mut answers = raw
@@ -323,6 +325,7 @@ async fn keep_alives_keep_locks_for_many_ttls() {
         tokio::time::sleep(silent_ttl / 4).await;
         tx.unbounded_send(KeepAliveRequest {
             session_id: raw_session,
+            ask_id: 2,
         })
         .expect("send");
     }

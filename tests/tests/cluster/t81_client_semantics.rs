@@ -189,7 +189,12 @@ async fn an_unknown_session_does_not_end_a_keep_alive_stream() {
     let leader = cluster.leader_addr().await;
     let mut locks = raftlock_testkit::locks_at(&leader);
     let ids = [a.id().get(), 999_999_999, a.id().get()];
-    let outbound = tokio_stream::iter(ids.map(|session_id| pb::KeepAliveRequest { session_id }));
+    // Each ask has its own ask id, which its answer echoes.
+    let outbound = tokio_stream::iter(
+        ids.into_iter()
+            .zip(1..)
+            .map(|(session_id, ask_id)| pb::KeepAliveRequest { session_id, ask_id }),
+    );
     let mut inbound = locks
         .keep_alive(outbound)
         .await
@@ -197,7 +202,7 @@ async fn an_unknown_session_does_not_end_a_keep_alive_stream() {
         .into_inner();
     let mut answers = Vec::new();
     while let Ok(Some(r)) = inbound.message().await {
-        answers.push((r.session_id, r.ttl_ms));
+        answers.push((r.session_id, r.ttl_ms, r.ask_id));
         if answers.len() == ids.len() {
             break;
         }
@@ -205,9 +210,9 @@ async fn an_unknown_session_does_not_end_a_keep_alive_stream() {
     assert_eq!(
         answers,
         vec![
-            (a.id().get(), 20_000),
-            (999_999_999, 0),
-            (a.id().get(), 20_000)
+            (a.id().get(), 20_000, 1),
+            (999_999_999, 0, 2),
+            (a.id().get(), 20_000, 3)
         ],
         "every session on the stream gets its own answer"
     );

@@ -316,6 +316,7 @@ async fn a_session_is_usable_only_by_its_identity() {
     let (tx, rx) = tokio::sync::mpsc::channel(1);
     tx.send(pb::KeepAliveRequest {
         session_id: s.id().get(),
+        ask_id: 1,
     })
     .await
     .expect("queued");

@@ -257,6 +257,7 @@ async fn bad_requests_get_documented_codes_and_change_nothing() {
     let mut ka = locks
         .keep_alive(futures::stream::iter([KeepAliveRequest {
             session_id: ghost,
+            ask_id: 1,
         }]))
         .await
         .expect("keep-alive stream")
@@ -449,7 +450,10 @@ async fn bad_requests_get_documented_codes_and_change_nothing() {
         assert_eq!(p.table().await, before, "{what}: changed something");
     }
     let mut fka = flocks
-        .keep_alive(futures::stream::iter([KeepAliveRequest { session_id: s }]))
+        .keep_alive(futures::stream::iter([KeepAliveRequest {
+            session_id: s,
+            ask_id: 1,
+        }]))
         .await
         .expect("keep-alive stream")
         .into_inner();
