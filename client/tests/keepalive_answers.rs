@@ -1,0 +1,216 @@
+//! Keep-alive answers are credited to the ask they answer (review finding
+//! 3). A fake `Locks` server holds the answer to one of session S's asks
+//! until S has given up on it and asked again, then delivers it (and never
+//! answers the new ask). Another session R on the same stream keeps it
+//! alive meanwhile, as one client's sessions share it. Crediting the late
+//! answer to the new ask would count S's lease from the new ask's send
+//! time, beyond what the leader renewed; the client's view must never end
+//! after the held ask's send time + ttl - margin.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::Stream;
+use raftlock_client::proto as pb;
+use raftlock_client::proto::locks_server::{Locks, LocksServer};
+use raftlock_client::{Client, LeaseState, SessionOptions};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tonic::{Request, Response, Status, Streaming};
+
+/// The session whose second keep-alive answer is held.
+const HELD_SESSION: u64 = 7;
+/// The other session on the stream.
+const OTHER_SESSION: u64 = 8;
+const TTL_MS: u64 = 3_000;
+
+#[derive(Default)]
+struct State {
+    /// Sessions opened so far (S first, then R).
+    opened: Mutex<u64>,
+    /// When the held ask arrived.
+    held_at: Mutex<Option<Instant>>,
+}
+
+#[derive(Clone, Default)]
+struct Fake(Arc<State>);
+
+fn renewed(session_id: u64, ask_id: u64) -> pb::KeepAliveResponse {
+    pb::KeepAliveResponse {
+        session_id,
+        ttl_ms: TTL_MS,
+        expired: false,
+        ask_id,
+    }
+}
+
+type Answers = Pin<Box<dyn Stream<Item = Result<pb::KeepAliveResponse, Status>> + Send>>;
+type Events = Pin<Box<dyn Stream<Item = Result<pb::WatchEvent, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Locks for Fake {
+    async fn open_session(
+        &self,
+        _: Request<pb::OpenSessionRequest>,
+    ) -> Result<Response<pb::OpenSessionResponse>, Status> {
+        let mut opened = self.0.opened.lock().unwrap();
+        *opened += 1;
+        Ok(Response::new(pb::OpenSessionResponse {
+            session_id: HELD_SESSION + *opened - 1,
+            ttl_ms: TTL_MS,
+            ..Default::default()
+        }))
+    }
+
+    type KeepAliveStream = Answers;
+
+    async fn keep_alive(
+        &self,
+        req: Request<Streaming<pb::KeepAliveRequest>>,
+    ) -> Result<Response<Answers>, Status> {
+        let mut inbound = req.into_inner();
+        let (tx, rx) = mpsc::channel(64);
+        let fake = self.clone();
+        tokio::spawn(async move {
+            let mut asks: HashMap<u64, u32> = HashMap::new();
+            let mut held = None;
+            while let Ok(Some(ask)) = inbound.message().await {
+                let n = asks.entry(ask.session_id).or_default();
+                *n += 1;
+                let answer = match (ask.session_id, *n) {
+                    (HELD_SESSION, 1) => Some(renewed(ask.session_id, ask.ask_id)),
+                    (HELD_SESSION, 2) => {
+                        *fake.0.held_at.lock().unwrap() = Some(Instant::now());
+                        held = Some(renewed(ask.session_id, ask.ask_id));
+                        None
+                    }
+                    // The ask after the held one: the held answer arrives
+                    // now, and this one is never answered.
+                    (HELD_SESSION, 3) => held.take(),
+                    (HELD_SESSION, _) => None,
+                    _ => Some(renewed(ask.session_id, ask.ask_id)),
+                };
+                if let Some(a) = answer {
+                    if tx.send(Ok(a)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn close_session(
+        &self,
+        _: Request<pb::CloseSessionRequest>,
+    ) -> Result<Response<pb::CloseSessionResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+
+    async fn acquire(
+        &self,
+        _: Request<pb::AcquireRequest>,
+    ) -> Result<Response<pb::AcquireResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+
+    async fn release(
+        &self,
+        _: Request<pb::ReleaseRequest>,
+    ) -> Result<Response<pb::ReleaseResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+
+    async fn cancel(
+        &self,
+        _: Request<pb::CancelRequest>,
+    ) -> Result<Response<pb::CancelResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+
+    async fn describe(
+        &self,
+        _: Request<pb::DescribeRequest>,
+    ) -> Result<Response<pb::DescribeResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+
+    async fn list(
+        &self,
+        _: Request<pb::ListRequest>,
+    ) -> Result<Response<pb::ListResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+
+    async fn check_fence(
+        &self,
+        _: Request<pb::CheckFenceRequest>,
+    ) -> Result<Response<pb::CheckFenceResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+
+    type WatchStream = Events;
+
+    async fn watch(&self, _: Request<pb::WatchRequest>) -> Result<Response<Events>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_answer_is_never_credited_to_a_later_ask() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let fake = Fake::default();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(LocksServer::new(fake.clone()))
+            .serve_with_incoming(TcpListenerStream::new(listener)),
+    );
+    let client = Client::connect([addr.to_string()]).await.expect("client");
+    let options = SessionOptions {
+        ttl: Duration::from_millis(TTL_MS),
+        ..SessionOptions::default()
+    };
+    let margin = Duration::from_millis(TTL_MS).mul_f64(options.margin);
+    let s = client.session_with(options.clone()).await.expect("S");
+    assert_eq!(s.id().get(), HELD_SESSION);
+    let _r = client.session_with(options).await.expect("R");
+
+    // Follow S's lease view until it is lost (or well past when the late
+    // answer would have carried it).
+    let mut lease = s.lease();
+    let mut latest = None;
+    let end = Instant::now() + Duration::from_millis(3 * TTL_MS);
+    loop {
+        match *lease.borrow_and_update() {
+            LeaseState::Valid(until) => latest = Some(until),
+            LeaseState::Lost | LeaseState::Closed => break,
+        }
+        if tokio::time::timeout_at(end, lease.changed()).await.is_err() {
+            break;
+        }
+    }
+    let held_at = fake
+        .0
+        .held_at
+        .lock()
+        .unwrap()
+        .expect("S's second keep-alive reached the server");
+    let latest = latest.expect("a valid lease was seen");
+    let bound = held_at + Duration::from_millis(TTL_MS) - margin;
+    assert!(
+        latest <= bound,
+        "S's lease view ran {:?} past the held ask's send time + ttl - margin: the late \
+         answer was credited to a later ask",
+        latest - bound
+    );
+    assert!(
+        !s.is_valid(),
+        "S's lease ran out: nothing renewed it after the held ask"
+    );
+}
