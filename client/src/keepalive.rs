@@ -31,6 +31,7 @@
 //! forgotten.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -214,6 +215,8 @@ async fn renew(mux: &Mux, lease: &Lease) -> Result<Duration> {
 pub(crate) struct Mux {
     transport: WeakTransport,
     asks: Arc<OnceLock<mpsc::UnboundedSender<Ask>>>,
+    /// The last ask id handed out (ids start at 1; 0 is "none").
+    ask_ids: Arc<AtomicU64>,
 }
 
 impl Mux {
@@ -222,6 +225,7 @@ impl Mux {
         Mux {
             transport,
             asks: Arc::default(),
+            ask_ids: Arc::default(),
         }
     }
 
@@ -240,6 +244,7 @@ impl Mux {
         let (reply, answer) = oneshot::channel();
         asks.send(Ask {
             session,
+            id: self.ask_ids.fetch_add(1, Ordering::Relaxed) + 1,
             deadline,
             reply,
         })
@@ -260,6 +265,10 @@ impl Mux {
 struct Ask {
     /// The session.
     session: u64,
+    /// This ask's id, which its answer echoes: an answer is credited to
+    /// the ask it answers, never to a later ask of the same session (the
+    /// session counts its lease from the ask's send time).
+    id: u64,
     /// When the session stops waiting for this answer.
     deadline: Instant,
     /// Where its answer goes.
@@ -304,7 +313,7 @@ async fn run(transport: WeakTransport, mut asks: mpsc::UnboundedReceiver<Ask>) {
             return;
         };
         let first = backlog.pop_front().expect("not empty");
-        let opened = open(&open_with, first.session, first.deadline).await;
+        let opened = open(&open_with, &first).await;
         drop(open_with);
         let (answer, mut inbound, out) = match opened {
             Ok(o) => o,
@@ -335,8 +344,11 @@ async fn run(transport: WeakTransport, mut asks: mpsc::UnboundedReceiver<Ask>) {
                 msg = inbound.message() => match msg {
                     Ok(Some(r)) => {
                         last_answer = Instant::now();
-                        // Answers come in the order asked; search anyway.
-                        if let Some(i) = sent.iter().position(|(_, a)| a.session == r.session_id) {
+                        // The ask this answers, if it still waits: an
+                        // answer to an ask given up on (it timed out and
+                        // its session asked again) is dropped, never
+                        // credited to the newer ask.
+                        if let Some(i) = sent.iter().position(|(_, a)| answers(a, &r)) {
                             sent.remove(i).expect("found").1.answer(Ok(r));
                         }
                     }
@@ -377,10 +389,19 @@ fn stream_failed(transport: &WeakTransport, status: &tonic::Status) {
     }
 }
 
+/// Whether `r` answers ask `a`: by the ask id a node echoes; a node that
+/// echoes none (0, an older one) by session, oldest ask first.
+fn answers(a: &Ask, r: &pb::KeepAliveResponse) -> bool {
+    match r.ask_id {
+        0 => a.session == r.session_id,
+        id => a.id == id && a.session == r.session_id,
+    }
+}
+
 fn send(out: &mpsc::UnboundedSender<pb::KeepAliveRequest>, a: &Ask) -> Result<()> {
     out.send(pb::KeepAliveRequest {
         session_id: a.session,
-        ..Default::default()
+        ask_id: a.id,
     })
     .map_err(|_| Error::Unavailable("keep-alive stream closed".into()))
 }
@@ -394,26 +415,31 @@ fn fail(sent: &mut VecDeque<(Instant, Ask)>, error: impl Fn() -> Error) {
 /// Opens a stream at the leader with `session`'s keep-alive as its first
 /// message, and waits for that answer (a follower refuses on the stream,
 /// with the leader's address, which `call` follows).
-async fn open(
-    transport: &crate::transport::Transport,
-    session: u64,
-    deadline: Instant,
-) -> Result<Opened> {
+async fn open(transport: &crate::transport::Transport, first: &Ask) -> Result<Opened> {
+    let ask = pb::KeepAliveRequest {
+        session_id: first.session,
+        ask_id: first.id,
+    };
+    let deadline = first.deadline;
     let attempt = deadline.saturating_duration_since(Instant::now());
     transport
         .call(Kind::Read, attempt, deadline, move |c: Conn| async move {
             let (out, rx) = mpsc::unbounded_channel();
-            out.send(pb::KeepAliveRequest {
-                session_id: session,
-                ..Default::default()
-            })
-            .expect("receiver held");
+            out.send(ask).expect("receiver held");
             let mut inbound = LocksClient::new(c)
                 .keep_alive(UnboundedReceiverStream::new(rx))
                 .await?
                 .into_inner();
+            // A fresh stream carries nothing but this ask yet, so its
+            // first answer is this ask's.
             match inbound.message().await? {
-                Some(answer) => Ok((answer, inbound, out)),
+                Some(answer) if answer.ask_id == ask.ask_id || answer.ask_id == 0 => {
+                    Ok((answer, inbound, out))
+                }
+                Some(answer) => Err(tonic::Status::internal(format!(
+                    "keep-alive answer for ask {} on a stream that carried only ask {}",
+                    answer.ask_id, ask.ask_id
+                ))),
                 None => Err(tonic::Status::unavailable("keep-alive stream ended")),
             }
         })

@@ -179,7 +179,8 @@ async fn a_late_answer_is_never_credited_to_a_later_ask() {
     let margin = Duration::from_millis(TTL_MS).mul_f64(options.margin);
     let s = client.session_with(options.clone()).await.expect("S");
     assert_eq!(s.id().get(), HELD_SESSION);
-    let _r = client.session_with(options).await.expect("R");
+    let r = client.session_with(options).await.expect("R");
+    assert_eq!(r.id().get(), OTHER_SESSION);
 
     // Follow S's lease view until it is lost (or well past when the late
     // answer would have carried it).
