@@ -338,3 +338,39 @@ fn kill_leftover(pid: i32) {
         .args(["-9", &pid.to_string()])
         .status();
 }
+
+/// Review (safety, 2026-11-25, item 5): against nodes that refuse the
+/// connection, the CLI waited out the whole retry deadline (15 s) and
+/// printed only "unavailable: retry deadline reached". It names every
+/// endpoint it tried with its last error, and gives up on refused
+/// connections everywhere much sooner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_connections_everywhere_fail_fast_naming_each_endpoint() {
+    let closed = || {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").to_string()
+    };
+    let (a, b) = (closed(), closed());
+    let endpoints = format!("{a},{b}");
+    for args in [&["status"][..], &["lock", "x", "--", "true"][..]] {
+        let started = std::time::Instant::now();
+        let out = raftlock(&endpoints)
+            .args(args)
+            .output()
+            .await
+            .expect("runs");
+        let took = started.elapsed();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        for addr in [&a, &b] {
+            assert!(
+                stderr.contains(&format!("{addr}: connection refused")),
+                "{args:?}: the error names {addr} and why: {stderr}"
+            );
+        }
+        assert!(
+            took < Duration::from_secs(5),
+            "{args:?}: gave up after {took:?} on nodes that refuse connections: {stderr}"
+        );
+    }
+}
