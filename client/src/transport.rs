@@ -97,6 +97,83 @@ pub(crate) enum Kind {
     Write,
 }
 
+/// How many times in a row every endpoint must refuse the connection before
+/// a call gives up without waiting for its deadline: nothing listens there
+/// (a node being restarted is back within a round or two of backoff).
+pub const REFUSED_ROUNDS: u32 = 3;
+
+/// The nodes a call tried, each with its last error, in the order first
+/// tried.
+#[derive(Default)]
+struct Tried {
+    nodes: Vec<(String, String)>,
+    /// Refused connections in a row, per address (reset by any other
+    /// outcome anywhere).
+    refused: HashMap<String, u32>,
+}
+
+impl Tried {
+    fn note(&mut self, addr: &str, why: String, refused: bool) {
+        match self.nodes.iter_mut().find(|(a, _)| a == addr) {
+            Some((_, last)) => *last = why,
+            None => self.nodes.push((addr.to_string(), why)),
+        }
+        if refused {
+            *self.refused.entry(addr.to_string()).or_default() += 1;
+        } else {
+            self.refused.clear();
+        }
+    }
+
+    fn refused_everywhere(&self, endpoints: &[String]) -> bool {
+        endpoints
+            .iter()
+            .all(|e| self.refused.get(e).is_some_and(|n| *n >= REFUSED_ROUNDS))
+    }
+
+    fn summary(&self) -> String {
+        if self.nodes.is_empty() {
+            return "no attempt fitted in the deadline".into();
+        }
+        self.nodes
+            .iter()
+            .map(|(addr, why)| format!("{addr}: {why}"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+}
+
+/// The errors under `status`, innermost last.
+fn sources(status: &Status) -> Vec<&(dyn std::error::Error + 'static)> {
+    let mut out = Vec::new();
+    let mut next = std::error::Error::source(status);
+    while let Some(e) = next {
+        out.push(e);
+        next = e.source();
+    }
+    out
+}
+
+/// Whether `status` is a refused TCP connection (nothing listens there).
+fn connection_refused(status: &Status) -> bool {
+    sources(status).iter().any(|e| {
+        e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
+    })
+}
+
+/// `status` in words a person can act on: a refused connection, the
+/// innermost transport error (a TLS handshake's, say), or the message.
+fn describe(status: &Status) -> String {
+    if connection_refused(status) {
+        return "connection refused".into();
+    }
+    match sources(status).last() {
+        Some(inner) => inner.to_string(),
+        None => format!("{:?}: {}", status.code(), status.message()),
+    }
+}
+
 /// The instant `d` from now, or about a century from now if that is
 /// further (or overflows the clock): "no deadline" without a panic.
 pub(crate) fn after(d: Duration) -> Instant {
@@ -273,7 +350,10 @@ impl Transport {
     /// Runs `f` against the leader, following leader hints and retrying
     /// transient failures with jittered exponential backoff until
     /// `deadline`. Never sleeps past the deadline: if the next delay would
-    /// end after it, it gives up at once.
+    /// end after it, it gives up at once. When every endpoint has refused
+    /// the connection [`REFUSED_ROUNDS`] times in a row (nothing listens
+    /// there), it gives up without waiting for the deadline. A failure
+    /// names every node tried and its last error.
     pub(crate) async fn call<T, F, Fut>(
         &self,
         kind: Kind,
@@ -286,9 +366,10 @@ impl Transport {
         Fut: Future<Output = std::result::Result<T, Status>>,
     {
         let opts = &self.state.options;
+        let started = Instant::now();
         let mut backoff = opts.initial_backoff;
         let mut sent = false;
-        let mut last: Option<Error> = None;
+        let mut tried = Tried::default();
         let mut hops = 0;
         loop {
             let now = Instant::now();
@@ -310,10 +391,10 @@ impl Transport {
                     // whether it was applied.
                     sent |= kind == Kind::Write;
                     self.forget_leader(&addr);
-                    last = Some(Error::Unavailable(format!(
-                        "{addr} did not answer within {budget:?}"
-                    )));
-                    self.sleep_or_give_up(&mut backoff, deadline).await?;
+                    tried.note(&addr, format!("did not answer within {budget:?}"), false);
+                    if !self.sleep(&mut backoff, deadline).await {
+                        break;
+                    }
                     continue;
                 }
             };
@@ -325,12 +406,19 @@ impl Transport {
                         .and_then(|v| v.to_str().ok())
                         .map(str::to_string);
                     // A transport failure may have happened after the
-                    // request left; a "not the leader" answer never does.
+                    // request left; a "not the leader" answer never does,
+                    // and neither does a refused connection.
                     let not_leader = status.metadata().get(NOT_LEADER_KEY).is_some();
-                    if !not_leader {
+                    let refused = connection_refused(&status);
+                    if !not_leader && !refused {
                         sent |= kind == Kind::Write;
                     }
-                    last = Some(Error::from_status(&status, false));
+                    let why = match (&hint, not_leader) {
+                        (Some(leader), true) => format!("not the leader (the leader is {leader})"),
+                        (None, true) => "not the leader, and knows no leader".into(),
+                        _ => describe(&status),
+                    };
+                    tried.note(&addr, why, refused);
                     match hint {
                         Some(leader) if leader != addr && hops < 3 => {
                             hops += 1;
@@ -342,11 +430,22 @@ impl Transport {
                             self.forget_leader(&addr);
                         }
                     }
+                    if tried.refused_everywhere(self.endpoints()) {
+                        return Err(Error::Unavailable(format!(
+                            "no node accepts connections ({} refused every attempt): {}",
+                            if self.endpoints().len() == 1 {
+                                "it"
+                            } else {
+                                "each"
+                            },
+                            tried.summary()
+                        )));
+                    }
                 }
                 Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => {
                     sent |= kind == Kind::Write;
                     self.forget_leader(&addr);
-                    last = Some(Error::from_status(&status, sent));
+                    tried.note(&addr, describe(&status), false);
                 }
                 // A failure of this side's transport (an HTTP/2 protocol
                 // error on a connection the node dropped, say) arrives as a
@@ -356,17 +455,23 @@ impl Transport {
                 _ if std::error::Error::source(&status).is_some() => {
                     sent |= kind == Kind::Write;
                     self.forget_leader(&addr);
-                    last = Some(Error::Unavailable(format!(
-                        "{addr}: transport failure: {status}"
-                    )));
+                    tried.note(
+                        &addr,
+                        format!("transport failure: {}", describe(&status)),
+                        false,
+                    );
                 }
                 _ => return Err(Error::from_status(&status, sent)),
             }
-            self.sleep_or_give_up(&mut backoff, deadline).await?;
+            if !self.sleep(&mut backoff, deadline).await {
+                break;
+            }
         }
-        let reason = last
-            .map(|e| e.to_string())
-            .unwrap_or_else(|| "deadline reached".into());
+        let reason = format!(
+            "no node could serve the request within {:.1?}: {}",
+            started.elapsed(),
+            tried.summary()
+        );
         Err(if sent {
             Error::Unknown(reason)
         } else {
@@ -374,7 +479,9 @@ impl Transport {
         })
     }
 
-    async fn sleep_or_give_up(&self, backoff: &mut Duration, deadline: Instant) -> Result<()> {
+    /// Sleeps the next backoff delay; false, without sleeping, if that
+    /// would end after `deadline`.
+    async fn sleep(&self, backoff: &mut Duration, deadline: Instant) -> bool {
         let jitter = rand::rng().random_range(0.5..1.5);
         let delay =
             Duration::try_from_secs_f64(backoff.as_secs_f64() * jitter).unwrap_or(Duration::MAX);
@@ -385,11 +492,10 @@ impl Transport {
             .checked_add(delay)
             .is_none_or(|end| end >= deadline)
         {
-            // Sleeping would only end after the deadline: give up now.
-            return Err(Error::Unavailable("retry deadline reached".into()));
+            return false;
         }
         tokio::time::sleep(delay).await;
-        Ok(())
+        true
     }
 
     /// Runs a `Locks` call (read-only or idempotent) with the default
