@@ -18,14 +18,15 @@
 //!   [`Unavailable`]; tests then skip with that message — unless `CI` is
 //!   `true` or `RAFTLOCK_REQUIRE_SERVERS` is `1`, where [`require`] turns a
 //!   skip into a failure, so CI never passes by skipping.
-//! * Children get `PR_SET_PDEATHSIG`: a server dies with the thread that
-//!   started it even if the test process is killed and never drops it.
+//! * A server is started and stopped by a thread of its own that lives as
+//!   long as its handle, and gets `PR_SET_PDEATHSIG`: if the process is
+//!   killed and never drops the handle, the server dies with it.
 
 use std::fs::File;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Mutex;
+use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
@@ -169,23 +170,38 @@ fn die_with_parent(cmd: &mut Command) {
 }
 
 /// A started server process with its log, stopped on drop.
+///
+/// The child is spawned, watched and stopped by a keeper thread that lives
+/// exactly as long as this handle: `PR_SET_PDEATHSIG` fires when the
+/// *thread* that forked the child ends, so the child must not be forked by
+/// a thread that may end first (a test's, or one of tokio's blocking
+/// threads, which end after 10 s idle). If the process dies, the keeper
+/// dies with it and the server gets SIGKILL.
 struct Running {
-    child: Child,
     log: PathBuf,
-    /// The signal that asks for a quick clean shutdown.
-    stop: Signal,
+    /// Dropping it tells the keeper to stop the server.
+    stop: Option<mpsc::Sender<()>>,
+    keeper: Option<std::thread::JoinHandle<()>>,
+}
+
+/// How the keeper's start went.
+enum Started {
+    Ready,
+    PortTaken,
+    Failed(Unavailable),
 }
 
 impl Running {
     /// Spawns `cmd` (stdout and stderr to `log`) and waits until the log
     /// shows `ready` and `port` accepts connections. `Ok(None)`: the port
-    /// was taken before the server could bind it (try another).
+    /// was taken before the server could bind it (try another). `signal`
+    /// asks the server for a quick clean shutdown.
     fn spawn(
         mut cmd: Command,
         log: PathBuf,
         port: u16,
         ready: &str,
-        stop: Signal,
+        signal: Signal,
     ) -> Result<Option<Running>, Unavailable> {
         let out = File::create(&log).map_err(|e| Unavailable(format!("log file: {e}")))?;
         let err = out
@@ -193,51 +209,92 @@ impl Running {
             .map_err(|e| Unavailable(format!("log file: {e}")))?;
         cmd.stdin(Stdio::null()).stdout(out).stderr(err);
         die_with_parent(&mut cmd);
-        let child = cmd
-            .spawn()
-            .map_err(|e| Unavailable(format!("cannot start {cmd:?}: {e}")))?;
-        let mut running = Running { child, log, stop };
-        let deadline = Instant::now() + START_TIMEOUT;
-        loop {
-            let text = std::fs::read_to_string(&running.log).unwrap_or_default();
-            if let Ok(Some(status)) = running.child.try_wait() {
-                if text.contains("Address already in use") || text.contains("could not bind") {
-                    return Ok(None);
+        let (started_tx, started) = mpsc::channel();
+        let (stop, stopped) = mpsc::channel::<()>();
+        let (ready, log_path) = (ready.to_string(), log.clone());
+        let keeper = std::thread::Builder::new()
+            .name(format!("server-keeper-{port}"))
+            .spawn(move || {
+                let mut child = match cmd.spawn() {
+                    Ok(c) => c,
+                    Err(e) => {
+                        let _ = started_tx.send(Started::Failed(Unavailable(format!(
+                            "cannot start {cmd:?}: {e}"
+                        ))));
+                        return;
+                    }
+                };
+                let outcome = wait_ready(&mut child, &log_path, port, &ready);
+                let ok = matches!(outcome, Started::Ready);
+                let _ = started_tx.send(outcome);
+                if ok {
+                    // Until the handle is dropped (or sends).
+                    let _ = stopped.recv();
                 }
-                return Err(Unavailable(format!(
-                    "the server exited ({status}) while starting; its log:\n{text}"
-                )));
-            }
-            if text.contains(ready) && std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return Ok(Some(running));
-            }
-            if Instant::now() > deadline {
-                return Err(Unavailable(format!(
-                    "the server was not ready within {START_TIMEOUT:?}; its log:\n{text}"
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(25));
+                stop_child(&mut child, signal);
+            })
+            .map_err(|e| Unavailable(format!("cannot start a keeper thread: {e}")))?;
+        let running = Running {
+            log,
+            stop: Some(stop),
+            keeper: Some(keeper),
+        };
+        match started.recv() {
+            Ok(Started::Ready) => Ok(Some(running)),
+            Ok(Started::PortTaken) => Ok(None),
+            Ok(Started::Failed(e)) => Err(e),
+            Err(_) => Err(Unavailable("the keeper thread died while starting".into())),
         }
     }
+}
 
-    fn pid(&self) -> Pid {
-        Pid::from_raw(self.child.id() as i32)
+/// Polls until the log shows `ready` and `port` answers.
+fn wait_ready(child: &mut Child, log: &Path, port: u16, ready: &str) -> Started {
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if let Ok(Some(status)) = child.try_wait() {
+            if text.contains("Address already in use") || text.contains("could not bind") {
+                return Started::PortTaken;
+            }
+            return Started::Failed(Unavailable(format!(
+                "the server exited ({status}) while starting; its log:\n{text}"
+            )));
+        }
+        if text.contains(ready) && std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Started::Ready;
+        }
+        if Instant::now() > deadline {
+            return Started::Failed(Unavailable(format!(
+                "the server was not ready within {START_TIMEOUT:?}; its log:\n{text}"
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(25));
     }
+}
+
+/// Asks the child to stop with `signal`, then kills it after
+/// [`STOP_TIMEOUT`].
+fn stop_child(child: &mut Child, signal: Signal) {
+    if let Ok(None) = child.try_wait() {
+        let _ = kill(Pid::from_raw(child.id() as i32), signal);
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        while Instant::now() < deadline {
+            if !matches!(child.try_wait(), Ok(None)) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+    }
+    let _ = child.wait();
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = kill(self.pid(), self.stop);
-            let deadline = Instant::now() + STOP_TIMEOUT;
-            while Instant::now() < deadline {
-                if !matches!(self.child.try_wait(), Ok(None)) {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = self.child.kill();
-            let _ = self.child.wait();
+        drop(self.stop.take());
+        if let Some(k) = self.keeper.take() {
+            let _ = k.join();
         }
     }
 }
