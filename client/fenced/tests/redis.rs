@@ -149,6 +149,24 @@ async fn the_script_runs_by_sha_and_is_reloaded_after_noscript() {
     assert!(matches!(map_error(e, f(1)), Error::Stale(s) if s.latest == f(2)));
     let v: String = con.get("k").await.unwrap();
     assert_eq!(v, "v2");
+
+    // Inside MULTI ... EXEC the refusal is one of the transaction's
+    // results; map_error still finds it.
+    let mut late = fenced.command("k", f(1), "set").unwrap();
+    late.arg("late again");
+    let mut pipe = redis::pipe();
+    pipe.atomic().add_command(late).cmd("INCR").arg("counter");
+    let e = pipe
+        .query_async::<(redis::Value, u64)>(&mut con)
+        .await
+        .expect_err("stale inside MULTI");
+    let mapped = map_error(e, f(1));
+    assert!(
+        matches!(mapped, Error::Stale(s) if s.latest == f(2) && s.fence == f(1)),
+        "{mapped:?}"
+    );
+    let v: String = con.get("k").await.unwrap();
+    assert_eq!(v, "v2");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
