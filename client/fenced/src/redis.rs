@@ -59,12 +59,17 @@ pub fn fence_key(key: &str) -> String {
     format!("{key}{FENCE_KEY_SUFFIX}")
 }
 
-/// `e` as a [`StaleFence`] if it is the script's refusal of `fence`, else
-/// as [`Error::Redis`].
+/// `e` as a [`StaleFence`] if it is the script's refusal of `fence` (a
+/// reply of its own, or one of a pipeline's or `MULTI`'s results), else as
+/// [`Error::Redis`].
 pub fn map_error(e: RedisError, fence: Fence) -> Error {
-    let latest = (e.code() == Some(STALE_FENCE_CODE))
-        .then(|| e.detail()?.split_whitespace().next()?.parse::<u64>().ok())
-        .flatten();
+    let latest = e.clone().into_server_errors().and_then(|errors| {
+        errors.iter().find_map(|(_, s)| {
+            (s.code() == STALE_FENCE_CODE)
+                .then(|| s.details()?.split_whitespace().next()?.parse::<u64>().ok())
+                .flatten()
+        })
+    });
     match latest {
         Some(latest) => Error::Stale(StaleFence {
             fence,
