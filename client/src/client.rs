@@ -1,128 +1,32 @@
-//! Connections, leader discovery and retries.
+//! The client's façade: sessions, reads and cluster administration, over
+//! the transport (connections, leader discovery, retries: `transport.rs`).
 
-use std::collections::HashMap;
-use std::future::Future;
-use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use futures::StreamExt;
 use raftlock_proto::v1 as pb;
 use raftlock_proto::v1::cluster_client::ClusterClient;
-use raftlock_proto::v1::locks_client::LocksClient;
-use rand::RngExt;
-use tokio::sync::{mpsc, oneshot};
-use tokio::time::Instant;
-use tonic::metadata::{Ascii, MetadataValue};
-use tonic::service::interceptor::InterceptedService;
-use tonic::service::Interceptor;
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
-use tonic::{Code, Status};
 
 use crate::error::{Error, Result};
 use crate::keepalive;
 use crate::session::{Session, SessionOptions};
+pub use crate::transport::{ClientOptions, ClientTls};
+use crate::transport::{Kind, Transport};
 use crate::types::{
     members, Backup, Fence, LockInfo, Member, NodeStatus, Restored, Role, WatchEvent, WatchStream,
 };
 
 /// Metadata key in which a follower names the leader's address.
 pub use raftlock_proto::LEADER_ADDR_KEY;
-use raftlock_proto::NOT_LEADER_KEY;
-
-/// Tuning for a [`Client`].
-#[derive(Clone, Debug)]
-pub struct ClientOptions {
-    /// How long one attempt of a request may take (blocking acquires get
-    /// their own timeout on top).
-    pub request_timeout: Duration,
-    /// How long a request keeps retrying across leader changes and
-    /// unreachable nodes before it gives up.
-    pub retry_deadline: Duration,
-    /// First retry delay; doubles up to `max_backoff`, with jitter.
-    pub initial_backoff: Duration,
-    /// Longest retry delay.
-    pub max_backoff: Duration,
-    /// TCP connect timeout per node.
-    pub connect_timeout: Duration,
-    /// TLS towards the nodes (`None`: plaintext).
-    pub tls: Option<ClientTls>,
-    /// Bearer token sent with every request, for clusters with access
-    /// control on (`None`: no token; with mTLS the certificate's CN is the
-    /// identity then).
-    pub token: Option<String>,
-}
-
-/// TLS settings of a client, PEM-encoded.
-#[derive(Clone, Debug)]
-pub struct ClientTls {
-    /// The CA that signed the nodes' certificates.
-    pub ca_pem: Vec<u8>,
-    /// This client's certificate and key, for clusters that require client
-    /// certificates (mTLS).
-    pub identity: Option<(Vec<u8>, Vec<u8>)>,
-}
-
-impl Default for ClientOptions {
-    fn default() -> Self {
-        ClientOptions {
-            request_timeout: Duration::from_secs(5),
-            retry_deadline: Duration::from_secs(15),
-            initial_backoff: Duration::from_millis(20),
-            max_backoff: Duration::from_millis(200),
-            connect_timeout: Duration::from_millis(500),
-            tls: None,
-            token: None,
-        }
-    }
-}
 
 /// A handle to a raftlock cluster. Cheap to clone; clones share
-/// connections and the leader guess.
+/// connections, the leader guess and one keep-alive stream.
 #[derive(Clone)]
 pub struct Client {
-    pub(crate) inner: Arc<Inner>,
-}
-
-/// A connection to one node, with the client's credentials attached to
-/// every request.
-pub(crate) type Conn = InterceptedService<Channel, Credentials>;
-
-/// Adds `authorization: Bearer TOKEN` to every request, if there is a token.
-#[derive(Clone)]
-pub(crate) struct Credentials(Option<MetadataValue<Ascii>>);
-
-impl Interceptor for Credentials {
-    fn call(
-        &mut self,
-        mut req: tonic::Request<()>,
-    ) -> std::result::Result<tonic::Request<()>, Status> {
-        if let Some(value) = &self.0 {
-            req.metadata_mut().insert("authorization", value.clone());
-        }
-        Ok(req)
-    }
-}
-
-pub(crate) struct Inner {
-    endpoints: Vec<String>,
-    pub(crate) options: ClientOptions,
-    credentials: Credentials,
-    channels: Mutex<HashMap<String, Conn>>,
-    /// Best guess of the leader's address.
-    leader: Mutex<Option<String>>,
-    /// Next endpoint to try when the leader is unknown.
-    next: Mutex<usize>,
-    /// The keep-alive multiplexer, started with the first keep-alive.
-    keep_alives: OnceLock<mpsc::UnboundedSender<keepalive::Ask>>,
-}
-
-/// Whether a request changes state. Every mutating request raftlock sends
-/// carries a (session, seq) pair or a nonce, so it is safe to resend; the
-/// difference is only in how a final timeout is reported.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
-    Read,
-    Write,
+    /// Connections, credentials, the leader guess and retries.
+    pub(crate) transport: Transport,
+    /// The keep-alive stream its sessions share.
+    pub(crate) keep_alives: keepalive::Mux,
 }
 
 impl Client {
@@ -142,297 +46,21 @@ impl Client {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        let endpoints: Vec<String> = endpoints
-            .into_iter()
-            .map(Into::into)
-            .map(|e| e.trim().trim_start_matches("http://").to_string())
-            .filter(|e| !e.is_empty())
-            .collect();
-        if endpoints.is_empty() {
-            return Err(Error::Config("no endpoints given".into()));
-        }
-        let credentials = match &options.token {
-            None => Credentials(None),
-            Some(token) => {
-                let token = token.trim();
-                if token.is_empty() || token.contains(char::is_whitespace) {
-                    return Err(Error::Config(
-                        "the token must be non-empty and contain no spaces".into(),
-                    ));
-                }
-                let value = format!("Bearer {token}")
-                    .parse()
-                    .map_err(|_| Error::Config("the token must be printable ASCII".into()))?;
-                Credentials(Some(value))
-            }
-        };
+        let transport = Transport::new(endpoints, options)?;
         Ok(Client {
-            inner: Arc::new(Inner {
-                endpoints,
-                options,
-                credentials,
-                channels: Mutex::new(HashMap::new()),
-                leader: Mutex::new(None),
-                next: Mutex::new(0),
-                keep_alives: OnceLock::new(),
-            }),
+            keep_alives: keepalive::Mux::new(transport.downgrade()),
+            transport,
         })
     }
 
     /// The endpoints this client was given.
     pub fn endpoints(&self) -> &[String] {
-        &self.inner.endpoints
+        self.transport.endpoints()
     }
 
     /// The options in force.
     pub fn options(&self) -> &ClientOptions {
-        &self.inner.options
-    }
-
-    fn channel(&self, addr: &str) -> Result<Conn> {
-        let mut channels = self.inner.channels.lock().expect("channels lock poisoned");
-        if let Some(c) = channels.get(addr) {
-            return Ok(c.clone());
-        }
-        let scheme = if self.inner.options.tls.is_some() {
-            "https"
-        } else {
-            "http"
-        };
-        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
-            .map_err(|e| Error::Config(format!("bad endpoint {addr:?}: {e}")))?;
-        if let Some(tls) = &self.inner.options.tls {
-            let mut config =
-                ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&tls.ca_pem));
-            if let Some((cert, key)) = &tls.identity {
-                config = config.identity(Identity::from_pem(cert, key));
-            }
-            endpoint = endpoint
-                .tls_config(config)
-                .map_err(|e| Error::Config(format!("TLS towards {addr:?}: {e}")))?;
-        }
-        let channel = endpoint
-            .connect_timeout(self.inner.options.connect_timeout)
-            .tcp_nodelay(true)
-            // Notice a dead or cut-off node even while a wait is parked.
-            .http2_keep_alive_interval(Duration::from_secs(5))
-            .keep_alive_timeout(Duration::from_secs(5))
-            .keep_alive_while_idle(true)
-            .connect_lazy();
-        let channel = InterceptedService::new(channel, self.inner.credentials.clone());
-        channels.insert(addr.to_string(), channel.clone());
-        Ok(channel)
-    }
-
-    /// The address to try next: the known leader, else the next endpoint.
-    fn target(&self) -> String {
-        if let Some(l) = self
-            .inner
-            .leader
-            .lock()
-            .expect("leader lock poisoned")
-            .clone()
-        {
-            return l;
-        }
-        let mut next = self.inner.next.lock().expect("next lock poisoned");
-        let addr = self.inner.endpoints[*next % self.inner.endpoints.len()].clone();
-        *next += 1;
-        addr
-    }
-
-    fn forget_leader(&self, addr: &str) {
-        let mut leader = self.inner.leader.lock().expect("leader lock poisoned");
-        if leader.as_deref() == Some(addr) {
-            *leader = None;
-        }
-    }
-
-    fn set_leader(&self, addr: String) {
-        *self.inner.leader.lock().expect("leader lock poisoned") = Some(addr);
-    }
-
-    /// A stream to the leader failed with `status`: follow its leader hint,
-    /// else forget the leader.
-    pub(crate) fn stream_failed(&self, status: &Status) {
-        let hint = status
-            .metadata()
-            .get(LEADER_ADDR_KEY)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
-        *self.inner.leader.lock().expect("leader lock poisoned") = hint;
-    }
-
-    /// Renews `session`'s lease through the client's one keep-alive stream;
-    /// gives up at `deadline`.
-    pub(crate) async fn keep_alive(
-        &self,
-        session: u64,
-        deadline: Instant,
-    ) -> Result<pb::KeepAliveResponse> {
-        let asks = self
-            .inner
-            .keep_alives
-            .get_or_init(|| keepalive::start(Arc::downgrade(&self.inner)));
-        let (reply, answer) = oneshot::channel();
-        asks.send(keepalive::Ask {
-            session,
-            deadline,
-            reply,
-        })
-        .map_err(|_| Error::Internal("the keep-alive multiplexer stopped".into()))?;
-        match tokio::time::timeout_at(deadline, answer).await {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(_)) => Err(Error::Internal(
-                "the keep-alive multiplexer dropped an ask".into(),
-            )),
-            Err(_) => Err(Error::Unavailable(format!(
-                "no keep-alive answer for session {session} in time"
-            ))),
-        }
-    }
-
-    /// Runs `f` against the leader, following leader hints and retrying
-    /// transient failures with jittered exponential backoff until
-    /// `deadline`. Never sleeps past the deadline: if the next delay would
-    /// end after it, it gives up at once.
-    pub(crate) async fn call<T, F, Fut>(
-        &self,
-        kind: Kind,
-        attempt_timeout: Duration,
-        deadline: Instant,
-        mut f: F,
-    ) -> Result<T>
-    where
-        F: FnMut(Conn) -> Fut,
-        Fut: Future<Output = std::result::Result<T, Status>>,
-    {
-        let opts = &self.inner.options;
-        let mut backoff = opts.initial_backoff;
-        let mut sent = false;
-        let mut last: Option<Error> = None;
-        let mut hops = 0;
-        loop {
-            let now = Instant::now();
-            if now >= deadline {
-                break;
-            }
-            let addr = self.target();
-            let channel = self.channel(&addr)?;
-            let budget = attempt_timeout.min(deadline - now);
-            let outcome = tokio::time::timeout(budget, f(channel)).await;
-            let status = match outcome {
-                Ok(Ok(v)) => {
-                    self.set_leader(addr);
-                    return Ok(v);
-                }
-                Ok(Err(status)) => status,
-                Err(_) => {
-                    // Timed out after sending: for a write we cannot know
-                    // whether it was applied.
-                    sent |= kind == Kind::Write;
-                    self.forget_leader(&addr);
-                    last = Some(Error::Unavailable(format!(
-                        "{addr} did not answer within {budget:?}"
-                    )));
-                    self.sleep_or_give_up(&mut backoff, deadline).await?;
-                    continue;
-                }
-            };
-            match status.code() {
-                Code::Unavailable => {
-                    let hint = status
-                        .metadata()
-                        .get(LEADER_ADDR_KEY)
-                        .and_then(|v| v.to_str().ok())
-                        .map(str::to_string);
-                    // A transport failure may have happened after the
-                    // request left; a "not the leader" answer never does.
-                    let not_leader = status.metadata().get(NOT_LEADER_KEY).is_some();
-                    if !not_leader {
-                        sent |= kind == Kind::Write;
-                    }
-                    last = Some(Error::from_status(&status, false));
-                    match hint {
-                        Some(leader) if leader != addr && hops < 3 => {
-                            hops += 1;
-                            self.set_leader(leader);
-                            continue;
-                        }
-                        _ => {
-                            hops = 0;
-                            self.forget_leader(&addr);
-                        }
-                    }
-                }
-                Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => {
-                    sent |= kind == Kind::Write;
-                    self.forget_leader(&addr);
-                    last = Some(Error::from_status(&status, sent));
-                }
-                // A failure of this side's transport (an HTTP/2 protocol
-                // error on a connection the node dropped, say) arrives as a
-                // status with an error source; the node never answered, so
-                // it is not the node's word: retry elsewhere, the request
-                // may have been sent.
-                _ if std::error::Error::source(&status).is_some() => {
-                    sent |= kind == Kind::Write;
-                    self.forget_leader(&addr);
-                    last = Some(Error::Unavailable(format!(
-                        "{addr}: transport failure: {status}"
-                    )));
-                }
-                _ => return Err(Error::from_status(&status, sent)),
-            }
-            self.sleep_or_give_up(&mut backoff, deadline).await?;
-        }
-        let reason = last
-            .map(|e| e.to_string())
-            .unwrap_or_else(|| "deadline reached".into());
-        Err(if sent {
-            Error::Unknown(reason)
-        } else {
-            Error::Unavailable(reason)
-        })
-    }
-
-    async fn sleep_or_give_up(&self, backoff: &mut Duration, deadline: Instant) -> Result<()> {
-        let jitter = rand::rng().random_range(0.5..1.5);
-        let delay =
-            Duration::try_from_secs_f64(backoff.as_secs_f64() * jitter).unwrap_or(Duration::MAX);
-        *backoff = backoff
-            .saturating_mul(2)
-            .min(self.inner.options.max_backoff);
-        if Instant::now()
-            .checked_add(delay)
-            .is_none_or(|end| end >= deadline)
-        {
-            // Sleeping would only end after the deadline: give up now.
-            return Err(Error::Unavailable("retry deadline reached".into()));
-        }
-        tokio::time::sleep(delay).await;
-        Ok(())
-    }
-
-    /// A `Locks` stub on a channel.
-    pub(crate) fn locks(channel: Conn) -> LocksClient<Conn> {
-        LocksClient::new(channel)
-    }
-
-    /// Runs a read-only or idempotent `Locks` call with the default
-    /// deadline.
-    pub(crate) async fn locks_call<T, F, Fut>(&self, kind: Kind, f: F) -> Result<T>
-    where
-        F: FnMut(LocksClient<Conn>) -> Fut,
-        Fut: Future<Output = std::result::Result<T, Status>>,
-    {
-        let opts = &self.inner.options;
-        let deadline = crate::session::after(opts.retry_deadline);
-        let mut f = f;
-        self.call(kind, opts.request_timeout, deadline, move |c| {
-            f(Self::locks(c))
-        })
-        .await
+        self.transport.options()
     }
 
     /// Opens a session with `ttl` (and no lock-delay).
@@ -461,6 +89,7 @@ impl Client {
             stale: false,
         };
         let resp = self
+            .transport
             .locks_call(Kind::Read, |mut c| {
                 let req = req.clone();
                 async move { c.check_fence(req).await }
@@ -477,6 +106,7 @@ impl Client {
             stale: false,
         };
         let resp = self
+            .transport
             .locks_call(Kind::Read, |mut c| {
                 let req = req.clone();
                 async move { c.describe(req).await }
@@ -501,6 +131,7 @@ impl Client {
                 stale: false,
             };
             let page = self
+                .transport
                 .locks_call(Kind::Read, |mut c| {
                     let req = req.clone();
                     async move { c.list(req).await }
@@ -534,6 +165,7 @@ impl Client {
             }
         };
         let resp = self
+            .transport
             .locks_call(Kind::Read, |mut c| {
                 let req = req.clone();
                 async move { c.watch(req).await }
@@ -550,9 +182,9 @@ impl Client {
 
     /// The status of the node at `addr` (not necessarily the leader).
     pub async fn node_status(&self, addr: &str) -> Result<NodeStatus> {
-        let mut c = ClusterClient::new(self.channel(addr)?);
+        let mut c = ClusterClient::new(self.transport.channel(addr)?);
         let resp = tokio::time::timeout(
-            self.inner.options.request_timeout,
+            self.options().request_timeout,
             c.status(pb::StatusRequest {}),
         )
         .await
@@ -561,31 +193,15 @@ impl Client {
         Ok(resp.into_inner().into())
     }
 
-    /// Runs a `Cluster` call against the leader.
-    pub(crate) async fn cluster_call<T, F, Fut>(
-        &self,
-        kind: Kind,
-        timeout: Duration,
-        f: F,
-    ) -> Result<T>
-    where
-        F: FnMut(ClusterClient<Conn>) -> Fut,
-        Fut: Future<Output = std::result::Result<T, Status>>,
-    {
-        let deadline = crate::session::after(self.inner.options.retry_deadline.max(timeout));
-        let mut f = f;
-        self.call(kind, timeout, deadline, move |c| f(ClusterClient::new(c)))
-            .await
-    }
-
     /// The status of the leader.
     pub async fn status(&self) -> Result<NodeStatus> {
         // Status answers on any node; ask until one that knows a leader
         // answers, then ask the leader itself.
         let any = self
+            .transport
             .cluster_call(
                 Kind::Read,
-                self.inner.options.request_timeout,
+                self.options().request_timeout,
                 |mut c| async move { c.status(pb::StatusRequest {}).await },
             )
             .await?
@@ -634,6 +250,7 @@ impl Client {
         };
         let timeout = Duration::from_secs(60);
         let resp = self
+            .transport
             .cluster_call(Kind::Write, timeout, |mut c| {
                 let req = req.clone();
                 async move { c.add_node(req).await }
@@ -646,6 +263,7 @@ impl Client {
     pub async fn backup(&self) -> Result<Backup> {
         let timeout = Duration::from_secs(60);
         let resp = self
+            .transport
             .cluster_call(Kind::Read, timeout, |mut c| async move {
                 c.backup(pb::BackupRequest {}).await
             })
@@ -674,6 +292,7 @@ impl Client {
             fence_bump,
         };
         let resp = self
+            .transport
             .cluster_call(Kind::Write, timeout, |mut c| {
                 let req = req.clone();
                 async move { c.restore(req).await }
@@ -686,6 +305,7 @@ impl Client {
     pub async fn remove_node(&self, id: u64) -> Result<Vec<Member>> {
         let timeout = Duration::from_secs(30);
         let resp = self
+            .transport
             .cluster_call(Kind::Write, timeout, |mut c| async move {
                 c.remove_node(pb::RemoveNodeRequest { id }).await
             })

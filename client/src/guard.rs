@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use raftlock_proto::v1 as pb;
 
-use crate::client::Kind;
 use crate::error::{Error, Result};
 use crate::session::Session;
+use crate::transport::Kind;
 use crate::types::Fence;
 
 /// What a grant holds.
@@ -135,6 +135,7 @@ async fn release(session: &Session, name: &str, fence: Fence) -> Result<bool> {
     };
     match session
         .client()
+        .transport
         .locks_call(Kind::Write, |mut c| {
             let req = req.clone();
             async move { c.release(req).await }

@@ -1,39 +1,269 @@
-//! One `KeepAlive` stream per [`Client`], shared by all its sessions.
+//! Keeping sessions alive: each session's lease view and its keep-alive
+//! loop, and the one `KeepAlive` stream per [`Client`](crate::Client) that
+//! all its sessions share.
 //!
-//! A session asks for a keep-alive and waits for its own answer; the
-//! multiplexer sends every ask on one bidirectional stream to the leader
-//! and hands each answer (matched by session id) back. Opening a stream per
-//! keep-alive costs an HTTP/2 stream and a server task each time: at tens
-//! of thousands of sessions per client that overhead, not the cluster,
-//! decided whether leases lapsed.
+//! **The lease view.** A session counts its lease conservatively: from the
+//! moment it *sent* the last keep-alive the leader acknowledged, minus a
+//! safety margin. The leader counts from when it processed that keep-alive
+//! (later), and a new leader restarts the count at full length, so as long
+//! as clocks tick at roughly the same rate the client always believes its
+//! lease ends before the cluster does. The count runs on this process's
+//! monotonic clock (`CLOCK_MONOTONIC`), which stops while the host is
+//! suspended: a client host that sleeps past its lease believes it on
+//! waking, until its next keep-alive is answered `expired` (see README,
+//! "Sessions and leases").
 //!
-//! The stream is opened lazily, through [`Client::call`] (so it follows
-//! leader hints and backs off like any request), and reopened when it
-//! fails: every ask in flight on a failed stream gets an error and its
-//! session retries (see `session::keep_alive_loop`). An ask that waits past
-//! its deadline on a stream that does not answer marks the stream as
-//! stalled: it is dropped and the leader forgotten.
+//! **The loop.** A session asks for a keep-alive about every ttl/3; if its
+//! lease runs out before one gets through, it is marked lost at that
+//! instant (even while an attempt is under way) and keep-alives stop:
+//! `Lost` is final.
+//!
+//! **The stream.** The multiplexer sends every ask on one bidirectional
+//! stream to the leader and hands each answer back to the ask it belongs
+//! to. Opening a stream per keep-alive costs an HTTP/2 stream and a server
+//! task each time: at tens of thousands of sessions per client that
+//! overhead, not the cluster, decided whether leases lapsed. The stream is
+//! opened lazily, through the transport's `call` (so it follows leader
+//! hints and backs off like any request), and reopened when it fails:
+//! every ask in flight on a failed stream gets an error and its session
+//! retries. An ask that waits past its deadline on a stream that does not
+//! answer marks the stream as stalled: it is dropped and the leader
+//! forgotten.
 
 use std::collections::VecDeque;
-use std::sync::Weak;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use raftlock_proto::v1 as pb;
-use tokio::sync::{mpsc, oneshot};
+use raftlock_proto::v1::locks_client::LocksClient;
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::Streaming;
 
-use crate::client::{Client, Conn, Inner, Kind};
 use crate::error::{Error, Result};
+use crate::transport::{Conn, Kind, WeakTransport};
+
+/// The client's view of its lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseState {
+    /// Valid until the given instant (on this process's monotonic clock).
+    Valid(Instant),
+    /// May have lapsed: keep-alives failed past the lease, or the session
+    /// was found expired. Locks held through it may belong to others now.
+    Lost,
+    /// Closed by its owner.
+    Closed,
+}
+
+/// One session's lease view.
+pub(crate) struct Lease {
+    /// The session.
+    id: u64,
+    /// Its lease length.
+    ttl: Duration,
+    /// How much of the ttl the view leaves out.
+    margin: Duration,
+    /// The view; `Lost` and `Closed` are final.
+    state: watch::Sender<LeaseState>,
+}
+
+impl Lease {
+    /// The view of session `id` whose lease (`ttl`, less `margin`) was
+    /// started by a request sent at `sent_at`.
+    pub(crate) fn new(id: u64, ttl: Duration, margin: Duration, sent_at: Instant) -> Lease {
+        Lease {
+            id,
+            ttl,
+            margin,
+            state: watch::channel(LeaseState::Valid(sent_at + ttl - margin)).0,
+        }
+    }
+
+    /// The lease length.
+    pub(crate) fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// True while the view says the lease is held.
+    pub(crate) fn is_valid(&self) -> bool {
+        matches!(*self.state.borrow(), LeaseState::Valid(until) if Instant::now() < until)
+    }
+
+    /// Follows the view.
+    pub(crate) fn subscribe(&self) -> watch::Receiver<LeaseState> {
+        self.state.subscribe()
+    }
+
+    /// The lease may be gone (final).
+    pub(crate) fn mark_lost(&self) {
+        self.end(LeaseState::Lost);
+    }
+
+    /// The session was closed (final, whatever the view said before).
+    pub(crate) fn mark_closed(&self) {
+        self.state.send_replace(LeaseState::Closed);
+    }
+
+    fn end(&self, to: LeaseState) {
+        self.state.send_if_modified(|s| {
+            if matches!(s, LeaseState::Valid(_)) {
+                *s = to;
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    /// A keep-alive sent at `sent_at` was answered with `ttl`: the view
+    /// runs until `sent_at + ttl - margin`, if that is later.
+    fn extend(&self, sent_at: Instant, ttl: Duration) {
+        let new_until = sent_at + ttl - self.margin;
+        self.state.send_if_modified(|s| match s {
+            LeaseState::Valid(old) if *old < new_until => {
+                *old = new_until;
+                true
+            }
+            _ => false,
+        });
+    }
+
+    /// Resolves when the view says the lease may be gone (lost or closed),
+    /// marking it lost if it ran out while nobody looked.
+    pub(crate) async fn lost(&self) {
+        let mut rx = self.state.subscribe();
+        loop {
+            let until = match *rx.borrow_and_update() {
+                LeaseState::Valid(until) => until,
+                _ => return,
+            };
+            tokio::select! {
+                _ = tokio::time::sleep_until(until) => {
+                    if !matches!(*rx.borrow(), LeaseState::Valid(u) if u > Instant::now()) {
+                        // Whoever sees the lease run out first records it,
+                        // so subscribers agree with `lost()`.
+                        self.mark_lost();
+                        return;
+                    }
+                }
+                changed = rx.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Keeps `lease` alive through `mux`, the first keep-alive at `first`,
+/// until the lease is lost or closed (or the task is aborted, when the
+/// session is dropped).
+pub(crate) async fn keep_alive_loop(mux: Mux, lease: Arc<Lease>, first: Instant) {
+    tokio::time::sleep_until(first).await;
+    loop {
+        let until = match *lease.state.borrow() {
+            LeaseState::Valid(u) => u,
+            _ => return,
+        };
+        let sent_at = Instant::now();
+        tokio::select! {
+            result = renew(&mux, &lease) => match result {
+                Ok(ttl) => lease.extend(sent_at, ttl),
+                Err(Error::SessionNotFound(_)) => {
+                    lease.mark_lost();
+                    return;
+                }
+                Err(e) => {
+                    tracing::debug!(session = lease.id, error = %e, "keep-alive failed");
+                }
+            },
+            _ = tokio::time::sleep_until(until) => {}
+        }
+        if !lease.is_valid() {
+            lease.mark_lost();
+            return;
+        }
+        let until = match *lease.state.borrow() {
+            LeaseState::Valid(u) => u,
+            _ => return,
+        };
+        // Next keep-alive a third of the ttl after this one was sent, or
+        // soon if this one failed; never later than the lease's end.
+        let next = (sent_at + lease.ttl / 3).max(Instant::now() + Duration::from_millis(50));
+        tokio::time::sleep_until(next.min(until)).await;
+    }
+}
+
+/// One keep-alive of `lease`'s session: the ttl the leader renewed it for.
+async fn renew(mux: &Mux, lease: &Lease) -> Result<Duration> {
+    let id = lease.id;
+    // A keep-alive that takes longer than a third of the ttl is useless.
+    let attempt = (lease.ttl / 3).max(Duration::from_millis(200));
+    let resp = mux.ask(id, Instant::now() + attempt).await?;
+    if resp.expired {
+        return Err(Error::SessionNotFound(format!("session {id} expired")));
+    }
+    Ok(Duration::from_millis(resp.ttl_ms))
+}
+
+/// The client's keep-alive multiplexer (started with its first ask, ended
+/// when every handle is gone). Cheap to clone.
+#[derive(Clone)]
+pub(crate) struct Mux {
+    transport: WeakTransport,
+    asks: Arc<OnceLock<mpsc::UnboundedSender<Ask>>>,
+}
+
+impl Mux {
+    /// A multiplexer over `transport` (nothing runs until the first ask).
+    pub(crate) fn new(transport: WeakTransport) -> Mux {
+        Mux {
+            transport,
+            asks: Arc::default(),
+        }
+    }
+
+    /// Renews `session`'s lease through the one stream; gives up at
+    /// `deadline`.
+    pub(crate) async fn ask(
+        &self,
+        session: u64,
+        deadline: Instant,
+    ) -> Result<pb::KeepAliveResponse> {
+        let asks = self.asks.get_or_init(|| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            tokio::spawn(run(self.transport.clone(), rx));
+            tx
+        });
+        let (reply, answer) = oneshot::channel();
+        asks.send(Ask {
+            session,
+            deadline,
+            reply,
+        })
+        .map_err(|_| Error::Internal("the keep-alive multiplexer stopped".into()))?;
+        match tokio::time::timeout_at(deadline, answer).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(_)) => Err(Error::Internal(
+                "the keep-alive multiplexer dropped an ask".into(),
+            )),
+            Err(_) => Err(Error::Unavailable(format!(
+                "no keep-alive answer for session {session} in time"
+            ))),
+        }
+    }
+}
 
 /// One session's request for a keep-alive.
-pub(crate) struct Ask {
+struct Ask {
     /// The session.
-    pub(crate) session: u64,
+    session: u64,
     /// When the session stops waiting for this answer.
-    pub(crate) deadline: Instant,
+    deadline: Instant,
     /// Where its answer goes.
-    pub(crate) reply: oneshot::Sender<Result<pb::KeepAliveResponse>>,
+    reply: oneshot::Sender<Result<pb::KeepAliveResponse>>,
 }
 
 impl Ask {
@@ -54,15 +284,9 @@ type Opened = (
     mpsc::UnboundedSender<pb::KeepAliveRequest>,
 );
 
-/// Starts the multiplexer of the client behind `inner`; it ends when the
-/// client (every clone) is dropped.
-pub(crate) fn start(inner: Weak<Inner>) -> mpsc::UnboundedSender<Ask> {
-    let (tx, rx) = mpsc::unbounded_channel();
-    tokio::spawn(run(inner, rx));
-    tx
-}
-
-async fn run(inner: Weak<Inner>, mut asks: mpsc::UnboundedReceiver<Ask>) {
+/// The multiplexer; ends when every sender of asks (every client clone
+/// and session keeper) is gone, or the transport with them.
+async fn run(transport: WeakTransport, mut asks: mpsc::UnboundedReceiver<Ask>) {
     // Asks not yet sent on a stream, oldest first.
     let mut backlog: VecDeque<Ask> = VecDeque::new();
     loop {
@@ -75,14 +299,13 @@ async fn run(inner: Weak<Inner>, mut asks: mpsc::UnboundedReceiver<Ask>) {
             }
             continue;
         }
-        // Holds the client only while opening (and to note a failure), so
-        // that dropping its last handle drops the ask sender and ends this
-        // task, closing the stream.
-        let Some(inner_now) = inner.upgrade() else {
+        // Holds the transport only while opening (and to note a failure).
+        let Some(open_with) = transport.upgrade() else {
             return;
         };
         let first = backlog.pop_front().expect("not empty");
-        let opened = open(&Client { inner: inner_now }, first.session, first.deadline).await;
+        let opened = open(&open_with, first.session, first.deadline).await;
+        drop(open_with);
         let (answer, mut inbound, out) = match opened {
             Ok(o) => o,
             Err(e) => {
@@ -122,7 +345,7 @@ async fn run(inner: Weak<Inner>, mut asks: mpsc::UnboundedReceiver<Ask>) {
                         broken = true;
                     }
                     Err(status) => {
-                        stream_failed(&inner, &status);
+                        stream_failed(&transport, &status);
                         let e = Error::from_status(&status, false);
                         fail(&mut sent, || e.clone());
                         broken = true;
@@ -134,7 +357,7 @@ async fn run(inner: Weak<Inner>, mut asks: mpsc::UnboundedReceiver<Ask>) {
                     if last_answer < asked {
                         // Nothing at all came back since: the leader may
                         // be gone with the connection still up.
-                        stream_failed(&inner, &tonic::Status::unavailable("keep-alive stream stalled"));
+                        stream_failed(&transport, &tonic::Status::unavailable("keep-alive stream stalled"));
                         broken = true;
                     }
                 }
@@ -146,11 +369,11 @@ async fn run(inner: Weak<Inner>, mut asks: mpsc::UnboundedReceiver<Ask>) {
     }
 }
 
-/// Tells the client (if any handle is left) that its stream to the leader
-/// failed.
-fn stream_failed(inner: &Weak<Inner>, status: &tonic::Status) {
-    if let Some(inner) = inner.upgrade() {
-        Client { inner }.stream_failed(status);
+/// Tells the transport (if a client still holds it) that its stream to the
+/// leader failed.
+fn stream_failed(transport: &WeakTransport, status: &tonic::Status) {
+    if let Some(t) = transport.upgrade() {
+        t.stream_failed(status);
     }
 }
 
@@ -170,16 +393,20 @@ fn fail(sent: &mut VecDeque<(Instant, Ask)>, error: impl Fn() -> Error) {
 /// Opens a stream at the leader with `session`'s keep-alive as its first
 /// message, and waits for that answer (a follower refuses on the stream,
 /// with the leader's address, which `call` follows).
-async fn open(client: &Client, session: u64, deadline: Instant) -> Result<Opened> {
+async fn open(
+    transport: &crate::transport::Transport,
+    session: u64,
+    deadline: Instant,
+) -> Result<Opened> {
     let attempt = deadline.saturating_duration_since(Instant::now());
-    client
+    transport
         .call(Kind::Read, attempt, deadline, move |c: Conn| async move {
             let (out, rx) = mpsc::unbounded_channel();
             out.send(pb::KeepAliveRequest {
                 session_id: session,
             })
             .expect("receiver held");
-            let mut inbound = Client::locks(c)
+            let mut inbound = LocksClient::new(c)
                 .keep_alive(UnboundedReceiverStream::new(rx))
                 .await?
                 .into_inner();

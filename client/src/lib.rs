@@ -47,14 +47,16 @@ pub mod fence;
 mod guard;
 mod keepalive;
 mod session;
+mod transport;
 mod types;
 
 pub use client::{Client, ClientOptions, ClientTls, LEADER_ADDR_KEY};
 pub use election::Election;
 pub use error::{Error, Result};
 pub use guard::{Guard, Mode};
+pub use keepalive::LeaseState;
 pub use raftlock_proto::v1 as proto;
-pub use session::{LeaseState, Semaphore, Session, SessionOptions, WAIT_FOREVER_MS};
+pub use session::{Semaphore, Session, SessionOptions, WAIT_FOREVER_MS};
 pub use types::{
     Backup, EventKind, Fence, Holder, LockInfo, LockKind, LockMode, Member, NodeStatus, Restored,
     Role, SessionId, Waiter, WatchEvent, WatchStream,

@@ -1,13 +1,7 @@
-//! Sessions: a lease kept alive in the background, and the grants held
-//! through it.
-//!
-//! The client counts its lease conservatively: from the moment it *sent*
-//! the last keep-alive the leader acknowledged, minus a safety margin. The
-//! leader counts from when it processed that keep-alive (later), and a new
-//! leader restarts the count at full length, so as long as clocks tick at
-//! roughly the same rate the client always believes its lease ends before
-//! the cluster does. When the client's count runs out, [`Session::lost`]
-//! fires; work already running is not cancelled, only told.
+//! Sessions: a lease kept alive in the background (see `keepalive.rs` for
+//! how the lease is counted and renewed), and the grants held through it.
+//! When the lease may be gone, [`Session::lost`] fires; work already
+//! running is not cancelled, only told.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -16,13 +10,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use raftlock_proto::v1 as pb;
+use raftlock_proto::v1::locks_client::LocksClient;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::client::{Client, Kind};
+use crate::client::Client;
 use crate::error::{Error, Result};
 use crate::guard::{Guard, Mode};
+use crate::keepalive::{keep_alive_loop, Lease, LeaseState};
+use crate::transport::{after, Kind};
 use crate::types::{Fence, SessionId};
 
 /// `timeout_ms` meaning "wait without a timeout".
@@ -31,14 +28,6 @@ pub const WAIT_FOREVER_MS: u64 = u64::MAX;
 /// Length of one attempt of a wait without timeout; the wait is resumed
 /// (same seq, same queue place) after each.
 pub const FOREVER_ATTEMPT: Duration = Duration::from_secs(30);
-
-/// The instant `d` from now, or about a century from now if that is
-/// further (or overflows the clock): "no deadline" without a panic.
-pub(crate) fn after(d: Duration) -> Instant {
-    const FAR: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
-    let now = Instant::now();
-    now.checked_add(d.min(FAR)).unwrap_or(now)
-}
 
 /// How a session is opened.
 #[derive(Clone, Debug)]
@@ -63,31 +52,15 @@ impl Default for SessionOptions {
     }
 }
 
-/// The client's view of its lease.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LeaseState {
-    /// Valid until the given instant (on this process's monotonic clock).
-    Valid(Instant),
-    /// May have lapsed: keep-alives failed past the lease, or the session
-    /// was found expired. Locks held through it may belong to others now.
-    Lost,
-    /// Closed by its owner.
-    Closed,
-}
-
 pub(crate) struct SessionInner {
     /// The cluster handle the session talks through.
     pub(crate) client: Client,
     /// The session id the cluster gave it.
     pub(crate) id: u64,
-    /// Its lease length.
-    pub(crate) ttl: Duration,
-    /// How much of the ttl the client's own lease view leaves out.
-    margin: Duration,
     /// The next request sequence number (exactly-once).
     seq: AtomicU64,
-    /// The client's view of the lease.
-    lease: watch::Sender<LeaseState>,
+    /// The client's view of the lease (kept alive by `keeper`).
+    lease: Arc<Lease>,
     /// Set once `close` ran.
     closed: AtomicBool,
     /// The keep-alive task.
@@ -166,6 +139,7 @@ async fn cancel(session: &Session, name: &str, seq: u64) {
     loop {
         let result = session
             .client()
+            .transport
             .locks_call(Kind::Write, |mut c| {
                 let req = req.clone();
                 async move { c.cancel(req).await }
@@ -213,6 +187,7 @@ impl Session {
         };
         let sent_at = Instant::now();
         let resp = client
+            .transport
             .locks_call(
                 Kind::Write,
                 |mut c| async move { c.open_session(req).await },
@@ -221,14 +196,13 @@ impl Session {
             .into_inner();
         let ttl = Duration::from_millis(resp.ttl_ms);
         let margin = ttl.mul_f64(options.margin.clamp(0.0, 0.5));
-        let (lease, _) = watch::channel(LeaseState::Valid(sent_at + ttl - margin));
+        let lease = Arc::new(Lease::new(resp.session_id, ttl, margin, sent_at));
+        let mux = client.keep_alives.clone();
         let inner = Arc::new(SessionInner {
             client,
             id: resp.session_id,
-            ttl,
-            margin,
             seq: AtomicU64::new(1),
-            lease,
+            lease: lease.clone(),
             closed: AtomicBool::new(false),
             keeper: std::sync::Mutex::new(None),
             in_flight: std::sync::Mutex::default(),
@@ -238,7 +212,7 @@ impl Session {
         // every later one: renewing at once would only cost a round trip and
         // a leadership confirmation per session.
         let first = sent_at + ttl / 3;
-        let keeper = tokio::spawn(keep_alive_loop(Arc::downgrade(&inner), first));
+        let keeper = tokio::spawn(keep_alive_loop(mux, lease, first));
         *inner.keeper.lock().expect("keeper lock poisoned") = Some(keeper);
         Ok(Session { inner })
     }
@@ -250,7 +224,7 @@ impl Session {
 
     /// The lease length.
     pub fn ttl(&self) -> Duration {
-        self.inner.ttl
+        self.inner.lease.ttl()
     }
 
     /// The client this session belongs to.
@@ -261,7 +235,7 @@ impl Session {
     /// True while the client's own (conservative) view of the lease says it
     /// is still held.
     pub fn is_valid(&self) -> bool {
-        matches!(*self.inner.lease.borrow(), LeaseState::Valid(until) if Instant::now() < until)
+        self.inner.lease.is_valid()
     }
 
     /// Follows the lease state.
@@ -272,28 +246,7 @@ impl Session {
     /// Resolves when the lease may be gone (lost or closed). It does not
     /// cancel anything; it lets the holder stop on its own terms.
     pub async fn lost(&self) {
-        let mut rx = self.inner.lease.subscribe();
-        loop {
-            let until = match *rx.borrow_and_update() {
-                LeaseState::Valid(until) => until,
-                _ => return,
-            };
-            tokio::select! {
-                _ = tokio::time::sleep_until(until) => {
-                    if !matches!(*rx.borrow(), LeaseState::Valid(u) if u > Instant::now()) {
-                        // Whoever sees the lease run out first records it,
-                        // so `lease()` watchers agree with `lost()`.
-                        self.mark_lost();
-                        return;
-                    }
-                }
-                changed = rx.changed() => {
-                    if changed.is_err() {
-                        return;
-                    }
-                }
-            }
-        }
+        self.inner.lease.lost().await
     }
 
     pub(crate) fn next_seq(&self) -> u64 {
@@ -364,17 +317,6 @@ impl Session {
         }
     }
 
-    fn mark_lost(&self) {
-        self.inner.lease.send_if_modified(|s| {
-            if matches!(s, LeaseState::Valid(_)) {
-                *s = LeaseState::Lost;
-                true
-            } else {
-                false
-            }
-        });
-    }
-
     /// Acquires `name` in `mode`, waiting up to `timeout` (`None`: forever,
     /// `Some(ZERO)`: try once) and attaching `value`.
     pub(crate) async fn acquire(
@@ -436,9 +378,10 @@ impl Session {
         let result = self
             .inner
             .client
+            .transport
             .call(Kind::Write, attempt, deadline, |c| {
                 let req = req.clone();
-                async move { Client::locks(c).acquire(req).await }
+                async move { LocksClient::new(c).acquire(req).await }
             })
             .await;
         let resp = match result {
@@ -585,7 +528,7 @@ impl Session {
         {
             k.abort();
         }
-        self.inner.lease.send_replace(LeaseState::Closed);
+        self.inner.lease.mark_closed();
         let req = pb::CloseSessionRequest {
             session_id: self.inner.id,
             seq: self.next_seq(),
@@ -593,6 +536,7 @@ impl Session {
         match self
             .inner
             .client
+            .transport
             .locks_call(
                 Kind::Write,
                 |mut c| async move { c.close_session(req).await },
@@ -651,74 +595,4 @@ impl Semaphore {
             Err(e) => Err(e),
         }
     }
-}
-
-/// Sends keep-alives about every ttl/3, the first at `first`, and keeps
-/// the lease view current. If the lease runs out before a keep-alive gets
-/// through, the session is marked lost at that instant (even while an
-/// attempt is still under way) and keep-alives stop: `Lost` is final.
-async fn keep_alive_loop(weak: std::sync::Weak<SessionInner>, first: Instant) {
-    // Holds no reference while asleep, so dropping the last `Session` ends
-    // the session's keep-alives even before the first one.
-    tokio::time::sleep_until(first).await;
-    loop {
-        let Some(inner) = weak.upgrade() else { return };
-        let session = Session { inner };
-        let until = match *session.inner.lease.borrow() {
-            LeaseState::Valid(u) => u,
-            _ => return,
-        };
-        let sent_at = Instant::now();
-        tokio::select! {
-            result = send_keep_alive(&session) => match result {
-                Ok(ttl) => {
-                    let new_until = sent_at + ttl - session.inner.margin;
-                    session.inner.lease.send_if_modified(|s| match s {
-                        LeaseState::Valid(old) if *old < new_until => {
-                            *old = new_until;
-                            true
-                        }
-                        _ => false,
-                    });
-                }
-                Err(Error::SessionNotFound(_)) => {
-                    session.mark_lost();
-                    return;
-                }
-                Err(e) => {
-                    tracing::debug!(session = session.inner.id, error = %e, "keep-alive failed");
-                }
-            },
-            _ = tokio::time::sleep_until(until) => {}
-        }
-        if !session.is_valid() {
-            session.mark_lost();
-            return;
-        }
-        let until = match *session.inner.lease.borrow() {
-            LeaseState::Valid(u) => u,
-            _ => return,
-        };
-        // Next keep-alive a third of the ttl after this one was sent, or
-        // soon if this one failed; never later than the lease's end.
-        let next =
-            (sent_at + session.inner.ttl / 3).max(Instant::now() + Duration::from_millis(50));
-        drop(session);
-        tokio::time::sleep_until(next.min(until)).await;
-    }
-}
-
-async fn send_keep_alive(session: &Session) -> Result<Duration> {
-    let id = session.inner.id;
-    // A keep-alive that takes longer than a third of the ttl is useless.
-    let attempt = (session.inner.ttl / 3).max(Duration::from_millis(200));
-    let resp = session
-        .inner
-        .client
-        .keep_alive(id, Instant::now() + attempt)
-        .await?;
-    if resp.expired {
-        return Err(Error::SessionNotFound(format!("session {id} expired")));
-    }
-    Ok(Duration::from_millis(resp.ttl_ms))
 }

@@ -103,11 +103,14 @@ impl From<Refusal> for Error {
             Refusal::SessionNotFound { .. } => Error::NotFound(msg),
             Refusal::TooManyWaiters { .. }
             | Refusal::TooManyLocks { .. }
-            | Refusal::TooManySessions => Error::ResourceExhausted(msg),
+            | Refusal::TooManySessions
+            | Refusal::FencesExhausted => Error::ResourceExhausted(msg),
             Refusal::RestoreIntoNonEmpty | Refusal::InvalidRestorePart { .. } => {
                 Error::FailedPrecondition(msg)
             }
-            Refusal::InvalidBackup { .. } => Error::InvalidArgument(msg),
+            Refusal::InvalidBackup { .. } | Refusal::FenceBumpTooLarge { .. } => {
+                Error::InvalidArgument(msg)
+            }
             Refusal::Inconsistent { .. } => Error::Internal(msg),
         }
     }

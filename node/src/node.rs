@@ -173,6 +173,9 @@ pub struct NodeOptions {
     pub tls: Option<crate::tls::TlsOptions>,
     /// Access control (off by default; see [`crate::auth`]).
     pub auth: Arc<crate::auth::Auth>,
+    /// Faults injected into the log's storage (tests only; none by
+    /// default).
+    pub storage_faults: crate::raft::log_store::StorageFaults,
 }
 
 /// The sockets a node serves on; the caller binds them.
@@ -256,7 +259,7 @@ impl Node {
         std::fs::create_dir_all(&opts.data_dir)?;
         let sled_dir = opts.data_dir.join("sled");
         let db = open_db(&sled_dir)?;
-        let log_store = LogStore::new(db, &sled_dir)?;
+        let log_store = LogStore::with_faults(db, &sled_dir, opts.storage_faults.clone())?;
         let log_closed = log_store.closed();
         log_store.check_node_id(opts.id).await?;
         let committed = log_store.committed_marker();

@@ -42,6 +42,8 @@ pub struct TestCluster {
     /// The proxies every node-to-node link goes through, if the cluster
     /// was started partitionable.
     net: Option<Net>,
+    /// Each node's storage fault switch (kept across restarts).
+    faults: std::sync::Mutex<BTreeMap<u64, raftlock_node::raft::log_store::StorageFaults>>,
 }
 
 /// Polls `check` until it returns `Some`, or panics with `what` after
@@ -187,6 +189,7 @@ impl TestCluster {
             addrs: addrs.clone(),
             timing,
             net: partitionable.then(Net::new),
+            faults: Default::default(),
         };
         cluster.add_proxies().await;
         // Node 1 bootstraps last, so its peers are listening when it
@@ -198,6 +201,18 @@ impl TestCluster {
         }
         cluster.wait_for_leader().await;
         cluster
+    }
+
+    /// Node `id`'s storage fault switch: turn it to make its log's syncs
+    /// fail (as a failing disk would); it applies to the node as it runs
+    /// and to every restart of it until healed.
+    pub fn storage_faults(&self, id: u64) -> raftlock_node::raft::log_store::StorageFaults {
+        self.faults
+            .lock()
+            .expect("faults lock poisoned")
+            .entry(id)
+            .or_default()
+            .clone()
     }
 
     /// Node `id`'s data directory.
@@ -232,6 +247,7 @@ impl TestCluster {
                     .as_deref()
                     .map(|text| raftlock_node::auth::Acl::parse(text).expect("a valid test ACL")),
             )),
+            storage_faults: self.storage_faults(id),
         }
     }
 

@@ -143,15 +143,17 @@ impl Api {
                 backup.len()
             )));
         }
-        // Refuse garbage before it reaches the log. Decoding and checking a
-        // large backup takes a while: not on a runtime thread.
+        // Refuse garbage, and a fence bump past the fence bound, before
+        // they reach the log (the apply checks both again). Decoding and
+        // checking a large backup takes a while: not on a runtime thread.
         let copy = backup.to_vec();
-        tokio::task::spawn_blocking(move || {
-            crate::state::LockTable::from_snapshot(&copy).map(drop)
-        })
-        .await
-        .map_err(|e| Error::Internal(format!("backup check failed: {e}")))?
-        .map_err(|e| Error::InvalidArgument(format!("invalid backup: {e}")))?;
+        let table =
+            tokio::task::spawn_blocking(move || crate::state::LockTable::from_snapshot(&copy))
+                .await
+                .map_err(|e| Error::Internal(format!("backup check failed: {e}")))?
+                .map_err(|e| Error::InvalidArgument(format!("invalid backup: {e}")))?;
+        table.fence_after_restore(fence_bump)?;
+        drop(table);
         let restore = rand::random::<u64>();
         let chunks: Vec<&[u8]> = if backup.is_empty() {
             vec![backup]

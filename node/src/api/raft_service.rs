@@ -18,6 +18,8 @@ use crate::auth::Auth;
 use crate::metrics::stages::{between, Stage};
 use crate::metrics::Metrics;
 use crate::raft::identity::ClusterIdentity;
+use crate::raft::peer_input::{self, Local};
+use crate::raft::WatchReceiver as _;
 use crate::raft::{Snapshot, SnapshotMeta, Vote, MAX_SNAPSHOT_BYTES};
 
 /// Serves the node-to-node RPCs of one node.
@@ -74,6 +76,25 @@ impl RaftService {
         self.auth.check_peer(req)?;
         self.cluster.check(req.metadata()).await
     }
+
+    /// What the peer-input checks need of this node, as of now.
+    fn local(&self) -> Local {
+        local_of(&self.raft)
+    }
+}
+
+fn local_of(raft: &Raft) -> Local {
+    let m = raft.metrics();
+    let m = m.borrow_watched();
+    Local {
+        id: m.id,
+        committed: m.local_committed,
+    }
+}
+
+/// A message refused by the peer-input checks (see [`peer_input`]).
+fn refuse(why: String) -> Status {
+    Status::invalid_argument(format!("refused raft message: {why}"))
 }
 
 /// Whether `more` bytes of snapshot still fit after `have`.
@@ -133,9 +154,11 @@ impl RaftRpc for RaftService {
         let requests = {
             let (received, refused) = (received.clone(), refused.clone());
             let stopping = self.stopping.clone();
+            let raft = self.raft.clone();
             futures::stream::unfold(Some(inbound), move |inbound| {
                 let (received, refused) = (received.clone(), refused.clone());
                 let mut stopping = stopping.clone();
+                let raft = raft.clone();
                 async move {
                     let mut inbound = inbound?;
                     let next = tokio::select! {
@@ -151,9 +174,15 @@ impl RaftRpc for RaftService {
                         }
                     };
                     let at = Instant::now();
-                    match decode::<openraft::raft::AppendEntriesRequest<crate::raft::TypeConfig>>(
-                        &msg,
-                    ) {
+                    let checked = decode::<
+                        openraft::raft::AppendEntriesRequest<crate::raft::TypeConfig>,
+                    >(&msg)
+                    .and_then(|rpc| {
+                        peer_input::check_append(&rpc, &local_of(&raft))
+                            .map(|()| rpc)
+                            .map_err(refuse)
+                    });
+                    match checked {
                         Ok(rpc) => {
                             let carried = match (rpc.entries.first(), rpc.entries.last()) {
                                 (Some(f), Some(l)) => Some((f.log_id.index, l.log_id.index)),
@@ -213,6 +242,7 @@ impl RaftRpc for RaftService {
         self.admit(&req).await?;
         let rpc: openraft::raft::AppendEntriesRequest<crate::raft::TypeConfig> =
             decode(req.get_ref())?;
+        peer_input::check_append(&rpc, &self.local()).map_err(refuse)?;
         let carried = match (rpc.entries.first(), rpc.entries.last()) {
             (Some(first), Some(last)) => Some((first.log_id.index, last.log_id.index)),
             _ => None,
@@ -230,6 +260,7 @@ impl RaftRpc for RaftService {
     ) -> Result<Response<pb::RaftMessage>, Status> {
         self.admit(&req).await?;
         let rpc = decode(req.get_ref())?;
+        peer_input::check_vote_request(&rpc, &self.local()).map_err(refuse)?;
         reply(self.raft.vote(rpc).await)
     }
 
@@ -244,6 +275,8 @@ impl RaftRpc for RaftService {
             .await?
             .ok_or_else(|| Status::invalid_argument("an empty snapshot stream"))?;
         let (vote, meta): (Vote, SnapshotMeta) = decode(&head)?;
+        // The head is checked before any data is taken.
+        peer_input::check_snapshot(&vote, &meta, &self.local()).map_err(refuse)?;
         let mut data = Vec::new();
         while let Some(chunk) = stream.message().await? {
             if !snapshot_fits(data.len(), chunk.data.len()) {
@@ -253,6 +286,12 @@ impl RaftRpc for RaftService {
             }
             data.extend_from_slice(&chunk.data);
         }
+        let (meta, data) = tokio::task::spawn_blocking(move || {
+            crate::apply::state_machine::check_snapshot(&meta, &data).map(|()| (meta, data))
+        })
+        .await
+        .map_err(|e| Status::internal(format!("snapshot check failed: {e}")))?
+        .map_err(refuse)?;
         let snapshot = Snapshot {
             meta,
             snapshot: data,

@@ -115,6 +115,25 @@ fn decode_snapshot(bytes: &[u8]) -> Result<SnapshotFile, String> {
     }
 }
 
+/// Checks a snapshot a leader sends before it is installed: the file's
+/// checksum and format, that its meta is the one the leader announced, and
+/// that its table decodes and keeps every invariant. An install that
+/// failed any of these would stop the Raft core (a storage error), so a
+/// peer's bad snapshot is refused here instead. Slow for a large table:
+/// call it off the runtime's threads.
+pub fn check_snapshot(meta: &SnapshotMeta, bytes: &[u8]) -> Result<(), String> {
+    let file = decode_snapshot(bytes)?;
+    if file.meta != *meta {
+        return Err(format!(
+            "the snapshot's file covers {:?}, not {:?} as its head says",
+            file.meta.last_log_id, meta.last_log_id
+        ));
+    }
+    LockTable::from_snapshot(&file.table)
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
 /// Bytes of snapshot written between two `fdatasync`s.
 const SYNC_CHUNK: usize = 4 << 20;
 

@@ -227,9 +227,12 @@ fn restore(
             data_dir.display()
         );
     }
+    let fence_bump = fence_bump.unwrap_or(raftlock_node::state::limits::DEFAULT_RESTORE_FENCE_BUMP);
+    let first_fence = table
+        .fence_after_restore(fence_bump)
+        .map_err(|e| anyhow::anyhow!("--fence-bump {fence_bump}: {e}"))?;
     std::fs::create_dir_all(data_dir)?;
     std::fs::write(data_dir.join(raftlock_node::node::RESTORE_FILE), &bytes)?;
-    let fence_bump = fence_bump.unwrap_or(raftlock_node::state::limits::DEFAULT_RESTORE_FENCE_BUMP);
     std::fs::write(
         data_dir.join(raftlock_node::node::RESTORE_BUMP_FILE),
         fence_bump.to_string(),
@@ -240,9 +243,14 @@ fn restore(
         stats.sessions,
         stats.grants,
         stats.last_fence,
-        stats.last_fence.saturating_add(fence_bump),
+        first_fence,
         data_dir.display()
     );
+    if first_fence == raftlock_node::state::limits::MAX_FENCE {
+        eprintln!(
+            "warning: the fence counter will be at the largest fence; the restored cluster can grant nothing (use a smaller --fence-bump)"
+        );
+    }
     Ok(())
 }
 
@@ -282,6 +290,7 @@ async fn dev(args: DevArgs) -> anyhow::Result<()> {
             dial: BTreeMap::new(),
             tls: None,
             auth: auth.clone(),
+            storage_faults: Default::default(),
         };
         let metrics = match args.metrics_base_port {
             0 => None,

@@ -372,6 +372,7 @@ impl Config {
                 dial,
                 tls,
                 auth: std::sync::Arc::new(crate::auth::Auth::new(acl)),
+                storage_faults: Default::default(),
             },
             Listen {
                 client: listen,

@@ -22,6 +22,7 @@
 pub mod identity;
 pub mod log_store;
 pub mod network;
+pub mod peer_input;
 
 use serde::{Deserialize, Serialize};
 

@@ -430,6 +430,19 @@ pub enum Refusal {
         /// What is wrong.
         reason: String,
     },
+    /// A restore's fence bump would take the backup's fence counter past
+    /// [`MAX_FENCE`](super::limits::MAX_FENCE).
+    #[error("a fence bump of {fence_bump} over the backup's fence counter {last_fence} would pass the largest fence, {max}; use a smaller bump", max = super::limits::MAX_FENCE)]
+    FenceBumpTooLarge {
+        /// The backup's fence counter.
+        last_fence: u64,
+        /// The bump asked for.
+        fence_bump: u64,
+    },
+    /// The fence counter has reached [`MAX_FENCE`](super::limits::MAX_FENCE):
+    /// no grant can get a new fence.
+    #[error("the fence counter has reached the largest fence, {max}: nothing more can be granted (restore a backup with a smaller fence bump into a new cluster)", max = super::limits::MAX_FENCE)]
+    FencesExhausted,
     /// A restore carried bytes that are not a valid table.
     #[error("invalid backup: {reason}")]
     InvalidBackup {
@@ -527,6 +540,9 @@ pub enum CancelCause {
     SessionEnded,
     /// Its client withdrew it (`Withdraw`).
     Withdrawn,
+    /// The fence counter reached [`MAX_FENCE`](super::limits::MAX_FENCE):
+    /// it can never be granted.
+    FencesExhausted,
 }
 
 /// Something that happened while applying a command. The node uses events to

@@ -67,6 +67,16 @@ pub const WAIT_FOREVER: u64 = u64::MAX;
 /// or queue position given to someone else. See `LockTable::index_floor`.
 pub const RESTORE_INDEX_BUMP: u64 = 1 << 48;
 
+/// The largest fence a cluster hands out: 2^63 - 1, the largest signed
+/// 64-bit integer, so that every fence fits a PostgreSQL `bigint`, a Java
+/// `long` or a PHP `int`. A restore whose fence bump would take the counter
+/// past it is refused; once the counter reaches it, acquires are refused
+/// (`RESOURCE_EXHAUSTED`) and waits end without a grant, instead of
+/// handing out a fence that wraps to 0. (At a million grants a second the
+/// counter reaches it after about 290,000 years; only a restore can bring
+/// it near.)
+pub const MAX_FENCE: u64 = i64::MAX as u64;
+
 /// Fences a restore skips by default above the backup's counter (2^32):
 /// grants the backup's cluster made after the backup was taken had fences
 /// above the backup's counter, and stores may have accepted them. Restored

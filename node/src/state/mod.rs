@@ -29,7 +29,9 @@
 //!    been granted).
 //! 4. Fences come from one cluster-wide counter: every grant gets a value
 //!    larger than all before it, so successive holders of a name see
-//!    strictly increasing fences.
+//!    strictly increasing fences, never above
+//!    [`MAX_FENCE`](limits::MAX_FENCE): at the bound grants stop, they never
+//!    wrap.
 //! 5. Holders, waiters and sessions agree: each grant and wait belongs to an
 //!    open session that lists it, and a session holds at most one grant and
 //!    at most one wait per name.

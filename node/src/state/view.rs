@@ -86,7 +86,7 @@ pub struct Stats {
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
     /// The format version is not one this build reads.
-    #[error("unsupported lock-table snapshot version {0} (this build reads {SNAPSHOT_VERSION_2} and {SNAPSHOT_VERSION}; a newer raftlock wrote it)")]
+    #[error("unsupported lock-table snapshot version {0} (this build reads {SNAPSHOT_VERSION_2} to {SNAPSHOT_VERSION}; a newer raftlock wrote it)")]
     Version(u8),
     /// The bytes are not a valid snapshot.
     #[error("corrupt lock-table snapshot: {0}")]
@@ -94,10 +94,14 @@ pub enum SnapshotError {
 }
 
 /// Format version of [`LockTable::to_snapshot`]'s output, its first byte.
-/// Version 3 added the index floor a restore sets.
-pub const SNAPSHOT_VERSION: u8 = 3;
+/// Version 3 added the index floor a restore sets; version 4 the close
+/// index of each remembered close (the oldest close is forgotten first).
+pub const SNAPSHOT_VERSION: u8 = 4;
 
-/// The previous format, still read (see [`LockTable::from_snapshot`]).
+/// The format before, still read (see [`LockTable::from_snapshot`]).
+pub const SNAPSHOT_VERSION_3: u8 = 3;
+
+/// The format before that, still read.
 pub const SNAPSHOT_VERSION_2: u8 = 2;
 
 impl LockTable {
@@ -260,32 +264,36 @@ impl LockTable {
     }
 
     /// Decodes a table written by [`to_snapshot`](Self::to_snapshot), or by
-    /// the previous format ([`SNAPSHOT_VERSION_2`], which lacked the index
-    /// floor: such a table has floor 0), so backups of older clusters can
-    /// be restored.
+    /// an earlier format ([`SNAPSHOT_VERSION_3`], whose remembered closes
+    /// have no close index: they are forgotten first, by id;
+    /// [`SNAPSHOT_VERSION_2`], which also lacked the index floor: such a
+    /// table has floor 0), so backups of older clusters can be restored.
     pub fn from_snapshot(bytes: &[u8]) -> Result<Self, SnapshotError> {
-        match bytes.split_first() {
-            Some((&SNAPSHOT_VERSION, rest)) => {
-                let table: LockTable = bincode::deserialize(rest)
-                    .map_err(|e| SnapshotError::Corrupt(e.to_string()))?;
-                table.check_invariants().map_err(SnapshotError::Corrupt)?;
-                Ok(table)
-            }
-            Some((&SNAPSHOT_VERSION_2, rest)) => {
-                let table: v2::LockTable = bincode::deserialize(rest)
-                    .map_err(|e| SnapshotError::Corrupt(e.to_string()))?;
-                let table = table.upgrade();
-                table.check_invariants().map_err(SnapshotError::Corrupt)?;
-                Ok(table)
-            }
-            Some((&v, _)) => Err(SnapshotError::Version(v)),
-            None => Err(SnapshotError::Corrupt("empty".into())),
+        fn decode<T: serde::de::DeserializeOwned>(rest: &[u8]) -> Result<T, SnapshotError> {
+            bincode::deserialize(rest).map_err(|e| SnapshotError::Corrupt(e.to_string()))
         }
+        let mut table = match bytes.split_first() {
+            Some((&SNAPSHOT_VERSION, rest)) => decode::<LockTable>(rest)?,
+            Some((&SNAPSHOT_VERSION_3, rest)) => decode::<v3::LockTable>(rest)?.upgrade(),
+            Some((&SNAPSHOT_VERSION_2, rest)) => decode::<v2::LockTable>(rest)?.upgrade(),
+            Some((&v, _)) => return Err(SnapshotError::Version(v)),
+            None => return Err(SnapshotError::Corrupt("empty".into())),
+        };
+        table.closed_order = table.closed.iter().map(|(id, c)| (c.index, *id)).collect();
+        table.check_invariants().map_err(SnapshotError::Corrupt)?;
+        Ok(table)
     }
 
     /// Checks invariants 1–7 of the [module docs](super); the first broken
     /// one is described in the error. Linear in the table's size.
     pub fn check_invariants(&self) -> Result<(), String> {
+        if self.last_fence > super::limits::MAX_FENCE {
+            return Err(format!(
+                "fence counter {} is past the largest fence, {}",
+                self.last_fence,
+                super::limits::MAX_FENCE
+            ));
+        }
         let mut fences = BTreeSet::new();
         for (name, lock) in &self.locks {
             let exclusive = lock
@@ -519,6 +527,66 @@ mod v2 {
                 restoring: self.restoring,
                 index_floor: 0,
                 closed: BTreeMap::new(),
+                closed_order: Default::default(),
+            }
+        }
+    }
+}
+
+/// The lock-table format 3 (remembered closes without their close index),
+/// decoded so backups of clusters before it can be restored.
+mod v3 {
+    use std::collections::BTreeMap;
+
+    use serde::Deserialize;
+
+    use super::super::command::{LockName, SessionId};
+    use super::super::table::{self, Closed, Lock, PendingRestore, Session};
+
+    #[derive(Deserialize)]
+    pub(super) struct LockTable {
+        sessions: BTreeMap<SessionId, Session>,
+        locks: BTreeMap<LockName, Lock>,
+        nonces: BTreeMap<u64, SessionId>,
+        last_fence: u64,
+        restoring: Option<PendingRestore>,
+        index_floor: u64,
+        closed: BTreeMap<SessionId, OldClosed>,
+    }
+
+    #[derive(Deserialize)]
+    struct OldClosed {
+        seq: u64,
+        released: u32,
+        owner: String,
+    }
+
+    impl LockTable {
+        /// The same table in today's format; its closes get close index 0,
+        /// so they are forgotten before any later close, lowest id first.
+        pub(super) fn upgrade(self) -> table::LockTable {
+            let closed = self
+                .closed
+                .into_iter()
+                .map(|(id, c)| {
+                    let closed = Closed {
+                        index: 0,
+                        seq: c.seq,
+                        released: c.released,
+                        owner: c.owner,
+                    };
+                    (id, closed)
+                })
+                .collect();
+            table::LockTable {
+                sessions: self.sessions,
+                locks: self.locks,
+                nonces: self.nonces,
+                last_fence: self.last_fence,
+                restoring: self.restoring,
+                index_floor: self.index_floor,
+                closed,
+                closed_order: Default::default(),
             }
         }
     }

@@ -143,9 +143,17 @@ impl Procs {
             .arg(&data_dir)
             .arg("--peers")
             .arg(&self.peers)
-            .args(["--heartbeat-ms", "50"])
-            .args(["--election-timeout-min-ms", "300"])
-            .args(["--election-timeout-max-ms", "500"])
+            .args(["--heartbeat-ms", "50"]);
+        // Fast elections, unless the test sets its own timing.
+        if !self
+            .extra
+            .iter()
+            .any(|a| a.starts_with("--election-timeout"))
+        {
+            cmd.args(["--election-timeout-min-ms", "300"])
+                .args(["--election-timeout-max-ms", "500"]);
+        }
+        cmd
             // Loopback only; these tests are not about peer authentication.
             .arg("--insecure-peers")
             .args(&self.extra)

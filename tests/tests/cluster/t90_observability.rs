@@ -40,6 +40,7 @@ async fn metrics_and_health_on_a_single_node_cluster() {
             dial: BTreeMap::new(),
             tls: None,
             auth: Default::default(),
+            storage_faults: Default::default(),
         },
         listener,
         Some(metrics),

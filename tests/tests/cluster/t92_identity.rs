@@ -25,6 +25,7 @@ fn options(id: u64, addr: &str, dir: &std::path::Path, init: bool) -> NodeOption
         dial: BTreeMap::new(),
         tls: None,
         auth: Arc::new(Auth::new(None)),
+        storage_faults: Default::default(),
     }
 }
 

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use raftlock_client::Error;
-use raftlock_node::state::limits::DEFAULT_RESTORE_FENCE_BUMP as BUMP;
+use raftlock_node::state::limits::{DEFAULT_RESTORE_FENCE_BUMP as BUMP, MAX_FENCE};
 use raftlock_testkit::{eventually, TestCluster};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -38,9 +38,25 @@ async fn a_backup_restores_into_an_empty_cluster_only() {
     assert_eq!(backup.last_fence, Some(held.fence()));
     let before = client.list("").await.expect("list");
 
-    // Restore with the API into a fresh cluster.
+    // Restore with the API into a fresh cluster. A fence bump that would
+    // take the counter past the fence bound is refused first, restoring
+    // nothing (on 2b1a268 the review's bump wrapped new fences to 0).
     let new = TestCluster::start(3).await;
     let fresh = new.client().await;
+    for bump in [MAX_FENCE - held.fence().get() + 1, u64::MAX - 1] {
+        let refused = fresh
+            .restore_with(backup.snapshot.clone(), Some(bump))
+            .await
+            .expect_err("bump past the fence bound");
+        assert!(
+            matches!(&refused, Error::InvalidArgument(m) if m.contains("largest fence")),
+            "bump {bump}: {refused:?}"
+        );
+        assert!(
+            fresh.list("").await.expect("list").is_empty(),
+            "nothing restored"
+        );
+    }
     let r = fresh
         .restore(backup.snapshot.clone())
         .await

@@ -140,7 +140,8 @@ pub enum SnapshotCmd {
         file: std::path::PathBuf,
         /// Added to the backup's fence counter (default 2^32): more than
         /// the old cluster can have granted after the backup was taken.
-        /// 0 only if FILE is the old cluster's final state.
+        /// 0 only if FILE is the old cluster's final state. The backup's
+        /// last fence plus the bump must not pass 2^63 - 1.
         #[arg(long)]
         fence_bump: Option<u64>,
     },

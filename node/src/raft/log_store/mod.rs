@@ -41,26 +41,94 @@ struct DurableFiles {
     db: std::fs::File,
     /// sled's directory of large items.
     blobs: PathBuf,
+    /// What syncs share; held for a whole flush and sync, so syncs never
+    /// overlap and none can miss the error of the one before it.
+    state: Mutex<SyncState>,
+    /// Faults a test injects (none in production).
+    faults: StorageFaults,
+}
+
+/// The state of a store's syncs.
+#[derive(Default)]
+struct SyncState {
     /// Blob files synced already (pruned of those sled has deleted).
-    synced_blobs: Mutex<HashSet<OsString>>,
+    synced_blobs: HashSet<OsString>,
+    /// The first sync error, if any. It is sticky: once a sync has failed,
+    /// every later one fails too. The kernel reports a writeback error
+    /// once per open file, so a second `fdatasync` could return 0 although
+    /// the pages the first one lost are gone (the "fsyncgate" PostgreSQL
+    /// met in 2018); a node restarts (fail-stop) and reads what is on disk.
+    failed: Option<String>,
+}
+
+/// Faults a test injects into a node's log storage, as a failing disk
+/// would cause them; production nodes have none (the default). Clones
+/// share one switch.
+#[derive(Clone, Debug, Default)]
+pub struct StorageFaults {
+    fail_syncs: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl StorageFaults {
+    /// From now on every sync of the log fails with `EIO`, as on a disk
+    /// that dropped written pages.
+    pub fn fail_syncs(&self) {
+        self.fail_syncs.store(true, Ordering::SeqCst);
+    }
+
+    /// Syncs reach the disk again (for a store opened afterwards).
+    pub fn heal(&self) {
+        self.fail_syncs.store(false, Ordering::SeqCst);
+    }
+
+    /// The injected error of a sync, if syncs fail now.
+    fn sync_error(&self) -> Option<io::Error> {
+        self.fail_syncs
+            .load(Ordering::SeqCst)
+            .then(|| io::Error::from_raw_os_error(5))
+    }
 }
 
 impl DurableFiles {
-    fn open(dir: &Path) -> std::io::Result<Self> {
+    fn open(dir: &Path, faults: StorageFaults) -> std::io::Result<Self> {
         let db = std::fs::OpenOptions::new()
             .read(true)
             .open(dir.join("db"))?;
         Ok(DurableFiles {
             db,
             blobs: dir.join("blobs"),
-            synced_blobs: Mutex::default(),
+            state: Mutex::default(),
+            faults,
         })
+    }
+
+    /// sled's flush (which only `sync_file_range`s), then a real sync of
+    /// its files: everything written before the call is on stable storage
+    /// after it. Fails, without trying, once an earlier sync has failed.
+    fn durable(&self, db: &sled::Db) -> io::Result<()> {
+        let mut state = self.state.lock().expect("sync state lock poisoned");
+        if let Some(first) = &state.failed {
+            return Err(io::Error::other(format!(
+                "an earlier sync of the log failed ({first}); nothing written since can be \
+                 trusted to reach the disk"
+            )));
+        }
+        let result = db
+            .flush()
+            .map_err(sled_io)
+            .and_then(|_| self.sync(&mut state.synced_blobs));
+        if let Err(e) = &result {
+            state.failed = Some(e.to_string());
+        }
+        result
     }
 
     /// Makes everything sled has written so far durable: blobs first, then
     /// the file that points at them.
-    fn sync(&self) -> std::io::Result<()> {
-        let mut synced = self.synced_blobs.lock().expect("blob set lock poisoned");
+    fn sync(&self, synced: &mut HashSet<OsString>) -> std::io::Result<()> {
+        if let Some(e) = self.faults.sync_error() {
+            return Err(e);
+        }
         let mut present = HashSet::new();
         let mut new = false;
         match std::fs::read_dir(&self.blobs) {
@@ -267,9 +335,15 @@ impl LogStore {
     /// Opens the log trees of `db`, the sled database in `dir` (as opened
     /// by [`open_db`]).
     pub fn new(db: sled::Db, dir: &Path) -> anyhow::Result<Self> {
+        Self::with_faults(db, dir, StorageFaults::default())
+    }
+
+    /// Like [`new`](Self::new), with `faults` injected into its syncs
+    /// (tests only).
+    pub fn with_faults(db: sled::Db, dir: &Path, faults: StorageFaults) -> anyhow::Result<Self> {
         let log = db.open_tree("log")?;
         let meta = db.open_tree("meta")?;
-        let files = DurableFiles::open(dir)
+        let files = DurableFiles::open(dir, faults)
             .map_err(|e| anyhow::anyhow!("cannot open sled's files in {}: {e}", dir.display()))?;
         let files = Arc::new(files);
         let (queue, pending) = mpsc::channel();
@@ -351,7 +425,7 @@ impl LogStore {
     /// thread; the caller acknowledges to openraft only after it.
     async fn flush(&self) -> io::Result<()> {
         let (db, files) = (self.db.clone(), self.files.clone());
-        tokio::task::spawn_blocking(move || durable(&db, &files))
+        tokio::task::spawn_blocking(move || files.durable(&db))
             .await
             .map_err(io::Error::other)?
     }
@@ -408,13 +482,6 @@ impl LogStore {
     }
 }
 
-/// sled's flush (which only `sync_file_range`s), then a real sync of its
-/// files: everything written before the call is on stable storage after it.
-fn durable(db: &sled::Db, files: &DurableFiles) -> io::Result<()> {
-    db.flush().map_err(sled_io)?;
-    files.sync()
-}
-
 /// The sync thread: waits for an append, takes every append queued by
 /// then, makes them durable with one flush and sync, and acknowledges them
 /// (see [`Flusher`]). Ends when the store is dropped.
@@ -427,7 +494,7 @@ fn run_flusher(
     while let Ok(first) = pending.recv() {
         let mut batch = vec![first];
         batch.extend(pending.try_iter());
-        let result = durable(&db, &files);
+        let result = files.durable(&db);
         let done = Instant::now();
         let metrics = metrics.lock().expect("metrics lock poisoned").clone();
         for p in batch {

@@ -27,16 +27,15 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, tempfile::TempDir> fo
 fn large_items_land_in_blob_files_that_get_synced() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = open_db(dir.path()).expect("open");
-    let files = DurableFiles::open(dir.path()).expect("files");
+    let files = DurableFiles::open(dir.path(), StorageFaults::default()).expect("files");
     db.insert(b"big", vec![7u8; 1 << 20]).expect("insert");
-    db.flush().expect("flush");
-    files.sync().expect("sync");
+    files.durable(&db).expect("sync");
     let blobs: Vec<_> = std::fs::read_dir(dir.path().join("blobs"))
         .expect("blobs dir")
         .map(|e| e.expect("entry").file_name())
         .collect();
     assert!(!blobs.is_empty(), "a 1 MiB item is a blob");
-    let synced = files.synced_blobs.lock().expect("lock").clone();
+    let synced = files.state.lock().expect("lock").synced_blobs.clone();
     for blob in &blobs {
         assert!(synced.contains(blob), "{blob:?} was not synced");
     }
@@ -170,4 +169,42 @@ impl LogStore {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openraft_storage_suite() {
     Suite::test_all(Builder).await.expect("suite passes");
+}
+
+/// fsyncgate: once a sync of the log has failed, every later sync of the
+/// same store fails too, even if the disk answers again. The kernel
+/// reports a writeback error once per open file, so a second `fdatasync`
+/// through the same descriptor could return 0 for pages that were lost
+/// (review finding 6; PostgreSQL made the same rule in 2018).
+#[tokio::test]
+async fn a_failed_sync_fails_every_later_sync_of_the_store() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let faults = StorageFaults::default();
+    let store = LogStore::with_faults(
+        open_db(dir.path()).expect("open"),
+        dir.path(),
+        faults.clone(),
+    )
+    .expect("log");
+    store.flush().await.expect("a healthy disk syncs");
+    faults.fail_syncs();
+    let first = store.flush().await.expect_err("the disk fails");
+    assert_eq!(first.raw_os_error(), Some(5), "{first}");
+    // The disk answers again, as one whose error was reported once does.
+    faults.heal();
+    for (i, again) in [store.flush().await, store.flush().await]
+        .into_iter()
+        .enumerate()
+    {
+        let err = again.expect_err("a sync after a failed one must fail too");
+        assert!(
+            err.to_string().contains("an earlier sync"),
+            "sync {i}: {err}"
+        );
+    }
+    // The sync thread's appends fail the same way (they share the store).
+    // A store opened afresh on the directory (a restarted node) syncs.
+    drop(store);
+    let reopened = LogStore::new(open_db(dir.path()).expect("reopen"), dir.path()).expect("log");
+    reopened.flush().await.expect("a new store starts clean");
 }

@@ -3,8 +3,10 @@
 
 use super::records::kind_of;
 use super::{owned, Holder, Lock, LockTable, WaitRef, Waiter};
-use crate::state::command::{Acquired, Event, Fence, LockName, Mode, Refusal, Reply, SessionId};
-use crate::state::limits::{MAX_LOCKS_PER_SESSION, MAX_WAITERS_PER_NAME};
+use crate::state::command::{
+    Acquired, CancelCause, Event, Fence, LockName, Mode, Refusal, Reply, SessionId,
+};
+use crate::state::limits::{MAX_FENCE, MAX_LOCKS_PER_SESSION, MAX_WAITERS_PER_NAME};
 
 impl LockTable {
     #[allow(clippy::too_many_arguments)]
@@ -90,14 +92,21 @@ impl LockTable {
         if s.held.len() + s.waiting.len() >= MAX_LOCKS_PER_SESSION {
             return Err(Refusal::TooManyLocks { session });
         }
+        // No fence left: neither a grant now nor one later is possible.
+        if self.last_fence >= MAX_FENCE {
+            return Err(Refusal::FencesExhausted);
+        }
 
         let free = lock.is_none_or(|l| l.queue.is_empty() && l.compatible(mode));
         if free {
+            let Some(fence) = next_fence(&mut self.last_fence) else {
+                return Err(Refusal::FencesExhausted);
+            };
             let lock = self
                 .locks
                 .entry(name.clone())
                 .or_insert_with(|| Lock::new(mode));
-            let fence = grant(&mut self.last_fence, lock, session, seq, mode, value, index);
+            hold(lock, fence, session, seq, mode, value, index);
             if let Some(s) = self.sessions.get_mut(&session) {
                 s.held.insert(name.clone(), fence);
             }
@@ -159,16 +168,27 @@ impl LockTable {
             return;
         };
         while lock.queue.front().is_some_and(|w| lock.compatible(w.mode)) {
+            let Some(fence) = next_fence(&mut self.last_fence) else {
+                // The counter is at its bound: nobody in this queue can
+                // ever be granted, so every wait ends here.
+                for w in std::mem::take(&mut lock.queue) {
+                    if let Some(s) = self.sessions.get_mut(&w.session) {
+                        s.waiting.remove(name);
+                        s.replies
+                            .settle(w.seq, Reply::Acquire(Acquired::NotAcquired));
+                    }
+                    events.push(Event::Cancelled {
+                        name: name.clone(),
+                        session: w.session,
+                        seq: w.seq,
+                        mode: w.mode,
+                        cause: CancelCause::FencesExhausted,
+                    });
+                }
+                break;
+            };
             let w = lock.queue.pop_front().expect("front exists");
-            let fence = grant(
-                &mut self.last_fence,
-                lock,
-                w.session,
-                w.seq,
-                w.mode,
-                w.value,
-                index,
-            );
+            hold(lock, fence, w.session, w.seq, w.mode, w.value, index);
             if let Some(s) = self.sessions.get_mut(&w.session) {
                 s.waiting.remove(name);
                 s.held.insert(name.clone(), fence);
@@ -195,18 +215,24 @@ impl LockTable {
     }
 }
 
-/// Hands out the next fence and records the holder.
-fn grant(
-    last_fence: &mut u64,
+/// The next fence, counted; `None`, changing nothing, once the counter is
+/// at [`MAX_FENCE`].
+fn next_fence(last_fence: &mut u64) -> Option<Fence> {
+    let next = last_fence.checked_add(1).filter(|f| *f <= MAX_FENCE)?;
+    *last_fence = next;
+    Some(Fence(next))
+}
+
+/// Records a grant of `fence`.
+fn hold(
     lock: &mut Lock,
+    fence: Fence,
     session: SessionId,
     seq: u64,
     mode: Mode,
     value: Vec<u8>,
     index: u64,
-) -> Fence {
-    *last_fence += 1;
-    let fence = Fence(*last_fence);
+) {
     lock.held_weight += u64::from(mode.weight());
     lock.holders.insert(
         fence,
@@ -218,5 +244,4 @@ fn grant(
             index,
         },
     );
-    fence
 }

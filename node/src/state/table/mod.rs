@@ -17,7 +17,7 @@ mod replies;
 mod restore;
 mod sessions;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -52,9 +52,15 @@ pub struct LockTable {
     /// near 0, never hands out an id or a queue position the backup's
     /// cluster used or may have used after the backup was taken.
     pub(super) index_floor: u64,
-    /// Sessions closed by their clients, newest [`MAX_REMEMBERED_CLOSES`]
-    /// by id, so a retried `CloseSession` is answered like the first.
+    /// Sessions closed by their clients, the newest
+    /// [`MAX_REMEMBERED_CLOSES`] closes, so a retried `CloseSession` is
+    /// answered like the first.
     pub(super) closed: BTreeMap<SessionId, Closed>,
+    /// `closed` in close order (close index, then id), to forget the oldest
+    /// close first. Derived from `closed`: not in the snapshot, rebuilt
+    /// when one is decoded.
+    #[serde(skip)]
+    pub(super) closed_order: BTreeSet<(u64, SessionId)>,
 }
 
 impl LockTable {
@@ -99,7 +105,7 @@ impl LockTable {
                 session,
                 seq,
                 caller,
-            } => self.close_session(index, (session, &caller), seq, &mut events),
+            } => self.close_session(index, (session, &caller, digest), seq, &mut events),
             Command::Acquire {
                 session,
                 seq,

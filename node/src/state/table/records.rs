@@ -55,6 +55,8 @@ pub(in crate::state) struct WaitRef {
 /// answered like the first (see [`MAX_REMEMBERED_CLOSES`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(in crate::state) struct Closed {
+    /// The close's command index: the oldest close is forgotten first.
+    pub(in crate::state) index: u64,
     /// The close's sequence number.
     pub(in crate::state) seq: u64,
     /// Grants it released.

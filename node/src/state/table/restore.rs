@@ -2,9 +2,22 @@
 
 use super::{LockTable, PendingRestore};
 use crate::state::command::{Event, Refusal, Reply};
-use crate::state::limits::{MAX_RESTORE_BYTES, RESTORE_INDEX_BUMP};
+use crate::state::limits::{MAX_FENCE, MAX_RESTORE_BYTES, RESTORE_INDEX_BUMP};
 
 impl LockTable {
+    /// The fence counter a restore of this table with `fence_bump` starts
+    /// from, or the refusal if that would pass [`MAX_FENCE`]. The API checks
+    /// it before it proposes a restore, and the apply again.
+    pub fn fence_after_restore(&self, fence_bump: u64) -> Result<u64, Refusal> {
+        self.last_fence
+            .checked_add(fence_bump)
+            .filter(|f| *f <= MAX_FENCE)
+            .ok_or(Refusal::FenceBumpTooLarge {
+                last_fence: self.last_fence,
+                fence_bump,
+            })
+    }
+
     pub(super) fn restore_part(
         &mut self,
         (restore, part, parts): (u64, u32, u32),
@@ -60,25 +73,32 @@ impl LockTable {
             self.restoring = Some(pending);
             return Ok(Reply::RestorePartTaken { next: part + 1 });
         }
-        let table = match LockTable::from_snapshot(&pending.bytes) {
-            Ok(table) => table,
-            Err(e) => {
+        let checked = LockTable::from_snapshot(&pending.bytes)
+            .map_err(|e| Refusal::InvalidBackup {
+                reason: e.to_string(),
+            })
+            .and_then(|table| {
+                // New fences start above every fence the backup's cluster
+                // may have handed out after the backup was taken (within
+                // `fence_bump`), and never past the bound.
+                let last_fence = table.fence_after_restore(fence_bump)?;
+                Ok((table, last_fence))
+            });
+        let (table, last_fence) = match checked {
+            Ok(ok) => ok,
+            Err(refusal) => {
                 // Refused: leave the restore as it was before this part.
                 pending.bytes.truncate(before);
                 pending.next -= 1;
                 if part > 0 {
                     self.restoring = Some(pending);
                 }
-                return Err(Refusal::InvalidBackup {
-                    reason: e.to_string(),
-                });
+                return Err(refusal);
             }
         };
         // New ids and queue positions start above everything the backup's
-        // cluster used, and new fences above every fence it may have handed
-        // out after the backup was taken (within `fence_bump`).
+        // cluster used.
         let index_floor = table.max_index().saturating_add(RESTORE_INDEX_BUMP);
-        let last_fence = table.last_fence.saturating_add(fence_bump);
         *self = LockTable {
             restoring: None,
             index_floor,

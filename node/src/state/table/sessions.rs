@@ -158,13 +158,20 @@ impl LockTable {
     pub(super) fn close_session(
         &mut self,
         index: u64,
-        (session, caller): (SessionId, &str),
+        (session, caller, digest): (SessionId, &str, u64),
         seq: u64,
         events: &mut Vec<Event>,
     ) -> Result<Reply, Refusal> {
         match self.sessions.get(&session) {
             Some(s) if s.owner != caller => return Err(Refusal::NotOwner { session }),
-            Some(_) => {}
+            Some(s) => {
+                // A seq the session used for another request (or forgot
+                // already) is refused like anywhere else: a close is
+                // applied only under a new seq.
+                if s.replies.check(session, seq, digest)?.is_some() {
+                    return Err(Refusal::SequenceReused { session, seq });
+                }
+            }
             None => {
                 return match self.closed.get(&session) {
                     Some(c) if c.owner != caller => Err(Refusal::NotOwner { session }),
@@ -183,13 +190,18 @@ impl LockTable {
         self.closed.insert(
             session,
             Closed {
+                index,
                 seq,
                 released,
                 owner,
             },
         );
+        self.closed_order.insert((index, session));
         while self.closed.len() > MAX_REMEMBERED_CLOSES {
-            self.closed.pop_first();
+            let Some((_, oldest)) = self.closed_order.pop_first() else {
+                break;
+            };
+            self.closed.remove(&oldest);
         }
         Ok(Reply::Closed { released })
     }

@@ -212,3 +212,136 @@ fn a_retried_close_is_answered_like_the_first() {
     assert_eq!(h.apply(close.clone()).reply, Reply::Closed { released: 1 });
     assert_eq!(h.apply(close).reply, Reply::Closed { released: 1 });
 }
+
+#[test]
+fn a_close_under_a_seq_used_by_another_request_is_refused() {
+    // Review finding 7: every other request reusing a seq is refused; a
+    // close under an acquire's seq closed the session.
+    let mut h = Harness::new();
+    let a = h.open();
+    let fence = h.grant(a, "x", X);
+    let used = h.seq;
+    let close = Command::CloseSession {
+        session: a,
+        seq: used,
+        caller: String::new(),
+    };
+    assert_eq!(
+        h.refuse(close),
+        Refusal::SequenceReused {
+            session: a,
+            seq: used
+        }
+    );
+    assert_eq!(holders(&h.table, "x"), vec![(a, X)], "still held");
+    // The same for a seq a release used, and for one the window forgot.
+    let r = h.released(a, "x", fence);
+    assert!(r.events.len() == 1);
+    let close = Command::CloseSession {
+        session: a,
+        seq: h.seq,
+        caller: String::new(),
+    };
+    assert!(matches!(h.refuse(close), Refusal::SequenceReused { .. }));
+    for _ in 0..MAX_REMEMBERED_REPLIES + 1 {
+        let fence = h.grant(a, "y", X);
+        h.released(a, "y", fence);
+    }
+    let close = Command::CloseSession {
+        session: a,
+        seq: used,
+        caller: String::new(),
+    };
+    assert!(matches!(h.refuse(close), Refusal::SequenceTooOld { .. }));
+    // A fresh seq closes it.
+    assert_eq!(h.close(a).reply, Reply::Closed { released: 0 });
+}
+
+#[test]
+fn remembered_closes_are_forgotten_oldest_close_first() {
+    // Review finding 7: the oldest *opened* session's close was forgotten
+    // first. A long-lived session (a small id) closed after many
+    // short-lived ones must still have its retried close answered.
+    let mut h = Harness::new();
+    let old = h.open();
+    h.grant(old, "x", X);
+    let young: Vec<SessionId> = (0..MAX_REMEMBERED_CLOSES)
+        .map(|_| match h.apply_unchecked(open_cmd(10_000, 0, 0)).reply {
+            Reply::Opened { session, .. } => session,
+            other => panic!("open: {other:?}"),
+        })
+        .collect();
+    let mut closes = Vec::new();
+    for s in &young {
+        let close = Command::CloseSession {
+            session: *s,
+            seq: h.next_seq(),
+            caller: String::new(),
+        };
+        let r = h.apply_unchecked(close.clone());
+        assert_eq!(r.reply, Reply::Closed { released: 0 });
+        closes.push(close);
+    }
+    // Every one of them is remembered so far.
+    assert_eq!(
+        h.apply_unchecked(closes[0].clone()).reply,
+        Reply::Closed { released: 0 }
+    );
+    let close = Command::CloseSession {
+        session: old,
+        seq: h.next_seq(),
+        caller: String::new(),
+    };
+    assert_eq!(h.apply(close.clone()).reply, Reply::Closed { released: 1 });
+    assert_eq!(
+        h.apply(close).reply,
+        Reply::Closed { released: 1 },
+        "the newest close is remembered"
+    );
+    // The oldest close is the one forgotten.
+    let first = young[0];
+    assert_eq!(
+        h.apply(closes[0].clone()).reply,
+        Reply::Refused(Refusal::SessionNotFound { session: first })
+    );
+    assert_eq!(
+        h.apply(closes[1].clone()).reply,
+        Reply::Closed { released: 0 }
+    );
+    // The forgetting survives a snapshot: the next close still drops the
+    // oldest remaining one.
+    let mut t = LockTable::from_snapshot(&h.table.to_snapshot()).expect("snapshot");
+    assert_eq!(t, h.table);
+    let extra = match t.apply(h.index + 1, open_cmd(10_000, 0, 0)).reply {
+        Reply::Opened { session, .. } => session,
+        other => panic!("open: {other:?}"),
+    };
+    t.apply(
+        h.index + 2,
+        Command::CloseSession {
+            session: extra,
+            seq: 1,
+            caller: String::new(),
+        },
+    );
+    assert!(matches!(
+        t.apply(h.index + 3, closes[1].clone()).reply,
+        Reply::Refused(Refusal::SessionNotFound { .. })
+    ));
+    assert_eq!(
+        t.apply(h.index + 4, closes[2].clone()).reply,
+        Reply::Closed { released: 0 }
+    );
+    assert_eq!(
+        t.apply(
+            h.index + 5,
+            Command::CloseSession {
+                session: old,
+                seq: h.seq,
+                caller: String::new()
+            }
+        )
+        .reply,
+        Reply::Closed { released: 1 }
+    );
+}

@@ -358,5 +358,138 @@ fn a_backup_in_the_previous_format_still_restores() {
         Reply::Restored { .. }
     ));
     let err = LockTable::from_snapshot(&[9, 0, 0]).expect_err("unknown version");
-    assert!(err.to_string().contains("reads 2 and 3"), "{err}");
+    assert!(err.to_string().contains("reads 2 to 4"), "{err}");
+}
+
+// ---- Fences never wrap ----
+
+/// The documented fence bound (2^63 - 1, PostgreSQL's largest `bigint`).
+const FENCE_BOUND: u64 = (1 << 63) - 1;
+const _: () = assert!(FENCE_BOUND == MAX_FENCE);
+
+/// `small_backup` restored with `bump`: the reply and the harness.
+fn restore_small_with_bump(bump: u64) -> (Reply, Harness) {
+    let (_, backup) = small_backup();
+    let mut h = Harness::new();
+    let r = h.apply(Command::RestorePart {
+        restore: 1,
+        part: 0,
+        parts: 1,
+        bytes: backup,
+        fence_bump: bump,
+    });
+    (r.reply, h)
+}
+
+#[test]
+fn a_restore_whose_bump_would_pass_the_fence_bound_is_refused() {
+    // The review's reproduction: `--fence-bump 18446744073709551614` took
+    // the counter to u64::MAX and the next grants got fences 0, 1, ...
+    for bump in [u64::MAX - 1, u64::MAX, FENCE_BOUND] {
+        // Refused in the apply too (a leader's API checks it first).
+        let (reply, h) = restore_small_with_bump(bump);
+        assert_eq!(
+            reply,
+            Reply::Refused(Refusal::FenceBumpTooLarge {
+                last_fence: 1,
+                fence_bump: bump
+            }),
+            "bump {bump} over a backup at fence 1"
+        );
+        assert_eq!(
+            h.table,
+            LockTable::new(),
+            "a refused restore changed nothing"
+        );
+    }
+}
+
+#[test]
+fn at_the_fence_bound_grants_stop_instead_of_wrapping() {
+    // The backup's counter is 1 (A holds x with fence 1, B waits): a bump
+    // of BOUND - 2 leaves exactly one fence to hand out.
+    let (reply, mut h) = restore_small_with_bump(FENCE_BOUND - 2);
+    assert!(matches!(reply, Reply::Restored { .. }), "{reply:?}");
+    let holder = h.table.describe(&name("x")).expect("x").holders[0].session;
+    let c = h.open();
+    let last = h.grant(c, "y", X);
+    assert_eq!(
+        last,
+        Fence(FENCE_BOUND),
+        "the last fence is the bound itself"
+    );
+    // No fence is left: a new acquire is refused and changes nothing.
+    let seq = h.next_seq();
+    assert_eq!(
+        h.refuse(acq(c, seq, "z", X, WAIT)),
+        Refusal::FencesExhausted
+    );
+    let seq = h.next_seq();
+    assert_eq!(h.refuse(acq(c, seq, "z", X, TRY)), Refusal::FencesExhausted);
+    // Releasing x cannot grant B (no fence left): B's wait ends without a
+    // grant, and nothing ever gets a fence at or below one in use.
+    let r = h.release(holder, "x", Fence(1));
+    assert_eq!(r.reply, Reply::Released { released: true });
+    assert!(
+        grants(&r).is_empty(),
+        "granted past the bound: {:?}",
+        r.events
+    );
+    assert!(
+        r.events
+            .iter()
+            .any(|e| matches!(e, Event::Cancelled { name: n, cause: CancelCause::FencesExhausted, .. } if n.as_str() == "x")),
+        "the waiter behind x is told it will not be granted: {:?}",
+        r.events
+    );
+    assert_eq!(h.table.last_fence(), Fence(FENCE_BOUND));
+    // A snapshot of the table still decodes (the node can restart).
+    LockTable::from_snapshot(&h.table.to_snapshot()).expect("snapshot decodes");
+}
+
+proptest::proptest! {
+    /// Near the top of the counter, whatever the backup's counter and the
+    /// bump: the restore is refused, or every later grant is above every
+    /// fence before it and within the bound, and the table stays valid.
+    #[test]
+    fn fences_near_the_bound_only_grow(
+        backup_fence in proptest::prop_oneof![0u64..4, (FENCE_BOUND - 4)..=FENCE_BOUND, (u64::MAX - 4)..=u64::MAX],
+        bump in proptest::prop_oneof![0u64..4, (FENCE_BOUND - 4)..=FENCE_BOUND, (u64::MAX - 4)..=u64::MAX],
+        grants_after in 1usize..6,
+    ) {
+        let mut old = Harness::new();
+        let a = old.open();
+        old.grant(a, "held", X);
+        old.table.last_fence = old.table.last_fence.max(backup_fence);
+        let backup = old.table.to_snapshot();
+        let mut h = Harness::new();
+        let r = h.apply_unchecked(Command::RestorePart {
+            restore: 1,
+            part: 0,
+            parts: 1,
+            bytes: backup,
+            fence_bump: bump,
+        });
+        proptest::prop_assert!(h.table.check_invariants().is_ok());
+        if matches!(r.reply, Reply::Refused(_)) {
+            proptest::prop_assert_eq!(&h.table, &LockTable::new());
+            return Ok(());
+        }
+        proptest::prop_assert!(h.table.last_fence().0 <= FENCE_BOUND);
+        let c = h.open();
+        let mut last = h.table.last_fence();
+        for i in 0..grants_after {
+            let r = h.acquire(c, &format!("n{i}"), X, WAIT);
+            match r.reply {
+                Reply::Acquire(Acquired::Granted { fence, .. }) => {
+                    proptest::prop_assert!(fence > last && fence.0 <= FENCE_BOUND);
+                    last = fence;
+                }
+                Reply::Refused(Refusal::FencesExhausted) => {
+                    proptest::prop_assert_eq!(last.0, FENCE_BOUND)
+                }
+                other => proptest::prop_assert!(false, "unexpected {:?}", other),
+            }
+        }
+    }
 }

@@ -175,3 +175,75 @@ fn snapshot_that_breaks_an_invariant_is_refused() {
         );
     }
 }
+
+#[test]
+fn a_snapshot_in_format_3_still_decodes_and_its_closes_are_forgotten_first() {
+    use serde::Serialize;
+
+    // Format 3's layout: remembered closes without a close index.
+    #[derive(Serialize)]
+    struct V3Closed<'a> {
+        seq: u64,
+        released: u32,
+        owner: &'a str,
+    }
+    #[derive(Serialize)]
+    struct V3Table<'a> {
+        sessions: &'a BTreeMap<SessionId, Session>,
+        locks: &'a BTreeMap<LockName, crate::state::table::Lock>,
+        nonces: &'a BTreeMap<u64, SessionId>,
+        last_fence: u64,
+        restoring: Option<PendingRestore>,
+        index_floor: u64,
+        closed: BTreeMap<SessionId, V3Closed<'a>>,
+    }
+    let mut h = busy_harness();
+    let gone = h.open();
+    let close = Command::CloseSession {
+        session: gone,
+        seq: h.next_seq(),
+        caller: String::new(),
+    };
+    assert_eq!(h.apply(close.clone()).reply, Reply::Closed { released: 0 });
+    let t = &h.table;
+    let v3 = V3Table {
+        sessions: &t.sessions,
+        locks: &t.locks,
+        nonces: &t.nonces,
+        last_fence: t.last_fence,
+        restoring: None,
+        index_floor: t.index_floor,
+        closed: t
+            .closed
+            .iter()
+            .map(|(id, c)| {
+                let old = V3Closed {
+                    seq: c.seq,
+                    released: c.released,
+                    owner: &c.owner,
+                };
+                (*id, old)
+            })
+            .collect(),
+    };
+    let mut bytes = vec![crate::state::view::SNAPSHOT_VERSION_3];
+    bincode::serialize_into(&mut bytes, &v3).expect("encodes");
+    let mut upgraded = LockTable::from_snapshot(&bytes).expect("decodes");
+    assert_eq!(upgraded.sessions, t.sessions);
+    assert_eq!(upgraded.locks, t.locks);
+    assert_eq!(upgraded.last_fence, t.last_fence);
+    assert_eq!(
+        upgraded.closed[&gone].index, 0,
+        "no close index in format 3"
+    );
+    // The retried close is still answered like the first.
+    let next = h.index + 1;
+    assert_eq!(
+        upgraded.apply(next, close).reply,
+        Reply::Closed { released: 0 }
+    );
+    // Written again, it is format 4 and round-trips.
+    let again = upgraded.to_snapshot();
+    assert_eq!(again[0], SNAPSHOT_VERSION);
+    assert_eq!(LockTable::from_snapshot(&again).expect("decodes"), upgraded);
+}

@@ -1,0 +1,100 @@
+//! Fail-stop on a failing disk, in process: when a node's log syncs start
+//! failing (injected `EIO`), its Raft core stops, health turns
+//! `NOT_SERVING` (and the `liveness` service too), and `Node::failed`
+//! resolves with a cause an operator can act on; `raftlockd` exits non-zero
+//! on it (node/tests/fail_stop.rs checks that with a real full disk). The
+//! other nodes keep granting with growing fences, and the node, restarted
+//! on a healthy disk, catches up.
+
+use std::time::Duration;
+
+use raftlock_testkit::{channel, eventually, TestCluster};
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+
+async fn health(addr: &str, service: &str) -> Option<i32> {
+    let r = HealthClient::new(channel(addr))
+        .check(HealthCheckRequest {
+            service: service.into(),
+        })
+        .await
+        .ok()?;
+    Some(r.into_inner().status)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_leader_whose_syncs_fail_stops_and_the_others_go_on() {
+    let mut cluster = TestCluster::start(3).await;
+    let client = cluster.client().await;
+    let session = client
+        .session(Duration::from_secs(30))
+        .await
+        .expect("session");
+    let before = session.lock("fail-stop/a").await.expect("lock");
+    let first = before.fence();
+    before.release().await.expect("release");
+
+    let leader = cluster.leader().await;
+    let addr = cluster.addr(leader);
+    assert_eq!(health(&addr, "").await, Some(ServingStatus::Serving as i32));
+    cluster.storage_faults(leader).fail_syncs();
+    // The next write makes the leader append, and its sync fails. (The
+    // call itself may fail or be retried at the next leader.)
+    let writer = tokio::spawn({
+        let session = session.clone();
+        async move { session.lock("fail-stop/b").await }
+    });
+    let cause = tokio::time::timeout(Duration::from_secs(20), cluster.node(leader).failed())
+        .await
+        .expect("the node reports its core stopped");
+    assert!(
+        cause.contains("I/O error")
+            && cause.contains(&cluster.data_dir(leader).display().to_string()),
+        "the cause names the error and the data directory: {cause}"
+    );
+    // Health was turned off before the failure was reported.
+    for service in ["", "raftlock.v1.Locks", "liveness"] {
+        assert_eq!(
+            health(&addr, service).await,
+            Some(ServingStatus::NotServing as i32),
+            "health of {service:?} after a fatal error"
+        );
+    }
+
+    // raftlockd exits here (status 70); in process, the node is stopped.
+    cluster.kill(leader).await;
+
+    // The other two elect a leader and keep granting, fences growing.
+    let granted = tokio::time::timeout(Duration::from_secs(30), writer)
+        .await
+        .expect("the write is answered by the new leader")
+        .expect("join")
+        .expect("granted");
+    assert!(
+        granted.fence() > first,
+        "{:?} after {first:?}",
+        granted.fence()
+    );
+    let next_leader = cluster.leader().await;
+    assert_ne!(next_leader, leader);
+    granted.release().await.expect("release");
+    let g = session
+        .lock("fail-stop/c")
+        .await
+        .expect("lock after failover");
+    assert!(g.fence() > granted.fence());
+    g.release().await.expect("release");
+
+    // Its supervisor restarts it on a disk that works again: it catches up.
+    cluster.storage_faults(leader).heal();
+    cluster.restart(leader).await;
+    let target = cluster.max_applied();
+    cluster.wait_applied(leader, target).await;
+    eventually("the restarted node serves", Duration::from_secs(20), || {
+        let addr = addr.clone();
+        async move { (health(&addr, "").await? == ServingStatus::Serving as i32).then_some(()) }
+    })
+    .await;
+    cluster.shutdown().await;
+}
