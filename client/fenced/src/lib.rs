@@ -43,7 +43,8 @@ pub mod postgres;
 pub mod redis;
 
 /// The largest fence a store here can keep: 2^63 - 1, PostgreSQL's
-/// `bigint` maximum. It is also raftlock's fence bound: the server never
+/// `bigint` maximum. It is also raftlock's fence bound (the node's
+/// `limits::MAX_FENCE`, which a test checks it equals): the server never
 /// grants a larger fence. Fences start at 1.
 pub const MAX_FENCE: u64 = i64::MAX as u64;
 

@@ -76,6 +76,12 @@ fn assert_stale<E: std::fmt::Debug>(r: &Result<(), Error<E>>, fence: Fence, late
     }
 }
 
+#[test]
+fn the_stores_bound_is_the_servers_fence_bound() {
+    assert_eq!(MAX_FENCE, raftlock_node::state::limits::MAX_FENCE);
+    assert_eq!(MAX_FENCE, i64::MAX as u64, "PostgreSQL's bigint");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_holder_paused_past_its_ttl_is_refused_by_both_stores() {
     let Some((pg, rd, mut db, mut con)) = stores().await else {
