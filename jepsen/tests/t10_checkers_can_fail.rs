@@ -54,13 +54,17 @@ fn raftlockd() -> PathBuf {
 }
 
 fn run(out: &Path, extra: &[&str]) -> (i32, Value) {
+    run_for(out, "14", extra)
+}
+
+fn run_for(out: &Path, seconds: &str, extra: &[&str]) -> (i32, Value) {
     let output = Command::new(harness())
         .args([
             "run",
             "--nodes",
             "3",
             "--time-limit",
-            "14",
+            seconds,
             "--recovery",
             "2",
         ])
@@ -133,13 +137,13 @@ fn have<T>(what: &str, start: fn() -> Result<T, raftlock_testkit::servers::Unava
     raftlock_testkit::servers::require(what, start()).is_some()
 }
 
-/// The same run against a real store: with the check, valid and with
-/// stale writes refused by the store itself; without it (the
-/// demonstration flag), lost updates.
+/// The same run (8 s of faults, to keep CI short) against a real store:
+/// with the check, valid and with stale writes refused by the store
+/// itself; without it (the demonstration flag), lost updates.
 fn real_store(store: &str) {
     let dir = tempfile::tempdir().expect("temp dir");
     let out = dir.path().join(store);
-    let (code, results) = run(&out, &["--store", store]);
+    let (code, results) = run_for(&out, "8", &["--store", store]);
     assert_eq!(results["valid"], Value::Bool(true), "{results:#}");
     assert_eq!(code, 0);
     assert_eq!(results["run"]["store"], Value::from(store));
@@ -151,7 +155,7 @@ fn real_store(store: &str) {
         "{results:#}"
     );
     let broken = dir.path().join(format!("{store}-unchecked"));
-    let (code, results) = run(&broken, &["--store", store, "--broken-store"]);
+    let (code, results) = run_for(&broken, "8", &["--store", store, "--broken-store"]);
     assert_eq!(code, 1, "{results:#}");
     assert!(
         results["checkers"]["counter"]["lost_updates"]
