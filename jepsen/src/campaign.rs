@@ -117,6 +117,8 @@ fn run_args(args: &CampaignArgs, cell: &Cell, seed: u64, out: PathBuf) -> RunArg
         recovery: 5,
         linearizability_timeout: 60,
         broken_store: false,
+        store: crate::dbstore::StoreKind::Memory,
+        store_url: None,
     }
 }
 

@@ -16,6 +16,7 @@ pub mod audit;
 pub mod campaign;
 pub mod checker;
 pub mod cluster;
+pub mod dbstore;
 pub mod history;
 pub mod lazyfs;
 pub mod linear;
