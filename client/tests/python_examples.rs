@@ -16,54 +16,13 @@ use raftlock_testkit::TestCluster;
 use tokio::process::Command;
 
 const EXAMPLES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples");
-const REQUIREMENTS: &str = include_str!("../examples/requirements.txt");
 
 /// The virtualenv's python, with the examples' requirements installed.
 fn python() -> Result<PathBuf, Unavailable> {
-    static ONCE: Mutex<()> = Mutex::new(());
-    let _one_at_a_time = ONCE.lock().unwrap_or_else(|p| p.into_inner());
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("python-examples-venv");
-    let python = dir.join("bin").join("python");
-    let marker = dir.join("raftlock-requirements.txt");
-    if std::fs::read_to_string(&marker).ok().as_deref() == Some(REQUIREMENTS) {
-        return Ok(python);
-    }
-    let _ = std::fs::remove_dir_all(&dir);
-    let run = |cmd: &mut std::process::Command, what: &str| -> Result<(), Unavailable> {
-        let out = cmd
-            .output()
-            .map_err(|e| Unavailable(format!("{what} did not run: {e}")))?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(Unavailable(format!(
-                "{what} failed ({}): {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            )))
-        }
-    };
-    run(
-        std::process::Command::new("python3")
-            .args(["-m", "venv"])
-            .arg(&dir),
-        "python3 -m venv",
-    )?;
-    run(
-        std::process::Command::new(&python)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "-q",
-                "--disable-pip-version-check",
-                "-r",
-            ])
-            .arg(Path::new(EXAMPLES).join("requirements.txt")),
-        "pip install -r client/examples/requirements.txt",
-    )?;
-    std::fs::write(&marker, REQUIREMENTS).map_err(|e| Unavailable(e.to_string()))?;
-    Ok(python)
+    servers::python_venv(
+        &Path::new(env!("CARGO_TARGET_TMPDIR")).join("python-examples-venv"),
+        &Path::new(EXAMPLES).join("requirements.txt"),
+    )
 }
 
 /// Python, and a server of type `S` from `start`, or `None` (skipped).

@@ -83,8 +83,10 @@ fn is_root() -> bool {
 /// with `DPkg::Lock::Timeout`, covers other processes).
 static APT: Mutex<bool> = Mutex::new(false);
 
-/// Installs Debian packages as root, without letting them start services.
-fn apt_install(packages: &[&str]) -> Result<(), Unavailable> {
+/// Installs Debian packages as root, without letting them start services
+/// (for tests that need a tool or server from Debian: they call this when
+/// it is missing, and skip or fail with the message otherwise).
+pub fn apt_install(packages: &[&str]) -> Result<(), Unavailable> {
     if !is_root() {
         return Err(Unavailable(format!(
             "Debian's {} is not installed and this process is not root, so it cannot install it \
@@ -556,6 +558,56 @@ impl Redis {
     pub fn dir(&self) -> &Path {
         self.dir.path()
     }
+}
+
+/// A Python virtual environment under `dir` with the packages of the pip
+/// requirements file `requirements` installed (from PyPI), made once and
+/// again whenever the file changes; its `python`. Calls in one process
+/// take turns.
+pub fn python_venv(dir: &Path, requirements: &Path) -> Result<PathBuf, Unavailable> {
+    static ONCE: Mutex<()> = Mutex::new(());
+    let _one_at_a_time = ONCE.lock().unwrap_or_else(|p| p.into_inner());
+    let wanted = std::fs::read_to_string(requirements)
+        .map_err(|e| Unavailable(format!("cannot read {}: {e}", requirements.display())))?;
+    let python = dir.join("bin").join("python");
+    let marker = dir.join("raftlock-requirements.txt");
+    if std::fs::read_to_string(&marker).ok().as_deref() == Some(wanted.as_str()) {
+        return Ok(python);
+    }
+    let _ = std::fs::remove_dir_all(dir);
+    let run = |cmd: &mut Command, what: &str| -> Result<(), Unavailable> {
+        let out = cmd
+            .output()
+            .map_err(|e| Unavailable(format!("{what} did not run: {e}")))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(Unavailable(format!(
+                "{what} failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )))
+        }
+    };
+    run(
+        Command::new("python3").args(["-m", "venv"]).arg(dir),
+        "python3 -m venv",
+    )?;
+    run(
+        Command::new(&python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--disable-pip-version-check",
+                "-r",
+            ])
+            .arg(requirements),
+        &format!("pip install -r {}", requirements.display()),
+    )?;
+    std::fs::write(&marker, wanted).map_err(|e| Unavailable(e.to_string()))?;
+    Ok(python)
 }
 
 #[cfg(test)]
