@@ -9,7 +9,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::Mutex;
 
 use raftlock_testkit::servers::{self, Postgres, Redis, Unavailable};
 use raftlock_testkit::TestCluster;
