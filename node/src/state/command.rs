@@ -430,19 +430,6 @@ pub enum Refusal {
         /// What is wrong.
         reason: String,
     },
-    /// A restore's fence bump would take the backup's fence counter past
-    /// [`MAX_FENCE`](super::limits::MAX_FENCE).
-    #[error("a fence bump of {fence_bump} over the backup's fence counter {last_fence} would pass the largest fence, {max}; use a smaller bump", max = super::limits::MAX_FENCE)]
-    FenceBumpTooLarge {
-        /// The backup's fence counter.
-        last_fence: u64,
-        /// The bump asked for.
-        fence_bump: u64,
-    },
-    /// The fence counter has reached [`MAX_FENCE`](super::limits::MAX_FENCE):
-    /// no grant can get a new fence.
-    #[error("the fence counter has reached the largest fence, {max}: nothing more can be granted (restore a backup with a smaller fence bump into a new cluster)", max = super::limits::MAX_FENCE)]
-    FencesExhausted,
     /// A restore carried bytes that are not a valid table.
     #[error("invalid backup: {reason}")]
     InvalidBackup {
@@ -492,6 +479,19 @@ pub enum Refusal {
         /// The waiting acquire's sequence number.
         seq: u64,
     },
+    /// A restore's fence bump would take the backup's fence counter past
+    /// [`MAX_FENCE`](super::limits::MAX_FENCE).
+    #[error("a fence bump of {fence_bump} over the backup's fence counter {last_fence} would pass the largest fence, {max}; use a smaller bump", max = super::limits::MAX_FENCE)]
+    FenceBumpTooLarge {
+        /// The backup's fence counter.
+        last_fence: u64,
+        /// The bump asked for.
+        fence_bump: u64,
+    },
+    /// The fence counter has reached [`MAX_FENCE`](super::limits::MAX_FENCE):
+    /// no grant can get a new fence.
+    #[error("the fence counter has reached the largest fence, {max}: nothing more can be granted (restore a backup with a smaller fence bump into a new cluster)", max = super::limits::MAX_FENCE)]
+    FencesExhausted,
 }
 
 /// One edge of a wait-for cycle: `session` waits for `name`, which `blocker`
