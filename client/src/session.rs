@@ -40,6 +40,11 @@ pub struct SessionOptions {
     /// Fraction of the ttl the client subtracts from its own view of the
     /// lease, for clock-rate differences and scheduling delays.
     pub margin: f64,
+    /// End the session with this process: once the client's keep-alive
+    /// stream to the leader closes (the process died, the connection
+    /// dropped) and no new one renews the session within this grace, the
+    /// leader expires it (`None`: only the ttl ends it; at most 60 s).
+    pub end_on_disconnect: Option<Duration>,
 }
 
 impl Default for SessionOptions {
@@ -48,6 +53,7 @@ impl Default for SessionOptions {
             ttl: Duration::from_secs(10),
             lock_delay: Duration::ZERO,
             margin: 0.1,
+            end_on_disconnect: None,
         }
     }
 }
@@ -184,6 +190,9 @@ impl Session {
             ttl_ms: options.ttl.as_millis() as u64,
             lock_delay_ms: options.lock_delay.as_millis() as u64,
             nonce,
+            end_on_disconnect_ms: options
+                .end_on_disconnect
+                .map_or(0, |d| d.as_millis().clamp(1, u128::from(u64::MAX)) as u64),
         };
         let sent_at = Instant::now();
         let resp = client

@@ -152,6 +152,27 @@ impl Locks for Fake {
         Err(Status::unimplemented("fake"))
     }
 
+    async fn lock(
+        &self,
+        _: Request<pb::LockRequest>,
+    ) -> Result<Response<pb::LockResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+
+    async fn unlock(
+        &self,
+        _: Request<pb::UnlockRequest>,
+    ) -> Result<Response<pb::UnlockResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+
+    async fn set_session_ttl(
+        &self,
+        _: Request<pb::SetSessionTtlRequest>,
+    ) -> Result<Response<pb::SetSessionTtlResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+
     type WatchStream = Events;
 
     async fn watch(&self, _: Request<pb::WatchRequest>) -> Result<Response<Events>, Status> {

@@ -359,7 +359,13 @@ impl Node {
             }
             Ok(builder
                 .tcp_nodelay(true)
-                .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION))
+                .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
+                // A client whose host vanished without closing its
+                // connection is noticed within about 10 s, ending its
+                // streams (sessions bound to a keep-alive stream start
+                // their grace then).
+                .http2_keepalive_interval(Some(Duration::from_secs(5)))
+                .http2_keepalive_timeout(Some(Duration::from_secs(5))))
         };
         // The internal Raft service: peers only, checked from the headers
         // before a body (up to a 16 MiB Raft message) is read.

@@ -126,6 +126,7 @@ async fn every_acknowledged_write_was_fdatasynced_first() {
             ttl_ms: 30_000,
             lock_delay_ms: 0,
             nonce: 7,
+            ..Default::default()
         })
         .await
         .expect("open")

@@ -8,14 +8,16 @@ use crate::state::{CancelCause, EndCause, Event, LockInfo, Mode};
 
 /// The table's mode for an acquire request.
 pub fn mode_from_request(req: &pb::AcquireRequest) -> Result<Mode, Error> {
-    match pb::Mode::try_from(req.mode) {
+    mode_from_parts(req.mode, req.weight, req.capacity)
+}
+
+/// The table mode of a request's `mode`, `weight` and `capacity` fields.
+pub fn mode_from_parts(mode: i32, weight: u32, capacity: u32) -> Result<Mode, Error> {
+    match pb::Mode::try_from(mode) {
         Ok(pb::Mode::Exclusive) => Ok(Mode::Exclusive),
         Ok(pb::Mode::Shared) => Ok(Mode::Shared),
-        Ok(pb::Mode::Semaphore) => Ok(Mode::Semaphore {
-            weight: req.weight,
-            capacity: req.capacity,
-        }),
-        Err(_) => Err(Error::InvalidArgument(format!("unknown mode {}", req.mode))),
+        Ok(pb::Mode::Semaphore) => Ok(Mode::Semaphore { weight, capacity }),
+        Err(_) => Err(Error::InvalidArgument(format!("unknown mode {mode}"))),
     }
 }
 

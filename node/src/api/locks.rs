@@ -73,13 +73,26 @@ impl Drop for WatchSlot {
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
+/// The sessions one keep-alive stream has renewed; tells the lease keeper
+/// when the stream ends, however it ends.
+struct Carried {
+    api: Api,
+    sessions: std::collections::HashSet<SessionId>,
+}
+
+impl Drop for Carried {
+    fn drop(&mut self) {
+        self.api.0.shared.leases.stream_ended(self.sessions.drain());
+    }
+}
+
 fn name(s: &str) -> Result<LockName, Error> {
     LockName::new(s).map_err(Error::from)
 }
 
 impl Api {
     /// Waits for a queued acquire's grant or cancellation.
-    async fn park(
+    pub(super) async fn park(
         &self,
         session: SessionId,
         name: LockName,
@@ -159,11 +172,23 @@ impl Locks for Api {
         let caller = self.caller(&req)?;
         caller.require_any(Permission::Lock)?;
         let r = req.into_inner();
-        let command = Command::OpenSession {
-            ttl_ms: r.ttl_ms,
-            lock_delay_ms: r.lock_delay_ms,
-            nonce: r.nonce,
-            owner: caller.identity,
+        // The older command when there is nothing new to say: a log read by
+        // an older node of the cluster (a rolling upgrade) keeps decoding.
+        let command = if r.end_on_disconnect_ms == 0 {
+            Command::OpenSession {
+                ttl_ms: r.ttl_ms,
+                lock_delay_ms: r.lock_delay_ms,
+                nonce: r.nonce,
+                owner: caller.identity,
+            }
+        } else {
+            Command::OpenSessionWith {
+                ttl_ms: r.ttl_ms,
+                lock_delay_ms: r.lock_delay_ms,
+                nonce: r.nonce,
+                owner: caller.identity,
+                end_on_disconnect_ms: r.end_on_disconnect_ms,
+            }
         };
         command.validate()?;
         let response = write_reply!(self, command,
@@ -197,6 +222,12 @@ impl Locks for Api {
         let api = self.clone();
         tokio::spawn(async move {
             let _ended = StreamEnded(api.0.shared.metrics.clone());
+            // The sessions this stream has renewed: when it ends, those that
+            // end with their process start their grace (see `leases`).
+            let mut carried = Carried {
+                api: api.clone(),
+                sessions: std::collections::HashSet::new(),
+            };
             // One client multiplexes all its sessions on one stream: take
             // every keep-alive already waiting, confirm leadership once for
             // them all (each arrived before the round starts), answer each
@@ -225,12 +256,15 @@ impl Locks for Api {
                         Ok(()) if !api.owns(&caller, session) => {
                             Err(Refusal::NotOwner { session }.into())
                         }
-                        Ok(()) => api.renew(session),
+                        Ok(()) => api.renew_session(session),
                     };
                     // A session that is gone gets its own answer and the
                     // stream goes on for the others on it; anything else
                     // (not the leader, no quorum) ends the stream, to be
                     // retried at the leader.
+                    if result.is_ok() && carried.sessions.insert(session) {
+                        api.0.shared.leases.stream_carries(session);
+                    }
                     let item = match result {
                         Ok(ttl) => Ok(pb::KeepAliveResponse {
                             session_id: session.0,
@@ -521,6 +555,43 @@ impl Locks for Api {
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
+
+    async fn lock(
+        &self,
+        req: Request<pb::LockRequest>,
+    ) -> Result<Response<pb::LockResponse>, Status> {
+        let _timer = self.0.shared.metrics.timer(crate::metrics::Method::Lock);
+        let caller = self.caller(&req)?;
+        Ok(Response::new(
+            self.lock_call(caller, req.into_inner()).await?,
+        ))
+    }
+
+    async fn unlock(
+        &self,
+        req: Request<pb::UnlockRequest>,
+    ) -> Result<Response<pb::UnlockResponse>, Status> {
+        let _timer = self.0.shared.metrics.timer(crate::metrics::Method::Unlock);
+        let caller = self.caller(&req)?;
+        Ok(Response::new(
+            self.unlock_call(caller, req.into_inner()).await?,
+        ))
+    }
+
+    async fn set_session_ttl(
+        &self,
+        req: Request<pb::SetSessionTtlRequest>,
+    ) -> Result<Response<pb::SetSessionTtlResponse>, Status> {
+        let _timer = self
+            .0
+            .shared
+            .metrics
+            .timer(crate::metrics::Method::SetSessionTtl);
+        let caller = self.caller(&req)?;
+        Ok(Response::new(
+            self.set_session_ttl_call(caller, req.into_inner()).await?,
+        ))
+    }
 }
 
 impl Api {
@@ -538,7 +609,7 @@ impl Api {
 
     /// Restarts `session`'s lease at full length (leadership already
     /// confirmed); its ttl.
-    fn renew(&self, session: SessionId) -> Result<Duration, Error> {
+    pub(super) fn renew_session(&self, session: SessionId) -> Result<Duration, Error> {
         let ttl = self
             .0
             .shared

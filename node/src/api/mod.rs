@@ -30,6 +30,7 @@ pub mod batcher;
 pub mod cluster;
 pub mod convert;
 pub mod locks;
+mod oneshot;
 pub mod raft_service;
 
 use std::sync::Arc;

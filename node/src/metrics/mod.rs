@@ -42,6 +42,12 @@ pub enum Method {
     CheckFence,
     /// `Locks.Watch` (a stream).
     Watch,
+    /// `Locks.Lock` (includes the wait).
+    Lock,
+    /// `Locks.Unlock`.
+    Unlock,
+    /// `Locks.SetSessionTtl`.
+    SetSessionTtl,
     /// `Cluster.Status`.
     Status,
     /// `Cluster.Members`.
@@ -58,7 +64,7 @@ pub enum Method {
 
 impl Method {
     /// Every method, in the order of [`Metrics`]' histograms.
-    pub const ALL: [Method; 16] = [
+    pub const ALL: [Method; 19] = [
         Method::OpenSession,
         Method::KeepAlive,
         Method::CloseSession,
@@ -69,6 +75,9 @@ impl Method {
         Method::List,
         Method::CheckFence,
         Method::Watch,
+        Method::Lock,
+        Method::Unlock,
+        Method::SetSessionTtl,
         Method::Status,
         Method::Members,
         Method::AddNode,
@@ -90,6 +99,9 @@ impl Method {
             Method::List => "List",
             Method::CheckFence => "CheckFence",
             Method::Watch => "Watch",
+            Method::Lock => "Lock",
+            Method::Unlock => "Unlock",
+            Method::SetSessionTtl => "SetSessionTtl",
             Method::Status => "Status",
             Method::Members => "Members",
             Method::AddNode => "AddNode",

@@ -46,7 +46,7 @@ mod view;
 
 pub use command::{
     Acquired, CancelCause, Command, EndCause, Event, Fence, LockName, Mode, Refusal, Reply,
-    Response, SessionId, WaitEdge,
+    Response, SessionId, WaitEdge, LOCK_SEQ, UNLOCK_SEQ,
 };
 pub use table::LockTable;
 pub use view::{HolderInfo, LockInfo, SessionInfo, SnapshotError, Stats, WaitInfo};

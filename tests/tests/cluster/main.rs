@@ -16,6 +16,7 @@ mod t70_bad_input;
 mod t80_client;
 mod t81_client_semantics;
 mod t82_keepalive;
+mod t83_oneshot;
 mod t90_observability;
 mod t91_reflection;
 mod t92_identity;

@@ -233,6 +233,7 @@ async fn a_new_leader_counts_silent_sessions_afresh_and_still_expires_them() {
             ttl_ms: TTL.as_millis() as u64,
             lock_delay_ms: 0,
             nonce: 0,
+            end_on_disconnect_ms: 0,
         })
         .await
         .expect("open")

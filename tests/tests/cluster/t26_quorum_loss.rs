@@ -18,6 +18,7 @@ async fn a_write_fails_fast_when_the_leader_loses_its_quorum() {
             ttl_ms: 60_000,
             lock_delay_ms: 0,
             nonce: 5,
+            end_on_disconnect_ms: 0,
         })
         .await
         .expect("open")

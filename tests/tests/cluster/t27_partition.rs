@@ -57,6 +57,7 @@ async fn an_isolated_leader_commits_nothing_and_the_majority_goes_on() {
             ttl_ms: 10_000,
             lock_delay_ms: 0,
             nonce: 77,
+            end_on_disconnect_ms: 0,
         }),
     )
     .await

@@ -23,6 +23,7 @@ async fn open_raw(locks: &mut LocksClient<Channel>, ttl: Duration, lock_delay: D
             ttl_ms: ttl.as_millis() as u64,
             lock_delay_ms: lock_delay.as_millis() as u64,
             nonce: 0,
+            end_on_disconnect_ms: 0,
         })
         .await
         .expect("open session")

@@ -41,6 +41,12 @@ pub struct HoldArgs {
     /// forever).
     #[arg(long)]
     pub timeout: Option<f64>,
+    /// If `raftlock` itself dies (SIGKILL, out of memory, a lost host
+    /// connection), the cluster ends its session this many seconds after
+    /// its keep-alive stream closes, instead of at the end of the ttl
+    /// (0 turns this off).
+    #[arg(long, default_value_t = 1.0)]
+    pub end_on_disconnect: f64,
     /// The command to run while holding, after `--`.
     #[arg(last = true, required = true)]
     pub command: Vec<String>,

@@ -18,6 +18,12 @@ pub fn timeout(hold: &HoldArgs) -> Option<Duration> {
 }
 
 pub async fn open(client: &Client, hold: &HoldArgs) -> Result<Session, Error> {
+    if !(hold.end_on_disconnect.is_finite() && (0.0..=60.0).contains(&hold.end_on_disconnect)) {
+        return Err(Error::InvalidArgument(format!(
+            "--end-on-disconnect must be 0..=60 seconds, got {}",
+            hold.end_on_disconnect
+        )));
+    }
     if !(hold.ttl.is_finite() && hold.ttl > 0.0) {
         return Err(Error::InvalidArgument(format!(
             "--ttl must be positive, got {}",
@@ -27,6 +33,8 @@ pub async fn open(client: &Client, hold: &HoldArgs) -> Result<Session, Error> {
     client
         .session_with(SessionOptions {
             ttl: Duration::from_secs_f64(hold.ttl),
+            end_on_disconnect: (hold.end_on_disconnect > 0.0)
+                .then(|| Duration::from_secs_f64(hold.end_on_disconnect)),
             ..SessionOptions::default()
         })
         .await

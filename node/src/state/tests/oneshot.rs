@@ -3,7 +3,7 @@
 //! kept, the leader's timers use it) and changing a session's ttl.
 
 use super::*;
-use crate::state::command::{LOCK_SEQ, UNLOCK_SEQ};
+use crate::state::{LOCK_SEQ, UNLOCK_SEQ};
 
 fn lock_cmd(nonce: u64, name: &str, mode: Mode, timeout_ms: u64) -> Command {
     Command::Lock {

@@ -193,6 +193,7 @@ pub fn open(ttl_ms: u64, lock_delay_ms: u64) -> OpenSessionRequest {
         ttl_ms,
         lock_delay_ms,
         nonce: 0,
+        end_on_disconnect_ms: 0,
     }
 }
 
