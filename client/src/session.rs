@@ -219,8 +219,14 @@ impl Session {
         // OpenSession itself started the lease (counted from `sent_at`), so
         // the first keep-alive is due a third of the ttl after that, like
         // every later one: renewing at once would only cost a round trip and
-        // a leadership confirmation per session.
-        let first = sent_at + ttl / 3;
+        // a leadership confirmation per session. A session that ends with
+        // its stream renews at once: until a stream on the leader has
+        // renewed it, only its ttl can end it.
+        let first = if options.end_on_disconnect.is_some() {
+            Instant::now()
+        } else {
+            sent_at + ttl / 3
+        };
         let keeper = tokio::spawn(keep_alive_loop(mux, lease, first));
         *inner.keeper.lock().expect("keeper lock poisoned") = Some(keeper);
         Ok(Session { inner })
