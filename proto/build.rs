@@ -19,13 +19,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let fds = protox::compile(PROTOS, ["."])?;
     // The descriptor set itself, for gRPC server reflection.
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
-    std::fs::write(
-        out.join("raftlock_descriptor.bin"),
-        prost::Message::encode_to_vec(&fds),
-    )?;
+    let descriptors = prost::Message::encode_to_vec(&fds);
+    std::fs::write(out.join("raftlock_descriptor.bin"), &descriptors)?;
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)
         .compile_fds(fds)?;
+    // serde impls in the proto3 JSON mapping, for the HTTP/JSON API. Field
+    // names are written as in the .proto (snake_case); both spellings are
+    // read.
+    pbjson_build::Builder::new()
+        .register_descriptors(&descriptors)?
+        .preserve_proto_field_names()
+        .build(&[".raftlock.v1"])?;
     Ok(())
 }

@@ -393,7 +393,15 @@ impl Node {
         };
         let client_server = {
             let max = crate::MAX_MESSAGE_BYTES;
+            // HTTP/JSON beside gRPC (see `api::http`): different paths,
+            // and HTTP/1.1 accepted on the same port.
+            let http = tonic::service::Routes::from(crate::api::http::router(
+                api.clone(),
+                MAX_BACKUP_BYTES,
+            ));
             let router = builder()?
+                .accept_http1(true)
+                .add_routes(http)
                 .add_service(health_service)
                 .add_service(reflection)
                 .add_service(reflection_alpha)

@@ -11,6 +11,8 @@
 /// `Raft` service.
 pub mod v1 {
     tonic::include_proto!("raftlock.v1");
+    // serde (proto3 JSON mapping) of every message, for HTTP/JSON.
+    include!(concat!(env!("OUT_DIR"), "/raftlock.v1.serde.rs"));
 }
 
 pub use v1::*;

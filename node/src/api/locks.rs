@@ -607,6 +607,38 @@ impl Api {
         })
     }
 
+    /// One keep-alive, answered at once (`KeepAlive` over HTTP): the same
+    /// checks as on a stream (a quorum round that starts after the ask
+    /// arrived), but it renews the session only; no stream carries it.
+    pub(super) async fn keep_alive_once(
+        &self,
+        req: Request<pb::KeepAliveRequest>,
+    ) -> Result<Response<pb::KeepAliveResponse>, Status> {
+        let _timer = self
+            .0
+            .shared
+            .metrics
+            .timer(crate::metrics::Method::KeepAlive);
+        let caller = self.caller(&req)?;
+        let ask = req.into_inner();
+        let session = SessionId(ask.session_id);
+        self.0.leadership.confirm().await?;
+        if !self.owns(&caller, session) {
+            return Err(Error::from(Refusal::NotOwner { session }).into());
+        }
+        let (ttl_ms, expired) = match self.renew_session(session) {
+            Ok(ttl) => (ttl.as_millis() as u64, false),
+            Err(Error::NotFound(_)) => (0, true),
+            Err(e) => return Err(e.into()),
+        };
+        Ok(Response::new(pb::KeepAliveResponse {
+            session_id: session.0,
+            ttl_ms,
+            expired,
+            ask_id: ask.ask_id,
+        }))
+    }
+
     /// Restarts `session`'s lease at full length (leadership already
     /// confirmed); its ttl.
     pub(super) fn renew_session(&self, session: SessionId) -> Result<Duration, Error> {

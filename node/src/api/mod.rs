@@ -29,6 +29,7 @@ macro_rules! write_reply {
 pub mod batcher;
 pub mod cluster;
 pub mod convert;
+pub mod http;
 pub mod locks;
 mod oneshot;
 pub mod raft_service;

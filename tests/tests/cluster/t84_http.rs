@@ -1,0 +1,352 @@
+//! HTTP/JSON on every node's client port, spoken as a PHP or shell client
+//! would: HTTP/1.1 over a plain TCP connection, JSON bodies.
+
+use std::time::Duration;
+
+use raftlock_testkit::TestCluster;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+/// An HTTP/1.1 answer: status, headers (lower-case names), body.
+struct Answer {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: serde_json::Value,
+}
+
+impl Answer {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Sends one request (`Connection: close`) and reads the whole answer.
+async fn http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Answer {
+    let mut conn = TcpStream::connect(addr).await.expect("connect");
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    conn.write_all(req.as_bytes()).await.expect("write");
+    let mut raw = Vec::new();
+    conn.read_to_end(&mut raw).await.expect("read");
+    let text = String::from_utf8(raw).expect("utf-8");
+    let (head, rest) = text.split_once("\r\n\r\n").expect("a head");
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .expect("status line")
+        .split(' ')
+        .nth(1)
+        .expect("code");
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k == "transfer-encoding" && v.contains("chunked"));
+    let body = if chunked {
+        dechunk(rest)
+    } else {
+        rest.to_string()
+    };
+    Answer {
+        status: status.parse().expect("a number"),
+        body: serde_json::from_str(&body).unwrap_or(serde_json::Value::String(body)),
+        headers,
+    }
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = &rest[n + 2..];
+    }
+    out
+}
+
+async fn post(addr: &str, path: &str, body: &str) -> Answer {
+    http(
+        addr,
+        "POST",
+        path,
+        &[("Content-Type", "application/json")],
+        body,
+    )
+    .await
+}
+
+/// A JSON 64-bit integer, written as a string by proto3 JSON.
+fn n(v: &serde_json::Value) -> u64 {
+    match v {
+        serde_json::Value::String(s) => s.parse().expect("a number in a string"),
+        serde_json::Value::Number(n) => n.as_u64().expect("u64"),
+        serde_json::Value::Null => 0,
+        other => panic!("not a number: {other}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_whole_lock_cycle_over_http_json() {
+    let cluster = TestCluster::start(3).await;
+    let leader = cluster.leader_addr().await;
+    // One-call lock and unlock.
+    let lock = post(
+        &leader,
+        "/v1/locks/Lock",
+        r#"{"name": "http/a", "ttl_ms": 10000, "nonce": 5}"#,
+    )
+    .await;
+    assert_eq!(lock.status, 200, "{}", lock.body);
+    assert_eq!(lock.header("content-type"), Some("application/json"));
+    assert_eq!(lock.body["acquired"], true);
+    let (session, fence) = (n(&lock.body["session_id"]), n(&lock.body["fence"]));
+    assert!(session > 0 && fence > 0);
+    // lowerCamelCase, numbers as strings, enums by name.
+    let info = post(&leader, "/v1/locks/Describe", r#"{"name": "http/a"}"#).await;
+    assert_eq!(info.status, 200);
+    assert_eq!(n(&info.body["info"]["holders"][0]["session_id"]), session);
+    let ka = post(
+        &leader,
+        "/v1/locks/KeepAlive",
+        &format!(r#"{{"sessionId": "{session}", "askId": 9}}"#),
+    )
+    .await;
+    assert_eq!(ka.status, 200, "{}", ka.body);
+    assert_eq!((n(&ka.body["ttl_ms"]), n(&ka.body["ask_id"])), (10_000, 9));
+    let busy = post(
+        &leader,
+        "/v1/locks/Lock",
+        r#"{"name": "http/a", "ttlMs": "10000", "nonce": 6, "mode": "MODE_EXCLUSIVE"}"#,
+    )
+    .await;
+    assert_eq!(
+        (busy.status, &busy.body["acquired"]),
+        (200, &serde_json::Value::Null)
+    );
+    let unlock = post(
+        &leader,
+        "/v1/locks/Unlock",
+        &format!(r#"{{"session_id": {session}}}"#),
+    )
+    .await;
+    assert_eq!(
+        (unlock.status, &unlock.body["released"]),
+        (200, &serde_json::json!(1))
+    );
+    // The session API too: open, acquire (wait without a timeout), release.
+    let open = post(&leader, "/v1/locks/OpenSession", r#"{"ttl_ms": 10000}"#).await;
+    let s = n(&open.body["session_id"]);
+    let acq = post(
+        &leader,
+        "/v1/locks/Acquire",
+        &format!(r#"{{"session_id": {s}, "seq": 1, "name": "http/b", "wait": true}}"#),
+    )
+    .await;
+    assert_eq!(acq.body["acquired"], true, "{}", acq.body);
+    assert!(n(&acq.body["fence"]) > fence);
+    let status = post(&leader, "/v1/cluster/Status", "").await;
+    assert_eq!(status.status, 200);
+    assert_eq!(status.body["role"], "leader");
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bad_requests_get_json_errors_and_change_nothing() {
+    let cluster = TestCluster::start(3).await;
+    let leader = cluster.leader_addr().await;
+    let state = || async {
+        let status = post(&cluster.leader_addr().await, "/v1/cluster/Status", "").await;
+        let list = post(&cluster.leader_addr().await, "/v1/locks/List", "{}").await;
+        (n(&status.body["sessions"]), list.body["locks"].clone())
+    };
+    let before = state().await;
+    let bad = post(&leader, "/v1/locks/Lock", r#"{"name": "x", "#).await;
+    assert_eq!(
+        (bad.status, &bad.body["code"]),
+        (400, &serde_json::json!("INVALID_ARGUMENT"))
+    );
+    let bad = post(&leader, "/v1/locks/Lock", r#"{"name": "x", "ttl_ms": 5}"#).await;
+    assert_eq!(
+        (bad.status, &bad.body["code"]),
+        (400, &serde_json::json!("INVALID_ARGUMENT"))
+    );
+    assert!(bad.body["message"]
+        .as_str()
+        .expect("message")
+        .contains("ttl"));
+    let unknown = post(&leader, "/v1/locks/Frobnicate", "{}").await;
+    assert_eq!(
+        (unknown.status, &unknown.body["code"]),
+        (404, &serde_json::json!("NOT_FOUND"))
+    );
+    let unknown = post(&leader, "/v1/nothing", "{}").await;
+    assert_eq!(unknown.status, 404);
+    let get = http(&leader, "GET", "/v1/locks/Lock", &[], "").await;
+    assert_eq!(get.status, 405);
+    let grpc = http(
+        &leader,
+        "POST",
+        "/v1/locks/Lock",
+        &[("Content-Type", "application/grpc")],
+        "{}",
+    )
+    .await;
+    assert_eq!(grpc.status, 415);
+    let big = format!(r#"{{"name": "{}"}}"#, "x".repeat(70 * 1024));
+    let big = post(&leader, "/v1/locks/Describe", &big).await;
+    assert_eq!(
+        (big.status, &big.body["code"]),
+        (400, &serde_json::json!("OUT_OF_RANGE"))
+    );
+    let gone = post(&leader, "/v1/locks/Unlock", r#"{"session_id": 777}"#).await;
+    assert_eq!(
+        (gone.status, &gone.body["code"]),
+        (404, &serde_json::json!("NOT_FOUND"))
+    );
+    assert_eq!(state().await, before, "no session, no lock");
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_follower_answers_503_naming_the_leader() {
+    let cluster = TestCluster::start(3).await;
+    let leader_id = cluster.leader().await;
+    let follower = cluster
+        .running()
+        .into_iter()
+        .find(|id| *id != leader_id)
+        .expect("one");
+    let answer = post(
+        &cluster.addr(follower),
+        "/v1/locks/Lock",
+        r#"{"name": "http/f", "ttl_ms": 10000}"#,
+    )
+    .await;
+    assert_eq!(answer.status, 503, "{}", answer.body);
+    assert_eq!(answer.body["code"], "UNAVAILABLE");
+    let leader = cluster.addr(leader_id);
+    assert_eq!(answer.header("raftlock-leader"), Some(leader.as_str()));
+    assert_eq!(answer.body["leader"], leader);
+    assert_eq!(answer.header("raftlock-not-leader"), Some("1"));
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_same_credentials_as_grpc() {
+    let acl = r#"
+peer_token = "http-peer-token-0123456789"
+
+[[token]]
+identity = "app"
+token = "tok-app"
+
+[[rule]]
+identity = "app"
+allow = "lock"
+prefix = "app/"
+"#;
+    let cluster = TestCluster::start_acl(3, acl, None).await;
+    let leader = cluster.leader_addr().await;
+    let body = r#"{"name": "app/x", "ttl_ms": 10000}"#;
+    let none = post(&leader, "/v1/locks/Lock", body).await;
+    assert_eq!(
+        (none.status, &none.body["code"]),
+        (401, &serde_json::json!("UNAUTHENTICATED"))
+    );
+    let auth = [
+        ("Content-Type", "application/json"),
+        ("Authorization", "Bearer tok-app"),
+    ];
+    let ok = http(&leader, "POST", "/v1/locks/Lock", &auth, body).await;
+    assert_eq!(
+        (ok.status, &ok.body["acquired"]),
+        (200, &serde_json::json!(true))
+    );
+    let other = http(
+        &leader,
+        "POST",
+        "/v1/locks/Lock",
+        &auth,
+        r#"{"name": "billing/x", "ttl_ms": 10000}"#,
+    )
+    .await;
+    assert_eq!(other.status, 403);
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn watch_streams_newline_delimited_json() {
+    let cluster = TestCluster::start(3).await;
+    let leader = cluster.leader_addr().await;
+    let mut conn = TcpStream::connect(&leader).await.expect("connect");
+    let body = r#"{"prefix": "http/w"}"#;
+    conn.write_all(
+        format!(
+            "POST /v1/locks/Watch HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .expect("write");
+    let mut reader = BufReader::new(conn);
+    let mut line = String::new();
+    reader.read_line(&mut line).await.expect("status");
+    assert!(line.starts_with("HTTP/1.1 200"), "{line}");
+    loop {
+        line.clear();
+        reader.read_line(&mut line).await.expect("header");
+        if line == "\r\n" {
+            break;
+        }
+        if line.to_ascii_lowercase().starts_with("content-type") {
+            assert!(line.contains("application/x-ndjson"), "{line}");
+        }
+    }
+    let lock = post(
+        &leader,
+        "/v1/locks/Lock",
+        r#"{"name": "http/w1", "ttl_ms": 10000}"#,
+    )
+    .await;
+    assert_eq!(lock.status, 200);
+    // Chunked framing: a size line, then the event's line.
+    let next_event = async {
+        loop {
+            let mut size = String::new();
+            reader.read_line(&mut size).await.expect("chunk size");
+            let mut text = String::new();
+            reader.read_line(&mut text).await.expect("event line");
+            let v: serde_json::Value = serde_json::from_str(text.trim()).expect("json");
+            if v["kind"] == "EVENT_KIND_GRANTED" {
+                return v;
+            }
+        }
+    };
+    let event = tokio::time::timeout(Duration::from_secs(10), next_event)
+        .await
+        .expect("a granted event within 10 s");
+    assert_eq!(event["name"], "http/w1");
+    cluster.shutdown().await;
+}
