@@ -224,7 +224,7 @@ log "all up, load $LOAD_START"
 # --- 4. every workload against every target, alternating ----------------------
 TARGETS=(raftlock etcd redis)
 for round in $(seq "$ROUNDS"); do
-  for w in uncontended contended semaphore sessions; do
+  for w in uncontended contended semaphore sessions oneshot; do
     # Rotate the order each round so no target always runs first.
     for k in 0 1 2; do
       t=${TARGETS[$(( (k + round - 1) % 3 ))]}

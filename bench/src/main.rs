@@ -185,6 +185,7 @@ fn note(target: Target, workload: Workload) -> String {
         Target::Raftlock => match workload {
             Workload::Semaphore => targets::raftlock::NOTE_SEMAPHORE.to_string(),
             Workload::Sessions => "open session + lock + close session per cycle".to_string(),
+            Workload::Oneshot => "Lock + Unlock per cycle (two writes)".to_string(),
             _ => String::new(),
         },
         Target::Redis => targets::redis::note(workload).to_string(),

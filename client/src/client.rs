@@ -6,15 +6,56 @@ use std::time::Duration;
 use futures::StreamExt;
 use raftlock_proto::v1 as pb;
 use raftlock_proto::v1::cluster_client::ClusterClient;
+use raftlock_proto::v1::locks_client::LocksClient;
 
 use crate::error::{Error, Result};
 use crate::keepalive;
 use crate::session::{Session, SessionOptions};
 pub use crate::transport::{ClientOptions, ClientTls};
-use crate::transport::{Kind, Transport};
+use crate::transport::{after, Kind, Transport};
 use crate::types::{
-    members, Backup, Fence, LockInfo, Member, NodeStatus, Restored, Role, WatchEvent, WatchStream,
+    members, Backup, Fence, LockInfo, Member, NodeStatus, Restored, Role, SessionId, WatchEvent,
+    WatchStream,
 };
+
+/// A lock taken with [`Client::lock_once`]: a session of its own holds
+/// it until [`unlock`](OneShot::unlock) or the end of its ttl (dropping it
+/// does not release it early).
+pub struct OneShot {
+    client: Client,
+    session: SessionId,
+    fence: Fence,
+}
+
+impl OneShot {
+    /// The grant's fencing token.
+    pub fn fence(&self) -> Fence {
+        self.fence
+    }
+
+    /// The session holding it.
+    pub fn session_id(&self) -> SessionId {
+        self.session
+    }
+
+    /// Releases the lock and closes its session, in one write; the number
+    /// of grants released (0 if the session had expired meanwhile).
+    pub async fn unlock(self) -> Result<u32> {
+        let req = pb::UnlockRequest {
+            session_id: self.session.get(),
+        };
+        match self
+            .client
+            .transport
+            .locks_call(Kind::Write, |mut c| async move { c.unlock(req).await })
+            .await
+        {
+            Ok(r) => Ok(r.into_inner().released),
+            Err(Error::SessionNotFound(_)) => Ok(0),
+            Err(e) => Err(e),
+        }
+    }
+}
 
 /// Metadata key in which a follower names the leader's address.
 pub use raftlock_proto::LEADER_ADDR_KEY;
@@ -73,6 +114,55 @@ impl Client {
             },
         )
         .await
+    }
+
+    /// Takes `name` in one write (the `Lock` RPC): a session of its own
+    /// with `ttl`, opened and holding the lock at once. Waits at most
+    /// `timeout` (`None`: without a timeout; `Some(ZERO)`: try once);
+    /// `Ok(None)` if not granted in time (nothing is left behind).
+    ///
+    /// The session is not kept alive: use this for work shorter than
+    /// `ttl` (counted from the call), and end it with
+    /// [`OneShot::unlock`], one more write. For longer work, or several
+    /// locks, open a [`Session`].
+    pub async fn lock_once(
+        &self,
+        name: &str,
+        ttl: Duration,
+        timeout: Option<Duration>,
+    ) -> Result<Option<OneShot>> {
+        let req = pb::LockRequest {
+            name: name.to_string(),
+            ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+            timeout_ms: timeout.map_or(0, |t| {
+                u64::try_from(t.as_millis()).unwrap_or(u64::MAX).min(u64::MAX - 1)
+            }),
+            wait: timeout.is_none(),
+            // A retry with the same nonce finds this attempt's session.
+            nonce: rand::random::<u64>() | 1,
+            ..Default::default()
+        };
+        let opts = self.options();
+        let (attempt, deadline) = match timeout {
+            None => (crate::session::FOREVER_ATTEMPT, after(Duration::MAX)),
+            Some(t) => (
+                t.saturating_add(opts.request_timeout),
+                after(opts.retry_deadline.saturating_add(t.saturating_mul(2))),
+            ),
+        };
+        let resp = self
+            .transport
+            .call(Kind::Write, attempt, deadline, |c| {
+                let req = req.clone();
+                async move { LocksClient::new(c).lock(req).await }
+            })
+            .await?
+            .into_inner();
+        Ok(resp.acquired.then(|| OneShot {
+            client: self.clone(),
+            session: SessionId::new(resp.session_id),
+            fence: Fence::new(resp.fence),
+        }))
     }
 
     /// Opens a session with options.

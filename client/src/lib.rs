@@ -50,7 +50,7 @@ mod session;
 mod transport;
 mod types;
 
-pub use client::{Client, ClientOptions, ClientTls, LEADER_ADDR_KEY};
+pub use client::{Client, ClientOptions, ClientTls, OneShot, LEADER_ADDR_KEY};
 pub use election::Election;
 pub use error::{Error, Result};
 pub use guard::{Guard, Mode};

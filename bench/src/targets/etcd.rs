@@ -27,6 +27,7 @@ pub fn note(w: Workload) -> &'static str {
         Workload::Uncontended | Workload::Contended => "v3lock Lock/Unlock with a lease per client",
         Workload::Semaphore => "no native semaphore: K slot keys, create-if-absent txn, polling",
         Workload::Sessions => "lease grant + Lock + lease revoke per cycle (one `etcdctl lock`)",
+        Workload::Oneshot => "lease grant + Lock (with the lease) + lease revoke per cycle",
     }
 }
 
@@ -119,7 +120,7 @@ impl EtcdWorker {
     pub async fn new(opts: &Opts, id: usize) -> anyhow::Result<Self> {
         let mut client = connect(&opts.endpoints).await?;
         let lease = match opts.workload {
-            Workload::Sessions => None,
+            Workload::Sessions | Workload::Oneshot => None,
             _ => Some(lease(&mut client, opts.ttl).await?),
         };
         Ok(EtcdWorker {
@@ -169,7 +170,9 @@ impl Worker for EtcdWorker {
     async fn cycle(&mut self, ctx: &Ctx) -> anyhow::Result<Option<Duration>> {
         let name = self.opts.name(self.id, self.i, '/');
         self.i += 1;
-        if self.lease.is_none() && self.opts.workload != Workload::Sessions {
+        if self.lease.is_none()
+            && !matches!(self.opts.workload, Workload::Sessions | Workload::Oneshot)
+        {
             self.lease = Some(lease(&mut self.client, self.opts.ttl).await?);
         }
         let lease_id = self.lease.as_ref().map(|l| l.id).unwrap_or(0);
@@ -218,7 +221,7 @@ impl Worker for EtcdWorker {
                 self.client.delete(slot, None).await?;
                 Ok(None)
             }
-            Workload::Sessions => {
+            Workload::Sessions | Workload::Oneshot => {
                 let ttl_s = self.opts.ttl.as_secs().max(2) as i64;
                 let lease = self.client.lease_grant(ttl_s, None).await?.id();
                 self.client

@@ -52,6 +52,10 @@ pub enum Workload {
     Semaphore,
     /// Session churn: open a session, lock a name of its own, close it.
     Sessions,
+    /// The `SET NX EX` habit: take a name of its own with a ttl and give
+    /// it back, in as few calls as each system offers (raftlock: Lock +
+    /// Unlock, two writes).
+    Oneshot,
 }
 
 impl Workload {
@@ -62,15 +66,17 @@ impl Workload {
             Workload::Contended => "contended",
             Workload::Semaphore => "semaphore",
             Workload::Sessions => "sessions",
+            Workload::Oneshot => "oneshot",
         }
     }
 
     /// All workloads, in report order.
-    pub const ALL: [Workload; 4] = [
+    pub const ALL: [Workload; 5] = [
         Workload::Uncontended,
         Workload::Contended,
         Workload::Semaphore,
         Workload::Sessions,
+        Workload::Oneshot,
     ];
 }
 
@@ -101,6 +107,7 @@ impl Opts {
             Workload::Contended => format!("{p}{sep}contended"),
             Workload::Semaphore => format!("{p}{sep}semaphore"),
             Workload::Sessions => format!("{p}{sep}s{sep}{client}"),
+            Workload::Oneshot => format!("{p}{sep}o{sep}{client}{sep}{}", i % 100),
         }
     }
 }

@@ -36,7 +36,7 @@ impl RaftlockWorker {
     pub async fn new(opts: &Opts, id: usize) -> anyhow::Result<Self> {
         let client = client(&opts.endpoints).await?;
         let session = match opts.workload {
-            Workload::Sessions => None,
+            Workload::Sessions | Workload::Oneshot => None,
             _ => Some(client.session(opts.ttl).await.context("open session")?),
         };
         Ok(RaftlockWorker {
@@ -89,6 +89,16 @@ impl Worker for RaftlockWorker {
                     .await?;
                 ctx.granted();
                 guard.release().await?;
+                Ok(None)
+            }
+            Workload::Oneshot => {
+                let lock = self
+                    .client
+                    .lock_once(&name, self.opts.ttl, None)
+                    .await?
+                    .ok_or_else(|| anyhow::anyhow!("{name} not granted"))?;
+                ctx.granted();
+                lock.unlock().await?;
                 Ok(None)
             }
             Workload::Sessions => {

@@ -36,6 +36,7 @@ pub fn note(w: Workload) -> &'static str {
             "SET NX PX + compare-and-delete script; polling with backoff; no fencing"
         }
         Workload::Semaphore => "sorted-set semaphore script (ZCARD < K then ZADD), polling",
+        Workload::Oneshot => "SET NX PX + compare-and-delete script per cycle",
         Workload::Sessions => "no sessions: new connection + SET NX PX + release per cycle",
     }
 }
@@ -151,7 +152,7 @@ impl RedisWorker {
         let ttl_ms = self.ttl_ms.clone();
         let release = self.scripts.release.clone();
         match self.opts.workload {
-            Workload::Uncontended | Workload::Contended => {
+            Workload::Uncontended | Workload::Contended | Workload::Oneshot => {
                 let conn = self.conn().await?;
                 Self::lock(conn, &key, &token, &ttl_ms, backoff).await?;
                 let handoff = ctx.granted();
