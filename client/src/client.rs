@@ -11,8 +11,8 @@ use raftlock_proto::v1::locks_client::LocksClient;
 use crate::error::{Error, Result};
 use crate::keepalive;
 use crate::session::{Session, SessionOptions};
-pub use crate::transport::{ClientOptions, ClientTls};
 use crate::transport::{after, Kind, Transport};
+pub use crate::transport::{ClientOptions, ClientTls};
 use crate::types::{
     members, Backup, Fence, LockInfo, Member, NodeStatus, Restored, Role, SessionId, WatchEvent,
     WatchStream,
@@ -135,7 +135,9 @@ impl Client {
             name: name.to_string(),
             ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
             timeout_ms: timeout.map_or(0, |t| {
-                u64::try_from(t.as_millis()).unwrap_or(u64::MAX).min(u64::MAX - 1)
+                u64::try_from(t.as_millis())
+                    .unwrap_or(u64::MAX)
+                    .min(u64::MAX - 1)
             }),
             wait: timeout.is_none(),
             // A retry with the same nonce finds this attempt's session.

@@ -1,7 +1,8 @@
 //! README's HTTP/JSON lock cycle, run as written: the `sh` block after the
 //! "### HTTP/JSON" heading, with `curl` (installed from Debian when missing
 //! and the test runs as root), against a live 3-node cluster, starting
-//! from a follower's address so the leader lookup is exercised too.
+//! from a follower's address so the leader lookup is exercised too; and
+//! HTTP/JSON over mutual TLS, with curl.
 
 use std::process::Command;
 
@@ -73,5 +74,65 @@ async fn readmes_curl_lock_cycle_runs_as_written() {
         .await
         .expect("describe")
         .is_none());
+    cluster.shutdown().await;
+}
+
+/// HTTP/JSON over TLS, as curl speaks it (HTTP/2 after ALPN), with mTLS:
+/// a client certificate from the cluster's CA gets in, none does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn http_json_over_mutual_tls_with_curl() {
+    use raftlock_testkit::certs::Ca;
+    let Some(()) = servers::require("curl", curl()) else {
+        return;
+    };
+    let ca = Ca::new("raftlock test CA");
+    let node = ca.issue("raftlock node", &["127.0.0.1", "localhost"]);
+    let cluster = TestCluster::start_tls(
+        3,
+        raftlock_node::tls::TlsOptions {
+            cert_pem: node.cert_pem,
+            key_pem: node.key_pem,
+            ca_pem: ca.pem(),
+            client_auth: true,
+        },
+    )
+    .await;
+    let dir = tempfile::tempdir().expect("dir");
+    let write = |name: &str, bytes: &[u8]| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, bytes).expect("write");
+        path
+    };
+    let app = ca.issue("app", &[]);
+    let ca_file = write("ca.pem", &ca.pem());
+    let cert = write("app.pem", &app.cert_pem);
+    let key = write("app.key", &app.key_pem);
+    let leader = cluster.leader_addr().await;
+    let url = format!("https://{leader}/v1/locks/Lock");
+    let body = r#"{"name": "tls/x", "ttl_ms": 10000}"#;
+    let run = |with_cert: bool| {
+        let mut c = Command::new("curl");
+        c.args(["-s", "-S", "--max-time", "10", "-X", "POST"])
+            .arg("--cacert")
+            .arg(&ca_file)
+            .args(["-H", "Content-Type: application/json", "-d", body]);
+        if with_cert {
+            c.arg("--cert").arg(&cert).arg("--key").arg(&key);
+        }
+        c.arg(&url).output().expect("curl runs")
+    };
+    let ok = run(true);
+    let text = String::from_utf8_lossy(&ok.stdout);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(text.contains(r#""acquired":true"#), "{text}");
+    let refused = run(false);
+    assert!(
+        !String::from_utf8_lossy(&refused.stdout).contains("acquired"),
+        "no client certificate, no lock"
+    );
     cluster.shutdown().await;
 }
