@@ -19,6 +19,7 @@ use super::*;
 
 mod acquire;
 mod deadlock;
+mod golden;
 mod limits;
 mod oneshot;
 mod release;
