@@ -89,8 +89,9 @@ async fn a_restored_leader_never_renews_a_session_whose_expiry_committed() {
         let leader = procs.leader().await;
         let addr = procs.addr(leader);
         let name = format!("x{i}");
-        let s = open(&addr, 1_000, 2 * i + 1).await;
-        let w = open(&addr, 60_000, 2 * i + 2).await;
+        // S's lease must outlast its own acquire on a busy machine (at
+        // load 13 a 1 s lease ran out first), and then run out.
+        let s = open(&addr, 3_000, 2 * i + 1).await;
         let acquire = |session, timeout_ms| pb::AcquireRequest {
             session_id: session,
             seq: 1,
@@ -105,6 +106,7 @@ async fn a_restored_leader_never_renews_a_session_whose_expiry_committed() {
             .expect("s acquires")
             .into_inner();
         assert!(held.acquired);
+        let w = open(&addr, 60_000, 2 * i + 2).await;
         // W waits behind S; S is never kept alive, so it expires and W is
         // granted: the expiry has committed by the time W is answered.
         let granted = locks(&addr)

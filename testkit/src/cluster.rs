@@ -371,7 +371,14 @@ impl TestCluster {
                     let listener = TcpListener::bind(&addr).await.ok()?;
                     match Node::start(opts, listener).await {
                         Ok(node) => Some(node),
-                        Err(e) if format!("{e:#}").contains("could not acquire lock") => None,
+                        // The old incarnation's lock outlived the wait
+                        // open_db allows (a busy machine): try again.
+                        Err(e)
+                            if format!("{e:#}").contains("could not acquire lock")
+                                || format!("{e:#}").contains("in use by another process") =>
+                        {
+                            None
+                        }
                         Err(e) => panic!("node {id} fails to restart: {e:#}"),
                     }
                 }
