@@ -119,7 +119,10 @@ fn every_command_encodes_as_it_always_did() {
             .step_by(2)
             .map(|i| u8::from_str_radix(&line[i..i + 2], 16).expect("hex"))
             .collect();
-        assert_eq!(bincode::deserialize::<Command>(&bytes).expect("decodes"), command);
+        assert_eq!(
+            bincode::deserialize::<Command>(&bytes).expect("decodes"),
+            command
+        );
     }
 }
 
