@@ -507,7 +507,7 @@ class Renewals:
         self.entries: Dict[int, _Entry] = {}
         self.inflight: Dict[int, Ask] = {}
         self.last_ask_id = 0
-        self.last_answer = 0.0
+        self.last_answer = float("-inf")
 
     def add(self, lease: Lease, first: float) -> None:
         self.entries[lease.session_id] = _Entry(lease, first)

@@ -22,6 +22,7 @@ cancelled task) withdraws its wait before the cancellation goes on.
 from __future__ import annotations
 
 import asyncio
+import collections.abc
 import itertools
 import logging
 import random
@@ -280,9 +281,10 @@ class _KeepAlive:
         self._poke()
 
 
-class _Pending:
-    """What ``Client.session()`` and ``Session.acquire()`` return: await it,
-    or use it with ``async with`` (which closes or releases at the end)."""
+class _Pending(collections.abc.Coroutine):
+    """What ``Client.session()`` and ``Session.acquire()`` return: a
+    coroutine (await it, or make it a task), or an ``async with`` context
+    (which closes or releases at the end)."""
 
     def __init__(self, coro) -> None:
         self._coro = coro
@@ -290,6 +292,15 @@ class _Pending:
 
     def __await__(self):
         return self._coro.__await__()
+
+    def send(self, value):
+        return self._coro.send(value)
+
+    def throw(self, *args):
+        return self._coro.throw(*args)
+
+    def close(self):
+        return self._coro.close()
 
     async def __aenter__(self):
         self._value = await self._coro
