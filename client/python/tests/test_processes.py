@@ -110,6 +110,26 @@ def test_a_holder_paused_past_its_ttl_sees_lost_on_resume(cluster, client, child
     assert "lost=True" in line, line
 
 
+@pytest.mark.parametrize("api", APIS)
+def test_a_holder_paused_until_the_node_drops_its_connection_sees_lost_on_resume(cluster, client, children, name,
+                                                                                 api):
+    """A 30 s ttl, but the process is paused long enough for the node to
+    give up on its connection (its HTTP/2 pings go unanswered): the session
+    ends a grace later and the lock goes to someone else, long before the
+    ttl. On resume the holder must not believe its lease for the rest of
+    the ttl: its first look says lost."""
+    holder = children("pause", api, cluster.endpoints, name, str(LONG_TTL))
+    fence = int(holder.expect("held").split()[1])
+    holder.signal(signal.SIGSTOP)
+    try:
+        with client.lock(name, ttl=10, timeout=LONG_TTL * 0.8) as other:
+            assert other.fence > fence
+    finally:
+        holder.signal(signal.SIGCONT)
+    line = holder.expect("resumed")
+    assert "lost=True" in line, line
+
+
 def test_an_interrupted_wait_is_withdrawn_and_the_session_kept(cluster, client, children, name):
     """Ctrl-C in a blocking ``session.acquire``: the client cancels the
     acquire (``Cancel``), so the interrupted wait is never granted to a

@@ -187,6 +187,28 @@ def test_a_session_that_ends_with_the_process_is_bound_at_once(client, name):
     assert time.monotonic() - closed < 10
 
 
+def test_a_stream_cut_and_reopened_within_the_grace_keeps_the_session(client, name):
+    """The keep-alive stream breaks (as a dropped connection would): the
+    client opens another at once and renews every session on it before
+    the grace the old one started runs out."""
+    session = client.session(ttl=30, end_on_disconnect=1.0)
+    lock = session.acquire(name)
+    ka = client._ka
+    with ka.cond:
+        first = ka.stream
+        ka._drop(first)
+        ka.cond.notify_all()
+    wait_for(lambda: ka.stream is not None and ka.stream is not first, "a new stream")
+    # Watched for three graces: the session, and its grant, stay.
+    end = time.monotonic() + 3.0
+    while time.monotonic() < end:
+        info = client.describe(name)
+        assert info is not None and info.holders[0].fence == lock.fence
+        assert not lock.lost
+        time.sleep(0.1)
+    session.close()
+
+
 def test_without_end_on_disconnect_the_ttl_rules(client, name):
     other = raftlock.Client(client.endpoints)
     lock = other.lock(name, ttl=3, end_on_disconnect=None)
