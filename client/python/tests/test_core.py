@@ -17,31 +17,83 @@ def lease(ttl=9.0, margin=0.1, sent_at=100.0, active=True):
 
 def test_the_view_runs_from_the_send_time_less_the_margin():
     lz = lease(ttl=10.0, margin=0.1, sent_at=100.0)
-    assert lz.valid(108.99)
-    assert not lz.valid(109.0)
-    assert lz.state == core.LOST
+    assert lz.valid(108.99) and not lz.is_lost(108.99)
+    assert not lz.valid(109.0) and lz.is_lost(109.0)
 
 
-def test_lost_is_final_even_if_an_answer_comes_later():
-    lz = lease(sent_at=100.0)
-    assert not lz.valid(200.0)
-    lz.extend(sent_at=199.0, ttl=9.0, at=200.0)
-    assert not lz.valid(200.0) and lz.is_lost() is True
-
-
-def test_an_answer_arriving_after_the_view_ran_out_does_not_revive_it():
+def test_a_lapsed_view_comes_back_with_an_answer_that_proves_the_session_alive():
     lz = lease(ttl=9.0, margin=0.1, sent_at=100.0)  # valid until 108.1
-    lz.extend(sent_at=105.0, ttl=9.0, at=108.5)  # answered too late
-    assert lz.state == core.LOST
+    assert lz.is_lost(110.0)
+    lz.extend(sent_at=109.5, ttl=9.0)  # the session was alive at 109.5 or later
+    assert not lz.is_lost(110.0) and lz.valid(117.5) and not lz.valid(117.6)
 
 
-def test_a_pending_lease_may_be_restarted_by_its_first_answer():
+def test_an_expired_session_is_lost_for_good():
+    r = core.Renewals()
+    lz = lease(sent_at=0.0)
+    r.add(lz, first=0.0)
+    (ask,) = r.due(0.0)
+    r.answer(7, ask.ask_id, 0, True, 0.1)
+    assert lz.state == core.LOST and 7 not in r.entries
+    lz.extend(sent_at=1.0, ttl=9.0)
+    assert lz.is_lost(1.1)
+
+
+def test_a_pending_lease_is_handed_out_only_while_valid():
     lz = core.Lease(7, 9.0, 0.1, 100.0)  # the open was sent at 100
-    assert not lz.valid(120.0) and lz.state == core.PENDING
-    lz.extend(sent_at=119.0, ttl=9.0, at=120.0)
-    lz.until  # 119 + 9 - 0.9
+    assert not lz.valid(120.0) and not lz.is_lost(120.0)  # pending: not handed out
+    lz.extend(sent_at=119.0, ttl=9.0)
     assert lz.valid(127.0)
     assert lz.state == core.PENDING
+
+
+def test_a_session_bound_to_its_stream_is_believed_only_a_grace_past_the_last_proof():
+    """The leader ends such a session a grace after its stream closes, and
+    the stream may close (a dead connection) right after the last ask it
+    answered was sent: the view follows, whatever the ttl."""
+    r = core.Renewals()
+    lz = core.Lease(7, 30.0, 0.1, 0.0, grace=2.0)
+    lz.state = core.VALID
+    r.add(lz, first=0.0)
+    stream = r.stream_opened(0.0)
+    (ask,) = r.due(0.0)
+    assert ask.stream == stream
+    r.answer(7, ask.ask_id, 30000, False, 0.01)
+    assert lz.valid(1.79) and not lz.valid(1.8)  # 0 + 2 s less 10 %
+    # The stream is pinged every grace/3, not every ttl/3.
+    assert r.next_wakeup(0.1) == pytest.approx(2.0 / 3)
+    (ping,) = r.due(2.0 / 3)
+    r.answer(7, ping.ask_id, 30000, False, 0.7)
+    assert lz.valid(2.4) and not lz.valid(2.0 / 3 + 1.8)
+
+
+def test_a_stream_the_leader_ends_for_not_leading_starts_no_grace():
+    r = core.Renewals()
+    lz = core.Lease(7, 30.0, 0.1, 0.0, grace=2.0)
+    lz.state = core.VALID
+    r.add(lz, first=0.0)
+    r.stream_opened(0.0)
+    (ask,) = r.due(0.0)
+    r.answer(7, ask.ask_id, 30000, False, 0.01)
+    r.stream_failed(0.5, lifted=True)
+    assert lz.valid(10.0)  # the ttl only, until the next stream binds it
+    assert not lz.valid(27.0)
+
+
+def test_a_broken_stream_keeps_the_grace_and_the_next_stream_rebinds_at_once():
+    r = core.Renewals()
+    lz = core.Lease(7, 30.0, 0.1, 0.0, grace=2.0)
+    lz.state = core.VALID
+    r.add(lz, first=0.0)
+    r.stream_opened(0.0)
+    (ask,) = r.due(0.0)
+    r.answer(7, ask.ask_id, 30000, False, 0.01)
+    r.stream_failed(0.5)  # a transport error: the leader may start the grace
+    assert not lz.valid(1.8)
+    r.stream_opened(0.6)
+    (again,) = r.due(0.6)  # renewed at once on the new stream
+    r.answer(7, again.ask_id, 30000, False, 0.61)
+    assert lz.valid(2.3)
 
 
 def test_closed_is_not_lost():
@@ -54,6 +106,7 @@ def test_answers_are_credited_to_the_ask_they_echo_only():
     r = core.Renewals()
     lz = lease(ttl=9.0, sent_at=0.0)  # valid until 8.1
     r.add(lz, first=0.0)
+    r.stream_opened(0.0)
     (first,) = r.due(0.0)
     # The first ask gets no answer in time; the session asks again.
     assert not r.overdue(first.deadline - 0.001)
@@ -77,15 +130,6 @@ def test_renewal_is_due_a_third_of_the_ttl_after_the_send():
     r.answer(7, ask.ask_id, 9000, False, 3.5)
     assert r.due(5.99) == []
     assert len(r.due(6.0)) == 1
-
-
-def test_an_expired_answer_marks_the_lease_lost_and_stops_renewing():
-    r = core.Renewals()
-    lz = lease(sent_at=0.0)
-    r.add(lz, first=0.0)
-    (ask,) = r.due(0.0)
-    r.answer(7, ask.ask_id, 0, True, 0.1)
-    assert lz.state == core.LOST and 7 not in r.entries
 
 
 def test_a_stalled_stream_is_noticed():

@@ -40,8 +40,9 @@ DEFAULT_TTL = 10.0
 TTL_MIN = 1.0
 TTL_MAX = 3600.0
 #: Default grace, in seconds, after which a session whose keep-alive stream
-#: closed (its process died) ends, instead of at the end of its ttl.
-DEFAULT_END_ON_DISCONNECT = 1.0
+#: closed (its process died) ends, instead of at the end of its ttl. The
+#: client renews such a session's stream every grace/3.
+DEFAULT_END_ON_DISCONNECT = 2.0
 #: The largest grace the cluster accepts, in seconds.
 END_ON_DISCONNECT_MAX = 60.0
 #: Fraction of the ttl the client leaves out of its own view of the lease.
@@ -423,56 +424,81 @@ def deadline_after(seconds_: Optional[float]) -> float:
 # ------------------------------------------------------------ lease view
 
 PENDING, VALID, LOST, CLOSED = "pending", "valid", "lost", "closed"
+INF = float("inf")
 
 
 class Lease:
-    """One session's view of its lease (see the module doc). Each change is
-    one assignment under the GIL; ``lost`` and ``closed`` are final.
+    """One session's view of its lease (see the module doc).
 
-    A lease starts ``pending``: it is not handed to the caller until the
-    first keep-alive was answered (or the open's own answer stands), and
-    until then an answer may restart the view even after it ran out (a
-    wait for a grant can outlast the open's count). :meth:`activate` hands
-    it out; from then on a view that ran out is lost for good."""
+    The view ends at the earlier of two instants:
 
-    def __init__(self, session_id: int, ttl: float, margin: float, sent_at: float) -> None:
+    * ``until``: the send time of the last keep-alive the leader answered,
+      plus the ttl, less the margin;
+    * ``grace_until``, for a session that ends with its stream
+      (``end_on_disconnect``) once a stream has renewed it: the leader
+      ends such a session ``grace`` after that stream closes, and the stream
+      may close (a dead connection, noticed by the leader) at any moment
+      after the last ask it answered was sent. So the view lasts only until
+      that send time plus the grace, less the margin; the client renews
+      often enough (every grace/3) to keep it ahead.
+
+    ``lost`` is the view having run out. It is final only when the cluster
+    says the session is gone (``expired``): a view that ran out while the
+    session in fact lived (a slow network, a leader change) comes back with
+    the next answered keep-alive, which proves that the session, and so
+    every grant it had, was never ended in between.
+
+    A lease starts ``pending``: :meth:`activate` hands it out once the
+    open's answer (or the first keep-alive's) stands. Each change is one
+    assignment under the GIL."""
+
+    def __init__(self, session_id: int, ttl: float, margin: float, sent_at: float, grace: float = 0.0) -> None:
         self.session_id = session_id
         self.ttl = ttl
+        self.margin_fraction = margin
         self.margin = ttl * margin
+        self.grace = grace
         self.until = sent_at + ttl - self.margin
+        self.grace_until = INF
         self.state = PENDING
 
+    def deadline(self) -> float:
+        """When the view runs out (on the monotonic clock)."""
+        return min(self.until, self.grace_until)
+
     def valid(self, at: Optional[float] = None) -> bool:
-        """True while the view says the lease is held; records ``lost`` the
-        first time it finds an active view run out."""
+        """True while the view says the lease is held."""
         if self.state not in (PENDING, VALID):
             return False
-        if (now() if at is None else at) < self.until:
+        return (now() if at is None else at) < self.deadline()
+
+    def is_lost(self, at: Optional[float] = None) -> bool:
+        """True if the lease may have lapsed (a closed session is not lost)."""
+        if self.state == LOST:
             return True
-        if self.state == VALID:
-            self.state = LOST
-        return False
+        return self.state == VALID and not self.valid(at)
 
     def activate(self) -> bool:
-        """Hands the lease out; False (and lost) if its view has run out."""
+        """Hands the lease out; False if its view has run out."""
         if self.state == PENDING:
             self.state = VALID
         return self.valid()
 
-    def extend(self, sent_at: float, ttl: float, at: Optional[float] = None) -> None:
-        """An ask sent at ``sent_at`` was answered with ``ttl``, at ``at``."""
-        if self.state == PENDING:
+    def extend(self, sent_at: float, ttl: float) -> None:
+        """An ask sent at ``sent_at`` was answered with ``ttl``."""
+        if self.state in (PENDING, VALID):
             self.until = max(self.until, sent_at + ttl - self.margin)
-            return
-        if not self.valid(at):
-            return  # lost is final: a late answer never revives the view
-        self.until = max(self.until, sent_at + ttl - self.margin)
 
-    def is_lost(self) -> bool:
-        """True once the view has run out or the cluster said the session
-        expired (a closed session is not lost)."""
-        self.valid()
-        return self.state == LOST
+    def bind(self, proof: float) -> None:
+        """A stream that renewed the session was open on the leader at
+        ``proof`` (the send time of an ask it answered)."""
+        if self.grace > 0:
+            self.grace_until = proof + self.grace * (1 - self.margin_fraction)
+
+    def unbind(self) -> None:
+        """The session's stream ended in a way that starts no grace (the
+        node stopped leading): only the ttl counts until the next stream."""
+        self.grace_until = INF
 
     def mark_lost(self) -> None:
         if self.state in (PENDING, VALID):
@@ -490,6 +516,7 @@ class Ask:
     ask_id: int
     sent_at: float
     deadline: float
+    stream: int = 0
 
 
 @dataclass
@@ -497,17 +524,22 @@ class _Entry:
     lease: Lease
     due: Optional[float]  # next ask; None while one is in flight
     answers: int = 0  # answers credited so far
+    bound: int = 0  # the stream that last renewed it (0: none)
 
 
 class Renewals:
     """The keep-alive schedule of every session of a client, on its one
-    stream. Not thread-safe: the driver holds its own lock around it."""
+    stream at a time. Not thread-safe: the driver holds its own lock
+    around it."""
 
     def __init__(self) -> None:
         self.entries: Dict[int, _Entry] = {}
         self.inflight: Dict[int, Ask] = {}
         self.last_ask_id = 0
-        self.last_answer = float("-inf")
+        self.last_answer = -INF
+        self.streams = 0  # streams opened so far
+        self.current = 0  # the open stream (0: none)
+        self.proof: Dict[int, float] = {}
 
     def add(self, lease: Lease, first: float) -> None:
         self.entries[lease.session_id] = _Entry(lease, first)
@@ -518,23 +550,45 @@ class Renewals:
             del self.inflight[k]
 
     def prune(self, at: float) -> None:
-        """Stops renewing sessions whose view has run out (lost is final)."""
+        """Stops renewing sessions that are gone (expired or closed)."""
         for sid, e in list(self.entries.items()):
-            if e.lease.state != PENDING and not e.lease.valid(at):
+            if e.lease.state in (LOST, CLOSED):
                 self.remove(sid)
 
+    def stream_opened(self, at: float) -> int:
+        """A new stream is open: every session is renewed on it at once, so
+        that those that end with their stream are bound to it before the
+        grace the old one started runs out."""
+        self.streams += 1
+        self.current = self.streams
+        self.proof[self.current] = -INF
+        for e in self.entries.values():
+            if e.due is not None:
+                e.due = min(e.due, at)
+        return self.current
+
+    def _ping_due(self) -> Optional[float]:
+        """When the open stream needs an answered ask again to keep its
+        bound sessions' views ahead (None: no bound session)."""
+        graces = [e.lease.grace for e in self.entries.values() if e.bound == self.current and e.lease.grace > 0]
+        if not self.current or not graces:
+            return None
+        return self.proof.get(self.current, -INF) + min(graces) / 3
+
     def due(self, at: float) -> List[Ask]:
-        """The asks to send now (each with a fresh ask id)."""
+        """The asks to send now on the open stream (each with a fresh id)."""
         self.prune(at)
+        ping = self._ping_due()
+        if ping is not None and ping <= at and not any(a.stream == self.current for a in self.inflight.values()):
+            bound = [e for e in self.entries.values() if e.bound == self.current and e.due is not None]
+            if bound:
+                min(bound, key=lambda e: e.due).due = at
         out = []
         for sid, e in list(self.entries.items()):
             if e.due is not None and e.due <= at:
                 self.last_ask_id += 1
-                wait = max(e.lease.ttl / 3, MIN_ASK_WAIT)
-                end = at + wait
-                if e.lease.state != PENDING:
-                    end = min(end, e.lease.until)
-                ask = Ask(sid, self.last_ask_id, at, end)
+                window = e.lease.ttl if e.lease.grace <= 0 else min(e.lease.ttl, e.lease.grace)
+                ask = Ask(sid, self.last_ask_id, at, at + max(window / 3, MIN_ASK_WAIT), self.current)
                 self.inflight[ask.ask_id] = ask
                 e.due = None
                 out.append(ask)
@@ -555,10 +609,14 @@ class Renewals:
             e.lease.mark_lost()
             del self.entries[session_id]
             return e.lease
-        e.lease.extend(ask.sent_at, ttl_ms / 1000.0, at)
-        if e.lease.state != PENDING and not e.lease.valid(at):
-            del self.entries[session_id]
-            return e.lease
+        e.lease.extend(ask.sent_at, ttl_ms / 1000.0)
+        if ask.stream:
+            self.proof[ask.stream] = max(self.proof.get(ask.stream, -INF), ask.sent_at)
+            if e.lease.grace > 0:
+                e.bound = ask.stream
+            for other in self.entries.values():
+                if other.bound == ask.stream:
+                    other.lease.bind(self.proof[ask.stream])
         e.due = ask.sent_at + e.lease.ttl / 3
         return e.lease
 
@@ -578,19 +636,24 @@ class Renewals:
                 self._retry(a.session_id, at)
         return stalled
 
-    def stream_failed(self, at: float) -> None:
-        """The stream ended: every ask on it is lost; their sessions ask
-        again soon on the next stream."""
+    def stream_failed(self, at: float, lifted: bool = False) -> None:
+        """The open stream ended: every ask on it is lost, and their
+        sessions ask again soon on the next stream. ``lifted``: the node
+        ended it because it no longer leads, so it starts no grace."""
         for a in self.inflight.values():
             self._retry(a.session_id, at)
         self.inflight.clear()
+        if lifted:
+            for e in self.entries.values():
+                if e.bound == self.current:
+                    e.bound = 0
+                    e.lease.unbind()
+        self.current = 0
 
     def _retry(self, session_id: int, at: float) -> None:
         e = self.entries.get(session_id)
         if e is not None and e.due is None:
             e.due = at + RENEW_RETRY
-            if e.lease.state != PENDING:
-                e.due = min(e.due, e.lease.until)
 
     def renew_now(self, session_id: int, at: float) -> int:
         """Asks for a keep-alive of the session at once (unless one is in
@@ -602,13 +665,11 @@ class Renewals:
 
     def next_wakeup(self, at: float) -> Optional[float]:
         """When the driver must look again (None: nothing scheduled)."""
-        times = []
-        for e in self.entries.values():
-            if e.lease.state != PENDING:
-                times.append(e.lease.until)
-            if e.due is not None:
-                times.append(e.due)
+        times = [e.due for e in self.entries.values() if e.due is not None]
         times.extend(a.deadline for a in self.inflight.values())
+        ping = self._ping_due()
+        if ping is not None:
+            times.append(ping)
         return min(times) if times else None
 
 

@@ -214,6 +214,7 @@ class _KeepAlive:
             return
         st = _Stream(addr, call, requests)
         self.stream = st
+        self.r.stream_opened(core.now())
         threading.Thread(target=self._read, args=(st,), name="raftlock-keepalive-read", daemon=True).start()
 
     def _drop(self, st: _Stream) -> None:
@@ -242,8 +243,11 @@ class _KeepAlive:
                 return  # dropped or ended on purpose
             self.stream = None
             st.end()
-            self.r.stream_failed(core.now())
-            hint = core.status_of(err)[2].get(core.LEADER_KEY) if err is not None else None
+            md = core.status_of(err)[2] if err is not None else {}
+            # A node that ends the stream because it no longer leads starts
+            # no grace (a new leader counts the ttl only).
+            self.r.stream_failed(core.now(), lifted=core.NOT_LEADER_KEY in md)
+            hint = md.get(core.LEADER_KEY)
             if hint and hint != st.addr and self.hops < 3:
                 # Not the leader, and it named the leader: go there at once.
                 self.hops += 1
@@ -411,8 +415,8 @@ class Session:
     def _acquire_into(self, lock: Lock) -> bool:
         if self._closed:
             raise errors.RaftlockError(f"session {self.id} is closed")
-        if not self._lease.valid():
-            raise errors.LeaseLost(f"session {self.id}'s lease may have lapsed")
+        if self._lease.state == core.LOST:
+            raise errors.LeaseLost(f"session {self.id} has expired")
         mode, weight, capacity = lock._mode
         timeout_ms, wait = core.timeout_fields(lock._timeout)
         seq = next(self._seqs)
@@ -435,6 +439,10 @@ class Session:
         if not resp.acquired:
             return False
         lock._fence, lock._seq = resp.fence, seq
+        if not self._lease.valid():
+            # The view ran out while the acquire waited: a keep-alive
+            # answered now proves the session (and the grant) alive.
+            self._client._ka.renew_now(self._lease, core.MIN_ASK_WAIT * 5)
         if not self._lease.valid():
             # Never hand out a grant on a lease that may have lapsed.
             self._release(lock.name, resp.fence, quiet=True)
@@ -549,7 +557,7 @@ class Client:
                                     nonce=random.getrandbits(64) | 1, end_on_disconnect_ms=grace_ms)
         sent_at = core.now()
         resp = self._t.call("OpenSession", req, True)
-        lease = core.Lease(resp.session_id, resp.ttl_ms / 1000.0, margin, sent_at)
+        lease = core.Lease(resp.session_id, resp.ttl_ms / 1000.0, margin, sent_at, grace_ms / 1000.0)
         session = Session(self, resp.session_id, lease, grace_ms)
         if grace_ms:
             # Bound to the stream at once: until a stream on the leader has

@@ -227,6 +227,7 @@ class _KeepAlive:
             return
         st = _Stream(addr, call)
         self.stream = st
+        self.r.stream_opened(core.now())
         reader = asyncio.get_running_loop().create_task(self._read(st), name="raftlock-keepalive-read")
         self.readers.add(reader)
         reader.add_done_callback(self.readers.discard)
@@ -265,8 +266,11 @@ class _KeepAlive:
             return
         self.stream = None
         st.call.cancel()
-        self.r.stream_failed(core.now())
-        hint = core.status_of(err)[2].get(core.LEADER_KEY) if err is not None else None
+        md = core.status_of(err)[2] if err is not None else {}
+        # A node that ends the stream because it no longer leads starts no
+        # grace (a new leader counts the ttl only).
+        self.r.stream_failed(core.now(), lifted=core.NOT_LEADER_KEY in md)
+        hint = md.get(core.LEADER_KEY)
         if hint and hint != st.addr and self.hops < 3:
             self.hops += 1
             self.t.endpoints.set_leader(hint)
@@ -453,8 +457,8 @@ class Session:
     async def _acquire_into(self, lock: Lock) -> bool:
         if self._closed:
             raise errors.RaftlockError(f"session {self.id} is closed")
-        if not self._lease.valid():
-            raise errors.LeaseLost(f"session {self.id}'s lease may have lapsed")
+        if self._lease.state == core.LOST:
+            raise errors.LeaseLost(f"session {self.id} has expired")
         # A withdrawal of this name still under way goes first: the cluster
         # refuses a second acquire of a name the session waits for.
         await self._client._settle(self.id, lock.name)
@@ -480,6 +484,10 @@ class Session:
         if not resp.acquired:
             return False
         lock._fence, lock._seq = resp.fence, seq
+        if not self._lease.valid():
+            # The view ran out while the acquire waited: a keep-alive
+            # answered now proves the session (and the grant) alive.
+            await self._client._ka.renew_now(self._lease, core.MIN_ASK_WAIT * 5)
         if not self._lease.valid():
             await self._release(lock.name, resp.fence, quiet=True)
             lock._released = True
@@ -601,7 +609,7 @@ class Client:
                                     nonce=random.getrandbits(64) | 1, end_on_disconnect_ms=grace_ms)
         sent_at = core.now()
         resp = await self._t.call("OpenSession", req, True)
-        lease = core.Lease(resp.session_id, resp.ttl_ms / 1000.0, margin, sent_at)
+        lease = core.Lease(resp.session_id, resp.ttl_ms / 1000.0, margin, sent_at, grace_ms / 1000.0)
         session = Session(self, resp.session_id, lease, grace_ms)
         if grace_ms:
             self._ka.add(lease, core.now())
