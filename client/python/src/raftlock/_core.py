@@ -9,12 +9,14 @@ this module what to do next, so both follow the same rules:
   processed that keep-alive (later), and a new leader restarts every lease
   at full length, so the client's view ends first. Each keep-alive carries
   its own ``ask_id``, and an answer is credited only to the ask whose id it
-  echoes, from that ask's send time. Once the view has run out it is
-  *lost*, for good: a later answer never revives it.
-* **Renewal.** Every ttl/3 after the last ask was sent; at once after
-  opening (a session that ends with its process is bound to the stream
-  that renews it); soon again after a failure, never later than the end
-  of the view.
+  echoes, from that ask's send time. A session that ends with its stream
+  (``end_on_disconnect``) is also believed only a grace (less the margin)
+  past the send time of the last ask its stream answered (see ``Lease``).
+  Only the cluster saying ``expired`` makes a lease lost for good.
+* **Renewal.** Every ttl/3 after the last ask was sent, and the stream of
+  sessions that end with it every grace/3; at once after opening (such a
+  session is bound to the stream that renews it) and on every new stream;
+  soon again after a failure.
 * **Retries.** A request goes to the leader guess, else to the endpoints
   in turn. A not-the-leader answer that names the leader is retried there
   at once, without sleeping. Transport failures and timeouts back off

@@ -311,8 +311,10 @@ class Lock:
     @property
     def lost(self) -> bool:
         """True if the lease through which the lock is held may have
-        lapsed: keep-alives failed past it, or the cluster said the session
-        expired. Computed when read. After ``release()``, what it was then;
+        lapsed (no keep-alive answered in time, or the cluster said the
+        session expired). Computed when read. It turns False again only if
+        a later keep-alive proves the session was alive all along; an
+        expired session stays lost. After ``release()``, what it was then;
         False for a lock never acquired."""
         if self._fence is None:
             return False

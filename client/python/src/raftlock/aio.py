@@ -359,8 +359,7 @@ class Lock:
     @property
     def lost(self) -> bool:
         """True if the lease through which the lock is held may have
-        lapsed. Computed when read. After release, what it was then; False
-        for a lock never acquired."""
+        lapsed. Computed when read (see the sync ``Lock.lost``)."""
         if self._fence is None:
             return False
         if self._released:
