@@ -1,0 +1,659 @@
+"""The asyncio client: the same names as the sync one, with coroutines.
+
+    import raftlock.aio
+
+    client = raftlock.aio.Client("127.0.0.1:7101,127.0.0.1:7102")
+    async with client.lock("jobs/nightly", ttl=10.0, timeout=5.0) as lock:
+        await store.write(data, fence=lock.fence)
+
+    lock = client.lock("jobs/nightly", timeout=0)   # RedisFairLock's shape
+    if await lock.acquire():
+        try:
+            ...
+        finally:
+            await lock.release()
+
+One task per client keeps every session alive on one ``KeepAlive``
+stream; the rules it follows are in ``raftlock._core``. A client belongs to
+the event loop it is first used in. A cancelled acquire (``wait_for``, a
+cancelled task) withdraws its wait before the cancellation goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections.abc
+import itertools
+import logging
+import random
+from typing import Optional, Sequence, Set, Tuple, Union
+
+import grpc
+import grpc.aio
+
+from . import _core as core
+from . import errors
+from ._core import Holder, LockInfo, Waiter  # noqa: F401 - re-exported
+from .errors import NotAcquired  # noqa: F401 - re-exported
+from .v1 import locks_pb2 as pb
+from .v1 import locks_pb2_grpc as pbg
+
+log = logging.getLogger("raftlock")
+
+_REFUSALS = (
+    errors.InvalidArgument,
+    errors.FailedPrecondition,
+    errors.Deadlock,
+    errors.SessionNotFound,
+    errors.ResourceExhausted,
+    errors.Unauthenticated,
+    errors.PermissionDenied,
+)
+
+
+class _Transport:
+    """Channels to the nodes, credentials, and the retrying call."""
+
+    def __init__(self, endpoints, token, ca, cert, key) -> None:
+        self.endpoints = core.Endpoints(core.parse_endpoints(endpoints))
+        self.metadata = core.auth_metadata(token)
+        if (cert is None) != (key is None):
+            raise errors.ConfigError("cert and key go together: give both or neither")
+        ca_pem = core.read_pem("CA certificate", ca)
+        cert_pem = core.read_pem("client certificate", cert)
+        key_pem = core.read_pem("client key", key)
+        if cert_pem is not None and ca_pem is None:
+            raise errors.ConfigError("a client certificate needs TLS: give ca too")
+        self.credentials = grpc.ssl_channel_credentials(ca_pem, key_pem, cert_pem) if ca_pem is not None else None
+        self._channels = {}
+        self.closed = False
+
+    def stub(self, addr: str) -> pbg.LocksStub:
+        if self.closed:
+            raise errors.RaftlockError("the client is closed")
+        got = self._channels.get(addr)
+        if got is None:
+            if self.credentials is not None:
+                ch = grpc.aio.secure_channel(addr, self.credentials, options=core.CHANNEL_OPTIONS)
+            else:
+                ch = grpc.aio.insecure_channel(addr, options=core.CHANNEL_OPTIONS)
+            got = (ch, pbg.LocksStub(ch))
+            self._channels[addr] = got
+        return got[1]
+
+    async def call(self, method: str, request, write: bool, attempt=core.REQUEST_TIMEOUT, deadline=None):
+        """``method`` at the leader, retried by the rules of ``core.Attempts``."""
+        if deadline is None:
+            deadline = core.deadline_after(core.RETRY_DEADLINE)
+        attempts = core.Attempts(self.endpoints, write, deadline)
+        while True:
+            budget = attempts.budget(attempt)
+            addr = self.endpoints.target()
+            try:
+                resp = await getattr(self.stub(addr), method)(request, timeout=budget, metadata=self.metadata)
+            except grpc.aio.AioRpcError as e:
+                pause = attempts.failed(addr, e)
+            else:
+                attempts.succeeded(addr)
+                return resp
+            if pause:
+                await asyncio.sleep(pause)
+
+    async def close(self) -> None:
+        self.closed = True
+        channels, self._channels = self._channels, {}
+        for ch, _ in channels.values():
+            await ch.close()
+
+
+class _Stream:
+    def __init__(self, addr: str, call) -> None:
+        self.addr = addr
+        self.call = call
+
+
+class _KeepAlive:
+    """Every session of a client, kept alive on one stream by one task."""
+
+    def __init__(self, transport: _Transport) -> None:
+        self.t = transport
+        self.r = core.Renewals()
+        self.stream: Optional[_Stream] = None
+        self.retry_at = 0.0
+        self.backoff = core.INITIAL_BACKOFF
+        self.hops = 0
+        self.task: Optional[asyncio.Task] = None
+        self.readers: Set[asyncio.Task] = set()
+        self.closed = False
+        self._wake: Optional[asyncio.Event] = None
+        self._answered: Optional[asyncio.Event] = None
+
+    def _events(self) -> None:
+        if self._wake is None:
+            self._wake = asyncio.Event()
+            self._answered = asyncio.Event()
+
+    def _poke(self) -> None:
+        self._events()
+        self._wake.set()
+
+    def add(self, lease: core.Lease, first: float) -> None:
+        self._events()
+        self.r.add(lease, first)
+        if self.task is None:
+            self.task = asyncio.get_running_loop().create_task(self._run(), name="raftlock-keepalive")
+        self._poke()
+
+    def remove(self, session_id: int) -> None:
+        self.r.remove(session_id)
+        self._poke()
+
+    async def renew_now(self, lease: core.Lease, timeout: float) -> bool:
+        """Renews ``lease`` at once; True once the answer came."""
+        deadline = core.now() + timeout
+        sid = lease.session_id
+        if sid not in self.r.entries:
+            return False
+        before = self.r.renew_now(sid, core.now())
+        self._poke()
+        while True:
+            e = self.r.entries.get(sid)
+            if e is None:
+                return False
+            if e.answers > before:
+                return True
+            left = deadline - core.now()
+            if left <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self._answered.wait(), left)
+            except asyncio.TimeoutError:
+                pass
+
+    async def close(self) -> None:
+        self.closed = True
+        if self.stream is not None:
+            self._drop(self.stream)
+        for task in [self.task, *self.readers]:
+            if task is not None:
+                task.cancel()
+        for task in [self.task, *self.readers]:
+            if task is not None:
+                try:
+                    await task
+                except BaseException:  # noqa: BLE001 - stopping
+                    pass
+
+    async def _run(self) -> None:
+        while not self.closed:
+            self._wake.clear()
+            t = core.now()
+            self.r.prune(t)
+            if self.stream is not None and self.r.overdue(t):
+                # Nothing came back since an ask was sent: the leader may be
+                # gone with the connection still up.
+                self.t.endpoints.forget(self.stream.addr)
+                self._drop(self.stream)
+            if not self.r.entries:
+                if self.stream is not None:
+                    st, self.stream = self.stream, None
+                    await self._end(st)
+                await self._wake.wait()
+                continue
+            if self.stream is None and t >= self.retry_at:
+                self._open()
+            if self.stream is not None:
+                st = self.stream
+                for ask in self.r.due(t):
+                    try:
+                        await st.call.write(pb.KeepAliveRequest(session_id=ask.session_id, ask_id=ask.ask_id))
+                    except Exception:  # noqa: BLE001 - the reader sees the stream end
+                        break
+            wake = self.r.next_wakeup(t)
+            if self.stream is None:
+                wake = self.retry_at if wake is None else min(wake, self.retry_at)
+            try:
+                timeout = None if wake is None else max(0.0, wake - core.now())
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+
+    def _open(self) -> None:
+        addr = self.t.endpoints.target()
+        try:
+            call = self.t.stub(addr).KeepAlive(metadata=self.t.metadata)
+        except errors.RaftlockError:
+            self.closed = True
+            return
+        st = _Stream(addr, call)
+        self.stream = st
+        self.r.stream_opened(core.now())
+        reader = asyncio.get_running_loop().create_task(self._read(st), name="raftlock-keepalive-read")
+        self.readers.add(reader)
+        reader.add_done_callback(self.readers.discard)
+
+    async def _end(self, st: _Stream) -> None:
+        try:
+            await st.call.done_writing()
+        except Exception:  # noqa: BLE001 - ending anyway
+            st.call.cancel()
+
+    def _drop(self, st: _Stream) -> None:
+        if self.stream is st:
+            self.stream = None
+        st.call.cancel()
+        self.r.stream_failed(core.now())
+
+    async def _read(self, st: _Stream) -> None:
+        err = None
+        try:
+            while True:
+                resp = await st.call.read()
+                if resp is grpc.aio.EOF or self.stream is not st:
+                    break
+                self.r.answer(resp.session_id, resp.ask_id, resp.ttl_ms, resp.expired, core.now())
+                self.backoff = core.INITIAL_BACKOFF
+                self.hops = 0
+                done, self._answered = self._answered, asyncio.Event()
+                done.set()
+        except grpc.aio.AioRpcError as e:
+            err = e
+        except asyncio.CancelledError:
+            if self.closed or self.stream is not st:
+                return
+            raise
+        if self.stream is not st:
+            return
+        self.stream = None
+        st.call.cancel()
+        md = core.status_of(err)[2] if err is not None else {}
+        # A node that ends the stream because it no longer leads starts no
+        # grace (a new leader counts the ttl only).
+        self.r.stream_failed(core.now(), lifted=core.NOT_LEADER_KEY in md)
+        hint = md.get(core.LEADER_KEY)
+        if hint and hint != st.addr and self.hops < 3:
+            self.hops += 1
+            self.t.endpoints.set_leader(hint)
+            self.retry_at = core.now()
+        else:
+            self.hops = 0
+            self.t.endpoints.forget(st.addr)
+            self.retry_at = core.now() + self.backoff * random.uniform(0.5, 1.5)
+            self.backoff = min(self.backoff * 2, core.MAX_BACKOFF)
+        if err is not None:
+            log.debug("keep-alive stream to %s ended: %s", st.addr, core.status_of(err)[:2])
+        self._poke()
+
+
+class _Pending(collections.abc.Coroutine):
+    """What ``Client.session()`` and ``Session.acquire()`` return: a
+    coroutine (await it, or make it a task), or an ``async with`` context
+    (which closes or releases at the end)."""
+
+    def __init__(self, coro) -> None:
+        self._coro = coro
+        self._value = None
+
+    def __await__(self):
+        return self._coro.__await__()
+
+    def send(self, value):
+        return self._coro.send(value)
+
+    def throw(self, *args):
+        return self._coro.throw(*args)
+
+    def close(self):
+        return self._coro.close()
+
+    async def __aenter__(self):
+        self._value = await self._coro
+        return await self._value.__aenter__()
+
+    async def __aexit__(self, *exc):
+        return await self._value.__aexit__(*exc)
+
+
+class Lock:
+    """A lock or semaphore permits: either a lock with a session of its own
+    (from :meth:`Client.lock`, taken by ``await lock.acquire()`` or
+    ``async with``), or a grant in a session (from ``await
+    session.acquire(...)``, already held). ``fence``, ``lost`` and
+    ``held`` are plain attributes; ``await lock.release()`` is safe to call
+    any number of times."""
+
+    def __init__(self, client, name, *, ttl, timeout, shared, capacity, weight, value, margin, end_on_disconnect,
+                 session=None) -> None:
+        self.name = core.check_name(name)
+        self._client = client
+        self._timeout = timeout
+        core.timeout_fields(timeout)
+        self._mode = core.mode_fields(shared, capacity, weight)
+        self._value = core.check_value(value)
+        self._session = session
+        self._own = session is None
+        if self._own:
+            self._ttl = ttl
+            core.ttl_ms(ttl)
+            self._margin = core.check_margin(margin)
+            self._grace = end_on_disconnect
+            core.grace_ms(end_on_disconnect)
+        self._fence: Optional[int] = None
+        self._seq = 0
+        self._released = False
+        self._lost_at_release = False
+        self._used = False
+
+    @property
+    def fence(self) -> int:
+        """The grant's fencing token: larger than every earlier grant's."""
+        if self._fence is None:
+            raise errors.RaftlockError(f"{self.name!r} is not held: acquire it first")
+        return self._fence
+
+    @property
+    def held(self) -> bool:
+        """True from the grant until release (even if ``lost``)."""
+        return self._fence is not None and not self._released
+
+    @property
+    def lost(self) -> bool:
+        """True if the lease through which the lock is held may have
+        lapsed. Computed when read (see the sync ``Lock.lost``)."""
+        if self._fence is None:
+            return False
+        if self._released:
+            return self._lost_at_release
+        return self._session._lease.is_lost()
+
+    @property
+    def session(self) -> "Session":
+        if self._session is None:
+            raise errors.RaftlockError(f"{self.name!r} is not held: acquire it first")
+        return self._session
+
+    async def acquire(self) -> bool:
+        """Takes the lock, waiting up to the timeout given (None: without a
+        timeout; 0: try once). False if not granted in time (nothing is left
+        queued). A Lock is acquired at most once."""
+        if self._used:
+            raise errors.RaftlockError(f"this Lock of {self.name!r} was acquired before: make a new one")
+        self._used = True
+        if not self._own:
+            return await self._session._acquire_into(self)
+        self._session = await self._client._open_session(self._ttl, self._margin, self._grace, 0)
+        try:
+            ok = await self._session._acquire_into(self)
+        except BaseException:
+            await self._client._shielded(self._session._close_quietly())
+            raise
+        if not ok:
+            await self._client._shielded(self._session._close_quietly())
+        return ok
+
+    async def release(self) -> bool:
+        """Releases the grant (and ends the lock's own session). True if
+        this call released it."""
+        if self._fence is None or self._released:
+            return False
+        self._released = True
+        self._lost_at_release = self._session._lease.is_lost()
+        if self._own:
+            return await self._session.close() > 0
+        return await self._session._release(self.name, self._fence)
+
+    async def __aenter__(self) -> "Lock":
+        if not self.held:
+            if not await self.acquire():
+                raise errors.NotAcquired(self.name, self._timeout)
+        return self
+
+    async def __aexit__(self, *exc) -> bool:
+        await self.release()
+        return False
+
+    def __repr__(self) -> str:
+        state = "released" if self._released else ("held" if self._fence is not None else "not acquired")
+        return f"<raftlock.aio.Lock {self.name!r} {state} fence={self._fence}>"
+
+
+class Session:
+    """A leased session: any number of grants (one per name), kept alive in
+    the background until ``await session.close()``."""
+
+    def __init__(self, client: "Client", session_id: int, lease: core.Lease, grace_ms: int) -> None:
+        self._client = client
+        self.id = session_id
+        self._lease = lease
+        self.end_on_disconnect = grace_ms / 1000.0
+        self._seqs = itertools.count(1)
+        self._closed = False
+
+    @property
+    def ttl(self) -> float:
+        return self._lease.ttl
+
+    @property
+    def lost(self) -> bool:
+        """True if the lease may have lapsed (computed when read)."""
+        return self._lease.is_lost()
+
+    def acquire(self, name: str, shared: bool = False, timeout: Optional[float] = None,
+                capacity: Optional[int] = None, weight: int = 1, value: Union[bytes, str, None] = None) -> _Pending:
+        """As the sync ``Session.acquire``: ``await`` it for the held
+        :class:`Lock` (raising ``NotAcquired`` past ``timeout``), or use it
+        with ``async with``."""
+        lock = Lock(self._client, name, ttl=None, timeout=timeout, shared=shared, capacity=capacity, weight=weight,
+                    value=value, margin=None, end_on_disconnect=None, session=self)
+
+        async def run() -> Lock:
+            if not await lock.acquire():
+                raise errors.NotAcquired(name, timeout)
+            return lock
+
+        return _Pending(run())
+
+    async def _acquire_into(self, lock: Lock) -> bool:
+        if self._closed:
+            raise errors.RaftlockError(f"session {self.id} is closed")
+        if self._lease.state == core.LOST:
+            raise errors.LeaseLost(f"session {self.id} has expired")
+        # A withdrawal of this name still under way goes first: the cluster
+        # refuses a second acquire of a name the session waits for.
+        await self._client._settle(self.id, lock.name)
+        mode, weight, capacity = lock._mode
+        timeout_ms, wait = core.timeout_fields(lock._timeout)
+        seq = next(self._seqs)
+        req = pb.AcquireRequest(session_id=self.id, seq=seq, name=lock.name, mode=mode, weight=weight,
+                                capacity=capacity, timeout_ms=timeout_ms, value=lock._value, wait=wait)
+        if wait:
+            attempt, deadline = core.FOREVER_ATTEMPT, float("inf")
+        else:
+            t = float(lock._timeout)
+            attempt = core.REQUEST_TIMEOUT + 2 * t
+            deadline = core.deadline_after(core.RETRY_DEADLINE + 2 * t)
+        try:
+            resp = await self._client._t.call("Acquire", req, True, attempt, deadline)
+        except _REFUSALS:
+            raise
+        except BaseException:
+            # Queued or granted, maybe: withdraw it, even if cancelled.
+            await self._client._shielded(self._cancel(lock.name, seq), (self.id, lock.name))
+            raise
+        if not resp.acquired:
+            return False
+        lock._fence, lock._seq = resp.fence, seq
+        if not self._lease.valid():
+            # The view ran out while the acquire waited: a keep-alive
+            # answered now proves the session (and the grant) alive.
+            await self._client._ka.renew_now(self._lease, core.MIN_ASK_WAIT * 5)
+        if not self._lease.valid():
+            await self._release(lock.name, resp.fence, quiet=True)
+            lock._released = True
+            raise errors.LeaseLost(f"session {self.id}'s lease may have lapsed before {lock.name!r} was granted")
+        return True
+
+    async def _cancel(self, name: str, seq: int) -> None:
+        req = pb.CancelRequest(session_id=self.id, seq=seq, name=name)
+        try:
+            await self._client._t.call("Cancel", req, True)
+        except errors.SessionNotFound:
+            pass
+        except Exception as e:  # noqa: BLE001 - the session's end withdraws it then
+            log.warning("cancelling acquire %d of %r in session %d failed (%s); the session's end withdraws it",
+                        seq, name, self.id, e)
+
+    async def _release(self, name: str, fence: int, quiet: bool = False) -> bool:
+        req = pb.ReleaseRequest(session_id=self.id, seq=next(self._seqs), name=name, fence=fence)
+        try:
+            return (await self._client._t.call("Release", req, True)).released
+        except errors.SessionNotFound:
+            return False
+        except Exception:
+            if quiet:
+                return False
+            raise
+
+    async def close(self) -> int:
+        """Ends the session, releasing everything it holds and withdrawing
+        its waits; the number of grants released. Safe to call again (0)."""
+        if self._closed:
+            return 0
+        self._closed = True
+        self._client._ka.remove(self.id)
+        self._lease.mark_closed()
+        req = pb.CloseSessionRequest(session_id=self.id, seq=next(self._seqs))
+        try:
+            return (await self._client._t.call("CloseSession", req, True)).released
+        except errors.SessionNotFound:
+            return 0
+
+    async def _close_quietly(self) -> None:
+        try:
+            await self.close()
+        except Exception as e:  # noqa: BLE001 - its lease ends it then
+            log.warning("closing session %d failed (%s); its lease ends it", self.id, e)
+
+    async def __aenter__(self) -> "Session":
+        return self
+
+    async def __aexit__(self, *exc) -> bool:
+        await self.close()
+        return False
+
+    def __repr__(self) -> str:
+        return f"<raftlock.aio.Session {self.id} ttl={self.ttl}>"
+
+
+class Client:
+    """A handle to a raftlock cluster, for asyncio. Arguments as
+    :class:`raftlock.Client`. Nothing is dialled until the first request;
+    ``await client.close()`` (or ``async with``) at the end."""
+
+    def __init__(self, endpoints: Union[str, Sequence[str]], token: Optional[str] = None, ca=None, cert=None,
+                 key=None) -> None:
+        self._t = _Transport(endpoints, token, ca, cert, key)
+        self._ka = _KeepAlive(self._t)
+        self._background: Set[asyncio.Task] = set()
+        self._withdrawing = {}
+
+    @property
+    def endpoints(self) -> Tuple[str, ...]:
+        return tuple(self._t.endpoints.all)
+
+    async def _shielded(self, coro, key=None) -> None:
+        """Runs ``coro`` to its end even if the caller is cancelled meanwhile
+        (it then goes on in the background)."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        if key is not None:
+            self._withdrawing[key] = task
+            task.add_done_callback(lambda _t: self._withdrawing.pop(key, None))
+        try:
+            await asyncio.shield(task)
+        except BaseException:  # noqa: BLE001 - cancelled again: it goes on alone
+            pass
+
+    async def _settle(self, session_id: int, name: str) -> None:
+        task = self._withdrawing.get((session_id, name))
+        if task is not None:
+            await asyncio.shield(task)
+
+    def lock(self, name: str, ttl: float = core.DEFAULT_TTL, timeout: Optional[float] = None, shared: bool = False,
+             *, capacity: Optional[int] = None, weight: int = 1, value: Union[bytes, str, None] = None,
+             end_on_disconnect: Optional[float] = core.DEFAULT_END_ON_DISCONNECT,
+             margin: float = core.DEFAULT_MARGIN) -> Lock:
+        """As :meth:`raftlock.Client.lock`: ``async with client.lock(...)
+        as lock`` or ``await lock.acquire()``."""
+        return Lock(self, name, ttl=ttl, timeout=timeout, shared=shared, capacity=capacity, weight=weight,
+                    value=value, margin=margin, end_on_disconnect=end_on_disconnect)
+
+    def session(self, ttl: float = core.DEFAULT_TTL, *,
+                end_on_disconnect: Optional[float] = core.DEFAULT_END_ON_DISCONNECT,
+                margin: float = core.DEFAULT_MARGIN, lock_delay: float = 0.0) -> _Pending:
+        """As :meth:`raftlock.Client.session`: ``await`` it, or ``async
+        with client.session() as session`` (closed at the end)."""
+        core.ttl_ms(ttl)
+        core.grace_ms(end_on_disconnect)
+        margin = core.check_margin(margin)
+        return _Pending(self._open_session(ttl, margin, end_on_disconnect, lock_delay))
+
+    async def _open_session(self, ttl, margin, grace, lock_delay) -> Session:
+        delay = core.seconds("lock_delay", lock_delay)
+        if delay < 0:
+            raise errors.InvalidArgument(f"lock_delay must be >= 0, got {lock_delay!r}")
+        grace_ms = core.grace_ms(grace)
+        req = pb.OpenSessionRequest(ttl_ms=core.ttl_ms(ttl), lock_delay_ms=round(delay * 1000),
+                                    nonce=random.getrandbits(64) | 1, end_on_disconnect_ms=grace_ms)
+        sent_at = core.now()
+        resp = await self._t.call("OpenSession", req, True)
+        lease = core.Lease(resp.session_id, resp.ttl_ms / 1000.0, margin, sent_at, grace_ms / 1000.0)
+        session = Session(self, resp.session_id, lease, grace_ms)
+        if grace_ms:
+            self._ka.add(lease, core.now())
+            try:
+                await self._ka.renew_now(lease, max(lease.ttl / 3, core.MIN_ASK_WAIT))
+            except BaseException:
+                await self._shielded(session._close_quietly())
+                raise
+        else:
+            self._ka.add(lease, sent_at + lease.ttl / 3)
+        if not lease.activate():
+            await session._close_quietly()
+            raise errors.LeaseLost(f"session {resp.session_id}'s lease lapsed as it opened")
+        return session
+
+    async def describe(self, name: str) -> Optional[core.LockInfo]:
+        """The holders and waiters of ``name`` (linearizable); None if nobody
+        holds, waits for or delays it."""
+        resp = await self._t.call("Describe", pb.DescribeRequest(name=core.check_name(name)), False)
+        return core.lock_info(resp.info) if resp.exists else None
+
+    async def leader(self, name: str) -> Optional[Tuple[bytes, int]]:
+        """Leader election: ``(value, fence)`` of the holder of ``name``."""
+        info = await self.describe(name)
+        if info is None or not info.holders:
+            return None
+        h = info.holders[0]
+        return h.value, h.fence
+
+    async def check_fence(self, name: str, fence: int) -> bool:
+        """True if ``fence`` belongs to a current holder of ``name``."""
+        req = pb.CheckFenceRequest(name=core.check_name(name), fence=fence)
+        return (await self._t.call("CheckFence", req, False)).current
+
+    async def close(self) -> None:
+        """Waits for withdrawals under way, stops the keep-alives and closes
+        the connections."""
+        if self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
+        await self._ka.close()
+        await self._t.close()
+
+    async def __aenter__(self) -> "Client":
+        return self
+
+    async def __aexit__(self, *exc) -> bool:
+        await self.close()
+        return False

@@ -1,0 +1,1 @@
+"""Code generated from proto/raftlock/v1/locks.proto when the package is built."""

@@ -1,0 +1,235 @@
+"""The rules both clients share (``raftlock._core``), on their own: the
+lease view, the keep-alive schedule and the retry policy. No cluster."""
+
+import grpc
+import pytest
+
+import raftlock
+from raftlock import _core as core
+
+
+def lease(ttl=9.0, margin=0.1, sent_at=100.0, active=True):
+    lz = core.Lease(7, ttl, margin, sent_at)
+    if active:
+        lz.state = core.VALID
+    return lz
+
+
+def test_the_view_runs_from_the_send_time_less_the_margin():
+    lz = lease(ttl=10.0, margin=0.1, sent_at=100.0)
+    assert lz.valid(108.99) and not lz.is_lost(108.99)
+    assert not lz.valid(109.0) and lz.is_lost(109.0)
+
+
+def test_a_lapsed_view_comes_back_with_an_answer_that_proves_the_session_alive():
+    lz = lease(ttl=9.0, margin=0.1, sent_at=100.0)  # valid until 108.1
+    assert lz.is_lost(110.0)
+    lz.extend(sent_at=109.5, ttl=9.0)  # the session was alive at 109.5 or later
+    assert not lz.is_lost(110.0) and lz.valid(117.5) and not lz.valid(117.6)
+
+
+def test_an_expired_session_is_lost_for_good():
+    r = core.Renewals()
+    lz = lease(sent_at=0.0)
+    r.add(lz, first=0.0)
+    (ask,) = r.due(0.0)
+    r.answer(7, ask.ask_id, 0, True, 0.1)
+    assert lz.state == core.LOST and 7 not in r.entries
+    lz.extend(sent_at=1.0, ttl=9.0)
+    assert lz.is_lost(1.1)
+
+
+def test_a_pending_lease_is_handed_out_only_while_valid():
+    lz = core.Lease(7, 9.0, 0.1, 100.0)  # the open was sent at 100
+    assert not lz.valid(120.0) and not lz.is_lost(120.0)  # pending: not handed out
+    lz.extend(sent_at=119.0, ttl=9.0)
+    assert lz.valid(127.0)
+    assert lz.state == core.PENDING
+
+
+def test_a_session_bound_to_its_stream_is_believed_only_a_grace_past_the_last_proof():
+    """The leader ends such a session a grace after its stream closes, and
+    the stream may close (a dead connection) right after the last ask it
+    answered was sent: the view follows, whatever the ttl."""
+    r = core.Renewals()
+    lz = core.Lease(7, 30.0, 0.1, 0.0, grace=2.0)
+    lz.state = core.VALID
+    r.add(lz, first=0.0)
+    stream = r.stream_opened(0.0)
+    (ask,) = r.due(0.0)
+    assert ask.stream == stream
+    r.answer(7, ask.ask_id, 30000, False, 0.01)
+    assert lz.valid(1.79) and not lz.valid(1.8)  # 0 + 2 s less 10 %
+    # The stream is pinged every grace/3, not every ttl/3.
+    assert r.next_wakeup(0.1) == pytest.approx(2.0 / 3)
+    (ping,) = r.due(2.0 / 3)
+    r.answer(7, ping.ask_id, 30000, False, 0.7)
+    assert lz.valid(2.4) and not lz.valid(2.0 / 3 + 1.8)
+
+
+def test_a_stream_the_leader_ends_for_not_leading_starts_no_grace():
+    r = core.Renewals()
+    lz = core.Lease(7, 30.0, 0.1, 0.0, grace=2.0)
+    lz.state = core.VALID
+    r.add(lz, first=0.0)
+    r.stream_opened(0.0)
+    (ask,) = r.due(0.0)
+    r.answer(7, ask.ask_id, 30000, False, 0.01)
+    r.stream_failed(0.5, lifted=True)
+    assert lz.valid(10.0)  # the ttl only, until the next stream binds it
+    assert not lz.valid(27.0)
+
+
+def test_a_broken_stream_keeps_the_grace_and_the_next_stream_rebinds_at_once():
+    r = core.Renewals()
+    lz = core.Lease(7, 30.0, 0.1, 0.0, grace=2.0)
+    lz.state = core.VALID
+    r.add(lz, first=0.0)
+    r.stream_opened(0.0)
+    (ask,) = r.due(0.0)
+    r.answer(7, ask.ask_id, 30000, False, 0.01)
+    r.stream_failed(0.5)  # a transport error: the leader may start the grace
+    assert not lz.valid(1.8)
+    r.stream_opened(0.6)
+    (again,) = r.due(0.6)  # renewed at once on the new stream
+    r.answer(7, again.ask_id, 30000, False, 0.61)
+    assert lz.valid(2.3)
+
+
+def test_closed_is_not_lost():
+    lz = lease()
+    lz.mark_closed()
+    assert not lz.valid(100.0) and not lz.is_lost()
+
+
+def test_answers_are_credited_to_the_ask_they_echo_only():
+    r = core.Renewals()
+    lz = lease(ttl=9.0, sent_at=0.0)  # valid until 8.1
+    r.add(lz, first=0.0)
+    r.stream_opened(0.0)
+    (first,) = r.due(0.0)
+    # The first ask gets no answer in time; the session asks again.
+    assert not r.overdue(first.deadline - 0.001)
+    r.overdue(first.deadline)
+    (second,) = r.due(first.deadline + core.RENEW_RETRY)
+    assert second.ask_id != first.ask_id
+    # The late answer to the first ask arrives: it must not be credited to
+    # the second (whose send time is later).
+    assert r.answer(7, first.ask_id, 9000, False, second.sent_at + 0.1) is None
+    assert lz.until == pytest.approx(8.1)
+    assert r.answer(7, second.ask_id, 9000, False, second.sent_at + 0.2) is lz
+    assert lz.until == pytest.approx(second.sent_at + 8.1)
+
+
+def test_renewal_is_due_a_third_of_the_ttl_after_the_send():
+    r = core.Renewals()
+    lz = lease(ttl=9.0, sent_at=0.0)
+    r.add(lz, first=3.0)
+    assert r.due(2.99) == []
+    (ask,) = r.due(3.0)
+    r.answer(7, ask.ask_id, 9000, False, 3.5)
+    assert r.due(5.99) == []
+    assert len(r.due(6.0)) == 1
+
+
+def test_a_stalled_stream_is_noticed():
+    r = core.Renewals()
+    r.add(lease(sent_at=0.0), first=0.0)
+    (ask,) = r.due(0.0)
+    assert r.overdue(ask.deadline) is True  # nothing came back since it was sent
+
+
+def test_a_failed_stream_reschedules_its_asks_soon():
+    r = core.Renewals()
+    r.add(lease(sent_at=0.0), first=0.0)
+    r.due(0.0)
+    r.stream_failed(1.0)
+    assert r.inflight == {}
+    assert r.due(1.0 + core.RENEW_RETRY)
+
+
+class FakeStatus(grpc.RpcError):
+    """A gRPC error as the cluster or the transport would produce it."""
+
+    def __init__(self, code, details="", md=()):
+        self._code, self._details, self._md = code, details, md
+
+    def code(self):
+        return self._code
+
+    def details(self):
+        return self._details
+
+    def trailing_metadata(self):
+        return self._md
+
+    def initial_metadata(self):
+        return ()
+
+
+def not_leader(hint=None):
+    md = [(core.NOT_LEADER_KEY, "1")] + ([(core.LEADER_KEY, hint)] if hint else [])
+    return FakeStatus(grpc.StatusCode.UNAVAILABLE, "not the leader", md)
+
+
+def test_a_leader_hint_is_followed_at_once():
+    e = core.Endpoints(["a:1", "b:1"])
+    at = core.Attempts(e, write=True, deadline=core.now() + 10)
+    assert at.failed("a:1", not_leader("c:1")) == 0.0
+    assert e.target() == "c:1"
+    assert not at.sent  # a refusal: never applied
+
+
+def test_no_hint_backs_off_and_a_dropped_write_becomes_unknown():
+    e = core.Endpoints(["a:1"])
+    at = core.Attempts(e, write=True, deadline=core.now() + 10)
+    assert 0 < at.failed("a:1", not_leader()) <= core.INITIAL_BACKOFF * 1.5
+    at.failed("a:1", FakeStatus(grpc.StatusCode.UNAVAILABLE, "Socket closed"))
+    assert at.sent
+    at.deadline = core.now()
+    with pytest.raises(raftlock.OutcomeUnknown):
+        at.budget(1.0)
+
+
+def test_a_read_that_times_out_is_unavailable_not_unknown():
+    at = core.Attempts(core.Endpoints(["a:1"]), write=False, deadline=core.now() + 10)
+    at.failed("a:1", FakeStatus(grpc.StatusCode.DEADLINE_EXCEEDED))
+    at.deadline = core.now()
+    with pytest.raises(raftlock.Unavailable):
+        at.budget(1.0)
+
+
+def test_the_backoff_never_sleeps_past_the_deadline():
+    at = core.Attempts(core.Endpoints(["a:1"]), write=False, deadline=core.now() + 0.001)
+    with pytest.raises(raftlock.Unavailable):
+        at.failed("a:1", FakeStatus(grpc.StatusCode.UNAVAILABLE, "no leader"))
+
+
+def test_refusals_of_every_endpoint_give_up_at_once():
+    at = core.Attempts(core.Endpoints(["a:1", "b:1"]), write=True, deadline=core.now() + 100)
+    refused = FakeStatus(grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses; Connection refused")
+    for _ in range(core.REFUSED_ROUNDS - 1):
+        at.failed("a:1", refused)
+        at.failed("b:1", refused)
+    at.failed("a:1", refused)
+    with pytest.raises(raftlock.Unavailable, match="no node accepts connections"):
+        at.failed("b:1", refused)
+    assert not at.sent
+
+
+@pytest.mark.parametrize("code,cls", [
+    (grpc.StatusCode.INVALID_ARGUMENT, raftlock.InvalidArgument),
+    (grpc.StatusCode.OUT_OF_RANGE, raftlock.InvalidArgument),
+    (grpc.StatusCode.FAILED_PRECONDITION, raftlock.FailedPrecondition),
+    (grpc.StatusCode.ABORTED, raftlock.Deadlock),
+    (grpc.StatusCode.NOT_FOUND, raftlock.SessionNotFound),
+    (grpc.StatusCode.RESOURCE_EXHAUSTED, raftlock.ResourceExhausted),
+    (grpc.StatusCode.UNAUTHENTICATED, raftlock.Unauthenticated),
+    (grpc.StatusCode.PERMISSION_DENIED, raftlock.PermissionDenied),
+    (grpc.StatusCode.INTERNAL, raftlock.RaftlockError),
+])
+def test_refusals_map_to_errors_and_are_not_retried(code, cls):
+    at = core.Attempts(core.Endpoints(["a:1"]), write=True, deadline=core.now() + 10)
+    with pytest.raises(cls) as e:
+        at.failed("a:1", FakeStatus(code, "why"))
+    assert e.value.code == code.name and "why" in str(e.value)

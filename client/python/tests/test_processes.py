@@ -1,0 +1,146 @@
+"""The seed users' stories with real processes: a holder killed, a queued
+waiter killed, a holder paused past its ttl. Each worker runs
+``tests/child.py`` with the package's default ``end_on_disconnect``."""
+
+import signal
+import threading
+import time
+
+import pytest
+
+import raftlock
+
+from conftest import wait_for
+
+APIS = ["sync", "aio"]
+# A ttl far longer than what the stories allow: the lock must come free
+# because the process died, not because its lease ran out.
+LONG_TTL = 30.0
+
+
+def waiters_of(client, name):
+    info = client.describe(name)
+    return [] if info is None else list(info.waiters)
+
+
+def holders_of(client, name):
+    info = client.describe(name)
+    return [] if info is None else list(info.holders)
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_a_killed_holder_frees_the_lock_long_before_its_ttl(cluster, client, children, name, api):
+    holder = children("hold", api, cluster.endpoints, name, str(LONG_TTL))
+    fence = int(holder.expect("held").split()[1])
+    # Someone is queued behind the holder when it dies.
+    got = {}
+
+    def wait():
+        with client.lock(name, ttl=10, timeout=LONG_TTL) as lock:
+            got["fence"] = lock.fence
+            got["at"] = time.monotonic()
+
+    t = threading.Thread(target=wait)
+    t.start()
+    wait_for(lambda: waiters_of(client, name), "the waiter to queue")
+    killed = time.monotonic()
+    holder.signal(signal.SIGKILL)
+    t.join(LONG_TTL)
+    assert "at" in got, "the waiter was never granted"
+    freed_after = got["at"] - killed
+    # The grace is 1 s; the ttl 30 s.
+    assert freed_after < LONG_TTL / 3, f"granted {freed_after:.2f} s after the kill"
+    assert got["fence"] > fence
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_a_killed_queued_waiter_is_withdrawn_long_before_its_ttl(cluster, client, children, name, api):
+    first = client.lock(name, ttl=10)
+    assert first.acquire()
+    dead = children("wait", api, cluster.endpoints, name, str(LONG_TTL))
+    dead.expect("waiting")
+    wait_for(lambda: len(waiters_of(client, name)) == 1, "the doomed waiter to queue")
+    dead_session = waiters_of(client, name)[0].session_id
+    live = children("wait", api, cluster.endpoints, name, str(LONG_TTL))
+    wait_for(lambda: len(waiters_of(client, name)) == 2, "the live waiter to queue behind it")
+    killed = time.monotonic()
+    dead.signal(signal.SIGKILL)
+    # The dead waiter's wait is withdrawn when its session ends with its
+    # stream, long before its ttl.
+    wait_for(lambda: dead_session not in [w.session_id for w in waiters_of(client, name)],
+             "the dead waiter to leave the queue", timeout=LONG_TTL / 3)
+    assert time.monotonic() - killed < LONG_TTL / 3
+    first.release()
+    live.expect("held", timeout=10)
+    assert [h.session_id for h in holders_of(client, name)] != [dead_session]
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_a_killed_queued_waiter_never_holds_up_the_next_when_released_at_once(cluster, client, children, name, api):
+    """The release comes right after the kill, before the grace: the dead
+    waiter's session is granted, then ends with its stream, and the live
+    waiter behind it gets the lock within seconds, not the dead one's ttl."""
+    first = client.lock(name, ttl=10)
+    assert first.acquire()
+    dead = children("wait", api, cluster.endpoints, name, str(LONG_TTL))
+    wait_for(lambda: len(waiters_of(client, name)) == 1, "the doomed waiter to queue")
+    live = children("wait", api, cluster.endpoints, name, str(LONG_TTL))
+    wait_for(lambda: len(waiters_of(client, name)) == 2, "the live waiter to queue behind it")
+    dead.signal(signal.SIGKILL)
+    released = time.monotonic()
+    first.release()
+    live.expect("held", timeout=LONG_TTL / 3)
+    assert time.monotonic() - released < LONG_TTL / 3
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_a_holder_paused_past_its_ttl_sees_lost_on_resume(cluster, client, children, name, api):
+    ttl = 2.0
+    holder = children("pause", api, cluster.endpoints, name, str(ttl))
+    fence = int(holder.expect("held").split()[1])
+    holder.signal(signal.SIGSTOP)
+    try:
+        # While it sleeps, its lease runs out on the cluster and the lock
+        # goes to someone else.
+        with client.lock(name, ttl=10, timeout=ttl * 5) as other:
+            assert other.fence > fence
+    finally:
+        holder.signal(signal.SIGCONT)
+    line = holder.expect("resumed")
+    assert "lost=True" in line, line
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_a_holder_paused_until_the_node_drops_its_connection_sees_lost_on_resume(cluster, client, children, name,
+                                                                                 api):
+    """A 30 s ttl, but the process is paused long enough for the node to
+    give up on its connection (its HTTP/2 pings go unanswered): the session
+    ends a grace later and the lock goes to someone else, long before the
+    ttl. On resume the holder must not believe its lease for the rest of
+    the ttl: its first look says lost."""
+    holder = children("pause", api, cluster.endpoints, name, str(LONG_TTL))
+    fence = int(holder.expect("held").split()[1])
+    holder.signal(signal.SIGSTOP)
+    try:
+        with client.lock(name, ttl=10, timeout=LONG_TTL * 0.8) as other:
+            assert other.fence > fence
+    finally:
+        holder.signal(signal.SIGCONT)
+    line = holder.expect("resumed")
+    assert "lost=True" in line, line
+
+
+def test_an_interrupted_wait_is_withdrawn_and_the_session_kept(cluster, client, children, name):
+    """Ctrl-C in a blocking ``session.acquire``: the client cancels the
+    acquire (``Cancel``), so the interrupted wait is never granted to a
+    session nobody waits on."""
+    with client.lock(name, ttl=10):
+        child = children("interrupt", "sync", cluster.endpoints, name, str(LONG_TTL))
+        session = int(child.expect("session").split()[1])
+        wait_for(lambda: [w.session_id for w in waiters_of(client, name)] == [session], "the child to queue")
+        child.signal(signal.SIGINT)
+        child.expect("interrupted")
+        wait_for(lambda: not waiters_of(client, name), "the wait to be withdrawn")
+    # The child's session lives on (it sleeps) and nothing was granted to it.
+    assert not holders_of(client, name)
+    assert raftlock.Client  # the package imported in this process too
