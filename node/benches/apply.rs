@@ -6,7 +6,9 @@
 use std::hint::black_box;
 
 use criterion::{BatchSize, Criterion, Throughput};
-use raftlock_node::state::{Acquired, Command, Fence, LockTable, Mode, Reply, SessionId};
+use raftlock_node::state::{
+    cmd, Acquired, Command, Fence, LockName, LockTable, Mode, Reply, SessionId,
+};
 
 const NAMES: usize = 10_000;
 const SESSIONS: u64 = 100;
@@ -19,27 +21,27 @@ fn table_with_sessions() -> (LockTable, u64) {
     for i in 1..=SESSIONS {
         table.apply(
             i,
-            Command::OpenSession {
+            Command::OpenSessionV0(cmd::OpenSessionV0 {
                 ttl_ms: 10_000,
                 lock_delay_ms: 0,
                 nonce: 0,
                 owner: String::new(),
-            },
+            }),
         );
     }
     (table, SESSIONS + 1)
 }
 
 fn acquire(session: u64, seq: u64, name: String, mode: Mode, timeout_ms: u64) -> Command {
-    Command::Acquire {
+    Command::Acquire(cmd::Acquire {
         session: SessionId(session),
         seq,
-        name,
+        name: LockName::new(name).expect("valid name"),
         mode,
         timeout_ms,
         value: Vec::new(),
         caller: String::new(),
-    }
+    })
 }
 
 fn fence_of(reply: &Reply) -> Option<Fence> {
@@ -69,13 +71,13 @@ fn uncontended(c: &mut Criterion) {
                     let fence = fence_of(&r.reply).expect("uncontended acquire is granted");
                     let r = table.apply(
                         *index,
-                        Command::Release {
+                        Command::Release(cmd::Release {
                             session: SessionId(session),
                             seq: seq + 1,
-                            name: name.clone(),
+                            name: LockName::new(name.clone()).expect("valid name"),
                             fence,
                             caller: String::new(),
-                        },
+                        }),
                     );
                     *index += 1;
                     black_box(r);
@@ -113,13 +115,13 @@ fn contended(c: &mut Criterion) {
                     let (s, fence) = *holder;
                     let r = table.apply(
                         *index,
-                        Command::Release {
+                        Command::Release(cmd::Release {
                             session: SessionId(s),
                             seq: *index,
-                            name: "hot".into(),
+                            name: LockName::new("hot").expect("valid name"),
                             fence,
                             caller: String::new(),
-                        },
+                        }),
                     );
                     *index += 1;
                     // The next in line got it; the releaser queues again.
@@ -174,13 +176,13 @@ fn semaphore(c: &mut Criterion) {
                         if let Some((s, fence)) = held.pop_front() {
                             let r = table.apply(
                                 *index,
-                                Command::Release {
+                                Command::Release(cmd::Release {
                                     session: SessionId(s),
                                     seq: *index,
-                                    name: "pool".into(),
+                                    name: LockName::new("pool").expect("valid name"),
                                     fence,
                                     caller: String::new(),
-                                },
+                                }),
                             );
                             *index += 1;
                             black_box(r);

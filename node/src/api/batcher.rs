@@ -36,26 +36,18 @@ pub fn command_bytes(command: &Command) -> usize {
     const FIXED: usize = 64;
     FIXED
         + match command {
-            Command::OpenSession { owner, .. } | Command::OpenSessionWith { owner, .. } => {
-                owner.len()
-            }
-            Command::Lock {
-                owner, name, value, ..
-            } => owner.len() + name.len() + value.len(),
-            Command::SetTtl { caller, .. } => caller.len(),
-            Command::CloseSession { caller, .. } => caller.len(),
-            Command::Acquire {
-                name,
-                value,
-                caller,
-                ..
-            } => name.len() + value.len() + caller.len(),
-            Command::Release { name, caller, .. } | Command::Withdraw { name, caller, .. } => {
-                name.len() + caller.len()
-            }
-            Command::ExpireSession { .. } => 0,
-            Command::CancelWait { name, .. } | Command::EndLockDelay { name, .. } => name.len(),
-            Command::RestorePart { bytes, .. } => bytes.len(),
+            Command::OpenSessionV0(c) => c.owner.len(),
+            Command::OpenSession(c) => c.owner.len(),
+            Command::Lock(c) => c.open.owner.len() + c.name.as_str().len() + c.value.len(),
+            Command::SetTtl(c) => c.caller.len(),
+            Command::CloseSession(c) => c.caller.len(),
+            Command::Acquire(c) => c.name.as_str().len() + c.value.len() + c.caller.len(),
+            Command::Release(c) => c.name.as_str().len() + c.caller.len(),
+            Command::Cancel(c) => c.name.as_str().len() + c.caller.len(),
+            Command::ExpireSession(_) => 0,
+            Command::TimeoutWait(c) => c.name.as_str().len(),
+            Command::EndLockDelay(c) => c.name.as_str().len(),
+            Command::RestorePart(c) => c.bytes.len(),
         }
 }
 
@@ -212,15 +204,15 @@ mod tests {
         assert!(fits(1, MAX_BATCH_BYTES - 100, 100));
         assert!(!fits(1, MAX_BATCH_BYTES - 100, 101));
         // An acquire with a 4 KiB value: ~26 per batch instead of 1000.
-        let big = Command::Acquire {
+        let big = Command::Acquire(crate::state::cmd::Acquire {
             session: crate::state::SessionId(1),
             seq: 1,
-            name: "n".repeat(512),
+            name: crate::state::LockName::new("n".repeat(512)).expect("valid"),
             mode: crate::state::Mode::Exclusive,
             timeout_ms: 0,
             value: vec![0; 4096],
             caller: String::new(),
-        };
+        });
         let each = command_bytes(&big);
         let mut n = 1;
         let mut bytes = each;

@@ -19,7 +19,7 @@ use crate::leases::KeepAliveError;
 use crate::metrics::stages::Stage;
 use crate::raft::log_index_of;
 use crate::state::limits::WAIT_FOREVER;
-use crate::state::{Acquired, Command, Fence, LockName, Refusal, Reply, SessionId};
+use crate::state::{cmd, Acquired, Fence, LockName, Refusal, SessionId};
 
 /// Default page size of `List`.
 pub const DEFAULT_LIST_LIMIT: usize = 100;
@@ -86,7 +86,7 @@ impl Drop for Carried {
     }
 }
 
-fn name(s: &str) -> Result<LockName, Error> {
+fn name(s: impl Into<String>) -> Result<LockName, Error> {
     LockName::new(s).map_err(Error::from)
 }
 
@@ -172,32 +172,22 @@ impl Locks for Api {
         let caller = self.caller(&req)?;
         caller.require_any(Permission::Lock)?;
         let r = req.into_inner();
-        // The older command when there is nothing new to say: a log read by
-        // an older node of the cluster (a rolling upgrade) keeps decoding.
-        let command = if r.end_on_disconnect_ms == 0 {
-            Command::OpenSession {
-                ttl_ms: r.ttl_ms,
-                lock_delay_ms: r.lock_delay_ms,
-                nonce: r.nonce,
-                owner: caller.identity,
-            }
-        } else {
-            Command::OpenSessionWith {
-                ttl_ms: r.ttl_ms,
-                lock_delay_ms: r.lock_delay_ms,
-                nonce: r.nonce,
-                owner: caller.identity,
-                end_on_disconnect_ms: r.end_on_disconnect_ms,
-            }
+        // An open that does not end with its stream keeps the older
+        // encoding (see `Command::from`).
+        let command = cmd::OpenSession {
+            ttl_ms: r.ttl_ms,
+            lock_delay_ms: r.lock_delay_ms,
+            nonce: r.nonce,
+            owner: caller.identity,
+            end_on_disconnect_ms: r.end_on_disconnect_ms,
         };
         command.validate()?;
-        let response = write_reply!(self, command,
-            Reply::Opened { session, ttl_ms, lock_delay_ms } => pb::OpenSessionResponse {
-                session_id: session.0,
-                ttl_ms,
-                lock_delay_ms,
-            },
-        );
+        let opened = self.write(command).await?;
+        let response = pb::OpenSessionResponse {
+            session_id: opened.session.0,
+            ttl_ms: opened.ttl_ms,
+            lock_delay_ms: opened.lock_delay_ms,
+        };
         Ok(Response::new(response))
     }
 
@@ -302,12 +292,13 @@ impl Locks for Api {
             .timer(crate::metrics::Method::CloseSession);
         let caller = self.caller(&req)?;
         let r = req.into_inner();
-        let command = Command::CloseSession {
-            session: SessionId(r.session_id),
-            seq: r.seq,
-            caller: caller.identity,
-        };
-        let released = write_reply!(self, command, Reply::Closed { released } => released);
+        let released = self
+            .write(cmd::CloseSession {
+                session: SessionId(r.session_id),
+                seq: r.seq,
+                caller: caller.identity,
+            })
+            .await?;
         Ok(Response::new(pb::CloseSessionResponse { released }))
     }
 
@@ -322,21 +313,21 @@ impl Locks for Api {
         let r = req.into_inner();
         let mode = mode_from_request(&r)?;
         let session = SessionId(r.session_id);
-        let lock = name(&r.name)?;
+        let lock = name(r.name)?;
         // `wait` is the portable "wait without a timeout"; u64::MAX in
         // `timeout_ms` means the same (older clients).
         let timeout_ms = if r.wait { WAIT_FOREVER } else { r.timeout_ms };
-        let command = Command::Acquire {
+        let command = cmd::Acquire {
             session,
             seq: r.seq,
-            name: r.name,
+            name: lock.clone(),
             mode,
             timeout_ms,
             value: r.value,
             caller: caller.identity,
         };
         command.validate()?;
-        let outcome = match write_reply!(self, command, Reply::Acquire(outcome) => outcome) {
+        let outcome = match self.write(command).await? {
             Acquired::Queued => self.park(session, lock, timeout_ms).await?,
             outcome => outcome,
         };
@@ -354,15 +345,15 @@ impl Locks for Api {
         // the rule that allowed it is gone.
         let caller = self.caller(&req)?;
         let r = req.into_inner();
-        name(&r.name)?;
-        let command = Command::Release {
-            session: SessionId(r.session_id),
-            seq: r.seq,
-            name: r.name,
-            fence: Fence(r.fence),
-            caller: caller.identity,
-        };
-        let released = write_reply!(self, command, Reply::Released { released } => released);
+        let released = self
+            .write(cmd::Release {
+                session: SessionId(r.session_id),
+                seq: r.seq,
+                name: name(r.name)?,
+                fence: Fence(r.fence),
+                caller: caller.identity,
+            })
+            .await?;
         Ok(Response::new(pb::ReleaseResponse { released }))
     }
 
@@ -376,14 +367,14 @@ impl Locks for Api {
         // table), and no rule is needed to give something up.
         let caller = self.caller(&req)?;
         let r = req.into_inner();
-        name(&r.name)?;
-        let command = Command::Withdraw {
-            session: SessionId(r.session_id),
-            seq: r.seq,
-            name: r.name,
-            caller: caller.identity,
-        };
-        let cancelled = write_reply!(self, command, Reply::Withdrawn { withdrawn } => withdrawn);
+        let cancelled = self
+            .write(cmd::Cancel {
+                session: SessionId(r.session_id),
+                seq: r.seq,
+                name: name(r.name)?,
+                caller: caller.identity,
+            })
+            .await?;
         Ok(Response::new(pb::CancelResponse { cancelled }))
     }
 

@@ -7,25 +7,6 @@
 //! retry there. Forwarding would hide a hop and double the failure modes of
 //! a request whose outcome may be unknown.
 
-/// Proposes a command (`write_reply!(api, command, PATTERN => VALUE, …)`)
-/// and takes its reply apart by the patterns its kind of command answers
-/// with. Every command kind has its own reply variants, so any other reply
-/// is a bug: it is answered `INTERNAL`, from this one place.
-macro_rules! write_reply {
-    ($api:expr, $command:expr, $($pattern:pat => $value:expr),+ $(,)?) => {
-        match $api.write($command).await?.1 {
-            $($pattern => $value,)+
-            #[allow(unreachable_patterns)]
-            other => {
-                return Err($crate::error::Error::Internal(format!(
-                    "a command was answered with {other:?}, which its kind never gets"
-                ))
-                .into())
-            }
-        }
-    };
-}
-
 pub mod batcher;
 pub mod cluster;
 pub mod convert;
@@ -43,6 +24,7 @@ use crate::error::Error;
 use crate::leader::Leadership;
 use crate::metrics::stages::{between, Stage};
 use crate::raft::NodeId;
+use crate::state::cmd::{self, Request, RestoreProgress};
 use crate::state::{Command, Reply};
 
 /// State shared by the public services.
@@ -97,9 +79,21 @@ impl Api {
         Ok(self.0.auth.caller(req)?)
     }
 
+    /// Proposes `command` and waits until it is applied here; returns its
+    /// answer (refusals as errors). A reply of a kind the command never
+    /// gets is a bug, answered `INTERNAL` from here.
+    pub async fn write<C: Request>(&self, command: C) -> Result<C::Answer, Error> {
+        let reply = self.write_command(command.into()).await?;
+        C::answer(reply).map_err(|other| {
+            Error::Internal(format!(
+                "a command was answered with {other:?}, which its kind never gets"
+            ))
+        })
+    }
+
     /// Proposes `command` and waits until it is applied here; returns the
-    /// log index and the table's reply (refusals as errors).
-    pub async fn write(&self, command: Command) -> Result<(u64, Reply), Error> {
+    /// table's reply (refusals as errors).
+    async fn write_command(&self, command: Command) -> Result<Reply, Error> {
         let received = std::time::Instant::now();
         // A leader cut off from its quorum proposes nothing: it could not
         // commit, and another node may lead by now. Not proposed, so surely
@@ -110,7 +104,7 @@ impl Api {
             stages.record(Stage::Receive, received.elapsed(), 1);
             self.0.batcher.submit(command).await
         };
-        let (index, response, responded) = tokio::select! {
+        let (_index, response, responded) = tokio::select! {
             done = submit => done?,
             _ = self.0.leadership.quorum_lost() => {
                 return Err(Error::Timeout(
@@ -125,7 +119,7 @@ impl Api {
         stages.record(Stage::Server, between(received, replied), 1);
         match response.reply {
             Reply::Refused(refusal) => Err(refusal.into()),
-            reply => Ok((index, reply)),
+            reply => Ok(reply),
         }
     }
 
@@ -165,17 +159,22 @@ impl Api {
         let parts = u32::try_from(chunks.len())
             .map_err(|_| Error::InvalidArgument("backup too large".into()))?;
         for (part, bytes) in chunks.into_iter().enumerate() {
-            let command = Command::RestorePart {
-                restore,
-                part: part as u32,
-                parts,
-                bytes: bytes.to_vec(),
-                fence_bump,
-            };
-            write_reply!(self, command,
-                Reply::RestorePartTaken { .. } => {},
-                Reply::Restored { sessions, last_fence } => return Ok((sessions, last_fence)),
-            );
+            let progress = self
+                .write(cmd::RestorePart {
+                    restore,
+                    part: part as u32,
+                    parts,
+                    bytes: bytes.to_vec(),
+                    fence_bump,
+                })
+                .await?;
+            if let RestoreProgress::Restored {
+                sessions,
+                last_fence,
+            } = progress
+            {
+                return Ok((sessions, last_fence));
+            }
         }
         Err(Error::Internal(
             "the last restore part did not install the backup".into(),

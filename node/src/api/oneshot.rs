@@ -11,7 +11,7 @@ use super::Api;
 use crate::auth::{Caller, Permission};
 use crate::error::Error;
 use crate::state::limits::WAIT_FOREVER;
-use crate::state::{Acquired, Command, LockName, Reply, SessionId, LOCK_SEQ, UNLOCK_SEQ};
+use crate::state::{cmd, Acquired, LockName, SessionId, LOCK_SEQ, UNLOCK_SEQ};
 
 /// Closes a `Lock`'s session if its call goes away while it waits (the
 /// client closed the connection, its deadline passed): armed while the call
@@ -30,7 +30,7 @@ impl Drop for CloseIfAbandoned {
         }
         let (api, session, caller) = (self.api.clone(), self.session, self.caller.clone());
         tokio::spawn(async move {
-            let close = Command::CloseSession {
+            let close = cmd::CloseSession {
                 session,
                 seq: UNLOCK_SEQ,
                 caller,
@@ -56,32 +56,27 @@ impl Api {
     ) -> Result<pb::LockResponse, Error> {
         caller.require_name(Permission::Lock, &r.name)?;
         let mode = mode_from_parts(r.mode, r.weight, r.capacity)?;
-        let name = LockName::new(r.name.as_str()).map_err(Error::from)?;
+        let name = LockName::new(r.name).map_err(Error::from)?;
         let timeout_ms = if r.wait { WAIT_FOREVER } else { r.timeout_ms };
-        let command = Command::Lock {
-            ttl_ms: r.ttl_ms,
-            lock_delay_ms: r.lock_delay_ms,
-            nonce: r.nonce,
-            owner: caller.identity.clone(),
-            end_on_disconnect_ms: r.end_on_disconnect_ms,
-            name: r.name,
+        let command = cmd::Lock {
+            open: cmd::OpenSession {
+                ttl_ms: r.ttl_ms,
+                lock_delay_ms: r.lock_delay_ms,
+                nonce: r.nonce,
+                owner: caller.identity.clone(),
+                end_on_disconnect_ms: r.end_on_disconnect_ms,
+            },
+            name: name.clone(),
             mode,
             timeout_ms,
             value: r.value,
         };
         command.validate()?;
-        let (session, ttl_ms, outcome) = match self.write(command).await?.1 {
-            Reply::Locked {
-                session,
-                ttl_ms,
-                outcome,
-            } => (session, ttl_ms, outcome),
-            other => {
-                return Err(Error::Internal(format!(
-                    "a lock was answered with {other:?}"
-                )))
-            }
-        };
+        let cmd::Locked {
+            session,
+            ttl_ms,
+            outcome,
+        } = self.write(command).await?;
         let (outcome, waited) = match outcome {
             Acquired::Queued => {
                 let mut guard = CloseIfAbandoned {
@@ -136,17 +131,14 @@ impl Api {
         r: pb::UnlockRequest,
     ) -> Result<pb::UnlockResponse, Error> {
         caller.require_any(Permission::Lock)?;
-        let command = Command::CloseSession {
-            session: SessionId(r.session_id),
-            seq: UNLOCK_SEQ,
-            caller: caller.identity,
-        };
-        match self.write(command).await?.1 {
-            Reply::Closed { released } => Ok(pb::UnlockResponse { released }),
-            other => Err(Error::Internal(format!(
-                "an unlock was answered with {other:?}"
-            ))),
-        }
+        let released = self
+            .write(cmd::CloseSession {
+                session: SessionId(r.session_id),
+                seq: UNLOCK_SEQ,
+                caller: caller.identity,
+            })
+            .await?;
+        Ok(pb::UnlockResponse { released })
     }
 
     /// `SetSessionTtl`.
@@ -156,19 +148,15 @@ impl Api {
         r: pb::SetSessionTtlRequest,
     ) -> Result<pb::SetSessionTtlResponse, Error> {
         caller.require_any(Permission::Lock)?;
-        let command = Command::SetTtl {
+        let command = cmd::SetTtl {
             session: SessionId(r.session_id),
             seq: r.seq,
             ttl_ms: r.ttl_ms,
             caller: caller.identity,
         };
         command.validate()?;
-        match self.write(command).await?.1 {
-            Reply::TtlSet { ttl_ms } => Ok(pb::SetSessionTtlResponse { ttl_ms }),
-            other => Err(Error::Internal(format!(
-                "a ttl change was answered with {other:?}"
-            ))),
-        }
+        let ttl_ms = self.write(command).await?;
+        Ok(pb::SetSessionTtlResponse { ttl_ms })
     }
 }
 

@@ -418,31 +418,31 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::{Command, Mode, SessionId};
+    use crate::state::{cmd, Command, LockName, Mode, SessionId};
 
     #[test]
     fn snapshot_file_is_encoded_in_place_with_the_same_bytes() {
         let mut table = LockTable::new();
         table.apply(
             1,
-            Command::OpenSession {
+            Command::OpenSessionV0(cmd::OpenSessionV0 {
                 ttl_ms: 10_000,
                 lock_delay_ms: 0,
                 nonce: 7,
                 owner: String::new(),
-            },
+            }),
         );
         table.apply(
             2,
-            Command::Acquire {
+            Command::Acquire(cmd::Acquire {
                 session: SessionId(1),
                 seq: 1,
-                name: "a".into(),
+                name: LockName::new("a").expect("valid name"),
                 mode: Mode::Exclusive,
                 timeout_ms: 0,
                 value: b"v".to_vec(),
                 caller: String::new(),
-            },
+            }),
         );
         let meta = SnapshotMeta {
             last_log_id: Some(crate::raft::log_id(3, 1, 2)),
@@ -476,12 +476,12 @@ mod file_tests {
         let mut table = LockTable::new();
         table.apply(
             1,
-            crate::state::Command::OpenSession {
+            crate::state::Command::OpenSessionV0(crate::state::cmd::OpenSessionV0 {
                 ttl_ms: 10_000,
                 lock_delay_ms: 0,
                 nonce: 7,
                 owner: String::new(),
-            },
+            }),
         );
         table
     }

@@ -6,7 +6,7 @@
 //! the old leader had counted, so it re-arms every session, wait and
 //! lock-delay at full length: on failover, leases only get longer. When a
 //! timer runs out the leader proposes a command (`ExpireSession`,
-//! `CancelWait`, `EndLockDelay`) through Raft; the timer is dropped only
+//! `TimeoutWait`, `EndLockDelay`) through Raft; the timer is dropped only
 //! when the command's effect is applied, so a proposal lost to a leader
 //! change or an error is simply retried.
 //!
@@ -23,7 +23,7 @@ use tokio::time::Instant;
 
 use crate::raft::{Batch, MAX_BATCH};
 use crate::state::limits::WAIT_FOREVER as WAIT_FOREVER_MS;
-use crate::state::{Command, Event, LockName, LockTable, SessionId};
+use crate::state::{cmd, Command, Event, LockName, LockTable, SessionId};
 
 /// How long to wait before proposing an expiry command again if the first
 /// proposal has not taken effect.
@@ -43,16 +43,18 @@ pub enum TimerKey {
 impl TimerKey {
     fn command(&self) -> Command {
         match self {
-            TimerKey::Session(session) => Command::ExpireSession { session: *session },
-            TimerKey::Wait(session, name, seq) => Command::CancelWait {
+            TimerKey::Session(session) => cmd::ExpireSession { session: *session }.into(),
+            TimerKey::Wait(session, name, seq) => cmd::TimeoutWait {
                 session: *session,
-                name: name.as_str().to_string(),
+                name: name.clone(),
                 seq: *seq,
-            },
-            TimerKey::Delay(name, since) => Command::EndLockDelay {
-                name: name.as_str().to_string(),
+            }
+            .into(),
+            TimerKey::Delay(name, since) => cmd::EndLockDelay {
+                name: name.clone(),
                 since: *since,
-            },
+            }
+            .into(),
         }
     }
 }
@@ -478,12 +480,12 @@ mod tests {
         let mut table = LockTable::new();
         table.apply(
             1,
-            Command::OpenSession {
+            Command::OpenSessionV0(cmd::OpenSessionV0 {
                 ttl_ms,
                 lock_delay_ms: 0,
                 nonce: 0,
                 owner: String::new(),
-            },
+            }),
         );
         table
     }
@@ -553,12 +555,12 @@ mod tests {
         let mut table = table_with_session(60_000);
         table.apply(
             2,
-            Command::OpenSession {
+            Command::OpenSessionV0(cmd::OpenSessionV0 {
                 ttl_ms: 60_000,
                 lock_delay_ms: 0,
                 nonce: 0,
                 owner: String::new(),
-            },
+            }),
         );
         leases.activate_for_term(1, &table);
         let name = LockName::new("a").expect("valid");
@@ -578,11 +580,11 @@ mod tests {
         let cmd = TimerKey::Wait(SessionId(1), name.clone(), 7).command();
         assert_eq!(
             cmd,
-            Command::CancelWait {
+            Command::TimeoutWait(cmd::TimeoutWait {
                 session: SessionId(1),
-                name: "a".into(),
+                name: LockName::new("a").expect("valid name"),
                 seq: 7
-            }
+            })
         );
         leases.on_events(&[Event::Cancelled {
             name: name.clone(),

@@ -6,6 +6,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use super::cmd;
 use super::limits::MAX_NAME_LEN;
 
 /// A session's id: the log index of the `OpenSession` that created it, so it
@@ -25,8 +26,20 @@ impl fmt::Display for SessionId {
 pub struct Fence(pub u64);
 
 /// A validated lock or semaphore name: UTF-8, 1..=[`MAX_NAME_LEN`] bytes.
+/// Checked when it is made ([`LockName::new`]) and when it is decoded: a
+/// log entry or snapshot holding a name that breaks the rules does not
+/// decode. Encoded as the plain string.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String")]
 pub struct LockName(String);
+
+impl TryFrom<String> for LockName {
+    type Error = Refusal;
+
+    fn try_from(name: String) -> Result<Self, Refusal> {
+        LockName::new(name)
+    }
+}
 
 impl LockName {
     /// Checks `name` against the naming rules.
@@ -87,183 +100,102 @@ impl Mode {
     }
 }
 
-/// A state-machine command. Client commands carry `(session, seq)` for
-/// exactly-once application; the leader's own commands (expiry, timeouts,
-/// lock-delay) do not.
+/// A state-machine command: one struct per kind (see [`cmd`](super::cmd)).
+/// Client commands carry `(session, seq)` for exactly-once application;
+/// the leader's own commands (expiry, timeouts, lock-delay) do not.
+///
+/// The log holds commands in bincode, which numbers variants by position:
+/// new variants go at the end, and none moves.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
-    /// Open a session. The new session's id is the command's log index.
-    OpenSession {
-        /// Lease length in milliseconds.
-        ttl_ms: u64,
-        /// Lock-delay applied to the session's locks if it expires.
-        lock_delay_ms: u64,
-        /// Client-chosen value that makes a retried open return the same
-        /// session (0 = no de-duplication).
-        nonce: u64,
-        /// The identity the session belongs to (empty without access
-        /// control). Only requests from the same identity may use it.
-        owner: String,
-    },
-    /// Close a session, releasing all it holds and cancelling its waits.
-    CloseSession {
-        /// The session to close.
-        session: SessionId,
-        /// Request sequence number.
-        seq: u64,
-        /// The identity the request came from; must be the session's owner.
-        caller: String,
-    },
+    /// An open that does not end with its stream, in its first encoding.
+    OpenSessionV0(cmd::OpenSessionV0),
+    /// Close a session.
+    CloseSession(cmd::CloseSession),
     /// Acquire a lock or semaphore permits.
-    Acquire {
-        /// The session that will hold the grant.
-        session: SessionId,
-        /// Request sequence number.
-        seq: u64,
-        /// Lock or semaphore name (validated in apply).
-        name: String,
-        /// Exclusive, shared or semaphore.
-        mode: Mode,
-        /// 0 = never queue; [`WAIT_FOREVER`](super::limits::WAIT_FOREVER) =
-        /// no timeout; else the leader cancels the wait after this long.
-        timeout_ms: u64,
-        /// Holder value (≤ [`MAX_VALUE_LEN`](super::limits::MAX_VALUE_LEN)).
-        #[serde(with = "serde_bytes")]
-        value: Vec<u8>,
-        /// The identity the request came from; must be the session's owner.
-        caller: String,
-    },
-    /// Release the grant with `fence` on `name` held by `session`.
-    Release {
-        /// The holding session.
-        session: SessionId,
-        /// Request sequence number.
-        seq: u64,
-        /// Lock or semaphore name.
-        name: String,
-        /// The grant's fence.
-        fence: Fence,
-        /// The identity the request came from; must be the session's owner.
-        caller: String,
-    },
-    /// Proposed by the leader when a session's lease ran out.
-    ExpireSession {
-        /// The session that expired.
-        session: SessionId,
-    },
-    /// Proposed by the leader when a waiter's timeout ran out.
-    CancelWait {
-        /// The waiting session.
-        session: SessionId,
-        /// The name waited for.
-        name: String,
-        /// The sequence number of the waiting acquire (a newer wait by the
-        /// same session is left alone).
-        seq: u64,
-    },
-    /// Proposed by the leader when a lock-delay ran out.
-    EndLockDelay {
-        /// The delayed name.
-        name: String,
-        /// The log index that started the delay (a newer delay is left alone).
-        since: u64,
-    },
-    /// One part of a backup being restored into an empty table. A backup
-    /// can be far larger than one log entry may reasonably be (followers
-    /// must take each append within a heartbeat), so it travels in parts of
-    /// at most [`MAX_RESTORE_PART`](super::limits::MAX_RESTORE_PART) bytes,
-    /// in order. The last part installs the backup: sessions, grants,
-    /// queues, lock-delays and the fence counter, so fences go on growing
-    /// from where the backup left them.
-    RestorePart {
-        /// Chosen by the proposer; parts of different restores never mix.
-        restore: u64,
-        /// This part's number, from 0.
-        part: u32,
-        /// How many parts the backup has.
-        parts: u32,
-        /// The next [`LockTable::to_snapshot`](super::LockTable::to_snapshot)
-        /// bytes.
-        #[serde(with = "serde_bytes")]
-        bytes: Vec<u8>,
-        /// Added to the backup's fence counter when the last part installs
-        /// it, so that fences the backup's cluster handed out after the
-        /// backup was taken are never handed out again (see
-        /// [`DEFAULT_RESTORE_FENCE_BUMP`](super::limits::DEFAULT_RESTORE_FENCE_BUMP)).
-        /// The last part's value counts.
-        fence_bump: u64,
-    },
-    /// Withdraw the acquire `seq` of `session` on `name`, whatever became of
-    /// it: a queued wait leaves the queue; a grant made to it and still held
-    /// is released; if the acquire has not been applied yet, it grants
-    /// nothing when it is (it is answered "not acquired"). Sent by a client
-    /// that gave up on an acquire whose outcome it does not know (a dropped
-    /// future, a timeout, a leader change). Idempotent.
-    Withdraw {
-        /// The session that sent the acquire.
-        session: SessionId,
-        /// The acquire's sequence number.
-        seq: u64,
-        /// The name it asked for.
-        name: String,
-        /// The identity the request came from; must be the session's owner.
-        caller: String,
-    },
-    // New variants go at the end: the log holds commands in bincode, which
-    // numbers variants by position.
-    /// Open a session with the options `OpenSession` lacks (today: ending
-    /// with its keep-alive stream). Otherwise as `OpenSession`.
-    OpenSessionWith {
-        /// Lease length in milliseconds.
-        ttl_ms: u64,
-        /// Lock-delay applied to the session's locks if it expires.
-        lock_delay_ms: u64,
-        /// De-duplicates a retried open (0 = none).
-        nonce: u64,
-        /// The identity the session belongs to.
-        owner: String,
-        /// Grace after the session's last keep-alive stream on the leader
-        /// ends before the leader expires it (0 = only its ttl ends it).
-        end_on_disconnect_ms: u64,
-    },
-    /// Open a session and acquire one name in it, in one command (the
-    /// one-call `Lock`). If the acquire is neither granted nor queued, no
-    /// session is left; if it is queued and the wait ends without a grant,
-    /// the session ends with it. A retry with the same nonce finds the
-    /// session and the acquire's outcome.
-    Lock {
-        /// Lease length in milliseconds.
-        ttl_ms: u64,
-        /// Lock-delay applied to the session's locks if it expires.
-        lock_delay_ms: u64,
-        /// De-duplicates a retried lock (0 = none).
-        nonce: u64,
-        /// The identity the session belongs to.
-        owner: String,
-        /// As in `OpenSessionWith`.
-        end_on_disconnect_ms: u64,
-        /// Lock or semaphore name (validated in apply).
-        name: String,
-        /// Exclusive, shared or semaphore.
-        mode: Mode,
-        /// As in `Acquire`.
-        timeout_ms: u64,
-        /// Holder value.
-        #[serde(with = "serde_bytes")]
-        value: Vec<u8>,
-    },
-    /// Change a session's ttl: the leader restarts its lease at the new
-    /// length.
-    SetTtl {
-        /// The session.
-        session: SessionId,
-        /// Request sequence number.
-        seq: u64,
-        /// The new lease length in milliseconds.
-        ttl_ms: u64,
-        /// The identity the request came from; must be the session's owner.
-        caller: String,
-    },
+    Acquire(cmd::Acquire),
+    /// Release a grant.
+    Release(cmd::Release),
+    /// The leader saw a session's lease run out.
+    ExpireSession(cmd::ExpireSession),
+    /// The leader saw a wait's timeout run out.
+    TimeoutWait(cmd::TimeoutWait),
+    /// The leader saw a lock-delay run out.
+    EndLockDelay(cmd::EndLockDelay),
+    /// One part of a backup being restored.
+    RestorePart(cmd::RestorePart),
+    /// Cancel an acquire whatever became of it.
+    Cancel(cmd::Cancel),
+    /// Open a session.
+    OpenSession(cmd::OpenSession),
+    /// Open a session and acquire one name in it.
+    Lock(cmd::Lock),
+    /// Change a session's ttl.
+    SetTtl(cmd::SetTtl),
+}
+
+impl From<cmd::OpenSession> for Command {
+    /// An open that does not end with its stream keeps its first encoding,
+    /// so that a log read by an older node of the cluster (a rolling
+    /// upgrade) keeps decoding.
+    fn from(open: cmd::OpenSession) -> Self {
+        if open.end_on_disconnect_ms == 0 {
+            Command::OpenSessionV0(cmd::OpenSessionV0 {
+                ttl_ms: open.ttl_ms,
+                lock_delay_ms: open.lock_delay_ms,
+                nonce: open.nonce,
+                owner: open.owner,
+            })
+        } else {
+            Command::OpenSession(open)
+        }
+    }
+}
+
+macro_rules! into_command {
+    ($($kind:ident),+) => {
+        $(impl From<cmd::$kind> for Command {
+            fn from(c: cmd::$kind) -> Self {
+                Command::$kind(c)
+            }
+        })+
+    };
+}
+
+into_command!(
+    CloseSession,
+    Acquire,
+    Release,
+    ExpireSession,
+    TimeoutWait,
+    EndLockDelay,
+    RestorePart,
+    Cancel,
+    Lock,
+    SetTtl
+);
+
+impl Command {
+    /// The checks that need no state: value size, ttl, lock-delay,
+    /// capacity, weight, restore part numbers (names were checked when they
+    /// were made). `apply` makes them too; handlers call this first so bad
+    /// input never reaches the log.
+    pub fn validate(&self) -> Result<(), Refusal> {
+        match self {
+            Command::OpenSessionV0(c) => c.validate(),
+            Command::OpenSession(c) => c.validate(),
+            Command::Lock(c) => c.validate(),
+            Command::SetTtl(c) => c.validate(),
+            Command::Acquire(c) => c.validate(),
+            Command::RestorePart(c) => c.validate(),
+            Command::CloseSession(_)
+            | Command::Release(_)
+            | Command::ExpireSession(_)
+            | Command::TimeoutWait(_)
+            | Command::EndLockDelay(_)
+            | Command::Cancel(_) => Ok(()),
+        }
+    }
 }
 
 /// The sequence number the acquire of a one-call `Lock` has in its
@@ -324,10 +256,10 @@ pub enum Reply {
         /// True if the session existed.
         existed: bool,
     },
-    /// The outcome of a wait cancellation.
-    Cancelled {
-        /// True if a wait was cancelled.
-        cancelled: bool,
+    /// The outcome of a [`TimeoutWait`](super::cmd::TimeoutWait).
+    WaitTimedOut {
+        /// True if a wait ended.
+        ended: bool,
     },
     /// The outcome of ending a lock-delay.
     DelayEnded {
@@ -348,11 +280,11 @@ pub enum Reply {
     },
     /// The command was refused and changed nothing.
     Refused(Refusal),
-    /// The outcome of a withdrawal: `true` if a wait left its queue or a
-    /// grant was released.
-    Withdrawn {
-        /// True if something was withdrawn.
-        withdrawn: bool,
+    /// The outcome of a [`Cancel`](super::cmd::Cancel): `true` if a wait
+    /// left its queue or a grant was released.
+    Cancelled {
+        /// True if something was cancelled.
+        cancelled: bool,
     },
     /// The outcome of a one-call `Lock`.
     Locked {
@@ -622,8 +554,8 @@ pub enum CancelCause {
     TimedOut,
     /// Its session was closed or expired.
     SessionEnded,
-    /// Its client withdrew it (`Withdraw`).
-    Withdrawn,
+    /// Its client cancelled it ([`Cancel`](super::cmd::Cancel)).
+    Cancelled,
     /// The fence counter reached [`MAX_FENCE`](super::limits::MAX_FENCE):
     /// it can never be granted.
     FencesExhausted,
@@ -741,23 +673,6 @@ impl Event {
     }
 }
 
-/// [`Command::digest`] of an `Acquire` of `name` in `mode`.
-fn acquire_digest(name: &str, mode: Mode, timeout_ms: u64, value: &[u8]) -> u64 {
-    let mut h = Fnv::new(1);
-    h.string(name.as_bytes());
-    let (m, weight, capacity) = match mode {
-        Mode::Exclusive => (0, 0, 0),
-        Mode::Shared => (1, 0, 0),
-        Mode::Semaphore { weight, capacity } => (2, weight, capacity),
-    };
-    h.u64(m);
-    h.u64(u64::from(weight));
-    h.u64(u64::from(capacity));
-    h.u64(timeout_ms);
-    h.string(value);
-    h.0.max(1)
-}
-
 /// The result of applying one command.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Response {
@@ -765,182 +680,4 @@ pub struct Response {
     pub reply: Reply,
     /// What changed, in order.
     pub events: Vec<Event>,
-}
-
-/// FNV-1a, 64-bit: a digest of fixed-width fields, the same on every node
-/// and platform.
-struct Fnv(u64);
-
-impl Fnv {
-    fn new(kind: u8) -> Self {
-        let mut h = Fnv(0xcbf2_9ce4_8422_2325);
-        h.bytes(&[kind]);
-        h
-    }
-
-    fn bytes(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 ^= u64::from(*b);
-            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
-
-    fn u64(&mut self, v: u64) {
-        self.bytes(&v.to_le_bytes());
-    }
-
-    /// A length-prefixed byte string.
-    fn string(&mut self, bytes: &[u8]) {
-        self.u64(bytes.len() as u64);
-        self.bytes(bytes);
-    }
-}
-
-impl Command {
-    /// A digest of what the request asks (not who sends it: the session and
-    /// seq are the key it is remembered under), so a seq reused for another
-    /// request can be told from a retry. Never 0 (0 means "unknown" in the
-    /// reply window).
-    pub fn digest(&self) -> u64 {
-        let h = match self {
-            Command::Acquire {
-                name,
-                mode,
-                timeout_ms,
-                value,
-                ..
-            } => return acquire_digest(name, *mode, *timeout_ms, value),
-            Command::Release { name, fence, .. } => {
-                let mut h = Fnv::new(2);
-                h.string(name.as_bytes());
-                h.u64(fence.0);
-                h
-            }
-            Command::CloseSession { .. } => Fnv::new(3),
-            Command::SetTtl { ttl_ms, .. } => {
-                let mut h = Fnv::new(4);
-                h.u64(*ttl_ms);
-                h
-            }
-            // A one-call lock's acquire is remembered under the digest of
-            // the equivalent `Acquire`.
-            Command::Lock {
-                name,
-                mode,
-                timeout_ms,
-                value,
-                ..
-            } => return acquire_digest(name, *mode, *timeout_ms, value),
-            _ => Fnv::new(0),
-        };
-        h.0.max(1)
-    }
-
-    /// The checks that need no state: name, value size, ttl, lock-delay,
-    /// capacity and weight. `apply` makes them too; handlers call this first
-    /// so bad input never reaches the log.
-    pub fn validate(&self) -> Result<(), Refusal> {
-        use super::limits::*;
-        let session = |ttl_ms: u64, lock_delay_ms: u64, owner: &str, grace: u64| {
-            if owner.len() > MAX_OWNER_LEN {
-                return Err(Refusal::InvalidOwner { len: owner.len() });
-            }
-            if !(MIN_SESSION_TTL_MS..=MAX_SESSION_TTL_MS).contains(&ttl_ms) {
-                return Err(Refusal::InvalidTtl { ttl_ms });
-            }
-            if lock_delay_ms > MAX_LOCK_DELAY_MS {
-                return Err(Refusal::InvalidLockDelay { lock_delay_ms });
-            }
-            if grace > MAX_END_ON_DISCONNECT_MS {
-                return Err(Refusal::InvalidDisconnectGrace {
-                    end_on_disconnect_ms: grace,
-                });
-            }
-            Ok(())
-        };
-        let acquire = |name: &str, mode: Mode, value: &[u8]| {
-            LockName::new(name)?;
-            if value.len() > MAX_VALUE_LEN {
-                return Err(Refusal::ValueTooLarge { len: value.len() });
-            }
-            if let Mode::Semaphore { weight, capacity } = mode {
-                if !(1..=MAX_CAPACITY).contains(&capacity) {
-                    return Err(Refusal::InvalidCapacity { capacity });
-                }
-                if !(1..=capacity).contains(&weight) {
-                    return Err(Refusal::InvalidWeight { weight, capacity });
-                }
-            }
-            Ok(())
-        };
-        match self {
-            Command::OpenSession {
-                ttl_ms,
-                lock_delay_ms,
-                owner,
-                ..
-            } => session(*ttl_ms, *lock_delay_ms, owner, 0)?,
-            Command::OpenSessionWith {
-                ttl_ms,
-                lock_delay_ms,
-                owner,
-                end_on_disconnect_ms,
-                ..
-            } => session(*ttl_ms, *lock_delay_ms, owner, *end_on_disconnect_ms)?,
-            Command::Lock {
-                ttl_ms,
-                lock_delay_ms,
-                owner,
-                end_on_disconnect_ms,
-                name,
-                mode,
-                value,
-                ..
-            } => {
-                session(*ttl_ms, *lock_delay_ms, owner, *end_on_disconnect_ms)?;
-                acquire(name, *mode, value)?;
-            }
-            Command::SetTtl { ttl_ms, .. } => {
-                if !(MIN_SESSION_TTL_MS..=MAX_SESSION_TTL_MS).contains(ttl_ms) {
-                    return Err(Refusal::InvalidTtl { ttl_ms: *ttl_ms });
-                }
-            }
-            Command::Acquire {
-                name, mode, value, ..
-            } => acquire(name, *mode, value)?,
-            Command::Release { name, .. }
-            | Command::Withdraw { name, .. }
-            | Command::CancelWait { name, .. }
-            | Command::EndLockDelay { name, .. } => {
-                LockName::new(name.as_str())?;
-            }
-            Command::RestorePart {
-                restore,
-                part,
-                parts,
-                bytes,
-                ..
-            } => {
-                let bad = |reason: String| {
-                    Err(Refusal::InvalidRestorePart {
-                        restore: *restore,
-                        part: *part,
-                        parts: *parts,
-                        reason,
-                    })
-                };
-                if *parts == 0 || part >= parts {
-                    return bad("part numbers run from 0 to parts - 1".into());
-                }
-                if bytes.len() > MAX_RESTORE_PART {
-                    return bad(format!(
-                        "{} bytes, more than the {MAX_RESTORE_PART} a part may carry",
-                        bytes.len()
-                    ));
-                }
-            }
-            Command::CloseSession { .. } | Command::ExpireSession { .. } => {}
-        }
-        Ok(())
-    }
 }

@@ -8,7 +8,7 @@
 //!
 //! * no clock: time-based decisions (lease expiry, wait timeouts, lock-delay)
 //!   are made by the leader on its monotonic clock and arrive here as
-//!   commands (`ExpireSession`, `CancelWait`, `EndLockDelay`);
+//!   commands (`ExpireSession`, `TimeoutWait`, `EndLockDelay`);
 //! * no I/O, no randomness, no async, no threads; nothing from tokio, tonic,
 //!   openraft or sled is imported here;
 //! * no iteration over hash-ordered collections where the order could reach
@@ -38,6 +38,7 @@
 //! 6. The wait-for graph between sessions has no cycle (see [`deadlock`]).
 //! 7. A name with no holder, waiter or lock-delay has no entry.
 
+pub mod cmd;
 mod command;
 pub mod deadlock;
 pub mod limits;

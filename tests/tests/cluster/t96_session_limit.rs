@@ -7,7 +7,7 @@ use std::time::Duration;
 use raftlock_client::proto::{AcquireRequest, CloseSessionRequest, Mode};
 use raftlock_client::{Error, Fence};
 use raftlock_node::state::limits::{MAX_SESSIONS, MAX_SESSION_TTL_MS};
-use raftlock_node::state::{Command, LockTable, Reply};
+use raftlock_node::state::{cmd, Command, LockTable, Reply};
 use raftlock_testkit::{channel, locks_at, TestCluster};
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
@@ -21,12 +21,12 @@ async fn a_full_cluster_refuses_new_sessions_and_keeps_serving() {
     for index in 1..=MAX_SESSIONS as u64 {
         let r = table.apply(
             index,
-            Command::OpenSession {
+            Command::OpenSessionV0(cmd::OpenSessionV0 {
                 ttl_ms: MAX_SESSION_TTL_MS,
                 lock_delay_ms: 0,
                 nonce: 0,
                 owner: String::new(),
-            },
+            }),
         );
         assert!(matches!(r.reply, Reply::Opened { .. }), "{:?}", r.reply);
     }

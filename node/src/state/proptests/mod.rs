@@ -4,7 +4,7 @@
 //! commands over four session slots, three locks and two semaphores: opens,
 //! closes, expiries and reopens, acquires in every mode with and without a
 //! timeout, releases with right and wrong fences, real and bogus
-//! `CancelWait`s and `EndLockDelay`s, replays of earlier requests, bad
+//! `TimeoutWait`s and `EndLockDelay`s, replays of earlier requests, bad
 //! input) and after every step checks each rule of the [module
 //! docs](super) against a model built only from replies, events and the read
 //! views, never from the table's internals. At a random step the table is

@@ -2,27 +2,27 @@
 //! name frees up.
 
 use super::records::kind_of;
-use super::{owned, Holder, Lock, LockTable, WaitRef, Waiter};
+use super::{owned, Cx, Holder, Lock, LockTable, WaitRef, Waiter};
+use crate::state::cmd;
 use crate::state::command::{
     Acquired, CancelCause, Event, Fence, LockName, Mode, Refusal, Reply, SessionId,
 };
 use crate::state::limits::{MAX_FENCE, MAX_LOCKS_PER_SESSION, MAX_WAITERS_PER_NAME};
 
 impl LockTable {
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn acquire(
-        &mut self,
-        index: u64,
-        (session, caller, digest): (SessionId, &str, u64),
-        seq: u64,
-        name: String,
-        mode: Mode,
-        timeout_ms: u64,
-        value: Vec<u8>,
-        events: &mut Vec<Event>,
-    ) -> Result<Reply, Refusal> {
-        let name = LockName::new(name)?;
-        let s = owned(self.sessions.get(&session), session, caller)?;
+    pub(super) fn acquire(&mut self, cx: &mut Cx, c: cmd::Acquire) -> Result<Reply, Refusal> {
+        let digest = c.digest();
+        let cmd::Acquire {
+            session,
+            seq,
+            name,
+            mode,
+            timeout_ms,
+            value,
+            caller,
+        } = c;
+        let (index, events) = (cx.index, &mut *cx.events);
+        let s = owned(self.sessions.get(&session), session, &caller)?;
         match s.replies.check(session, seq, digest)? {
             None => {}
             Some(Reply::Acquire(Acquired::Queued)) => {

@@ -110,6 +110,7 @@ mod holders_tests {
     use std::collections::BTreeMap;
 
     use super::*;
+    use crate::state::cmd;
     use crate::state::command::{Command, LockName, Mode, SessionId};
     use crate::state::LockTable;
 
@@ -162,26 +163,26 @@ mod holders_tests {
         for (index, nonce) in [(1, 11), (2, 12)] {
             t.apply(
                 index,
-                Command::OpenSession {
+                Command::OpenSessionV0(cmd::OpenSessionV0 {
                     ttl_ms: 10_000,
                     lock_delay_ms: 0,
                     nonce,
                     owner: String::new(),
-                },
+                }),
             );
         }
         for (index, session) in [(3, 1), (4, 2)] {
             t.apply(
                 index,
-                Command::Acquire {
+                Command::Acquire(cmd::Acquire {
                     session: SessionId(session),
                     seq: 1,
-                    name: "x".into(),
+                    name: LockName::new("x").expect("valid name"),
                     mode: Mode::Shared,
                     timeout_ms: 0,
                     value: Vec::new(),
                     caller: String::new(),
-                },
+                }),
             );
         }
         let x = LockName::new("x").expect("valid");

@@ -3,7 +3,7 @@
 //!
 //! * `sessions`: open, close, and end (expiry or close) a session;
 //! * `acquire`: grant, queue, and promote waiters as names free up;
-//! * `release`: release, withdraw, cancel a wait, end a lock-delay;
+//! * `release`: release, cancel an acquire, time a wait out, end a lock-delay;
 //! * `restore`: a backup restored part by part into an empty table;
 //! * `replies`: each session's reply window (exactly-once retries);
 //! * `holders`: a name's grants in fence order;
@@ -17,8 +17,6 @@ mod replies;
 mod restore;
 mod sessions;
 
-use sessions::OpenArgs;
-
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
@@ -29,7 +27,18 @@ pub(in crate::state) use records::{
 };
 pub(in crate::state) use replies::{Remembered, Replies};
 
-use crate::state::command::{Acquired, Command, LockName, Refusal, Reply, Response, SessionId};
+/// What every handler of a command is given besides the command: the
+/// position it is applied at and where to tell what changed.
+pub(super) struct Cx<'a> {
+    /// The command's log index, lifted above a restored backup's.
+    pub(super) index: u64,
+    /// What changed, in order.
+    pub(super) events: &'a mut Vec<Event>,
+}
+
+use crate::state::command::{
+    Acquired, Command, Event, LockName, Refusal, Reply, Response, SessionId,
+};
 
 /// The replicated lock table. See the module docs of [`state`](super) for
 /// the invariants it keeps and the determinism contract.
@@ -75,12 +84,14 @@ impl LockTable {
     ///
     /// Deterministic: the same table, index and command always give the same
     /// new table and the same response. Refusals change nothing.
-    pub fn apply(&mut self, index: u64, command: Command) -> Response {
+    pub fn apply(&mut self, index: u64, command: impl Into<Command>) -> Response {
+        let command = command.into();
         // Every id and position comes from the command index, lifted above
         // whatever a restored backup holds (see `index_floor`).
         let index = self.index_floor.saturating_add(index);
-        // The stateless checks (names, sizes, ttl, capacity, weight) live in
-        // one place, `Command::validate`; what follows checks state.
+        // Names were checked when they were made (or decoded); the other
+        // stateless checks (sizes, ttl, capacity, weight) live in one
+        // place, `Command::validate`; what follows checks state.
         if let Err(refusal) = command.validate() {
             return Response {
                 reply: Reply::Refused(refusal),
@@ -91,135 +102,30 @@ impl LockTable {
         // naming another identity's session (`caller` is not its `owner`) is
         // refused where the session is looked up, before anything else, so
         // it changes nothing and learns nothing (not even a remembered
-        // reply).
+        // reply). Each handler answers `Err` for a refusal, which it
+        // returns before changing anything.
         let mut events = Vec::new();
-        let digest = command.digest();
-        // Each handler answers `Err` for a refusal, which it returns before
-        // changing anything.
+        let cx = &mut Cx {
+            index,
+            events: &mut events,
+        };
         let reply = match command {
-            Command::OpenSession {
-                ttl_ms,
-                lock_delay_ms,
-                nonce,
-                owner,
-            } => self.open_session(
-                index,
-                OpenArgs {
-                    ttl_ms,
-                    lock_delay_ms,
-                    nonce,
-                    owner,
-                    end_on_disconnect_ms: 0,
-                },
-                &mut events,
-            ),
-            Command::OpenSessionWith {
-                ttl_ms,
-                lock_delay_ms,
-                nonce,
-                owner,
-                end_on_disconnect_ms,
-            } => self.open_session(
-                index,
-                OpenArgs {
-                    ttl_ms,
-                    lock_delay_ms,
-                    nonce,
-                    owner,
-                    end_on_disconnect_ms,
-                },
-                &mut events,
-            ),
-            Command::Lock {
-                ttl_ms,
-                lock_delay_ms,
-                nonce,
-                owner,
-                end_on_disconnect_ms,
-                name,
-                mode,
-                timeout_ms,
-                value,
-            } => self.lock(
-                index,
-                OpenArgs {
-                    ttl_ms,
-                    lock_delay_ms,
-                    nonce,
-                    owner,
-                    end_on_disconnect_ms,
-                },
-                (name, mode, timeout_ms, value),
-                digest,
-                &mut events,
-            ),
-            Command::SetTtl {
-                session,
-                seq,
-                ttl_ms,
-                caller,
-            } => self.set_ttl((session, &caller, digest), seq, ttl_ms, &mut events),
-            Command::CloseSession {
-                session,
-                seq,
-                caller,
-            } => self.close_session(index, (session, &caller, digest), seq, &mut events),
-            Command::Acquire {
-                session,
-                seq,
-                name,
-                mode,
-                timeout_ms,
-                value,
-                caller,
-            } => self.acquire(
-                index,
-                (session, &caller, digest),
-                seq,
-                name,
-                mode,
-                timeout_ms,
-                value,
-                &mut events,
-            ),
-            Command::Release {
-                session,
-                seq,
-                name,
-                fence,
-                caller,
-            } => self.release(
-                index,
-                (session, &caller, digest),
-                seq,
-                name,
-                fence,
-                &mut events,
-            ),
-            Command::ExpireSession { session } => Ok(Reply::Expired {
+            Command::OpenSessionV0(c) => self.open_session(cx, c.into()),
+            Command::OpenSession(c) => self.open_session(cx, c),
+            Command::Lock(c) => self.lock(cx, c),
+            Command::SetTtl(c) => self.set_ttl(cx, c),
+            Command::CloseSession(c) => self.close_session(cx, c),
+            Command::Acquire(c) => self.acquire(cx, c),
+            Command::Release(c) => self.release(cx, c),
+            Command::ExpireSession(c) => Ok(Reply::Expired {
                 existed: self
-                    .end_session(session, true, index, &mut events)
+                    .end_session(c.session, true, index, cx.events)
                     .is_some(),
             }),
-            Command::CancelWait { session, name, seq } => {
-                self.cancel_wait(index, session, name, seq, &mut events)
-            }
-            Command::EndLockDelay { name, since } => {
-                self.end_lock_delay(index, name, since, &mut events)
-            }
-            Command::RestorePart {
-                restore,
-                part,
-                parts,
-                bytes,
-                fence_bump,
-            } => self.restore_part((restore, part, parts), bytes, fence_bump, &mut events),
-            Command::Withdraw {
-                session,
-                seq,
-                name,
-                caller,
-            } => self.withdraw(index, (session, &caller), seq, name, &mut events),
+            Command::TimeoutWait(c) => self.timeout_wait(cx, c),
+            Command::EndLockDelay(c) => self.end_lock_delay(cx, c),
+            Command::RestorePart(c) => self.restore_part(cx, c),
+            Command::Cancel(c) => self.cancel(cx, c),
         };
         Response {
             reply: reply.unwrap_or_else(Reply::Refused),

@@ -1,23 +1,22 @@
-//! Releasing grants, withdrawing acquires, cancelling waits and ending
+//! Releasing grants, cancelling acquires, timing waits out and ending
 //! lock-delays.
 
-use super::{owned, LockTable};
-use crate::state::command::{
-    Acquired, CancelCause, EndCause, Event, Fence, LockName, Refusal, Reply, SessionId,
-};
+use super::{owned, Cx, LockTable};
+use crate::state::cmd;
+use crate::state::command::{Acquired, CancelCause, EndCause, Event, Refusal, Reply};
 
 impl LockTable {
-    pub(super) fn release(
-        &mut self,
-        index: u64,
-        (session, caller, digest): (SessionId, &str, u64),
-        seq: u64,
-        name: String,
-        fence: Fence,
-        events: &mut Vec<Event>,
-    ) -> Result<Reply, Refusal> {
-        let name = LockName::new(name)?;
-        let s = owned(self.sessions.get_mut(&session), session, caller)?;
+    pub(super) fn release(&mut self, cx: &mut Cx, c: cmd::Release) -> Result<Reply, Refusal> {
+        let digest = c.digest();
+        let cmd::Release {
+            session,
+            seq,
+            name,
+            fence,
+            caller,
+        } = c;
+        let (index, events) = (cx.index, &mut *cx.events);
+        let s = owned(self.sessions.get_mut(&session), session, &caller)?;
         if let Some(reply) = s.replies.check(session, seq, digest)? {
             return Ok(reply);
         }
@@ -57,20 +56,19 @@ impl LockTable {
         Ok(reply)
     }
 
-    pub(super) fn cancel_wait(
+    /// Ends a wait whose timeout ran out, not acquired.
+    pub(super) fn timeout_wait(
         &mut self,
-        index: u64,
-        session: SessionId,
-        name: String,
-        seq: u64,
-        events: &mut Vec<Event>,
+        cx: &mut Cx,
+        c: cmd::TimeoutWait,
     ) -> Result<Reply, Refusal> {
-        let name = LockName::new(name)?;
+        let cmd::TimeoutWait { session, name, seq } = c;
+        let (index, events) = (cx.index, &mut *cx.events);
         let Some(s) = self.sessions.get_mut(&session) else {
-            return Ok(Reply::Cancelled { cancelled: false });
+            return Ok(Reply::WaitTimedOut { ended: false });
         };
         let Some(wait) = s.waiting.get(&name).copied().filter(|w| w.seq == seq) else {
-            return Ok(Reply::Cancelled { cancelled: false });
+            return Ok(Reply::WaitTimedOut { ended: false });
         };
         s.waiting.remove(&name);
         s.replies.settle(seq, Reply::Acquire(Acquired::NotAcquired));
@@ -88,27 +86,25 @@ impl LockTable {
         // The cancelled wait may have been holding up those behind it.
         self.promote(&name, index, events);
         self.end_if_lock_failed(session, index, events);
-        Ok(Reply::Cancelled { cancelled: true })
+        Ok(Reply::WaitTimedOut { ended: true })
     }
 
-    /// Withdraws the acquire `seq` of `session` on `name`, whatever became
+    /// Cancels the acquire `seq` of `session` on `name`, whatever became
     /// of it: a queued wait leaves the queue, a grant made to it and still
-    /// held is released, and an acquire not applied yet (the withdraw
+    /// held is released, and an acquire not applied yet (the cancel
     /// overtook it) is answered "not acquired" when it comes, granting
-    /// nothing. Idempotent: `withdrawn: false` when there is nothing (left)
-    /// to withdraw.
-    pub(super) fn withdraw(
-        &mut self,
-        index: u64,
-        (session, caller): (SessionId, &str),
-        seq: u64,
-        name: String,
-        events: &mut Vec<Event>,
-    ) -> Result<Reply, Refusal> {
-        let name = LockName::new(name)?;
+    /// nothing. Idempotent: `false` when there is nothing (left) to cancel.
+    pub(super) fn cancel(&mut self, cx: &mut Cx, c: cmd::Cancel) -> Result<Reply, Refusal> {
+        let cmd::Cancel {
+            session,
+            seq,
+            name,
+            caller,
+        } = c;
+        let (index, events) = (cx.index, &mut *cx.events);
         let s = match self.sessions.get_mut(&session) {
             // The session ended, and its waits and grants with it.
-            None => return Ok(Reply::Withdrawn { withdrawn: false }),
+            None => return Ok(Reply::Cancelled { cancelled: false }),
             Some(s) if s.owner != caller => return Err(Refusal::NotOwner { session }),
             Some(s) => s,
         };
@@ -122,24 +118,24 @@ impl LockTable {
                         session,
                         seq,
                         mode: w.mode,
-                        cause: CancelCause::Withdrawn,
+                        cause: CancelCause::Cancelled,
                     });
                 }
             }
             // Those behind it may be grantable now.
             self.promote(&name, index, events);
             self.end_if_lock_failed(session, index, events);
-            return Ok(Reply::Withdrawn { withdrawn: true });
+            return Ok(Reply::Cancelled { cancelled: true });
         }
         if s.replies.is_unseen(seq) {
             // The acquire has not arrived (yet): when it does, it finds
             // this answer and is not applied (digest 0 matches it).
             s.replies
                 .remember(seq, 0, &Reply::Acquire(Acquired::NotAcquired));
-            return Ok(Reply::Withdrawn { withdrawn: false });
+            return Ok(Reply::Cancelled { cancelled: false });
         }
         let Some(&fence) = s.held.get(&name) else {
-            return Ok(Reply::Withdrawn { withdrawn: false });
+            return Ok(Reply::Cancelled { cancelled: false });
         };
         let Some(lock) = self.locks.get_mut(&name) else {
             return Err(Refusal::Inconsistent {
@@ -148,10 +144,10 @@ impl LockTable {
         };
         if lock.holders.get(&fence).is_none_or(|h| h.seq != seq) {
             // Held through another acquire: not this one's to give back.
-            return Ok(Reply::Withdrawn { withdrawn: false });
+            return Ok(Reply::Cancelled { cancelled: false });
         }
         let Some(h) = lock.holders.remove(&fence) else {
-            return Ok(Reply::Withdrawn { withdrawn: false });
+            return Ok(Reply::Cancelled { cancelled: false });
         };
         lock.held_weight = lock.held_weight.saturating_sub(u64::from(h.mode.weight()));
         s.held.remove(&name);
@@ -164,17 +160,16 @@ impl LockTable {
             cause: EndCause::Released,
         });
         self.promote(&name, index, events);
-        Ok(Reply::Withdrawn { withdrawn: true })
+        Ok(Reply::Cancelled { cancelled: true })
     }
 
     pub(super) fn end_lock_delay(
         &mut self,
-        index: u64,
-        name: String,
-        since: u64,
-        events: &mut Vec<Event>,
+        cx: &mut Cx,
+        c: cmd::EndLockDelay,
     ) -> Result<Reply, Refusal> {
-        let name = LockName::new(name)?;
+        let cmd::EndLockDelay { name, since } = c;
+        let (index, events) = (cx.index, &mut *cx.events);
         let Some(lock) = self.locks.get_mut(&name) else {
             return Ok(Reply::DelayEnded { ended: false });
         };

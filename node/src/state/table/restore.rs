@@ -1,6 +1,7 @@
 //! Restoring a backup into an empty table, part by part.
 
-use super::{LockTable, PendingRestore};
+use super::{Cx, LockTable, PendingRestore};
+use crate::state::cmd;
 use crate::state::command::{Event, Refusal, Reply};
 use crate::state::limits::{MAX_FENCE, MAX_RESTORE_BYTES, RESTORE_INDEX_BUMP};
 
@@ -20,11 +21,17 @@ impl LockTable {
 
     pub(super) fn restore_part(
         &mut self,
-        (restore, part, parts): (u64, u32, u32),
-        bytes: Vec<u8>,
-        fence_bump: u64,
-        events: &mut Vec<Event>,
+        cx: &mut Cx,
+        c: cmd::RestorePart,
     ) -> Result<Reply, Refusal> {
+        let cmd::RestorePart {
+            restore,
+            part,
+            parts,
+            bytes,
+            fence_bump,
+        } = c;
+        let events = &mut *cx.events;
         let empty = self.sessions.is_empty()
             && self.locks.is_empty()
             && self.nonces.is_empty()

@@ -2,35 +2,27 @@
 
 use std::collections::BTreeMap;
 
-use super::{owned, Closed, Delay, LockTable, Replies, Session};
+use super::{owned, Closed, Cx, Delay, LockTable, Replies, Session};
+use crate::state::cmd;
 use crate::state::command::{
-    Acquired, CancelCause, EndCause, Event, LockName, Mode, Refusal, Reply, SessionId, LOCK_SEQ,
+    Acquired, CancelCause, EndCause, Event, LockName, Refusal, Reply, SessionId, LOCK_SEQ,
 };
 use crate::state::limits::{MAX_REMEMBERED_CLOSES, MAX_SESSIONS};
-
-/// What a session is opened with.
-pub(super) struct OpenArgs {
-    pub(super) ttl_ms: u64,
-    pub(super) lock_delay_ms: u64,
-    pub(super) nonce: u64,
-    pub(super) owner: String,
-    pub(super) end_on_disconnect_ms: u64,
-}
 
 impl LockTable {
     pub(super) fn open_session(
         &mut self,
-        index: u64,
-        open: OpenArgs,
-        events: &mut Vec<Event>,
+        cx: &mut Cx,
+        open: cmd::OpenSession,
     ) -> Result<Reply, Refusal> {
-        let OpenArgs {
+        let cmd::OpenSession {
             ttl_ms,
             lock_delay_ms,
             nonce,
             owner,
             end_on_disconnect_ms,
         } = open;
+        let (index, events) = (cx.index, &mut *cx.events);
         if nonce != 0 {
             if let Some(&session) = self.nonces.get(&nonce) {
                 let Some(s) = self.sessions.get(&session) else {
@@ -98,14 +90,16 @@ impl LockTable {
     /// refused or not acquired at once (a try, or a busy name without a
     /// wait), nothing is left behind; if it is queued, the session is
     /// marked so that it ends if the wait ends without a grant.
-    pub(super) fn lock(
-        &mut self,
-        index: u64,
-        open: OpenArgs,
-        (name, mode, timeout_ms, value): (String, Mode, u64, Vec<u8>),
-        digest: u64,
-        events: &mut Vec<Event>,
-    ) -> Result<Reply, Refusal> {
+    pub(super) fn lock(&mut self, cx: &mut Cx, c: cmd::Lock) -> Result<Reply, Refusal> {
+        let digest = c.digest();
+        let cmd::Lock {
+            open,
+            name,
+            mode,
+            timeout_ms,
+            value,
+        } = c;
+        let index = cx.index;
         if open.nonce != 0 {
             if let Some(&session) = self.nonces.get(&open.nonce) {
                 let s = self.sessions.get(&session).ok_or(Refusal::Inconsistent {
@@ -115,9 +109,8 @@ impl LockTable {
                     return Err(Refusal::NotOwner { session });
                 }
                 let ttl_ms = s.ttl_ms;
-                let lock = LockName::new(name)?;
                 let outcome = match s.replies.check(session, LOCK_SEQ, digest)? {
-                    Some(Reply::Acquire(Acquired::Queued)) | None => self.standing(session, &lock),
+                    Some(Reply::Acquire(Acquired::Queued)) | None => self.standing(session, &name),
                     Some(Reply::Acquire(outcome)) => outcome,
                     Some(other) => {
                         return Err(Refusal::Inconsistent {
@@ -137,7 +130,13 @@ impl LockTable {
         // Into a scratch list: if the acquire fails, the open is undone and
         // nothing of it may be told.
         let mut opened = Vec::new();
-        let session = match self.open_session(index, open, &mut opened)? {
+        let session = match self.open_session(
+            &mut Cx {
+                index,
+                events: &mut opened,
+            },
+            open,
+        )? {
             Reply::Opened { session, .. } => session,
             other => {
                 return Err(Refusal::Inconsistent {
@@ -147,14 +146,19 @@ impl LockTable {
         };
         let mut acquired = Vec::new();
         let result = self.acquire(
-            index,
-            (session, &owner, digest),
-            LOCK_SEQ,
-            name,
-            mode,
-            timeout_ms,
-            value,
-            &mut acquired,
+            &mut Cx {
+                index,
+                events: &mut acquired,
+            },
+            cmd::Acquire {
+                session,
+                seq: LOCK_SEQ,
+                name,
+                mode,
+                timeout_ms,
+                value,
+                caller: owner,
+            },
         );
         let outcome = match result {
             Ok(Reply::Acquire(outcome)) => outcome,
@@ -185,8 +189,8 @@ impl LockTable {
             }
             Acquired::Granted { .. } => {}
         }
-        events.extend(opened);
-        events.extend(acquired);
+        cx.events.extend(opened);
+        cx.events.extend(acquired);
         Ok(Reply::Locked {
             session,
             ttl_ms,
@@ -222,14 +226,16 @@ impl LockTable {
     }
 
     /// Changes `session`'s ttl (exactly once per seq).
-    pub(super) fn set_ttl(
-        &mut self,
-        (session, caller, digest): (SessionId, &str, u64),
-        seq: u64,
-        ttl_ms: u64,
-        events: &mut Vec<Event>,
-    ) -> Result<Reply, Refusal> {
-        let s = owned(self.sessions.get_mut(&session), session, caller)?;
+    pub(super) fn set_ttl(&mut self, cx: &mut Cx, c: cmd::SetTtl) -> Result<Reply, Refusal> {
+        let digest = c.digest();
+        let cmd::SetTtl {
+            session,
+            seq,
+            ttl_ms,
+            caller,
+        } = c;
+        let events = &mut *cx.events;
+        let s = owned(self.sessions.get_mut(&session), session, &caller)?;
         if let Some(reply) = s.replies.check(session, seq, digest)? {
             return Ok(reply);
         }
@@ -326,11 +332,16 @@ impl LockTable {
     /// first one.
     pub(super) fn close_session(
         &mut self,
-        index: u64,
-        (session, caller, digest): (SessionId, &str, u64),
-        seq: u64,
-        events: &mut Vec<Event>,
+        cx: &mut Cx,
+        c: cmd::CloseSession,
     ) -> Result<Reply, Refusal> {
+        let digest = c.digest();
+        let cmd::CloseSession {
+            session,
+            seq,
+            caller,
+        } = c;
+        let (index, events) = (cx.index, &mut *cx.events);
         match self.sessions.get(&session) {
             Some(s) if s.owner != caller => return Err(Refusal::NotOwner { session }),
             Some(s) => {

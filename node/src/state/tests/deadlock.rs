@@ -134,7 +134,7 @@ fn shared_holders_that_do_not_conflict_are_not_a_deadlock() {
     h.grant(b, "y", X);
     h.queue(a, "y", X);
     // d expires: x is in lock-delay, a still holds it shared.
-    h.apply(Command::ExpireSession { session: d });
+    h.apply(Command::ExpireSession(cmd::ExpireSession { session: d }));
     let since = h.index;
     // b asking for x exclusively would wait for a, which waits for b.
     let seq = h.next_seq();
@@ -283,7 +283,7 @@ fn invariant_checker_finds_wait_for_cycles() {
     h.grant(d, "x", SH);
     h.grant(b, "y", X);
     h.queue(a, "y", X);
-    h.apply(Command::ExpireSession { session: d });
+    h.apply(Command::ExpireSession(cmd::ExpireSession { session: d }));
     assert!(!cycle_if_queued(&h, b, "x", SH));
     assert!(cycle_if_queued(&h, b, "x", X));
     h.queue(c, "x", X);

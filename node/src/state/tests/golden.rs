@@ -15,21 +15,21 @@ fn hex(bytes: &[u8]) -> String {
 fn commands() -> Vec<Command> {
     let s = SessionId(3072);
     vec![
-        Command::OpenSession {
+        Command::OpenSessionV0(cmd::OpenSessionV0 {
             ttl_ms: 10_000,
             lock_delay_ms: 250,
             nonce: 77,
             owner: "app".into(),
-        },
-        Command::CloseSession {
+        }),
+        Command::CloseSession(cmd::CloseSession {
             session: s,
             seq: 9,
             caller: "app".into(),
-        },
-        Command::Acquire {
+        }),
+        Command::Acquire(cmd::Acquire {
             session: s,
             seq: 4,
-            name: "jobs/nightly".into(),
+            name: LockName::new("jobs/nightly").expect("valid name"),
             mode: Mode::Semaphore {
                 weight: 2,
                 capacity: 5,
@@ -37,61 +37,63 @@ fn commands() -> Vec<Command> {
             timeout_ms: 30_000,
             value: b"leader-a".to_vec(),
             caller: "app".into(),
-        },
-        Command::Release {
+        }),
+        Command::Release(cmd::Release {
             session: s,
             seq: 5,
-            name: "jobs/nightly".into(),
+            name: LockName::new("jobs/nightly").expect("valid name"),
             fence: Fence(12),
             caller: "app".into(),
-        },
-        Command::ExpireSession { session: s },
-        Command::CancelWait {
+        }),
+        Command::ExpireSession(cmd::ExpireSession { session: s }),
+        Command::TimeoutWait(cmd::TimeoutWait {
             session: s,
-            name: "x".into(),
+            name: LockName::new("x").expect("valid name"),
             seq: 6,
-        },
-        Command::EndLockDelay {
-            name: "x".into(),
+        }),
+        Command::EndLockDelay(cmd::EndLockDelay {
+            name: LockName::new("x").expect("valid name"),
             since: 4096,
-        },
-        Command::RestorePart {
+        }),
+        Command::RestorePart(cmd::RestorePart {
             restore: 99,
             part: 1,
             parts: 3,
             bytes: vec![1, 2, 3],
             fence_bump: 1 << 32,
-        },
-        Command::Withdraw {
+        }),
+        Command::Cancel(cmd::Cancel {
             session: s,
             seq: 7,
-            name: "y".into(),
+            name: LockName::new("y").expect("valid name"),
             caller: "app".into(),
-        },
-        Command::OpenSessionWith {
+        }),
+        Command::OpenSession(cmd::OpenSession {
             ttl_ms: 30_000,
             lock_delay_ms: 0,
             nonce: 78,
             owner: "app".into(),
             end_on_disconnect_ms: 300,
-        },
-        Command::Lock {
-            ttl_ms: 10_000,
-            lock_delay_ms: 0,
-            nonce: 79,
-            owner: "app".into(),
-            end_on_disconnect_ms: 0,
-            name: "z".into(),
+        }),
+        Command::Lock(cmd::Lock {
+            open: cmd::OpenSession {
+                ttl_ms: 10_000,
+                lock_delay_ms: 0,
+                nonce: 79,
+                owner: "app".into(),
+                end_on_disconnect_ms: 0,
+            },
+            name: LockName::new("z").expect("valid name"),
             mode: Mode::Shared,
             timeout_ms: WAIT,
             value: Vec::new(),
-        },
-        Command::SetTtl {
+        }),
+        Command::SetTtl(cmd::SetTtl {
             session: s,
             seq: 8,
             ttl_ms: 2_000,
             caller: "app".into(),
-        },
+        }),
     ]
 }
 
@@ -136,12 +138,12 @@ fn a_busy_tables_snapshot_encodes_as_it_always_did() {
     h.grant(b, "s", sem(2, 3));
     let c = h.open();
     h.close(c);
-    h.apply(Command::SetTtl {
+    h.apply(Command::SetTtl(cmd::SetTtl {
         session: a,
         seq: h.seq + 1,
         ttl_ms: 4_000,
         caller: String::new(),
-    });
+    }));
     let bytes = h.table.to_snapshot();
     check("snapshot.hex", hex(&bytes) + "\n");
     assert_eq!(LockTable::from_snapshot(&bytes).expect("decodes"), h.table);

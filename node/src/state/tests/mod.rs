@@ -45,12 +45,12 @@ fn name(s: &str) -> LockName {
 }
 
 fn open_cmd(ttl_ms: u64, lock_delay_ms: u64, nonce: u64) -> Command {
-    Command::OpenSession {
+    Command::OpenSessionV0(cmd::OpenSessionV0 {
         ttl_ms,
         lock_delay_ms,
         nonce,
         owner: String::new(),
-    }
+    })
 }
 
 fn acq(session: SessionId, seq: u64, name: &str, mode: Mode, timeout_ms: u64) -> Command {
@@ -65,40 +65,40 @@ fn acq_value(
     timeout_ms: u64,
     value: Vec<u8>,
 ) -> Command {
-    Command::Acquire {
+    Command::Acquire(cmd::Acquire {
         session,
         seq,
-        name: name.to_string(),
+        name: LockName::new(name).expect("valid name"),
         mode,
         timeout_ms,
         value,
         caller: String::new(),
-    }
+    })
 }
 
 fn rel(session: SessionId, seq: u64, name: &str, fence: Fence) -> Command {
-    Command::Release {
+    Command::Release(cmd::Release {
         session,
         seq,
-        name: name.to_string(),
+        name: LockName::new(name).expect("valid name"),
         fence,
         caller: String::new(),
-    }
+    })
 }
 
 fn cancel(session: SessionId, name: &str, seq: u64) -> Command {
-    Command::CancelWait {
+    Command::TimeoutWait(cmd::TimeoutWait {
         session,
-        name: name.to_string(),
+        name: LockName::new(name).expect("valid name"),
         seq,
-    }
+    })
 }
 
 fn end_delay(name: &str, since: u64) -> Command {
-    Command::EndLockDelay {
-        name: name.to_string(),
+    Command::EndLockDelay(cmd::EndLockDelay {
+        name: LockName::new(name).expect("valid name"),
         since,
-    }
+    })
 }
 
 fn granted_reply(fence: Fence, mode: Mode, index: u64) -> Reply {
@@ -282,11 +282,11 @@ impl Harness {
 
     fn close(&mut self, session: SessionId) -> Response {
         let seq = self.next_seq();
-        self.apply(Command::CloseSession {
+        self.apply(Command::CloseSession(cmd::CloseSession {
             session,
             seq,
             caller: String::new(),
-        })
+        }))
     }
 
     /// Applies `command`, expects a refusal and no change at all.

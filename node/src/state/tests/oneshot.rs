@@ -6,17 +6,19 @@ use super::*;
 use crate::state::{LOCK_SEQ, UNLOCK_SEQ};
 
 fn lock_cmd(nonce: u64, name: &str, mode: Mode, timeout_ms: u64) -> Command {
-    Command::Lock {
-        ttl_ms: 10_000,
-        lock_delay_ms: 0,
-        nonce,
-        owner: String::new(),
-        end_on_disconnect_ms: 0,
-        name: name.into(),
+    Command::Lock(cmd::Lock {
+        open: cmd::OpenSession {
+            ttl_ms: 10_000,
+            lock_delay_ms: 0,
+            nonce,
+            owner: String::new(),
+            end_on_disconnect_ms: 0,
+        },
+        name: LockName::new(name).expect("valid name"),
         mode,
         timeout_ms,
         value: Vec::new(),
-    }
+    })
 }
 
 fn locked(r: &Response) -> (SessionId, Acquired) {
@@ -29,11 +31,11 @@ fn locked(r: &Response) -> (SessionId, Acquired) {
 }
 
 fn unlock(session: SessionId) -> Command {
-    Command::CloseSession {
+    Command::CloseSession(cmd::CloseSession {
         session,
         seq: UNLOCK_SEQ,
         caller: String::new(),
-    }
+    })
 }
 
 #[test]
@@ -104,12 +106,12 @@ fn a_queued_lock_whose_wait_ends_without_a_grant_ends_its_session() {
     assert_eq!(outcome, Acquired::Queued);
     assert_eq!(waiters(&h.table, "x"), vec![(s, X)]);
     // The leader's timer runs out: the wait and the session go together.
-    let r = h.apply(Command::CancelWait {
+    let r = h.apply(Command::TimeoutWait(cmd::TimeoutWait {
         session: s,
-        name: "x".into(),
+        name: LockName::new("x").expect("valid name"),
         seq: LOCK_SEQ,
-    });
-    assert_eq!(r.reply, Reply::Cancelled { cancelled: true });
+    }));
+    assert_eq!(r.reply, Reply::WaitTimedOut { ended: true });
     assert!(r
         .events
         .iter()
@@ -118,13 +120,13 @@ fn a_queued_lock_whose_wait_ends_without_a_grant_ends_its_session() {
     // Withdrawn (its caller went away): the same.
     let r = h.apply(lock_cmd(12, "x", X, WAIT));
     let (s2, _) = locked(&r);
-    let r = h.apply(Command::Withdraw {
+    let r = h.apply(Command::Cancel(cmd::Cancel {
         session: s2,
         seq: LOCK_SEQ,
-        name: "x".into(),
+        name: LockName::new("x").expect("valid name"),
         caller: String::new(),
-    });
-    assert_eq!(r.reply, Reply::Withdrawn { withdrawn: true });
+    }));
+    assert_eq!(r.reply, Reply::Cancelled { cancelled: true });
     assert!(h.table.sessions().all(|i| i.session != s2));
 }
 
@@ -150,13 +152,13 @@ fn a_queued_lock_granted_later_keeps_its_session_like_any_other() {
 #[test]
 fn a_session_keeps_its_disconnect_grace_and_its_ttl_can_change_once_per_seq() {
     let mut h = Harness::new();
-    let r = h.apply(Command::OpenSessionWith {
+    let r = h.apply(Command::OpenSession(cmd::OpenSession {
         ttl_ms: 30_000,
         lock_delay_ms: 0,
         nonce: 0,
         owner: String::new(),
         end_on_disconnect_ms: 300,
-    });
+    }));
     let Reply::Opened { session: s, .. } = r.reply else {
         panic!("{:?}", r.reply)
     };
@@ -170,11 +172,13 @@ fn a_session_keeps_its_disconnect_grace_and_its_ttl_can_change_once_per_seq() {
     );
     let info = h.table.sessions().find(|i| i.session == s).expect("open");
     assert_eq!((info.ttl_ms, info.end_on_disconnect_ms), (30_000, 300));
-    let set = |seq, ttl_ms| Command::SetTtl {
-        session: s,
-        seq,
-        ttl_ms,
-        caller: String::new(),
+    let set = |seq, ttl_ms| {
+        Command::SetTtl(cmd::SetTtl {
+            session: s,
+            seq,
+            ttl_ms,
+            caller: String::new(),
+        })
     };
     let r = h.apply(set(5, 2_000));
     assert_eq!(r.reply, Reply::TtlSet { ttl_ms: 2_000 });
@@ -194,13 +198,13 @@ fn a_session_keeps_its_disconnect_grace_and_its_ttl_can_change_once_per_seq() {
     ));
     assert!(matches!(h.refuse(set(6, 10)), Refusal::InvalidTtl { .. }));
     assert!(matches!(
-        h.refuse(Command::OpenSessionWith {
+        h.refuse(Command::OpenSession(cmd::OpenSession {
             ttl_ms: 30_000,
             lock_delay_ms: 0,
             nonce: 0,
             owner: String::new(),
-            end_on_disconnect_ms: MAX_END_ON_DISCONNECT_MS + 1,
-        }),
+            end_on_disconnect_ms: MAX_END_ON_DISCONNECT_MS + 1
+        })),
         Refusal::InvalidDisconnectGrace { .. }
     ));
     // Both survive a snapshot.
@@ -216,50 +220,50 @@ fn commands_keep_their_place_in_the_log_encoding() {
     let cases: Vec<(Command, u32)> = vec![
         (open_cmd(1_000, 0, 0), 0),
         (
-            Command::CloseSession {
+            Command::CloseSession(cmd::CloseSession {
                 session: SessionId(1),
                 seq: 1,
                 caller: String::new(),
-            },
+            }),
             1,
         ),
         (acq(SessionId(1), 1, "x", X, TRY), 2),
         (rel(SessionId(1), 1, "x", Fence(1)), 3),
         (
-            Command::ExpireSession {
+            Command::ExpireSession(cmd::ExpireSession {
                 session: SessionId(1),
-            },
+            }),
             4,
         ),
         (cancel(SessionId(1), "x", 1), 5),
         (end_delay("x", 1), 6),
         (
-            Command::Withdraw {
+            Command::Cancel(cmd::Cancel {
                 session: SessionId(1),
                 seq: 1,
-                name: "x".into(),
+                name: LockName::new("x").expect("valid name"),
                 caller: String::new(),
-            },
+            }),
             8,
         ),
         (
-            Command::OpenSessionWith {
+            Command::OpenSession(cmd::OpenSession {
                 ttl_ms: 1_000,
                 lock_delay_ms: 0,
                 nonce: 0,
                 owner: String::new(),
                 end_on_disconnect_ms: 0,
-            },
+            }),
             9,
         ),
         (lock_cmd(1, "x", X, TRY), 10),
         (
-            Command::SetTtl {
+            Command::SetTtl(cmd::SetTtl {
                 session: SessionId(1),
                 seq: 1,
                 ttl_ms: 1_000,
                 caller: String::new(),
-            },
+            }),
             11,
         ),
     ];

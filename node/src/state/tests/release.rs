@@ -84,7 +84,7 @@ fn release_of_an_unknown_name_releases_nothing() {
     assert_eq!(holders(&h.table, "x"), vec![(a, X)]);
 }
 
-// -------------------------------------------------------------- CancelWait
+// ------------------------------------------------------------- TimeoutWait
 
 #[test]
 fn cancel_wait_cancels_only_the_matching_seq() {
@@ -99,10 +99,10 @@ fn cancel_wait_cancels_only_the_matching_seq() {
         cancel(b, "y", bseq),
         cancel(a, "x", bseq),
     ] {
-        assert_eq!(h.no_op(wrong), Reply::Cancelled { cancelled: false });
+        assert_eq!(h.no_op(wrong), Reply::WaitTimedOut { ended: false });
     }
     let r = h.apply(cancel(b, "x", bseq));
-    assert_eq!(r.reply, Reply::Cancelled { cancelled: true });
+    assert_eq!(r.reply, Reply::WaitTimedOut { ended: true });
     assert_eq!(
         r.events,
         vec![Event::Cancelled {
@@ -116,18 +116,18 @@ fn cancel_wait_cancels_only_the_matching_seq() {
     assert_eq!(waiters(&h.table, "x"), vec![]);
     assert_eq!(
         h.no_op(cancel(b, "x", bseq)),
-        Reply::Cancelled { cancelled: false }
+        Reply::WaitTimedOut { ended: false }
     );
 
     // A timer for an old wait leaves the session's newer wait alone.
     let newer = h.queue(b, "x", X);
     assert_eq!(
         h.no_op(cancel(b, "x", bseq)),
-        Reply::Cancelled { cancelled: false }
+        Reply::WaitTimedOut { ended: false }
     );
     assert_eq!(waiters(&h.table, "x"), vec![(b, X)]);
     let r = h.apply(cancel(b, "x", newer));
-    assert_eq!(r.reply, Reply::Cancelled { cancelled: true });
+    assert_eq!(r.reply, Reply::WaitTimedOut { ended: true });
 }
 
 #[test]
@@ -199,20 +199,20 @@ fn cancelling_a_wait_that_was_granted_meanwhile_does_nothing() {
     h.released(a, "x", fa);
     assert_eq!(
         h.no_op(cancel(b, "x", bseq)),
-        Reply::Cancelled { cancelled: false }
+        Reply::WaitTimedOut { ended: false }
     );
     assert_eq!(holders(&h.table, "x"), vec![(b, X)]);
 }
 
-// ---- Withdraw: a client gives up on an acquire ----
+// ---- Cancel: a client gives up on an acquire ----
 
 fn withdraw(session: SessionId, seq: u64, name: &str) -> Command {
-    Command::Withdraw {
+    Command::Cancel(cmd::Cancel {
         session,
         seq,
-        name: name.to_string(),
+        name: LockName::new(name).expect("valid name"),
         caller: String::new(),
-    }
+    })
 }
 
 #[test]
@@ -224,10 +224,10 @@ fn withdraw_removes_a_queued_acquire_and_lets_the_queue_move() {
     let b_seq = h.seq;
     h.queue(c, "x", SH);
     let r = h.apply(withdraw(b, b_seq, "x"));
-    assert_eq!(r.reply, Reply::Withdrawn { withdrawn: true });
+    assert_eq!(r.reply, Reply::Cancelled { cancelled: true });
     assert!(r.events.iter().any(|e| matches!(
         e,
-        Event::Cancelled { session, cause: CancelCause::Withdrawn, .. } if *session == b
+        Event::Cancelled { session, cause: CancelCause::Cancelled, .. } if *session == b
     )));
     assert_eq!(waiters(&h.table, "x"), vec![(c, SH)]);
     // A retry of the withdrawn acquire learns it was not acquired.
@@ -238,7 +238,7 @@ fn withdraw_removes_a_queued_acquire_and_lets_the_queue_move() {
     // Idempotent.
     assert_eq!(
         h.no_op(withdraw(b, b_seq, "x")),
-        Reply::Withdrawn { withdrawn: false }
+        Reply::Cancelled { cancelled: false }
     );
 }
 
@@ -254,7 +254,7 @@ fn a_withdraw_that_overtakes_its_acquire_stops_it() {
     let a = h.open();
     let seq = h.next_seq();
     let r = h.apply(withdraw(a, seq, "x"));
-    assert_eq!(r.reply, Reply::Withdrawn { withdrawn: false });
+    assert_eq!(r.reply, Reply::Cancelled { cancelled: false });
     let r = h.apply(acq(a, seq, "x", X, WAIT));
     assert_eq!(r.reply, Reply::Acquire(Acquired::NotAcquired));
     assert!(r.events.is_empty(), "{:?}", r.events);
@@ -278,33 +278,33 @@ fn withdraw_releases_a_grant_made_to_that_acquire_only() {
     // (that seq, not seen yet, will grant nothing if it ever comes).
     assert_eq!(
         h.apply(withdraw(a, a_seq + 100, "x")).reply,
-        Reply::Withdrawn { withdrawn: false }
+        Reply::Cancelled { cancelled: false }
     );
     assert_eq!(holders(&h.table, "x"), vec![(a, X)]);
     let r = h.apply(withdraw(a, a_seq, "x"));
-    assert_eq!(r.reply, Reply::Withdrawn { withdrawn: true });
+    assert_eq!(r.reply, Reply::Cancelled { cancelled: true });
     assert_eq!(holders(&h.table, "x"), vec![(b, X)]);
     // Another identity cannot withdraw someone's acquire; an ended session
     // has nothing to withdraw.
     let mut t = LockTable::new();
     t.apply(
         1,
-        Command::OpenSession {
+        Command::OpenSessionV0(cmd::OpenSessionV0 {
             ttl_ms: 10_000,
             lock_delay_ms: 0,
             nonce: 0,
             owner: "alice".into(),
-        },
+        }),
     );
     let alice = SessionId(1);
     let r = t.apply(
         2,
-        Command::Withdraw {
+        Command::Cancel(cmd::Cancel {
             session: alice,
             seq: 1,
-            name: "x".into(),
+            name: LockName::new("x").expect("valid name"),
             caller: "bob".into(),
-        },
+        }),
     );
     assert_eq!(
         r.reply,
@@ -313,6 +313,6 @@ fn withdraw_releases_a_grant_made_to_that_acquire_only() {
     h.close(b);
     assert_eq!(
         h.no_op(withdraw(b, 1, "x")),
-        Reply::Withdrawn { withdrawn: false }
+        Reply::Cancelled { cancelled: false }
     );
 }

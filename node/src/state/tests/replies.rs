@@ -204,11 +204,11 @@ fn a_retried_close_is_answered_like_the_first() {
     let mut h = Harness::new();
     let a = h.open();
     h.grant(a, "x", X);
-    let close = Command::CloseSession {
+    let close = Command::CloseSession(cmd::CloseSession {
         session: a,
         seq: 9,
         caller: String::new(),
-    };
+    });
     assert_eq!(h.apply(close.clone()).reply, Reply::Closed { released: 1 });
     assert_eq!(h.apply(close).reply, Reply::Closed { released: 1 });
 }
@@ -221,11 +221,11 @@ fn a_close_under_a_seq_used_by_another_request_is_refused() {
     let a = h.open();
     let fence = h.grant(a, "x", X);
     let used = h.seq;
-    let close = Command::CloseSession {
+    let close = Command::CloseSession(cmd::CloseSession {
         session: a,
         seq: used,
         caller: String::new(),
-    };
+    });
     assert_eq!(
         h.refuse(close),
         Refusal::SequenceReused {
@@ -237,21 +237,21 @@ fn a_close_under_a_seq_used_by_another_request_is_refused() {
     // The same for a seq a release used, and for one the window forgot.
     let r = h.released(a, "x", fence);
     assert!(r.events.len() == 1);
-    let close = Command::CloseSession {
+    let close = Command::CloseSession(cmd::CloseSession {
         session: a,
         seq: h.seq,
         caller: String::new(),
-    };
+    });
     assert!(matches!(h.refuse(close), Refusal::SequenceReused { .. }));
     for _ in 0..MAX_REMEMBERED_REPLIES + 1 {
         let fence = h.grant(a, "y", X);
         h.released(a, "y", fence);
     }
-    let close = Command::CloseSession {
+    let close = Command::CloseSession(cmd::CloseSession {
         session: a,
         seq: used,
         caller: String::new(),
-    };
+    });
     assert!(matches!(h.refuse(close), Refusal::SequenceTooOld { .. }));
     // A fresh seq closes it.
     assert_eq!(h.close(a).reply, Reply::Closed { released: 0 });
@@ -273,11 +273,11 @@ fn remembered_closes_are_forgotten_oldest_close_first() {
         .collect();
     let mut closes = Vec::new();
     for s in &young {
-        let close = Command::CloseSession {
+        let close = Command::CloseSession(cmd::CloseSession {
             session: *s,
             seq: h.next_seq(),
             caller: String::new(),
-        };
+        });
         let r = h.apply_unchecked(close.clone());
         assert_eq!(r.reply, Reply::Closed { released: 0 });
         closes.push(close);
@@ -287,11 +287,11 @@ fn remembered_closes_are_forgotten_oldest_close_first() {
         h.apply_unchecked(closes[0].clone()).reply,
         Reply::Closed { released: 0 }
     );
-    let close = Command::CloseSession {
+    let close = Command::CloseSession(cmd::CloseSession {
         session: old,
         seq: h.next_seq(),
         caller: String::new(),
-    };
+    });
     assert_eq!(h.apply(close.clone()).reply, Reply::Closed { released: 1 });
     assert_eq!(
         h.apply(close).reply,
@@ -318,11 +318,11 @@ fn remembered_closes_are_forgotten_oldest_close_first() {
     };
     t.apply(
         h.index + 2,
-        Command::CloseSession {
+        Command::CloseSession(cmd::CloseSession {
             session: extra,
             seq: 1,
             caller: String::new(),
-        },
+        }),
     );
     assert!(matches!(
         t.apply(h.index + 3, closes[1].clone()).reply,
@@ -335,11 +335,11 @@ fn remembered_closes_are_forgotten_oldest_close_first() {
     assert_eq!(
         t.apply(
             h.index + 5,
-            Command::CloseSession {
+            Command::CloseSession(cmd::CloseSession {
                 session: old,
                 seq: h.seq,
                 caller: String::new()
-            }
+            })
         )
         .reply,
         Reply::Closed { released: 1 }

@@ -5,13 +5,13 @@ use super::*;
 // ---- Restoring a backup in parts ----
 
 fn part(restore: u64, part: u32, parts: u32, bytes: &[u8]) -> Command {
-    Command::RestorePart {
+    Command::RestorePart(cmd::RestorePart {
         restore,
         part,
         parts,
         bytes: bytes.to_vec(),
         fence_bump: DEFAULT_RESTORE_FENCE_BUMP,
-    }
+    })
 }
 
 /// `restored` with the index floor and fence bump a restore adds taken
@@ -230,8 +230,14 @@ fn a_restore_keeps_queue_order_and_never_grants_to_a_ghost() {
     t.apply(4098, acq(c, 1, "x", X, WAIT));
     t.check_invariants().expect("queue order kept");
     // B (queued before the backup) expires, then A: C is next, not B.
-    t.apply(6144, Command::ExpireSession { session: b });
-    t.apply(7168, Command::ExpireSession { session: a });
+    t.apply(
+        6144,
+        Command::ExpireSession(cmd::ExpireSession { session: b }),
+    );
+    t.apply(
+        7168,
+        Command::ExpireSession(cmd::ExpireSession { session: a }),
+    );
     let info = t.describe(&name("x")).expect("x is held");
     assert_eq!(
         info.holders.iter().map(|h| h.session).collect::<Vec<_>>(),
@@ -371,13 +377,13 @@ const _: () = assert!(FENCE_BOUND == MAX_FENCE);
 fn restore_small_with_bump(bump: u64) -> (Reply, Harness) {
     let (_, backup) = small_backup();
     let mut h = Harness::new();
-    let r = h.apply(Command::RestorePart {
+    let r = h.apply(Command::RestorePart(cmd::RestorePart {
         restore: 1,
         part: 0,
         parts: 1,
         bytes: backup,
         fence_bump: bump,
-    });
+    }));
     (r.reply, h)
 }
 
@@ -463,13 +469,7 @@ proptest::proptest! {
         old.table.last_fence = old.table.last_fence.max(backup_fence);
         let backup = old.table.to_snapshot();
         let mut h = Harness::new();
-        let r = h.apply_unchecked(Command::RestorePart {
-            restore: 1,
-            part: 0,
-            parts: 1,
-            bytes: backup,
-            fence_bump: bump,
-        });
+        let r = h.apply_unchecked(Command::RestorePart(cmd::RestorePart { restore: 1, part: 0, parts: 1, bytes: backup, fence_bump: bump }));
         proptest::prop_assert!(h.table.check_invariants().is_ok());
         if matches!(r.reply, Reply::Refused(_)) {
             proptest::prop_assert_eq!(&h.table, &LockTable::new());

@@ -162,11 +162,11 @@ fn close_session_releases_everything_and_cancels_waits() {
     // Closing again, or using the closed session, is refused.
     let seq = h.next_seq();
     assert_eq!(
-        h.refuse(Command::CloseSession {
+        h.refuse(Command::CloseSession(cmd::CloseSession {
             session: a,
             seq,
             caller: String::new()
-        }),
+        })),
         Refusal::SessionNotFound { session: a }
     );
     let seq = h.next_seq();
@@ -231,21 +231,23 @@ fn unknown_session_is_refused_or_ignored_everywhere() {
     );
     let seq = h.next_seq();
     assert_eq!(
-        h.refuse(Command::CloseSession {
+        h.refuse(Command::CloseSession(cmd::CloseSession {
             session: ghost,
             seq,
-            caller: String::new(),
-        }),
+            caller: String::new()
+        })),
         Refusal::SessionNotFound { session: ghost }
     );
     // The leader's own commands about a gone session are harmless no-ops.
     assert_eq!(
-        h.no_op(Command::ExpireSession { session: ghost }),
+        h.no_op(Command::ExpireSession(cmd::ExpireSession {
+            session: ghost
+        })),
         Reply::Expired { existed: false }
     );
     assert_eq!(
         h.no_op(cancel(ghost, "x", 1)),
-        Reply::Cancelled { cancelled: false }
+        Reply::WaitTimedOut { ended: false }
     );
 }
 
@@ -260,7 +262,7 @@ fn expire_session_releases_drops_waits_and_grants_the_next_waiter() {
     let aseq = h.queue(a, "y", X);
     let bseq = h.queue(b, "x", X);
 
-    let r = h.apply(Command::ExpireSession { session: a });
+    let r = h.apply(Command::ExpireSession(cmd::ExpireSession { session: a }));
     assert_eq!(r.reply, Reply::Expired { existed: true });
     let fb = h.table.last_fence();
     assert!(fb > fx);
@@ -301,7 +303,7 @@ fn expire_session_releases_drops_waits_and_grants_the_next_waiter() {
 
     // A second expiry of the same session finds nothing.
     assert_eq!(
-        h.no_op(Command::ExpireSession { session: a }),
+        h.no_op(Command::ExpireSession(cmd::ExpireSession { session: a })),
         Reply::Expired { existed: false }
     );
 }
@@ -316,7 +318,7 @@ fn expiry_with_lock_delay_blocks_grants_until_the_delay_ends() {
     let fa = h.grant(a, "x", X);
     let bseq = h.queue(b, "x", X);
 
-    let r = h.apply(Command::ExpireSession { session: a });
+    let r = h.apply(Command::ExpireSession(cmd::ExpireSession { session: a }));
     let since = h.index;
     assert_eq!(
         r.events,
@@ -397,7 +399,7 @@ fn lock_delay_keeps_an_otherwise_idle_name_until_it_ends() {
     let a = h.open_with(10_000, 1);
     let b = h.open();
     h.grant(a, "y", sem(2, 3));
-    h.apply(Command::ExpireSession { session: a });
+    h.apply(Command::ExpireSession(cmd::ExpireSession { session: a }));
     let since = h.index;
     let info = h.table.describe(&name("y")).unwrap();
     assert!(info.lock_delayed && info.holders.is_empty() && info.waiters.is_empty());
@@ -436,7 +438,7 @@ fn lock_delay_blocks_even_requests_compatible_with_the_remaining_holders() {
     let c = h.open();
     h.grant(a, "x", SH);
     let fb = h.grant(b, "x", SH);
-    h.apply(Command::ExpireSession { session: a });
+    h.apply(Command::ExpireSession(cmd::ExpireSession { session: a }));
     let since = h.index;
     assert_eq!(holders(&h.table, "x"), vec![(b, SH)]);
     h.try_fails(c, "x", SH);
@@ -473,8 +475,10 @@ fn a_shorter_lock_delay_does_not_cut_a_longer_one_short() {
     let short = h.open_with(10_000, 1);
     h.grant(long, "x", SH);
     h.grant(short, "x", SH);
-    h.apply(Command::ExpireSession { session: long });
-    let r = h.apply(Command::ExpireSession { session: short });
+    h.apply(Command::ExpireSession(cmd::ExpireSession { session: long }));
+    let r = h.apply(Command::ExpireSession(cmd::ExpireSession {
+        session: short,
+    }));
     let since = h.index;
     let started: Vec<_> = r
         .events
@@ -503,7 +507,7 @@ fn expiry_without_lock_delay_or_by_close_starts_no_delay() {
     let b = h.open();
     h.grant(zero, "x", X);
     h.grant(delayed, "y", X);
-    let r = h.apply(Command::ExpireSession { session: zero });
+    let r = h.apply(Command::ExpireSession(cmd::ExpireSession { session: zero }));
     assert!(!r
         .events
         .iter()
@@ -522,12 +526,12 @@ fn expiry_without_lock_delay_or_by_close_starts_no_delay() {
 // ---- Sessions bound to identities (access control) ----
 
 fn open_as(h: &mut Harness, owner: &str, nonce: u64) -> SessionId {
-    let r = h.apply(Command::OpenSession {
+    let r = h.apply(Command::OpenSessionV0(cmd::OpenSessionV0 {
         ttl_ms: 10_000,
         lock_delay_ms: 0,
         nonce,
         owner: owner.to_string(),
-    });
+    }));
     match r.reply {
         Reply::Opened { session, .. } => session,
         other => panic!("open failed: {other:?}"),
@@ -535,25 +539,25 @@ fn open_as(h: &mut Harness, owner: &str, nonce: u64) -> SessionId {
 }
 
 fn acq_as(session: SessionId, seq: u64, n: &str, caller: &str) -> Command {
-    Command::Acquire {
+    Command::Acquire(cmd::Acquire {
         session,
         seq,
-        name: n.to_string(),
+        name: LockName::new(n).expect("valid name"),
         mode: X,
         timeout_ms: WAIT,
         value: Vec::new(),
         caller: caller.to_string(),
-    }
+    })
 }
 
 fn rel_as(session: SessionId, seq: u64, n: &str, fence: Fence, caller: &str) -> Command {
-    Command::Release {
+    Command::Release(cmd::Release {
         session,
         seq,
-        name: n.to_string(),
+        name: LockName::new(n).expect("valid name"),
         fence,
         caller: caller.to_string(),
-    }
+    })
 }
 
 #[test]
@@ -577,11 +581,11 @@ fn only_the_owner_identity_uses_a_session() {
     );
     let s4 = h.next_seq();
     assert_eq!(
-        h.refuse(Command::CloseSession {
+        h.refuse(Command::CloseSession(cmd::CloseSession {
             session: alice,
             seq: s4,
-            caller: "mallory".into(),
-        }),
+            caller: "mallory".into()
+        })),
         Refusal::NotOwner { session: alice }
     );
     // The unauthenticated identity (empty) is another identity too.
@@ -613,12 +617,12 @@ fn a_retried_open_finds_its_session_only_for_the_same_identity() {
     // Same nonce, same identity: the same session.
     assert_eq!(open_as(&mut h, "alice", 77), alice);
     // Same nonce, another identity: refused, nothing opened.
-    let refusal = h.refuse(Command::OpenSession {
+    let refusal = h.refuse(Command::OpenSessionV0(cmd::OpenSessionV0 {
         ttl_ms: 10_000,
         lock_delay_ms: 0,
         nonce: 77,
         owner: "mallory".into(),
-    });
+    }));
     assert_eq!(refusal, Refusal::NotOwner { session: alice });
     assert_eq!(h.table.sessions().count(), 1);
 }
@@ -629,12 +633,12 @@ fn owner_length_is_limited() {
     let longest = "o".repeat(MAX_OWNER_LEN);
     let s = open_as(&mut h, &longest, 0);
     assert_eq!(h.table.session_owner(s), Some(longest.as_str()));
-    let refusal = h.refuse(Command::OpenSession {
+    let refusal = h.refuse(Command::OpenSessionV0(cmd::OpenSessionV0 {
         ttl_ms: 10_000,
         lock_delay_ms: 0,
         nonce: 0,
         owner: "o".repeat(MAX_OWNER_LEN + 1),
-    });
+    }));
     assert_eq!(
         refusal,
         Refusal::InvalidOwner {

@@ -23,7 +23,7 @@ fn busy_harness() -> Harness {
     h.grant(b, "y", SH);
     h.grant(c, "s", sem(2, 3));
     h.queue(a, "s", sem(2, 3));
-    h.apply(Command::ExpireSession { session: c });
+    h.apply(Command::ExpireSession(cmd::ExpireSession { session: c }));
     h.acquire(d, "z", X, TRY);
     h
 }
@@ -53,12 +53,12 @@ fn snapshot_round_trip_equals_and_continues_identically() {
         rel(a, 90, "x", fx),
         acq(b, 91, "x", SH, WAIT),
         cancel(d, "x", 3),
-        Command::ExpireSession { session: b },
-        Command::CloseSession {
+        Command::ExpireSession(cmd::ExpireSession { session: b }),
+        Command::CloseSession(cmd::CloseSession {
             session: a,
             seq: 92,
             caller: String::new(),
-        },
+        }),
         acq(d, 93, "s", sem(3, 3), TRY),
     ];
     for cmd in next {
@@ -210,11 +210,11 @@ fn a_snapshot_in_format_3_still_decodes_and_its_closes_are_forgotten_first() {
     }
     let mut h = busy_harness();
     let gone = h.open();
-    let close = Command::CloseSession {
+    let close = Command::CloseSession(cmd::CloseSession {
         session: gone,
         seq: h.next_seq(),
         caller: String::new(),
-    };
+    });
     assert_eq!(h.apply(close.clone()).reply, Reply::Closed { released: 0 });
     let t = &h.table;
     let v3 = V3Table {

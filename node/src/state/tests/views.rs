@@ -45,7 +45,10 @@ fn events_carry_the_right_fields() {
     );
     let r = t.apply(14, acq(b, 7, "y", X, WAIT_FOREVER));
     assert_eq!(r.reply, granted_reply(Fence(2), X, 14));
-    let r = t.apply(15, Command::ExpireSession { session: a });
+    let r = t.apply(
+        15,
+        Command::ExpireSession(cmd::ExpireSession { session: a }),
+    );
     assert_eq!(
         r.events,
         vec![
@@ -337,7 +340,7 @@ fn waits_delays_and_sessions_list_what_a_new_leader_must_rearm() {
         ]
     );
     assert_eq!(h.table.delays().count(), 0);
-    h.apply(Command::ExpireSession { session: b });
+    h.apply(Command::ExpireSession(cmd::ExpireSession { session: b }));
     let since = h.index;
     let delays: Vec<_> = h
         .table

@@ -264,7 +264,7 @@ impl History {
             r.reply,
             Reply::Refused(_)
                 | Reply::Expired { existed: false }
-                | Reply::Cancelled { cancelled: false }
+                | Reply::WaitTimedOut { ended: false }
                 | Reply::DelayEnded { ended: false }
         );
         if no_op {
@@ -284,18 +284,22 @@ impl History {
             );
         }
         if let Reply::Refused(Refusal::Deadlock { cycle }) = &r.reply {
-            let Command::Acquire {
+            let Command::Acquire(cmd::Acquire {
                 session,
                 name,
                 mode,
                 timeout_ms,
                 ..
-            } = command
+            }) = command
             else {
                 return Err(TestCaseError::fail("deadlock refusal of a non-acquire"));
             };
             prop_assert!(*timeout_ms > 0, "a try was refused as a deadlock");
-            check_cycle(&Self::infos(before), cycle, Some((&lock_name(name), *mode)))?;
+            check_cycle(
+                &Self::infos(before),
+                cycle,
+                Some((&lock_name(name.as_str()), *mode)),
+            )?;
             prop_assert_eq!(cycle[0].session, *session);
         }
         self.follow_events(command, before, r)?;
@@ -316,9 +320,7 @@ impl History {
                     prop_assert!(
                         matches!(
                             command,
-                            Command::OpenSession { .. }
-                                | Command::OpenSessionWith { .. }
-                                | Command::Lock { .. }
+                            Command::OpenSessionV0(_) | Command::OpenSession(_) | Command::Lock(_)
                         ),
                         "opened by {:?}",
                         command
@@ -327,8 +329,8 @@ impl History {
                 }
                 Event::SessionEnded { session, expired } => {
                     let ended = match command {
-                        Command::CloseSession { session, .. } => Some((*session, false)),
-                        Command::ExpireSession { session } => Some((*session, true)),
+                        Command::CloseSession(c) => Some((c.session, false)),
+                        Command::ExpireSession(c) => Some((c.session, true)),
                         _ => None,
                     };
                     prop_assert_eq!(ended, Some((*session, *expired)));
@@ -366,8 +368,8 @@ impl History {
                         None => {
                             // An immediate grant: only of this very request,
                             // and never past anyone queued.
-                            let this = matches!(command, Command::Acquire { session: s, seq: q, name: n, .. }
-                                if s == session && q == seq && n == name.as_str());
+                            let this = matches!(command, Command::Acquire(cmd::Acquire { session: s, seq: q, name: n, .. })
+                                if s == session && q == seq && n == name);
                             prop_assert!(this, "grant of {:?} out of nowhere", (session, seq));
                             prop_assert!(queue.is_empty(), "{:?} barged past {:?}", session, queue);
                         }
@@ -395,8 +397,8 @@ impl History {
                     timeout_ms,
                 } => {
                     prop_assert!(*timeout_ms > 0, "a try was queued");
-                    let this = matches!(command, Command::Acquire { session: s, seq: q, name: n, mode: m, timeout_ms: t, .. }
-                        if s == session && q == seq && n == name.as_str() && m == mode && t == timeout_ms);
+                    let this = matches!(command, Command::Acquire(cmd::Acquire { session: s, seq: q, name: n, mode: m, timeout_ms: t, .. })
+                        if s == session && q == seq && n == name && m == mode && t == timeout_ms);
                     prop_assert!(this, "queued {:?} by {:?}", (session, seq), command);
                     self.queues
                         .get_mut(name.as_str())
@@ -441,7 +443,7 @@ impl History {
                     prop_assert_eq!(*since, self.index);
                     // As long as the expired session's delay, and as what
                     // is left of a delay already in force.
-                    let Command::ExpireSession { session } = command else {
+                    let Command::ExpireSession(cmd::ExpireSession { session }) = command else {
                         unreachable!()
                     };
                     let own = before.session(*session).map_or(0, |s| s.lock_delay_ms);
@@ -462,7 +464,7 @@ impl History {
                 }
                 Event::SessionTtlChanged { session, .. } => {
                     prop_assert!(
-                        matches!(command, Command::SetTtl { session: s, .. } if s == session),
+                        matches!(command, Command::SetTtl(c) if c.session == *session),
                         "ttl changed by {:?}",
                         command
                     );

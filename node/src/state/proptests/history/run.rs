@@ -17,15 +17,18 @@ impl History {
                 let (command, expect) = if matches!(op, Op::Close { .. }) {
                     let seq = self.next_seq();
                     (
-                        Command::CloseSession {
+                        Command::CloseSession(cmd::CloseSession {
                             session: id,
                             seq,
                             caller: String::new(),
-                        },
+                        }),
                         existed,
                     )
                 } else {
-                    (Command::ExpireSession { session: id }, existed)
+                    (
+                        Command::ExpireSession(cmd::ExpireSession { session: id }),
+                        existed,
+                    )
                 };
                 if expect {
                     self.slots[slot] = None;
@@ -77,15 +80,15 @@ impl History {
                 };
                 let timeout_ms = TIMEOUTS[timeout];
                 let seq = self.next_seq();
-                let command = Command::Acquire {
+                let command = Command::Acquire(cmd::Acquire {
                     session,
                     seq,
-                    name: n.to_string(),
+                    name: LockName::new(n).expect("valid name"),
                     mode,
                     timeout_ms,
                     value: vec![value; usize::from(value)],
                     caller: String::new(),
-                };
+                });
                 let (before, r) = self.request(command.clone())?;
                 self.check_acquire(&before, &r, session, n, mode, timeout_ms)?;
                 self.remember(&command, session, seq, &r.reply);
@@ -124,13 +127,13 @@ impl History {
                     .get(&fence)
                     .is_some_and(|(n, s, _)| *n == name && *s == session);
                 let seq = self.next_seq();
-                let command = Command::Release {
+                let command = Command::Release(cmd::Release {
                     session,
                     seq,
-                    name,
+                    name: LockName::new(name).expect("valid name"),
                     fence,
                     caller: String::new(),
-                };
+                });
                 let (_, r) = self.request(command.clone())?;
                 if self.slots[slot].is_none() {
                     prop_assert_eq!(
@@ -175,8 +178,12 @@ impl History {
                 };
                 let cancelled = self.queues[name].contains(&(session, seq));
                 let name = name.to_string();
-                let (_, r) = self.apply(Command::CancelWait { session, name, seq })?;
-                prop_assert_eq!(&r.reply, &Reply::Cancelled { cancelled });
+                let (_, r) = self.apply(Command::TimeoutWait(cmd::TimeoutWait {
+                    session,
+                    name: LockName::new(name).expect("valid name"),
+                    seq,
+                }))?;
+                prop_assert_eq!(&r.reply, &Reply::WaitTimedOut { ended: cancelled });
                 if cancelled {
                     prop_assert!(
                         matches!(
@@ -204,7 +211,10 @@ impl History {
                     }
                 };
                 let ended = self.delays.get(&name).map(|d| d.0) == Some(since);
-                let (_, r) = self.apply(Command::EndLockDelay { name, since })?;
+                let (_, r) = self.apply(Command::EndLockDelay(cmd::EndLockDelay {
+                    name: LockName::new(name).expect("valid name"),
+                    since,
+                }))?;
                 prop_assert_eq!(r.reply, Reply::DelayEnded { ended });
             }
             Op::Replay { n } => {
@@ -224,35 +234,51 @@ impl History {
                 let (n, capacity) = NAMES[target];
                 let (sem, sem_cap) = NAMES[3 + target % 2];
                 let exists = |name: &str| self.live.describe(&lock_name(name)).is_some();
-                let acquire = |name: &str, mode: Mode, value: usize| Command::Acquire {
-                    session,
-                    seq,
-                    name: name.to_string(),
-                    mode,
-                    timeout_ms: 1_000,
-                    value: vec![0; value],
-                    caller: String::new(),
+                let acquire = |name: &str, mode: Mode, value: usize| {
+                    Command::Acquire(cmd::Acquire {
+                        session,
+                        seq,
+                        name: LockName::new(name).expect("valid name"),
+                        mode,
+                        timeout_ms: 1_000,
+                        value: vec![0; value],
+                        caller: String::new(),
+                    })
                 };
                 let valid_mode = capacity.map_or(X, |capacity| Mode::Semaphore {
                     weight: 1,
                     capacity,
                 });
                 let command = match kind {
-                    0 => acquire("", X, 0),
-                    1 => acquire(&"b".repeat(MAX_NAME_LEN + 1), X, 0),
+                    // Names that break the rules cannot be made (nor
+                    // decoded): `state/tests/limits.rs` checks that.
+                    0 => cmd::OpenSession {
+                        ttl_ms: 10_000,
+                        lock_delay_ms: 0,
+                        nonce: 0,
+                        owner: String::new(),
+                        end_on_disconnect_ms: MAX_END_ON_DISCONNECT_MS + 1,
+                    }
+                    .into(),
+                    1 => Command::SetTtl(cmd::SetTtl {
+                        session,
+                        seq,
+                        ttl_ms: MAX_SESSION_TTL_MS + 1,
+                        caller: String::new(),
+                    }),
                     2 => acquire(n, valid_mode, MAX_VALUE_LEN + 1),
-                    3 => Command::OpenSession {
+                    3 => Command::OpenSessionV0(cmd::OpenSessionV0 {
                         ttl_ms: MIN_SESSION_TTL_MS - 1,
                         lock_delay_ms: 0,
                         nonce: 0,
                         owner: String::new(),
-                    },
-                    4 => Command::OpenSession {
+                    }),
+                    4 => Command::OpenSessionV0(cmd::OpenSessionV0 {
                         ttl_ms: 10_000,
                         lock_delay_ms: MAX_LOCK_DELAY_MS + 1,
                         nonce: 0,
                         owner: String::new(),
-                    },
+                    }),
                     5 if exists(sem) => {
                         let capacity = sem_cap.unwrap_or(1) + 1;
                         acquire(
@@ -302,22 +328,28 @@ impl History {
                         },
                         0,
                     ),
-                    10 => Command::Release {
-                        session,
-                        seq,
-                        name: String::new(),
-                        fence: Fence(1),
-                        caller: String::new(),
-                    },
-                    11 => Command::Acquire {
+                    10 => Command::Lock(cmd::Lock {
+                        open: cmd::OpenSession {
+                            ttl_ms: 10_000,
+                            lock_delay_ms: 0,
+                            nonce: 0,
+                            owner: "o".repeat(MAX_OWNER_LEN + 1),
+                            end_on_disconnect_ms: 0,
+                        },
+                        name: lock_name(n),
+                        mode: valid_mode,
+                        timeout_ms: 0,
+                        value: Vec::new(),
+                    }),
+                    11 => Command::Acquire(cmd::Acquire {
                         session: SessionId(u64::MAX),
                         seq,
-                        name: n.to_string(),
+                        name: LockName::new(n).expect("valid name"),
                         mode: valid_mode,
                         timeout_ms: 0,
                         value: Vec::new(),
                         caller: String::new(),
-                    },
+                    }),
                     _ => return Ok(()),
                 };
                 let (_, r) = self.apply(command.clone())?;
@@ -341,12 +373,12 @@ impl History {
                 // step's checks compare open sessions with the slots.
                 let id = SessionId(self.index + 1);
                 self.slots[slot] = Some(Slot { id, nonce });
-                let (_, r) = self.apply(Command::OpenSession {
+                let (_, r) = self.apply(Command::OpenSessionV0(cmd::OpenSessionV0 {
                     ttl_ms: 10_000,
                     lock_delay_ms,
                     nonce,
                     owner: String::new(),
-                })?;
+                }))?;
                 prop_assert_eq!(
                     r.reply,
                     Reply::Opened {
@@ -357,12 +389,12 @@ impl History {
                 );
             }
             Some(Slot { id, nonce }) if nonce != 0 => {
-                let (before, r) = self.apply(Command::OpenSession {
+                let (before, r) = self.apply(Command::OpenSessionV0(cmd::OpenSessionV0 {
                     ttl_ms: 20_000,
                     lock_delay_ms: 0,
                     nonce,
                     owner: String::new(),
-                })?;
+                }))?;
                 prop_assert!(
                     matches!(r.reply, Reply::Opened { session, .. } if session == id),
                     "{:?}",
@@ -478,10 +510,10 @@ impl History {
                 .unwrap_or(Reply::Acquire(Acquired::Queued));
         }
         // A repeated acquire of a wait in progress: where the session stands.
-        let Command::Acquire { name, .. } = &past.command else {
+        let Command::Acquire(cmd::Acquire { name, .. }) = &past.command else {
             unreachable!("only acquires are queued")
         };
-        let info = before.describe(&lock_name(name));
+        let info = before.describe(&lock_name(name.as_str()));
         if let Some(h) = info
             .iter()
             .flat_map(|i| &i.holders)
