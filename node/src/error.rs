@@ -99,7 +99,8 @@ impl From<Refusal> for Error {
             | Refusal::AlreadyHeld { .. }
             | Refusal::SequenceReused { .. }
             | Refusal::AlreadyWaiting { .. }
-            | Refusal::SequenceTooOld { .. } => Error::FailedPrecondition(msg),
+            | Refusal::SequenceTooOld { .. }
+            | Refusal::NotHeldInMode { .. } => Error::FailedPrecondition(msg),
             Refusal::Deadlock { .. } => Error::Deadlock(msg),
             Refusal::SessionNotFound { .. } => Error::NotFound(msg),
             Refusal::TooManyWaiters { .. }

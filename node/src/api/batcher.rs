@@ -48,6 +48,8 @@ pub fn command_bytes(command: &Command) -> usize {
             Command::TimeoutWait(c) => c.name.as_str().len(),
             Command::EndLockDelay(c) => c.name.as_str().len(),
             Command::RestorePart(c) => c.bytes.len(),
+            Command::Upgrade(c) => c.name.as_str().len() + c.caller.len(),
+            Command::Downgrade(c) => c.name.as_str().len() + c.caller.len(),
         }
 }
 

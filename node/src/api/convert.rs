@@ -112,6 +112,7 @@ pub fn watch_event(index: u64, event: &Event) -> Option<pb::WatchEvent> {
             let kind = match cause {
                 EndCause::Released => pb::EventKind::Released,
                 EndCause::SessionClosed | EndCause::SessionExpired => pb::EventKind::Expired,
+                EndCause::Upgraded => pb::EventKind::Upgraded,
             };
             (kind, name)
         }
@@ -130,6 +131,17 @@ pub fn watch_event(index: u64, event: &Event) -> Option<pb::WatchEvent> {
         }
         Event::LockDelayStarted { name, .. } => (pb::EventKind::LockDelayStarted, name),
         Event::LockDelayEnded { name } => (pb::EventKind::LockDelayEnded, name),
+        Event::Downgraded {
+            name,
+            session,
+            fence,
+        } => {
+            out.session_id = session.0;
+            out.fence = fence.0;
+            out.mode = pb::Mode::Shared as i32;
+            out.weight = 1;
+            (pb::EventKind::Downgraded, name)
+        }
     };
     out.kind = kind as i32;
     out.name = name.as_str().to_string();

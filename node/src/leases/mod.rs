@@ -326,7 +326,7 @@ impl Leases {
                         t.disarm(&TimerKey::Delay(name.clone(), since));
                     }
                 }
-                Event::Ended { .. } => {}
+                Event::Ended { .. } | Event::Downgraded { .. } => {}
             }
         }
         drop(t);

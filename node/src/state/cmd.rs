@@ -223,6 +223,46 @@ pub struct SetTtl {
     pub caller: String,
 }
 
+/// Upgrade the shared grant `fence` on `name` held by `session` to
+/// exclusive. Granted (a new grant, with a new fence, replacing the shared
+/// one) once the session's grant is the lock's only one; until then it
+/// waits ahead of everyone queued, and no new grant is made on the name.
+/// While it waits the shared grant stays held. A second holder asking to
+/// upgrade the same lock would wait for the first forever: it is refused
+/// as a deadlock.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Upgrade {
+    /// The holding session.
+    pub session: SessionId,
+    /// Request sequence number.
+    pub seq: u64,
+    /// The lock's name.
+    pub name: LockName,
+    /// The shared grant to upgrade.
+    pub fence: Fence,
+    /// As in [`Acquire`]: 0 = only if it can be granted at once.
+    pub timeout_ms: u64,
+    /// The identity the request came from; must be the session's owner.
+    pub caller: String,
+}
+
+/// Downgrade the exclusive grant `fence` on `name` held by `session` to
+/// shared, at once, keeping its fence (it only weakens); shared requests
+/// queued behind it are granted with it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Downgrade {
+    /// The holding session.
+    pub session: SessionId,
+    /// Request sequence number.
+    pub seq: u64,
+    /// The lock's name.
+    pub name: LockName,
+    /// The exclusive grant to downgrade.
+    pub fence: Fence,
+    /// The identity the request came from; must be the session's owner.
+    pub caller: String,
+}
+
 /// A session was opened (or found, for a retried nonce).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Opened {
@@ -301,6 +341,8 @@ request!(Cancel, bool, Reply::Cancelled { cancelled } => cancelled);
 request!(Lock, Locked,
     Reply::Locked { session, ttl_ms, outcome } => Locked { session, ttl_ms, outcome });
 request!(SetTtl, u64, Reply::TtlSet { ttl_ms } => ttl_ms);
+request!(Upgrade, Acquired, Reply::Acquire(outcome) => outcome);
+request!(Downgrade, (), Reply::Downgraded => ());
 
 /// The checks a session's options get, before any state is looked at.
 fn check_session(
@@ -421,6 +463,27 @@ impl SetTtl {
     pub fn digest(&self) -> u64 {
         let mut h = Fnv::new(4);
         h.u64(self.ttl_ms);
+        h.finish()
+    }
+}
+
+impl Upgrade {
+    /// As [`Acquire::digest`].
+    pub fn digest(&self) -> u64 {
+        let mut h = Fnv::new(5);
+        h.string(self.name.as_str().as_bytes());
+        h.u64(self.fence.0);
+        h.u64(self.timeout_ms);
+        h.finish()
+    }
+}
+
+impl Downgrade {
+    /// As [`Acquire::digest`].
+    pub fn digest(&self) -> u64 {
+        let mut h = Fnv::new(6);
+        h.string(self.name.as_str().as_bytes());
+        h.u64(self.fence.0);
         h.finish()
     }
 }

@@ -132,6 +132,10 @@ pub enum Command {
     Lock(cmd::Lock),
     /// Change a session's ttl.
     SetTtl(cmd::SetTtl),
+    /// Upgrade a shared grant to exclusive.
+    Upgrade(cmd::Upgrade),
+    /// Downgrade an exclusive grant to shared.
+    Downgrade(cmd::Downgrade),
 }
 
 impl From<cmd::OpenSession> for Command {
@@ -172,7 +176,9 @@ into_command!(
     RestorePart,
     Cancel,
     Lock,
-    SetTtl
+    SetTtl,
+    Upgrade,
+    Downgrade
 );
 
 impl Command {
@@ -193,7 +199,9 @@ impl Command {
             | Command::ExpireSession(_)
             | Command::TimeoutWait(_)
             | Command::EndLockDelay(_)
-            | Command::Cancel(_) => Ok(()),
+            | Command::Cancel(_)
+            | Command::Upgrade(_)
+            | Command::Downgrade(_) => Ok(()),
         }
     }
 }
@@ -301,6 +309,8 @@ pub enum Reply {
         /// The new ttl.
         ttl_ms: u64,
     },
+    /// An exclusive grant became shared.
+    Downgraded,
 }
 
 /// Why a command was refused. Each maps to one gRPC status in `api/`.
@@ -508,6 +518,20 @@ pub enum Refusal {
         /// The grace given.
         end_on_disconnect_ms: u64,
     },
+    /// An upgrade or downgrade names a grant the session does not hold in
+    /// the mode it changes from.
+    #[error("{session} does not hold {name} with fence {} in {mode} mode", fence.0)]
+    NotHeldInMode {
+        /// The session.
+        session: SessionId,
+        /// The name.
+        name: LockName,
+        /// The fence named.
+        fence: Fence,
+        /// The mode it must be held in: "shared" to upgrade, "exclusive"
+        /// to downgrade.
+        mode: String,
+    },
 }
 
 /// One edge of a wait-for cycle: `session` waits for `name`, which `blocker`
@@ -545,6 +569,9 @@ pub enum EndCause {
     SessionClosed,
     /// Its session expired.
     SessionExpired,
+    /// Its holder upgraded it: an exclusive grant with a new fence
+    /// replaced it.
+    Upgraded,
 }
 
 /// Why a wait ended without a grant.
@@ -654,6 +681,15 @@ pub enum Event {
         /// The name.
         name: LockName,
     },
+    /// An exclusive grant became shared, keeping its fence.
+    Downgraded {
+        /// The name.
+        name: LockName,
+        /// The holding session.
+        session: SessionId,
+        /// The grant's fence.
+        fence: Fence,
+    },
 }
 
 impl Event {
@@ -668,7 +704,8 @@ impl Event {
             | Event::Ended { name, .. }
             | Event::Cancelled { name, .. }
             | Event::LockDelayStarted { name, .. }
-            | Event::LockDelayEnded { name } => Some(name),
+            | Event::LockDelayEnded { name }
+            | Event::Downgraded { name, .. } => Some(name),
         }
     }
 }

@@ -55,15 +55,50 @@ impl LockTable {
         // common case (a worker holding nothing, or nothing contended) is
         // settled here without a search.
         let session = self.sessions.get(&requester)?;
-        let blocks_someone = session
-            .held
-            .keys()
-            .chain(session.waiting.keys())
-            .any(|n| self.locks.get(n).is_some_and(|l| !l.queue.is_empty()));
+        let blocks_someone = session.held.keys().chain(session.waiting.keys()).any(|n| {
+            self.locks.get(n).is_some_and(|l| !l.queue.is_empty())
+                || self.upgrades.get(n).is_some_and(|u| u.session != requester)
+        });
         if !blocks_someone {
             return None;
         }
-        self.search(requester, name, lock, lock.queue.len(), mode)
+        let mut scanned = HashMap::new();
+        let first = blockers(
+            lock,
+            lock.queue.len(),
+            mode,
+            scanned.entry(name).or_default(),
+            self.upgrader(name),
+        );
+        self.search(requester, name, first, scanned)
+    }
+
+    /// If `requester`, a shared holder of `name`, waiting to upgrade it
+    /// would close a wait-for cycle, returns it, starting with the
+    /// requester's new edge. An upgrade waits for every other holder.
+    pub(super) fn find_upgrade_cycle(
+        &self,
+        requester: SessionId,
+        name: &LockName,
+    ) -> Option<Vec<WaitEdge>> {
+        let lock = self.locks.get(name)?;
+        let first = others(lock, requester);
+        self.search(requester, name, first, HashMap::new())
+    }
+
+    /// The session waiting to upgrade `name`, if any: everyone queued for
+    /// `name` waits for it too.
+    fn upgrader(&self, name: &LockName) -> Option<SessionId> {
+        self.upgrades.get(name).map(|u| u.session)
+    }
+
+    /// The names `session` (holding `held`) waits to upgrade.
+    fn upgrades_by<'a>(
+        &'a self,
+        session: SessionId,
+        held: impl Iterator<Item = &'a LockName> + 'a,
+    ) -> impl Iterator<Item = &'a LockName> + 'a {
+        held.filter(move |n| self.upgrades.get(*n).is_some_and(|u| u.session == session))
     }
 
     /// Any cycle in the whole wait-for graph (for the invariant checker,
@@ -100,6 +135,12 @@ impl LockTable {
                     out.push((l.queue[pos - 1].session, n));
                 }
                 out.extend(needs[pos].iter().map(|&h| (h, n)));
+                out.extend(self.upgrader(n).map(|u| (u, n)));
+            }
+            for n in self.upgrades_by(s, session.held.keys()) {
+                if let Some(l) = self.locks.get(n) {
+                    out.extend(others(l, s).into_iter().map(|h| (h, n)));
+                }
             }
             out
         };
@@ -109,7 +150,8 @@ impl LockTable {
         let waiting = self
             .locks
             .values()
-            .flat_map(|l| l.queue.iter().map(|w| w.session));
+            .flat_map(|l| l.queue.iter().map(|w| w.session))
+            .chain(self.upgrades.values().map(|u| u.session));
         for root in waiting {
             if done.contains_key(&root) {
                 continue;
@@ -151,24 +193,21 @@ impl LockTable {
         None
     }
 
-    /// Depth-first search from the blockers of `requester` waiting at `pos`
-    /// on `name` back to `requester`.
-    fn search(
-        &self,
+    /// Depth-first search from `first`, the blockers of `requester`'s new
+    /// wait on `name`, back to `requester`.
+    fn search<'a>(
+        &'a self,
         requester: SessionId,
-        name: &LockName,
-        lock: &Lock,
-        pos: usize,
-        mode: Mode,
+        name: &'a LockName,
+        first: Vec<SessionId>,
+        mut scanned: HashMap<&'a LockName, Scanned>,
     ) -> Option<Vec<WaitEdge>> {
-        let mut scanned: HashMap<&LockName, Scanned> = HashMap::new();
         let mut visited: HashSet<SessionId> = HashSet::new();
         // How each visited session was reached: (waiter, name it waits for).
         let mut parent: HashMap<SessionId, (SessionId, &LockName)> = HashMap::new();
         let mut stack: Vec<SessionId> = Vec::new();
         let mut found: Option<(SessionId, &LockName)> = None;
 
-        let first = blockers(lock, pos, mode, scanned.entry(name).or_default());
         visited.insert(requester);
         for b in first {
             if b == requester {
@@ -186,13 +225,23 @@ impl LockTable {
             let Some(session) = self.sessions.get(&s) else {
                 continue;
             };
-            for (n, wait) in &session.waiting {
-                let Some(l) = self.locks.get(n) else { continue };
-                let Some(pos) = l.position(wait.index) else {
-                    continue;
+            let queued = session.waiting.iter().filter_map(|(n, wait)| {
+                let l = self.locks.get(n)?;
+                let pos = l.position(wait.index)?;
+                Some((n, l, Some(pos)))
+            });
+            let upgrading = self
+                .upgrades_by(s, session.held.keys())
+                .filter_map(|n| Some((n, self.locks.get(n)?, None)));
+            for (n, l, pos) in queued.chain(upgrading) {
+                let next = match pos {
+                    Some(pos) => {
+                        let m = l.queue[pos].mode;
+                        blockers(l, pos, m, scanned.entry(n).or_default(), self.upgrader(n))
+                    }
+                    None => others(l, s),
                 };
-                let m = l.queue[pos].mode;
-                for b in blockers(l, pos, m, scanned.entry(n).or_default()) {
+                for b in next {
                     if b == requester {
                         found = Some((s, n));
                         break;
@@ -280,11 +329,28 @@ fn newly_needed_holders(lock: &Lock) -> Vec<Vec<SessionId>> {
     out
 }
 
+/// The holders of `lock` other than `session`: whom an upgrade by
+/// `session` waits for.
+fn others(lock: &Lock, session: SessionId) -> Vec<SessionId> {
+    lock.holders
+        .values()
+        .map(|h| h.session)
+        .filter(|&h| h != session)
+        .collect()
+}
+
 /// The sessions a waiter at `pos` in `lock`'s queue (or a new one, with
 /// `pos == queue.len()`) cannot be granted without, minus what this search
-/// already pushed for the same name.
-fn blockers(lock: &Lock, pos: usize, mode: Mode, scanned: &mut Scanned) -> Vec<SessionId> {
-    let mut out = Vec::new();
+/// already pushed for the same name; with the session waiting to upgrade
+/// the lock (`upgrader`), which goes ahead of everyone queued.
+fn blockers(
+    lock: &Lock,
+    pos: usize,
+    mode: Mode,
+    scanned: &mut Scanned,
+    upgrader: Option<SessionId>,
+) -> Vec<SessionId> {
+    let mut out: Vec<SessionId> = upgrader.into_iter().collect();
     let start = scanned.prefix.min(pos);
     let ahead = lock.queue.range(start..pos);
     match lock.capacity {

@@ -37,6 +37,10 @@
 //!    at most one wait per name.
 //! 6. The wait-for graph between sessions has no cycle (see [`deadlock`]).
 //! 7. A name with no holder, waiter or lock-delay has no entry.
+//! 8. A pending upgrade is of a shared grant its session holds, at most
+//!    one per lock, and is not grantable (its grant is not the lock's only
+//!    one, or a lock-delay is in force); while it pends, nothing queued
+//!    on the name is granted.
 
 pub mod cmd;
 mod command;

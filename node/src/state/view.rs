@@ -98,13 +98,17 @@ pub enum SnapshotError {
 /// Format version of [`LockTable::to_snapshot`]'s output, its first byte.
 /// Version 3 added the index floor a restore sets; version 4 the close
 /// index of each remembered close (the oldest close is forgotten first),
-/// and each session's disconnect grace and pending one-call lock.
-pub const SNAPSHOT_VERSION: u8 = 4;
+/// and each session's disconnect grace and pending one-call lock; version
+/// 5 the pending upgrades.
+pub const SNAPSHOT_VERSION: u8 = 5;
 
 /// The format before, still read (see [`LockTable::from_snapshot`]).
-pub const SNAPSHOT_VERSION_3: u8 = 3;
+pub const SNAPSHOT_VERSION_4: u8 = 4;
 
 /// The format before that, still read.
+pub const SNAPSHOT_VERSION_3: u8 = 3;
+
+/// The oldest format still read.
 pub const SNAPSHOT_VERSION_2: u8 = 2;
 
 impl LockTable {
@@ -124,17 +128,18 @@ impl LockTable {
                     index: h.index,
                 })
                 .collect(),
-            waiters: lock
-                .queue
-                .iter()
-                .map(|w| WaitInfo {
+            // A pending upgrade first: it goes ahead of everyone queued.
+            waiters: self
+                .upgrade_wait(name)
+                .into_iter()
+                .chain(lock.queue.iter().map(|w| WaitInfo {
                     session: w.session,
                     name: name.clone(),
                     seq: w.seq,
                     mode: w.mode,
                     timeout_ms: w.timeout_ms,
                     index: w.index,
-                })
+                }))
                 .collect(),
             lock_delayed: lock.delay.is_some(),
         })
@@ -194,7 +199,7 @@ impl LockTable {
 
     /// Every queued request (the leader re-arms their timeouts on election).
     pub fn waits(&self) -> impl Iterator<Item = WaitInfo> + '_ {
-        self.locks.iter().flat_map(|(name, lock)| {
+        let queued = self.locks.iter().flat_map(|(name, lock)| {
             lock.queue.iter().map(move |w| WaitInfo {
                 session: w.session,
                 name: name.clone(),
@@ -203,6 +208,19 @@ impl LockTable {
                 timeout_ms: w.timeout_ms,
                 index: w.index,
             })
+        });
+        queued.chain(self.upgrades.keys().filter_map(|n| self.upgrade_wait(n)))
+    }
+
+    /// The pending upgrade of `name` as a wait (for exclusive).
+    fn upgrade_wait(&self, name: &LockName) -> Option<WaitInfo> {
+        self.upgrades.get(name).map(|u| WaitInfo {
+            session: u.session,
+            name: name.clone(),
+            seq: u.seq,
+            mode: Mode::Exclusive,
+            timeout_ms: u.timeout_ms,
+            index: u.index,
         })
     }
 
@@ -269,7 +287,8 @@ impl LockTable {
     }
 
     /// Decodes a table written by [`to_snapshot`](Self::to_snapshot), or by
-    /// an earlier format ([`SNAPSHOT_VERSION_3`], whose remembered closes
+    /// an earlier format ([`SNAPSHOT_VERSION_4`], without pending upgrades;
+    /// [`SNAPSHOT_VERSION_3`], whose remembered closes
     /// have no close index: they are forgotten first, by id;
     /// [`SNAPSHOT_VERSION_2`], which also lacked the index floor: such a
     /// table has floor 0), so backups of older clusters can be restored.
@@ -279,6 +298,7 @@ impl LockTable {
         }
         let mut table = match bytes.split_first() {
             Some((&SNAPSHOT_VERSION, rest)) => decode::<LockTable>(rest)?,
+            Some((&SNAPSHOT_VERSION_4, rest)) => decode::<v4::LockTable>(rest)?.upgrade(),
             Some((&SNAPSHOT_VERSION_3, rest)) => decode::<v3::LockTable>(rest)?.upgrade(),
             Some((&SNAPSHOT_VERSION_2, rest)) => decode::<v2::LockTable>(rest)?.upgrade(),
             Some((&v, _)) => return Err(SnapshotError::Version(v)),
@@ -349,7 +369,13 @@ impl LockTable {
                     }
                 }
             }
-            if let Some(head) = lock.queue.front() {
+            // A pending upgrade goes ahead of the queue: the head waits
+            // behind it whatever its mode.
+            if let Some(head) = lock
+                .queue
+                .front()
+                .filter(|_| !self.upgrades.contains_key(name))
+            {
                 let mut probe = lock.clone();
                 probe.queue.clear();
                 if probe_compatible(&probe, head.mode) {
@@ -438,6 +464,28 @@ impl LockTable {
         }
         if self.nonces.len() != self.sessions.values().filter(|s| s.nonce != 0).count() {
             return Err("stale nonce entries".into());
+        }
+        for (name, u) in &self.upgrades {
+            // 8. An upgrade is of a shared grant its open session holds on
+            // a lock, and is not grantable (else it would have been
+            // granted).
+            let held = self
+                .sessions
+                .get(&u.session)
+                .is_some_and(|s| s.held.get(name) == Some(&u.fence));
+            let lock = self.locks.get(name);
+            let shared = lock
+                .and_then(|l| l.holders.get(&u.fence))
+                .is_some_and(|h| h.session == u.session && h.mode == Mode::Shared);
+            if !held || !shared {
+                return Err(format!(
+                    "{}: upgrade of a grant it does not hold shared on {name}",
+                    u.session
+                ));
+            }
+            if lock.is_some_and(|l| l.holders.len() == 1 && l.delay.is_none()) {
+                return Err(format!("{name}: pending upgrade is grantable"));
+            }
         }
         if let Some(cycle) = self.wait_cycle() {
             return Err(format!("wait-for cycle through {cycle:?}"));
@@ -535,6 +583,46 @@ mod v2 {
                 index_floor: 0,
                 closed: BTreeMap::new(),
                 closed_order: Default::default(),
+                upgrades: BTreeMap::new(),
+            }
+        }
+    }
+}
+
+/// The lock-table format 4 (no pending upgrades), decoded so tables and
+/// backups written before upgrades existed still load.
+mod v4 {
+    use std::collections::BTreeMap;
+
+    use serde::Deserialize;
+
+    use super::super::command::{LockName, SessionId};
+    use super::super::table::{self, Closed, Lock, PendingRestore, Session};
+
+    #[derive(Deserialize)]
+    pub(super) struct LockTable {
+        sessions: BTreeMap<SessionId, Session>,
+        locks: BTreeMap<LockName, Lock>,
+        nonces: BTreeMap<u64, SessionId>,
+        last_fence: u64,
+        restoring: Option<PendingRestore>,
+        index_floor: u64,
+        closed: BTreeMap<SessionId, Closed>,
+    }
+
+    impl LockTable {
+        /// The same table in today's format, with no upgrade pending.
+        pub(super) fn upgrade(self) -> table::LockTable {
+            table::LockTable {
+                sessions: self.sessions,
+                locks: self.locks,
+                nonces: self.nonces,
+                last_fence: self.last_fence,
+                restoring: self.restoring,
+                index_floor: self.index_floor,
+                closed: self.closed,
+                closed_order: Default::default(),
+                upgrades: BTreeMap::new(),
             }
         }
     }
@@ -624,6 +712,7 @@ mod v3 {
                 index_floor: self.index_floor,
                 closed,
                 closed_order: Default::default(),
+                upgrades: BTreeMap::new(),
             }
         }
     }

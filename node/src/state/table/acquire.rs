@@ -97,7 +97,10 @@ impl LockTable {
             return Err(Refusal::FencesExhausted);
         }
 
-        let free = lock.is_none_or(|l| l.queue.is_empty() && l.compatible(mode));
+        // A pending upgrade goes ahead of everyone: nothing is granted
+        // past it.
+        let free = lock.is_none_or(|l| l.queue.is_empty() && l.compatible(mode))
+            && !self.upgrades.contains_key(&name);
         if free {
             let Some(fence) = next_fence(&mut self.last_fence) else {
                 return Err(Refusal::FencesExhausted);
@@ -164,6 +167,15 @@ impl LockTable {
     /// Grants from the head of `name`'s queue while the head is compatible
     /// (FIFO, head-of-line blocking), then drops the entry if it is idle.
     pub(super) fn promote(&mut self, name: &LockName, index: u64, events: &mut Vec<Event>) {
+        // A pending upgrade comes first; while it waits, so does everyone
+        // queued.
+        if self.upgrades.contains_key(name) {
+            if self.last_fence >= MAX_FENCE {
+                self.end_upgrade(name, CancelCause::FencesExhausted, events);
+            } else if self.grant_upgrade(name, index, events).is_none() {
+                return;
+            }
+        }
         let Some(lock) = self.locks.get_mut(name) else {
             return;
         };
@@ -225,14 +237,14 @@ impl LockTable {
 
 /// The next fence, counted; `None`, changing nothing, once the counter is
 /// at [`MAX_FENCE`].
-fn next_fence(last_fence: &mut u64) -> Option<Fence> {
+pub(super) fn next_fence(last_fence: &mut u64) -> Option<Fence> {
     let next = last_fence.checked_add(1).filter(|f| *f <= MAX_FENCE)?;
     *last_fence = next;
     Some(Fence(next))
 }
 
 /// Records a grant of `fence`.
-fn hold(
+pub(super) fn hold(
     lock: &mut Lock,
     fence: Fence,
     session: SessionId,

@@ -53,6 +53,11 @@ impl Holders {
         self.search(fence).ok().map(|pos| &self.0[pos].1)
     }
 
+    /// The grant with `fence`, to change.
+    pub(in crate::state) fn get_mut(&mut self, fence: &Fence) -> Option<&mut Holder> {
+        self.search(fence).ok().map(|pos| &mut self.0[pos].1)
+    }
+
     /// Whether a grant with `fence` is current.
     pub(in crate::state) fn contains_key(&self, fence: &Fence) -> bool {
         self.search(fence).is_ok()

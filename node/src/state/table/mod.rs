@@ -16,6 +16,7 @@ mod release;
 mod replies;
 mod restore;
 mod sessions;
+mod upgrade;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -23,7 +24,7 @@ use serde::{Deserialize, Serialize};
 
 pub(in crate::state) use holders::Holders;
 pub(in crate::state) use records::{
-    Closed, Delay, Holder, Lock, PendingRestore, Session, WaitRef, Waiter,
+    Closed, Delay, Holder, Lock, PendingRestore, Session, Upgrade, WaitRef, Waiter,
 };
 pub(in crate::state) use replies::{Remembered, Replies};
 
@@ -72,6 +73,9 @@ pub struct LockTable {
     /// when one is decoded.
     #[serde(skip)]
     pub(super) closed_order: BTreeSet<(u64, SessionId)>,
+    /// Pending upgrades from shared to exclusive, by name (snapshot format
+    /// 5 on).
+    pub(super) upgrades: BTreeMap<LockName, Upgrade>,
 }
 
 impl LockTable {
@@ -126,6 +130,8 @@ impl LockTable {
             Command::EndLockDelay(c) => self.end_lock_delay(cx, c),
             Command::RestorePart(c) => self.restore_part(cx, c),
             Command::Cancel(c) => self.cancel(cx, c),
+            Command::Upgrade(c) => self.upgrade(cx, c),
+            Command::Downgrade(c) => self.downgrade(cx, c),
         };
         Response {
             reply: reply.unwrap_or_else(Reply::Refused),

@@ -113,6 +113,25 @@ pub(in crate::state) struct Waiter {
     pub(in crate::state) index: u64,
 }
 
+/// A shared holder's pending upgrade to exclusive. At most one per lock
+/// (a second would wait for the first forever and is refused as a
+/// deadlock); it goes ahead of everyone queued: no new grant is made on the
+/// lock while it waits, and it is granted as soon as its own shared grant
+/// is the lock's only one.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(in crate::state) struct Upgrade {
+    /// The holding session.
+    pub(in crate::state) session: SessionId,
+    /// The upgrade request's sequence number.
+    pub(in crate::state) seq: u64,
+    /// The shared grant being upgraded.
+    pub(in crate::state) fence: Fence,
+    /// How long it may wait, as an acquire's.
+    pub(in crate::state) timeout_ms: u64,
+    /// Log index at which it began waiting.
+    pub(in crate::state) index: u64,
+}
+
 /// A lock-delay in force.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(in crate::state) struct Delay {

@@ -46,6 +46,10 @@ impl LockTable {
                 mode: h.mode,
                 cause: EndCause::Released,
             });
+            // An upgrade of the released grant ends with it.
+            if self.upgrade_of(&name, session, None).is_some() {
+                self.end_upgrade(&name, CancelCause::Cancelled, events);
+            }
             self.promote(&name, index, events);
             true
         } else {
@@ -64,6 +68,12 @@ impl LockTable {
     ) -> Result<Reply, Refusal> {
         let cmd::TimeoutWait { session, name, seq } = c;
         let (index, events) = (cx.index, &mut *cx.events);
+        if self.upgrade_of(&name, session, Some(seq)).is_some() {
+            self.end_upgrade(&name, CancelCause::TimedOut, events);
+            // Those queued behind it may be grantable now.
+            self.promote(&name, index, events);
+            return Ok(Reply::WaitTimedOut { ended: true });
+        }
         let Some(s) = self.sessions.get_mut(&session) else {
             return Ok(Reply::WaitTimedOut { ended: false });
         };
@@ -102,11 +112,25 @@ impl LockTable {
             caller,
         } = c;
         let (index, events) = (cx.index, &mut *cx.events);
-        let s = match self.sessions.get_mut(&session) {
+        match self.sessions.get(&session) {
             // The session ended, and its waits and grants with it.
             None => return Ok(Reply::Cancelled { cancelled: false }),
             Some(s) if s.owner != caller => return Err(Refusal::NotOwner { session }),
-            Some(s) => s,
+            Some(_) => {}
+        }
+        if self
+            .upgrades
+            .get(&name)
+            .is_some_and(|u| u.session == session && u.seq == seq)
+        {
+            // A pending upgrade: it stops waiting; the shared grant it
+            // would have replaced stays held.
+            self.end_upgrade(&name, CancelCause::Cancelled, events);
+            self.promote(&name, index, events);
+            return Ok(Reply::Cancelled { cancelled: true });
+        }
+        let Some(s) = self.sessions.get_mut(&session) else {
+            return Ok(Reply::Cancelled { cancelled: false });
         };
         if let Some(wait) = s.waiting.get(&name).copied().filter(|w| w.seq == seq) {
             s.waiting.remove(&name);
@@ -159,6 +183,10 @@ impl LockTable {
             mode: h.mode,
             cause: EndCause::Released,
         });
+        // An upgrade of the cancelled grant ends with it.
+        if self.upgrade_of(&name, session, None).is_some() {
+            self.end_upgrade(&name, CancelCause::Cancelled, events);
+        }
         self.promote(&name, index, events);
         Ok(Reply::Cancelled { cancelled: true })
     }

@@ -286,6 +286,9 @@ impl LockTable {
         };
         let released = s.held.len() as u32;
         for (name, fence) in s.held {
+            if self.upgrade_of(&name, session, None).is_some() {
+                self.end_upgrade(&name, CancelCause::SessionEnded, events);
+            }
             if let Some(lock) = self.locks.get_mut(&name) {
                 if let Some(h) = lock.holders.remove(&fence) {
                     lock.held_weight = lock.held_weight.saturating_sub(u64::from(h.mode.weight()));

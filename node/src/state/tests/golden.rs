@@ -1,9 +1,10 @@
 //! The log and snapshot encodings, byte for byte: every kind of command,
 //! and a busy table's snapshot, as the code of 2026-11-25 wrote them
-//! (`golden/commands.hex`, `golden/snapshot.hex`). A change of the Rust
-//! types that changes a byte breaks old logs and snapshots; this test
-//! catches it. `RAFTLOCK_WRITE_GOLDEN=1` rewrites the files (only for a
-//! deliberate, versioned format change).
+//! (`golden/commands.hex`; `golden/snapshot-v4.hex`, lock-table format 4,
+//! and `golden/snapshot-v5.hex`, format 5). A change of the Rust types that
+//! changes a byte breaks old logs and snapshots; this test catches it.
+//! `RAFTLOCK_WRITE_GOLDEN=1` rewrites the files of today's formats (only
+//! for a deliberate, versioned format change; new commands append lines).
 
 use super::*;
 
@@ -94,6 +95,21 @@ fn commands() -> Vec<Command> {
             ttl_ms: 2_000,
             caller: "app".into(),
         }),
+        Command::Upgrade(cmd::Upgrade {
+            session: s,
+            seq: 11,
+            name: LockName::new("doc/7").expect("valid name"),
+            fence: Fence(13),
+            timeout_ms: 2_500,
+            caller: "app".into(),
+        }),
+        Command::Downgrade(cmd::Downgrade {
+            session: s,
+            seq: 12,
+            name: LockName::new("doc/7").expect("valid name"),
+            fence: Fence(14),
+            caller: "app".into(),
+        }),
     ]
 }
 
@@ -145,6 +161,22 @@ fn a_busy_tables_snapshot_encodes_as_it_always_did() {
         caller: String::new(),
     }));
     let bytes = h.table.to_snapshot();
-    check("snapshot.hex", hex(&bytes) + "\n");
+    check("snapshot-v5.hex", hex(&bytes) + "\n");
     assert_eq!(LockTable::from_snapshot(&bytes).expect("decodes"), h.table);
+    // The same table in format 4, as the code before upgrades wrote it.
+    let v4 = read("snapshot-v4.hex");
+    assert_eq!(v4[0], crate::state::view::SNAPSHOT_VERSION_4);
+    assert_eq!(LockTable::from_snapshot(&v4).expect("decodes"), h.table);
+}
+
+fn read(file: &str) -> Vec<u8> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("src/state/tests/golden")
+        .join(file);
+    let line = std::fs::read_to_string(&path).expect("golden file");
+    let line = line.trim();
+    (0..line.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&line[i..i + 2], 16).expect("hex"))
+        .collect()
 }

@@ -27,6 +27,7 @@ mod replies;
 mod restore;
 mod sessions;
 mod snapshot;
+mod upgrade;
 mod views;
 
 const X: Mode = Mode::Exclusive;

@@ -364,7 +364,7 @@ fn a_backup_in_the_previous_format_still_restores() {
         Reply::Restored { .. }
     ));
     let err = LockTable::from_snapshot(&[9, 0, 0]).expect_err("unknown version");
-    assert!(err.to_string().contains("reads 2 to 4"), "{err}");
+    assert!(err.to_string().contains("reads 2 to 5"), "{err}");
 }
 
 // ---- Fences never wrap ----

@@ -462,6 +462,13 @@ impl History {
                 Event::LockDelayEnded { name } => {
                     prop_assert!(self.delays.remove(name.as_str()).is_some());
                 }
+                Event::Downgraded { session, .. } => {
+                    prop_assert!(
+                        matches!(command, Command::Downgrade(c) if c.session == *session),
+                        "downgraded by {:?}",
+                        command
+                    );
+                }
                 Event::SessionTtlChanged { session, .. } => {
                     prop_assert!(
                         matches!(command, Command::SetTtl(c) if c.session == *session),
