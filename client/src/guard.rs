@@ -105,6 +105,88 @@ impl Guard {
         !self.inner.released.load(Ordering::SeqCst) && self.inner.session.is_valid()
     }
 
+    /// Upgrades this shared lock to exclusive, waiting without a timeout
+    /// until the other readers have left; nobody queued can get in
+    /// meanwhile. On success this guard is spent (its shared grant ended)
+    /// and the returned guard holds the exclusive grant, with a new, larger
+    /// fence: hand that one to your stores. Another holder upgrading the
+    /// same lock at the same time makes this fail at once with
+    /// [`Error::Deadlock`] (the two would wait for each other forever):
+    /// release this guard and take the lock again. On any other error this
+    /// guard's read is still held, unless the outcome was unknown
+    /// ([`Error::Unavailable`], [`Error::Unknown`]): then the upgrade is
+    /// cancelled in the background, and if it had been granted meanwhile
+    /// the lock is released; check [`is_held`](Guard::is_held) or release
+    /// and start over.
+    pub async fn upgrade(&self) -> Result<Guard> {
+        self.upgrade_with(None).await
+    }
+
+    /// As [`upgrade`](Guard::upgrade), waiting at most `timeout`
+    /// ([`Duration::ZERO`]: only if this is the lock's only reader);
+    /// [`Error::NotAcquired`] when it runs out, the read still held.
+    pub async fn upgrade_timeout(&self, timeout: std::time::Duration) -> Result<Guard> {
+        self.upgrade_with(Some(timeout)).await
+    }
+
+    async fn upgrade_with(&self, timeout: Option<std::time::Duration>) -> Result<Guard> {
+        if self.inner.mode != Mode::Shared {
+            return Err(Error::InvalidArgument(format!(
+                "only a shared lock can be upgraded; {} is held as {:?}",
+                self.inner.name, self.inner.mode
+            )));
+        }
+        if self.inner.released.load(Ordering::SeqCst) {
+            return Err(Error::InvalidArgument(format!(
+                "the grant on {} was released",
+                self.inner.name
+            )));
+        }
+        let fence = self
+            .inner
+            .session
+            .upgrade(&self.inner.name, self.inner.fence, timeout)
+            .await?;
+        Ok(self.replaced_by(fence, Mode::Exclusive))
+    }
+
+    /// Downgrades this exclusive lock to shared, at once: readers queued
+    /// behind it come in. The fence stays the same (the grant only
+    /// weakens). On success this guard is spent and the returned guard
+    /// holds the shared grant.
+    pub async fn downgrade(&self) -> Result<Guard> {
+        if self.inner.mode != Mode::Exclusive {
+            return Err(Error::InvalidArgument(format!(
+                "only an exclusive lock can be downgraded; {} is held as {:?}",
+                self.inner.name, self.inner.mode
+            )));
+        }
+        if self.inner.released.load(Ordering::SeqCst) {
+            return Err(Error::InvalidArgument(format!(
+                "the grant on {} was released",
+                self.inner.name
+            )));
+        }
+        self.inner
+            .session
+            .downgrade(&self.inner.name, self.inner.fence)
+            .await?;
+        Ok(self.replaced_by(self.inner.fence, Mode::Shared))
+    }
+
+    /// A guard for the grant that replaced this one; this one is spent
+    /// (neither it nor its drop releases anything).
+    fn replaced_by(&self, fence: Fence, mode: Mode) -> Guard {
+        self.inner.released.store(true, Ordering::SeqCst);
+        Guard::new(
+            self.inner.session.clone(),
+            self.inner.name.clone(),
+            fence,
+            mode,
+            self.inner.value.clone(),
+        )
+    }
+
     /// Releases the grant. Returns whether this call released it (`false`:
     /// already released, or ended with its session). Safe to call any number
     /// of times; if it fails (cluster unreachable), calling it again retries.

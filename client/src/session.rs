@@ -436,6 +436,98 @@ impl Session {
         Ok(guard)
     }
 
+    /// Upgrades the shared grant `fence` on `name` to exclusive, waiting up
+    /// to `timeout` (`None`: forever, `Some(ZERO)`: only if it can be
+    /// granted at once). Returns the exclusive grant's fence and the value
+    /// the shared grant carried. See [`Guard::upgrade`].
+    pub(crate) async fn upgrade(
+        &self,
+        name: &str,
+        fence: Fence,
+        timeout: Option<Duration>,
+    ) -> Result<Fence> {
+        if !self.is_valid() {
+            return Err(Error::LeaseLost);
+        }
+        let seq = self.next_seq();
+        let timeout_ms = match timeout {
+            None => 0,
+            Some(t) => u64::try_from(t.as_millis())
+                .unwrap_or(u64::MAX)
+                .min(WAIT_FOREVER_MS - 1),
+        };
+        let req = pb::UpgradeRequest {
+            session_id: self.inner.id,
+            seq,
+            name: name.to_string(),
+            fence: fence.get(),
+            timeout_ms,
+            wait: timeout.is_none(),
+        };
+        let opts = self.inner.client.options();
+        let (attempt, deadline) = match timeout {
+            None => (FOREVER_ATTEMPT, after(Duration::MAX)),
+            Some(t) => (
+                opts.request_timeout.saturating_add(t.saturating_mul(2)),
+                after(opts.retry_deadline.saturating_add(t.saturating_mul(2))),
+            ),
+        };
+        // As for an acquire: if this future is dropped or the outcome stays
+        // unknown, the upgrade is cancelled (a pending one stops waiting; one
+        // granted meanwhile is released, and the shared grant with it).
+        let mut pending = PendingAcquire {
+            session: self.clone(),
+            name: name.to_string(),
+            seq,
+            armed: true,
+        };
+        let result = self
+            .inner
+            .client
+            .transport
+            .call(Kind::Write, attempt, deadline, |c| {
+                let req = req.clone();
+                async move { LocksClient::new(c).upgrade(req).await }
+            })
+            .await;
+        let resp = match result {
+            Ok(resp) => {
+                pending.armed = false;
+                resp.into_inner()
+            }
+            Err(e) => {
+                pending.armed = matches!(
+                    e,
+                    Error::Unknown(_) | Error::Unavailable(_) | Error::Internal(_)
+                );
+                return Err(e);
+            }
+        };
+        if !resp.acquired {
+            return Err(Error::NotAcquired(timeout.unwrap_or(Duration::MAX)));
+        }
+        Ok(Fence::new(resp.fence))
+    }
+
+    /// Downgrades the exclusive grant `fence` on `name` to shared.
+    pub(crate) async fn downgrade(&self, name: &str, fence: Fence) -> Result<()> {
+        let req = pb::DowngradeRequest {
+            session_id: self.inner.id,
+            seq: self.next_seq(),
+            name: name.to_string(),
+            fence: fence.get(),
+        };
+        self.inner
+            .client
+            .transport
+            .locks_call(Kind::Write, |mut c| {
+                let req = req.clone();
+                async move { c.downgrade(req).await }
+            })
+            .await?;
+        Ok(())
+    }
+
     /// Waits for and takes an exclusive lock on `name`.
     pub async fn lock(&self, name: &str) -> Result<Guard> {
         self.acquire(name, Mode::Exclusive, None, Vec::new()).await

@@ -240,6 +240,11 @@ pub enum EventKind {
     LockDelayStarted,
     /// The lock-delay ended; the name can be granted again.
     LockDelayEnded,
+    /// A shared grant ended because its holder upgraded it (a `Granted`
+    /// event with the exclusive grant's new fence follows).
+    Upgraded,
+    /// An exclusive grant became shared, keeping its fence.
+    Downgraded,
 }
 
 impl EventKind {
@@ -253,6 +258,8 @@ impl EventKind {
             EventKind::Cancelled => "cancelled",
             EventKind::LockDelayStarted => "lock-delay-started",
             EventKind::LockDelayEnded => "lock-delay-ended",
+            EventKind::Upgraded => "upgraded",
+            EventKind::Downgraded => "downgraded",
         }
     }
 }
@@ -294,6 +301,8 @@ impl TryFrom<pb::WatchEvent> for WatchEvent {
             Ok(pb::EventKind::Cancelled) => EventKind::Cancelled,
             Ok(pb::EventKind::LockDelayStarted) => EventKind::LockDelayStarted,
             Ok(pb::EventKind::LockDelayEnded) => EventKind::LockDelayEnded,
+            Ok(pb::EventKind::Upgraded) => EventKind::Upgraded,
+            Ok(pb::EventKind::Downgraded) => EventKind::Downgraded,
             Ok(pb::EventKind::Unspecified) | Err(_) => return Err(undefined("EventKind", e.kind)),
         };
         Ok(WatchEvent {

@@ -173,6 +173,20 @@ impl Locks for Fake {
         Err(Status::unimplemented("fake"))
     }
 
+    async fn upgrade(
+        &self,
+        _: Request<pb::UpgradeRequest>,
+    ) -> Result<Response<pb::AcquireResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+
+    async fn downgrade(
+        &self,
+        _: Request<pb::DowngradeRequest>,
+    ) -> Result<Response<pb::DowngradeResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+
     type WatchStream = Events;
 
     async fn watch(&self, _: Request<pb::WatchRequest>) -> Result<Response<Events>, Status> {

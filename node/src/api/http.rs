@@ -228,6 +228,8 @@ async fn locks(
         "Lock" => unary(req, limit, |r| api.lock(r)).await,
         "Unlock" => unary(req, limit, |r| api.unlock(r)).await,
         "SetSessionTtl" => unary(req, limit, |r| api.set_session_ttl(r)).await,
+        "Upgrade" => unary(req, limit, |r| api.upgrade(r)).await,
+        "Downgrade" => unary(req, limit, |r| api.downgrade(r)).await,
         "Watch" => watch(api, req, limit).await,
         other => {
             not_found(

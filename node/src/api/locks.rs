@@ -583,6 +583,60 @@ impl Locks for Api {
             self.set_session_ttl_call(caller, req.into_inner()).await?,
         ))
     }
+
+    #[tracing::instrument(skip_all, fields(lock = %req.get_ref().name, session = req.get_ref().session_id))]
+    async fn upgrade(
+        &self,
+        req: Request<pb::UpgradeRequest>,
+    ) -> Result<Response<pb::AcquireResponse>, Status> {
+        let _timer = self.0.shared.metrics.timer(crate::metrics::Method::Upgrade);
+        // Like a release: only the session's owner may (checked in the
+        // table), and the grant being upgraded was allowed by the rules.
+        let caller = self.caller(&req)?;
+        caller.require_name(Permission::Lock, &req.get_ref().name)?;
+        let r = req.into_inner();
+        let session = SessionId(r.session_id);
+        let lock = name(r.name)?;
+        let timeout_ms = if r.wait { WAIT_FOREVER } else { r.timeout_ms };
+        let outcome = match self
+            .write(cmd::Upgrade {
+                session,
+                seq: r.seq,
+                name: lock.clone(),
+                fence: Fence(r.fence),
+                timeout_ms,
+                caller: caller.identity,
+            })
+            .await?
+        {
+            Acquired::Queued => self.park(session, lock, timeout_ms).await?,
+            outcome => outcome,
+        };
+        Ok(Response::new(acquired_response(outcome)))
+    }
+
+    #[tracing::instrument(skip_all, fields(lock = %req.get_ref().name, session = req.get_ref().session_id))]
+    async fn downgrade(
+        &self,
+        req: Request<pb::DowngradeRequest>,
+    ) -> Result<Response<pb::DowngradeResponse>, Status> {
+        let _timer = self
+            .0
+            .shared
+            .metrics
+            .timer(crate::metrics::Method::Downgrade);
+        let caller = self.caller(&req)?;
+        let r = req.into_inner();
+        self.write(cmd::Downgrade {
+            session: SessionId(r.session_id),
+            seq: r.seq,
+            name: name(r.name)?,
+            fence: Fence(r.fence),
+            caller: caller.identity,
+        })
+        .await?;
+        Ok(Response::new(pb::DowngradeResponse { fence: r.fence }))
+    }
 }
 
 impl Api {

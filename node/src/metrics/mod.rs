@@ -48,6 +48,10 @@ pub enum Method {
     Unlock,
     /// `Locks.SetSessionTtl`.
     SetSessionTtl,
+    /// `Locks.Upgrade` (includes the wait).
+    Upgrade,
+    /// `Locks.Downgrade`.
+    Downgrade,
     /// `Cluster.Status`.
     Status,
     /// `Cluster.Members`.
@@ -64,7 +68,7 @@ pub enum Method {
 
 impl Method {
     /// Every method, in the order of [`Metrics`]' histograms.
-    pub const ALL: [Method; 19] = [
+    pub const ALL: [Method; 21] = [
         Method::OpenSession,
         Method::KeepAlive,
         Method::CloseSession,
@@ -78,6 +82,8 @@ impl Method {
         Method::Lock,
         Method::Unlock,
         Method::SetSessionTtl,
+        Method::Upgrade,
+        Method::Downgrade,
         Method::Status,
         Method::Members,
         Method::AddNode,
@@ -102,6 +108,8 @@ impl Method {
             Method::Lock => "Lock",
             Method::Unlock => "Unlock",
             Method::SetSessionTtl => "SetSessionTtl",
+            Method::Upgrade => "Upgrade",
+            Method::Downgrade => "Downgrade",
             Method::Status => "Status",
             Method::Members => "Members",
             Method::AddNode => "AddNode",

@@ -18,6 +18,7 @@ mod t81_client_semantics;
 mod t82_keepalive;
 mod t83_oneshot;
 mod t84_http;
+mod t85_upgrade;
 mod t90_observability;
 mod t91_reflection;
 mod t92_identity;

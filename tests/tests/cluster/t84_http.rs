@@ -172,6 +172,58 @@ async fn a_whole_lock_cycle_over_http_json() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn upgrade_and_downgrade_over_http_json() {
+    let cluster = TestCluster::start(3).await;
+    let leader = cluster.leader_addr().await;
+    let open = post(&leader, "/v1/locks/OpenSession", r#"{"ttl_ms": 10000}"#).await;
+    let s = n(&open.body["session_id"]);
+    let read = post(
+        &leader,
+        "/v1/locks/Acquire",
+        &format!(r#"{{"session_id": {s}, "seq": 1, "name": "http/up", "mode": "MODE_SHARED"}}"#),
+    )
+    .await;
+    assert_eq!(read.body["acquired"], true, "{}", read.body);
+    let shared = n(&read.body["fence"]);
+    let up = post(
+        &leader,
+        "/v1/locks/Upgrade",
+        &format!(r#"{{"session_id": {s}, "seq": 2, "name": "http/up", "fence": {shared}}}"#),
+    )
+    .await;
+    assert_eq!(up.status, 200, "{}", up.body);
+    assert_eq!(up.body["acquired"], true, "{}", up.body);
+    // MODE_EXCLUSIVE is the enum's zero, which proto3 JSON leaves out.
+    assert!(up.body.get("mode").is_none(), "{}", up.body);
+    let exclusive = n(&up.body["fence"]);
+    assert!(exclusive > shared);
+    // The shared grant is gone: upgrading it again is refused, and says why.
+    let again = post(
+        &leader,
+        "/v1/locks/Upgrade",
+        &format!(r#"{{"session_id": {s}, "seq": 3, "name": "http/up", "fence": {shared}}}"#),
+    )
+    .await;
+    assert_eq!(again.status, 400, "{}", again.body);
+    assert!(
+        again.body.to_string().contains("does not hold"),
+        "{}",
+        again.body
+    );
+    let down = post(
+        &leader,
+        "/v1/locks/Downgrade",
+        &format!(r#"{{"session_id": {s}, "seq": 4, "name": "http/up", "fence": {exclusive}}}"#),
+    )
+    .await;
+    assert_eq!(down.status, 200, "{}", down.body);
+    assert_eq!(n(&down.body["fence"]), exclusive);
+    let info = post(&leader, "/v1/locks/Describe", r#"{"name": "http/up"}"#).await;
+    assert_eq!(info.body["info"]["holders"][0]["mode"], "MODE_SHARED");
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bad_requests_get_json_errors_and_change_nothing() {
     let cluster = TestCluster::start(3).await;
     let leader = cluster.leader_addr().await;

@@ -144,6 +144,10 @@ impl LockTable {
         let Some(s) = self.sessions.get(&session) else {
             return Acquired::NotAcquired;
         };
+        // An upgrade waits while its shared grant is held.
+        if self.upgrade_of(name, session, None).is_some() {
+            return Acquired::Queued;
+        }
         if let Some(fence) = s.held.get(name) {
             if let Some(h) = self.locks.get(name).and_then(|l| l.holders.get(fence)) {
                 return Acquired::Granted {
