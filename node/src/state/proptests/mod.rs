@@ -115,10 +115,11 @@ fn naive_graph(infos: &[LockInfo]) -> BTreeMap<SessionId, BTreeSet<SessionId>> {
     let mut graph: BTreeMap<SessionId, BTreeSet<SessionId>> = BTreeMap::new();
     for info in infos {
         for (pos, w) in info.waiters.iter().enumerate() {
-            graph
-                .entry(w.session)
-                .or_default()
-                .extend(naive_blockers(info, pos, w.mode));
+            // A pending upgrade is listed first among the waiters of a lock
+            // its session holds: it waits for the other holders, not itself.
+            let mut blockers = naive_blockers(info, pos, w.mode);
+            blockers.remove(&w.session);
+            graph.entry(w.session).or_default().extend(blockers);
         }
     }
     graph

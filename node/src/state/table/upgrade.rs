@@ -86,7 +86,8 @@ impl LockTable {
         if self.last_fence >= MAX_FENCE {
             return Err(Refusal::FencesExhausted);
         }
-        let alone = lock.holders.len() == 1;
+        // Alone, and no lock-delay of an expired reader in force.
+        let alone = lock.holders.len() == 1 && lock.delay.is_none();
         if !alone && timeout_ms == 0 {
             let reply = Reply::Acquire(Acquired::NotAcquired);
             self.remember(session, seq, digest, &reply);

@@ -291,6 +291,30 @@ fn an_upgrade_respects_a_lock_delay_of_an_expired_reader() {
 }
 
 #[test]
+fn an_upgrade_alone_during_a_lock_delay_waits_for_its_end() {
+    // The other reader expired before the upgrade asked: a is alone, but
+    // the delay holds any new grant back, the upgrade's included.
+    let mut h = Harness::new();
+    let a = h.open();
+    let b = h.open_with(10_000, 500);
+    let fa = h.grant(a, "doc", SH);
+    h.grant(b, "doc", SH);
+    h.apply(Command::ExpireSession(cmd::ExpireSession { session: b }));
+    let since = h.index;
+    assert_eq!(
+        h.upgrade(a, "doc", fa, TRY).reply,
+        Reply::Acquire(Acquired::NotAcquired)
+    );
+    assert_eq!(
+        h.upgrade(a, "doc", fa, WAIT).reply,
+        Reply::Acquire(Acquired::Queued)
+    );
+    let r = h.apply(end_delay("doc", since));
+    assert_eq!(grants(&r)[0].0, a);
+    assert_eq!(holders(&h.table, "doc"), vec![(a, X)]);
+}
+
+#[test]
 fn upgrades_and_downgrades_of_what_is_not_held_so_are_refused() {
     let mut h = Harness::new();
     let (a, b) = (h.open(), h.open());

@@ -67,6 +67,20 @@ enum Op {
     Replay {
         n: Index,
     },
+    /// Upgrade the slot's grant on the name (`real`: its own shared
+    /// grant if it has one; else a fence it does not hold shared).
+    Upgrade {
+        slot: usize,
+        target: usize,
+        real: bool,
+        timeout: usize,
+    },
+    /// Downgrade the slot's grant on the name (`real` as for `Upgrade`).
+    Downgrade {
+        slot: usize,
+        target: usize,
+        real: bool,
+    },
     /// Input that must be refused.
     Bad {
         kind: u8,
@@ -115,6 +129,10 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (target.clone(), any::<bool>(), any::<Index>())
             .prop_map(|(target, real, n)| Op::EndDelay { target, real, n }),
         3 => any::<Index>().prop_map(|n| Op::Replay { n }),
+        3 => (slot.clone(), 0..3usize, any::<bool>(), 0..TIMEOUTS.len())
+            .prop_map(|(slot, target, real, timeout)| Op::Upgrade { slot, target, real, timeout }),
+        2 => (slot.clone(), 0..3usize, any::<bool>())
+            .prop_map(|(slot, target, real)| Op::Downgrade { slot, target, real }),
         2 => (0..12u8, slot, target).prop_map(|(kind, slot, target)| Op::Bad { kind, slot, target }),
     ]
 }
@@ -157,6 +175,8 @@ struct History {
     dead: BTreeSet<SessionId>,
     /// Queue order per name, from `Queued` events.
     queues: BTreeMap<String, VecDeque<(SessionId, u64)>>,
+    /// The pending upgrade per name, from `Queued` events of upgrades.
+    upgrades: BTreeMap<String, (SessionId, u64)>,
     /// Current grants, from `Granted` and `Ended` events.
     holders: BTreeMap<Fence, (String, SessionId, Mode)>,
     /// Every fence handed out, in order.
@@ -186,6 +206,7 @@ impl History {
                 .iter()
                 .map(|(n, _)| (n.to_string(), VecDeque::new()))
                 .collect(),
+            upgrades: BTreeMap::new(),
             holders: BTreeMap::new(),
             fences: Vec::new(),
             delays: BTreeMap::new(),
@@ -284,15 +305,11 @@ impl History {
             );
         }
         if let Reply::Refused(Refusal::Deadlock { cycle }) = &r.reply {
-            let Command::Acquire(cmd::Acquire {
-                session,
-                name,
-                mode,
-                timeout_ms,
-                ..
-            }) = command
-            else {
-                return Err(TestCaseError::fail("deadlock refusal of a non-acquire"));
+            // An upgrade waits as an exclusive request would, first in line.
+            let (session, name, mode, timeout_ms) = match command {
+                Command::Acquire(c) => (&c.session, &c.name, &c.mode, &c.timeout_ms),
+                Command::Upgrade(c) => (&c.session, &c.name, &X, &WAIT_FOREVER),
+                _ => return Err(TestCaseError::fail("deadlock refusal of a non-acquire")),
             };
             prop_assert!(*timeout_ms > 0, "a try was refused as a deadlock");
             check_cycle(
@@ -353,8 +370,28 @@ impl History {
                         prop_assert!(fence > last, "fence {:?} after {:?}", fence, last);
                     }
                     self.fences.push(*fence);
+                    let upgrade = (*session, *seq);
+                    let upgraded = self.upgrades.get(name.as_str()) == Some(&upgrade)
+                        || matches!(command, Command::Upgrade(c) if c.session == *session && c.seq == *seq && c.name == *name);
+                    if upgraded {
+                        // Its shared grant ended just before (in this
+                        // response): it is the lock's only holder now.
+                        self.upgrades.remove(name.as_str());
+                        prop_assert!(
+                            !self.holders.values().any(|(n, _, _)| n == name.as_str()),
+                            "upgrade of {:?} granted beside other holders",
+                            upgrade
+                        );
+                        prop_assert_eq!(*mode, X);
+                    }
+                    prop_assert!(
+                        upgraded || !self.upgrades.contains_key(name.as_str()),
+                        "{:?} granted past a pending upgrade",
+                        upgrade
+                    );
                     let queue = self.queues.get_mut(name.as_str()).expect("known name");
                     match queue.iter().position(|&w| w == (*session, *seq)) {
+                        _ if upgraded => {}
                         Some(pos) => {
                             prop_assert_eq!(
                                 pos,
@@ -397,26 +434,45 @@ impl History {
                     timeout_ms,
                 } => {
                     prop_assert!(*timeout_ms > 0, "a try was queued");
+                    let upgrade = matches!(command, Command::Upgrade(c)
+                        if c.session == *session && c.seq == *seq && c.name == *name && c.timeout_ms == *timeout_ms);
                     let this = matches!(command, Command::Acquire(cmd::Acquire { session: s, seq: q, name: n, mode: m, timeout_ms: t, .. })
                         if s == session && q == seq && n == name && m == mode && t == timeout_ms);
-                    prop_assert!(this, "queued {:?} by {:?}", (session, seq), command);
-                    self.queues
-                        .get_mut(name.as_str())
-                        .expect("known name")
-                        .push_back((*session, *seq));
+                    prop_assert!(
+                        this || upgrade,
+                        "queued {:?} by {:?}",
+                        (session, seq),
+                        command
+                    );
+                    if upgrade {
+                        prop_assert_eq!(*mode, X);
+                        let before = self
+                            .upgrades
+                            .insert(name.as_str().to_string(), (*session, *seq));
+                        prop_assert!(before.is_none(), "two upgrades of {}", name);
+                    } else {
+                        self.queues
+                            .get_mut(name.as_str())
+                            .expect("known name")
+                            .push_back((*session, *seq));
+                    }
                     self.queued.insert((*session, *seq));
                 }
                 Event::Cancelled {
                     name, session, seq, ..
                 } => {
-                    let queue = self.queues.get_mut(name.as_str()).expect("known name");
-                    let pos = queue.iter().position(|&w| w == (*session, *seq));
-                    prop_assert!(
-                        pos.is_some(),
-                        "cancelled {:?}, which was not queued",
-                        (session, seq)
-                    );
-                    queue.remove(pos.unwrap_or_default());
+                    if self.upgrades.get(name.as_str()) == Some(&(*session, *seq)) {
+                        self.upgrades.remove(name.as_str());
+                    } else {
+                        let queue = self.queues.get_mut(name.as_str()).expect("known name");
+                        let pos = queue.iter().position(|&w| w == (*session, *seq));
+                        prop_assert!(
+                            pos.is_some(),
+                            "cancelled {:?}, which was not queued",
+                            (session, seq)
+                        );
+                        queue.remove(pos.unwrap_or_default());
+                    }
                     self.outcomes
                         .insert((*session, *seq), Reply::Acquire(Acquired::NotAcquired));
                 }
@@ -462,12 +518,25 @@ impl History {
                 Event::LockDelayEnded { name } => {
                     prop_assert!(self.delays.remove(name.as_str()).is_some());
                 }
-                Event::Downgraded { session, .. } => {
+                Event::Downgraded {
+                    name,
+                    session,
+                    fence,
+                } => {
                     prop_assert!(
-                        matches!(command, Command::Downgrade(c) if c.session == *session),
+                        matches!(command, Command::Downgrade(c) if c.session == *session && c.fence == *fence),
                         "downgraded by {:?}",
                         command
                     );
+                    let held = self.holders.get_mut(fence);
+                    prop_assert_eq!(
+                        held.as_deref(),
+                        Some(&(name.as_str().to_string(), *session, X)),
+                        "downgrade of a grant not held exclusively"
+                    );
+                    if let Some(h) = held {
+                        h.2 = SH;
+                    }
                 }
                 Event::SessionTtlChanged { session, .. } => {
                     prop_assert!(
@@ -509,12 +578,15 @@ impl History {
                 .iter()
                 .flat_map(|i| i.waiters.iter().map(|w| (w.session, w.seq)))
                 .collect();
-            prop_assert_eq!(
-                &waiters,
-                &Vec::from(self.queues[n].clone()),
-                "queue of {}",
-                n
-            );
+            // A pending upgrade first, then the queue.
+            let model: Vec<(SessionId, u64)> = self
+                .upgrades
+                .get(n)
+                .into_iter()
+                .copied()
+                .chain(self.queues[n].iter().copied())
+                .collect();
+            prop_assert_eq!(&waiters, &model, "queue of {}", n);
             let Some(info) = info else {
                 prop_assert!(
                     !self.delays.contains_key(n),

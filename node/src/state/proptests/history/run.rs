@@ -35,10 +35,12 @@ impl History {
                     self.gone[slot] = id;
                 }
                 let (before, r) = self.apply(command)?;
+                // The session's own grants (ending them may grant another
+                // session's pending upgrade, which ends its read).
                 let ended = r
                     .events
                     .iter()
-                    .filter(|e| matches!(e, Event::Ended { .. }))
+                    .filter(|e| matches!(e, Event::Ended { session, .. } if *session == id))
                     .count();
                 match r.reply {
                     Reply::Closed { released } => {
@@ -165,6 +167,11 @@ impl History {
                     .queues
                     .iter()
                     .flat_map(|(name, q)| q.iter().map(move |&(s, seq)| (name.as_str(), s, seq)))
+                    .chain(
+                        self.upgrades
+                            .iter()
+                            .map(|(name, &(s, seq))| (name.as_str(), s, seq)),
+                    )
                     .collect();
                 let (name, session, seq) = match (real, waits.is_empty()) {
                     (true, false) => waits[n.index(waits.len())],
@@ -176,7 +183,8 @@ impl History {
                         (name, session, wait.map_or(self.seq, |w| w.1 + 1))
                     }
                 };
-                let cancelled = self.queues[name].contains(&(session, seq));
+                let cancelled = self.queues[name].contains(&(session, seq))
+                    || self.upgrades.get(name) == Some(&(session, seq));
                 let name = name.to_string();
                 let (_, r) = self.apply(Command::TimeoutWait(cmd::TimeoutWait {
                     session,
@@ -197,6 +205,74 @@ impl History {
                         r.events
                     );
                 }
+            }
+            Op::Upgrade {
+                slot,
+                target,
+                real,
+                timeout,
+            } => {
+                let session = self.session_of(slot);
+                let n = NAMES[target].0;
+                let own = self
+                    .holders
+                    .iter()
+                    .find(|(_, (hn, s, _))| hn == n && *s == session)
+                    .map(|(f, (_, _, m))| (*f, *m));
+                let fence = match own {
+                    Some((f, _)) if real => f,
+                    _ => Fence(self.live.last_fence().0 + 100),
+                };
+                let timeout_ms = TIMEOUTS[timeout];
+                let seq = self.next_seq();
+                let command = Command::Upgrade(cmd::Upgrade {
+                    session,
+                    seq,
+                    name: lock_name(n),
+                    fence,
+                    timeout_ms,
+                    caller: String::new(),
+                });
+                let pending = self.upgrades.get(n).copied();
+                let (before, r) = self.request(command.clone())?;
+                self.check_upgrade(&before, &r, (session, n, fence, timeout_ms), pending)?;
+                self.remember(&command, session, seq, &r.reply);
+            }
+            Op::Downgrade { slot, target, real } => {
+                let session = self.session_of(slot);
+                let n = NAMES[target].0;
+                let own = self
+                    .holders
+                    .iter()
+                    .find(|(_, (hn, s, _))| hn == n && *s == session)
+                    .map(|(f, (_, _, m))| (*f, *m));
+                let fence = match own {
+                    Some((f, _)) if real => f,
+                    _ => Fence(self.live.last_fence().0 + 100),
+                };
+                let seq = self.next_seq();
+                let command = Command::Downgrade(cmd::Downgrade {
+                    session,
+                    seq,
+                    name: lock_name(n),
+                    fence,
+                    caller: String::new(),
+                });
+                let (_, r) = self.request(command.clone())?;
+                let expected = if self.slots[slot].is_none() {
+                    Reply::Refused(Refusal::SessionNotFound { session })
+                } else if own == Some((fence, X)) {
+                    Reply::Downgraded
+                } else {
+                    Reply::Refused(Refusal::NotHeldInMode {
+                        session,
+                        name: lock_name(n),
+                        fence,
+                        mode: "exclusive".into(),
+                    })
+                };
+                prop_assert_eq!(&r.reply, &expected);
+                self.remember(&command, session, seq, &r.reply);
             }
             Op::EndDelay { target, real, n } => {
                 let delays: Vec<(String, u64)> =
@@ -448,6 +524,9 @@ impl History {
                     fence: h.fence
                 })
             ),
+            // Holding it (and maybe waiting to upgrade it): what it holds
+            // decides.
+            (Some(_), _) => prop_assert_eq!(&r.reply, &other_mode),
             (_, Some(w)) if w.mode == mode => prop_assert_eq!(
                 &r.reply,
                 &Reply::Refused(Refusal::AlreadyWaiting {
@@ -456,7 +535,7 @@ impl History {
                     seq: w.seq
                 })
             ),
-            (Some(_), _) | (_, Some(_)) => prop_assert_eq!(&r.reply, &other_mode),
+            (_, Some(_)) => prop_assert_eq!(&r.reply, &other_mode),
             (None, None) if grantable_now(info.as_ref(), mode) => {
                 let fence = Fence(before.last_fence().0 + 1);
                 prop_assert_eq!(
@@ -477,6 +556,77 @@ impl History {
                     Reply::Acquire(Acquired::Queued) | Reply::Refused(Refusal::Deadlock { .. })
                 ),
                 "busy wait answered {:?}",
+                r.reply
+            ),
+        }
+        Ok(())
+    }
+
+    /// The reply an upgrade must get, given the table before it.
+    /// `pending`: the upgrade of `n` pending before it, in the model.
+    fn check_upgrade(
+        &self,
+        before: &LockTable,
+        r: &Response,
+        (session, n, fence, timeout_ms): (SessionId, &str, Fence, u64),
+        pending: Option<(SessionId, u64)>,
+    ) -> Result<(), TestCaseError> {
+        if before.session(session).is_none() {
+            prop_assert_eq!(
+                &r.reply,
+                &Reply::Refused(Refusal::SessionNotFound { session })
+            );
+            return Ok(());
+        }
+        let info = before.describe(&lock_name(n));
+        let holders: Vec<&HolderInfo> = info.iter().flat_map(|i| &i.holders).collect();
+        let shared = holders
+            .iter()
+            .any(|h| h.fence == fence && h.session == session && h.mode == SH);
+        if !shared {
+            prop_assert_eq!(
+                &r.reply,
+                &Reply::Refused(Refusal::NotHeldInMode {
+                    session,
+                    name: lock_name(n),
+                    fence,
+                    mode: "shared".into(),
+                })
+            );
+            return Ok(());
+        }
+        let alone = holders.len() == 1 && !info.as_ref().is_some_and(|i| i.lock_delayed);
+        match pending {
+            Some((s, seq)) if s == session => prop_assert_eq!(
+                &r.reply,
+                &Reply::Refused(Refusal::AlreadyWaiting {
+                    session,
+                    name: lock_name(n),
+                    seq
+                })
+            ),
+            Some(_) => prop_assert!(
+                matches!(&r.reply, Reply::Refused(Refusal::Deadlock { cycle }) if cycle.len() == 2),
+                "second upgrade answered {:?}",
+                r.reply
+            ),
+            None if alone => prop_assert_eq!(
+                &r.reply,
+                &Reply::Acquire(Acquired::Granted {
+                    fence: Fence(before.last_fence().0 + 1),
+                    mode: X,
+                    index: self.index - 1
+                })
+            ),
+            None if timeout_ms == 0 => {
+                prop_assert_eq!(&r.reply, &Reply::Acquire(Acquired::NotAcquired))
+            }
+            None => prop_assert!(
+                matches!(
+                    r.reply,
+                    Reply::Acquire(Acquired::Queued) | Reply::Refused(Refusal::Deadlock { .. })
+                ),
+                "a busy upgrade answered {:?}",
                 r.reply
             ),
         }
