@@ -329,6 +329,7 @@ impl Node {
             shared.clone(),
             leadership.clone(),
             opts.auth.clone(),
+            cluster.clone(),
         );
         // Standard gRPC health checking: SERVING while this node knows a
         // leader (see `Leadership::follow`); and server reflection so grpcurl

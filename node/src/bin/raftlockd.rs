@@ -219,8 +219,8 @@ fn restore(
 ) -> anyhow::Result<()> {
     let bytes =
         std::fs::read(file).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", file.display()))?;
-    let table = raftlock_node::state::LockTable::from_snapshot(&bytes)
-        .map_err(|e| anyhow::anyhow!("{} is not a raftlock backup: {e}", file.display()))?;
+    let checked = raftlock_node::api::backup::check(&bytes)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
     if data_dir.join("sled").exists() {
         anyhow::bail!(
             "{} already holds a node's data; restore seeds a new cluster only",
@@ -228,18 +228,26 @@ fn restore(
         );
     }
     let fence_bump = fence_bump.unwrap_or(raftlock_node::state::limits::DEFAULT_RESTORE_FENCE_BUMP);
-    let first_fence = table
+    let first_fence = checked
+        .table
         .fence_after_restore(fence_bump)
         .map_err(|e| anyhow::anyhow!("--fence-bump {fence_bump}: {e}"))?;
     std::fs::create_dir_all(data_dir)?;
-    std::fs::write(data_dir.join(raftlock_node::node::RESTORE_FILE), &bytes)?;
-    std::fs::write(
-        data_dir.join(raftlock_node::node::RESTORE_BUMP_FILE),
-        fence_bump.to_string(),
+    write_private(&data_dir.join(raftlock_node::node::RESTORE_FILE), &bytes)?;
+    write_private(
+        &data_dir.join(raftlock_node::node::RESTORE_BUMP_FILE),
+        fence_bump.to_string().as_bytes(),
     )?;
-    let stats = table.stats();
+    let stats = checked.table.stats();
+    let checksum = match &checked.header {
+        Some(h) => format!(
+            "checksum ok, cluster {:016x}, index {}",
+            h.cluster_id, h.index
+        ),
+        None => "written before backup format 1: no checksum to check".into(),
+    };
     println!(
-        "backup with {} sessions, {} grants, last fence {} (new fences start above {}) placed in {}; start this node with `raftlockd run --init ...`",
+        "backup ({checksum}) with {} sessions, {} grants, last fence {} (new fences start above {}) placed in {}; start this node with `raftlockd run --init ...`",
         stats.sessions,
         stats.grants,
         stats.last_fence,
@@ -252,6 +260,23 @@ fn restore(
         );
     }
     Ok(())
+}
+
+/// Writes `bytes` to `path`, readable and writable by this user only
+/// (0600): a backup holds every session's owner and every holder's value.
+fn write_private(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+    f.write_all(bytes)
+        .and_then(|()| f.sync_all())
+        .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))
 }
 
 async fn dev(args: DevArgs) -> anyhow::Result<()> {

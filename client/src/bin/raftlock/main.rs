@@ -5,6 +5,7 @@
 //! 4 if the lease was lost while the command ran (it is sent SIGTERM); 1 for
 //! any other error; 2 for bad usage.
 
+mod backup;
 mod cli;
 mod hold;
 mod output;
@@ -156,22 +157,50 @@ async fn run(client: Client, cmd: Cmd) -> Result<u8, Error> {
             action: SnapshotCmd::Save { file },
         } => {
             let backup = client.backup().await?;
-            std::fs::write(&file, &backup.snapshot)
-                .map_err(|e| Error::Config(format!("cannot write {}: {e}", file.display())))?;
+            // Verified before it is written: a file on disk is one that
+            // checks.
+            let header = match raftlock_client::backup::decode(&backup.snapshot) {
+                Ok(raftlock_client::backup::Backup::Checked { header, .. }) => header,
+                Ok(_) => {
+                    return Err(Error::Internal(
+                        "the node sent a backup without a checksum (an older raftlockd?)".into(),
+                    ))
+                }
+                Err(e) => return Err(Error::Internal(format!("the node sent a {e}"))),
+            };
+            backup::write_private(&file, &backup.snapshot)?;
             println!(
-                "saved {} bytes at index {} (last fence {}) to {}",
+                "saved {} bytes at index {} ({} sessions, {} grants, last fence {}; checksum verified) to {}",
                 backup.snapshot.len(),
                 backup.index,
+                header.sessions,
+                header.grants,
                 last_fence(backup.last_fence),
                 file.display()
             );
             Ok(0)
         }
         Cmd::Snapshot {
+            action: SnapshotCmd::Inspect { file, json },
+        } => match backup::inspect(&file, json) {
+            Ok(()) => Ok(0),
+            Err(e) => {
+                eprintln!("raftlock: {e}");
+                Ok(1)
+            }
+        },
+        Cmd::Snapshot {
             action: SnapshotCmd::Restore { file, fence_bump },
         } => {
-            let bytes = std::fs::read(&file)
-                .map_err(|e| Error::Config(format!("cannot read {}: {e}", file.display())))?;
+            // Checked here first: a damaged file is named before anything
+            // is sent (the node checks it again).
+            let bytes = match backup::read_checked(&file) {
+                Ok(bytes) => bytes,
+                Err(e) => {
+                    eprintln!("raftlock: {e}");
+                    return Ok(1);
+                }
+            };
             let r = client.restore_with(bytes, fence_bump).await?;
             println!(
                 "restored {} sessions; fences continue after {}",
