@@ -467,3 +467,77 @@ async fn snapshot_save_is_private_and_inspect_checks_it() {
     held.release().await.expect("release");
     cluster.shutdown().await;
 }
+
+/// Issue 31, item 5: the CLI never dies silently. Without `--ca` against a
+/// TLS node it exits 1 within a few seconds saying the node speaks TLS and
+/// naming it (on 108a1e9 it died of SIGPIPE, exit 141, with no output); with
+/// another CA it names the handshake problem within a few seconds (on
+/// 108a1e9: 15 s, then `unavailable: retry deadline reached`-style text).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_cli_explains_tls_failures_quickly_and_never_dies_silently() {
+    use raftlock_testkit::certs::Ca;
+    let ca = Ca::new("cli test CA");
+    let cluster = TestCluster::start_tls(1, ca.node_tls(&["127.0.0.1"], false)).await;
+    let endpoints = cluster.addrs().join(",");
+    let dir = tempfile::tempdir().expect("dir");
+
+    let started = std::time::Instant::now();
+    let out = raftlock(&endpoints)
+        .arg("status")
+        .env_remove("RAFTLOCK_CA")
+        .output()
+        .await
+        .expect("runs");
+    let took = started.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "status {:?}: {stderr}",
+        out.status
+    );
+    assert!(took < Duration::from_secs(5), "took {took:?}: {stderr}");
+    assert!(stderr.contains("speaks TLS"), "{stderr}");
+    assert!(stderr.contains(&cluster.addr(1)), "{stderr}");
+
+    let rogue = dir.path().join("rogue.pem");
+    std::fs::write(&rogue, Ca::new("someone else's CA").pem()).expect("write");
+    let started = std::time::Instant::now();
+    let out = raftlock(&endpoints)
+        .arg("status")
+        .arg("--ca")
+        .arg(&rogue)
+        .output()
+        .await
+        .expect("runs");
+    let took = started.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "status {:?}: {stderr}",
+        out.status
+    );
+    assert!(took < Duration::from_secs(5), "took {took:?}: {stderr}");
+    assert!(stderr.contains("TLS handshake"), "{stderr}");
+    assert!(stderr.contains("not signed by the CA"), "{stderr}");
+    assert!(stderr.contains(&cluster.addr(1)), "{stderr}");
+
+    // stdout closed early (`| head`) still ends quietly, as other tools do.
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, ca.pem()).expect("write");
+    let mut child = raftlock(&endpoints)
+        .args(["list"])
+        .arg("--ca")
+        .arg(&ca_file)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    drop(child.stdout.take());
+    let status = child.wait().await.expect("waits");
+    assert!(
+        status.success() || status.code().is_none(),
+        "a closed stdout: {status:?}"
+    );
+    cluster.shutdown().await;
+}
