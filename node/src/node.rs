@@ -251,6 +251,12 @@ impl Node {
             opts.peer_advertise.is_some() == listeners.peer.is_some(),
             "a separate peer listener needs a peer address to advertise, and the other way round"
         );
+        if let Some(tls) = &opts.tls {
+            // Before anything touches the data directory: a certificate
+            // peers would refuse stops the node here, named.
+            tls.check(&advertised_hosts(&opts))
+                .map_err(|e| anyhow::anyhow!("TLS: {e}"))?;
+        }
         let Listeners {
             client: listener,
             peer: peer_listener,
@@ -518,6 +524,22 @@ impl Node {
             tracing::warn!("the log store is still open 5 s after shutdown");
         }
     }
+}
+
+/// The hosts this node is dialled at: its client address and, if any, its
+/// peer address (without ports or IPv6 brackets).
+fn advertised_hosts(opts: &NodeOptions) -> Vec<&str> {
+    fn host(addr: &str) -> &str {
+        let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+        host.trim_start_matches('[').trim_end_matches(']')
+    }
+    let mut hosts = vec![host(&opts.advertise)];
+    if let Some(peer) = &opts.peer_advertise {
+        if !hosts.contains(&host(peer)) {
+            hosts.push(host(peer));
+        }
+    }
+    hosts
 }
 
 /// The connections `listener` accepts, with Nagle's algorithm off.

@@ -61,7 +61,7 @@ pub fn inspect(file: &Path, as_json: bool) -> Result<(), String> {
     match decoded {
         Backup::Checked { header, sha256, .. } => {
             if as_json {
-                println!(
+                out!(
                     "{}",
                     json!({
                         "file": file.display().to_string(),
@@ -79,27 +79,27 @@ pub fn inspect(file: &Path, as_json: bool) -> Result<(), String> {
                     })
                 );
             } else {
-                println!(
+                out!(
                     "{}: raftlock backup, format {}",
                     file.display(),
                     backup::FORMAT
                 );
-                println!("  checksum:    ok (SHA-256 {})", backup::hex(&sha256));
-                println!("  cluster id:  {:016x}", header.cluster_id);
-                println!("  index:       {}", header.index);
-                println!(
+                out!("  checksum:    ok (SHA-256 {})", backup::hex(&sha256));
+                out!("  cluster id:  {:016x}", header.cluster_id);
+                out!("  index:       {}", header.index);
+                out!(
                     "  taken at:    {} (seconds since the Unix epoch, the leader's clock)",
                     header.created_unix_secs
                 );
-                println!("  sessions:    {}", header.sessions);
-                println!("  grants:      {}", header.grants);
-                println!("  last fence:  {}", header.last_fence);
-                println!("  size:        {len} bytes (lock-table format {table_version})");
+                out!("  sessions:    {}", header.sessions);
+                out!("  grants:      {}", header.grants);
+                out!("  last fence:  {}", header.last_fence);
+                out!("  size:        {len} bytes (lock-table format {table_version})");
             }
         }
         Backup::Legacy { .. } => {
             if as_json {
-                println!(
+                out!(
                     "{}",
                     json!({
                         "file": file.display().to_string(),
@@ -110,16 +110,16 @@ pub fn inspect(file: &Path, as_json: bool) -> Result<(), String> {
                     })
                 );
             } else {
-                println!(
+                out!(
                     "{}: a bare lock table (format {table_version}), as releases before backup \
                      format 1 wrote backups",
                     file.display()
                 );
-                println!(
+                out!(
                     "  checksum:    none: this file cannot be verified; restores still take it \
                      and check its contents"
                 );
-                println!("  size:        {len} bytes");
+                out!("  size:        {len} bytes");
             }
         }
     }

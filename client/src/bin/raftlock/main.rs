@@ -5,6 +5,14 @@
 //! 4 if the lease was lost while the command ran (it is sent SIGTERM); 1 for
 //! any other error; 2 for bad usage.
 
+/// `println!` for the CLI's output: a closed stdout ends the process
+/// quietly (see [`signals::write_stdout`]) instead of panicking.
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::signals::write_stdout(format_args!($($arg)*))
+    };
+}
+
 mod backup;
 mod cli;
 mod hold;
@@ -27,7 +35,6 @@ use output::{
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    signals::default_sigpipe();
     let cli = Cli::parse();
     let tls = match tls_options(&cli) {
         Ok(tls) => tls,
@@ -112,10 +119,10 @@ async fn run(client: Client, cmd: Cmd) -> Result<u8, Error> {
         Cmd::Describe { name, json } => {
             let info = client.describe(&name).await?;
             if json {
-                println!("{}", info.as_ref().map_or(json!(null), info_json));
+                out!("{}", info.as_ref().map_or(json!(null), info_json));
             } else {
                 match info {
-                    None => println!("{name}: free"),
+                    None => out!("{name}: free"),
                     Some(info) => print_info(&info),
                 }
             }
@@ -124,9 +131,9 @@ async fn run(client: Client, cmd: Cmd) -> Result<u8, Error> {
         Cmd::List { prefix, json } => {
             let all = client.list(&prefix).await?;
             if json {
-                println!("{}", json!(all.iter().map(info_json).collect::<Vec<_>>()));
+                out!("{}", json!(all.iter().map(info_json).collect::<Vec<_>>()));
             } else if all.is_empty() {
-                println!("(none)");
+                out!("(none)");
             } else {
                 for info in &all {
                     print_info(info);
@@ -147,7 +154,7 @@ async fn run(client: Client, cmd: Cmd) -> Result<u8, Error> {
         Cmd::Status { json } => {
             let s = client.status().await?;
             if json {
-                println!("{}", status_json(&s));
+                out!("{}", status_json(&s));
             } else {
                 print_status(&s);
             }
@@ -169,7 +176,7 @@ async fn run(client: Client, cmd: Cmd) -> Result<u8, Error> {
                 Err(e) => return Err(Error::Internal(format!("the node sent a {e}"))),
             };
             backup::write_private(&file, &backup.snapshot)?;
-            println!(
+            out!(
                 "saved {} bytes at index {} ({} sessions, {} grants, last fence {}; checksum verified) to {}",
                 backup.snapshot.len(),
                 backup.index,
@@ -202,9 +209,10 @@ async fn run(client: Client, cmd: Cmd) -> Result<u8, Error> {
                 }
             };
             let r = client.restore_with(bytes, fence_bump).await?;
-            println!(
+            out!(
                 "restored {} sessions; fences continue after {}",
-                r.sessions, r.last_fence
+                r.sessions,
+                r.last_fence
             );
             Ok(0)
         }
@@ -223,7 +231,7 @@ async fn run(client: Client, cmd: Cmd) -> Result<u8, Error> {
                 MembersCmd::Remove { id } => client.remove_node(id).await?,
             };
             if json {
-                println!(
+                out!(
                     "{}",
                     json!(members.iter().map(member_json).collect::<Vec<_>>())
                 );
