@@ -44,6 +44,9 @@ pub struct TestCluster {
     net: Option<Net>,
     /// Each node's storage fault switch (kept across restarts).
     faults: std::sync::Mutex<BTreeMap<u64, raftlock_node::raft::log_store::StorageFaults>>,
+    /// Each node's access control, as its last start got it (for
+    /// [`reload_acl`](Self::reload_acl)).
+    auths: std::sync::Mutex<BTreeMap<u64, std::sync::Arc<raftlock_node::auth::Auth>>>,
 }
 
 /// Polls `check` until it returns `Some`, or panics with `what` after
@@ -190,6 +193,7 @@ impl TestCluster {
             timing,
             net: partitionable.then(Net::new),
             faults: Default::default(),
+            auths: Default::default(),
         };
         cluster.add_proxies().await;
         // Node 1 bootstraps last, so its peers are listening when it
@@ -220,7 +224,25 @@ impl TestCluster {
         self.dir.path().join(format!("node-{id}"))
     }
 
+    /// Replaces node `id`'s ACL with the file text `acl`, as `SIGHUP` does
+    /// for `raftlockd run`; later restarts of any node start with it too.
+    pub fn reload_acl(&mut self, id: u64, acl: &str) {
+        let parsed = raftlock_node::auth::Acl::parse(acl).expect("a valid test ACL");
+        self.auths.lock().expect("auths lock poisoned")[&id]
+            .replace(parsed)
+            .expect("access control is on");
+        self.acl = Some(acl.to_string());
+    }
+
     fn options(&self, id: u64, init: bool, peers: BTreeMap<u64, String>) -> NodeOptions {
+        let auth =
+            std::sync::Arc::new(raftlock_node::auth::Auth::new(self.acl.as_deref().map(
+                |text| raftlock_node::auth::Acl::parse(text).expect("a valid test ACL"),
+            )));
+        self.auths
+            .lock()
+            .expect("auths lock poisoned")
+            .insert(id, auth.clone());
         NodeOptions {
             id,
             advertise: self.addrs[&id].clone(),
@@ -242,11 +264,7 @@ impl TestCluster {
                 })
                 .collect(),
             tls: self.tls.clone(),
-            auth: std::sync::Arc::new(raftlock_node::auth::Auth::new(
-                self.acl
-                    .as_deref()
-                    .map(|text| raftlock_node::auth::Acl::parse(text).expect("a valid test ACL")),
-            )),
+            auth,
             storage_faults: self.storage_faults(id),
         }
     }
