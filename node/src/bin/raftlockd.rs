@@ -174,15 +174,20 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
              nodes only (--peer-listen gives peers a port of their own to firewall)"
         );
     }
-    if let Some(path) = merged.acl_file.clone() {
-        tokio::spawn(reload_acl_on_sighup(opts.auth.clone(), path));
-    }
+    let auth = opts.auth.clone();
     let listeners = Listeners {
         client: listener,
         peer: peer_listener,
         metrics,
     };
     let node = Node::start_with(opts, listeners).await?;
+    // SIGHUP re-reads the ACL file and the TLS files (never ends the node).
+    tokio::spawn(reload_on_sighup(Reload {
+        auth,
+        acl_file: merged.acl_file.clone(),
+        tls: node.tls(),
+        settings: merged.clone(),
+    }));
     tracing::info!(
         id = node.id,
         addr = %node.addr,
@@ -300,7 +305,12 @@ async fn dev(args: DevArgs) -> anyhow::Result<()> {
     };
     let auth = Arc::new(Auth::new(acl));
     if let Some(path) = args.acl_file.clone() {
-        tokio::spawn(reload_acl_on_sighup(auth.clone(), path));
+        tokio::spawn(reload_on_sighup(Reload {
+            auth: auth.clone(),
+            acl_file: Some(path),
+            tls: None,
+            settings: Config::default(),
+        }));
     }
     let mut nodes = Vec::new();
     for (i, listener) in listeners.into_iter().rev() {
@@ -384,32 +394,70 @@ fn warn_on_clear_tokens(opts: &NodeOptions) {
     }
 }
 
-/// Reloads the ACL file on every SIGHUP. A file that does not parse is
-/// logged and the ACL in force stays.
-async fn reload_acl_on_sighup(auth: Arc<Auth>, path: PathBuf) {
+/// What `SIGHUP` reloads.
+struct Reload {
+    /// The node's access control.
+    auth: Arc<Auth>,
+    /// The ACL file, if access control is on.
+    acl_file: Option<PathBuf>,
+    /// The node's TLS, if on.
+    tls: Option<Arc<raftlock_node::tls::NodeTls>>,
+    /// Where the TLS files are.
+    settings: Config,
+}
+
+/// On every SIGHUP: reloads the ACL file (a file that does not parse is
+/// logged and the ACL in force stays; streams whose credentials the new one
+/// drops end at once) and the TLS certificate, key and CA (files the node
+/// would refuse at start are logged and the TLS in force stays; the new
+/// ones apply to connections made from then on).
+async fn reload_on_sighup(reload: Reload) {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
         let Ok(mut hup) = signal(SignalKind::hangup()) else {
-            tracing::warn!("cannot install a SIGHUP handler; the ACL file will not be reloaded");
+            tracing::warn!("cannot install a SIGHUP handler; nothing will be reloaded");
             return;
         };
         while hup.recv().await.is_some() {
-            match raftlock_node::auth::Acl::load(&path) {
-                Ok(acl) => {
-                    let rules = acl.rules().len();
-                    match auth.replace(acl) {
-                        Ok(()) => tracing::info!(path = %path.display(), rules, "ACL reloaded"),
-                        Err(e) => tracing::warn!(%e, "ACL not reloaded"),
+            if let Some(path) = &reload.acl_file {
+                match raftlock_node::auth::Acl::load(path) {
+                    Ok(acl) => {
+                        let rules = acl.rules().len();
+                        match reload.auth.replace(acl) {
+                            Ok(()) => tracing::info!(path = %path.display(), rules, "ACL reloaded"),
+                            Err(e) => tracing::warn!(%e, "ACL not reloaded"),
+                        }
+                    }
+                    Err(e) => {
+                        tracing::error!(%e, "ACL not reloaded; the previous one stays in force")
                     }
                 }
-                Err(e) => tracing::error!(%e, "ACL not reloaded; the previous one stays in force"),
+            }
+            if let Some(tls) = &reload.tls {
+                let loaded = match reload.settings.tls() {
+                    Ok(Some(options)) => tls.reload(options),
+                    Ok(None) => Err("the TLS settings are gone".into()),
+                    Err(e) => Err(e.to_string()),
+                };
+                match loaded {
+                    Ok(()) => tracing::info!(
+                        "TLS reloaded: connections made from now on get the new certificate and CA"
+                    ),
+                    Err(e) => tracing::error!(
+                        error = %e,
+                        "TLS not reloaded; the certificate, key and CA in force stay"
+                    ),
+                }
+            }
+            if reload.acl_file.is_none() && reload.tls.is_none() {
+                tracing::info!("SIGHUP: nothing to reload (no ACL file, no TLS)");
             }
         }
     }
     #[cfg(not(unix))]
     {
-        let _ = (auth, path);
+        let _ = reload;
     }
 }
 
