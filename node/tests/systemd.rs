@@ -122,15 +122,20 @@ async fn raftlockd_tells_systemd_it_is_ready_and_feeds_the_watchdog() {
 
 /// A `NOTIFY_SOCKET` that cannot be used is named at start, and the node
 /// does not start (systemd would wait for a READY=1 that never comes).
-#[test]
-fn an_unusable_notify_socket_stops_the_node_at_start() {
+#[tokio::test]
+async fn an_unusable_notify_socket_stops_the_node_at_start() {
     let dir = tempfile::tempdir().expect("dir");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_raftlockd"))
-        .args(["run", "--id", "1", "--init", "--listen", "127.0.0.1:0"])
+    let addr = format!("127.0.0.1:{}", free_port());
+    let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_raftlockd"))
+        .args(["run", "--id", "1", "--init", "--listen", &addr])
         .arg("--data-dir")
         .arg(dir.path().join("data"))
         .env("NOTIFY_SOCKET", "relative/not-a-socket")
-        .output()
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(20), run)
+        .await
+        .expect("the node stops at start instead of running on")
         .expect("raftlockd runs");
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -140,6 +140,12 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     let merged = flags.or(file);
     let (opts, listen) = merged.validate()?;
+    // Under systemd (`Type=notify`): checked before anything else happens,
+    // so a bad variable stops the node at once, named.
+    #[cfg(unix)]
+    let notifier = raftlock_node::systemd::Notifier::from_env()
+        .map_err(|e| anyhow::anyhow!("{e}"))?
+        .map(Arc::new);
     let listener = TcpListener::bind(listen.client)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", listen.client))?;
@@ -188,6 +194,15 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         tls: node.tls(),
         settings: merged.clone(),
     }));
+    // READY=1 once it can serve, WATCHDOG=1 while its core runs.
+    #[cfg(unix)]
+    if let Some(notifier) = &notifier {
+        tokio::spawn(raftlock_node::systemd::notify(
+            node.leadership.clone(),
+            notifier.clone(),
+            raftlock_node::systemd::watchdog_from_env(),
+        ));
+    }
     tracing::info!(
         id = node.id,
         addr = %node.addr,
@@ -198,6 +213,10 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     tokio::select! {
         _ = wait_for_signal() => {}
         cause = node.failed() => fail_stop(node.id, &cause),
+    }
+    #[cfg(unix)]
+    if let Some(notifier) = &notifier {
+        let _ = notifier.send("STOPPING=1");
     }
     tracing::info!("shutting down");
     node.shutdown().await;
