@@ -16,7 +16,8 @@
 //! **The loop.** A session asks for a keep-alive about every ttl/3; if its
 //! lease runs out before one gets through, it is marked lost at that
 //! instant (even while an attempt is under way) and keep-alives stop:
-//! `Lost` is final.
+//! `Lost` is final. A keep-alive refused `UNAUTHENTICATED` (the client's
+//! token was revoked) marks it lost at once: none will get through.
 //!
 //! **The stream.** The multiplexer sends every ask on one bidirectional
 //! stream to the leader and hands each answer back to the ask it belongs
@@ -173,6 +174,15 @@ pub(crate) async fn keep_alive_loop(mux: Mux, lease: Arc<Lease>, first: Instant)
             result = renew(&mux, &lease) => match result {
                 Ok(ttl) => lease.extend(sent_at, ttl),
                 Err(Error::SessionNotFound(_)) => {
+                    lease.mark_lost();
+                    return;
+                }
+                // The cluster no longer takes this client's credentials
+                // (a revoked token): no keep-alive will get through, so
+                // the lease is as good as lost now; say so at once rather
+                // than when it runs out.
+                Err(e @ Error::Unauthenticated(_)) => {
+                    tracing::warn!(session = lease.id, error = %e, "keep-alive refused; lease lost");
                     lease.mark_lost();
                     return;
                 }

@@ -55,6 +55,9 @@ pub use election::Election;
 pub use error::{Error, Result};
 pub use guard::{Guard, Mode};
 pub use keepalive::LeaseState;
+/// The backup file format: check and take apart what
+/// [`Client::backup`] returns (`raftlock snapshot inspect` uses it).
+pub use raftlock_proto::backup;
 pub use raftlock_proto::v1 as proto;
 pub use session::{Semaphore, Session, SessionOptions, WAIT_FOREVER_MS};
 pub use types::{

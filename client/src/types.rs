@@ -447,8 +447,9 @@ impl From<pb::StatusResponse> for NodeStatus {
 /// A consistent backup of the lock table (see [`crate::Client::backup`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Backup {
-    /// The snapshot, for [`crate::Client::restore`] or
-    /// `raftlockd restore`.
+    /// The backup file (the lock table with a header and a SHA-256
+    /// checksum; [`crate::backup`] reads it), for
+    /// [`crate::Client::restore`] or `raftlockd restore`.
     pub snapshot: Vec<u8>,
     /// The log index it reflects.
     pub index: u64,

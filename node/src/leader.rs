@@ -206,6 +206,20 @@ impl Leadership {
         self.view.subscribe()
     }
 
+    /// Whether the Raft core answers a round trip within `within`: it runs
+    /// and its loop is not stuck (for systemd's watchdog, which restarts a
+    /// node whose core hangs). The view alone cannot tell: a hung core
+    /// changes nothing in it.
+    pub async fn core_responds(&self, within: Duration) -> bool {
+        if !self.view().alive() {
+            return false;
+        }
+        matches!(
+            tokio::time::timeout(within, self.raft.with_raft_state(|_| ())).await,
+            Ok(Ok(()))
+        )
+    }
+
     /// Resolves with the cause once the Raft core has stopped on its own
     /// (never for a shutdown the node asked for), after health has been
     /// set to `NOT_SERVING`.

@@ -14,6 +14,8 @@ pub mod metrics;
 pub mod node;
 pub mod raft;
 pub mod state;
+#[cfg(unix)]
+pub mod systemd;
 pub mod tls;
 
 /// Largest request a client may send, in bytes (names ≤ 512 B and values

@@ -3,6 +3,7 @@
 //! 0) and decides when to stop.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -212,6 +213,8 @@ pub struct Node {
     pub shared: Arc<Shared>,
     /// The node's view of its own leadership (and of its Raft core).
     pub leadership: Arc<Leadership>,
+    /// Its TLS in force, if any (see [`Node::reload_tls`]).
+    tls: Option<Arc<crate::tls::NodeTls>>,
     stop: watch::Sender<bool>,
     /// Serves the client listener and, if any, the peer listener.
     server: JoinHandle<Result<(), tonic::transport::Error>>,
@@ -251,6 +254,20 @@ impl Node {
             opts.peer_advertise.is_some() == listeners.peer.is_some(),
             "a separate peer listener needs a peer address to advertise, and the other way round"
         );
+        // Before anything touches the data directory: a certificate peers
+        // would refuse stops the node here, named.
+        let tls = match &opts.tls {
+            None => None,
+            Some(t) => {
+                let hosts = advertised_hosts(&opts)
+                    .into_iter()
+                    .map(String::from)
+                    .collect();
+                let tls = crate::tls::NodeTls::new(t.clone(), hosts)
+                    .map_err(|e| anyhow::anyhow!("TLS: {e}"))?;
+                Some(Arc::new(tls))
+            }
+        };
         let Listeners {
             client: listener,
             peer: peer_listener,
@@ -292,7 +309,7 @@ impl Node {
             Network::new(
                 opts.dial.clone(),
                 shared.metrics.clone(),
-                opts.tls.as_ref().map(|t| t.peer_client_config()),
+                tls.clone(),
                 opts.auth.clone(),
                 cluster.clone(),
             ),
@@ -329,6 +346,7 @@ impl Node {
             shared.clone(),
             leadership.clone(),
             opts.auth.clone(),
+            cluster.clone(),
         );
         // Standard gRPC health checking: SERVING while this node knows a
         // leader (see `Leadership::follow`); and server reflection so grpcurl
@@ -353,10 +371,9 @@ impl Node {
             }
         };
         let builder = || -> anyhow::Result<tonic::transport::Server> {
-            let mut builder = tonic::transport::Server::builder();
-            if let Some(tls) = &opts.tls {
-                builder = builder.tls_config(tls.server_config())?;
-            }
+            // TLS is terminated by `serve` (per connection, so that a
+            // reload applies to the next connection), not by tonic.
+            let builder = tonic::transport::Server::builder();
             Ok(builder
                 .tcp_nodelay(true)
                 .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
@@ -385,11 +402,12 @@ impl Node {
         };
         let peer_server = match peer_listener {
             None => None,
-            Some(listener) => Some(
-                builder()?
-                    .add_service(raft_service())
-                    .serve_with_incoming_shutdown(incoming(listener), shutdown()),
-            ),
+            Some(listener) => Some(serve(
+                builder()?.add_service(raft_service()),
+                listener,
+                tls.clone(),
+                shutdown(),
+            )),
         };
         let client_server = {
             let max = crate::MAX_MESSAGE_BYTES;
@@ -421,7 +439,7 @@ impl Node {
                 Some(_) => router,
                 None => router.add_service(raft_service()),
             };
-            router.serve_with_incoming_shutdown(incoming(listener), shutdown())
+            serve(router, listener, tls.clone(), shutdown())
         };
         let server = tokio::spawn(async move {
             match peer_server {
@@ -462,6 +480,7 @@ impl Node {
         }
         Ok(Node {
             id: opts.id,
+            tls,
             addr: opts.advertise,
             raft,
             shared,
@@ -471,6 +490,23 @@ impl Node {
             tasks,
             log_closed,
         })
+    }
+
+    /// Its TLS in force (`None` without TLS), for reloads from another
+    /// task.
+    pub fn tls(&self) -> Option<Arc<crate::tls::NodeTls>> {
+        self.tls.clone()
+    }
+
+    /// Replaces this node's certificate, key and CA for the connections
+    /// made from now on (clients and peers, both ways), if `options` passes
+    /// the checks a start makes; otherwise nothing changes. Connections
+    /// already open keep what they have.
+    pub fn reload_tls(&self, options: crate::tls::TlsOptions) -> Result<(), String> {
+        match &self.tls {
+            Some(tls) => tls.reload(options),
+            None => Err("this node runs without TLS; restart it to turn TLS on".into()),
+        }
     }
 
     /// Resolves with the cause once this node's Raft core has stopped on
@@ -530,6 +566,124 @@ impl Node {
         if !log.wait(Duration::from_secs(5)).await {
             tracing::warn!("the log store is still open 5 s after shutdown");
         }
+    }
+}
+
+/// The hosts this node is dialled at: its client address and, if any, its
+/// peer address (without ports or IPv6 brackets).
+fn advertised_hosts(opts: &NodeOptions) -> Vec<&str> {
+    fn host(addr: &str) -> &str {
+        let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+        host.trim_start_matches('[').trim_end_matches(']')
+    }
+    let mut hosts = vec![host(&opts.advertise)];
+    if let Some(peer) = &opts.peer_advertise {
+        if !hosts.contains(&host(peer)) {
+            hosts.push(host(peer));
+        }
+    }
+    hosts
+}
+
+/// Serves `router` on the connections `listener` accepts, over TLS with
+/// the configuration in force when each arrives if `tls` is given, until
+/// `shutdown`.
+fn serve(
+    router: tonic::transport::server::Router,
+    listener: TcpListener,
+    tls: Option<Arc<crate::tls::NodeTls>>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> futures::future::BoxFuture<'static, Result<(), tonic::transport::Error>> {
+    use futures::FutureExt as _;
+    match tls {
+        None => router
+            .serve_with_incoming_shutdown(incoming(listener), shutdown)
+            .boxed(),
+        Some(tls) => router
+            .serve_with_incoming_shutdown(tls_incoming(listener, tls), shutdown)
+            .boxed(),
+    }
+}
+
+/// Longest a client may take over its TLS handshake.
+pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The TLS connections `listener` accepts (Nagle's algorithm off), each
+/// with the server configuration in force when it arrived. Handshakes run
+/// side by side, so a slow one holds up no other; a failed one is logged
+/// (at most one line every [`TLS_FAILURE_LOG_EVERY`], with a count).
+fn tls_incoming(
+    listener: TcpListener,
+    tls: Arc<crate::tls::NodeTls>,
+) -> impl futures::Stream<Item = std::io::Result<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>>
+{
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let failures = Arc::new(FailureLog::default());
+    tokio::spawn(async move {
+        loop {
+            // Ends (and closes the listener) once the server is gone.
+            let accepted = tokio::select! {
+                accepted = listener.accept() => accepted,
+                _ = tx.closed() => return,
+            };
+            let (conn, from) = match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of file descriptors, say: pause instead of
+                    // spinning.
+                    tracing::warn!(error = %e, "cannot accept a connection");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let _ = conn.set_nodelay(true);
+            let acceptor = tokio_rustls::TlsAcceptor::from(tls.server_config());
+            let (tx, failures) = (tx.clone(), failures.clone());
+            tokio::spawn(async move {
+                match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(conn)).await {
+                    Ok(Ok(stream)) => {
+                        let _ = tx.send(Ok(stream)).await;
+                    }
+                    Ok(Err(e)) => failures.note(from, &e.to_string()),
+                    Err(_) => failures.note(from, "the handshake timed out"),
+                }
+            });
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+/// At most one log line about failed TLS handshakes this often.
+pub const TLS_FAILURE_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Failed TLS handshakes, logged sparingly: a client with the wrong CA or
+/// without TLS retries many times a second.
+#[derive(Default)]
+struct FailureLog {
+    /// When the last line was written, and the failures since.
+    state: std::sync::Mutex<(Option<std::time::Instant>, u64)>,
+}
+
+impl FailureLog {
+    fn note(&self, from: std::net::SocketAddr, error: &str) {
+        let mut state = self.state.lock().expect("failure log lock poisoned");
+        let now = std::time::Instant::now();
+        if state
+            .0
+            .is_some_and(|at| now.duration_since(at) < TLS_FAILURE_LOG_EVERY)
+        {
+            state.1 += 1;
+            return;
+        }
+        let suppressed = std::mem::take(&mut state.1);
+        state.0 = Some(now);
+        tracing::warn!(
+            %from,
+            error,
+            suppressed,
+            "a TLS handshake failed (the client may lack the CA, dial a name the certificate \
+             does not carry, or speak plaintext); `suppressed` more failed since the last line"
+        );
     }
 }
 

@@ -560,6 +560,28 @@ impl Redis {
     }
 }
 
+/// The program `program` from `PATH`, installing Debian's `package` (as
+/// root) if it is not there (for tests that run a tool: `openssl`,
+/// `systemd-analyze`, ...).
+pub fn debian_tool(program: &str, package: &str) -> Result<PathBuf, Unavailable> {
+    let find = || {
+        std::env::var_os("PATH").and_then(|path| {
+            std::env::split_paths(&path)
+                .map(|dir| dir.join(program))
+                .find(|p| p.is_file())
+        })
+    };
+    if let Some(found) = find() {
+        return Ok(found);
+    }
+    apt_install(&[package])?;
+    find().ok_or_else(|| {
+        Unavailable(format!(
+            "Debian's {package} was installed but {program} is not on PATH"
+        ))
+    })
+}
+
 /// A Python virtual environment under `dir` with the packages of the pip
 /// requirements file `requirements` installed (from PyPI), made once and
 /// again whenever the file changes; its `python`. Calls in one process

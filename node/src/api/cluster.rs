@@ -228,10 +228,14 @@ impl Cluster for Api {
         // (which would stall heartbeats and keep-alives).
         let gate = self.0.shared.snapshot_gate.clone().write_owned().await;
         let shared = self.0.shared.clone();
+        let cluster_id = self.0.cluster.id();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
         let response = tokio::task::spawn_blocking(move || {
             let _gate = gate;
             shared.read(|applied| pb::BackupResponse {
-                snapshot: applied.table.to_snapshot(),
+                snapshot: super::backup::write(&applied.table, applied.index(), cluster_id, now),
                 index: applied.index(),
                 last_fence: applied.table.last_fence().0,
             })

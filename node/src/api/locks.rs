@@ -202,7 +202,10 @@ impl Locks for Api {
             .shared
             .metrics
             .timer(crate::metrics::Method::KeepAlive);
-        let caller = self.caller(&req)?;
+        // Subscribed before the credentials are checked, so a reload
+        // between the two is seen.
+        let mut acl_changes = self.0.auth.changes();
+        let mut caller = self.caller(&req)?;
         let mut inbound = req.into_inner();
         self.0
             .shared
@@ -225,7 +228,29 @@ impl Locks for Api {
             let mut batch = Vec::with_capacity(KEEP_ALIVE_BATCH);
             let mut ended = false;
             while !ended {
-                match inbound.message().await {
+                let next = tokio::select! {
+                    next = inbound.message() => next,
+                    // The ACL was reloaded: the stream goes on only while
+                    // the credentials it was opened with still hold. Its
+                    // sessions are not closed: no longer renewed here,
+                    // they expire one ttl after their last keep-alive.
+                    Ok(()) = acl_changes.changed() => {
+                        match api.0.auth.recheck(&caller) {
+                            Ok(again) => caller = again,
+                            Err(e) => {
+                                tracing::info!(
+                                    identity = %caller.identity,
+                                    "ended a KeepAlive stream whose credentials were revoked; its \
+                                     sessions expire one ttl after their last keep-alive"
+                                );
+                                let _ = tx.send(Err(Status::from(Error::from(e)))).await;
+                                return;
+                            }
+                        }
+                        continue;
+                    }
+                };
+                match next {
                     Ok(Some(msg)) => batch.push((SessionId(msg.session_id), msg.ask_id)),
                     Ok(None) | Err(_) => return,
                 }
@@ -482,11 +507,13 @@ impl Locks for Api {
         req: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         let _timer = self.0.shared.metrics.timer(crate::metrics::Method::Watch);
+        let mut acl_changes = self.0.auth.changes();
         let caller = self.caller(&req)?;
-        match req.get_ref().name.as_str() {
-            "" => caller.require_prefix(Permission::Read, &req.get_ref().prefix)?,
-            name => caller.require_name(Permission::Read, name)?,
-        }
+        let allowed = |caller: &Caller, r: &pb::WatchRequest| match r.name.as_str() {
+            "" => caller.require_prefix(Permission::Read, &r.prefix),
+            name => caller.require_name(Permission::Read, name),
+        };
+        allowed(&caller, req.get_ref())?;
         let r = req.into_inner();
         if !r.name.is_empty() {
             name(&r.name)?;
@@ -494,8 +521,10 @@ impl Locks for Api {
         let slot = WatchSlot::take(&self.0.watches)?;
         let mut events = self.0.shared.watch.subscribe();
         let (tx, rx) = mpsc::channel(256);
+        let auth = self.0.auth.clone();
         tokio::spawn(async move {
             let _slot = slot;
+            let mut caller = caller;
             let matches = |n: &str| {
                 if r.name.is_empty() {
                     n.starts_with(&r.prefix)
@@ -509,6 +538,21 @@ impl Locks for Api {
                 let received = tokio::select! {
                     r = events.recv() => r,
                     _ = tx.closed() => return,
+                    // The ACL was reloaded: go on only while the watch's
+                    // credentials hold and still allow reading it.
+                    Ok(()) = acl_changes.changed() => {
+                        let still = auth
+                            .recheck(&caller)
+                            .and_then(|again| allowed(&again, &r).map(|()| again));
+                        match still {
+                            Ok(again) => caller = again,
+                            Err(e) => {
+                                let _ = tx.send(Err(Status::from(Error::from(e)))).await;
+                                return;
+                            }
+                        }
+                        continue;
+                    }
                 };
                 let item = match received {
                     Ok(item) => item,

@@ -7,6 +7,7 @@
 //! retry there. Forwarding would hide a hop and double the failure modes of
 //! a request whose outcome may be unknown.
 
+pub mod backup;
 pub mod batcher;
 pub mod cluster;
 pub mod convert;
@@ -45,6 +46,8 @@ pub struct ApiInner {
     pub(crate) watches: Arc<std::sync::atomic::AtomicUsize>,
     /// Access control.
     pub auth: Arc<Auth>,
+    /// The cluster's id (written into backups).
+    pub cluster: Arc<crate::raft::identity::ClusterIdentity>,
 }
 
 /// The public services (`Locks`, `Cluster`); cheap to clone.
@@ -60,6 +63,7 @@ impl Api {
         shared: Arc<Shared>,
         leadership: Arc<Leadership>,
         auth: Arc<Auth>,
+        cluster: Arc<crate::raft::identity::ClusterIdentity>,
     ) -> Self {
         let metrics = shared.metrics.clone();
         Api(Arc::new(ApiInner {
@@ -71,6 +75,7 @@ impl Api {
             leadership,
             watches: Arc::default(),
             auth,
+            cluster,
         }))
     }
 
@@ -123,38 +128,39 @@ impl Api {
         }
     }
 
-    /// Restores `backup` into the (empty) cluster: checks it, then proposes
-    /// it in parts of at most `MAX_RESTORE_PART` bytes, one after the other;
-    /// the last part installs it, with its fence counter raised by
-    /// `fence_bump`. Returns the sessions restored and the fence counter.
-    pub async fn restore_backup(
-        &self,
-        backup: &[u8],
-        fence_bump: u64,
-    ) -> Result<(u64, u64), Error> {
+    /// Restores `backup` (a backup file, see [`backup::check`]) into the
+    /// (empty) cluster: checks it, then proposes its lock table in parts of
+    /// at most `MAX_RESTORE_PART` bytes, one after the other; the last part
+    /// installs it, with its fence counter raised by `fence_bump`. Returns
+    /// the sessions restored and the fence counter.
+    pub async fn restore_backup(&self, file: &[u8], fence_bump: u64) -> Result<(u64, u64), Error> {
         use crate::state::limits::{MAX_RESTORE_BYTES, MAX_RESTORE_PART};
-        if backup.len() > MAX_RESTORE_BYTES {
+        if file.len() > MAX_RESTORE_BYTES {
             return Err(Error::InvalidArgument(format!(
                 "a backup may be at most {MAX_RESTORE_BYTES} bytes, got {}",
-                backup.len()
+                file.len()
             )));
         }
-        // Refuse garbage, and a fence bump past the fence bound, before
-        // they reach the log (the apply checks both again). Decoding and
-        // checking a large backup takes a while: not on a runtime thread.
-        let copy = backup.to_vec();
-        let table =
-            tokio::task::spawn_blocking(move || crate::state::LockTable::from_snapshot(&copy))
-                .await
-                .map_err(|e| Error::Internal(format!("backup check failed: {e}")))?
-                .map_err(|e| Error::InvalidArgument(format!("invalid backup: {e}")))?;
-        table.fence_after_restore(fence_bump)?;
-        drop(table);
+        // Refuse damaged files and garbage (checksum first), and a fence
+        // bump past the fence bound, before they reach the log (the apply
+        // checks the table and the bump again). Checking a large backup
+        // takes a while: not on a runtime thread.
+        let copy = file.to_vec();
+        let (checked, copy) = tokio::task::spawn_blocking(move || (backup::check(&copy), copy))
+            .await
+            .map_err(|e| Error::Internal(format!("backup check failed: {e}")))?;
+        let checked =
+            checked.map_err(|e| Error::InvalidArgument(format!("invalid backup: {e}")))?;
+        checked.table.fence_after_restore(fence_bump)?;
+        // The parts carry the lock table alone, as the state machine reads
+        // it; the checksum has done its work.
+        let table = &copy[checked.table_range.clone()];
+        drop(checked);
         let restore = rand::random::<u64>();
-        let chunks: Vec<&[u8]> = if backup.is_empty() {
-            vec![backup]
+        let chunks: Vec<&[u8]> = if table.is_empty() {
+            vec![table]
         } else {
-            backup.chunks(MAX_RESTORE_PART).collect()
+            table.chunks(MAX_RESTORE_PART).collect()
         };
         let parts = u32::try_from(chunks.len())
             .map_err(|_| Error::InvalidArgument("backup too large".into()))?;

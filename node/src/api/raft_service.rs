@@ -145,7 +145,11 @@ impl RaftRpc for RaftService {
         &self,
         req: Request<Streaming<pb::RaftMessage>>,
     ) -> Result<Response<Answers>, Status> {
+        let acl_changes = self.auth.changes();
         self.admit(&req).await?;
+        // A reload that stops accepting what this stream authenticated
+        // with ends it at once, like a new stream would be refused.
+        let credential = self.auth.peer_credential(&req);
         let inbound = req.into_inner();
         // Which entries each request carried and when it arrived, oldest
         // first, to time this follower's share of them.
@@ -155,52 +159,74 @@ impl RaftRpc for RaftService {
             let (received, refused) = (received.clone(), refused.clone());
             let stopping = self.stopping.clone();
             let raft = self.raft.clone();
-            futures::stream::unfold(Some(inbound), move |inbound| {
-                let (received, refused) = (received.clone(), refused.clone());
-                let mut stopping = stopping.clone();
-                let raft = raft.clone();
-                async move {
-                    let mut inbound = inbound?;
-                    let next = tokio::select! {
-                        next = inbound.message() => next,
-                        _ = stopping.wait_for(|s| *s) => return None,
-                    };
-                    let msg = match next {
-                        Ok(Some(msg)) => msg,
-                        Ok(None) => return None,
-                        Err(status) => {
-                            *refused.lock().expect("refused lock poisoned") = Some(status);
-                            return None;
-                        }
-                    };
-                    let at = Instant::now();
-                    let checked = decode::<
-                        openraft::raft::AppendEntriesRequest<crate::raft::TypeConfig>,
-                    >(&msg)
-                    .and_then(|rpc| {
-                        peer_input::check_append(&rpc, &local_of(&raft))
-                            .map(|()| rpc)
-                            .map_err(refuse)
-                    });
-                    match checked {
-                        Ok(rpc) => {
-                            let carried = match (rpc.entries.first(), rpc.entries.last()) {
-                                (Some(f), Some(l)) => Some((f.log_id.index, l.log_id.index)),
-                                _ => None,
-                            };
-                            received
-                                .lock()
-                                .expect("received lock poisoned")
-                                .push_back((at, carried));
-                            Some((rpc, Some(inbound)))
-                        }
-                        Err(status) => {
-                            *refused.lock().expect("refused lock poisoned") = Some(status);
-                            None
+            let auth = self.auth.clone();
+            let credential = Arc::new(credential);
+            futures::stream::unfold(
+                (Some(inbound), acl_changes),
+                move |(inbound, mut changes)| {
+                    let (received, refused) = (received.clone(), refused.clone());
+                    let mut stopping = stopping.clone();
+                    let raft = raft.clone();
+                    let (auth, credential) = (auth.clone(), credential.clone());
+                    async move {
+                        let mut inbound = inbound?;
+                        let next = loop {
+                            tokio::select! {
+                                next = inbound.message() => break next,
+                                _ = stopping.wait_for(|s| *s) => return None,
+                                Ok(()) = changes.changed() => {
+                                    if !auth.still_peer(credential.as_ref().as_ref()) {
+                                        tracing::info!(
+                                            "ended a replication stream: the ACL was reloaded and no \
+                                             longer accepts the peer credentials it was opened with"
+                                        );
+                                        *refused.lock().expect("refused lock poisoned") =
+                                            Some(Status::unauthenticated(
+                                                "the peer credentials of this stream are no longer \
+                                                 accepted (ACL reloaded)",
+                                            ));
+                                        return None;
+                                    }
+                                }
+                            }
+                        };
+                        let msg = match next {
+                            Ok(Some(msg)) => msg,
+                            Ok(None) => return None,
+                            Err(status) => {
+                                *refused.lock().expect("refused lock poisoned") = Some(status);
+                                return None;
+                            }
+                        };
+                        let at = Instant::now();
+                        let checked = decode::<
+                            openraft::raft::AppendEntriesRequest<crate::raft::TypeConfig>,
+                        >(&msg)
+                        .and_then(|rpc| {
+                            peer_input::check_append(&rpc, &local_of(&raft))
+                                .map(|()| rpc)
+                                .map_err(refuse)
+                        });
+                        match checked {
+                            Ok(rpc) => {
+                                let carried = match (rpc.entries.first(), rpc.entries.last()) {
+                                    (Some(f), Some(l)) => Some((f.log_id.index, l.log_id.index)),
+                                    _ => None,
+                                };
+                                received
+                                    .lock()
+                                    .expect("received lock poisoned")
+                                    .push_back((at, carried));
+                                Some((rpc, (Some(inbound), changes)))
+                            }
+                            Err(status) => {
+                                *refused.lock().expect("refused lock poisoned") = Some(status);
+                                None
+                            }
                         }
                     }
-                }
-            })
+                },
+            )
         };
         let this = self.clone();
         let answers = self

@@ -39,6 +39,9 @@ impl Permission {
 #[serde(deny_unknown_fields)]
 struct AclFile {
     peer_token: Option<String>,
+    /// Peer tokens accepted besides `peer_token` (during a rotation).
+    #[serde(default)]
+    accept_peer_tokens: Vec<String>,
     #[serde(default)]
     peer_subjects: Vec<String>,
     #[serde(default)]
@@ -93,8 +96,23 @@ pub struct Acl {
     /// SHA-256 of each token → its identity.
     tokens: HashMap<[u8; 32], String>,
     rules: Vec<Rule>,
+    /// The token this node sends its peers.
     peer_token: String,
+    /// SHA-256 of every peer token this node accepts: `peer_token` and
+    /// `accept_peer_tokens`.
+    peer_tokens: Vec<[u8; 32]>,
     peer_subjects: BTreeSet<String>,
+}
+
+/// What a request authenticated with, kept to check it again when the ACL
+/// is reloaded (long-lived streams).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Credential {
+    /// A bearer token, by its SHA-256.
+    Token([u8; 32]),
+    /// A client certificate with this subject common name (the TLS layer
+    /// verified it when the connection was made).
+    Certificate(String),
 }
 
 fn sha256(bytes: &[u8]) -> [u8; 32] {
@@ -155,6 +173,17 @@ impl Acl {
                  (the same on every node): nodes use it to authenticate to each other"
             ));
         }
+        let mut peer_tokens = vec![sha256(peer_token.as_bytes())];
+        for (i, accepted) in file.accept_peer_tokens.iter().enumerate() {
+            if accepted.len() < MIN_PEER_TOKEN_LEN {
+                return Err(format!(
+                    "accept_peer_tokens #{}: at least {MIN_PEER_TOKEN_LEN} characters, like \
+                     peer_token",
+                    i + 1
+                ));
+            }
+            peer_tokens.push(sha256(accepted.as_bytes()));
+        }
         let mut tokens = HashMap::new();
         for (i, t) in file.token.iter().enumerate() {
             valid_identity(&t.identity).map_err(|e| format!("token #{}: {e}", i + 1))?;
@@ -175,9 +204,10 @@ impl Acl {
                     ))
                 }
             };
-            if hash == sha256(peer_token.as_bytes()) {
+            if peer_tokens.contains(&hash) {
                 return Err(format!(
-                    "token #{} ({}) is the peer_token; give clients their own tokens",
+                    "token #{} ({}) is a peer token (peer_token or accept_peer_tokens); give \
+                     clients their own tokens",
                     i + 1,
                     t.identity
                 ));
@@ -205,6 +235,7 @@ impl Acl {
             tokens,
             rules,
             peer_token,
+            peer_tokens,
             peer_subjects: file.peer_subjects.into_iter().collect(),
         })
     }
@@ -222,15 +253,28 @@ impl Acl {
     /// Who sent a request with `metadata` over a connection that presented
     /// `cert` (the leaf certificate, DER), if any.
     pub fn identify(&self, metadata: &MetadataMap, cert: Option<&[u8]>) -> Result<String, Error> {
+        self.identify_with(metadata, cert)
+            .map(|(identity, _)| identity)
+    }
+
+    /// Like [`identify`](Self::identify), with the credential it used.
+    pub fn identify_with(
+        &self,
+        metadata: &MetadataMap,
+        cert: Option<&[u8]>,
+    ) -> Result<(String, Credential), Error> {
         if let Some(token) = bearer(metadata)? {
+            let hash = sha256(token.as_bytes());
             return self
                 .tokens
-                .get(&sha256(token.as_bytes()))
-                .cloned()
+                .get(&hash)
+                .map(|identity| (identity.clone(), Credential::Token(hash)))
                 .ok_or_else(|| Error::Unauthenticated("unknown bearer token".into()));
         }
         match cert.map(subject_common_name) {
-            Some(Some(cn)) if valid_identity(&cn).is_ok() => Ok(cn),
+            Some(Some(cn)) if valid_identity(&cn).is_ok() => {
+                Ok((cn.clone(), Credential::Certificate(cn)))
+            }
             Some(_) => Err(Error::Unauthenticated(
                 "the client certificate has no usable subject common name (CN)".into(),
             )),
@@ -242,15 +286,43 @@ impl Acl {
         }
     }
 
-    /// True if the request may call the Raft service: the peer token, or a
+    /// True if `credential` still identifies `identity` under this ACL (a
+    /// certificate's CN always does: the TLS layer vouched for it).
+    pub fn still_identifies(&self, credential: &Credential, identity: &str) -> bool {
+        match credential {
+            Credential::Token(hash) => self.tokens.get(hash).is_some_and(|i| i == identity),
+            Credential::Certificate(cn) => cn == identity,
+        }
+    }
+
+    /// True if the request may call the Raft service: a peer token this
+    /// node accepts (`peer_token` or one of `accept_peer_tokens`), or a
     /// certificate whose CN is a listed peer subject.
     pub fn is_peer(&self, metadata: &MetadataMap, cert: Option<&[u8]>) -> bool {
+        self.peer_credential(metadata, cert)
+            .is_some_and(|c| self.accepts_peer(&c))
+    }
+
+    /// What a peer's request authenticates with, if anything.
+    pub fn peer_credential(
+        &self,
+        metadata: &MetadataMap,
+        cert: Option<&[u8]>,
+    ) -> Option<Credential> {
         match bearer(metadata) {
-            Ok(Some(token)) => sha256(token.as_bytes()) == sha256(self.peer_token.as_bytes()),
+            Ok(Some(token)) => Some(Credential::Token(sha256(token.as_bytes()))),
             Ok(None) => cert
                 .and_then(subject_common_name)
-                .is_some_and(|cn| self.peer_subjects.contains(&cn)),
-            Err(_) => false,
+                .map(Credential::Certificate),
+            Err(_) => None,
+        }
+    }
+
+    /// True if `credential` authenticates a peer under this ACL.
+    pub fn accepts_peer(&self, credential: &Credential) -> bool {
+        match credential {
+            Credential::Token(hash) => self.peer_tokens.contains(hash),
+            Credential::Certificate(cn) => self.peer_subjects.contains(cn),
         }
     }
 

@@ -3,14 +3,24 @@
 
 use std::sync::{Arc, RwLock};
 
+use super::acl::Credential;
 use super::AuthError as Error;
 use super::{Acl, Permission};
 
 /// The node's access control: `None` when off. The ACL inside can be
-/// replaced at run time (`SIGHUP` reloads the file).
-#[derive(Debug, Default)]
+/// replaced at run time (`SIGHUP` reloads the file); long-lived streams
+/// watch [`changes`](Auth::changes) and check their credentials again.
+#[derive(Debug)]
 pub struct Auth {
     acl: RwLock<Option<Arc<Acl>>>,
+    /// Bumped on every replacement.
+    generation: tokio::sync::watch::Sender<u64>,
+}
+
+impl Default for Auth {
+    fn default() -> Self {
+        Auth::new(None)
+    }
 }
 
 impl Auth {
@@ -18,7 +28,13 @@ impl Auth {
     pub fn new(acl: Option<Acl>) -> Auth {
         Auth {
             acl: RwLock::new(acl.map(Arc::new)),
+            generation: tokio::sync::watch::channel(0).0,
         }
+    }
+
+    /// A receiver that sees every replacement of the ACL.
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.generation.subscribe()
     }
 
     /// The current ACL, or `None` if access control is off.
@@ -34,21 +50,61 @@ impl Auth {
             return Err("access control is off on this node; restart it to turn it on".into());
         }
         *current = Some(Arc::new(acl));
+        drop(current);
+        self.generation.send_modify(|g| *g += 1);
         Ok(())
+    }
+
+    /// `caller` again under the ACL in force now: the same identity, with
+    /// the current rules, if the credential it authenticated with still
+    /// names it; `UNAUTHENTICATED` if it was revoked (for streams opened
+    /// before a reload).
+    pub fn recheck(&self, caller: &Caller) -> Result<Caller, Error> {
+        let Some(acl) = self.current() else {
+            return Ok(caller.clone());
+        };
+        match &caller.credential {
+            Some(c) if acl.still_identifies(c, &caller.identity) => Ok(Caller {
+                identity: caller.identity.clone(),
+                acl: Some(acl),
+                credential: caller.credential.clone(),
+            }),
+            _ => Err(Error::Unauthenticated(format!(
+                "the credentials this stream was opened with were revoked (the ACL was reloaded \
+                 and no longer gives them identity {:?})",
+                caller.identity
+            ))),
+        }
+    }
+
+    /// What a request to the Raft service authenticates with (`None`
+    /// without access control, or without credentials).
+    pub fn peer_credential<T>(&self, req: &tonic::Request<T>) -> Option<Credential> {
+        let acl = self.current()?;
+        with_leaf_cert(req, |leaf| acl.peer_credential(req.metadata(), leaf))
+    }
+
+    /// Whether a Raft stream opened with `credential` may go on under the
+    /// ACL in force now.
+    pub fn still_peer(&self, credential: Option<&Credential>) -> bool {
+        match (self.current(), credential) {
+            (None, _) => true,
+            (Some(acl), Some(c)) => acl.accepts_peer(c),
+            (Some(_), None) => false,
+        }
     }
 
     /// Identifies the caller of a request.
     pub fn caller<T>(&self, req: &tonic::Request<T>) -> Result<Caller, Error> {
         let Some(acl) = self.current() else {
-            return Ok(Caller {
-                identity: String::new(),
-                acl: None,
-            });
+            return Ok(Caller::unrestricted());
         };
-        let identity = with_leaf_cert(req, |leaf| acl.identify(req.metadata(), leaf))?;
+        let (identity, credential) =
+            with_leaf_cert(req, |leaf| acl.identify_with(req.metadata(), leaf))?;
         Ok(Caller {
             identity,
             acl: Some(acl),
+            credential: Some(credential),
         })
     }
 
@@ -83,6 +139,8 @@ pub struct Caller {
     /// The identity (empty without access control).
     pub identity: String,
     pub(super) acl: Option<Arc<Acl>>,
+    /// What it authenticated with (`None` without access control).
+    pub(super) credential: Option<Credential>,
 }
 
 impl Caller {
@@ -91,6 +149,7 @@ impl Caller {
         Caller {
             identity: String::new(),
             acl: None,
+            credential: None,
         }
     }
 

@@ -21,8 +21,14 @@
 //! `Refusal::NotOwner`).
 //!
 //! Nodes authenticate to each other's Raft service with the file's
-//! `peer_token` (every node's file carries the same one) or with a
+//! `peer_token` (every node's file carries the same one; a node also
+//! accepts those in `accept_peer_tokens`, for a rotation) or with a
 //! certificate whose CN is listed in `peer_subjects`.
+//!
+//! A reload ([`Auth::replace`]) applies to every request after it, and to
+//! the streams already open: they watch [`Auth::changes`] and end at once
+//! (`UNAUTHENTICATED`) when the credentials they were opened with no longer
+//! hold ([`Auth::recheck`], [`Auth::still_peer`]).
 
 mod acl;
 mod caller;
@@ -30,7 +36,7 @@ mod cert;
 #[cfg(test)]
 mod tests;
 
-pub use acl::{token_sha256_hex, Acl, AclError, Permission, Rule};
+pub use acl::{token_sha256_hex, Acl, AclError, Credential, Permission, Rule};
 pub use caller::{Auth, Caller};
 pub use cert::subject_common_name;
 

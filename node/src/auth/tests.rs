@@ -154,6 +154,7 @@ fn callers_are_checked_only_when_access_control_is_on() {
         acl: Some(Arc::new(acl(
             "[[rule]]\nidentity = \"billing\"\nallow = \"lock\"\nprefix = \"billing/\"\n",
         ))),
+        credential: None,
     };
     assert!(caller.require_name(Permission::Lock, "billing/a").is_ok());
     assert!(matches!(
@@ -182,4 +183,64 @@ fn reload_needs_access_control_on() {
         .replace(acl("[[rule]]\nidentity = \"a\"\nallow = \"read\"\n"))
         .is_ok());
     assert_eq!(on.current().expect("on").rules().len(), 1);
+}
+
+#[test]
+fn accepted_peer_tokens_authenticate_peers_and_are_no_client_tokens() {
+    let other = "the-next-peer-token-000";
+    let acl = Acl::parse(&format!(
+        "peer_token = \"{PEER}\"\naccept_peer_tokens = [\"{other}\"]\n"
+    ))
+    .expect("valid");
+    assert!(acl.is_peer(&metadata(&format!("Bearer {PEER}")), None));
+    assert!(acl.is_peer(&metadata(&format!("Bearer {other}")), None));
+    assert!(!acl.is_peer(&metadata("Bearer something-else-entirely"), None));
+    assert_eq!(acl.peer_token(), PEER, "the one a node sends");
+    // Short, or reused as a client token: refused like peer_token.
+    let short = Acl::parse(&format!(
+        "peer_token = \"{PEER}\"\naccept_peer_tokens = [\"short\"]\n"
+    ));
+    assert!(short.expect_err("short").contains("accept_peer_tokens #1"));
+    let reused = Acl::parse(&format!(
+        "peer_token = \"{PEER}\"\naccept_peer_tokens = [\"{other}\"]\n\
+         [[token]]\nidentity = \"x\"\ntoken = \"{other}\"\n"
+    ));
+    assert!(reused.expect_err("reused").contains("is a peer token"));
+}
+
+#[test]
+fn a_reload_revokes_the_credentials_it_drops() {
+    let auth = Auth::new(Some(acl("")));
+    let changes = auth.changes();
+    let req = |token: &str| {
+        let mut r = tonic::Request::new(());
+        *r.metadata_mut() = metadata(&format!("Bearer {token}"));
+        r
+    };
+    let billing = auth.caller(&req("tok-billing")).expect("billing");
+    let ops = auth.caller(&req("tok-ops")).expect("ops");
+    let peer = auth.peer_credential(&req(PEER));
+    assert!(auth.recheck(&billing).is_ok() && auth.still_peer(peer.as_ref()));
+    // billing's token goes; ops keeps its hash; a new peer token.
+    let next_peer = "another-peer-secret-123";
+    auth.replace(
+        Acl::parse(&format!(
+            "peer_token = \"{next_peer}\"\n\
+             [[token]]\nidentity = \"billing\"\ntoken = \"tok-billing-2\"\n\
+             [[token]]\nidentity = \"ops\"\nsha256 = \"{}\"\n",
+            token_sha256_hex("tok-ops")
+        ))
+        .expect("valid"),
+    )
+    .expect("replace");
+    assert!(changes.has_changed().expect("open"), "streams are told");
+    let revoked = auth
+        .recheck(&billing)
+        .expect_err("billing's token was revoked");
+    assert!(matches!(&revoked, Error::Unauthenticated(m) if m.contains("revoked")));
+    assert_eq!(auth.recheck(&ops).expect("ops stays").identity, "ops");
+    assert!(
+        !auth.still_peer(peer.as_ref()),
+        "the old peer token is gone"
+    );
 }

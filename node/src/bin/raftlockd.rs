@@ -140,6 +140,12 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     let merged = flags.or(file);
     let (opts, listen) = merged.validate()?;
+    // Under systemd (`Type=notify`): checked before anything else happens,
+    // so a bad variable stops the node at once, named.
+    #[cfg(unix)]
+    let notifier = raftlock_node::systemd::Notifier::from_env()
+        .map_err(|e| anyhow::anyhow!("{e}"))?
+        .map(Arc::new);
     let listener = TcpListener::bind(listen.client)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", listen.client))?;
@@ -174,15 +180,29 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
              nodes only (--peer-listen gives peers a port of their own to firewall)"
         );
     }
-    if let Some(path) = merged.acl_file.clone() {
-        tokio::spawn(reload_acl_on_sighup(opts.auth.clone(), path));
-    }
+    let auth = opts.auth.clone();
     let listeners = Listeners {
         client: listener,
         peer: peer_listener,
         metrics,
     };
     let node = Node::start_with(opts, listeners).await?;
+    // SIGHUP re-reads the ACL file and the TLS files (never ends the node).
+    tokio::spawn(reload_on_sighup(Reload {
+        auth,
+        acl_file: merged.acl_file.clone(),
+        tls: node.tls(),
+        settings: merged.clone(),
+    }));
+    // READY=1 once it can serve, WATCHDOG=1 while its core runs.
+    #[cfg(unix)]
+    if let Some(notifier) = &notifier {
+        tokio::spawn(raftlock_node::systemd::notify(
+            node.leadership.clone(),
+            notifier.clone(),
+            raftlock_node::systemd::watchdog_from_env(),
+        ));
+    }
     tracing::info!(
         id = node.id,
         addr = %node.addr,
@@ -193,6 +213,10 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     tokio::select! {
         _ = wait_for_signal() => {}
         cause = node.failed() => fail_stop(node.id, &cause),
+    }
+    #[cfg(unix)]
+    if let Some(notifier) = &notifier {
+        let _ = notifier.send("STOPPING=1");
     }
     tracing::info!("shutting down");
     node.shutdown().await;
@@ -219,8 +243,8 @@ fn restore(
 ) -> anyhow::Result<()> {
     let bytes =
         std::fs::read(file).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", file.display()))?;
-    let table = raftlock_node::state::LockTable::from_snapshot(&bytes)
-        .map_err(|e| anyhow::anyhow!("{} is not a raftlock backup: {e}", file.display()))?;
+    let checked = raftlock_node::api::backup::check(&bytes)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
     if data_dir.join("sled").exists() {
         anyhow::bail!(
             "{} already holds a node's data; restore seeds a new cluster only",
@@ -228,18 +252,26 @@ fn restore(
         );
     }
     let fence_bump = fence_bump.unwrap_or(raftlock_node::state::limits::DEFAULT_RESTORE_FENCE_BUMP);
-    let first_fence = table
+    let first_fence = checked
+        .table
         .fence_after_restore(fence_bump)
         .map_err(|e| anyhow::anyhow!("--fence-bump {fence_bump}: {e}"))?;
     std::fs::create_dir_all(data_dir)?;
-    std::fs::write(data_dir.join(raftlock_node::node::RESTORE_FILE), &bytes)?;
-    std::fs::write(
-        data_dir.join(raftlock_node::node::RESTORE_BUMP_FILE),
-        fence_bump.to_string(),
+    write_private(&data_dir.join(raftlock_node::node::RESTORE_FILE), &bytes)?;
+    write_private(
+        &data_dir.join(raftlock_node::node::RESTORE_BUMP_FILE),
+        fence_bump.to_string().as_bytes(),
     )?;
-    let stats = table.stats();
+    let stats = checked.table.stats();
+    let checksum = match &checked.header {
+        Some(h) => format!(
+            "checksum ok, cluster {:016x}, index {}",
+            h.cluster_id, h.index
+        ),
+        None => "written before backup format 1: no checksum to check".into(),
+    };
     println!(
-        "backup with {} sessions, {} grants, last fence {} (new fences start above {}) placed in {}; start this node with `raftlockd run --init ...`",
+        "backup ({checksum}) with {} sessions, {} grants, last fence {} (new fences start above {}) placed in {}; start this node with `raftlockd run --init ...`",
         stats.sessions,
         stats.grants,
         stats.last_fence,
@@ -252,6 +284,23 @@ fn restore(
         );
     }
     Ok(())
+}
+
+/// Writes `bytes` to `path`, readable and writable by this user only
+/// (0600): a backup holds every session's owner and every holder's value.
+fn write_private(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+    f.write_all(bytes)
+        .and_then(|()| f.sync_all())
+        .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))
 }
 
 async fn dev(args: DevArgs) -> anyhow::Result<()> {
@@ -275,7 +324,12 @@ async fn dev(args: DevArgs) -> anyhow::Result<()> {
     };
     let auth = Arc::new(Auth::new(acl));
     if let Some(path) = args.acl_file.clone() {
-        tokio::spawn(reload_acl_on_sighup(auth.clone(), path));
+        tokio::spawn(reload_on_sighup(Reload {
+            auth: auth.clone(),
+            acl_file: Some(path),
+            tls: None,
+            settings: Config::default(),
+        }));
     }
     let mut nodes = Vec::new();
     for (i, listener) in listeners.into_iter().rev() {
@@ -359,32 +413,70 @@ fn warn_on_clear_tokens(opts: &NodeOptions) {
     }
 }
 
-/// Reloads the ACL file on every SIGHUP. A file that does not parse is
-/// logged and the ACL in force stays.
-async fn reload_acl_on_sighup(auth: Arc<Auth>, path: PathBuf) {
+/// What `SIGHUP` reloads.
+struct Reload {
+    /// The node's access control.
+    auth: Arc<Auth>,
+    /// The ACL file, if access control is on.
+    acl_file: Option<PathBuf>,
+    /// The node's TLS, if on.
+    tls: Option<Arc<raftlock_node::tls::NodeTls>>,
+    /// Where the TLS files are.
+    settings: Config,
+}
+
+/// On every SIGHUP: reloads the ACL file (a file that does not parse is
+/// logged and the ACL in force stays; streams whose credentials the new one
+/// drops end at once) and the TLS certificate, key and CA (files the node
+/// would refuse at start are logged and the TLS in force stays; the new
+/// ones apply to connections made from then on).
+async fn reload_on_sighup(reload: Reload) {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
         let Ok(mut hup) = signal(SignalKind::hangup()) else {
-            tracing::warn!("cannot install a SIGHUP handler; the ACL file will not be reloaded");
+            tracing::warn!("cannot install a SIGHUP handler; nothing will be reloaded");
             return;
         };
         while hup.recv().await.is_some() {
-            match raftlock_node::auth::Acl::load(&path) {
-                Ok(acl) => {
-                    let rules = acl.rules().len();
-                    match auth.replace(acl) {
-                        Ok(()) => tracing::info!(path = %path.display(), rules, "ACL reloaded"),
-                        Err(e) => tracing::warn!(%e, "ACL not reloaded"),
+            if let Some(path) = &reload.acl_file {
+                match raftlock_node::auth::Acl::load(path) {
+                    Ok(acl) => {
+                        let rules = acl.rules().len();
+                        match reload.auth.replace(acl) {
+                            Ok(()) => tracing::info!(path = %path.display(), rules, "ACL reloaded"),
+                            Err(e) => tracing::warn!(%e, "ACL not reloaded"),
+                        }
+                    }
+                    Err(e) => {
+                        tracing::error!(%e, "ACL not reloaded; the previous one stays in force")
                     }
                 }
-                Err(e) => tracing::error!(%e, "ACL not reloaded; the previous one stays in force"),
+            }
+            if let Some(tls) = &reload.tls {
+                let loaded = match reload.settings.tls() {
+                    Ok(Some(options)) => tls.reload(options),
+                    Ok(None) => Err("the TLS settings are gone".into()),
+                    Err(e) => Err(e.to_string()),
+                };
+                match loaded {
+                    Ok(()) => tracing::info!(
+                        "TLS reloaded: connections made from now on get the new certificate and CA"
+                    ),
+                    Err(e) => tracing::error!(
+                        error = %e,
+                        "TLS not reloaded; the certificate, key and CA in force stay"
+                    ),
+                }
+            }
+            if reload.acl_file.is_none() && reload.tls.is_none() {
+                tracing::info!("SIGHUP: nothing to reload (no ACL file, no TLS)");
             }
         }
     }
     #[cfg(not(unix))]
     {
-        let _ = (auth, path);
+        let _ = reload;
     }
 }
 

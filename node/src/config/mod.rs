@@ -176,8 +176,9 @@ impl Config {
         }
     }
 
-    /// The TLS settings: all of cert, key and CA, or none of them.
-    fn tls(&self) -> Result<Option<crate::tls::TlsOptions>, ConfigError> {
+    /// The TLS settings: all of cert, key and CA, or none of them; the
+    /// files are read now (`SIGHUP` reads them again to reload).
+    pub fn tls(&self) -> Result<Option<crate::tls::TlsOptions>, ConfigError> {
         let client_auth = self.tls_client_auth.unwrap_or(false);
         let (cert, key, ca) = match (&self.tls_cert, &self.tls_key, &self.tls_ca) {
             (None, None, None) if !client_auth => return Ok(None),

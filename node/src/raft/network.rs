@@ -36,8 +36,11 @@ pub struct Network {
     dial: Arc<BTreeMap<NodeId, String>>,
     /// Where failed RPCs are counted.
     metrics: Arc<Metrics>,
-    /// TLS towards peers, if enabled.
-    tls: Option<tonic::transport::ClientTlsConfig>,
+    /// TLS towards peers, if enabled (reloadable: channels made before a
+    /// reload are redialled with the new material).
+    tls: Option<Arc<crate::tls::NodeTls>>,
+    /// The TLS reload the cached channels were made with.
+    tls_generation: Arc<std::sync::atomic::AtomicU64>,
     /// Access control: when on, every RPC carries the peer token.
     auth: Arc<Auth>,
     /// This node's cluster id, sent with every RPC.
@@ -50,7 +53,7 @@ impl Network {
     pub fn new(
         dial: BTreeMap<NodeId, String>,
         metrics: Arc<Metrics>,
-        tls: Option<tonic::transport::ClientTlsConfig>,
+        tls: Option<Arc<crate::tls::NodeTls>>,
         auth: Arc<Auth>,
         cluster: Arc<crate::raft::identity::ClusterIdentity>,
     ) -> Self {
@@ -66,19 +69,27 @@ impl Network {
 
     fn channel(&self, addr: &str) -> Result<Channel, String> {
         let mut channels = self.channels.lock().expect("channels lock poisoned");
+        let tls = self.tls.as_ref().map(|t| t.peer_client_config());
+        if let Some((generation, _)) = &tls {
+            use std::sync::atomic::Ordering;
+            if self.tls_generation.swap(*generation, Ordering::SeqCst) != *generation {
+                // Reloaded: new connections get the new certificate and CA.
+                channels.clear();
+            }
+        }
         if let Some(c) = channels.get(addr) {
             return Ok(c.clone());
         }
-        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let scheme = if tls.is_some() { "https" } else { "http" };
         let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
             .map_err(|e| format!("bad peer address {addr:?}: {e}"))?
             .connect_timeout(CONNECT_TIMEOUT)
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(10))
             .keep_alive_while_idle(true);
-        if let Some(tls) = &self.tls {
+        if let Some((_, tls)) = tls {
             endpoint = endpoint
-                .tls_config(tls.clone())
+                .tls_config(tls)
                 .map_err(|e| format!("TLS towards {addr:?}: {e}"))?;
         }
         let channel = endpoint.connect_lazy();
@@ -97,7 +108,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
         Peer {
             target,
             node: node.clone(),
-            channel: self.channel(&addr),
+            channel: (self.clone(), addr),
             metrics: self.metrics.clone(),
             auth: self.auth.clone(),
             cluster: self.cluster.clone(),
@@ -109,7 +120,9 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 pub struct Peer {
     target: NodeId,
     node: NodeAddrs,
-    channel: Result<Channel, String>,
+    /// Where its channel comes from, and the address dialled: asked anew
+    /// for every RPC, so a TLS reload reaches peers already connected.
+    channel: (Network, String),
     metrics: Arc<Metrics>,
     auth: Arc<Auth>,
     cluster: Option<Arc<crate::raft::identity::ClusterIdentity>>,
@@ -124,10 +137,10 @@ type RpcError = RPCError<TypeConfig>;
 
 impl Peer {
     fn channel(&self) -> Result<Channel, RpcError> {
-        self.channel
-            .as_ref()
-            .map_err(|e| RPCError::Unreachable(Unreachable::new(&Msg(e.clone()))))
-            .cloned()
+        let (network, addr) = &self.channel;
+        network
+            .channel(addr)
+            .map_err(|e| RPCError::Unreachable(Unreachable::new(&Msg(e))))
     }
 
     fn client(&self) -> Result<RaftClient<Channel>, RpcError> {

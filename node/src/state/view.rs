@@ -88,7 +88,7 @@ pub struct Stats {
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
     /// The format version is not one this build reads.
-    #[error("unsupported lock-table snapshot version {0} (this build reads {SNAPSHOT_VERSION_2} to {SNAPSHOT_VERSION}; a newer raftlock wrote it)")]
+    #[error("unsupported lock-table snapshot version {0} (this build reads {SNAPSHOT_VERSION_2} to {SNAPSHOT_VERSION}: a newer raftlock wrote it, or it is not a lock-table snapshot)")]
     Version(u8),
     /// The bytes are not a valid snapshot.
     #[error("corrupt lock-table snapshot: {0}")]

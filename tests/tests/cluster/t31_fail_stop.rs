@@ -98,3 +98,79 @@ async fn a_leader_whose_syncs_fail_stops_and_the_others_go_on() {
     .await;
     cluster.shutdown().await;
 }
+
+/// systemd's watchdog (issue 31, item 10): a node feeds it while its Raft
+/// core runs and answers, and stops once the core has stopped, so that
+/// systemd restarts a node whose core is gone even if the process would
+/// not exit by itself. `STATUS=` names the cause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_watchdog_is_fed_while_the_core_runs_and_not_after() {
+    use std::os::unix::net::UnixDatagram;
+    use std::sync::Arc;
+    let mut cluster = TestCluster::start(3).await;
+    let client = cluster.client().await;
+    let session = client
+        .session(Duration::from_secs(30))
+        .await
+        .expect("session");
+    let leader = cluster.leader().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("notify.sock");
+    let socket = UnixDatagram::bind(&path).expect("bind");
+    socket
+        .set_read_timeout(Some(Duration::from_millis(50)))
+        .expect("timeout");
+    let notifier = raftlock_node::systemd::Notifier::new(path.to_str().expect("utf-8 path"))
+        .expect("notifier");
+    let interval = Duration::from_millis(400);
+    let task = tokio::spawn(raftlock_node::systemd::notify(
+        cluster.node(leader).leadership.clone(),
+        Arc::new(notifier),
+        Some(interval),
+    ));
+    // Messages that arrive within `window`.
+    let receive = move |socket: UnixDatagram, window: Duration| {
+        tokio::task::spawn_blocking(move || {
+            let end = std::time::Instant::now() + window;
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            while std::time::Instant::now() < end {
+                if let Ok(n) = socket.recv(&mut buf) {
+                    got.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+                }
+            }
+            (socket, got)
+        })
+    };
+    let (socket, got) = receive(socket, interval * 3).await.expect("join");
+    assert!(got.iter().any(|m| m.contains("READY=1")), "{got:?}");
+    assert!(
+        got.iter().filter(|m| *m == "WATCHDOG=1").count() >= 3,
+        "fed about every {:?}: {got:?}",
+        interval / 2
+    );
+
+    cluster.storage_faults(leader).fail_syncs();
+    let writer = tokio::spawn(async move { session.lock("fail-stop/watchdog").await });
+    tokio::time::timeout(Duration::from_secs(20), cluster.node(leader).failed())
+        .await
+        .expect("the core stops");
+    // What was sent up to now may include a last ping; then none for
+    // three intervals (systemd gives up after one).
+    let (socket, last) = receive(socket, interval).await.expect("join");
+    let (_, got) = receive(socket, interval * 3).await.expect("join");
+    assert!(
+        !got.iter().any(|m| m == "WATCHDOG=1"),
+        "fed with a stopped core: {got:?}"
+    );
+    assert!(
+        last.iter()
+            .chain(&got)
+            .any(|m| m.starts_with("STATUS=Raft core stopped: ") && m.contains("I/O error")),
+        "{last:?} {got:?}"
+    );
+    task.abort();
+    writer.abort();
+    cluster.kill(leader).await;
+    cluster.shutdown().await;
+}

@@ -157,3 +157,54 @@ async fn a_backup_waits_at_the_snapshot_gate() {
     backup.await.expect("join").expect("backup");
     cluster.shutdown().await;
 }
+
+/// Issue 31, item 4: a backup carries a checksum, and `Restore` checks it
+/// first. One flipped bit per byte (cycling through the eight bit
+/// positions, so every bit position and every byte is hit) is refused with
+/// `INVALID_ARGUMENT` naming corruption, and restores nothing; the same
+/// backup intact restores. (On 108a1e9, before the checksum, flips inside
+/// the lock table's fields were restored silently: the review saw 2 of 3
+/// accepted.) Every bit of a small backup is flipped in the backup format's
+/// own tests; this runs the real `Restore` path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_flipped_bit_of_a_backup_is_refused_as_corrupt() {
+    let old = TestCluster::start(1).await;
+    let client = old.client().await;
+    let s = client.session(Duration::from_secs(60)).await.expect("s");
+    let held = s
+        .lock_with("flip/x", false, None, b"v".to_vec())
+        .await
+        .expect("lock");
+    let backup = client.backup().await.expect("backup").snapshot;
+
+    let new = TestCluster::start(1).await;
+    let fresh = new.client().await;
+    let mut accepted = Vec::new();
+    for byte in 0..backup.len() {
+        let bit = byte % 8;
+        let mut flipped = backup.clone();
+        flipped[byte] ^= 1 << bit;
+        match fresh.restore(flipped).await {
+            Err(Error::InvalidArgument(m)) if m.contains("corrupt") => {}
+            other => accepted.push(format!("byte {byte} bit {bit}: {other:?}")),
+        }
+    }
+    assert!(
+        accepted.is_empty(),
+        "{} of {} flipped backups were not refused as corrupt, e.g. {:?}",
+        accepted.len(),
+        backup.len(),
+        &accepted[..accepted.len().min(3)]
+    );
+    assert!(
+        fresh.list("").await.expect("list").is_empty(),
+        "nothing restored"
+    );
+    fresh
+        .restore(backup)
+        .await
+        .expect("the intact backup restores");
+    held.release().await.expect("release");
+    old.shutdown().await;
+    new.shutdown().await;
+}

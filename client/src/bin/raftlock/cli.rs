@@ -135,7 +135,8 @@ pub enum Cmd {
 
 #[derive(Subcommand)]
 pub enum SnapshotCmd {
-    /// Save a consistent copy of the lock table from the leader to FILE.
+    /// Save a consistent copy of the lock table from the leader to FILE
+    /// (mode 0600; checked before it is written).
     Save {
         /// Output file.
         file: std::path::PathBuf,
@@ -150,6 +151,16 @@ pub enum SnapshotCmd {
         /// last fence plus the bump must not pass 2^63 - 1.
         #[arg(long)]
         fence_bump: Option<u64>,
+    },
+    /// Check FILE's checksum and print what it holds (cluster id, index,
+    /// sessions, grants, last fence); exit 1 if it is damaged or not a
+    /// backup. Needs no cluster.
+    Inspect {
+        /// A file written by `snapshot save`.
+        file: std::path::PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
 }
 

@@ -5,6 +5,15 @@
 //! 4 if the lease was lost while the command ran (it is sent SIGTERM); 1 for
 //! any other error; 2 for bad usage.
 
+/// `println!` for the CLI's output: a closed stdout ends the process
+/// quietly (see [`signals::write_stdout`]) instead of panicking.
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::signals::write_stdout(format_args!($($arg)*))
+    };
+}
+
+mod backup;
 mod cli;
 mod hold;
 mod output;
@@ -26,7 +35,6 @@ use output::{
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    signals::default_sigpipe();
     let cli = Cli::parse();
     let tls = match tls_options(&cli) {
         Ok(tls) => tls,
@@ -111,10 +119,10 @@ async fn run(client: Client, cmd: Cmd) -> Result<u8, Error> {
         Cmd::Describe { name, json } => {
             let info = client.describe(&name).await?;
             if json {
-                println!("{}", info.as_ref().map_or(json!(null), info_json));
+                out!("{}", info.as_ref().map_or(json!(null), info_json));
             } else {
                 match info {
-                    None => println!("{name}: free"),
+                    None => out!("{name}: free"),
                     Some(info) => print_info(&info),
                 }
             }
@@ -123,9 +131,9 @@ async fn run(client: Client, cmd: Cmd) -> Result<u8, Error> {
         Cmd::List { prefix, json } => {
             let all = client.list(&prefix).await?;
             if json {
-                println!("{}", json!(all.iter().map(info_json).collect::<Vec<_>>()));
+                out!("{}", json!(all.iter().map(info_json).collect::<Vec<_>>()));
             } else if all.is_empty() {
-                println!("(none)");
+                out!("(none)");
             } else {
                 for info in &all {
                     print_info(info);
@@ -146,7 +154,7 @@ async fn run(client: Client, cmd: Cmd) -> Result<u8, Error> {
         Cmd::Status { json } => {
             let s = client.status().await?;
             if json {
-                println!("{}", status_json(&s));
+                out!("{}", status_json(&s));
             } else {
                 print_status(&s);
             }
@@ -156,26 +164,55 @@ async fn run(client: Client, cmd: Cmd) -> Result<u8, Error> {
             action: SnapshotCmd::Save { file },
         } => {
             let backup = client.backup().await?;
-            std::fs::write(&file, &backup.snapshot)
-                .map_err(|e| Error::Config(format!("cannot write {}: {e}", file.display())))?;
-            println!(
-                "saved {} bytes at index {} (last fence {}) to {}",
+            // Verified before it is written: a file on disk is one that
+            // checks.
+            let header = match raftlock_client::backup::decode(&backup.snapshot) {
+                Ok(raftlock_client::backup::Backup::Checked { header, .. }) => header,
+                Ok(_) => {
+                    return Err(Error::Internal(
+                        "the node sent a backup without a checksum (an older raftlockd?)".into(),
+                    ))
+                }
+                Err(e) => return Err(Error::Internal(format!("the node sent a {e}"))),
+            };
+            backup::write_private(&file, &backup.snapshot)?;
+            out!(
+                "saved {} bytes at index {} ({} sessions, {} grants, last fence {}; checksum verified) to {}",
                 backup.snapshot.len(),
                 backup.index,
+                header.sessions,
+                header.grants,
                 last_fence(backup.last_fence),
                 file.display()
             );
             Ok(0)
         }
         Cmd::Snapshot {
+            action: SnapshotCmd::Inspect { file, json },
+        } => match backup::inspect(&file, json) {
+            Ok(()) => Ok(0),
+            Err(e) => {
+                eprintln!("raftlock: {e}");
+                Ok(1)
+            }
+        },
+        Cmd::Snapshot {
             action: SnapshotCmd::Restore { file, fence_bump },
         } => {
-            let bytes = std::fs::read(&file)
-                .map_err(|e| Error::Config(format!("cannot read {}: {e}", file.display())))?;
+            // Checked here first: a damaged file is named before anything
+            // is sent (the node checks it again).
+            let bytes = match backup::read_checked(&file) {
+                Ok(bytes) => bytes,
+                Err(e) => {
+                    eprintln!("raftlock: {e}");
+                    return Ok(1);
+                }
+            };
             let r = client.restore_with(bytes, fence_bump).await?;
-            println!(
+            out!(
                 "restored {} sessions; fences continue after {}",
-                r.sessions, r.last_fence
+                r.sessions,
+                r.last_fence
             );
             Ok(0)
         }
@@ -194,7 +231,7 @@ async fn run(client: Client, cmd: Cmd) -> Result<u8, Error> {
                 MembersCmd::Remove { id } => client.remove_node(id).await?,
             };
             if json {
-                println!(
+                out!(
                     "{}",
                     json!(members.iter().map(member_json).collect::<Vec<_>>())
                 );

@@ -42,20 +42,23 @@ pub fn print_info(i: &LockInfo) {
     } else {
         ""
     };
-    println!("{} — {kind}{delayed}", printable(&i.name));
+    out!("{} — {kind}{delayed}", printable(&i.name));
     for h in &i.holders {
         let value = if h.value.is_empty() {
             String::new()
         } else {
             format!(" value {:?}", String::from_utf8_lossy(&h.value))
         };
-        println!(
+        out!(
             "  held by session {} fence {} {} weight {}{value}",
-            h.session, h.fence, h.mode, h.weight
+            h.session,
+            h.fence,
+            h.mode,
+            h.weight
         );
     }
     for (n, w) in i.waiters.iter().enumerate() {
-        println!(
+        out!(
             "  #{} waiting: session {} {} weight {}",
             n + 1,
             w.session,
@@ -79,13 +82,13 @@ pub fn printable(name: &str) -> std::borrow::Cow<'_, str> {
 pub fn print_event(e: &WatchEvent, json: bool) {
     let session = e.session.map_or(0, |s| s.get());
     if json {
-        println!(
+        out!(
             "{}",
             json!({"index": e.index, "kind": e.kind.as_str(), "name": e.name, "session": session,
                    "fence": fence(e.fence), "mode": e.mode.as_str(), "weight": e.weight})
         );
     } else {
-        println!(
+        out!(
             "{} {} {} session {session} fence {}",
             e.index,
             e.kind,
@@ -105,7 +108,7 @@ pub fn print_members(members: &[Member]) {
             Some(p) if *p != m.addr => format!(" (peers: {p})"),
             _ => String::new(),
         };
-        println!(
+        out!(
             "  {} {}{peer} {}",
             m.id,
             m.addr,
@@ -134,17 +137,22 @@ pub fn status_json(s: &NodeStatus) -> serde_json::Value {
 }
 
 pub fn print_status(s: &NodeStatus) {
-    println!(
+    out!(
         "node {} at {} is {} (term {})",
-        s.id, s.addr, s.role, s.term
+        s.id,
+        s.addr,
+        s.role,
+        s.term
     );
     let (leader_id, leader_addr) = leader(s);
-    println!("leader: {leader_id} {leader_addr}");
-    println!(
+    out!("leader: {leader_id} {leader_addr}");
+    out!(
         "commit {} applied {} last log {}",
-        s.commit_index, s.applied_index, s.last_log_index
+        s.commit_index,
+        s.applied_index,
+        s.last_log_index
     );
-    println!(
+    out!(
         "sessions {} grants {} waiters {} last fence {}",
         s.sessions,
         s.grants,

@@ -4,16 +4,41 @@
 use nix::sys::signal::{self, SigHandler, Signal};
 use nix::unistd::{getppid, Pid};
 
-/// Restores the default action of SIGPIPE, so that `raftlock list | head`
-/// ends quietly, like other command-line tools, instead of panicking in
-/// `println!` (Rust ignores SIGPIPE by default).
+/// Writes `args` and a newline to stdout. If stdout is closed
+/// (`raftlock list | head`), the process ends as other command-line tools
+/// do on a write to a closed pipe: by SIGPIPE's default action, raised for
+/// stdout only. SIGPIPE itself stays ignored (Rust's default), so a node
+/// that drops a connection mid-write is an error the CLI reports, never a
+/// silent death (exit 141 with no output, before issue 31).
+pub fn write_stdout(args: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    let written = out
+        .write_fmt(args)
+        .and_then(|()| out.write_all(b"\n"))
+        .and_then(|()| out.flush());
+    match written {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => die_of_sigpipe(),
+        Err(e) => {
+            eprintln!("raftlock: cannot write to stdout: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+/// Ends the process by SIGPIPE, as a write to a closed pipe ends a process
+/// that does not ignore it.
 #[allow(unsafe_code)]
-pub fn default_sigpipe() {
-    // SAFETY: called first thing in main, before any other thread exists
-    // that could rely on SIGPIPE's disposition; SigDfl installs no handler.
+fn die_of_sigpipe() -> ! {
+    // SAFETY: SigDfl installs no handler; the process is ending, and any
+    // other thread's write to a closed socket from now on ends it the same
+    // way.
     unsafe {
         signal::signal(Signal::SIGPIPE, SigHandler::SigDfl).ok();
     }
+    signal::raise(Signal::SIGPIPE).ok();
+    std::process::exit(128 + Signal::SIGPIPE as i32)
 }
 
 /// Arranges for `command`'s process to get SIGTERM when raftlock dies
