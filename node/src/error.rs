@@ -91,7 +91,9 @@ impl From<Refusal> for Error {
             | Refusal::InvalidCapacity { .. }
             | Refusal::InvalidWeight { .. }
             | Refusal::InvalidOwner { .. }
-            | Refusal::InvalidDisconnectGrace { .. } => Error::InvalidArgument(msg),
+            | Refusal::InvalidDisconnectGrace { .. }
+            | Refusal::InvalidLockCount { .. }
+            | Refusal::DuplicateName { .. } => Error::InvalidArgument(msg),
             Refusal::NotOwner { .. } => Error::PermissionDenied(msg),
             Refusal::CapacityMismatch { .. }
             | Refusal::KindMismatch { .. }

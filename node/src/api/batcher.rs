@@ -50,6 +50,14 @@ pub fn command_bytes(command: &Command) -> usize {
             Command::RestorePart(c) => c.bytes.len(),
             Command::Upgrade(c) => c.name.as_str().len() + c.caller.len(),
             Command::Downgrade(c) => c.name.as_str().len() + c.caller.len(),
+            Command::AcquireAll(c) => {
+                c.locks
+                    .iter()
+                    .map(|(n, _)| n.as_str().len() + 16)
+                    .sum::<usize>()
+                    + c.value.len()
+                    + c.caller.len()
+            }
         }
 }
 

@@ -15,10 +15,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::command::{Acquired, Fence, LockName, Mode, Refusal, Reply, SessionId};
+use super::command::{Acquired, AcquiredAll, Fence, LockName, Mode, Refusal, Reply, SessionId};
 use super::limits::{
-    MAX_CAPACITY, MAX_END_ON_DISCONNECT_MS, MAX_LOCK_DELAY_MS, MAX_OWNER_LEN, MAX_RESTORE_PART,
-    MAX_SESSION_TTL_MS, MAX_VALUE_LEN, MIN_SESSION_TTL_MS,
+    MAX_CAPACITY, MAX_END_ON_DISCONNECT_MS, MAX_LOCK_DELAY_MS, MAX_NAMES_PER_REQUEST,
+    MAX_OWNER_LEN, MAX_RESTORE_PART, MAX_SESSION_TTL_MS, MAX_VALUE_LEN, MIN_SESSION_TTL_MS,
 };
 
 /// Open a session. The new session's id is the command's log index.
@@ -263,6 +263,30 @@ pub struct Downgrade {
     pub caller: String,
 }
 
+/// Acquire several names at once: all are granted in one step (each grant
+/// with its own fence, in the request's order) or none is. A request that
+/// cannot be granted at once (and may wait) takes its place at the end of
+/// every name's queue in the same step, and is granted when it is at the
+/// head of each queue and fits each name: it never barges, and two atomic
+/// requests never wait for each other (whichever came first is ahead of
+/// the other in every queue they share).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AcquireAll {
+    /// The session that will hold the grants.
+    pub session: SessionId,
+    /// Request sequence number.
+    pub seq: u64,
+    /// The names and modes, 1..=[`MAX_NAMES_PER_REQUEST`], each name once.
+    pub locks: Vec<(LockName, Mode)>,
+    /// As in [`Acquire`].
+    pub timeout_ms: u64,
+    /// Holder value of every grant.
+    #[serde(with = "serde_bytes")]
+    pub value: Vec<u8>,
+    /// The identity the request came from; must be the session's owner.
+    pub caller: String,
+}
+
 /// A session was opened (or found, for a retried nonce).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Opened {
@@ -343,6 +367,7 @@ request!(Lock, Locked,
 request!(SetTtl, u64, Reply::TtlSet { ttl_ms } => ttl_ms);
 request!(Upgrade, Acquired, Reply::Acquire(outcome) => outcome);
 request!(Downgrade, (), Reply::Downgraded => ());
+request!(AcquireAll, AcquiredAll, Reply::AcquiredAll(outcome) => outcome);
 
 /// The checks a session's options get, before any state is looked at.
 fn check_session(
@@ -467,6 +492,41 @@ impl SetTtl {
     }
 }
 
+impl AcquireAll {
+    /// Checks the count of names, that none repeats, and each mode and the
+    /// value as an acquire's.
+    pub fn validate(&self) -> Result<(), Refusal> {
+        let count = self.locks.len();
+        if !(1..=MAX_NAMES_PER_REQUEST).contains(&count) {
+            return Err(Refusal::InvalidLockCount { count });
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for (name, mode) in &self.locks {
+            if !seen.insert(name) {
+                return Err(Refusal::DuplicateName { name: name.clone() });
+            }
+            check_acquire(*mode, &self.value)?;
+        }
+        Ok(())
+    }
+
+    /// As [`Acquire::digest`].
+    pub fn digest(&self) -> u64 {
+        let mut h = Fnv::new(7);
+        h.u64(self.locks.len() as u64);
+        for (name, mode) in &self.locks {
+            h.string(name.as_str().as_bytes());
+            let (m, weight, capacity) = mode_parts(*mode);
+            h.u64(m);
+            h.u64(u64::from(weight));
+            h.u64(u64::from(capacity));
+        }
+        h.u64(self.timeout_ms);
+        h.string(&self.value);
+        h.finish()
+    }
+}
+
 impl Upgrade {
     /// As [`Acquire::digest`].
     pub fn digest(&self) -> u64 {
@@ -515,17 +575,22 @@ impl RestorePart {
 fn acquire_digest(name: &LockName, mode: Mode, timeout_ms: u64, value: &[u8]) -> u64 {
     let mut h = Fnv::new(1);
     h.string(name.as_str().as_bytes());
-    let (m, weight, capacity) = match mode {
-        Mode::Exclusive => (0, 0, 0),
-        Mode::Shared => (1, 0, 0),
-        Mode::Semaphore { weight, capacity } => (2, weight, capacity),
-    };
+    let (m, weight, capacity) = mode_parts(mode);
     h.u64(m);
     h.u64(u64::from(weight));
     h.u64(u64::from(capacity));
     h.u64(timeout_ms);
     h.string(value);
     h.finish()
+}
+
+/// A mode as the digests hash it.
+fn mode_parts(mode: Mode) -> (u64, u32, u32) {
+    match mode {
+        Mode::Exclusive => (0, 0, 0),
+        Mode::Shared => (1, 0, 0),
+        Mode::Semaphore { weight, capacity } => (2, weight, capacity),
+    }
 }
 
 /// FNV-1a over a kind byte and the fields that make a request what it is;

@@ -136,6 +136,8 @@ pub enum Command {
     Upgrade(cmd::Upgrade),
     /// Downgrade an exclusive grant to shared.
     Downgrade(cmd::Downgrade),
+    /// Acquire several names at once, all or none.
+    AcquireAll(cmd::AcquireAll),
 }
 
 impl From<cmd::OpenSession> for Command {
@@ -178,7 +180,8 @@ into_command!(
     Lock,
     SetTtl,
     Upgrade,
-    Downgrade
+    Downgrade,
+    AcquireAll
 );
 
 impl Command {
@@ -194,6 +197,7 @@ impl Command {
             Command::SetTtl(c) => c.validate(),
             Command::Acquire(c) => c.validate(),
             Command::RestorePart(c) => c.validate(),
+            Command::AcquireAll(c) => c.validate(),
             Command::CloseSession(_)
             | Command::Release(_)
             | Command::ExpireSession(_)
@@ -311,6 +315,24 @@ pub enum Reply {
     },
     /// An exclusive grant became shared.
     Downgraded,
+    /// The outcome of an [`AcquireAll`](super::cmd::AcquireAll).
+    AcquiredAll(AcquiredAll),
+}
+
+/// The outcome of an atomic acquire of several names.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AcquiredAll {
+    /// All held now: each name's fence and mode, in the request's order.
+    Granted {
+        /// One grant per name requested, in order.
+        grants: Vec<(Fence, Mode)>,
+        /// The log index that made the grants.
+        index: u64,
+    },
+    /// Queued for every name; the grants (or the end of the wait) follow.
+    Queued,
+    /// Not granted: a try that found a name busy, or a wait that ended.
+    NotAcquired,
 }
 
 /// Why a command was refused. Each maps to one gRPC status in `api/`.
@@ -517,6 +539,18 @@ pub enum Refusal {
     InvalidDisconnectGrace {
         /// The grace given.
         end_on_disconnect_ms: u64,
+    },
+    /// An atomic request names no lock or too many.
+    #[error("an atomic request takes 1..={max} locks, got {count}", max = super::limits::MAX_NAMES_PER_REQUEST)]
+    InvalidLockCount {
+        /// The number given.
+        count: usize,
+    },
+    /// An atomic request names one lock twice.
+    #[error("{name} appears more than once in one request")]
+    DuplicateName {
+        /// The name.
+        name: LockName,
     },
     /// An upgrade or downgrade names a grant the session does not hold in
     /// the mode it changes from.

@@ -40,6 +40,9 @@ pub const MAX_WAITERS_PER_NAME: usize = 10_000;
 /// Most names one session may hold or wait for at once.
 pub const MAX_LOCKS_PER_SESSION: usize = 10_000;
 
+/// Most names one atomic request (`AcquireAll`) may take.
+pub const MAX_NAMES_PER_REQUEST: usize = 64;
+
 /// Most open sessions in the cluster.
 pub const MAX_SESSIONS: usize = 250_000;
 

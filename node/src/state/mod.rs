@@ -41,6 +41,9 @@
 //!    one per lock, and is not grantable (its grant is not the lock's only
 //!    one, or a lock-delay is in force); while it pends, nothing queued
 //!    on the name is granted.
+//! 9. A queued atomic request (`AcquireAll`) waits in the queue of every
+//!    name it names, and is not grantable as a whole (at the head of every
+//!    one of them, fitting each): it is granted all at once or not at all.
 
 pub mod cmd;
 mod command;
@@ -50,8 +53,8 @@ mod table;
 mod view;
 
 pub use command::{
-    Acquired, CancelCause, Command, EndCause, Event, Fence, LockName, Mode, Refusal, Reply,
-    Response, SessionId, WaitEdge, LOCK_SEQ, UNLOCK_SEQ,
+    Acquired, AcquiredAll, CancelCause, Command, EndCause, Event, Fence, LockName, Mode, Refusal,
+    Reply, Response, SessionId, WaitEdge, LOCK_SEQ, UNLOCK_SEQ,
 };
 pub use table::LockTable;
 pub use view::{HolderInfo, LockInfo, SessionInfo, SnapshotError, Stats, WaitInfo};

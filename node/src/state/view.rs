@@ -99,7 +99,7 @@ pub enum SnapshotError {
 /// Version 3 added the index floor a restore sets; version 4 the close
 /// index of each remembered close (the oldest close is forgotten first),
 /// and each session's disconnect grace and pending one-call lock; version
-/// 5 the pending upgrades.
+/// 5 the pending upgrades and the queued atomic requests.
 pub const SNAPSHOT_VERSION: u8 = 5;
 
 /// The format before, still read (see [`LockTable::from_snapshot`]).
@@ -371,10 +371,13 @@ impl LockTable {
             }
             // A pending upgrade goes ahead of the queue: the head waits
             // behind it whatever its mode.
+            // So does an atomic request at the head that does not fit all
+            // its names (checked with the groups below).
+            let grouped = |w: &super::table::Waiter| self.groups.contains_key(&(w.session, w.seq));
             if let Some(head) = lock
                 .queue
                 .front()
-                .filter(|_| !self.upgrades.contains_key(name))
+                .filter(|w| !self.upgrades.contains_key(name) && !grouped(w))
             {
                 let mut probe = lock.clone();
                 probe.queue.clear();
@@ -464,6 +467,39 @@ impl LockTable {
         }
         if self.nonces.len() != self.sessions.values().filter(|s| s.nonce != 0).count() {
             return Err("stale nonce entries".into());
+        }
+        for (&(session, seq), names) in &self.groups {
+            // 9. A queued atomic request has a place in the queue of each of
+            // its names (and each once), its open session lists each wait,
+            // and it does not fit all of them at the head (else it would
+            // have been granted).
+            let mut seen = BTreeSet::new();
+            if names.is_empty() || names.len() > super::limits::MAX_NAMES_PER_REQUEST {
+                return Err(format!(
+                    "{session}: atomic request {seq} of {} names",
+                    names.len()
+                ));
+            }
+            for name in names {
+                if !seen.insert(name) {
+                    return Err(format!(
+                        "{session}: atomic request {seq} names {name} twice"
+                    ));
+                }
+                let listed = self
+                    .sessions
+                    .get(&session)
+                    .and_then(|s| s.waiting.get(name))
+                    .is_some_and(|w| w.seq == seq);
+                if !listed {
+                    return Err(format!(
+                        "{session}: atomic request {seq} not waiting for {name}"
+                    ));
+                }
+            }
+            if self.group_ready((session, seq)) {
+                return Err(format!("{session}: atomic request {seq} is grantable"));
+            }
         }
         for (name, u) in &self.upgrades {
             // 8. An upgrade is of a shared grant its open session holds on
@@ -584,13 +620,14 @@ mod v2 {
                 closed: BTreeMap::new(),
                 closed_order: Default::default(),
                 upgrades: BTreeMap::new(),
+                groups: BTreeMap::new(),
             }
         }
     }
 }
 
-/// The lock-table format 4 (no pending upgrades), decoded so tables and
-/// backups written before upgrades existed still load.
+/// The lock-table format 4 (no pending upgrades, no atomic requests),
+/// decoded so tables and backups written before them still load.
 mod v4 {
     use std::collections::BTreeMap;
 
@@ -623,6 +660,7 @@ mod v4 {
                 closed: self.closed,
                 closed_order: Default::default(),
                 upgrades: BTreeMap::new(),
+                groups: BTreeMap::new(),
             }
         }
     }
@@ -713,6 +751,7 @@ mod v3 {
                 closed,
                 closed_order: Default::default(),
                 upgrades: BTreeMap::new(),
+                groups: BTreeMap::new(),
             }
         }
     }

@@ -33,7 +33,7 @@ async fn a_full_cluster_refuses_new_sessions_and_keeps_serving() {
     let cluster = TestCluster::start(3).await;
     let client = cluster.client().await;
     let restored = client
-        .restore(table.to_snapshot())
+        .restore(raftlock_node::api::backup::write(&table, 1, 1, 0))
         .await
         .expect("restore the full table");
     assert_eq!(restored.sessions, MAX_SESSIONS as u64);

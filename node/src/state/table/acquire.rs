@@ -33,62 +33,8 @@ impl LockTable {
             Some(reply) => return Ok(reply),
         }
 
+        self.check_new(session, &name, mode)?;
         let lock = self.locks.get(&name);
-        if let Some(lock) = lock {
-            match (lock.capacity, mode) {
-                (Some(_), Mode::Exclusive | Mode::Shared) | (None, Mode::Semaphore { .. }) => {
-                    return Err(Refusal::KindMismatch {
-                        name,
-                        existing: lock.kind().to_string(),
-                        requested: kind_of(mode).to_string(),
-                    });
-                }
-                (Some(existing), Mode::Semaphore { capacity, .. }) if existing != capacity => {
-                    return Err(Refusal::CapacityMismatch {
-                        name,
-                        existing,
-                        requested: capacity,
-                    });
-                }
-                _ => {}
-            }
-        }
-
-        // A session holds at most one grant and one wait per name, and a new
-        // request (a new seq) for a name it already holds or waits for is
-        // refused rather than answered with that grant or wait: two callers
-        // sharing the session (or a re-acquire racing the release of the
-        // old grant) would otherwise both believe they hold one grant, and
-        // the release of one would leave the other holding nothing. The
-        // same request retried (the same seq) was answered above.
-        if let Some(&fence) = s.held.get(&name) {
-            let same = lock
-                .and_then(|l| l.holders.get(&fence))
-                .is_some_and(|h| h.mode == mode);
-            return Err(if same {
-                Refusal::AlreadyHeld {
-                    session,
-                    name,
-                    fence,
-                }
-            } else {
-                Refusal::OtherMode { session, name }
-            });
-        }
-        if let Some(wait) = s.waiting.get(&name) {
-            let same = lock
-                .and_then(|l| l.position(wait.index).map(|p| l.queue[p].mode))
-                .is_some_and(|m| m == mode);
-            return Err(if same {
-                Refusal::AlreadyWaiting {
-                    session,
-                    name,
-                    seq: wait.seq,
-                }
-            } else {
-                Refusal::OtherMode { session, name }
-            });
-        }
         if s.held.len() + s.waiting.len() >= MAX_LOCKS_PER_SESSION {
             return Err(Refusal::TooManyLocks { session });
         }
@@ -164,9 +110,100 @@ impl LockTable {
         Ok(reply)
     }
 
+    /// The checks of a new request (a new seq) by `session` for `name` in
+    /// `mode`: the name's kind and capacity, and that the session neither
+    /// holds nor waits for it.
+    pub(super) fn check_new(
+        &self,
+        session: SessionId,
+        name: &LockName,
+        mode: Mode,
+    ) -> Result<(), Refusal> {
+        let lock = self.locks.get(name);
+        if let Some(lock) = lock {
+            match (lock.capacity, mode) {
+                (Some(_), Mode::Exclusive | Mode::Shared) | (None, Mode::Semaphore { .. }) => {
+                    return Err(Refusal::KindMismatch {
+                        name: name.clone(),
+                        existing: lock.kind().to_string(),
+                        requested: kind_of(mode).to_string(),
+                    });
+                }
+                (Some(existing), Mode::Semaphore { capacity, .. }) if existing != capacity => {
+                    return Err(Refusal::CapacityMismatch {
+                        name: name.clone(),
+                        existing,
+                        requested: capacity,
+                    });
+                }
+                _ => {}
+            }
+        }
+        let Some(s) = self.sessions.get(&session) else {
+            return Err(Refusal::SessionNotFound { session });
+        };
+        // A session holds at most one grant and one wait per name, and a new
+        // request (a new seq) for a name it already holds or waits for is
+        // refused rather than answered with that grant or wait: two callers
+        // sharing the session (or a re-acquire racing the release of the
+        // old grant) would otherwise both believe they hold one grant, and
+        // the release of one would leave the other holding nothing. The
+        // same request retried (the same seq) was answered before this.
+        if let Some(&fence) = s.held.get(name) {
+            let same = lock
+                .and_then(|l| l.holders.get(&fence))
+                .is_some_and(|h| h.mode == mode);
+            return Err(if same {
+                Refusal::AlreadyHeld {
+                    session,
+                    name: name.clone(),
+                    fence,
+                }
+            } else {
+                Refusal::OtherMode {
+                    session,
+                    name: name.clone(),
+                }
+            });
+        }
+        if let Some(wait) = s.waiting.get(name) {
+            let same = lock
+                .and_then(|l| l.position(wait.index).map(|p| l.queue[p].mode))
+                .is_some_and(|m| m == mode);
+            return Err(if same {
+                Refusal::AlreadyWaiting {
+                    session,
+                    name: name.clone(),
+                    seq: wait.seq,
+                }
+            } else {
+                Refusal::OtherMode {
+                    session,
+                    name: name.clone(),
+                }
+            });
+        }
+        Ok(())
+    }
+
     /// Grants from the head of `name`'s queue while the head is compatible
     /// (FIFO, head-of-line blocking), then drops the entry if it is idle.
     pub(super) fn promote(&mut self, name: &LockName, index: u64, events: &mut Vec<Event>) {
+        // Granting an atomic request moves the queues of all its names:
+        // each is promoted in turn.
+        let mut work = vec![name.clone()];
+        while let Some(name) = work.pop() {
+            self.promote_one(&name, index, events, &mut work);
+        }
+    }
+
+    fn promote_one(
+        &mut self,
+        name: &LockName,
+        index: u64,
+        events: &mut Vec<Event>,
+        work: &mut Vec<LockName>,
+    ) {
         // A pending upgrade comes first; while it waits, so does everyone
         // queued.
         if self.upgrades.contains_key(name) {
@@ -176,13 +213,26 @@ impl LockTable {
                 return;
             }
         }
-        let Some(lock) = self.locks.get_mut(name) else {
-            return;
-        };
-        while lock.queue.front().is_some_and(|w| lock.compatible(w.mode)) {
+        loop {
+            // An atomic request at the head: granted with all its names, or
+            // it holds up this queue.
+            if let Some(key) = self.head_group(name) {
+                if !self.group_ready(key) {
+                    break;
+                }
+                self.grant_group(key, index, events, work);
+                continue;
+            }
+            let Some(lock) = self.locks.get_mut(name) else {
+                return;
+            };
+            if !lock.queue.front().is_some_and(|w| lock.compatible(w.mode)) {
+                break;
+            }
             let Some(fence) = next_fence(&mut self.last_fence) else {
                 // The counter is at its bound: nobody in this queue can
-                // ever be granted, so every wait ends here.
+                // ever be granted, so every wait ends here (an atomic
+                // request's in all its queues).
                 let ended = std::mem::take(&mut lock.queue);
                 for w in &ended {
                     if let Some(s) = self.sessions.get_mut(&w.session) {
@@ -202,6 +252,12 @@ impl LockTable {
                     self.locks.remove(name);
                 }
                 for w in ended {
+                    self.end_group(
+                        (w.session, w.seq),
+                        CancelCause::FencesExhausted,
+                        events,
+                        work,
+                    );
                     self.end_if_lock_failed(w.session, index, events);
                 }
                 return;
@@ -229,7 +285,7 @@ impl LockTable {
                 mode: w.mode,
             });
         }
-        if lock.is_idle() {
+        if self.locks.get(name).is_some_and(|l| l.is_idle()) {
             self.locks.remove(name);
         }
     }

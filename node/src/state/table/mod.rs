@@ -11,6 +11,7 @@
 
 mod acquire;
 mod holders;
+mod multi;
 mod records;
 mod release;
 mod replies;
@@ -76,6 +77,10 @@ pub struct LockTable {
     /// Pending upgrades from shared to exclusive, by name (snapshot format
     /// 5 on).
     pub(super) upgrades: BTreeMap<LockName, Upgrade>,
+    /// Queued atomic requests (`AcquireAll`), by (session, seq): the names
+    /// whose queues each has a place in, in the request's order (snapshot
+    /// format 5 on).
+    pub(super) groups: BTreeMap<(SessionId, u64), Vec<LockName>>,
 }
 
 impl LockTable {
@@ -132,6 +137,7 @@ impl LockTable {
             Command::Cancel(c) => self.cancel(cx, c),
             Command::Upgrade(c) => self.upgrade(cx, c),
             Command::Downgrade(c) => self.downgrade(cx, c),
+            Command::AcquireAll(c) => self.acquire_all(cx, c),
         };
         Response {
             reply: reply.unwrap_or_else(Reply::Refused),

@@ -3,7 +3,7 @@
 
 use super::{owned, Cx, LockTable};
 use crate::state::cmd;
-use crate::state::command::{Acquired, CancelCause, EndCause, Event, Refusal, Reply};
+use crate::state::command::{Acquired, AcquiredAll, CancelCause, EndCause, Event, Refusal, Reply};
 
 impl LockTable {
     pub(super) fn release(&mut self, cx: &mut Cx, c: cmd::Release) -> Result<Reply, Refusal> {
@@ -74,6 +74,15 @@ impl LockTable {
             self.promote(&name, index, events);
             return Ok(Reply::WaitTimedOut { ended: true });
         }
+        // An atomic request leaves all its queues (each of its names has a
+        // timer; the first to fire ends it).
+        let mut moved = Vec::new();
+        if self.end_group((session, seq), CancelCause::TimedOut, events, &mut moved) {
+            for n in &moved {
+                self.promote(n, index, events);
+            }
+            return Ok(Reply::WaitTimedOut { ended: true });
+        }
         let Some(s) = self.sessions.get_mut(&session) else {
             return Ok(Reply::WaitTimedOut { ended: false });
         };
@@ -129,6 +138,19 @@ impl LockTable {
             self.promote(&name, index, events);
             return Ok(Reply::Cancelled { cancelled: true });
         }
+        let queued_group = self
+            .groups
+            .get(&(session, seq))
+            .is_some_and(|g| g.contains(&name));
+        let mut moved = Vec::new();
+        if queued_group
+            && self.end_group((session, seq), CancelCause::Cancelled, events, &mut moved)
+        {
+            for n in &moved {
+                self.promote(n, index, events);
+            }
+            return Ok(Reply::Cancelled { cancelled: true });
+        }
         let Some(s) = self.sessions.get_mut(&session) else {
             return Ok(Reply::Cancelled { cancelled: false });
         };
@@ -158,36 +180,58 @@ impl LockTable {
                 .remember(seq, 0, &Reply::Acquire(Acquired::NotAcquired));
             return Ok(Reply::Cancelled { cancelled: false });
         }
-        let Some(&fence) = s.held.get(&name) else {
+        // Granted: every grant made to it (one, or an atomic request's
+        // several) is released, if this name is among them.
+        let grants = self.grants_of(session, seq);
+        if !grants.iter().any(|(n, _, _)| *n == name) {
+            // Not held, or held through another acquire: not this one's to
+            // give back.
             return Ok(Reply::Cancelled { cancelled: false });
-        };
-        let Some(lock) = self.locks.get_mut(&name) else {
-            return Err(Refusal::Inconsistent {
-                reason: format!("{session} lists a grant on {name} the lock does not have"),
+        }
+        let all = matches!(
+            self.sessions.get(&session).and_then(|s| s.replies.get(seq)),
+            Some(Reply::AcquiredAll(_))
+        );
+        for (n, fence, _) in &grants {
+            let Some(h) = self
+                .locks
+                .get_mut(n)
+                .and_then(|lock| lock.holders.remove(fence).map(|h| (lock, h)))
+                .map(|(lock, h)| {
+                    lock.held_weight = lock.held_weight.saturating_sub(u64::from(h.mode.weight()));
+                    h
+                })
+            else {
+                return Err(Refusal::Inconsistent {
+                    reason: format!("{session} lists a grant on {n} the lock does not have"),
+                });
+            };
+            if let Some(s) = self.sessions.get_mut(&session) {
+                s.held.remove(n);
+            }
+            events.push(Event::Ended {
+                name: n.clone(),
+                session,
+                fence: *fence,
+                mode: h.mode,
+                cause: EndCause::Released,
             });
-        };
-        if lock.holders.get(&fence).is_none_or(|h| h.seq != seq) {
-            // Held through another acquire: not this one's to give back.
-            return Ok(Reply::Cancelled { cancelled: false });
+            // An upgrade of the cancelled grant ends with it.
+            if self.upgrade_of(n, session, None).is_some() {
+                self.end_upgrade(n, CancelCause::Cancelled, events);
+            }
         }
-        let Some(h) = lock.holders.remove(&fence) else {
-            return Ok(Reply::Cancelled { cancelled: false });
+        let not_acquired = if all {
+            Reply::AcquiredAll(AcquiredAll::NotAcquired)
+        } else {
+            Reply::Acquire(Acquired::NotAcquired)
         };
-        lock.held_weight = lock.held_weight.saturating_sub(u64::from(h.mode.weight()));
-        s.held.remove(&name);
-        s.replies.settle(seq, Reply::Acquire(Acquired::NotAcquired));
-        events.push(Event::Ended {
-            name: name.clone(),
-            session,
-            fence,
-            mode: h.mode,
-            cause: EndCause::Released,
-        });
-        // An upgrade of the cancelled grant ends with it.
-        if self.upgrade_of(&name, session, None).is_some() {
-            self.end_upgrade(&name, CancelCause::Cancelled, events);
+        if let Some(s) = self.sessions.get_mut(&session) {
+            s.replies.settle(seq, not_acquired);
         }
-        self.promote(&name, index, events);
+        for (n, _, _) in &grants {
+            self.promote(n, index, events);
+        }
         Ok(Reply::Cancelled { cancelled: true })
     }
 

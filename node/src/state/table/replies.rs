@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::state::command::{Acquired, Refusal, Reply, SessionId};
+use crate::state::command::{Acquired, AcquiredAll, Refusal, Reply, SessionId};
 use crate::state::limits::MAX_REMEMBERED_REPLIES;
 
 /// A session's remembered replies: the newest [`MAX_REMEMBERED_REPLIES`]
@@ -87,7 +87,10 @@ impl Replies {
             let Some(old) = self
                 .map
                 .iter()
-                .find(|(_, r)| r.reply != Reply::Acquire(Acquired::Queued))
+                .find(|(_, r)| {
+                    r.reply != Reply::Acquire(Acquired::Queued)
+                        && r.reply != Reply::AcquiredAll(AcquiredAll::Queued)
+                })
                 .map(|(seq, _)| *seq)
             else {
                 break;
@@ -95,6 +98,11 @@ impl Replies {
             self.map.remove(&old);
             self.floor = Some(self.floor.map_or(old, |f| f.max(old)));
         }
+    }
+
+    /// The remembered reply to `seq`, if any.
+    pub(in crate::state) fn get(&self, seq: u64) -> Option<&Reply> {
+        self.map.get(&seq).map(|r| &r.reply)
     }
 
     /// True if `seq` was never answered (nor forgotten below the floor).

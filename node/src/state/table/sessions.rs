@@ -260,6 +260,8 @@ impl LockTable {
         if s.nonce != 0 {
             self.nonces.remove(&s.nonce);
         }
+        // Its atomic requests' places are among its waits, removed below.
+        self.groups.retain(|(owner, _), _| *owner != session);
         let mut touched: Vec<LockName> = Vec::with_capacity(s.held.len() + s.waiting.len());
         // Waits go first so that ending the grants cannot hand a name to this
         // same, dying session.

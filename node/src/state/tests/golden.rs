@@ -110,6 +110,27 @@ fn commands() -> Vec<Command> {
             fence: Fence(14),
             caller: "app".into(),
         }),
+        Command::AcquireAll(cmd::AcquireAll {
+            session: s,
+            seq: 13,
+            locks: vec![
+                (
+                    LockName::new("order/1").expect("valid name"),
+                    Mode::Exclusive,
+                ),
+                (LockName::new("stock/9").expect("valid name"), Mode::Shared),
+                (
+                    LockName::new("pool").expect("valid name"),
+                    Mode::Semaphore {
+                        weight: 1,
+                        capacity: 4,
+                    },
+                ),
+            ],
+            timeout_ms: 5_000,
+            value: b"w".to_vec(),
+            caller: "app".into(),
+        }),
     ]
 }
 

@@ -21,6 +21,7 @@ mod acquire;
 mod deadlock;
 mod golden;
 mod limits;
+mod multi;
 mod oneshot;
 mod release;
 mod replies;
