@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod node;
 pub mod raft;
 pub mod state;
+pub mod throttle;
 pub mod tls;
 
 /// Largest request a client may send, in bytes (names ≤ 512 B and values

@@ -286,6 +286,10 @@ impl Node {
             ..Default::default()
         }
         .validate()?;
+        // Peers that answer again after failing: openraft's replication
+        // backoff for them is reset, so they catch up at once.
+        let (peer_back, mut peers_back) = tokio::sync::mpsc::unbounded_channel();
+        let links = Arc::new(crate::raft::links::Links::new(peer_back));
         let raft = Raft::new(
             opts.id,
             Arc::new(config),
@@ -295,6 +299,7 @@ impl Node {
                 opts.tls.as_ref().map(|t| t.peer_client_config()),
                 opts.auth.clone(),
                 cluster.clone(),
+                links.clone(),
             ),
             log_store,
             sm,
@@ -430,6 +435,16 @@ impl Node {
                 }
             })),
             tokio::spawn(leadership.clone().follow(health)),
+            tokio::spawn({
+                let raft = raft.clone();
+                async move {
+                    while let Some(peer) = peers_back.recv().await {
+                        if raft.trigger().reset_backoff([peer]).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }),
         ];
         if let Some(path) = seed {
             tasks.push(tokio::spawn(seed_from_backup(api.clone(), path)));

@@ -8,9 +8,10 @@
 
 pub mod stages;
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Upper bounds of the request-latency buckets, in seconds.
@@ -245,7 +246,9 @@ impl Histogram {
 pub struct Metrics {
     counters: [AtomicU64; Counter::ALL.len()],
     requests: [Histogram; Method::ALL.len()],
-    raft_rpc_errors: [AtomicU64; RaftRpc::ALL.len()],
+    /// Failed outgoing Raft RPCs by peer and RPC (the RPC's slot in
+    /// [`RaftRpc::ALL`]).
+    raft_rpc_errors: Mutex<BTreeMap<(u64, usize), u64>>,
     /// Where writes spend their time (`GET /debug/stages`).
     pub stages: stages::Stages,
 }
@@ -282,9 +285,10 @@ impl Metrics {
         self.counters[counter as usize].load(Ordering::Relaxed)
     }
 
-    /// Counts a failed outgoing Raft RPC.
-    pub fn raft_rpc_error(&self, rpc: RaftRpc) {
-        self.raft_rpc_errors[rpc as usize].fetch_add(1, Ordering::Relaxed);
+    /// Counts a failed outgoing Raft RPC to `peer`.
+    pub fn raft_rpc_error(&self, rpc: RaftRpc, peer: u64) {
+        let mut errors = self.raft_rpc_errors.lock().expect("metrics lock poisoned");
+        *errors.entry((peer, rpc as usize)).or_default() += 1;
     }
 
     /// The Prometheus text exposition of this node, with `gauges` read by
@@ -348,12 +352,19 @@ impl Metrics {
         }
         let _ = writeln!(
             out,
-            "# HELP raftlock_raft_rpc_errors_total Failed outgoing Raft RPCs.\n# TYPE raftlock_raft_rpc_errors_total counter"
+            "# HELP raftlock_raft_rpc_errors_total Failed outgoing Raft RPCs, by peer.\n# TYPE raftlock_raft_rpc_errors_total counter"
         );
-        for rpc in RaftRpc::ALL {
-            let v = self.raft_rpc_errors[rpc as usize].load(Ordering::Relaxed);
-            let rpc = rpc.name();
-            let _ = writeln!(out, "raftlock_raft_rpc_errors_total{{rpc=\"{rpc}\"}} {v}");
+        let errors = self
+            .raft_rpc_errors
+            .lock()
+            .expect("metrics lock poisoned")
+            .clone();
+        for ((peer, rpc), v) in errors {
+            let rpc = RaftRpc::ALL[rpc].name();
+            let _ = writeln!(
+                out,
+                "raftlock_raft_rpc_errors_total{{peer=\"{peer}\",rpc=\"{rpc}\"}} {v}"
+            );
         }
         let _ = writeln!(
             out,
@@ -440,7 +451,7 @@ mod tests {
         let m = Metrics::default();
         for (i, rpc) in RaftRpc::ALL.iter().enumerate() {
             assert_eq!(*rpc as usize, i, "{rpc:?} out of order in ALL");
-            m.raft_rpc_error(*rpc);
+            m.raft_rpc_error(*rpc, 2);
         }
         for (i, counter) in Counter::ALL.iter().enumerate() {
             assert_eq!(*counter as usize, i, "{counter:?} out of order in ALL");
@@ -452,7 +463,7 @@ mod tests {
         });
         assert!(text.contains("\nraftlock_term 7\n"), "{text}");
         assert!(
-            text.contains("raftlock_raft_rpc_errors_total{rpc=\"vote\"} 1"),
+            text.contains("raftlock_raft_rpc_errors_total{peer=\"2\",rpc=\"vote\"} 1"),
             "{text}"
         );
         assert!(
