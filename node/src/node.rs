@@ -283,6 +283,10 @@ impl Node {
             max_in_snapshot_log_to_keep: 1_000,
             max_payload_entries: MAX_PAYLOAD_ENTRIES,
             install_snapshot_timeout: 10_000,
+            // A node campaigns only after a quorum says it could win: one
+            // that was paused or cut off cannot depose a working leader
+            // (and raise the term) when it returns.
+            enable_pre_vote: Some(true),
             ..Default::default()
         }
         .validate()?;

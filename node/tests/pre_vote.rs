@@ -32,10 +32,13 @@ async fn a_follower_paused_past_the_election_timeout_returns_without_raising_the
         "probe",
         Duration::from_millis(20),
     );
+    let start = std::time::Instant::now();
     for round in 0..3 {
         procs.signal(follower, "STOP");
+        eprintln!("{:?}: node {follower} stopped", start.elapsed());
         tokio::time::sleep(PAUSE).await;
         procs.signal(follower, "CONT");
+        eprintln!("{:?}: node {follower} resumed", start.elapsed());
         // Long enough for the resumed node to time out and campaign.
         tokio::time::sleep(Duration::from_secs(2)).await;
         for id in 1..=3 {
@@ -48,7 +51,9 @@ async fn a_follower_paused_past_the_election_timeout_returns_without_raising_the
         }
     }
     let report = probe.finish().await;
-    eprintln!("{report:?}");
+    for (at, gap) in &report.long_gaps {
+        eprintln!("{:?}: grants resumed after {gap:?}", *at - start);
+    }
     assert!(report.grants > 100, "the probe granted: {report:?}");
     assert!(
         report.longest_gap <= MAX_STALL,

@@ -264,6 +264,16 @@ impl RaftRpc for RaftService {
         reply(self.raft.vote(rpc).await)
     }
 
+    async fn pre_vote(
+        &self,
+        req: Request<pb::RaftMessage>,
+    ) -> Result<Response<pb::RaftMessage>, Status> {
+        self.admit(&req).await?;
+        let rpc = decode(req.get_ref())?;
+        peer_input::check_vote_request(&rpc, &self.local()).map_err(refuse)?;
+        reply(self.raft.pre_vote(rpc).await)
+    }
+
     async fn install_snapshot(
         &self,
         req: Request<Streaming<pb::RaftMessage>>,

@@ -110,14 +110,17 @@ pub enum RaftRpc {
     Vote,
     /// `Raft.InstallSnapshot`.
     InstallSnapshot,
+    /// `Raft.PreVote`.
+    PreVote,
 }
 
 impl RaftRpc {
     /// Every RPC, in the order of [`Metrics`]' error counters.
-    pub const ALL: [RaftRpc; 3] = [
+    pub const ALL: [RaftRpc; 4] = [
         RaftRpc::AppendEntries,
         RaftRpc::Vote,
         RaftRpc::InstallSnapshot,
+        RaftRpc::PreVote,
     ];
 
     /// The name the `rpc` label shows.
@@ -126,6 +129,7 @@ impl RaftRpc {
             RaftRpc::AppendEntries => "append_entries",
             RaftRpc::Vote => "vote",
             RaftRpc::InstallSnapshot => "install_snapshot",
+            RaftRpc::PreVote => "pre_vote",
         }
     }
 }

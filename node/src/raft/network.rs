@@ -185,8 +185,24 @@ impl Peer {
         Req: Serialize,
         Resp: DeserializeOwned,
     {
+        self.call_or(rpc, req, option, |_| None).await
+    }
+
+    /// Like [`call`](Self::call); a failure status for which `fallback`
+    /// gives an answer is taken as that answer.
+    async fn call_or<Req, Resp>(
+        &mut self,
+        rpc: Rpc,
+        req: &Req,
+        option: &RPCOption,
+        fallback: impl FnOnce(&tonic::Status) -> Option<Resp>,
+    ) -> Result<Resp, RpcError>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+    {
         self.admit()?;
-        let result = self.call_inner(rpc, req, option).await;
+        let result = self.call_inner(rpc, req, option, fallback).await;
         self.outcome(
             rpc,
             result.as_ref().err().map(|e| e as &dyn std::fmt::Display),
@@ -218,6 +234,7 @@ impl Peer {
         rpc: Rpc,
         req: &Req,
         option: &RPCOption,
+        fallback: impl FnOnce(&tonic::Status) -> Option<Resp>,
     ) -> Result<Resp, RpcError>
     where
         Req: Serialize,
@@ -233,6 +250,7 @@ impl Peer {
             match rpc {
                 Rpc::AppendEntries => client.append_entries(request).await,
                 Rpc::Vote => client.vote(request).await,
+                Rpc::PreVote => client.pre_vote(request).await,
                 Rpc::InstallSnapshot => Err(tonic::Status::internal("snapshots are streamed")),
             }
         };
@@ -244,7 +262,12 @@ impl Peer {
                     option.hard_ttl()
                 )))))
             }
-            Ok(Err(status)) => return Err(self.failed(&status)),
+            Ok(Err(status)) => {
+                return match fallback(&status) {
+                    Some(answer) => Ok(answer),
+                    None => Err(self.failed(&status)),
+                }
+            }
             Ok(Ok(resp)) => resp.into_inner(),
         };
         decode_reply(self.target, &resp)
@@ -338,6 +361,22 @@ impl RaftNetworkV2<TypeConfig> for Peer {
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RpcError> {
         self.call(Rpc::Vote, &rpc, &option).await
+    }
+
+    /// A peer of an older build has no `PreVote` (`UNIMPLEMENTED`): that
+    /// counts as a grant, as openraft does for a network without pre-vote,
+    /// so a cluster in the middle of a rolling upgrade can still elect.
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RpcError> {
+        let vote = rpc.vote;
+        self.call_or(Rpc::PreVote, &rpc, &option, |status| {
+            (status.code() == tonic::Code::Unimplemented)
+                .then(|| VoteResponse::new(vote, None, true))
+        })
+        .await
     }
 
     /// Streams the snapshot: a first message with the vote and the

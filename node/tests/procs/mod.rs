@@ -390,11 +390,12 @@ pub struct Probe {
 pub struct ProbeReport {
     /// Lock cycles that went through.
     pub grants: u64,
-    /// The longest time between two grants (or from the start to the
-    /// first), with when that gap ended.
+    /// The longest time between two grants.
     pub longest_gap: Duration,
     /// When the longest gap ended.
     pub gap_ended: Option<Instant>,
+    /// Every gap over 100 ms: when it ended, and how long it was.
+    pub long_gaps: Vec<(Instant, Duration)>,
 }
 
 impl Probe {
@@ -404,11 +405,12 @@ impl Probe {
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
         let name = name.to_string();
         let task = tokio::spawn(async move {
-            let mut last = Instant::now();
+            let mut last: Option<Instant> = None;
             let mut report = ProbeReport {
                 grants: 0,
                 longest_gap: Duration::ZERO,
                 gap_ended: None,
+                long_gaps: Vec::new(),
             };
             let mut leader: Option<String> = None;
             let mut nonce = 1_000_000;
@@ -427,11 +429,15 @@ impl Probe {
                 match lock_cycle(&target, &name, nonce).await {
                     Some(_) => {
                         let now = Instant::now();
-                        if now - last > report.longest_gap {
-                            report.longest_gap = now - last;
+                        let gap = now - last.unwrap_or(now);
+                        if gap > Duration::from_millis(100) {
+                            report.long_gaps.push((now, gap));
+                        }
+                        if gap > report.longest_gap {
+                            report.longest_gap = gap;
                             report.gap_ended = Some(now);
                         }
-                        last = now;
+                        last = Some(now);
                         report.grants += 1;
                         leader = Some(target);
                     }
