@@ -212,6 +212,8 @@ pub struct Node {
     pub shared: Arc<Shared>,
     /// The node's view of its own leadership (and of its Raft core).
     pub leadership: Arc<Leadership>,
+    /// The health of its links to its peers.
+    links: Arc<crate::raft::links::Links>,
     stop: watch::Sender<bool>,
     /// Serves the client listener and, if any, the peer listener.
     server: JoinHandle<Result<(), tonic::transport::Error>>,
@@ -471,6 +473,7 @@ impl Node {
             raft,
             shared,
             leadership,
+            links,
             stop,
             server,
             tasks,
@@ -484,6 +487,21 @@ impl Node {
     /// that its supervisor restarts it (see `raftlockd run`).
     pub async fn failed(&self) -> String {
         self.leadership.failed().await
+    }
+
+    /// Resolves once a peer has said that this node was removed from the
+    /// cluster (it refused this node's vote: its committed membership does
+    /// not have this node, and this node's log ends before that
+    /// membership), with a line saying so. The process should exit with
+    /// status 0 (see `raftlockd run`), so that its supervisor does not
+    /// start it again into a cluster that removed it.
+    pub async fn removed(&self) -> String {
+        let (by, at) = self.links.removed().await;
+        format!(
+            "node {} was removed from the cluster (node {by}'s membership at log index {at} \
+             does not have it)",
+            self.id
+        )
     }
 
     /// Stops serving and shuts Raft down, flushing what it has. Returns

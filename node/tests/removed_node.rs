@@ -29,7 +29,9 @@ async fn remove(procs: &Procs, leader: u64, id: u64) -> Vec<u64> {
 }
 
 async fn assert_exits_cleanly(procs: &mut Procs, id: u64) {
+    let since = std::time::Instant::now();
     let status = procs.exited(id, EXIT_WITHIN).await;
+    eprintln!("node {id} exited {:?} after", since.elapsed());
     let log = procs.read_log(id);
     let tail = &log[log.len().saturating_sub(3000)..];
     let status = status.unwrap_or_else(|| {

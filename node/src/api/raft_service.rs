@@ -18,9 +18,11 @@ use crate::auth::Auth;
 use crate::metrics::stages::{between, Stage};
 use crate::metrics::Metrics;
 use crate::raft::identity::ClusterIdentity;
+use crate::raft::links::REMOVED_KEY;
 use crate::raft::peer_input::{self, Local};
 use crate::raft::WatchReceiver as _;
-use crate::raft::{Snapshot, SnapshotMeta, Vote, MAX_SNAPSHOT_BYTES};
+use crate::raft::{Snapshot, SnapshotMeta, TypeConfig, Vote, MAX_SNAPSHOT_BYTES};
+use openraft::raft::VoteRequest;
 
 /// Serves the node-to-node RPCs of one node.
 #[derive(Clone)]
@@ -75,6 +77,38 @@ impl RaftService {
     async fn admit<T>(&self, req: &Request<T>) -> Result<(), Status> {
         self.auth.check_peer(req)?;
         self.cluster.check(req.metadata()).await
+    }
+
+    /// Refuses a (pre-)vote from a node that this node's committed
+    /// membership does not have, when the candidate's log ends before that
+    /// membership: the candidate was removed (and never saw the entry that
+    /// removed it, as the leader stops replicating to a node when it
+    /// removes it). The refusal says so in [`REMOVED_KEY`], and the
+    /// candidate exits. A candidate whose log reaches the membership is
+    /// left to openraft (it knows the membership; a newer one may have
+    /// added it back).
+    fn refuse_removed(&self, rpc: &VoteRequest<TypeConfig>) -> Result<(), Status> {
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow_watched();
+        let members = &m.committed_membership_config;
+        let Some(at) = members.log_id() else {
+            return Ok(());
+        };
+        let candidate = rpc.vote.leader_id.node_id;
+        if members.membership().get_node(&candidate).is_some()
+            || rpc.last_log_id.is_some_and(|last| last.index >= at.index)
+        {
+            return Ok(());
+        }
+        let mut status = Status::failed_precondition(format!(
+            "node {candidate} is not a member of this cluster: it was removed (membership at log \
+             index {})",
+            at.index
+        ));
+        if let Ok(value) = at.index.to_string().parse() {
+            status.metadata_mut().insert(REMOVED_KEY, value);
+        }
+        Err(status)
     }
 
     /// What the peer-input checks need of this node, as of now.
@@ -261,6 +295,7 @@ impl RaftRpc for RaftService {
         self.admit(&req).await?;
         let rpc = decode(req.get_ref())?;
         peer_input::check_vote_request(&rpc, &self.local()).map_err(refuse)?;
+        self.refuse_removed(&rpc)?;
         reply(self.raft.vote(rpc).await)
     }
 
@@ -271,6 +306,7 @@ impl RaftRpc for RaftService {
         self.admit(&req).await?;
         let rpc = decode(req.get_ref())?;
         peer_input::check_vote_request(&rpc, &self.local()).map_err(refuse)?;
+        self.refuse_removed(&rpc)?;
         reply(self.raft.pre_vote(rpc).await)
     }
 

@@ -193,6 +193,15 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     tokio::select! {
         _ = wait_for_signal() => {}
         cause = node.failed() => fail_stop(node.id, &cause),
+        removed = node.removed() => {
+            // Status 0: a supervisor must not start it again into a
+            // cluster that removed it (systemd's Restart=on-failure and
+            // Kubernetes' OnFailure leave it stopped).
+            tracing::warn!(
+                "{removed}; exiting. Delete its data directory; to bring the machine back, \
+                 add it as a new node with a new id"
+            );
+        }
     }
     tracing::info!("shutting down");
     node.shutdown().await;

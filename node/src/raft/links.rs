@@ -17,6 +17,10 @@
 //! [`Links`] tells its owner (who resets openraft's replication backoff
 //! for the peer, so replication resumes without waiting out a delay).
 //!
+//! Peers also tell this node when it has been removed from the cluster:
+//! they refuse its (pre-)vote requests with [`REMOVED_KEY`] set (see
+//! [`Links::removed_by`]).
+//!
 //! The log says when a peer becomes unreachable (after [`DOWN_AFTER`]
 //! failures in a row, with the error), every [`REPORT_EVERY`] while it
 //! stays so (with the number of failed attempts since the last line), and
@@ -44,6 +48,12 @@ pub const DOWN_AFTER: u32 = 3;
 
 /// While a peer stays unreachable, the log repeats it this often.
 pub const REPORT_EVERY: Duration = Duration::from_secs(60);
+
+/// Metadata key on a refused vote or pre-vote: the log index of the
+/// responder's committed membership, which does not have the candidate,
+/// while the candidate's log ends before it. The candidate has been removed
+/// from the cluster.
+pub const REMOVED_KEY: &str = "raftlock-removed-at";
 
 /// How long to wait before attempt number `failures + 1` at a peer that
 /// has failed `failures` times in a row, with `jitter` in `[0.5, 1]`.
@@ -91,6 +101,9 @@ pub struct Links {
     links: Mutex<BTreeMap<NodeId, Link>>,
     /// Told the id of each peer that answers after failing.
     back: Option<mpsc::UnboundedSender<NodeId>>,
+    /// The first peer that said this node was removed, and the log index
+    /// of the membership without it.
+    removed: tokio::sync::watch::Sender<Option<(NodeId, u64)>>,
 }
 
 impl Links {
@@ -98,8 +111,35 @@ impl Links {
     /// to `back`.
     pub fn new(back: mpsc::UnboundedSender<NodeId>) -> Links {
         Links {
-            links: Mutex::default(),
             back: Some(back),
+            ..Links::default()
+        }
+    }
+
+    /// Peer `by` refused this node's vote: its committed membership at log
+    /// index `at` does not have this node.
+    pub fn removed_by(&self, by: NodeId, at: u64) {
+        self.removed.send_if_modified(|r| {
+            let first = r.is_none();
+            if first {
+                *r = Some((by, at));
+            }
+            first
+        });
+    }
+
+    /// Resolves with the peer that said this node was removed, and the log
+    /// index of the membership without it.
+    pub async fn removed(&self) -> (NodeId, u64) {
+        let mut rx = self.removed.subscribe();
+        let removed = match rx.wait_for(Option::is_some).await {
+            Ok(r) => *r,
+            // The sender lives as long as `self`.
+            Err(_) => None,
+        };
+        match removed {
+            Some(r) => r,
+            None => std::future::pending().await,
         }
     }
 
@@ -272,5 +312,15 @@ mod tests {
         assert_eq!(rx.try_recv().ok(), Some(3), "the owner hears it is back");
         links.succeeded(3);
         assert!(rx.try_recv().is_err(), "only once");
+    }
+
+    #[tokio::test]
+    async fn the_first_peer_that_says_this_node_was_removed_is_kept() {
+        let links = Links::default();
+        let waiting = tokio::time::timeout(Duration::from_millis(20), links.removed()).await;
+        assert!(waiting.is_err(), "nobody said so yet");
+        links.removed_by(3, 42);
+        links.removed_by(2, 50);
+        assert_eq!(links.removed().await, (3, 42));
     }
 }

@@ -263,10 +263,17 @@ impl Peer {
                 )))))
             }
             Ok(Err(status)) => {
+                if let Some(at) = status
+                    .metadata()
+                    .get(super::links::REMOVED_KEY)
+                    .and_then(|v| v.to_str().ok()?.parse().ok())
+                {
+                    self.links.removed_by(self.target, at);
+                }
                 return match fallback(&status) {
                     Some(answer) => Ok(answer),
                     None => Err(self.failed(&status)),
-                }
+                };
             }
             Ok(Ok(resp)) => resp.into_inner(),
         };
