@@ -51,6 +51,15 @@ pub const FIRST_QUORUM_WAIT: Duration = Duration::from_millis(500);
 /// How long a leader waits before it tries its barrier again.
 const BARRIER_RETRY: Duration = Duration::from_millis(50);
 
+/// A voter the leader has not heard from for longer than this is not handed
+/// the leadership: openraft stops the leader's heartbeats once it starts a
+/// transfer, so a target that cannot take over would leave the cluster
+/// without a leader until an election.
+pub const TRANSFER_MAX_SILENCE: Duration = Duration::from_secs(1);
+
+/// How long [`Leadership::transfer`] waits for this node to step down.
+pub const TRANSFER_WAIT: Duration = Duration::from_secs(3);
+
 /// What this node is, as far as serving is concerned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
@@ -312,6 +321,94 @@ impl Leadership {
         } else {
             Err(self.not_leader())
         }
+    }
+
+    /// Hands the leadership to voter `to` (`None`: the voter with the most
+    /// log among those this leader heard from within
+    /// [`TRANSFER_MAX_SILENCE`]) and waits (up to [`TRANSFER_WAIT`]) until
+    /// this node has stepped down. Returns the new leader, if this node has
+    /// learned it by then (`to` itself is this node: nothing to do).
+    ///
+    /// Refused unless this node leads (`NotLeader`); `to` must be a voter
+    /// (`InvalidArgument`) that this leader hears from (`FailedPrecondition`).
+    pub async fn transfer(&self, to: Option<NodeId>) -> Result<Option<NodeId>, Error> {
+        self.check_running()?;
+        let v = self.view();
+        if v.role != Role::Leader {
+            return Err(self.not_leader());
+        }
+        if to == Some(self.id) {
+            return Ok(Some(self.id));
+        }
+        let m = self.raft.metrics().borrow_watched().clone();
+        let voters: Vec<NodeId> = m.membership_config.membership().voter_ids().collect();
+        let heard = |id: &NodeId| {
+            m.heartbeat
+                .as_ref()
+                .and_then(|h| h.get(id).cloned().flatten())
+                .is_some_and(|at| openraft::Instant::elapsed(&*at) <= TRANSFER_MAX_SILENCE)
+        };
+        let matched = |id: &NodeId| {
+            m.replication
+                .as_ref()
+                .and_then(|r| r.get(id).cloned().flatten())
+                .map(|l| l.index)
+        };
+        let target = match to {
+            Some(id) if !voters.contains(&id) => {
+                return Err(Error::InvalidArgument(format!(
+                    "node {id} is not a voter of this cluster (voters: {voters:?})"
+                )))
+            }
+            Some(id) if !heard(&id) => {
+                return Err(Error::FailedPrecondition(format!(
+                    "the leader has not heard from node {id} for over {TRANSFER_MAX_SILENCE:?}; \
+                     it would not take over"
+                )))
+            }
+            Some(id) => id,
+            None => voters
+                .iter()
+                .copied()
+                .filter(|id| *id != self.id && heard(id))
+                .max_by_key(|id| (matched(id), std::cmp::Reverse(*id)))
+                .ok_or_else(|| {
+                    Error::FailedPrecondition(format!(
+                        "no other voter has answered the leader within {TRANSFER_MAX_SILENCE:?} \
+                         (voters: {voters:?})"
+                    ))
+                })?,
+        };
+        let mut rx = self.view.subscribe();
+        tracing::info!(to = target, term = v.term, "handing the leadership over");
+        self.raft
+            .trigger()
+            .transfer_leader(target)
+            .await
+            .map_err(|e| Error::Unavailable(format!("raft stopped: {e}")))?;
+        let (me, term) = (self.id, v.term);
+        let stepped_down = tokio::time::timeout(TRANSFER_WAIT, async {
+            // Down, and (as far as it can learn in time) who leads now.
+            let _ = rx
+                .wait_for(|now| now.role != Role::Leader || now.term > term)
+                .await;
+            let learned = tokio::time::timeout(
+                TRANSFER_WAIT / 3,
+                rx.wait_for(|v| v.leader.is_some_and(|l| l != me)),
+            )
+            .await;
+            match learned {
+                Ok(Ok(v)) => v.leader,
+                _ => None,
+            }
+        })
+        .await;
+        stepped_down.map_err(|_| {
+            Error::Unavailable(format!(
+                "node {target} did not take over within {TRANSFER_WAIT:?}; the cluster elects a \
+                 leader after the election timeout"
+            ))
+        })
     }
 
     /// Waits until this node's table reflects every write committed before

@@ -504,6 +504,40 @@ impl Node {
         )
     }
 
+    /// Before a planned stop: if this node is the working leader of a
+    /// cluster with other voters, hands the leadership to the voter with
+    /// the most log among those it hears from (see
+    /// [`Leadership::transfer`]), so that the others need not wait out its
+    /// lease and elect a leader; logs the outcome. A transfer that fails
+    /// leaves the cluster to elect a leader as if this node had just
+    /// stopped.
+    pub async fn hand_over(&self) {
+        let voters = self
+            .raft
+            .metrics()
+            .borrow_watched()
+            .membership_config
+            .membership()
+            .voter_ids()
+            .count();
+        if voters < 2 || !self.leadership.view().working_leader() {
+            return;
+        }
+        let started = std::time::Instant::now();
+        match self.leadership.transfer(None).await {
+            Ok(to) => tracing::info!(
+                to = ?to,
+                took = ?started.elapsed(),
+                "leadership transferred before stopping"
+            ),
+            Err(e) => tracing::warn!(
+                error = %e,
+                "could not hand the leadership over before stopping; the others elect a leader \
+                 after the election timeout"
+            ),
+        }
+    }
+
     /// Stops serving and shuts Raft down, flushing what it has. Returns
     /// once the data directory is closed (another node may open it then).
     pub async fn shutdown(self) {

@@ -310,6 +310,17 @@ impl RaftRpc for RaftService {
         reply(self.raft.pre_vote(rpc).await)
     }
 
+    async fn transfer_leader(
+        &self,
+        req: Request<pb::RaftMessage>,
+    ) -> Result<Response<pb::RaftMessage>, Status> {
+        self.admit(&req).await?;
+        let rpc = decode(req.get_ref())?;
+        peer_input::check_transfer_leader(&rpc, &self.local()).map_err(refuse)?;
+        let result = self.raft.handle_transfer_leader(rpc).await;
+        reply(result.map_err(openraft::error::RaftError::<TypeConfig>::Fatal))
+    }
+
     async fn install_snapshot(
         &self,
         req: Request<Streaming<pb::RaftMessage>>,

@@ -55,11 +55,13 @@ pub enum Method {
     Backup,
     /// `Cluster.Restore`.
     Restore,
+    /// `Cluster.TransferLeader`.
+    TransferLeader,
 }
 
 impl Method {
     /// Every method, in the order of [`Metrics`]' histograms.
-    pub const ALL: [Method; 16] = [
+    pub const ALL: [Method; 17] = [
         Method::OpenSession,
         Method::KeepAlive,
         Method::CloseSession,
@@ -76,6 +78,7 @@ impl Method {
         Method::RemoveNode,
         Method::Backup,
         Method::Restore,
+        Method::TransferLeader,
     ];
 
     /// The gRPC method name, as the `method` label shows it.
@@ -97,6 +100,7 @@ impl Method {
             Method::RemoveNode => "RemoveNode",
             Method::Backup => "Backup",
             Method::Restore => "Restore",
+            Method::TransferLeader => "TransferLeader",
         }
     }
 }
@@ -112,15 +116,18 @@ pub enum RaftRpc {
     InstallSnapshot,
     /// `Raft.PreVote`.
     PreVote,
+    /// `Raft.TransferLeader`.
+    TransferLeader,
 }
 
 impl RaftRpc {
     /// Every RPC, in the order of [`Metrics`]' error counters.
-    pub const ALL: [RaftRpc; 4] = [
+    pub const ALL: [RaftRpc; 5] = [
         RaftRpc::AppendEntries,
         RaftRpc::Vote,
         RaftRpc::InstallSnapshot,
         RaftRpc::PreVote,
+        RaftRpc::TransferLeader,
     ];
 
     /// The name the `rpc` label shows.
@@ -130,6 +137,7 @@ impl RaftRpc {
             RaftRpc::Vote => "vote",
             RaftRpc::InstallSnapshot => "install_snapshot",
             RaftRpc::PreVote => "pre_vote",
+            RaftRpc::TransferLeader => "transfer_leader",
         }
     }
 }

@@ -10,8 +10,8 @@ use openraft::base::{BoxFuture, BoxStream};
 use openraft::error::{NetworkError, RPCError, ReplicationClosed, StreamingError, Unreachable};
 use openraft::network::{Backoff, RPCOption, RaftNetworkFactory, RaftNetworkV2};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, StreamAppendResult, VoteRequest,
-    VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, StreamAppendResult,
+    TransferLeaderRequest, TransferLeaderResponse, VoteRequest, VoteResponse,
 };
 use raftlock_proto::v1 as pb;
 use raftlock_proto::v1::raft_client::RaftClient;
@@ -251,6 +251,7 @@ impl Peer {
                 Rpc::AppendEntries => client.append_entries(request).await,
                 Rpc::Vote => client.vote(request).await,
                 Rpc::PreVote => client.pre_vote(request).await,
+                Rpc::TransferLeader => client.transfer_leader(request).await,
                 Rpc::InstallSnapshot => Err(tonic::Status::internal("snapshots are streamed")),
             }
         };
@@ -384,6 +385,14 @@ impl RaftNetworkV2<TypeConfig> for Peer {
                 .then(|| VoteResponse::new(vote, None, true))
         })
         .await
+    }
+
+    async fn transfer_leader(
+        &mut self,
+        req: TransferLeaderRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<TransferLeaderResponse<TypeConfig>, RpcError> {
+        self.call(Rpc::TransferLeader, &req, &option).await
     }
 
     /// Streams the snapshot: a first message with the vote and the

@@ -341,8 +341,12 @@ pub fn cpu_time(pid: u32) -> Duration {
 /// Opens a session at `addr`, takes lock `name` and closes the session
 /// (which releases it); the fence, if all three went through within 2 s.
 pub async fn lock_cycle(addr: &str, name: &str, nonce: u64) -> Option<u64> {
+    lock_cycle_with(&mut locks(addr), name, nonce).await
+}
+
+/// [`lock_cycle`] on the connection `c`.
+pub async fn lock_cycle_with(c: &mut LocksClient<Channel>, name: &str, nonce: u64) -> Option<u64> {
     let cycle = async {
-        let mut c = locks(addr);
         let session = c
             .open_session(pb::OpenSessionRequest {
                 ttl_ms: 10_000,
@@ -414,6 +418,7 @@ impl Probe {
             };
             let mut leader: Option<String> = None;
             let mut nonce = 1_000_000;
+            let mut clients = std::collections::HashMap::new();
             while !*stopped.borrow() {
                 let target = match &leader {
                     Some(l) => l.clone(),
@@ -426,7 +431,10 @@ impl Probe {
                     },
                 };
                 nonce += 1;
-                match lock_cycle(&target, &name, nonce).await {
+                let client = clients
+                    .entry(target.clone())
+                    .or_insert_with(|| locks(&target));
+                match lock_cycle_with(client, &name, nonce).await {
                     Some(_) => {
                         let now = Instant::now();
                         let gap = now - last.unwrap_or(now);

@@ -128,6 +128,7 @@ async fn without_valid_credentials_nothing_is_allowed() {
         unauthenticated(c.backup().await);
         unauthenticated(c.add_node(9, "127.0.0.1:1", true).await);
         unauthenticated(c.remove_node(2).await);
+        unauthenticated(c.transfer_leader(None).await);
     }
     // A malformed authorization header is refused the same way.
     let leader = cluster.leader_addr().await;
@@ -219,6 +220,7 @@ async fn rules_bound_what_each_identity_may_do() {
     // No admin: no membership changes, no backup or restore.
     denied(billing.add_node(9, "127.0.0.1:1", true).await);
     denied(billing.remove_node(2).await);
+    denied(billing.transfer_leader(None).await);
     denied(billing.backup().await);
     denied(billing.restore(vec![1, 2, 3]).await);
 
