@@ -331,6 +331,7 @@ impl Node {
             raft.clone(),
             shared.clone(),
             opts.timing.election_timeout.1,
+            opts.timing.heartbeat,
             opts.data_dir.clone(),
         );
         let api = Api::new(
@@ -380,6 +381,7 @@ impl Node {
                     raft.clone(),
                     opts.auth.clone(),
                     cluster.clone(),
+                    leadership.clone(),
                     shared.metrics.clone(),
                     stop_rx.clone(),
                 ))
@@ -456,11 +458,13 @@ impl Node {
             tasks.push(tokio::spawn(seed_from_backup(api.clone(), path)));
         }
         if let Some(listener) = metrics {
-            let gauges = {
-                let (raft, shared, leadership) = (raft.clone(), shared.clone(), leadership.clone());
-                move || gauges(&raft, &shared, &leadership)
-            };
-            let serve = crate::metrics::serve(listener, shared.metrics.clone(), gauges, shutdown());
+            let source = Arc::new(MetricsSource {
+                raft: raft.clone(),
+                shared: shared.clone(),
+                leadership: leadership.clone(),
+                auth: opts.auth.clone(),
+            });
+            let serve = crate::metrics::serve(listener, shared.metrics.clone(), source, shutdown());
             tasks.push(tokio::spawn(async move {
                 if let Err(e) = serve.await {
                     tracing::error!(error = %e, "metrics server failed");
@@ -626,6 +630,50 @@ fn peers_only(
     move |req| {
         auth.check_peer(&req)?;
         Ok(req)
+    }
+}
+
+/// What the metrics port reads of the node: gauges, probes, and who may
+/// reset what it shows.
+struct MetricsSource {
+    raft: Raft,
+    shared: Arc<Shared>,
+    leadership: Arc<Leadership>,
+    auth: Arc<crate::auth::Auth>,
+}
+
+impl crate::metrics::Source for MetricsSource {
+    fn gauges(&self) -> crate::metrics::Gauges {
+        gauges(&self.raft, &self.shared, &self.leadership)
+    }
+
+    fn live(&self) -> Result<(), String> {
+        self.leadership.live()
+    }
+
+    fn ready(&self) -> Result<(), String> {
+        self.leadership.ready()
+    }
+
+    fn may_change(&self, authorization: Option<&str>) -> Result<(), crate::metrics::Refused> {
+        use crate::auth::AuthError;
+        use crate::metrics::Refused;
+        let mut req = tonic::Request::new(());
+        if let Some(value) = authorization {
+            let value = value
+                .parse()
+                .map_err(|_| Refused::Unauthenticated("malformed Authorization header".into()))?;
+            req.metadata_mut().insert(crate::auth::AUTHORIZATION, value);
+        }
+        let refused = |e: AuthError| match e {
+            AuthError::PermissionDenied(m) => Refused::PermissionDenied(m),
+            other => Refused::Unauthenticated(other.to_string()),
+        };
+        self.auth
+            .caller(&req)
+            .map_err(refused)?
+            .require_admin()
+            .map_err(refused)
     }
 }
 

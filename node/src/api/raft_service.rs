@@ -15,6 +15,7 @@ use futures::{Stream, StreamExt};
 
 use crate::apply::Raft;
 use crate::auth::Auth;
+use crate::leader::Leadership;
 use crate::metrics::stages::{between, Stage};
 use crate::metrics::Metrics;
 use crate::raft::identity::ClusterIdentity;
@@ -22,7 +23,7 @@ use crate::raft::links::REMOVED_KEY;
 use crate::raft::peer_input::{self, Local};
 use crate::raft::WatchReceiver as _;
 use crate::raft::{Snapshot, SnapshotMeta, TypeConfig, Vote, MAX_SNAPSHOT_BYTES};
-use openraft::raft::VoteRequest;
+use openraft::raft::{AppendEntriesResponse, StreamAppendError, VoteRequest};
 
 /// Serves the node-to-node RPCs of one node.
 #[derive(Clone)]
@@ -30,6 +31,8 @@ pub struct RaftService {
     raft: Raft,
     auth: Arc<Auth>,
     cluster: Arc<ClusterIdentity>,
+    /// Told when a message of the leader is taken (for readiness).
+    leadership: Arc<Leadership>,
     /// Where a follower's share of a write is timed.
     metrics: Arc<Metrics>,
     /// Set when the node stops: open replication streams end then.
@@ -44,6 +47,7 @@ impl RaftService {
         raft: Raft,
         auth: Arc<Auth>,
         cluster: Arc<ClusterIdentity>,
+        leadership: Arc<Leadership>,
         metrics: Arc<Metrics>,
         stopping: tokio::sync::watch::Receiver<bool>,
     ) -> Self {
@@ -51,6 +55,7 @@ impl RaftService {
             raft,
             auth,
             cluster,
+            leadership,
             metrics,
             stopping,
         }
@@ -245,6 +250,9 @@ impl RaftRpc for RaftService {
                 if let (Ok(Ok(_)), Some((at, Some((first, last))))) = (&result, arrived) {
                     this.time_follower_append(at, first, last);
                 }
+                if matches!(result, Ok(Ok(_) | Err(StreamAppendError::Conflict(_)))) {
+                    this.leadership.heard_from_leader();
+                }
                 let msg = match result {
                     Ok(answer) => bincode::serialize(&answer).map(|data| pb::RaftMessage {
                         data,
@@ -284,6 +292,9 @@ impl RaftRpc for RaftService {
         let result = self.raft.append_entries(rpc).await;
         if let Some((first, last)) = carried {
             self.time_follower_append(received, first, last);
+        }
+        if matches!(&result, Ok(r) if !matches!(r, AppendEntriesResponse::HigherVote(_))) {
+            self.leadership.heard_from_leader();
         }
         reply(result)
     }
@@ -354,6 +365,9 @@ impl RaftRpc for RaftService {
             snapshot: data,
         };
         let result = self.raft.install_full_snapshot(vote, snapshot).await;
+        if result.is_ok() {
+            self.leadership.heard_from_leader();
+        }
         reply(result.map_err(openraft::error::RaftError::<crate::raft::TypeConfig>::Fatal))
     }
 }

@@ -405,23 +405,80 @@ impl Metrics {
     }
 }
 
-/// Serves `GET /metrics` on `listener` until `shutdown` resolves.
-/// `gauges` is called once per scrape. Also serves the write-stage
-/// breakdown (see [`stages`]): `GET /debug/stages` as JSON, and
-/// `POST /debug/stages/reset` to empty it.
+/// What the metrics port asks of the node, at request time.
+pub trait Source: Send + Sync + 'static {
+    /// The gauges, read once per scrape.
+    fn gauges(&self) -> Gauges;
+    /// `Ok` while the process works (its Raft core runs); else why not.
+    fn live(&self) -> Result<(), String>;
+    /// `Ok` while the node can serve now; else why not.
+    fn ready(&self) -> Result<(), String>;
+    /// `Ok` if a request whose `Authorization` header is `authorization`
+    /// may change what the port shows (reset the stage breakdown): anyone
+    /// without access control, an admin with it. Else why not.
+    fn may_change(&self, authorization: Option<&str>) -> Result<(), Refused>;
+}
+
+/// Why [`Source::may_change`] refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// No valid credentials (answered 401).
+    Unauthenticated(String),
+    /// Valid credentials without the permission (answered 403).
+    PermissionDenied(String),
+}
+
+/// `200 ok` or `503` with the reason, for a probe.
+fn probe(result: Result<(), String>) -> (axum::http::StatusCode, String) {
+    match result {
+        Ok(()) => (axum::http::StatusCode::OK, "ok\n".into()),
+        Err(why) => (
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            format!("{why}\n"),
+        ),
+    }
+}
+
+/// Serves the metrics port on `listener` until `shutdown` resolves:
+///
+/// * `GET /metrics`: Prometheus text (the gauges read from `source` once
+///   per scrape);
+/// * `GET /livez`: `200 ok` while the process works (its Raft core runs),
+///   else `503` and why;
+/// * `GET /readyz`: `200 ok` while the node can serve now, else `503` and
+///   why;
+/// * `GET /debug/stages`: the write-stage breakdown (see [`stages`]) as
+///   JSON, and `POST /debug/stages/reset` to empty it (with access control
+///   on, only for an admin's bearer token: `401`/`403` otherwise).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     metrics: Arc<Metrics>,
-    gauges: impl Fn() -> Gauges + Clone + Send + Sync + 'static,
+    source: Arc<dyn Source>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    use axum::http::{HeaderMap, StatusCode};
     let (m1, m2, m3) = (metrics.clone(), metrics.clone(), metrics);
+    let (s1, s2, s3, s4) = (source.clone(), source.clone(), source.clone(), source);
     let app = axum::Router::new()
         .route(
             "/metrics",
             axum::routing::get(move || {
-                let body = m1.render(&gauges());
+                let body = m1.render(&s1.gauges());
                 async move { ([("content-type", "text/plain; version=0.0.4")], body) }
+            }),
+        )
+        .route(
+            "/livez",
+            axum::routing::get(move || {
+                let answer = probe(s2.live());
+                async move { answer }
+            }),
+        )
+        .route(
+            "/readyz",
+            axum::routing::get(move || {
+                let answer = probe(s3.ready());
+                async move { answer }
             }),
         )
         .route(
@@ -434,9 +491,23 @@ pub async fn serve(
         )
         .route(
             "/debug/stages/reset",
-            axum::routing::post(move || {
-                m3.stages.reset();
-                async move { "reset\n" }
+            axum::routing::post(move |headers: HeaderMap| {
+                let authorization = headers
+                    .get(axum::http::header::AUTHORIZATION)
+                    .and_then(|v| v.to_str().ok());
+                let answer = match s4.may_change(authorization) {
+                    Ok(()) => {
+                        m3.stages.reset();
+                        (StatusCode::OK, "reset\n".to_string())
+                    }
+                    Err(Refused::Unauthenticated(why)) => {
+                        (StatusCode::UNAUTHORIZED, format!("{why}\n"))
+                    }
+                    Err(Refused::PermissionDenied(why)) => {
+                        (StatusCode::FORBIDDEN, format!("{why}\n"))
+                    }
+                };
+                async move { answer }
             }),
         );
     axum::serve(listener, app)

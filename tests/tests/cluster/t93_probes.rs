@@ -88,6 +88,7 @@ async fn probes_say_whether_a_node_can_serve_now() {
         )
         .await;
         let after = cut.elapsed();
+        eprintln!("follower {id} not ready {after:?} after its leader was cut off: {why}");
         assert!(
             after < Duration::from_millis(750),
             "follower {id} still ready {after:?} after its leader was cut off"
