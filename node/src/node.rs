@@ -459,6 +459,7 @@ impl Node {
         }
         if let Some(listener) = metrics {
             let source = Arc::new(MetricsSource {
+                data_dir: opts.data_dir.clone(),
                 raft: raft.clone(),
                 shared: shared.clone(),
                 leadership: leadership.clone(),
@@ -636,6 +637,8 @@ fn peers_only(
 /// What the metrics port reads of the node: gauges, probes, and who may
 /// reset what it shows.
 struct MetricsSource {
+    /// The node's data directory (its size and free space).
+    data_dir: PathBuf,
     raft: Raft,
     shared: Arc<Shared>,
     leadership: Arc<Leadership>,
@@ -644,7 +647,10 @@ struct MetricsSource {
 
 impl crate::metrics::Source for MetricsSource {
     fn gauges(&self) -> crate::metrics::Gauges {
-        gauges(&self.raft, &self.shared, &self.leadership)
+        crate::metrics::Gauges {
+            disk: crate::metrics::process::disk(&self.data_dir),
+            ..gauges(&self.raft, &self.shared, &self.leadership)
+        }
     }
 
     fn live(&self) -> Result<(), String> {
@@ -694,7 +700,32 @@ fn gauges(raft: &Raft, shared: &Shared, leadership: &Leadership) -> crate::metri
         waiters: stats.waiters,
         last_fence: stats.last_fence,
         parked_requests: shared.waiters.len() as u64,
+        peers: peer_gauges(&m),
+        disk: None,
     }
+}
+
+/// As leader, each other member's replication lag and time since it last
+/// answered, from openraft's replication and heartbeat records (which it
+/// keeps only on a leader: elsewhere, none).
+fn peer_gauges(m: &crate::raft::RaftMetrics) -> Vec<crate::metrics::PeerGauges> {
+    let Some(matched) = &m.replication else {
+        return Vec::new();
+    };
+    let last = m.last_log_index.unwrap_or(0);
+    matched
+        .iter()
+        .filter(|(id, _)| **id != m.id)
+        .map(|(id, at)| crate::metrics::PeerGauges {
+            id: *id,
+            lag_entries: last.saturating_sub(at.as_ref().map_or(0, |l| l.index)),
+            since_contact: m
+                .heartbeat
+                .as_ref()
+                .and_then(|h| h.get(id).cloned().flatten())
+                .map(|at| openraft::Instant::elapsed(&*at)),
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -12,8 +12,9 @@
 //! CI=true or RAFTLOCK_REQUIRE_SERVERS=1, as `.ci/run` sets).
 
 use std::collections::BTreeSet;
+use std::io::Write as _;
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 use raftlock_testkit::servers::{self, Unavailable};
 use raftlock_testkit::TestCluster;
@@ -108,6 +109,7 @@ fn the_rules_name_only_metrics_a_node_exports() {
         // A follower and the leader: per-peer series exist only on a leader.
         let follower = (1..=3).find(|id| *id != leader).expect("a follower");
         let mut exported = BTreeSet::new();
+        let mut texts = Vec::new();
         for id in [leader, follower] {
             let (code, text) =
                 raftlock_testkit::http(&cluster.metrics_addr(id), "GET", "/metrics", &[])
@@ -115,13 +117,41 @@ fn the_rules_name_only_metrics_a_node_exports() {
                     .expect("metrics answer");
             assert_eq!(code, 200, "{text}");
             exported.extend(families(&text));
+            texts.push(text);
         }
-        exported
+        (exported, texts)
     });
+    let (exported, texts) = exported;
     let missing: Vec<_> = used.difference(&exported).collect();
     assert!(
         missing.is_empty(),
         "{} names metrics no node exports: {missing:?}",
         Path::new(RULES).display()
     );
+    // What the nodes export is well-formed Prometheus text.
+    let Some(()) = servers::require("promtool", promtool()) else {
+        return;
+    };
+    for text in texts {
+        let mut check = Command::new("promtool")
+            .args(["check", "metrics"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("promtool runs");
+        check
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(text.as_bytes())
+            .expect("write");
+        let out = check.wait_with_output().expect("promtool ends");
+        assert!(
+            out.status.success(),
+            "promtool check metrics refused a node's /metrics:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
