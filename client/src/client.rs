@@ -404,4 +404,24 @@ impl Client {
             .await?;
         Ok(members(resp.into_inner().members))
     }
+
+    /// Hands the leadership to voter `to` (`None`: the voter with the most
+    /// log among those the leader hears from), for planned maintenance of
+    /// the leader. Returns the new leader's id and client address once the
+    /// old leader has stepped down (`None` if it did not learn who won in
+    /// time). Needs `admin`.
+    pub async fn transfer_leader(&self, to: Option<u64>) -> Result<Option<(u64, String)>> {
+        let timeout = Duration::from_secs(10);
+        let resp = self
+            .transport
+            .cluster_call(Kind::Write, timeout, |mut c| async move {
+                c.transfer_leader(pb::TransferLeaderRequest {
+                    to: to.unwrap_or(0),
+                })
+                .await
+            })
+            .await?
+            .into_inner();
+        Ok((resp.leader_id != 0).then_some((resp.leader_id, resp.leader_addr)))
+    }
 }

@@ -687,3 +687,56 @@ async fn the_cli_explains_tls_failures_quickly_and_never_dies_silently() {
     );
     cluster.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn members_transfer_leader_moves_the_leadership() {
+    let cluster = TestCluster::start(3).await;
+    let endpoints = cluster.addrs().join(",");
+    let first = cluster.wait_for_leader().await;
+    let to = cluster
+        .running()
+        .into_iter()
+        .find(|id| *id != first)
+        .expect("a follower");
+    let out = raftlock(&endpoints)
+        .args(["members", "transfer-leader", &to.to_string()])
+        .output()
+        .await
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("leader: {to} {}", cluster.addr(to))
+    );
+    assert_eq!(cluster.wait_for_leader().await, to);
+
+    // JSON, to the best voter.
+    let out = raftlock(&endpoints)
+        .args(["members", "--json", "transfer-leader"])
+        .output()
+        .await
+        .expect("runs");
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let now = v["leader_id"].as_u64().expect("leader_id");
+    assert_ne!(now, to);
+    assert_eq!(cluster.wait_for_leader().await, now);
+
+    // Not a voter: a clear error and a failure status.
+    let out = raftlock(&endpoints)
+        .args(["members", "transfer-leader", "42"])
+        .output()
+        .await
+        .expect("runs");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not a voter"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    cluster.shutdown().await;
+}

@@ -23,6 +23,15 @@
 //! cluster writable without an election, and the barrier makes it as
 //! correct as an elected one.)
 //!
+//! Readiness ("can this node serve now", for `/readyz` and gRPC health):
+//! its core runs, it knows a leader and, as a follower, has heard from it
+//! within the last few heartbeats (a follower of a dead leader still
+//! "knows" it until its election timeout, and writes fail meanwhile), or,
+//! as the leader, from a quorum within the election timeout; and it has
+//! applied all but [`READY_MAX_APPLY_LAG`] of the entries it knows are
+//! committed. The Raft service tells [`Leadership::heard_from_leader`]
+//! of every message of the leader that openraft takes.
+//!
 //! Fail-stop: when the Raft core stops on its own (a storage error such as
 //! a full disk, or a panic inside openraft), the view says so, health turns
 //! `NOT_SERVING`, every request is refused, and [`Leadership::failed`]
@@ -50,6 +59,23 @@ pub const FIRST_QUORUM_WAIT: Duration = Duration::from_millis(500);
 
 /// How long a leader waits before it tries its barrier again.
 const BARRIER_RETRY: Duration = Duration::from_millis(50);
+
+/// A voter the leader has not heard from for longer than this is not handed
+/// the leadership: openraft stops the leader's heartbeats once it starts a
+/// transfer, so a target that cannot take over would leave the cluster
+/// without a leader until an election.
+pub const TRANSFER_MAX_SILENCE: Duration = Duration::from_secs(1);
+
+/// Most committed log entries a node may not have applied yet and still
+/// call itself ready (a follower catching up is not).
+pub const READY_MAX_APPLY_LAG: u64 = 100;
+
+/// A follower that has not heard from its leader for this many heartbeat
+/// intervals is not ready.
+pub const READY_MISSED_HEARTBEATS: u32 = 3;
+
+/// How long [`Leadership::transfer`] waits for this node to step down.
+pub const TRANSFER_WAIT: Duration = Duration::from_secs(3);
 
 /// What this node is, as far as serving is concerned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -170,15 +196,23 @@ pub struct Leadership {
     /// The cause of a fatal stop of the core, published once health says
     /// `NOT_SERVING`.
     fatal: watch::Sender<Option<String>>,
+    /// A follower that has not heard from its leader for longer is not
+    /// ready.
+    leader_silence: Duration,
+    /// When this node last took a message of the leader.
+    leader_contact: Mutex<Option<Instant>>,
 }
 
 impl Leadership {
-    /// The owner for node `id`.
+    /// The owner for node `id`; `heartbeat` is the leader's heartbeat
+    /// interval (a follower that misses [`READY_MISSED_HEARTBEATS`] of them
+    /// is not ready).
     pub fn new(
         id: NodeId,
         raft: Raft,
         shared: Arc<Shared>,
         quorum_timeout: Duration,
+        heartbeat: Duration,
         data_dir: PathBuf,
     ) -> Arc<Leadership> {
         Arc::new(Leadership {
@@ -193,7 +227,50 @@ impl Leadership {
             follow: Mutex::new(Follow::default()),
             view: watch::channel(View::initial()).0,
             fatal: watch::channel(None).0,
+            leader_silence: heartbeat * READY_MISSED_HEARTBEATS,
+            leader_contact: Mutex::new(None),
         })
+    }
+
+    /// This node has just taken a message of its leader (an append, a
+    /// heartbeat, a snapshot).
+    pub fn heard_from_leader(&self) {
+        *self.leader_contact.lock().expect("contact lock poisoned") = Some(Instant::now());
+    }
+
+    /// `Ok` while the process works: it is not stopping and its Raft core
+    /// runs. Else why not (for `/livez`).
+    pub fn live(&self) -> Result<(), String> {
+        self.check_running().map_err(|e| e.to_string())
+    }
+
+    /// `Ok` while this node can serve now (see the module doc); else why
+    /// not (for `/readyz`, and what gRPC health reports).
+    pub fn ready(&self) -> Result<(), String> {
+        self.live()?;
+        let m = self.raft.metrics().borrow_watched().clone();
+        self.ready_with(&self.view(), &m)
+    }
+
+    fn ready_with(&self, view: &View, m: &RaftMetrics) -> Result<(), String> {
+        let contact = self
+            .leader_contact
+            .lock()
+            .expect("contact lock poisoned")
+            .map(|at| at.elapsed());
+        let applied = m.last_applied.map_or(0, |l| l.index);
+        let committed = m
+            .cluster_committed
+            .max(m.local_committed)
+            .map_or(0, |l| l.index);
+        readiness(
+            view,
+            self.id,
+            contact,
+            self.leader_silence,
+            applied,
+            committed,
+        )
     }
 
     /// The latest view.
@@ -326,6 +403,94 @@ impl Leadership {
         } else {
             Err(self.not_leader())
         }
+    }
+
+    /// Hands the leadership to voter `to` (`None`: the voter with the most
+    /// log among those this leader heard from within
+    /// [`TRANSFER_MAX_SILENCE`]) and waits (up to [`TRANSFER_WAIT`]) until
+    /// this node has stepped down. Returns the new leader, if this node has
+    /// learned it by then (`to` itself is this node: nothing to do).
+    ///
+    /// Refused unless this node leads (`NotLeader`); `to` must be a voter
+    /// (`InvalidArgument`) that this leader hears from (`FailedPrecondition`).
+    pub async fn transfer(&self, to: Option<NodeId>) -> Result<Option<NodeId>, Error> {
+        self.check_running()?;
+        let v = self.view();
+        if v.role != Role::Leader {
+            return Err(self.not_leader());
+        }
+        if to == Some(self.id) {
+            return Ok(Some(self.id));
+        }
+        let m = self.raft.metrics().borrow_watched().clone();
+        let voters: Vec<NodeId> = m.membership_config.membership().voter_ids().collect();
+        let heard = |id: &NodeId| {
+            m.heartbeat
+                .as_ref()
+                .and_then(|h| h.get(id).cloned().flatten())
+                .is_some_and(|at| openraft::Instant::elapsed(&*at) <= TRANSFER_MAX_SILENCE)
+        };
+        let matched = |id: &NodeId| {
+            m.replication
+                .as_ref()
+                .and_then(|r| r.get(id).cloned().flatten())
+                .map(|l| l.index)
+        };
+        let target = match to {
+            Some(id) if !voters.contains(&id) => {
+                return Err(Error::InvalidArgument(format!(
+                    "node {id} is not a voter of this cluster (voters: {voters:?})"
+                )))
+            }
+            Some(id) if !heard(&id) => {
+                return Err(Error::FailedPrecondition(format!(
+                    "the leader has not heard from node {id} for over {TRANSFER_MAX_SILENCE:?}; \
+                     it would not take over"
+                )))
+            }
+            Some(id) => id,
+            None => voters
+                .iter()
+                .copied()
+                .filter(|id| *id != self.id && heard(id))
+                .max_by_key(|id| (matched(id), std::cmp::Reverse(*id)))
+                .ok_or_else(|| {
+                    Error::FailedPrecondition(format!(
+                        "no other voter has answered the leader within {TRANSFER_MAX_SILENCE:?} \
+                         (voters: {voters:?})"
+                    ))
+                })?,
+        };
+        let mut rx = self.view.subscribe();
+        tracing::info!(to = target, term = v.term, "handing the leadership over");
+        self.raft
+            .trigger()
+            .transfer_leader(target)
+            .await
+            .map_err(|e| Error::Unavailable(format!("raft stopped: {e}")))?;
+        let (me, term) = (self.id, v.term);
+        let stepped_down = tokio::time::timeout(TRANSFER_WAIT, async {
+            // Down, and (as far as it can learn in time) who leads now.
+            let _ = rx
+                .wait_for(|now| now.role != Role::Leader || now.term > term)
+                .await;
+            let learned = tokio::time::timeout(
+                TRANSFER_WAIT / 3,
+                rx.wait_for(|v| v.leader.is_some_and(|l| l != me)),
+            )
+            .await;
+            match learned {
+                Ok(Ok(v)) => v.leader,
+                _ => None,
+            }
+        })
+        .await;
+        stepped_down.map_err(|_| {
+            Error::Unavailable(format!(
+                "node {target} did not take over within {TRANSFER_WAIT:?}; the cluster elects a \
+                 leader after the election timeout"
+            ))
+        })
     }
 
     /// Waits until this node's table reflects every write committed before
@@ -504,15 +669,17 @@ impl Leadership {
         let mut metrics = self.raft.metrics();
         let mut reported = None;
         // A leader cut off from its followers does not learn it is deposed
-        // until it hears from them, so also look at the clock.
-        let mut tick = tokio::time::interval(self.quorum_timeout / 2);
+        // until it hears from them, and a follower's readiness fades when
+        // its leader falls silent, so also look at the clock.
+        let mut tick =
+            tokio::time::interval((self.quorum_timeout / 2).min(self.leader_silence / 3));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut barrier_for = 0;
         let mut core_gone = false;
         loop {
             let m = metrics.borrow_and_update().clone();
             let view = self.settle_with(&m, core_gone);
-            let health_now = (view.serving(), view.alive());
+            let health_now = (self.ready_with(&view, &m).is_ok(), view.alive());
             if reported != Some(health_now) {
                 reported = Some(health_now);
                 set_health(&health, health_now).await;
@@ -550,6 +717,67 @@ impl Leadership {
             }
         }
     }
+}
+
+/// Whether node `me`, whose view is `view`, can serve now: `Ok`, or why
+/// not. `contact` is how long ago it last heard from its leader (`None`:
+/// never since it started); a follower silent for over `max_silence` is
+/// not ready; nor is a node that has applied `applied` of `committed`
+/// entries with more than [`READY_MAX_APPLY_LAG`] to go.
+pub fn readiness(
+    view: &View,
+    me: NodeId,
+    contact: Option<Duration>,
+    max_silence: Duration,
+    applied: u64,
+    committed: u64,
+) -> Result<(), String> {
+    if !view.alive() {
+        return Err(match &view.fatal {
+            Some(cause) => format!("the Raft core has stopped: {cause}"),
+            None => "the Raft core has stopped".into(),
+        });
+    }
+    let Some(leader) = view.leader else {
+        return Err(format!(
+            "no leader known ({}, term {})",
+            view.status_role(),
+            view.term
+        ));
+    };
+    if leader == me {
+        if view.role != Role::Leader {
+            return Err(format!("not leader yet (term {})", view.term));
+        }
+        if view.quorum_lost {
+            return Err(format!(
+                "leader of term {} without word from a quorum for over the election timeout",
+                view.term
+            ));
+        }
+    } else {
+        match contact {
+            None => {
+                return Err(format!(
+                    "no word from leader {leader} since this node started"
+                ))
+            }
+            Some(silent) if silent > max_silence => {
+                return Err(format!(
+                    "no word from leader {leader} for {} ms",
+                    silent.as_millis()
+                ))
+            }
+            Some(_) => {}
+        }
+    }
+    let lag = committed.saturating_sub(applied);
+    if lag > READY_MAX_APPLY_LAG {
+        return Err(format!(
+            "applied index {applied} is {lag} entries behind the commit index {committed}"
+        ));
+    }
+    Ok(())
 }
 
 /// The gRPC health service name that answers "does this process still
@@ -686,5 +914,57 @@ mod tests {
             ..view(Role::Follower)
         };
         assert!(!leaderless.serving());
+    }
+
+    #[test]
+    fn ready_means_a_leader_heard_from_lately_a_running_core_and_applied_close_to_committed() {
+        let ms = Duration::from_millis;
+        let follower = View {
+            leader: Some(1),
+            ..view(Role::Follower)
+        };
+        let silence = ms(300);
+        assert_eq!(
+            readiness(&follower, 2, Some(ms(10)), silence, 50, 50),
+            Ok(())
+        );
+        // Silence, at the edge and past it.
+        assert_eq!(
+            readiness(&follower, 2, Some(silence), silence, 50, 50),
+            Ok(())
+        );
+        let err = readiness(&follower, 2, Some(ms(301)), silence, 50, 50).unwrap_err();
+        assert!(err.contains("no word from leader 1"), "{err}");
+        assert!(readiness(&follower, 2, None, silence, 50, 50).is_err());
+        // Apply lag, at the edge and past it.
+        let edge = READY_MAX_APPLY_LAG;
+        assert_eq!(
+            readiness(&follower, 2, Some(ms(1)), silence, 7, 7 + edge),
+            Ok(())
+        );
+        let err = readiness(&follower, 2, Some(ms(1)), silence, 7, 8 + edge).unwrap_err();
+        assert!(err.contains("entries behind"), "{err}");
+        // No leader.
+        let leaderless = View {
+            leader: None,
+            ..view(Role::Candidate)
+        };
+        let err = readiness(&leaderless, 2, Some(ms(1)), silence, 5, 5).unwrap_err();
+        assert!(err.contains("no leader"), "{err}");
+        // The leader counts its quorum, not its own silence.
+        let leader = view(Role::Leader);
+        assert_eq!(readiness(&leader, 1, None, silence, 5, 5), Ok(()));
+        let cut_off = View {
+            quorum_lost: true,
+            ..view(Role::Leader)
+        };
+        assert!(readiness(&cut_off, 1, None, silence, 5, 5).is_err());
+        // A stopped core.
+        let dead = View {
+            fatal: Some("disk full in /data".into()),
+            ..view(Role::Follower)
+        };
+        let err = readiness(&dead, 2, Some(ms(1)), silence, 5, 5).unwrap_err();
+        assert!(err.contains("core has stopped: disk full"), "{err}");
     }
 }

@@ -16,6 +16,7 @@ pub mod raft;
 pub mod state;
 #[cfg(unix)]
 pub mod systemd;
+pub mod throttle;
 pub mod tls;
 
 /// Largest request a client may send, in bytes (names ≤ 512 B and values

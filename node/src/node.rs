@@ -215,6 +215,8 @@ pub struct Node {
     pub leadership: Arc<Leadership>,
     /// Its TLS in force, if any (see [`Node::reload_tls`]).
     tls: Option<Arc<crate::tls::NodeTls>>,
+    /// The health of its links to its peers.
+    links: Arc<crate::raft::links::Links>,
     stop: watch::Sender<bool>,
     /// Serves the client listener and, if any, the peer listener.
     server: JoinHandle<Result<(), tonic::transport::Error>>,
@@ -300,9 +302,17 @@ impl Node {
             max_in_snapshot_log_to_keep: 1_000,
             max_payload_entries: MAX_PAYLOAD_ENTRIES,
             install_snapshot_timeout: 10_000,
+            // A node campaigns only after a quorum says it could win: one
+            // that was paused or cut off cannot depose a working leader
+            // (and raise the term) when it returns.
+            enable_pre_vote: Some(true),
             ..Default::default()
         }
         .validate()?;
+        // Peers that answer again after failing: openraft's replication
+        // backoff for them is reset, so they catch up at once.
+        let (peer_back, mut peers_back) = tokio::sync::mpsc::unbounded_channel();
+        let links = Arc::new(crate::raft::links::Links::new(peer_back));
         let raft = Raft::new(
             opts.id,
             Arc::new(config),
@@ -312,6 +322,7 @@ impl Node {
                 tls.clone(),
                 opts.auth.clone(),
                 cluster.clone(),
+                links.clone(),
             ),
             log_store,
             sm,
@@ -337,6 +348,7 @@ impl Node {
             raft.clone(),
             shared.clone(),
             opts.timing.election_timeout.1,
+            opts.timing.heartbeat,
             opts.data_dir.clone(),
         );
         let api = Api::new(
@@ -392,6 +404,7 @@ impl Node {
                     raft.clone(),
                     opts.auth.clone(),
                     cluster.clone(),
+                    leadership.clone(),
                     shared.metrics.clone(),
                     stop_rx.clone(),
                 ))
@@ -462,16 +475,29 @@ impl Node {
                 }
             })),
             tokio::spawn(leadership.clone().follow(health)),
+            tokio::spawn({
+                let raft = raft.clone();
+                async move {
+                    while let Some(peer) = peers_back.recv().await {
+                        if raft.trigger().reset_backoff([peer]).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }),
         ];
         if let Some(path) = seed {
             tasks.push(tokio::spawn(seed_from_backup(api.clone(), path)));
         }
         if let Some(listener) = metrics {
-            let gauges = {
-                let (raft, shared, leadership) = (raft.clone(), shared.clone(), leadership.clone());
-                move || gauges(&raft, &shared, &leadership)
-            };
-            let serve = crate::metrics::serve(listener, shared.metrics.clone(), gauges, shutdown());
+            let source = Arc::new(MetricsSource {
+                data_dir: opts.data_dir.clone(),
+                raft: raft.clone(),
+                shared: shared.clone(),
+                leadership: leadership.clone(),
+                auth: opts.auth.clone(),
+            });
+            let serve = crate::metrics::serve(listener, shared.metrics.clone(), source, shutdown());
             tasks.push(tokio::spawn(async move {
                 if let Err(e) = serve.await {
                     tracing::error!(error = %e, "metrics server failed");
@@ -485,6 +511,7 @@ impl Node {
             raft,
             shared,
             leadership,
+            links,
             stop,
             server,
             tasks,
@@ -515,6 +542,55 @@ impl Node {
     /// that its supervisor restarts it (see `raftlockd run`).
     pub async fn failed(&self) -> String {
         self.leadership.failed().await
+    }
+
+    /// Resolves once a peer has said that this node was removed from the
+    /// cluster (it refused this node's vote: its committed membership does
+    /// not have this node, and this node's log ends before that
+    /// membership), with a line saying so. The process should exit with
+    /// status 0 (see `raftlockd run`), so that its supervisor does not
+    /// start it again into a cluster that removed it.
+    pub async fn removed(&self) -> String {
+        let (by, at) = self.links.removed().await;
+        format!(
+            "node {} was removed from the cluster (node {by}'s membership at log index {at} \
+             does not have it)",
+            self.id
+        )
+    }
+
+    /// Before a planned stop: if this node is the working leader of a
+    /// cluster with other voters, hands the leadership to the voter with
+    /// the most log among those it hears from (see
+    /// [`Leadership::transfer`]), so that the others need not wait out its
+    /// lease and elect a leader; logs the outcome. A transfer that fails
+    /// leaves the cluster to elect a leader as if this node had just
+    /// stopped.
+    pub async fn hand_over(&self) {
+        let voters = self
+            .raft
+            .metrics()
+            .borrow_watched()
+            .membership_config
+            .membership()
+            .voter_ids()
+            .count();
+        if voters < 2 || !self.leadership.view().working_leader() {
+            return;
+        }
+        let started = std::time::Instant::now();
+        match self.leadership.transfer(None).await {
+            Ok(to) => tracing::info!(
+                to = ?to,
+                took = ?started.elapsed(),
+                "leadership transferred before stopping"
+            ),
+            Err(e) => tracing::warn!(
+                error = %e,
+                "could not hand the leadership over before stopping; the others elect a leader \
+                 after the election timeout"
+            ),
+        }
     }
 
     /// Stops serving and shuts Raft down, flushing what it has. Returns
@@ -726,6 +802,55 @@ fn peers_only(
     }
 }
 
+/// What the metrics port reads of the node: gauges, probes, and who may
+/// reset what it shows.
+struct MetricsSource {
+    /// The node's data directory (its size and free space).
+    data_dir: PathBuf,
+    raft: Raft,
+    shared: Arc<Shared>,
+    leadership: Arc<Leadership>,
+    auth: Arc<crate::auth::Auth>,
+}
+
+impl crate::metrics::Source for MetricsSource {
+    fn gauges(&self) -> crate::metrics::Gauges {
+        crate::metrics::Gauges {
+            disk: crate::metrics::process::disk(&self.data_dir),
+            ..gauges(&self.raft, &self.shared, &self.leadership)
+        }
+    }
+
+    fn live(&self) -> Result<(), String> {
+        self.leadership.live()
+    }
+
+    fn ready(&self) -> Result<(), String> {
+        self.leadership.ready()
+    }
+
+    fn may_change(&self, authorization: Option<&str>) -> Result<(), crate::metrics::Refused> {
+        use crate::auth::AuthError;
+        use crate::metrics::Refused;
+        let mut req = tonic::Request::new(());
+        if let Some(value) = authorization {
+            let value = value
+                .parse()
+                .map_err(|_| Refused::Unauthenticated("malformed Authorization header".into()))?;
+            req.metadata_mut().insert(crate::auth::AUTHORIZATION, value);
+        }
+        let refused = |e: AuthError| match e {
+            AuthError::PermissionDenied(m) => Refused::PermissionDenied(m),
+            other => Refused::Unauthenticated(other.to_string()),
+        };
+        self.auth
+            .caller(&req)
+            .map_err(refused)?
+            .require_admin()
+            .map_err(refused)
+    }
+}
+
 /// What `/metrics` shows of Raft and the lock table right now.
 fn gauges(raft: &Raft, shared: &Shared, leadership: &Leadership) -> crate::metrics::Gauges {
     let m = raft.metrics().borrow_watched().clone();
@@ -743,7 +868,32 @@ fn gauges(raft: &Raft, shared: &Shared, leadership: &Leadership) -> crate::metri
         waiters: stats.waiters,
         last_fence: stats.last_fence,
         parked_requests: shared.waiters.len() as u64,
+        peers: peer_gauges(&m),
+        disk: None,
     }
+}
+
+/// As leader, each other member's replication lag and time since it last
+/// answered, from openraft's replication and heartbeat records (which it
+/// keeps only on a leader: elsewhere, none).
+fn peer_gauges(m: &crate::raft::RaftMetrics) -> Vec<crate::metrics::PeerGauges> {
+    let Some(matched) = &m.replication else {
+        return Vec::new();
+    };
+    let last = m.last_log_index.unwrap_or(0);
+    matched
+        .iter()
+        .filter(|(id, _)| **id != m.id)
+        .map(|(id, at)| crate::metrics::PeerGauges {
+            id: *id,
+            lag_entries: last.saturating_sub(at.as_ref().map_or(0, |l| l.index)),
+            since_contact: m
+                .heartbeat
+                .as_ref()
+                .and_then(|h| h.get(id).cloned().flatten())
+                .map(|at| openraft::Instant::elapsed(&*at)),
+        })
+        .collect()
 }
 
 #[cfg(test)]

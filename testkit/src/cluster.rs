@@ -47,6 +47,46 @@ pub struct TestCluster {
     /// Each node's access control, as its last start got it (for
     /// [`reload_acl`](Self::reload_acl)).
     auths: std::sync::Mutex<BTreeMap<u64, std::sync::Arc<raftlock_node::auth::Auth>>>,
+    /// Each node's metrics address (`GET /metrics`, `/livez`, `/readyz`),
+    /// a new port at every start.
+    metrics: BTreeMap<u64, String>,
+}
+
+/// A metrics listener on a loopback port the OS picks.
+async fn metrics_listener() -> TcpListener {
+    TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind loopback")
+}
+
+/// One HTTP/1.0 `method path` to `addr` (with `headers`): the status code
+/// and the body; `None` if nothing answers.
+pub async fn http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let exchange = async {
+        let mut conn = tokio::net::TcpStream::connect(addr).await.ok()?;
+        let mut req = format!("{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Length: 0\r\n");
+        for (k, v) in headers {
+            req.push_str(&format!("{k}: {v}\r\n"));
+        }
+        req.push_str("\r\n");
+        conn.write_all(req.as_bytes()).await.ok()?;
+        let mut raw = Vec::new();
+        conn.read_to_end(&mut raw).await.ok()?;
+        let text = String::from_utf8_lossy(&raw).into_owned();
+        let code = text.split(' ').nth(1)?.parse().ok()?;
+        let body = text.split_once("\r\n\r\n")?.1.to_string();
+        Some((code, body))
+    };
+    tokio::time::timeout(Duration::from_secs(5), exchange)
+        .await
+        .ok()
+        .flatten()
 }
 
 /// Polls `check` until it returns `Some`, or panics with `what` after
@@ -194,6 +234,7 @@ impl TestCluster {
             net: partitionable.then(Net::new),
             faults: Default::default(),
             auths: Default::default(),
+            metrics: BTreeMap::new(),
         };
         cluster.add_proxies().await;
         // Node 1 bootstraps last, so its peers are listening when it
@@ -276,10 +317,19 @@ impl TestCluster {
         init: bool,
         peers: BTreeMap<u64, String>,
     ) {
-        let node = Node::start(self.options(id, init, peers), listener)
+        let metrics = metrics_listener().await;
+        self.metrics
+            .insert(id, metrics.local_addr().expect("addr").to_string());
+        let node = Node::start_with_metrics(self.options(id, init, peers), listener, Some(metrics))
             .await
             .expect("node starts");
         self.nodes.insert(id, node);
+    }
+
+    /// The metrics address of node `id` (its latest start): `GET /metrics`,
+    /// `/livez`, `/readyz`.
+    pub fn metrics_addr(&self, id: u64) -> String {
+        self.metrics[&id].clone()
     }
 
     /// Addresses of all nodes, running or not.
@@ -387,8 +437,10 @@ impl TestCluster {
                 let (addr, opts) = (addr.clone(), opts.clone());
                 async move {
                     let listener = TcpListener::bind(&addr).await.ok()?;
-                    match Node::start(opts, listener).await {
-                        Ok(node) => Some(node),
+                    let metrics = metrics_listener().await;
+                    let metrics_addr = metrics.local_addr().expect("addr").to_string();
+                    match Node::start_with_metrics(opts, listener, Some(metrics)).await {
+                        Ok(node) => Some((node, metrics_addr)),
                         // The old incarnation's lock outlived the wait
                         // open_db allows (a busy machine): try again.
                         Err(e)
@@ -403,6 +455,8 @@ impl TestCluster {
             },
         )
         .await;
+        let (node, metrics_addr) = node;
+        self.metrics.insert(id, metrics_addr);
         self.nodes.insert(id, node);
     }
 

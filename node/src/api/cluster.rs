@@ -263,6 +263,40 @@ impl Cluster for Api {
         }))
     }
 
+    #[tracing::instrument(skip_all, fields(to = req.get_ref().to))]
+    async fn transfer_leader(
+        &self,
+        req: Request<pb::TransferLeaderRequest>,
+    ) -> Result<Response<pb::TransferLeaderResponse>, Status> {
+        let _timer = self
+            .0
+            .shared
+            .metrics
+            .timer(crate::metrics::Method::TransferLeader);
+        self.caller(&req)?.require_admin()?;
+        let to = match req.into_inner().to {
+            0 => None,
+            id => Some(id),
+        };
+        let leader = self.0.leadership.transfer(to).await?;
+        let leader_addr = leader
+            .and_then(|l| {
+                self.0
+                    .raft
+                    .metrics()
+                    .borrow_watched()
+                    .membership_config
+                    .membership()
+                    .get_node(&l)
+                    .map(|n| n.addr.clone())
+            })
+            .unwrap_or_default();
+        Ok(Response::new(pb::TransferLeaderResponse {
+            leader_id: leader.unwrap_or(0),
+            leader_addr,
+        }))
+    }
+
     #[tracing::instrument(skip_all, fields(node = req.get_ref().id))]
     async fn remove_node(
         &self,

@@ -15,12 +15,15 @@ use futures::{Stream, StreamExt};
 
 use crate::apply::Raft;
 use crate::auth::Auth;
+use crate::leader::Leadership;
 use crate::metrics::stages::{between, Stage};
 use crate::metrics::Metrics;
 use crate::raft::identity::ClusterIdentity;
+use crate::raft::links::REMOVED_KEY;
 use crate::raft::peer_input::{self, Local};
 use crate::raft::WatchReceiver as _;
-use crate::raft::{Snapshot, SnapshotMeta, Vote, MAX_SNAPSHOT_BYTES};
+use crate::raft::{Snapshot, SnapshotMeta, TypeConfig, Vote, MAX_SNAPSHOT_BYTES};
+use openraft::raft::{AppendEntriesResponse, StreamAppendError, VoteRequest};
 
 /// Serves the node-to-node RPCs of one node.
 #[derive(Clone)]
@@ -28,6 +31,8 @@ pub struct RaftService {
     raft: Raft,
     auth: Arc<Auth>,
     cluster: Arc<ClusterIdentity>,
+    /// Told when a message of the leader is taken (for readiness).
+    leadership: Arc<Leadership>,
     /// Where a follower's share of a write is timed.
     metrics: Arc<Metrics>,
     /// Set when the node stops: open replication streams end then.
@@ -42,6 +47,7 @@ impl RaftService {
         raft: Raft,
         auth: Arc<Auth>,
         cluster: Arc<ClusterIdentity>,
+        leadership: Arc<Leadership>,
         metrics: Arc<Metrics>,
         stopping: tokio::sync::watch::Receiver<bool>,
     ) -> Self {
@@ -49,6 +55,7 @@ impl RaftService {
             raft,
             auth,
             cluster,
+            leadership,
             metrics,
             stopping,
         }
@@ -75,6 +82,38 @@ impl RaftService {
     async fn admit<T>(&self, req: &Request<T>) -> Result<(), Status> {
         self.auth.check_peer(req)?;
         self.cluster.check(req.metadata()).await
+    }
+
+    /// Refuses a (pre-)vote from a node that this node's committed
+    /// membership does not have, when the candidate's log ends before that
+    /// membership: the candidate was removed (and never saw the entry that
+    /// removed it, as the leader stops replicating to a node when it
+    /// removes it). The refusal says so in [`REMOVED_KEY`], and the
+    /// candidate exits. A candidate whose log reaches the membership is
+    /// left to openraft (it knows the membership; a newer one may have
+    /// added it back).
+    fn refuse_removed(&self, rpc: &VoteRequest<TypeConfig>) -> Result<(), Status> {
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow_watched();
+        let members = &m.committed_membership_config;
+        let Some(at) = members.log_id() else {
+            return Ok(());
+        };
+        let candidate = rpc.vote.leader_id.node_id;
+        if members.membership().get_node(&candidate).is_some()
+            || rpc.last_log_id.is_some_and(|last| last.index >= at.index)
+        {
+            return Ok(());
+        }
+        let mut status = Status::failed_precondition(format!(
+            "node {candidate} is not a member of this cluster: it was removed (membership at log \
+             index {})",
+            at.index
+        ));
+        if let Ok(value) = at.index.to_string().parse() {
+            status.metadata_mut().insert(REMOVED_KEY, value);
+        }
+        Err(status)
     }
 
     /// What the peer-input checks need of this node, as of now.
@@ -237,6 +276,9 @@ impl RaftRpc for RaftService {
                 if let (Ok(Ok(_)), Some((at, Some((first, last))))) = (&result, arrived) {
                     this.time_follower_append(at, first, last);
                 }
+                if matches!(result, Ok(Ok(_) | Err(StreamAppendError::Conflict(_)))) {
+                    this.leadership.heard_from_leader();
+                }
                 let msg = match result {
                     Ok(answer) => bincode::serialize(&answer).map(|data| pb::RaftMessage {
                         data,
@@ -277,6 +319,9 @@ impl RaftRpc for RaftService {
         if let Some((first, last)) = carried {
             self.time_follower_append(received, first, last);
         }
+        if matches!(&result, Ok(r) if !matches!(r, AppendEntriesResponse::HigherVote(_))) {
+            self.leadership.heard_from_leader();
+        }
         reply(result)
     }
 
@@ -287,7 +332,30 @@ impl RaftRpc for RaftService {
         self.admit(&req).await?;
         let rpc = decode(req.get_ref())?;
         peer_input::check_vote_request(&rpc, &self.local()).map_err(refuse)?;
+        self.refuse_removed(&rpc)?;
         reply(self.raft.vote(rpc).await)
+    }
+
+    async fn pre_vote(
+        &self,
+        req: Request<pb::RaftMessage>,
+    ) -> Result<Response<pb::RaftMessage>, Status> {
+        self.admit(&req).await?;
+        let rpc = decode(req.get_ref())?;
+        peer_input::check_vote_request(&rpc, &self.local()).map_err(refuse)?;
+        self.refuse_removed(&rpc)?;
+        reply(self.raft.pre_vote(rpc).await)
+    }
+
+    async fn transfer_leader(
+        &self,
+        req: Request<pb::RaftMessage>,
+    ) -> Result<Response<pb::RaftMessage>, Status> {
+        self.admit(&req).await?;
+        let rpc = decode(req.get_ref())?;
+        peer_input::check_transfer_leader(&rpc, &self.local()).map_err(refuse)?;
+        let result = self.raft.handle_transfer_leader(rpc).await;
+        reply(result.map_err(openraft::error::RaftError::<TypeConfig>::Fatal))
     }
 
     async fn install_snapshot(
@@ -323,6 +391,9 @@ impl RaftRpc for RaftService {
             snapshot: data,
         };
         let result = self.raft.install_full_snapshot(vote, snapshot).await;
+        if result.is_ok() {
+            self.leadership.heard_from_leader();
+        }
         reply(result.map_err(openraft::error::RaftError::<crate::raft::TypeConfig>::Fatal))
     }
 }

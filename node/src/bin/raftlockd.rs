@@ -67,6 +67,22 @@ enum Command {
     /// Print the SHA-256 of a token read from stdin, for an ACL file's
     /// `sha256 = "..."` (so the file need not hold the token itself).
     HashToken,
+    /// Ask a node's metrics port whether it is live or ready (for container
+    /// health checks, which have no HTTP client): prints the answer, exits
+    /// 0 for `200`, 1 otherwise.
+    Probe {
+        /// `livez` (the Raft core runs) or `readyz` (it can serve now).
+        check: ProbeCheck,
+        /// The node's metrics address (`--metrics-listen`).
+        #[arg(default_value = "127.0.0.1:9101")]
+        addr: String,
+    },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum ProbeCheck {
+    Livez,
+    Readyz,
 }
 
 #[derive(Args)]
@@ -125,6 +141,7 @@ async fn main() {
             fence_bump,
         } => restore(&file, &data_dir, fence_bump),
         Command::HashToken => hash_token(),
+        Command::Probe { check, addr } => probe(check, &addr).await,
     };
     if let Err(e) = result {
         eprintln!("raftlockd: {e:#}");
@@ -211,8 +228,20 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         "raftlockd serving"
     );
     tokio::select! {
-        _ = wait_for_signal() => {}
+        // A leader hands its leadership over first, so that a planned stop
+        // (a rolling restart) costs grants a pause of milliseconds instead
+        // of a lease and an election.
+        _ = wait_for_signal() => node.hand_over().await,
         cause = node.failed() => fail_stop(node.id, &cause),
+        removed = node.removed() => {
+            // Status 0: a supervisor must not start it again into a
+            // cluster that removed it (systemd's Restart=on-failure and
+            // Kubernetes' OnFailure leave it stopped).
+            tracing::warn!(
+                "{removed}; exiting. Delete its data directory; to bring the machine back, \
+                 add it as a new node with a new id"
+            );
+        }
     }
     #[cfg(unix)]
     if let Some(notifier) = &notifier {
@@ -391,6 +420,35 @@ async fn dev(args: DevArgs) -> anyhow::Result<()> {
     for node in nodes {
         node.shutdown().await;
     }
+    Ok(())
+}
+
+/// How long `raftlockd probe` waits for the answer.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+async fn probe(check: ProbeCheck, addr: &str) -> anyhow::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let path = match check {
+        ProbeCheck::Livez => "/livez",
+        ProbeCheck::Readyz => "/readyz",
+    };
+    let exchange = async {
+        let mut conn = tokio::net::TcpStream::connect(addr)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot reach {addr}: {e}"))?;
+        conn.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+            .await?;
+        let mut raw = Vec::new();
+        conn.read_to_end(&mut raw).await?;
+        anyhow::Ok(String::from_utf8_lossy(&raw).into_owned())
+    };
+    let answer = tokio::time::timeout(PROBE_TIMEOUT, exchange)
+        .await
+        .map_err(|_| anyhow::anyhow!("no answer from {addr} within {PROBE_TIMEOUT:?}"))??;
+    let code = answer.split(' ').nth(1).unwrap_or("");
+    let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b).trim();
+    anyhow::ensure!(code == "200", "{path} at {addr}: {code} {body}");
+    println!("{body}");
     Ok(())
 }
 

@@ -8,14 +8,26 @@
 
 pub mod stages;
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+pub mod process;
+
+/// Buckets in every histogram.
+const BUCKETS: usize = 12;
+
 /// Upper bounds of the request-latency buckets, in seconds.
-pub const LATENCY_BUCKETS: [f64; 12] = [
+pub const LATENCY_BUCKETS: [f64; BUCKETS] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
+];
+
+/// Upper bounds of the log-append and fsync buckets, in seconds: from a
+/// fast SSD's tens of microseconds to a stalled disk's second.
+pub const DISK_BUCKETS: [f64; BUCKETS] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
 ];
 
 /// The RPC methods whose latency is recorded: an enum, so a request cannot
@@ -64,11 +76,13 @@ pub enum Method {
     Backup,
     /// `Cluster.Restore`.
     Restore,
+    /// `Cluster.TransferLeader`.
+    TransferLeader,
 }
 
 impl Method {
     /// Every method, in the order of [`Metrics`]' histograms.
-    pub const ALL: [Method; 21] = [
+    pub const ALL: [Method; 22] = [
         Method::OpenSession,
         Method::KeepAlive,
         Method::CloseSession,
@@ -90,6 +104,7 @@ impl Method {
         Method::RemoveNode,
         Method::Backup,
         Method::Restore,
+        Method::TransferLeader,
     ];
 
     /// The gRPC method name, as the `method` label shows it.
@@ -116,6 +131,7 @@ impl Method {
             Method::RemoveNode => "RemoveNode",
             Method::Backup => "Backup",
             Method::Restore => "Restore",
+            Method::TransferLeader => "TransferLeader",
         }
     }
 }
@@ -129,14 +145,20 @@ pub enum RaftRpc {
     Vote,
     /// `Raft.InstallSnapshot`.
     InstallSnapshot,
+    /// `Raft.PreVote`.
+    PreVote,
+    /// `Raft.TransferLeader`.
+    TransferLeader,
 }
 
 impl RaftRpc {
     /// Every RPC, in the order of [`Metrics`]' error counters.
-    pub const ALL: [RaftRpc; 3] = [
+    pub const ALL: [RaftRpc; 5] = [
         RaftRpc::AppendEntries,
         RaftRpc::Vote,
         RaftRpc::InstallSnapshot,
+        RaftRpc::PreVote,
+        RaftRpc::TransferLeader,
     ];
 
     /// The name the `rpc` label shows.
@@ -145,6 +167,8 @@ impl RaftRpc {
             RaftRpc::AppendEntries => "append_entries",
             RaftRpc::Vote => "vote",
             RaftRpc::InstallSnapshot => "install_snapshot",
+            RaftRpc::PreVote => "pre_vote",
+            RaftRpc::TransferLeader => "transfer_leader",
         }
     }
 }
@@ -237,19 +261,50 @@ pub struct Gauges {
     pub last_fence: u64,
     /// Blocking acquires parked on this node.
     pub parked_requests: u64,
+    /// As leader: how each other member's replication stands.
+    pub peers: Vec<PeerGauges>,
+    /// The data directory's size and its file system's space, if they
+    /// could be read.
+    pub disk: Option<Disk>,
 }
 
+/// What a leader knows of one other member.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PeerGauges {
+    /// The member's id.
+    pub id: u64,
+    /// Log entries the leader has that the member is not known to have.
+    pub lag_entries: u64,
+    /// Since the member last acknowledged a heartbeat or an append of this
+    /// leader (`None`: not since this node became leader).
+    pub since_contact: Option<Duration>,
+}
+
+/// The data directory and the file system it is on.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Disk {
+    /// Bytes of the files under the data directory.
+    pub data_bytes: u64,
+    /// Bytes an unprivileged process may still write on its file system.
+    pub free_bytes: u64,
+    /// The file system's size in bytes.
+    pub size_bytes: u64,
+}
+
+/// A Prometheus histogram of durations; its bucket bounds are given where
+/// it is observed and rendered (one of [`LATENCY_BUCKETS`],
+/// [`DISK_BUCKETS`]).
 #[derive(Default)]
 struct Histogram {
-    buckets: [AtomicU64; LATENCY_BUCKETS.len()],
+    buckets: [AtomicU64; BUCKETS],
     count: AtomicU64,
     sum_micros: AtomicU64,
 }
 
 impl Histogram {
-    fn observe(&self, d: Duration) {
+    fn observe(&self, bounds: &[f64; BUCKETS], d: Duration) {
         let secs = d.as_secs_f64();
-        for (i, le) in LATENCY_BUCKETS.iter().enumerate() {
+        for (i, le) in bounds.iter().enumerate() {
             if secs <= *le {
                 self.buckets[i].fetch_add(1, Ordering::Relaxed);
             }
@@ -258,6 +313,24 @@ impl Histogram {
         self.sum_micros
             .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
     }
+
+    /// The histogram's series, `labels` (`key="value",` pairs, each
+    /// followed by a comma, or empty) on every one.
+    fn render(&self, out: &mut String, name: &str, labels: &str, bounds: &[f64; BUCKETS]) {
+        for (b, le) in bounds.iter().enumerate() {
+            let v = self.buckets[b].load(Ordering::Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{{labels}le=\"{le}\"}} {v}");
+        }
+        let count = self.count.load(Ordering::Relaxed);
+        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
+        let _ = writeln!(out, "{name}_bucket{{{labels}le=\"+Inf\"}} {count}");
+        let labels = match labels.trim_end_matches(',') {
+            "" => String::new(),
+            labels => format!("{{{labels}}}"),
+        };
+        let _ = writeln!(out, "{name}_sum{labels} {sum}");
+        let _ = writeln!(out, "{name}_count{labels} {count}");
+    }
 }
 
 /// One node's counters.
@@ -265,7 +338,15 @@ impl Histogram {
 pub struct Metrics {
     counters: [AtomicU64; Counter::ALL.len()],
     requests: [Histogram; Method::ALL.len()],
-    raft_rpc_errors: [AtomicU64; RaftRpc::ALL.len()],
+    /// Failed outgoing Raft RPCs by peer and RPC (the RPC's slot in
+    /// [`RaftRpc::ALL`]).
+    raft_rpc_errors: Mutex<BTreeMap<(u64, usize), u64>>,
+    /// Log appends, from the store taking the entries to their being on
+    /// stable storage.
+    log_append: Histogram,
+    /// Syncs of the log to stable storage (sled's flush and the `fsync`s
+    /// after it).
+    fsync: Histogram,
     /// Where writes spend their time (`GET /debug/stages`).
     pub stages: stages::Stages,
 }
@@ -278,7 +359,8 @@ pub struct Timer<'a> {
 
 impl Drop for Timer<'_> {
     fn drop(&mut self) {
-        self.histogram.observe(self.start.elapsed());
+        self.histogram
+            .observe(&LATENCY_BUCKETS, self.start.elapsed());
     }
 }
 
@@ -302,9 +384,21 @@ impl Metrics {
         self.counters[counter as usize].load(Ordering::Relaxed)
     }
 
-    /// Counts a failed outgoing Raft RPC.
-    pub fn raft_rpc_error(&self, rpc: RaftRpc) {
-        self.raft_rpc_errors[rpc as usize].fetch_add(1, Ordering::Relaxed);
+    /// Records a log append that took `d` from the store taking its
+    /// entries to their being durable.
+    pub fn log_append(&self, d: Duration) {
+        self.log_append.observe(&DISK_BUCKETS, d);
+    }
+
+    /// Records a sync of the log that took `d`.
+    pub fn fsync(&self, d: Duration) {
+        self.fsync.observe(&DISK_BUCKETS, d);
+    }
+
+    /// Counts a failed outgoing Raft RPC to `peer`.
+    pub fn raft_rpc_error(&self, rpc: RaftRpc, peer: u64) {
+        let mut errors = self.raft_rpc_errors.lock().expect("metrics lock poisoned");
+        *errors.entry((peer, rpc as usize)).or_default() += 1;
     }
 
     /// The Prometheus text exposition of this node, with `gauges` read by
@@ -368,57 +462,185 @@ impl Metrics {
         }
         let _ = writeln!(
             out,
-            "# HELP raftlock_raft_rpc_errors_total Failed outgoing Raft RPCs.\n# TYPE raftlock_raft_rpc_errors_total counter"
+            "# HELP raftlock_raft_rpc_errors_total Failed outgoing Raft RPCs, by peer.\n# TYPE raftlock_raft_rpc_errors_total counter"
         );
-        for rpc in RaftRpc::ALL {
-            let v = self.raft_rpc_errors[rpc as usize].load(Ordering::Relaxed);
-            let rpc = rpc.name();
-            let _ = writeln!(out, "raftlock_raft_rpc_errors_total{{rpc=\"{rpc}\"}} {v}");
+        let errors = self
+            .raft_rpc_errors
+            .lock()
+            .expect("metrics lock poisoned")
+            .clone();
+        for ((peer, rpc), v) in errors {
+            let rpc = RaftRpc::ALL[rpc].name();
+            let _ = writeln!(
+                out,
+                "raftlock_raft_rpc_errors_total{{peer=\"{peer}\",rpc=\"{rpc}\"}} {v}"
+            );
         }
         let _ = writeln!(
             out,
             "# HELP raftlock_request_duration_seconds gRPC request latency by method.\n# TYPE raftlock_request_duration_seconds histogram"
         );
         for (i, method) in Method::ALL.iter().enumerate() {
-            let method = method.name();
-            let h = &self.requests[i];
-            for (b, le) in LATENCY_BUCKETS.iter().enumerate() {
-                let v = h.buckets[b].load(Ordering::Relaxed);
-                let _ = writeln!(out, "raftlock_request_duration_seconds_bucket{{method=\"{method}\",le=\"{le}\"}} {v}");
-            }
-            let count = h.count.load(Ordering::Relaxed);
-            let sum = h.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
-            let _ = writeln!(out, "raftlock_request_duration_seconds_bucket{{method=\"{method}\",le=\"+Inf\"}} {count}");
-            let _ = writeln!(
-                out,
-                "raftlock_request_duration_seconds_sum{{method=\"{method}\"}} {sum}"
+            let labels = format!("method=\"{}\",", method.name());
+            self.requests[i].render(
+                &mut out,
+                "raftlock_request_duration_seconds",
+                &labels,
+                &LATENCY_BUCKETS,
             );
-            let _ = writeln!(
-                out,
-                "raftlock_request_duration_seconds_count{{method=\"{method}\"}} {count}"
+        }
+        for (name, help, h) in [
+            (
+                "raftlock_log_append_duration_seconds",
+                "Log appends, from the store taking the entries until they are on stable storage.",
+                &self.log_append,
+            ),
+            (
+                "raftlock_fsync_duration_seconds",
+                "Syncs of the log to stable storage (flush and fsync).",
+                &self.fsync,
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+            h.render(&mut out, name, "", &DISK_BUCKETS);
+        }
+        render_peers(&mut out, &g.peers);
+        if let Some(disk) = &g.disk {
+            let mut gauge = |name: &str, help: &str, v: u64| {
+                let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+            };
+            gauge(
+                "raftlock_data_size_bytes",
+                "Bytes of the files under the data directory.",
+                disk.data_bytes,
             );
+            gauge(
+                "raftlock_disk_free_bytes",
+                "Bytes still free for raftlockd on the data directory's file system.",
+                disk.free_bytes,
+            );
+            gauge(
+                "raftlock_disk_size_bytes",
+                "Size of the data directory's file system in bytes.",
+                disk.size_bytes,
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP raftlock_build_info The running build (always 1).\n# TYPE raftlock_build_info gauge\nraftlock_build_info{{version=\"{}\",profile=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION"),
+            if cfg!(debug_assertions) { "debug" } else { "release" }
+        );
+        if let Some(p) = process::Process::read() {
+            p.render(&mut out);
         }
         out
     }
 }
 
-/// Serves `GET /metrics` on `listener` until `shutdown` resolves.
-/// `gauges` is called once per scrape. Also serves the write-stage
-/// breakdown (see [`stages`]): `GET /debug/stages` as JSON, and
-/// `POST /debug/stages/reset` to empty it.
+/// A leader's per-peer series: replication lag and time since contact.
+fn render_peers(out: &mut String, peers: &[PeerGauges]) {
+    let _ = writeln!(
+        out,
+        "# HELP raftlock_peer_replication_lag_entries As leader: log entries a member is not known to have yet.\n# TYPE raftlock_peer_replication_lag_entries gauge"
+    );
+    for p in peers {
+        let _ = writeln!(
+            out,
+            "raftlock_peer_replication_lag_entries{{peer=\"{}\"}} {}",
+            p.id, p.lag_entries
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP raftlock_peer_last_contact_seconds As leader: seconds since a member last acknowledged it (+Inf: not since it became leader).\n# TYPE raftlock_peer_last_contact_seconds gauge"
+    );
+    for p in peers {
+        let since = p
+            .since_contact
+            .map_or("+Inf".to_string(), |d| d.as_secs_f64().to_string());
+        let _ = writeln!(
+            out,
+            "raftlock_peer_last_contact_seconds{{peer=\"{}\"}} {since}",
+            p.id
+        );
+    }
+}
+
+/// What the metrics port asks of the node, at request time.
+pub trait Source: Send + Sync + 'static {
+    /// The gauges, read once per scrape.
+    fn gauges(&self) -> Gauges;
+    /// `Ok` while the process works (its Raft core runs); else why not.
+    fn live(&self) -> Result<(), String>;
+    /// `Ok` while the node can serve now; else why not.
+    fn ready(&self) -> Result<(), String>;
+    /// `Ok` if a request whose `Authorization` header is `authorization`
+    /// may change what the port shows (reset the stage breakdown): anyone
+    /// without access control, an admin with it. Else why not.
+    fn may_change(&self, authorization: Option<&str>) -> Result<(), Refused>;
+}
+
+/// Why [`Source::may_change`] refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// No valid credentials (answered 401).
+    Unauthenticated(String),
+    /// Valid credentials without the permission (answered 403).
+    PermissionDenied(String),
+}
+
+/// `200 ok` or `503` with the reason, for a probe.
+fn probe(result: Result<(), String>) -> (axum::http::StatusCode, String) {
+    match result {
+        Ok(()) => (axum::http::StatusCode::OK, "ok\n".into()),
+        Err(why) => (
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            format!("{why}\n"),
+        ),
+    }
+}
+
+/// Serves the metrics port on `listener` until `shutdown` resolves:
+///
+/// * `GET /metrics`: Prometheus text (the gauges read from `source` once
+///   per scrape);
+/// * `GET /livez`: `200 ok` while the process works (its Raft core runs),
+///   else `503` and why;
+/// * `GET /readyz`: `200 ok` while the node can serve now, else `503` and
+///   why;
+/// * `GET /debug/stages`: the write-stage breakdown (see [`stages`]) as
+///   JSON, and `POST /debug/stages/reset` to empty it (with access control
+///   on, only for an admin's bearer token: `401`/`403` otherwise).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     metrics: Arc<Metrics>,
-    gauges: impl Fn() -> Gauges + Clone + Send + Sync + 'static,
+    source: Arc<dyn Source>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    use axum::http::{HeaderMap, StatusCode};
     let (m1, m2, m3) = (metrics.clone(), metrics.clone(), metrics);
+    let (s1, s2, s3, s4) = (source.clone(), source.clone(), source.clone(), source);
     let app = axum::Router::new()
         .route(
             "/metrics",
             axum::routing::get(move || {
-                let body = m1.render(&gauges());
+                let body = m1.render(&s1.gauges());
                 async move { ([("content-type", "text/plain; version=0.0.4")], body) }
+            }),
+        )
+        .route(
+            "/livez",
+            axum::routing::get(move || {
+                let answer = probe(s2.live());
+                async move { answer }
+            }),
+        )
+        .route(
+            "/readyz",
+            axum::routing::get(move || {
+                let answer = probe(s3.ready());
+                async move { answer }
             }),
         )
         .route(
@@ -431,9 +653,23 @@ pub async fn serve(
         )
         .route(
             "/debug/stages/reset",
-            axum::routing::post(move || {
-                m3.stages.reset();
-                async move { "reset\n" }
+            axum::routing::post(move |headers: HeaderMap| {
+                let authorization = headers
+                    .get(axum::http::header::AUTHORIZATION)
+                    .and_then(|v| v.to_str().ok());
+                let answer = match s4.may_change(authorization) {
+                    Ok(()) => {
+                        m3.stages.reset();
+                        (StatusCode::OK, "reset\n".to_string())
+                    }
+                    Err(Refused::Unauthenticated(why)) => {
+                        (StatusCode::UNAUTHORIZED, format!("{why}\n"))
+                    }
+                    Err(Refused::PermissionDenied(why)) => {
+                        (StatusCode::FORBIDDEN, format!("{why}\n"))
+                    }
+                };
+                async move { answer }
             }),
         );
     axum::serve(listener, app)
@@ -448,11 +684,76 @@ mod tests {
     #[test]
     fn histogram_buckets_are_cumulative() {
         let h = Histogram::default();
-        h.observe(Duration::from_micros(300));
-        h.observe(Duration::from_millis(30));
+        h.observe(&LATENCY_BUCKETS, Duration::from_micros(300));
+        h.observe(&LATENCY_BUCKETS, Duration::from_millis(30));
         assert_eq!(h.buckets[0].load(Ordering::Relaxed), 1, "le 0.5 ms");
         assert_eq!(h.buckets[6].load(Ordering::Relaxed), 2, "le 50 ms");
         assert_eq!(h.count.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn disk_peer_process_and_build_series_show_in_the_text() {
+        let m = Metrics::default();
+        m.fsync(Duration::from_micros(80));
+        m.fsync(Duration::from_millis(2));
+        m.log_append(Duration::from_millis(3));
+        let text = m.render(&Gauges {
+            peers: vec![
+                PeerGauges {
+                    id: 2,
+                    lag_entries: 0,
+                    since_contact: Some(Duration::from_millis(40)),
+                },
+                PeerGauges {
+                    id: 3,
+                    lag_entries: 17,
+                    since_contact: None,
+                },
+            ],
+            disk: Some(Disk {
+                data_bytes: 1234,
+                free_bytes: 5000,
+                size_bytes: 9000,
+            }),
+            ..Gauges::default()
+        });
+        for series in [
+            "\nraftlock_fsync_duration_seconds_bucket{le=\"0.0001\"} 1\n",
+            "\nraftlock_fsync_duration_seconds_bucket{le=\"0.0025\"} 2\n",
+            "\nraftlock_fsync_duration_seconds_bucket{le=\"+Inf\"} 2\n",
+            "\nraftlock_fsync_duration_seconds_count 2\n",
+            "\nraftlock_log_append_duration_seconds_bucket{le=\"0.0025\"} 0\n",
+            "\nraftlock_log_append_duration_seconds_bucket{le=\"0.005\"} 1\n",
+            "\nraftlock_log_append_duration_seconds_sum 0.003\n",
+            "\nraftlock_peer_replication_lag_entries{peer=\"3\"} 17\n",
+            "\nraftlock_peer_last_contact_seconds{peer=\"2\"} 0.04\n",
+            "\nraftlock_peer_last_contact_seconds{peer=\"3\"} +Inf\n",
+            "\nraftlock_data_size_bytes 1234\n",
+            "\nraftlock_disk_free_bytes 5000\n",
+            "\nraftlock_disk_size_bytes 9000\n",
+            "\nprocess_cpu_seconds_total ",
+            "\nprocess_resident_memory_bytes ",
+            "\nprocess_open_fds ",
+            "\nprocess_start_time_seconds ",
+        ] {
+            assert!(text.contains(series), "missing {series:?} in:\n{text}");
+        }
+        let build = format!(
+            "\nraftlock_build_info{{version=\"{}\",profile=\"{}\"}} 1\n",
+            env!("CARGO_PKG_VERSION"),
+            if cfg!(debug_assertions) {
+                "debug"
+            } else {
+                "release"
+            }
+        );
+        assert!(text.contains(&build), "{text}");
+        let without = m.render(&Gauges::default());
+        assert!(
+            !without.contains("raftlock_disk_free_bytes ")
+                && !without.contains("raftlock_peer_last_contact_seconds{"),
+            "no disk or peer series where they are unknown:\n{without}"
+        );
     }
 
     #[test]
@@ -460,7 +761,7 @@ mod tests {
         let m = Metrics::default();
         for (i, rpc) in RaftRpc::ALL.iter().enumerate() {
             assert_eq!(*rpc as usize, i, "{rpc:?} out of order in ALL");
-            m.raft_rpc_error(*rpc);
+            m.raft_rpc_error(*rpc, 2);
         }
         for (i, counter) in Counter::ALL.iter().enumerate() {
             assert_eq!(*counter as usize, i, "{counter:?} out of order in ALL");
@@ -472,7 +773,7 @@ mod tests {
         });
         assert!(text.contains("\nraftlock_term 7\n"), "{text}");
         assert!(
-            text.contains("raftlock_raft_rpc_errors_total{rpc=\"vote\"} 1"),
+            text.contains("raftlock_raft_rpc_errors_total{peer=\"2\",rpc=\"vote\"} 1"),
             "{text}"
         );
         assert!(

@@ -14,6 +14,7 @@ use tonic::metadata::MetadataMap;
 use tonic::Status;
 
 use super::log_store::LogStore;
+use crate::throttle::Throttle;
 
 /// Metadata key carrying the sender's cluster id (hex) on Raft RPCs.
 pub const CLUSTER_ID_KEY: &str = "raftlock-cluster-id";
@@ -26,7 +27,12 @@ pub struct ClusterIdentity {
     store: LogStore,
     /// Serializes adoption.
     adopt: tokio::sync::Mutex<()>,
+    /// Refusals are logged once a minute per foreign cluster.
+    refusals: Throttle<u64>,
 }
+
+/// How often a refusal of RPCs from one foreign cluster is logged.
+pub const REFUSAL_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl ClusterIdentity {
     /// The identity kept in `store`.
@@ -36,6 +42,7 @@ impl ClusterIdentity {
             id: AtomicU64::new(id),
             store,
             adopt: tokio::sync::Mutex::new(()),
+            refusals: Throttle::new(REFUSAL_LOG_EVERY),
         })
     }
 
@@ -76,7 +83,7 @@ impl ClusterIdentity {
             return Ok(());
         }
         if ours != 0 {
-            return Err(refusal(ours, theirs));
+            return Err(self.refusal(ours, theirs));
         }
         let _one = self.adopt.lock().await;
         match self.id() {
@@ -89,17 +96,28 @@ impl ClusterIdentity {
                 Ok(())
             }
             ours if ours == theirs => Ok(()),
-            ours => Err(refusal(ours, theirs)),
+            ours => Err(self.refusal(ours, theirs)),
         }
     }
 }
 
+impl ClusterIdentity {
+    /// The refusal of an RPC from cluster `theirs`, logged at most once a
+    /// minute per foreign cluster (with the number held back).
+    fn refusal(&self, ours: u64, theirs: u64) -> Status {
+        if let Some(held_back) = self.refusals.pass(theirs) {
+            tracing::error!(
+                ours = format!("{ours:016x}"),
+                theirs = format!("{theirs:016x}"),
+                refused_since_last_line = held_back,
+                "refusing Raft RPCs from another cluster (logged at most once every {REFUSAL_LOG_EVERY:?})"
+            );
+        }
+        refusal(ours, theirs)
+    }
+}
+
 fn refusal(ours: u64, theirs: u64) -> Status {
-    tracing::error!(
-        ours = format!("{ours:016x}"),
-        theirs = format!("{theirs:016x}"),
-        "refusing a Raft RPC from another cluster"
-    );
     Status::failed_precondition(format!(
         "this node belongs to cluster {ours:016x}, the sender to cluster {theirs:016x}: a node \
          keeps one cluster's data; to move it to another cluster, empty its data directory first"

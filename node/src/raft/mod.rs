@@ -20,6 +20,7 @@
 //! sled's background flusher is off and never relied on.
 
 pub mod identity;
+pub mod links;
 pub mod log_store;
 pub mod network;
 pub mod peer_input;

@@ -10,8 +10,8 @@ use openraft::base::{BoxFuture, BoxStream};
 use openraft::error::{NetworkError, RPCError, ReplicationClosed, StreamingError, Unreachable};
 use openraft::network::{Backoff, RPCOption, RaftNetworkFactory, RaftNetworkV2};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, StreamAppendResult, VoteRequest,
-    VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, StreamAppendResult,
+    TransferLeaderRequest, TransferLeaderResponse, VoteRequest, VoteResponse,
 };
 use raftlock_proto::v1 as pb;
 use raftlock_proto::v1::raft_client::RaftClient;
@@ -19,6 +19,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tonic::transport::{Channel, Endpoint};
 
+use super::links::Links;
 use super::{NodeAddrs, NodeId, Snapshot, SnapshotData, TypeConfig, Vote};
 use crate::auth::Auth;
 use crate::metrics::{Metrics, RaftRpc as Rpc};
@@ -45,6 +46,8 @@ pub struct Network {
     auth: Arc<Auth>,
     /// This node's cluster id, sent with every RPC.
     cluster: Option<Arc<crate::raft::identity::ClusterIdentity>>,
+    /// Which peers are failing, and when each may be tried again.
+    links: Arc<Links>,
 }
 
 impl Network {
@@ -56,6 +59,7 @@ impl Network {
         tls: Option<Arc<crate::tls::NodeTls>>,
         auth: Arc<Auth>,
         cluster: Arc<crate::raft::identity::ClusterIdentity>,
+        links: Arc<Links>,
     ) -> Self {
         Network {
             dial: Arc::new(dial),
@@ -63,6 +67,7 @@ impl Network {
             tls,
             auth,
             cluster: Some(cluster),
+            links,
             ..Default::default()
         }
     }
@@ -112,6 +117,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             metrics: self.metrics.clone(),
             auth: self.auth.clone(),
             cluster: self.cluster.clone(),
+            links: self.links.clone(),
         }
     }
 }
@@ -126,6 +132,7 @@ pub struct Peer {
     metrics: Arc<Metrics>,
     auth: Arc<Auth>,
     cluster: Option<Arc<crate::raft::identity::ClusterIdentity>>,
+    links: Arc<Links>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -179,7 +186,8 @@ impl Peer {
         )
     }
 
-    /// Sends one unary RPC and counts it in the metrics if it fails.
+    /// Sends one unary RPC, unless the peer is failing and not due for
+    /// another attempt (see [`Links`]), and records the outcome.
     async fn call<Req, Resp>(
         &mut self,
         rpc: Rpc,
@@ -190,11 +198,48 @@ impl Peer {
         Req: Serialize,
         Resp: DeserializeOwned,
     {
-        let result = self.call_inner(rpc, req, option).await;
-        if result.is_err() {
-            self.metrics.raft_rpc_error(rpc);
-        }
+        self.call_or(rpc, req, option, |_| None).await
+    }
+
+    /// Like [`call`](Self::call); a failure status for which `fallback`
+    /// gives an answer is taken as that answer.
+    async fn call_or<Req, Resp>(
+        &mut self,
+        rpc: Rpc,
+        req: &Req,
+        option: &RPCOption,
+        fallback: impl FnOnce(&tonic::Status) -> Option<Resp>,
+    ) -> Result<Resp, RpcError>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+    {
+        self.admit()?;
+        let result = self.call_inner(rpc, req, option, fallback).await;
+        self.outcome(
+            rpc,
+            result.as_ref().err().map(|e| e as &dyn std::fmt::Display),
+        );
         result
+    }
+
+    /// `Unreachable` at once, without a network round, if the peer is
+    /// failing and its next attempt is not due yet.
+    fn admit(&self) -> Result<(), RpcError> {
+        self.links
+            .admit(self.target)
+            .map_err(|why| RPCError::Unreachable(Unreachable::new(&Msg(why))))
+    }
+
+    /// Records an RPC's outcome: the peer's link health, and the metrics.
+    fn outcome(&self, rpc: Rpc, error: Option<&dyn std::fmt::Display>) {
+        match error {
+            None => self.links.succeeded(self.target),
+            Some(e) => {
+                self.metrics.raft_rpc_error(rpc, self.target);
+                self.links.failed(self.target, &e.to_string());
+            }
+        }
     }
 
     async fn call_inner<Req, Resp>(
@@ -202,6 +247,7 @@ impl Peer {
         rpc: Rpc,
         req: &Req,
         option: &RPCOption,
+        fallback: impl FnOnce(&tonic::Status) -> Option<Resp>,
     ) -> Result<Resp, RpcError>
     where
         Req: Serialize,
@@ -217,6 +263,8 @@ impl Peer {
             match rpc {
                 Rpc::AppendEntries => client.append_entries(request).await,
                 Rpc::Vote => client.vote(request).await,
+                Rpc::PreVote => client.pre_vote(request).await,
+                Rpc::TransferLeader => client.transfer_leader(request).await,
                 Rpc::InstallSnapshot => Err(tonic::Status::internal("snapshots are streamed")),
             }
         };
@@ -228,7 +276,19 @@ impl Peer {
                     option.hard_ttl()
                 )))))
             }
-            Ok(Err(status)) => return Err(self.failed(&status)),
+            Ok(Err(status)) => {
+                if let Some(at) = status
+                    .metadata()
+                    .get(super::links::REMOVED_KEY)
+                    .and_then(|v| v.to_str().ok()?.parse().ok())
+                {
+                    self.links.removed_by(self.target, at);
+                }
+                return match fallback(&status) {
+                    Some(answer) => Ok(answer),
+                    None => Err(self.failed(&status)),
+                };
+            }
             Ok(Ok(resp)) => resp.into_inner(),
         };
         decode_reply(self.target, &resp)
@@ -298,10 +358,20 @@ impl RaftNetworkV2<TypeConfig> for Peer {
         S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Send + Unpin + 'static,
     {
         Box::pin(async move {
-            let result = self.open_stream(input, option).await;
-            if result.is_err() {
-                self.metrics.raft_rpc_error(Rpc::AppendEntries);
-            }
+            // Take the first request before dialling: openraft's
+            // replication backoff sleeps in producing it, and a peer that
+            // refuses the connection would otherwise be retried at once.
+            let mut input = input;
+            let Some(first) = input.next().await else {
+                return Ok(Box::pin(futures::stream::empty()) as BoxStream<'s, _>);
+            };
+            self.admit()?;
+            let input = futures::stream::once(async { first }).chain(input);
+            let result = self.open_stream(Box::pin(input), option).await;
+            self.outcome(
+                Rpc::AppendEntries,
+                result.as_ref().err().map(|e| e as &dyn std::fmt::Display),
+            );
             result.map(|answers| answers as BoxStream<'s, _>)
         })
     }
@@ -312,6 +382,30 @@ impl RaftNetworkV2<TypeConfig> for Peer {
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RpcError> {
         self.call(Rpc::Vote, &rpc, &option).await
+    }
+
+    /// A peer of an older build has no `PreVote` (`UNIMPLEMENTED`): that
+    /// counts as a grant, as openraft does for a network without pre-vote,
+    /// so a cluster in the middle of a rolling upgrade can still elect.
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RpcError> {
+        let vote = rpc.vote;
+        self.call_or(Rpc::PreVote, &rpc, &option, |status| {
+            (status.code() == tonic::Code::Unimplemented)
+                .then(|| VoteResponse::new(vote, None, true))
+        })
+        .await
+    }
+
+    async fn transfer_leader(
+        &mut self,
+        req: TransferLeaderRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<TransferLeaderResponse<TypeConfig>, RpcError> {
+        self.call(Rpc::TransferLeader, &req, &option).await
     }
 
     /// Streams the snapshot: a first message with the vote and the
@@ -326,16 +420,25 @@ impl RaftNetworkV2<TypeConfig> for Peer {
         option: RPCOption,
     ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
         let _ = option;
+        self.admit().map_err(|e| match e {
+            RPCError::Unreachable(u) => StreamingError::Unreachable(u),
+            other => StreamingError::Network(NetworkError::new(&other)),
+        })?;
         let result = self.send_snapshot(vote, snapshot, cancel).await;
-        if result.is_err() {
-            self.metrics.raft_rpc_error(Rpc::InstallSnapshot);
+        match &result {
+            // Cancelled by openraft: says nothing about the peer.
+            Err(StreamingError::Closed(_)) => {}
+            Err(e) => self.outcome(Rpc::InstallSnapshot, Some(e)),
+            Ok(_) => self.outcome(Rpc::InstallSnapshot, None),
         }
         result
     }
 
+    /// The same schedule as the link's (see [`Links`]): exponential, capped
+    /// at [`MAX_RETRY`](super::links::MAX_RETRY), jittered. A peer that
+    /// answers again ends it at once (the node resets openraft's backoff).
     fn backoff(&self) -> Option<Backoff> {
-        // A peer that is down is retried every 200 ms, so it rejoins quickly.
-        Some(Backoff::new(std::iter::repeat(Duration::from_millis(200))))
+        Some(Backoff::new(super::links::backoff_delays()))
     }
 }
 
@@ -404,9 +507,18 @@ impl Peer {
             Ok(Ok(resp)) => resp.into_inner(),
         };
         let metrics = self.metrics.clone();
+        let links = self.links.clone();
         let node = self.node.peer_addr.clone();
+        // A failure in the middle of the stream counts as a failed RPC, as
+        // one at its start does.
+        let failure = move |links: &Links, metrics: &Metrics, e: RpcError| {
+            metrics.raft_rpc_error(Rpc::AppendEntries, target);
+            links.failed(target, &e.to_string());
+            Some((Err(e), None))
+        };
         let answers = futures::stream::unfold(Some((inbound, in_flight, metrics)), move |state| {
             let node = node.clone();
+            let links = links.clone();
             async move {
                 let (mut inbound, in_flight, metrics) = state?;
                 let next = loop {
@@ -422,7 +534,7 @@ impl Peer {
                                 let e = Unreachable::new(&Msg(format!(
                                     "replication stream to node {target}: no answer within {ttl:?}"
                                 )));
-                                return Some((Err(RPCError::Unreachable(e)), None));
+                                return failure(&links, &metrics, RPCError::Unreachable(e));
                             }
                         }
                     }
@@ -431,7 +543,7 @@ impl Peer {
                     Ok(None) => return None,
                     Err(status) => {
                         let what = format!("replication stream to node {target} at {node}");
-                        return Some((Err(status_error(what, &status)), None));
+                        return failure(&links, &metrics, status_error(what, &status));
                     }
                     Ok(Some(msg)) => msg,
                 };

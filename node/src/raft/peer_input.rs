@@ -35,7 +35,7 @@
 //! real leader made, which only makes a protocol-following message more
 //! consistent with it.
 
-use openraft::raft::{AppendEntriesRequest, VoteRequest};
+use openraft::raft::{AppendEntriesRequest, TransferLeaderRequest, VoteRequest};
 
 use super::{EntryPayload, LogId, NodeId, SnapshotMeta, StoredMembership, TypeConfig, Vote};
 
@@ -160,6 +160,23 @@ pub fn check_vote_request(req: &VoteRequest<TypeConfig>, local: &Local) -> Resul
                 req.vote
             ));
         }
+    }
+    Ok(())
+}
+
+/// A `TransferLeader` request: a leader's committed vote, a node to hand
+/// over to, and the leader's last log id.
+pub fn check_transfer_leader(
+    req: &TransferLeaderRequest<TypeConfig>,
+    local: &Local,
+) -> Result<(), Refused> {
+    let vote = req.from_leader();
+    check_vote("TransferLeader", vote, true, local)?;
+    if *req.to_node_id() == 0 {
+        return Err("TransferLeader names node 0 as the next leader".into());
+    }
+    if let Some(last) = req.last_log_id() {
+        check_sent_log_id("the leader's last log id", last, vote, local)?;
     }
     Ok(())
 }

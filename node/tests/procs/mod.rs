@@ -74,6 +74,10 @@ pub struct Procs {
     extra: Vec<String>,
     /// Data directories other than the default under `dir`.
     dirs: BTreeMap<u64, PathBuf>,
+    /// Each node's metrics address (`--metrics-listen`).
+    metrics: BTreeMap<u64, String>,
+    /// The nodes' `RUST_LOG`.
+    rust_log: String,
 }
 
 impl Procs {
@@ -85,6 +89,16 @@ impl Procs {
     /// Like [`start`](Self::start), with the data of the nodes in `dirs`
     /// there instead of in the cluster's temporary directory.
     pub fn start_with_dirs(n: u64, extra: &[&str], dirs: BTreeMap<u64, PathBuf>) -> Procs {
+        Self::start_full(n, extra, dirs, "info")
+    }
+
+    /// Like [`start`](Self::start), with the nodes' log filter `rust_log`
+    /// (`RUST_LOG`; the empty string: none, so raftlockd's default).
+    pub fn start_logging(n: u64, extra: &[&str], rust_log: &str) -> Procs {
+        Self::start_full(n, extra, BTreeMap::new(), rust_log)
+    }
+
+    fn start_full(n: u64, extra: &[&str], dirs: BTreeMap<u64, PathBuf>, rust_log: &str) -> Procs {
         let addrs: BTreeMap<u64, String> = (1..=n)
             .map(|id| (id, format!("127.0.0.1:{}", free_port())))
             .collect();
@@ -100,6 +114,10 @@ impl Procs {
             children: BTreeMap::new(),
             extra: extra.iter().map(|s| s.to_string()).collect(),
             dirs,
+            metrics: (1..=n)
+                .map(|id| (id, format!("127.0.0.1:{}", free_port())))
+                .collect(),
+            rust_log: rust_log.to_string(),
         };
         for id in 1..=n {
             procs.spawn(id, id == 1);
@@ -125,6 +143,27 @@ impl Procs {
         self.addrs[&id].clone()
     }
 
+    /// The metrics address (`GET /metrics`) of node `id`.
+    pub fn metrics_addr(&self, id: u64) -> String {
+        self.metrics[&id].clone()
+    }
+
+    /// The process id of node `id`, while it runs.
+    pub fn pid(&self, id: u64) -> u32 {
+        self.children[&id].id().expect("running")
+    }
+
+    /// Sends `signal` (a `kill -SIGNAL` name: `STOP`, `CONT`, `TERM`) to
+    /// node `id`.
+    pub fn signal(&self, id: u64, signal: &str) {
+        let ok = std::process::Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.pid(id).to_string())
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill -{signal} node {id}");
+    }
+
     /// Starts node `id` from its data directory.
     pub fn spawn(&mut self, id: u64, init: bool) {
         let data_dir = self.data_dir(id);
@@ -143,7 +182,9 @@ impl Procs {
             .arg(&data_dir)
             .arg("--peers")
             .arg(&self.peers)
-            .args(["--heartbeat-ms", "50"]);
+            .args(["--heartbeat-ms", "50"])
+            .arg("--metrics-listen")
+            .arg(&self.metrics[&id]);
         // Fast elections, unless the test sets its own timing.
         if !self
             .extra
@@ -157,10 +198,14 @@ impl Procs {
             // Loopback only; these tests are not about peer authentication.
             .arg("--insecure-peers")
             .args(&self.extra)
-            .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log)
             .kill_on_drop(true);
+        if self.rust_log.is_empty() {
+            cmd.env_remove("RUST_LOG");
+        } else {
+            cmd.env("RUST_LOG", &self.rust_log);
+        }
         if init {
             cmd.arg("--init");
         }
@@ -211,8 +256,231 @@ impl Procs {
         .await
     }
 
+    /// Node `id`'s `GET /metrics` text, if it answers.
+    pub async fn scrape(&self, id: u64) -> Option<String> {
+        let (code, body) = http(&self.metrics[&id], "GET", "/metrics", &[]).await?;
+        (code == 200).then_some(body)
+    }
+
     /// Node `id`'s standard error so far.
     pub fn read_log(&self, id: u64) -> String {
         std::fs::read_to_string(self.log(id)).unwrap_or_default()
     }
+}
+
+/// One HTTP/1.1 request to `addr` (`method path`, with `headers`); the
+/// status code and body, or `None` if the node does not answer.
+pub async fn http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let exchange = async {
+        let mut conn = tokio::net::TcpStream::connect(addr).await.ok()?;
+        let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: 0\r\n");
+        for (k, v) in headers {
+            req.push_str(&format!("{k}: {v}\r\n"));
+        }
+        req.push_str("\r\n");
+        conn.write_all(req.as_bytes()).await.ok()?;
+        let mut raw = Vec::new();
+        conn.read_to_end(&mut raw).await.ok()?;
+        let text = String::from_utf8_lossy(&raw).into_owned();
+        let code = text.split(' ').nth(1)?.parse().ok()?;
+        let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
+        Some((code, body))
+    };
+    tokio::time::timeout(Duration::from_secs(5), exchange)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// The value of the sample `series` (a metric name with its labels, as the
+/// text shows it) in `text`.
+pub fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| {
+        l.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+/// The sum of every sample of metric `name` (any labels) in `text`.
+pub fn sum_samples(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// CPU time (user + system) process `pid` has used so far.
+pub fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc/PID/stat");
+    // Fields after the command name (which may hold spaces), from field 3.
+    let rest = &stat[stat.rfind(')').expect("comm") + 2..];
+    let fields: Vec<&str> = rest.split(' ').collect();
+    let ticks: u64 =
+        fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+    let hz: u64 = std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .unwrap_or(100);
+    Duration::from_millis(ticks * 1000 / hz)
+}
+
+/// Opens a session at `addr`, takes lock `name` and closes the session
+/// (which releases it); the fence, if all three went through within 2 s.
+pub async fn lock_cycle(addr: &str, name: &str, nonce: u64) -> Option<u64> {
+    lock_cycle_with(&mut locks(addr), name, nonce).await
+}
+
+/// [`lock_cycle`] on the connection `c`.
+pub async fn lock_cycle_with(c: &mut LocksClient<Channel>, name: &str, nonce: u64) -> Option<u64> {
+    let cycle = async {
+        let session = c
+            .open_session(pb::OpenSessionRequest {
+                ttl_ms: 10_000,
+                nonce,
+                ..Default::default()
+            })
+            .await
+            .ok()?
+            .into_inner()
+            .session_id;
+        let grant = c
+            .acquire(pb::AcquireRequest {
+                session_id: session,
+                seq: 1,
+                name: name.into(),
+                mode: pb::Mode::Exclusive as i32,
+                ..Default::default()
+            })
+            .await
+            .ok()?
+            .into_inner();
+        c.close_session(pb::CloseSessionRequest {
+            session_id: session,
+            seq: 2,
+        })
+        .await
+        .ok()?;
+        grant.acquired.then_some(grant.fence)
+    };
+    tokio::time::timeout(Duration::from_secs(2), cycle)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// Grants in a loop against whichever node leads, until stopped: measures
+/// how long the cluster goes without granting.
+pub struct Probe {
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<ProbeReport>,
+}
+
+/// What a [`Probe`] saw.
+#[derive(Debug)]
+pub struct ProbeReport {
+    /// Lock cycles that went through.
+    pub grants: u64,
+    /// The longest time between two grants.
+    pub longest_gap: Duration,
+    /// When the longest gap ended.
+    pub gap_ended: Option<Instant>,
+    /// Every gap over 100 ms: when it ended, and how long it was.
+    pub long_gaps: Vec<(Instant, Duration)>,
+}
+
+impl Probe {
+    /// Starts granting `name` on the cluster whose client addresses are
+    /// `addrs`, one cycle at a time, `pace` apart.
+    pub fn start(addrs: Vec<String>, name: &str, pace: Duration) -> Probe {
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let name = name.to_string();
+        let task = tokio::spawn(async move {
+            let mut last: Option<Instant> = None;
+            let mut report = ProbeReport {
+                grants: 0,
+                longest_gap: Duration::ZERO,
+                gap_ended: None,
+                long_gaps: Vec::new(),
+            };
+            let mut leader: Option<String> = None;
+            let mut nonce = 1_000_000;
+            let mut clients = std::collections::HashMap::new();
+            while !*stopped.borrow() {
+                let target = match &leader {
+                    Some(l) => l.clone(),
+                    None => match find_leader(&addrs).await {
+                        Some(l) => l,
+                        None => {
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                            continue;
+                        }
+                    },
+                };
+                nonce += 1;
+                let client = clients
+                    .entry(target.clone())
+                    .or_insert_with(|| locks(&target));
+                match lock_cycle_with(client, &name, nonce).await {
+                    Some(_) => {
+                        let now = Instant::now();
+                        let gap = now - last.unwrap_or(now);
+                        if gap > Duration::from_millis(100) {
+                            report.long_gaps.push((now, gap));
+                        }
+                        if gap > report.longest_gap {
+                            report.longest_gap = gap;
+                            report.gap_ended = Some(now);
+                        }
+                        last = Some(now);
+                        report.grants += 1;
+                        leader = Some(target);
+                    }
+                    None => leader = None,
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(pace) => {}
+                    _ = stopped.changed() => {}
+                }
+            }
+            report
+        });
+        Probe { stop, task }
+    }
+
+    /// Stops the probe and returns what it saw.
+    pub async fn finish(self) -> ProbeReport {
+        let _ = self.stop.send(true);
+        self.task.await.expect("probe task")
+    }
+}
+
+/// The client address of the node that calls itself leader, asking every
+/// node in `addrs` (each with a short deadline, as some may be paused).
+pub async fn find_leader(addrs: &[String]) -> Option<String> {
+    let asks = addrs.iter().map(|a| async move {
+        let s = tokio::time::timeout(Duration::from_millis(300), status(a))
+            .await
+            .ok()
+            .flatten()?;
+        (s.role == "leader").then(|| a.clone())
+    });
+    futures::future::join_all(asks)
+        .await
+        .into_iter()
+        .flatten()
+        .next()
 }

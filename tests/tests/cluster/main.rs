@@ -22,6 +22,7 @@ mod t85_upgrade;
 mod t90_observability;
 mod t91_reflection;
 mod t92_identity;
+mod t93_probes;
 mod t94_hostile_peer;
 mod t95_tls;
 mod t96_session_limit;

@@ -5,8 +5,10 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use raftlock_client::Error;
+use raftlock_node::raft::WatchReceiver as _;
 use raftlock_testkit::workload::{describe_until, Contenders};
-use raftlock_testkit::{eventually, status_at, TestCluster};
+use raftlock_testkit::{cluster_at, eventually, status_at, TestCluster};
 
 const NAMES: [&str; 3] = ["mb/0", "mb/1", "mb/2"];
 
@@ -241,5 +243,93 @@ async fn an_unreachable_node_is_not_promoted_to_voter() {
         .release()
         .await
         .expect("release");
+    cluster.shutdown().await;
+}
+
+/// `TransferLeader` hands the leadership to the voter it names, or to the
+/// best one; refuses a non-voter and one the leader does not hear from; at
+/// a follower it points to the leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_leadership_moves_on_request_to_a_reachable_voter() {
+    let mut cluster = TestCluster::start(3).await;
+    let client = cluster.client().await;
+    let first = cluster.wait_for_leader().await;
+    let named = cluster
+        .running()
+        .into_iter()
+        .find(|id| *id != first)
+        .expect("a follower");
+
+    let moved = client.transfer_leader(Some(named)).await.expect("transfer");
+    assert_eq!(moved, Some((named, cluster.addr(named))));
+    assert_eq!(cluster.wait_for_leader().await, named);
+    assert_eq!(status_at(&cluster.addr(named)).await.role, "leader");
+
+    // To the leader itself: nothing happens.
+    assert_eq!(
+        client.transfer_leader(Some(named)).await.expect("a no-op"),
+        Some((named, cluster.addr(named)))
+    );
+    let term = status_at(&cluster.addr(named)).await.term;
+
+    // To the best voter: another node leads, in a later term.
+    let (best, _) = client
+        .transfer_leader(None)
+        .await
+        .expect("transfer")
+        .expect("the new leader is known");
+    assert_ne!(best, named);
+    assert_eq!(cluster.wait_for_leader().await, best);
+    assert!(status_at(&cluster.addr(best)).await.term > term);
+
+    // Not a voter.
+    match client.transfer_leader(Some(42)).await {
+        Err(Error::InvalidArgument(m)) => assert!(m.contains("not a voter"), "{m}"),
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
+
+    // At a follower, the raw call says where the leader is.
+    let follower = cluster
+        .running()
+        .into_iter()
+        .find(|id| *id != best)
+        .expect("a follower");
+    let refused = cluster_at(&cluster.addr(follower))
+        .transfer_leader(raftlock_client::proto::TransferLeaderRequest { to: 0 })
+        .await
+        .expect_err("a follower does not transfer");
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    assert_eq!(
+        refused
+            .metadata()
+            .get(raftlock_client::LEADER_ADDR_KEY)
+            .and_then(|v| v.to_str().ok()),
+        Some(cluster.addr(best).as_str())
+    );
+
+    // A voter the leader does not hear from is not handed the leadership
+    // (it could not take over), and the leader stays.
+    cluster.kill(follower).await;
+    let raft = cluster.node(best).raft.clone();
+    eventually(
+        "the leader to go without an answer from the dead voter",
+        Duration::from_secs(10),
+        || {
+            let m = raft.metrics().borrow_watched().clone();
+            async move {
+                let last = m.heartbeat.as_ref()?.get(&follower).cloned().flatten()?;
+                (openraft::Instant::elapsed(&*last)
+                    > raftlock_node::leader::TRANSFER_MAX_SILENCE + Duration::from_millis(200))
+                .then_some(())
+            }
+        },
+    )
+    .await;
+    let refused = match client.transfer_leader(Some(follower)).await {
+        Err(Error::FailedPrecondition(m)) => m,
+        other => panic!("expected FailedPrecondition, got {other:?}"),
+    };
+    assert!(refused.contains("has not heard from"), "{refused}");
+    assert_eq!(cluster.wait_for_leader().await, best);
     cluster.shutdown().await;
 }

@@ -104,7 +104,7 @@ async fn metrics_and_health_on_a_single_node_cluster() {
         "raftlock_waiters 0",
         "raftlock_grants_total 1",
         "raftlock_expiries_total 0",
-        "raftlock_raft_rpc_errors_total{rpc=\"append_entries\"} ",
+        "# TYPE raftlock_raft_rpc_errors_total counter",
         "raftlock_request_duration_seconds_count{method=\"Acquire\"} 1",
         "raftlock_request_duration_seconds_bucket{method=\"Acquire\",le=\"+Inf\"} 1",
     ] {
@@ -273,4 +273,149 @@ async fn a_writes_stages_are_timed_on_the_leader_and_the_followers() {
         assert_eq!(count(&r, Stage::Server), 0, "node {id} served no write");
     }
     cluster.shutdown().await;
+}
+
+/// The value of the series `series` (name and labels, exactly as exported)
+/// in a Prometheus text exposition; `+Inf` is infinity.
+fn value(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// The sum of every series of the family `prefix` starts (a metric name
+/// and the first of its labels).
+fn total(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Node-level metrics an SRE reads: a leader's per-peer replication lag and
+/// time since contact follow its members (a killed follower's grow, its
+/// failed RPCs are counted under its id; the live follower's stay small),
+/// and every node exports its log-append and fsync latency, its data
+/// directory's size and free space, process figures and its build.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_leader_reports_each_peer_and_every_node_its_disk_and_process() {
+    let mut cluster = raftlock_testkit::TestCluster::start(3).await;
+    let leader = cluster.wait_for_leader().await;
+    let mut followers = (1..=3).filter(|id| *id != leader);
+    let (dead, live) = (
+        followers.next().expect("one"),
+        followers.next().expect("two"),
+    );
+    let client = cluster.client().await;
+    let session = client
+        .session(Duration::from_secs(10))
+        .await
+        .expect("session");
+    session
+        .lock("before")
+        .await
+        .expect("lock")
+        .release()
+        .await
+        .expect("release");
+    let metrics: BTreeMap<u64, String> = (1..=3).map(|id| (id, cluster.metrics_addr(id))).collect();
+    let scrape = |id: u64| {
+        let addr = metrics[&id].clone();
+        async move {
+            let (code, text) = raftlock_testkit::http(&addr, "GET", "/metrics", &[])
+                .await
+                .expect("metrics answer");
+            assert_eq!(code, 200, "{text}");
+            text
+        }
+    };
+    for id in 1..=3 {
+        let text = scrape(id).await;
+        for (series, at_least) in [
+            ("raftlock_fsync_duration_seconds_count", 1.0),
+            ("raftlock_log_append_duration_seconds_count", 1.0),
+            ("raftlock_data_size_bytes", 1.0),
+            ("raftlock_disk_free_bytes", 1.0),
+            ("raftlock_disk_size_bytes", 1.0),
+            ("process_open_fds", 1.0),
+            ("process_resident_memory_bytes", 1.0),
+            ("process_cpu_seconds_total", 0.0),
+            ("process_start_time_seconds", 1.0),
+        ] {
+            let v = value(&text, series).unwrap_or_else(|| panic!("node {id}: no {series}"));
+            assert!(v >= at_least, "node {id}: {series} {v}");
+        }
+        assert!(text.contains("\nraftlock_build_info{version=\""), "{text}");
+        let peer_series = text
+            .lines()
+            .any(|l| l.starts_with("raftlock_peer_last_contact_seconds{"));
+        assert_eq!(
+            peer_series,
+            id == leader,
+            "node {id}: per-peer series only on the leader"
+        );
+    }
+    let healthy = scrape(leader).await;
+    for peer in [dead, live] {
+        let contact = value(
+            &healthy,
+            &format!("raftlock_peer_last_contact_seconds{{peer=\"{peer}\"}}"),
+        )
+        .unwrap_or_else(|| panic!("no contact series for {peer}:\n{healthy}"));
+        assert!(contact < 1.0, "node {peer} was heard from {contact} s ago");
+    }
+
+    cluster.kill(dead).await;
+    for i in 0..20 {
+        session
+            .lock(&format!("m{i}"))
+            .await
+            .expect("lock")
+            .release()
+            .await
+            .expect("release");
+    }
+    let contact = |text: &str, peer: u64| {
+        value(
+            text,
+            &format!("raftlock_peer_last_contact_seconds{{peer=\"{peer}\"}}"),
+        )
+    };
+    let lag = |text: &str, peer: u64| {
+        value(
+            text,
+            &format!("raftlock_peer_replication_lag_entries{{peer=\"{peer}\"}}"),
+        )
+    };
+    let errors = |text: &str, peer: u64| {
+        total(
+            text,
+            &format!("raftlock_raft_rpc_errors_total{{peer=\"{peer}\","),
+        )
+    };
+    let text = eventually(
+        "the leader to report the killed follower silent for over a second",
+        Duration::from_secs(20),
+        || async {
+            let text = scrape(leader).await;
+            (contact(&text, dead)? > 1.0).then_some(text)
+        },
+    )
+    .await;
+    assert!(
+        lag(&text, dead).expect("lag") >= 40.0,
+        "20 lock cycles behind:\n{text}"
+    );
+    assert!(
+        errors(&text, dead) > 0.0,
+        "failed RPCs to {dead} counted:\n{text}"
+    );
+    assert!(contact(&text, live).expect("contact") < 1.0, "{text}");
+    assert!(lag(&text, live).expect("lag") <= 2.0, "{text}");
+    assert_eq!(
+        errors(&text, live),
+        errors(&healthy, live),
+        "no new failed RPCs to {live}:\n{text}"
+    );
+    session.close().await.expect("close");
 }

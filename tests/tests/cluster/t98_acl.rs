@@ -128,6 +128,7 @@ async fn without_valid_credentials_nothing_is_allowed() {
         unauthenticated(c.backup().await);
         unauthenticated(c.add_node(9, "127.0.0.1:1", true).await);
         unauthenticated(c.remove_node(2).await);
+        unauthenticated(c.transfer_leader(None).await);
     }
     // A malformed authorization header is refused the same way.
     let leader = cluster.leader_addr().await;
@@ -219,6 +220,7 @@ async fn rules_bound_what_each_identity_may_do() {
     // No admin: no membership changes, no backup or restore.
     denied(billing.add_node(9, "127.0.0.1:1", true).await);
     denied(billing.remove_node(2).await);
+    denied(billing.transfer_leader(None).await);
     denied(billing.backup().await);
     denied(billing.restore(vec![1, 2, 3]).await);
 
@@ -610,4 +612,62 @@ async fn the_peer_token_rotates_without_a_leader_loss() {
         .expect_err("old peer token");
     assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
     cluster.shutdown().await;
+}
+
+/// `POST /debug/stages/reset` empties what the node measured: with access
+/// control on, only an admin may, and everyone else is refused (`401`
+/// without valid credentials, `403` without `admin`) and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn only_an_admin_resets_the_stage_breakdown() {
+    let cluster = TestCluster::start_acl(1, &acl(), None).await;
+    let ops = client(&cluster, Some("tok-ops"));
+    let session = ops
+        .session(Duration::from_secs(10))
+        .await
+        .expect("ops opens");
+    let held = session.lock("billing/stages").await.expect("ops locks");
+    held.release().await.expect("release");
+    let metrics = cluster.metrics_addr(1);
+    let recorded = || async {
+        let (code, body) = raftlock_testkit::http(&metrics, "GET", "/debug/stages", &[])
+            .await
+            .expect("stages answer");
+        assert_eq!(code, 200, "{body}");
+        let json: serde_json::Value = serde_json::from_str(&body).expect("json");
+        json.as_array()
+            .expect("a list of stages")
+            .iter()
+            .find(|s| s["stage"] == "server_total")
+            .and_then(|s| s["count"].as_u64())
+            .expect("server_total count")
+    };
+    let before = recorded().await;
+    assert!(before >= 2, "the writes were timed: {before}");
+    let reset = |authorization: Option<&'static str>| {
+        let metrics = metrics.clone();
+        async move {
+            let headers: Vec<(&str, &str)> = authorization
+                .map(|a| vec![("Authorization", a)])
+                .unwrap_or_default();
+            raftlock_testkit::http(&metrics, "POST", "/debug/stages/reset", &headers)
+                .await
+                .expect("reset answers")
+        }
+    };
+    for (authorization, code) in [
+        (None, 401),
+        (Some("Bearer tok-wrong"), 401),
+        (Some("Basic b3BzOnRvay1vcHM="), 401),
+        (Some("Bearer tok-auditor"), 403),
+        (Some("Bearer tok-billing"), 403),
+    ] {
+        let (got, body) = reset(authorization).await;
+        assert_eq!(got, code, "{authorization:?}: {body}");
+        assert!(!body.trim().is_empty(), "{authorization:?}: says why");
+        assert_eq!(recorded().await, before, "{authorization:?} reset it");
+    }
+    let (got, body) = reset(Some("Bearer tok-ops")).await;
+    assert_eq!(got, 200, "{body}");
+    assert_eq!(recorded().await, 0, "an admin's reset empties it");
+    session.close().await.expect("close");
 }

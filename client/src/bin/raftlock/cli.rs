@@ -123,7 +123,7 @@ pub enum Cmd {
         #[command(subcommand)]
         action: SnapshotCmd,
     },
-    /// List, add or remove cluster members.
+    /// List, add or remove cluster members, or move the leadership.
     Members {
         #[command(subcommand)]
         action: Option<MembersCmd>,
@@ -182,6 +182,12 @@ pub enum MembersCmd {
     Remove {
         /// Node id.
         id: u64,
+    },
+    /// Hand the leadership to voter ID (default: the most up-to-date voter
+    /// the leader hears from), before stopping the leader for maintenance.
+    TransferLeader {
+        /// Node id of the new leader.
+        id: Option<u64>,
     },
 }
 

@@ -229,6 +229,9 @@ async fn run(client: Client, cmd: Cmd) -> Result<u8, Error> {
                         .await?
                 }
                 MembersCmd::Remove { id } => client.remove_node(id).await?,
+                MembersCmd::TransferLeader { id } => {
+                    return transfer_leader(&client, id, json).await
+                }
             };
             if json {
                 out!(
@@ -241,4 +244,21 @@ async fn run(client: Client, cmd: Cmd) -> Result<u8, Error> {
             Ok(0)
         }
     }
+}
+
+/// `raftlock members transfer-leader [ID]`.
+async fn transfer_leader(client: &Client, id: Option<u64>, json: bool) -> Result<u8, Error> {
+    let leader = client.transfer_leader(id).await?;
+    if json {
+        let (id, addr) = leader.unwrap_or_default();
+        println!("{}", json!({ "leader_id": id, "leader_addr": addr }));
+    } else {
+        match leader {
+            Some((id, addr)) => println!("leader: {id} {addr}"),
+            None => println!(
+                "the old leader stepped down; `raftlock status` shows the new one once elected"
+            ),
+        }
+    }
+    Ok(0)
 }

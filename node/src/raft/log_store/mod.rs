@@ -280,6 +280,8 @@ struct Pending {
     /// The entries' indexes.
     first: u64,
     last: u64,
+    /// When the store took them.
+    submitted: Instant,
     /// Told once the entries are on stable storage.
     callback: IOFlushed<TypeConfig>,
 }
@@ -425,9 +427,17 @@ impl LogStore {
     /// thread; the caller acknowledges to openraft only after it.
     async fn flush(&self) -> io::Result<()> {
         let (db, files) = (self.db.clone(), self.files.clone());
-        tokio::task::spawn_blocking(move || files.durable(&db))
-            .await
-            .map_err(io::Error::other)?
+        let metrics = self.metrics.lock().expect("metrics lock poisoned").clone();
+        tokio::task::spawn_blocking(move || {
+            let start = Instant::now();
+            let result = files.durable(&db);
+            if result.is_ok() {
+                metrics.fsync(start.elapsed());
+            }
+            result
+        })
+        .await
+        .map_err(io::Error::other)?
     }
 
     /// Writes a blank entry at `index` straight into the log (tests only).
@@ -494,13 +504,18 @@ fn run_flusher(
     while let Ok(first) = pending.recv() {
         let mut batch = vec![first];
         batch.extend(pending.try_iter());
+        let start = Instant::now();
         let result = files.durable(&db);
         let done = Instant::now();
         let metrics = metrics.lock().expect("metrics lock poisoned").clone();
+        if result.is_ok() {
+            metrics.fsync(done - start);
+        }
         for p in batch {
             match &result {
                 Ok(()) => {
                     metrics.stages.synced(p.first, p.last, done);
+                    metrics.log_append(done.saturating_duration_since(p.submitted));
                     p.callback.io_completed(Ok(()));
                 }
                 Err(e) => p
@@ -637,6 +652,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let pending = Pending {
             first,
             last,
+            submitted,
             callback,
         };
         let queue = self.flusher.queue.lock().expect("flusher lock poisoned");

@@ -1,0 +1,69 @@
+//! A node removed from the cluster exits, with a line saying why and status
+//! 0, so its supervisor does not start it again.
+//!
+//! On 6bd3e3c removed nodes kept running, `NOT_SERVING`, and campaigned
+//! forever (term 2 → 13 in 20 s; operator review 2026-11-25, §2), as etcd's
+//! do not. Two ways to be removed are covered: while running, and while
+//! down (it learns when it comes back).
+
+mod procs;
+
+use std::time::Duration;
+
+use procs::{channel, lock_cycle, Procs};
+use raftlock_proto::v1 as pb;
+use raftlock_proto::v1::cluster_client::ClusterClient;
+
+/// How long a removed node may take to notice and exit.
+const EXIT_WITHIN: Duration = Duration::from_secs(15);
+
+async fn remove(procs: &Procs, leader: u64, id: u64) -> Vec<u64> {
+    let mut c = ClusterClient::new(channel(&procs.addr(leader)));
+    let members = c
+        .remove_node(pb::RemoveNodeRequest { id })
+        .await
+        .unwrap_or_else(|e| panic!("remove node {id}: {e}"))
+        .into_inner()
+        .members;
+    members.iter().map(|m| m.id).collect()
+}
+
+async fn assert_exits_cleanly(procs: &mut Procs, id: u64) {
+    let since = std::time::Instant::now();
+    let status = procs.exited(id, EXIT_WITHIN).await;
+    eprintln!("node {id} exited {:?} after", since.elapsed());
+    let log = procs.read_log(id);
+    let tail = &log[log.len().saturating_sub(3000)..];
+    let status = status.unwrap_or_else(|| {
+        panic!("node {id} still runs {EXIT_WITHIN:?} after its removal:\n{tail}")
+    });
+    assert!(status.success(), "node {id} exited with {status}:\n{tail}");
+    assert!(
+        log.contains("removed from the cluster"),
+        "node {id} says why it exits:\n{tail}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_node_exits_with_status_0_whether_it_ran_or_was_down() {
+    let mut procs = Procs::start(4, &[]);
+    let leader = procs.leader().await;
+    let mut followers = (1..=4).filter(|id| *id != leader);
+    let (online, offline) = (followers.next().unwrap(), followers.next().unwrap());
+
+    // Removed while it runs.
+    let members = remove(&procs, leader, online).await;
+    assert!(!members.contains(&online), "{members:?}");
+    assert_exits_cleanly(&mut procs, online).await;
+
+    // Removed while it is down: it learns when it comes back.
+    procs.kill(offline).await;
+    let members = remove(&procs, leader, offline).await;
+    assert!(!members.contains(&offline), "{members:?}");
+    procs.spawn(offline, false);
+    assert_exits_cleanly(&mut procs, offline).await;
+
+    // The two left still grant.
+    let leader = procs.leader().await;
+    assert!(lock_cycle(&procs.addr(leader), "after", 7).await.is_some());
+}
