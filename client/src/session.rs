@@ -594,10 +594,10 @@ impl Session {
         Ok(out)
     }
 
-    /// Takes exclusive locks on all `names`, all or nothing. Names are
-    /// taken in sorted order, the same order every caller uses, so two
-    /// callers cannot deadlock on each other. Waits up to `timeout` in
-    /// total.
+    /// Takes exclusive locks on all `names` (duplicates count once), all or
+    /// nothing, in one atomic request ([`lock_all`](Session::lock_all)):
+    /// waits up to `timeout` for all of them together. Guards come back in
+    /// name order.
     pub async fn acquire_all<S: AsRef<str>>(
         &self,
         names: &[S],
@@ -606,21 +606,140 @@ impl Session {
         let mut sorted: Vec<&str> = names.iter().map(AsRef::as_ref).collect();
         sorted.sort_unstable();
         sorted.dedup();
-        let deadline = after(timeout);
-        let mut held: Vec<Guard> = Vec::with_capacity(sorted.len());
-        for name in sorted {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lock_timeout(name, left).await {
-                Ok(g) => held.push(g),
-                Err(e) => {
-                    for g in held.drain(..).rev() {
-                        let _ = g.release().await;
-                    }
-                    return Err(e);
-                }
-            }
+        if sorted.is_empty() {
+            return Ok(Vec::new());
         }
-        Ok(held)
+        let locks: Vec<(&str, Mode)> = sorted.into_iter().map(|n| (n, Mode::Exclusive)).collect();
+        self.lock_all(&locks, Some(timeout)).await
+    }
+
+    /// Acquires every `(name, mode)` of `locks` (1..=64 names, each once)
+    /// in one atomic request: all are granted together, each with its own
+    /// fence, or none is. If they cannot all be granted now the request
+    /// waits in every name's queue at once (up to `timeout`; `None`: without
+    /// one, `Some(ZERO)`: try once) and is granted when it is first in line
+    /// for all of them: it never waits for another atomic request in a
+    /// cycle, whatever order the names are given in. Guards come back in
+    /// the order of `locks`. [`Error::NotAcquired`] when the time runs out,
+    /// [`Error::Deadlock`] if the session holds something that a waiter for
+    /// one of these names needs while this would wait for it.
+    pub async fn lock_all(
+        &self,
+        locks: &[(&str, Mode)],
+        timeout: Option<Duration>,
+    ) -> Result<Vec<Guard>> {
+        if !self.is_valid() {
+            return Err(Error::LeaseLost);
+        }
+        // Releases or cancels of these names still in flight go first.
+        for (name, _) in locks {
+            self.settle(name).await;
+        }
+        let seq = self.next_seq();
+        let timeout_ms = match timeout {
+            None => 0,
+            Some(t) => u64::try_from(t.as_millis())
+                .unwrap_or(u64::MAX)
+                .min(WAIT_FOREVER_MS - 1),
+        };
+        let req = pb::AcquireAllRequest {
+            session_id: self.inner.id,
+            seq,
+            locks: locks
+                .iter()
+                .map(|(name, mode)| {
+                    let (m, weight, capacity) = match mode {
+                        Mode::Exclusive => (pb::Mode::Exclusive, 0, 0),
+                        Mode::Shared => (pb::Mode::Shared, 0, 0),
+                        Mode::Semaphore { weight, capacity } => {
+                            (pb::Mode::Semaphore, *weight, *capacity)
+                        }
+                    };
+                    pb::LockSpec {
+                        name: name.to_string(),
+                        mode: m as i32,
+                        weight,
+                        capacity,
+                    }
+                })
+                .collect(),
+            timeout_ms,
+            wait: timeout.is_none(),
+            value: Vec::new(),
+        };
+        let opts = self.inner.client.options();
+        let (attempt, deadline) = match timeout {
+            None => (FOREVER_ATTEMPT, after(Duration::MAX)),
+            Some(t) => (
+                opts.request_timeout.saturating_add(t.saturating_mul(2)),
+                after(opts.retry_deadline.saturating_add(t.saturating_mul(2))),
+            ),
+        };
+        // As for one acquire: dropped or of unknown outcome, it is
+        // cancelled (one Cancel names any of its names and ends it all).
+        let mut pending = PendingAcquire {
+            session: self.clone(),
+            name: locks
+                .first()
+                .map(|(n, _)| n.to_string())
+                .unwrap_or_default(),
+            seq,
+            armed: !locks.is_empty(),
+        };
+        let result = self
+            .inner
+            .client
+            .transport
+            .call(Kind::Write, attempt, deadline, |c| {
+                let req = req.clone();
+                async move { LocksClient::new(c).acquire_all(req).await }
+            })
+            .await;
+        let resp = match result {
+            Ok(resp) => {
+                pending.armed = false;
+                resp.into_inner()
+            }
+            Err(e) => {
+                pending.armed = !locks.is_empty()
+                    && matches!(
+                        e,
+                        Error::Unknown(_) | Error::Unavailable(_) | Error::Internal(_)
+                    );
+                return Err(e);
+            }
+        };
+        if !resp.acquired {
+            return Err(Error::NotAcquired(timeout.unwrap_or(Duration::MAX)));
+        }
+        if resp.grants.len() != locks.len() {
+            return Err(Error::Internal(format!(
+                "asked for {} names, granted {}",
+                locks.len(),
+                resp.grants.len()
+            )));
+        }
+        let guards: Vec<Guard> = locks
+            .iter()
+            .zip(resp.grants)
+            .map(|((name, mode), g)| {
+                Guard::new(
+                    self.clone(),
+                    name.to_string(),
+                    Fence::new(g.fence),
+                    *mode,
+                    Vec::new(),
+                )
+            })
+            .collect();
+        // Never hand out grants on a lease that may already have lapsed.
+        if !self.is_valid() {
+            for g in &guards {
+                g.release().await.ok();
+            }
+            return Err(Error::LeaseLost);
+        }
+        Ok(guards)
     }
 
     /// Closes the session: releases everything it holds and stops the

@@ -54,6 +54,70 @@ async fn lock_runs_the_command_with_a_fence_and_passes_its_exit_code() {
     cluster.shutdown().await;
 }
 
+/// `raftlock lock A B -- CMD` takes both names in one atomic request and
+/// gives CMD every fence; when one name is busy it takes neither.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lock_of_several_names_takes_them_all_or_none() {
+    let cluster = TestCluster::start(3).await;
+    let endpoints = cluster.addrs().join(",");
+    let out = raftlock(&endpoints)
+        .args(["lock", "order/1", "stock/9", "--", "sh", "-c"])
+        .arg("printf '%s|%s|%s' \"$RAFTLOCK_NAME\" \"$RAFTLOCK_FENCE\" \"$RAFTLOCK_FENCES\"")
+        .output()
+        .await
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let parts: Vec<&str> = stdout.split('|').collect();
+    assert_eq!(parts[0], "order/1", "{stdout}");
+    let lines: Vec<(u64, &str)> = parts[2]
+        .lines()
+        .map(|l| {
+            let (f, n) = l.split_once(' ').expect("FENCE NAME");
+            (f.parse().expect("a fence"), n)
+        })
+        .collect();
+    assert_eq!(lines.len(), 2, "{stdout}");
+    assert_eq!((lines[0].1, lines[1].1), ("order/1", "stock/9"));
+    assert_eq!(parts[1], lines[0].0.to_string());
+    assert!(lines[1].0 > lines[0].0, "a fence per grant, in order");
+    // One name busy: not granted within the timeout, and the free one is
+    // not taken either.
+    let client = cluster.client().await;
+    let session = client.session(Duration::from_secs(20)).await.expect("s");
+    let busy = session.lock("stock/9").await.expect("hold stock/9");
+    let out = raftlock(&endpoints)
+        .args([
+            "lock",
+            "order/1",
+            "stock/9",
+            "--timeout",
+            "0.3",
+            "--",
+            "true",
+        ])
+        .output()
+        .await
+        .expect("runs");
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(client
+        .describe("order/1")
+        .await
+        .expect("describe")
+        .is_none());
+    busy.release().await.expect("release");
+    cluster.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_concurrent_locks_never_overlap() {
     let cluster = TestCluster::start(3).await;

@@ -187,6 +187,13 @@ impl Locks for Fake {
         Err(Status::unimplemented("fake"))
     }
 
+    async fn acquire_all(
+        &self,
+        _: Request<pb::AcquireAllRequest>,
+    ) -> Result<Response<pb::AcquireAllResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+
     type WatchStream = Events;
 
     async fn watch(&self, _: Request<pb::WatchRequest>) -> Result<Response<Events>, Status> {

@@ -230,6 +230,7 @@ async fn locks(
         "SetSessionTtl" => unary(req, limit, |r| api.set_session_ttl(r)).await,
         "Upgrade" => unary(req, limit, |r| api.upgrade(r)).await,
         "Downgrade" => unary(req, limit, |r| api.downgrade(r)).await,
+        "AcquireAll" => unary(req, limit, |r| api.acquire_all(r)).await,
         "Watch" => watch(api, req, limit).await,
         other => {
             not_found(

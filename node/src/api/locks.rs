@@ -10,7 +10,7 @@ use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::convert::{lock_info, mode_from_request, mode_to_proto, watch_event};
+use super::convert::{self, lock_info, mode_from_request, mode_to_proto, watch_event};
 use super::Api;
 use crate::apply::WatchItem;
 use crate::auth::{Caller, Permission};
@@ -19,7 +19,7 @@ use crate::leases::KeepAliveError;
 use crate::metrics::stages::Stage;
 use crate::raft::log_index_of;
 use crate::state::limits::WAIT_FOREVER;
-use crate::state::{cmd, Acquired, Fence, LockName, Refusal, SessionId};
+use crate::state::{cmd, Acquired, AcquiredAll, Fence, LockName, Refusal, SessionId};
 
 /// Default page size of `List`.
 pub const DEFAULT_LIST_LIMIT: usize = 100;
@@ -657,6 +657,73 @@ impl Locks for Api {
             outcome => outcome,
         };
         Ok(Response::new(acquired_response(outcome)))
+    }
+
+    #[tracing::instrument(skip_all, fields(session = req.get_ref().session_id))]
+    async fn acquire_all(
+        &self,
+        req: Request<pb::AcquireAllRequest>,
+    ) -> Result<Response<pb::AcquireAllResponse>, Status> {
+        let _timer = self
+            .0
+            .shared
+            .metrics
+            .timer(crate::metrics::Method::AcquireAll);
+        let caller = self.caller(&req)?;
+        for l in &req.get_ref().locks {
+            caller.require_name(Permission::Lock, &l.name)?;
+        }
+        let r = req.into_inner();
+        let session = SessionId(r.session_id);
+        let mut locks = Vec::with_capacity(r.locks.len());
+        for l in r.locks {
+            let mode = convert::mode_from_parts(l.mode, l.weight, l.capacity)?;
+            locks.push((name(l.name)?, mode));
+        }
+        let timeout_ms = if r.wait { WAIT_FOREVER } else { r.timeout_ms };
+        let command = cmd::AcquireAll {
+            session,
+            seq: r.seq,
+            locks: locks.clone(),
+            timeout_ms,
+            value: r.value,
+            caller: caller.identity,
+        };
+        command.validate()?;
+        let outcome = match self.write(command).await? {
+            AcquiredAll::Queued => {
+                // Granted all at once or not at all: the first name tells.
+                let first = locks[0].0.clone();
+                match self.park(session, first, timeout_ms).await? {
+                    Acquired::Granted { .. } => {
+                        let names: Vec<&LockName> = locks.iter().map(|(n, _)| n).collect();
+                        self.0
+                            .shared
+                            .read(|applied| applied.table.standing_all(session, r.seq, &names))
+                    }
+                    _ => AcquiredAll::NotAcquired,
+                }
+            }
+            outcome => outcome,
+        };
+        let response = match outcome {
+            AcquiredAll::Granted { grants, index } => pb::AcquireAllResponse {
+                acquired: true,
+                grants: locks
+                    .iter()
+                    .zip(grants)
+                    .map(|((name, _), (fence, mode))| pb::Grant {
+                        name: name.as_str().to_string(),
+                        fence: fence.0,
+                        mode: mode_to_proto(mode) as i32,
+                        weight: mode.weight(),
+                    })
+                    .collect(),
+                index: log_index_of(index),
+            },
+            AcquiredAll::Queued | AcquiredAll::NotAcquired => pb::AcquireAllResponse::default(),
+        };
+        Ok(Response::new(response))
     }
 
     #[tracing::instrument(skip_all, fields(lock = %req.get_ref().name, session = req.get_ref().session_id))]

@@ -64,6 +64,8 @@ pub enum Method {
     Upgrade,
     /// `Locks.Downgrade`.
     Downgrade,
+    /// `Locks.AcquireAll` (includes the wait).
+    AcquireAll,
     /// `Cluster.Status`.
     Status,
     /// `Cluster.Members`.
@@ -82,7 +84,7 @@ pub enum Method {
 
 impl Method {
     /// Every method, in the order of [`Metrics`]' histograms.
-    pub const ALL: [Method; 22] = [
+    pub const ALL: [Method; 23] = [
         Method::OpenSession,
         Method::KeepAlive,
         Method::CloseSession,
@@ -98,6 +100,7 @@ impl Method {
         Method::SetSessionTtl,
         Method::Upgrade,
         Method::Downgrade,
+        Method::AcquireAll,
         Method::Status,
         Method::Members,
         Method::AddNode,
@@ -125,6 +128,7 @@ impl Method {
             Method::SetSessionTtl => "SetSessionTtl",
             Method::Upgrade => "Upgrade",
             Method::Downgrade => "Downgrade",
+            Method::AcquireAll => "AcquireAll",
             Method::Status => "Status",
             Method::Members => "Members",
             Method::AddNode => "AddNode",

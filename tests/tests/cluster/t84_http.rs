@@ -172,6 +172,43 @@ async fn a_whole_lock_cycle_over_http_json() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn acquire_all_over_http_json() {
+    let cluster = TestCluster::start(3).await;
+    let leader = cluster.leader_addr().await;
+    let open = post(&leader, "/v1/locks/OpenSession", r#"{"ttl_ms": 10000}"#).await;
+    let s = n(&open.body["session_id"]);
+    let all = post(
+        &leader,
+        "/v1/locks/AcquireAll",
+        &format!(
+            r#"{{"session_id": {s}, "seq": 1, "locks": [{{"name": "http/o"}}, {{"name": "http/s", "mode": "MODE_SEMAPHORE", "weight": 2, "capacity": 5}}]}}"#
+        ),
+    )
+    .await;
+    assert_eq!(all.status, 200, "{}", all.body);
+    assert_eq!(all.body["acquired"], true, "{}", all.body);
+    let grants = all.body["grants"].as_array().expect("grants");
+    assert_eq!(grants.len(), 2);
+    assert_eq!(grants[0]["name"], "http/o");
+    assert_eq!(grants[1]["mode"], "MODE_SEMAPHORE");
+    assert!(n(&grants[1]["fence"]) > n(&grants[0]["fence"]));
+    // An empty request is refused, saying why.
+    let none = post(
+        &leader,
+        "/v1/locks/AcquireAll",
+        &format!(r#"{{"session_id": {s}, "seq": 2, "locks": []}}"#),
+    )
+    .await;
+    assert_eq!(none.status, 400, "{}", none.body);
+    assert!(
+        none.body.to_string().contains("1..=64 locks"),
+        "{}",
+        none.body
+    );
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn upgrade_and_downgrade_over_http_json() {
     let cluster = TestCluster::start(3).await;
     let leader = cluster.leader_addr().await;

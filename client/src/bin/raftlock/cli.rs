@@ -55,9 +55,12 @@ pub struct HoldArgs {
 #[derive(Subcommand)]
 pub enum Cmd {
     /// Run a command while holding a lock; the fence is in $RAFTLOCK_FENCE.
+    /// Several names are taken atomically (all or none, in one request);
+    /// $RAFTLOCK_FENCES then lists "FENCE NAME" per line.
     Lock {
-        /// Lock name.
-        name: String,
+        /// Lock name(s), 1 to 64.
+        #[arg(required = true, num_args = 1..)]
+        names: Vec<String>,
         /// Take a shared lock instead of an exclusive one.
         #[arg(long)]
         shared: bool,

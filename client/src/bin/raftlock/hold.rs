@@ -64,8 +64,44 @@ pub async fn hold_and_run(
         Ok(g) => g,
         Err(e) => return not_acquired(e, name, &session).await,
     };
-    let code = run_child(&session, name, guard.fence(), &hold.command).await;
+    let code = run_child(&session, name, guard.fence(), &hold.command, &[]).await;
     finish(&session, Some(guard)).await;
+    code
+}
+
+/// As [`hold_and_run`] with the guards of one atomic request: the first
+/// name and fence in `RAFTLOCK_NAME` and `RAFTLOCK_FENCE`, every grant in
+/// `RAFTLOCK_FENCES` ("FENCE NAME", one per line, in the order given).
+pub async fn hold_all_and_run(
+    session: Session,
+    guards: Result<Vec<Guard>, Error>,
+    names: &[String],
+    hold: &HoldArgs,
+) -> Result<u8, Error> {
+    let all = names.join(", ");
+    let guards = match guards {
+        Ok(g) if !g.is_empty() => g,
+        Ok(_) => return Err(Error::InvalidArgument("no lock name".into())),
+        Err(e) => return not_acquired(e, &all, &session).await,
+    };
+    let fences: String = guards
+        .iter()
+        .map(|g| format!("{} {}\n", g.fence(), g.name()))
+        .collect();
+    let code = run_child(
+        &session,
+        guards[0].name(),
+        guards[0].fence(),
+        &hold.command,
+        &[("RAFTLOCK_FENCES", fences)],
+    )
+    .await;
+    if session.is_valid() {
+        for g in guards {
+            g.release().await.ok();
+        }
+    }
+    finish(&session, None).await;
     code
 }
 
@@ -89,6 +125,7 @@ pub async fn run_child(
     name: &str,
     fence: Fence,
     command: &[String],
+    extra_env: &[(&str, String)],
 ) -> Result<u8, Error> {
     let (program, args) = command
         .split_first()
@@ -98,7 +135,8 @@ pub async fn run_child(
         .args(args)
         .env("RAFTLOCK_FENCE", fence.to_string())
         .env("RAFTLOCK_NAME", name)
-        .env("RAFTLOCK_SESSION", session.id().to_string());
+        .env("RAFTLOCK_SESSION", session.id().to_string())
+        .envs(extra_env.iter().map(|(k, v)| (*k, v.as_str())));
     crate::signals::terminate_with_parent(&mut command);
     let mut child = command
         .spawn()

@@ -22,12 +22,12 @@ mod signals;
 use std::process::ExitCode;
 
 use clap::Parser;
-use raftlock_client::{Client, Election, Error};
+use raftlock_client::{Client, Election, Error, Mode};
 use serde_json::json;
 
 use cli::{read_token, tls_options, Cli, Cmd, MembersCmd, SnapshotCmd};
 use futures::StreamExt;
-use hold::{finish, hold_and_run, not_acquired, open, run_child, timeout};
+use hold::{finish, hold_all_and_run, hold_and_run, not_acquired, open, run_child, timeout};
 use output::{
     info_json, last_fence, member_json, print_event, print_info, print_members, print_status,
     status_json,
@@ -73,12 +73,26 @@ async fn main() -> ExitCode {
 
 async fn run(client: Client, cmd: Cmd) -> Result<u8, Error> {
     match cmd {
-        Cmd::Lock { name, shared, hold } => {
+        Cmd::Lock {
+            names,
+            shared,
+            hold,
+        } => {
             let session = open(&client, &hold).await?;
-            let guard = session
-                .lock_with(&name, shared, timeout(&hold), Vec::new())
-                .await;
-            hold_and_run(session, guard, &name, &hold).await
+            if let [name] = names.as_slice() {
+                let guard = session
+                    .lock_with(name, shared, timeout(&hold), Vec::new())
+                    .await;
+                return hold_and_run(session, guard, name, &hold).await;
+            }
+            let mode = if shared {
+                Mode::Shared
+            } else {
+                Mode::Exclusive
+            };
+            let locks: Vec<(&str, Mode)> = names.iter().map(|n| (n.as_str(), mode)).collect();
+            let guards = session.lock_all(&locks, timeout(&hold)).await;
+            hold_all_and_run(session, guards, &names, &hold).await
         }
         Cmd::Sem {
             name,
@@ -106,7 +120,7 @@ async fn run(client: Client, cmd: Cmd) -> Result<u8, Error> {
             };
             match fence {
                 Ok(fence) => {
-                    let code = run_child(&session, &name, fence, &hold.command).await;
+                    let code = run_child(&session, &name, fence, &hold.command, &[]).await;
                     if session.is_valid() {
                         election.resign().await.ok();
                     }
