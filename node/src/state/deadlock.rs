@@ -86,6 +86,38 @@ impl LockTable {
         self.search(requester, name, first, HashMap::new())
     }
 
+    /// If `holder`'s shared grant on `name` becoming exclusive now (an
+    /// upgrade granted at once) would close a wait-for cycle, returns it,
+    /// starting with the holder's own edge. Shared requests queued on
+    /// `name` that did not need `holder` (they wait for something else: an
+    /// atomic request's other names) would then: a cycle exists if
+    /// `holder` already reaches one of them. Free when `holder` waits for
+    /// nothing, the common case.
+    pub(super) fn find_mode_change_cycle(
+        &self,
+        holder: SessionId,
+        name: &LockName,
+    ) -> Option<Vec<WaitEdge>> {
+        let s = self.sessions.get(&holder)?;
+        let waits = !s.waiting.is_empty() || self.upgrades.values().any(|u| u.session == holder);
+        if !waits {
+            return None;
+        }
+        let lock = self.locks.get(name)?;
+        let mut tried = HashSet::new();
+        for w in lock.queue.iter().filter(|w| w.session != holder) {
+            if !tried.insert(w.session) {
+                continue;
+            }
+            if let Some(mut cycle) = self.search(w.session, name, vec![holder], HashMap::new()) {
+                let at = cycle.iter().position(|e| e.session == holder).unwrap_or(0);
+                cycle.rotate_left(at);
+                return Some(cycle);
+            }
+        }
+        None
+    }
+
     /// The session waiting to upgrade `name`, if any: everyone queued for
     /// `name` waits for it too.
     fn upgrader(&self, name: &LockName) -> Option<SessionId> {

@@ -77,7 +77,11 @@ impl LockTable {
         // An atomic request leaves all its queues (each of its names has a
         // timer; the first to fire ends it).
         let mut moved = Vec::new();
-        if self.end_group((session, seq), CancelCause::TimedOut, events, &mut moved) {
+        let member = self
+            .groups
+            .get(&(session, seq))
+            .is_some_and(|g| g.contains(&name));
+        if member && self.end_group((session, seq), CancelCause::TimedOut, events, &mut moved) {
             for n in &moved {
                 self.promote(n, index, events);
             }

@@ -93,21 +93,32 @@ impl LockTable {
             self.remember(session, seq, digest, &reply);
             return Ok(reply);
         }
-        if !alone {
-            if let Some(cycle) = self.find_upgrade_cycle(session, &name) {
+        let upgrade = Upgrade {
+            session,
+            seq,
+            fence,
+            timeout_ms,
+            index,
+        };
+        if alone {
+            // Granted now: those queued on the name will need it.
+            if let Some(cycle) = self.find_mode_change_cycle(session, &name) {
+                return Err(Refusal::Deadlock { cycle });
+            }
+            self.upgrades.insert(name.clone(), upgrade);
+        } else {
+            // Pending, it waits for the other holders and everyone queued
+            // on the name waits for it: look for a cycle with both in
+            // place, and take it back if there is one.
+            self.upgrades.insert(name.clone(), upgrade);
+            let cycle = self
+                .find_upgrade_cycle(session, &name)
+                .or_else(|| self.find_mode_change_cycle(session, &name));
+            if let Some(cycle) = cycle {
+                self.upgrades.remove(&name);
                 return Err(Refusal::Deadlock { cycle });
             }
         }
-        self.upgrades.insert(
-            name.clone(),
-            Upgrade {
-                session,
-                seq,
-                fence,
-                timeout_ms,
-                index,
-            },
-        );
         let reply = if alone {
             match self.grant_upgrade(&name, index, cx.events) {
                 Some(granted) => Reply::Acquire(granted),

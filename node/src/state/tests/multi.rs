@@ -294,3 +294,17 @@ fn shared_atomic_requests_come_in_together_and_survive_a_snapshot() {
     let sessions: Vec<SessionId> = grants(&r).iter().map(|g| g.0).collect();
     assert_eq!(sessions, vec![a, a, b, b]);
 }
+
+#[test]
+fn a_timeout_naming_another_name_leaves_the_request_alone() {
+    let mut h = Harness::new();
+    let (a, b) = (h.open(), h.open());
+    h.grant(b, "x", X);
+    h.acquire_all(a, &[("x", X), ("y", X)], WAIT);
+    let seq = h.seq;
+    assert_eq!(
+        h.no_op(cancel(a, "z", seq)),
+        Reply::WaitTimedOut { ended: false }
+    );
+    assert_eq!(waiters(&h.table, "y"), vec![(a, X)]);
+}

@@ -419,3 +419,41 @@ fn a_table_with_a_pending_upgrade_survives_a_snapshot() {
         "{err}"
     );
 }
+
+#[test]
+fn an_upgrade_that_would_make_a_queued_atomic_request_wait_for_its_own_waiter_is_refused() {
+    // a reads "doc" alone; b's atomic request for "doc" (shared) and "z"
+    // waits in both queues (c holds z); a waits for "other", which b
+    // holds. Upgrading "doc" now would make b wait for a, and a already
+    // waits for b: a deadlock, refused, and nothing changes.
+    let mut h = Harness::new();
+    let (a, b, c) = (h.open(), h.open(), h.open());
+    let fa = h.grant(a, "doc", SH);
+    h.grant(b, "other", X);
+    h.grant(c, "z", X);
+    let seq = h.next_seq();
+    let r = h.apply(Command::AcquireAll(cmd::AcquireAll {
+        session: b,
+        seq,
+        locks: vec![(name("doc"), SH), (name("z"), X)],
+        timeout_ms: WAIT,
+        value: Vec::new(),
+        caller: String::new(),
+    }));
+    assert_eq!(r.reply, Reply::AcquiredAll(AcquiredAll::Queued));
+    h.queue(a, "other", X);
+    let seq = h.next_seq();
+    match h.refuse(up(a, seq, "doc", fa, WAIT)) {
+        Refusal::Deadlock { cycle } => {
+            assert_eq!(cycle[0].session, a);
+            assert!(cycle.iter().any(|e| e.session == b && e.blocker == a));
+        }
+        other => panic!("expected a deadlock, got {other:?}"),
+    }
+    // The same with a try.
+    let seq = h.next_seq();
+    assert!(matches!(
+        h.refuse(up(a, seq, "doc", fa, TRY)),
+        Refusal::Deadlock { .. }
+    ));
+}

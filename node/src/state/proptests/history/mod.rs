@@ -75,6 +75,14 @@ enum Op {
         real: bool,
         timeout: usize,
     },
+    /// An atomic request for the names whose bits are set in `names` (at
+    /// least one), shared where the lock allows and `shared` says.
+    AcquireAll {
+        slot: usize,
+        names: u8,
+        shared: bool,
+        timeout: usize,
+    },
     /// Downgrade the slot's grant on the name (`real` as for `Upgrade`).
     Downgrade {
         slot: usize,
@@ -133,6 +141,8 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(slot, target, real, timeout)| Op::Upgrade { slot, target, real, timeout }),
         2 => (slot.clone(), 0..3usize, any::<bool>())
             .prop_map(|(slot, target, real)| Op::Downgrade { slot, target, real }),
+        5 => (slot.clone(), 1..32u8, any::<bool>(), 0..TIMEOUTS.len())
+            .prop_map(|(slot, names, shared, timeout)| Op::AcquireAll { slot, names, shared, timeout }),
         2 => (0..12u8, slot, target).prop_map(|(kind, slot, target)| Op::Bad { kind, slot, target }),
     ]
 }
@@ -177,6 +187,9 @@ struct History {
     queues: BTreeMap<String, VecDeque<(SessionId, u64)>>,
     /// The pending upgrade per name, from `Queued` events of upgrades.
     upgrades: BTreeMap<String, (SessionId, u64)>,
+    /// Queued atomic requests and their names in order, from `Queued`
+    /// events of `AcquireAll`.
+    groups: BTreeMap<(SessionId, u64), Vec<String>>,
     /// Current grants, from `Granted` and `Ended` events.
     holders: BTreeMap<Fence, (String, SessionId, Mode)>,
     /// Every fence handed out, in order.
@@ -207,6 +220,7 @@ impl History {
                 .map(|(n, _)| (n.to_string(), VecDeque::new()))
                 .collect(),
             upgrades: BTreeMap::new(),
+            groups: BTreeMap::new(),
             holders: BTreeMap::new(),
             fences: Vec::new(),
             delays: BTreeMap::new(),
@@ -304,11 +318,31 @@ impl History {
                 command
             );
         }
-        if let Reply::Refused(Refusal::Deadlock { cycle }) = &r.reply {
+        if let (Reply::Refused(Refusal::Deadlock { cycle }), Command::Upgrade(c)) =
+            (&r.reply, command)
+        {
+            // An upgrade's cycle may go through edges it would add (the
+            // shared requests queued on the name would need it): closed,
+            // and starting with the upgrader.
+            prop_assert!(!cycle.is_empty());
+            prop_assert_eq!(cycle[0].session, c.session);
+            for (i, e) in cycle.iter().enumerate() {
+                prop_assert_eq!(e.blocker, cycle[(i + 1) % cycle.len()].session);
+            }
+        } else if let Reply::Refused(Refusal::Deadlock { cycle }) = &r.reply {
             // An upgrade waits as an exclusive request would, first in line.
             let (session, name, mode, timeout_ms) = match command {
                 Command::Acquire(c) => (&c.session, &c.name, &c.mode, &c.timeout_ms),
-                Command::Upgrade(c) => (&c.session, &c.name, &X, &WAIT_FOREVER),
+                Command::AcquireAll(c) => {
+                    let Some((name, mode)) = c
+                        .locks
+                        .iter()
+                        .find(|(n, _)| cycle.first().is_some_and(|e| e.name == *n))
+                    else {
+                        return Err(TestCaseError::fail("a cycle on none of its names"));
+                    };
+                    (&c.session, name, mode, &c.timeout_ms)
+                }
                 _ => return Err(TestCaseError::fail("deadlock refusal of a non-acquire")),
             };
             prop_assert!(*timeout_ms > 0, "a try was refused as a deadlock");
@@ -331,6 +365,8 @@ impl History {
         before: &LockTable,
         r: &Response,
     ) -> Result<(), TestCaseError> {
+        // Atomic requests granted or ended by this step.
+        let mut finished = BTreeSet::new();
         for e in &r.events {
             match e {
                 Event::SessionOpened { session, .. } => {
@@ -406,7 +442,9 @@ impl History {
                             // An immediate grant: only of this very request,
                             // and never past anyone queued.
                             let this = matches!(command, Command::Acquire(cmd::Acquire { session: s, seq: q, name: n, .. })
-                                if s == session && q == seq && n == name);
+                                if s == session && q == seq && n == name)
+                                || matches!(command, Command::AcquireAll(c)
+                                    if c.session == *session && c.seq == *seq && c.locks.iter().any(|(n, _)| n == name));
                             prop_assert!(this, "grant of {:?} out of nowhere", (session, seq));
                             prop_assert!(queue.is_empty(), "{:?} barged past {:?}", session, queue);
                         }
@@ -417,14 +455,49 @@ impl History {
                     );
                     self.holders
                         .insert(*fence, (name.as_str().to_string(), *session, *mode));
-                    self.outcomes.insert(
-                        (*session, *seq),
-                        Reply::Acquire(Acquired::Granted {
-                            fence: *fence,
-                            mode: *mode,
-                            index: self.index,
-                        }),
-                    );
+                    if let Some(names) = self.groups.get(&(*session, *seq)) {
+                        // Granted all at once: every name in this response.
+                        let granted: Vec<(Fence, Mode)> = names
+                            .iter()
+                            .filter_map(|n| {
+                                r.events.iter().find_map(|e| match e {
+                                    Event::Granted {
+                                        name: gn,
+                                        session: gs,
+                                        seq: gq,
+                                        fence,
+                                        mode,
+                                    } if gn.as_str() == n && gs == session && gq == seq => {
+                                        Some((*fence, *mode))
+                                    }
+                                    _ => None,
+                                })
+                            })
+                            .collect();
+                        prop_assert_eq!(
+                            granted.len(),
+                            names.len(),
+                            "atomic request {:?} granted in part",
+                            (session, seq)
+                        );
+                        self.outcomes.insert(
+                            (*session, *seq),
+                            Reply::AcquiredAll(AcquiredAll::Granted {
+                                grants: granted,
+                                index: self.index,
+                            }),
+                        );
+                        finished.insert((*session, *seq));
+                    } else {
+                        self.outcomes.insert(
+                            (*session, *seq),
+                            Reply::Acquire(Acquired::Granted {
+                                fence: *fence,
+                                mode: *mode,
+                                index: self.index,
+                            }),
+                        );
+                    }
                 }
                 Event::Queued {
                     name,
@@ -438,8 +511,25 @@ impl History {
                         if c.session == *session && c.seq == *seq && c.name == *name && c.timeout_ms == *timeout_ms);
                     let this = matches!(command, Command::Acquire(cmd::Acquire { session: s, seq: q, name: n, mode: m, timeout_ms: t, .. })
                         if s == session && q == seq && n == name && m == mode && t == timeout_ms);
+                    let atomic = match command {
+                        Command::AcquireAll(c)
+                            if c.session == *session
+                                && c.seq == *seq
+                                && c.timeout_ms == *timeout_ms
+                                && c.locks.contains(&(name.clone(), *mode)) =>
+                        {
+                            self.groups.entry((*session, *seq)).or_insert_with(|| {
+                                c.locks
+                                    .iter()
+                                    .map(|(n, _)| n.as_str().to_string())
+                                    .collect()
+                            });
+                            true
+                        }
+                        _ => false,
+                    };
                     prop_assert!(
-                        this || upgrade,
+                        this || upgrade || atomic,
                         "queued {:?} by {:?}",
                         (session, seq),
                         command
@@ -473,8 +563,24 @@ impl History {
                         );
                         queue.remove(pos.unwrap_or_default());
                     }
-                    self.outcomes
-                        .insert((*session, *seq), Reply::Acquire(Acquired::NotAcquired));
+                    let key = (*session, *seq);
+                    let outcome = match self.groups.get(&key) {
+                        Some(names) => {
+                            // Out of every queue in this response.
+                            let all = names.iter().all(|n| {
+                                r.events.iter().any(|e| {
+                                    matches!(e,
+                                    Event::Cancelled { name: cn, session: cs, seq: cq, .. }
+                                        if cn.as_str() == n && cs == session && cq == seq)
+                                })
+                            });
+                            prop_assert!(all, "atomic request {:?} cancelled in part", key);
+                            finished.insert(key);
+                            Reply::AcquiredAll(AcquiredAll::NotAcquired)
+                        }
+                        None => Reply::Acquire(Acquired::NotAcquired),
+                    };
+                    self.outcomes.insert(key, outcome);
                 }
                 Event::Ended {
                     name,
@@ -546,6 +652,9 @@ impl History {
                     );
                 }
             }
+        }
+        for key in finished {
+            self.groups.remove(&key);
         }
         Ok(())
     }
@@ -640,8 +749,13 @@ impl History {
                     }
                 }
             }
-            // A head that fits would have been granted.
-            if let Some(head) = info.waiters.first() {
+            // A head that fits would have been granted (an atomic request
+            // must fit all its names, checked by the table's invariants).
+            if let Some(head) = info
+                .waiters
+                .first()
+                .filter(|w| !self.groups.contains_key(&(w.session, w.seq)))
+            {
                 prop_assert!(
                     info.lock_delayed || !fits(&info, head.mode),
                     "{}: head {:?} grantable",

@@ -238,6 +238,44 @@ impl History {
                 self.check_upgrade(&before, &r, (session, n, fence, timeout_ms), pending)?;
                 self.remember(&command, session, seq, &r.reply);
             }
+            Op::AcquireAll {
+                slot,
+                names,
+                shared,
+                timeout,
+            } => {
+                let session = self.session_of(slot);
+                let locks: Vec<(LockName, Mode)> = NAMES
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| names & (1 << i) != 0)
+                    .map(|(i, (n, capacity))| {
+                        let mode = match capacity {
+                            None if shared => SH,
+                            None => X,
+                            Some(capacity) => Mode::Semaphore {
+                                weight: 1 + (i as u32) % capacity,
+                                capacity: *capacity,
+                            },
+                        };
+                        (lock_name(n), mode)
+                    })
+                    .collect();
+                let timeout_ms = TIMEOUTS[timeout];
+                let seq = self.next_seq();
+                let command = Command::AcquireAll(cmd::AcquireAll {
+                    session,
+                    seq,
+                    locks: locks.clone(),
+                    timeout_ms,
+                    value: Vec::new(),
+                    caller: String::new(),
+                });
+                let upgrading: Vec<String> = self.upgrades.keys().cloned().collect();
+                let (before, r) = self.request(command.clone())?;
+                self.check_acquire_all(&before, &r, session, &locks, timeout_ms, &upgrading)?;
+                self.remember(&command, session, seq, &r.reply);
+            }
             Op::Downgrade { slot, target, real } => {
                 let session = self.session_of(slot);
                 let n = NAMES[target].0;
@@ -562,6 +600,94 @@ impl History {
         Ok(())
     }
 
+    /// The reply an atomic request must get, given the table before it
+    /// (`upgrading`: the names with an upgrade pending before it).
+    fn check_acquire_all(
+        &self,
+        before: &LockTable,
+        r: &Response,
+        session: SessionId,
+        locks: &[(LockName, Mode)],
+        timeout_ms: u64,
+        upgrading: &[String],
+    ) -> Result<(), TestCaseError> {
+        if before.session(session).is_none() {
+            prop_assert_eq!(
+                &r.reply,
+                &Reply::Refused(Refusal::SessionNotFound { session })
+            );
+            return Ok(());
+        }
+        // A name it holds or waits for: refused, the first such name says
+        // how (as for one acquire).
+        for (name, mode) in locks {
+            let info = before.describe(name);
+            let held = info
+                .iter()
+                .flat_map(|i| &i.holders)
+                .find(|h| h.session == session);
+            let waiting = info
+                .iter()
+                .flat_map(|i| &i.waiters)
+                .find(|w| w.session == session);
+            let expected = match (held, waiting) {
+                (Some(h), _) if h.mode == *mode => Refusal::AlreadyHeld {
+                    session,
+                    name: name.clone(),
+                    fence: h.fence,
+                },
+                (Some(_), _) => Refusal::OtherMode {
+                    session,
+                    name: name.clone(),
+                },
+                (_, Some(w)) if w.mode == *mode => Refusal::AlreadyWaiting {
+                    session,
+                    name: name.clone(),
+                    seq: w.seq,
+                },
+                (_, Some(_)) => Refusal::OtherMode {
+                    session,
+                    name: name.clone(),
+                },
+                (None, None) => continue,
+            };
+            prop_assert_eq!(&r.reply, &Reply::Refused(expected));
+            return Ok(());
+        }
+        let free = locks.iter().all(|(name, mode)| {
+            !upgrading.iter().any(|u| u == name.as_str())
+                && grantable_now(before.describe(name).as_ref(), *mode)
+        });
+        if free {
+            let first = before.last_fence().0 + 1;
+            let grants: Vec<(Fence, Mode)> = locks
+                .iter()
+                .enumerate()
+                .map(|(i, (_, mode))| (Fence(first + i as u64), *mode))
+                .collect();
+            prop_assert_eq!(
+                &r.reply,
+                &Reply::AcquiredAll(AcquiredAll::Granted {
+                    grants,
+                    index: self.index - 1
+                })
+            );
+        } else if timeout_ms == 0 {
+            prop_assert_eq!(&r.reply, &Reply::AcquiredAll(AcquiredAll::NotAcquired));
+        } else {
+            prop_assert!(
+                matches!(
+                    r.reply,
+                    Reply::AcquiredAll(AcquiredAll::Queued)
+                        | Reply::Refused(Refusal::Deadlock { .. })
+                ),
+                "a busy atomic request answered {:?}",
+                r.reply
+            );
+        }
+        Ok(())
+    }
+
     /// The reply an upgrade must get, given the table before it.
     /// `pending`: the upgrade of `n` pending before it, in the model.
     fn check_upgrade(
@@ -610,13 +736,18 @@ impl History {
                 "second upgrade answered {:?}",
                 r.reply
             ),
-            None if alone => prop_assert_eq!(
-                &r.reply,
-                &Reply::Acquire(Acquired::Granted {
-                    fence: Fence(before.last_fence().0 + 1),
-                    mode: X,
-                    index: self.index - 1
-                })
+            // Granted, unless it would close a cycle (an atomic request
+            // queued on the name that did not need it would then).
+            None if alone => prop_assert!(
+                r.reply
+                    == Reply::Acquire(Acquired::Granted {
+                        fence: Fence(before.last_fence().0 + 1),
+                        mode: X,
+                        index: self.index - 1
+                    })
+                    || matches!(r.reply, Reply::Refused(Refusal::Deadlock { .. })),
+                "a lone upgrade answered {:?}",
+                r.reply
             ),
             None if timeout_ms == 0 => {
                 prop_assert_eq!(&r.reply, &Reply::Acquire(Acquired::NotAcquired))
@@ -648,7 +779,11 @@ impl History {
                 floor,
             });
         }
-        if past.reply != Reply::Acquire(Acquired::Queued) {
+        let queued = [
+            Reply::Acquire(Acquired::Queued),
+            Reply::AcquiredAll(AcquiredAll::Queued),
+        ];
+        if !queued.contains(&past.reply) {
             return past.reply.clone();
         }
         if self.queued.contains(&(session, seq)) {
@@ -657,7 +792,7 @@ impl History {
                 .outcomes
                 .get(&(session, seq))
                 .cloned()
-                .unwrap_or(Reply::Acquire(Acquired::Queued));
+                .unwrap_or_else(|| past.reply.clone());
         }
         // A repeated acquire of a wait in progress: where the session stands.
         let Command::Acquire(cmd::Acquire { name, .. }) = &past.command else {
