@@ -530,3 +530,48 @@ func TestBadInputIsRefusedClearly(t *testing.T) {
 		t.Fatalf("a ttl the node refuses: %v, want INVALID_ARGUMENT (400)", err)
 	}
 }
+
+// A wait whose session ends under it (here an Unlock from elsewhere; in
+// life, the node closing the session of an attempt whose connection
+// broke) is answered "not acquired": Lock waits again in a new session,
+// and is granted when the key frees.
+func TestAWaitWithdrawnUnderItWaitsAgain(t *testing.T) {
+	cl := shared(t)
+	c := newClient(t, cl.endpoints(), Options{})
+	k := key(t)
+	ctx := ctxFor(t, 30*time.Second)
+	holder, err := c.Acquire(ctx, k, AcquireOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	var g *Guard
+	go func() {
+		var err error
+		g, err = c.Acquire(ctx, k, AcquireOptions{})
+		got <- err
+	}()
+	var first uint64
+	eventually(t, 10*time.Second, "the waiter queued", func() bool {
+		w := describe(t, c, k).Info.Waiters
+		if len(w) == 1 {
+			first = uint64(w[0].SessionID)
+		}
+		return len(w) == 1
+	})
+	if err := c.call(ctx, "locks/Unlock", unlockRequest{SessionID: u64(first)}, nil, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the waiter queued again, in a new session", func() bool {
+		w := describe(t, c, k).Info.Waiters
+		return len(w) == 1 && uint64(w[0].SessionID) != first
+	})
+	holder.Release()
+	if err := <-got; err != nil {
+		t.Fatalf("the re-queued wait: %v", err)
+	}
+	defer g.Release()
+	if g.SessionID() == first || g.Fence() <= holder.Fence() {
+		t.Fatalf("granted in session %d (first %d) with fence %d (holder's %d)", g.SessionID(), first, g.Fence(), holder.Fence())
+	}
+}
