@@ -85,19 +85,14 @@ func (c *Client) Acquire(ctx context.Context, key string, o AcquireOptions) (*Gu
 	if err := checkTTL(ttl); err != nil {
 		return nil, err
 	}
-	req := lockRequest{Name: key, TTLMs: u64(ttl.Milliseconds()), Nonce: u64(nonce())}
+	req := lockRequest{Name: key, TTLMs: u64(ttl.Milliseconds())}
 	if o.Shared {
 		req.Mode = "MODE_SHARED"
 	}
 	reqCtx := ctx
+	deadline, hasDeadline := ctx.Deadline()
 	if !o.Try {
-		if deadline, ok := ctx.Deadline(); ok {
-			left := time.Until(deadline)
-			if left <= 0 {
-				return nil, fmt.Errorf("raftlock: lock %q: %w", key, context.DeadlineExceeded)
-			}
-			ms := (left + time.Millisecond - 1) / time.Millisecond
-			req.TimeoutMs = u64(ms)
+		if hasDeadline {
 			var stop func()
 			reqCtx, stop = untilDeadline(ctx, deadline.Add(deadlineSlack))
 			defer stop()
@@ -105,30 +100,65 @@ func (c *Client) Acquire(ctx context.Context, key string, o AcquireOptions) (*Gu
 			req.Wait = true
 		}
 	}
-	// The lease is counted from the first send: a retry finds the session
-	// the first attempt opened (by the nonce), whose lease started then.
-	sent := time.Now()
-	var resp lockResponse
 	// A Lock that waits has no attempt timeout; one that does not gets the
 	// usual one.
 	var attemptTimeout time.Duration
 	if o.Try {
 		attemptTimeout = c.attemptTimeout()
 	}
-	if err := c.call(reqCtx, "locks/Lock", &req, &resp, attemptTimeout); err != nil {
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("raftlock: lock %q: %w", key, ctx.Err())
+	var (
+		resp      lockResponse
+		sent      time.Time
+		withdrawn int // waits withdrawn under this Acquire
+	)
+	for {
+		if !o.Try && hasDeadline {
+			left := time.Until(deadline)
+			if left <= 0 {
+				return nil, fmt.Errorf("raftlock: lock %q: %w", key, context.DeadlineExceeded)
+			}
+			req.TimeoutMs = u64((left + time.Millisecond - 1) / time.Millisecond)
 		}
-		if reqCtx.Err() != nil {
-			return nil, fmt.Errorf("raftlock: lock %q: no answer %v after the deadline: %w", key, deadlineSlack, context.DeadlineExceeded)
+		// A new attempt, a new nonce; its retries keep it (and find the
+		// session the first send opened, whose lease started then: the
+		// lease is counted from the first send).
+		req.Nonce = u64(nonce())
+		sent = time.Now()
+		resp = lockResponse{}
+		if err := c.call(reqCtx, "locks/Lock", &req, &resp, attemptTimeout); err != nil {
+			if ctx.Err() != nil {
+				return nil, fmt.Errorf("raftlock: lock %q: %w", key, ctx.Err())
+			}
+			if reqCtx.Err() != nil {
+				return nil, fmt.Errorf("raftlock: lock %q: no answer %v after the deadline: %w", key, deadlineSlack, context.DeadlineExceeded)
+			}
+			return nil, err
 		}
-		return nil, err
-	}
-	if !resp.Acquired {
+		if resp.Acquired {
+			break
+		}
 		if o.Try {
 			return nil, ErrNotAcquired
 		}
-		return nil, fmt.Errorf("raftlock: lock %q: not granted before the context's deadline: %w", key, context.DeadlineExceeded)
+		// A wait answered "not acquired" before its timeout was withdrawn
+		// under it: the node closed its session because an earlier
+		// attempt's connection closed. Wait again, in a new session. (The
+		// node counts the timeout from when it received the request, so an
+		// answer before the deadline is never the timeout.)
+		if hasDeadline && !time.Now().Before(deadline) {
+			return nil, fmt.Errorf("raftlock: lock %q: not granted before the context's deadline: %w", key, context.DeadlineExceeded)
+		}
+		// Never a busy loop, whatever the node answers.
+		if withdrawn < 20 {
+			withdrawn++
+		}
+		pause := time.NewTimer(time.Duration(withdrawn) * 50 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			pause.Stop()
+			return nil, fmt.Errorf("raftlock: lock %q: %w", key, ctx.Err())
+		case <-pause.C:
+		}
 	}
 	if resp.TTLMs != 0 {
 		ttl = time.Duration(resp.TTLMs) * time.Millisecond
