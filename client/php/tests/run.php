@@ -94,6 +94,36 @@ function test_blocking_acquire_is_granted_on_release(Cluster $cl): void
     checkSame(['holders' => [], 'waiters' => []], queue($c, $name), 'the queue at the end');
 }
 
+function test_a_wait_withdrawn_under_it_waits_again(Cluster $cl): void
+{
+    // The node ends the session a blocking acquire waits in (here an
+    // Unlock from elsewhere; in life, when an earlier attempt's connection
+    // closed): the store waits again, in a new session.
+    $c = new Client($cl->endpoints());
+    $name = name('rewait');
+    $lock = (new LockFactory(new RaftlockStore($c)))->createLock($name);
+    check($lock->acquire(), 'the holder');
+    $w = new Worker(['lock-wait', $cl->endpoints(), $name]);
+    $w->expect('WAITING');
+    $first = 0;
+    eventually(10, 'the worker queued', function () use ($c, $name, &$first) {
+        $waiters = queue($c, $name)['waiters'];
+        $first = (int) ($waiters[0]['session_id'] ?? 0);
+
+        return 1 === \count($waiters);
+    });
+    checkSame(0, $c->unlock($first), 'grants released by ending the waiting session');
+    eventually(10, 'the worker queued again, in a new session', function () use ($c, $name, $first) {
+        $waiters = queue($c, $name)['waiters'];
+
+        return 1 === \count($waiters) && (int) $waiters[0]['session_id'] !== $first;
+    });
+    $lock->release();
+    $w->expect('ACQUIRED fence ');
+    $w->send('done');
+    $w->expect('RELEASED');
+}
+
 function test_readers_share_while_a_writer_waits(Cluster $cl): void
 {
     $c = new Client($cl->endpoints());
