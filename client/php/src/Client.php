@@ -106,7 +106,9 @@ final class Client
      *                            otherwise wait at most this long. While it
      *                            waits the node keeps the session alive; if
      *                            this process dies, its connection closes and
-     *                            the node withdraws the wait.
+     *                            the node withdraws the wait. A wait the node
+     *                            ends early (its session closed under it) is
+     *                            sent again, in a new session.
      *
      * @return array{acquired: bool, fence: int, session_id: int, ttl_ms: int, next_seq: int}
      *         fence and session_id are 0 when not acquired (no session is left)
@@ -115,13 +117,12 @@ final class Client
     {
         self::checkName($name);
         self::checkTtl($ttlMs);
-        $body = ['name' => $name, 'ttl_ms' => (string) $ttlMs, 'nonce' => (string) random_int(1, \PHP_INT_MAX)];
+        if (null !== $timeoutMs && $timeoutMs < 0) {
+            throw new \InvalidArgumentException("raftlock: timeout $timeoutMs ms is negative (null waits without a timeout)");
+        }
+        $body = ['name' => $name, 'ttl_ms' => (string) $ttlMs];
         if (null === $timeoutMs) {
             $body['wait'] = true;
-        } elseif ($timeoutMs < 0) {
-            throw new \InvalidArgumentException("raftlock: timeout $timeoutMs ms is negative (null waits without a timeout)");
-        } else {
-            $body['timeout_ms'] = (string) $timeoutMs;
         }
         if (self::EXCLUSIVE !== $mode) {
             $body['mode'] = $mode;
@@ -130,8 +131,26 @@ final class Client
             $body['weight'] = $weight;
             $body['capacity'] = $capacity;
         }
-        // A request that waits has no attempt timeout.
-        $r = $this->call('locks/Lock', $body, 0 === $timeoutMs ? self::ATTEMPT_TIMEOUT : 0.0);
+        $deadline = null === $timeoutMs ? null : microtime(true) + $timeoutMs / 1000;
+        $withdrawn = 0;
+        while (true) {
+            if (null !== $deadline) {
+                $body['timeout_ms'] = (string) (0 === $timeoutMs ? 0 : max(1, (int) ceil(($deadline - microtime(true)) * 1000)));
+            }
+            // A new attempt, a new nonce; its retries (inside call) keep it.
+            $body['nonce'] = (string) random_int(1, \PHP_INT_MAX);
+            // A request that waits has no attempt timeout.
+            $r = $this->call('locks/Lock', $body, 0 === $timeoutMs ? self::ATTEMPT_TIMEOUT : 0.0);
+            if (($r['acquired'] ?? false) || 0 === $timeoutMs || (null !== $deadline && microtime(true) >= $deadline)) {
+                break;
+            }
+            // "Not acquired" before the timeout: the wait was withdrawn under
+            // it (the node ended its session, as it does when an earlier
+            // attempt's connection closed). Wait again, in a new session,
+            // after a pause that grows to 1 s (never a busy loop).
+            $withdrawn = min(20, $withdrawn + 1);
+            usleep($withdrawn * 50000);
+        }
 
         return [
             'acquired' => (bool) ($r['acquired'] ?? false),
