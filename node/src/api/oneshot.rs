@@ -14,8 +14,9 @@ use crate::state::limits::WAIT_FOREVER;
 use crate::state::{Acquired, Command, LockName, Reply, SessionId, LOCK_SEQ, UNLOCK_SEQ};
 
 /// Closes a `Lock`'s session if its call goes away while it waits (the
-/// client closed the connection, its deadline passed): armed while the call
-/// is parked, so a killed worker leaves nothing queued.
+/// client closed the connection, its deadline passed): armed from the
+/// moment the write queued the acquire (before the call learns of it) until
+/// the wait ends, so a killed worker leaves nothing queued.
 struct CloseIfAbandoned {
     api: Api,
     session: SessionId,
@@ -70,7 +71,41 @@ impl Api {
             value: r.value,
         };
         command.validate()?;
-        let (session, ttl_ms, outcome) = match self.write(command).await?.1 {
+        // The write runs in a task of its own, which hands its outcome over
+        // with the guard of a queued session already armed: if this call
+        // goes away while the command is being written (a worker killed
+        // right after sending), the guard is dropped unread (with the
+        // channel, or when the send fails) and closes the session, instead
+        // of leaving its wait queued for the whole ttl.
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        tokio::spawn({
+            let api = self.clone();
+            let caller = caller.identity.clone();
+            async move {
+                let written = api.write(command).await;
+                let guard = match &written {
+                    Ok((
+                        _,
+                        Reply::Locked {
+                            session,
+                            outcome: Acquired::Queued,
+                            ..
+                        },
+                    )) => Some(CloseIfAbandoned {
+                        api: api.clone(),
+                        session: *session,
+                        caller,
+                        armed: true,
+                    }),
+                    _ => None,
+                };
+                let _ = tx.send((written, guard));
+            }
+        });
+        let (written, guard) = rx
+            .await
+            .map_err(|_| Error::Internal("a lock's write ended without an answer".into()))?;
+        let (session, ttl_ms, outcome) = match written?.1 {
             Reply::Locked {
                 session,
                 ttl_ms,
@@ -84,12 +119,12 @@ impl Api {
         };
         let (outcome, waited) = match outcome {
             Acquired::Queued => {
-                let mut guard = CloseIfAbandoned {
+                let mut guard = guard.unwrap_or_else(|| CloseIfAbandoned {
                     api: self.clone(),
                     session,
                     caller: caller.identity.clone(),
                     armed: true,
-                };
+                });
                 let keeper = tokio::spawn(keep_alive_while_parked(
                     self.clone(),
                     session,
