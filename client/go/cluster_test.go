@@ -41,6 +41,10 @@ type testNode struct {
 type testCluster struct {
 	dir   string
 	nodes []*testNode
+	// scheme and client reach the nodes (https and a client with the
+	// test CA when the nodes serve TLS).
+	scheme string
+	client *http.Client
 }
 
 // freePorts reserves n loopback ports by binding them all, then frees
@@ -68,6 +72,11 @@ func freePorts(n int) ([]int, error) {
 // startCluster starts an n-node cluster and waits until every node
 // names the same leader. extra flags go to every node.
 func startCluster(n int, extra ...string) (*testCluster, error) {
+	return startClusterWith("http", http.DefaultClient, n, extra...)
+}
+
+// startClusterWith is startCluster for nodes reached with scheme and hc.
+func startClusterWith(scheme string, hc *http.Client, n int, extra ...string) (*testCluster, error) {
 	bin := raftlockdPath()
 	if _, err := os.Stat(bin); err != nil {
 		return nil, fmt.Errorf("no raftlockd at %s (build it with `cargo build -p raftlock-node --bin raftlockd`, or set RAFTLOCKD): %v", bin, err)
@@ -78,7 +87,7 @@ func startCluster(n int, extra ...string) (*testCluster, error) {
 		if err != nil {
 			return nil, err
 		}
-		c, err := startClusterIn(dir, bin, n, extra)
+		c, err := startClusterIn(dir, bin, n, extra, scheme, hc)
 		if err == nil {
 			return c, nil
 		}
@@ -92,7 +101,7 @@ func startCluster(n int, extra ...string) (*testCluster, error) {
 	return nil, lastErr
 }
 
-func startClusterIn(dir, bin string, n int, extra []string) (*testCluster, error) {
+func startClusterIn(dir, bin string, n int, extra []string, scheme string, hc *http.Client) (*testCluster, error) {
 	ports, err := freePorts(n)
 	if err != nil {
 		return nil, err
@@ -101,7 +110,7 @@ func startClusterIn(dir, bin string, n int, extra []string) (*testCluster, error
 	for i, p := range ports {
 		peers = append(peers, fmt.Sprintf("%d=127.0.0.1:%d", i+1, p))
 	}
-	c := &testCluster{dir: dir}
+	c := &testCluster{dir: dir, scheme: scheme, client: hc}
 	for i, p := range ports {
 		node := &testNode{id: i + 1, addr: fmt.Sprintf("127.0.0.1:%d", p)}
 		node.args = append([]string{"run",
@@ -151,7 +160,7 @@ func (c *testCluster) startNode(n *testNode) error {
 func (c *testCluster) endpoints() string {
 	var eps []string
 	for _, n := range c.nodes {
-		eps = append(eps, n.addr)
+		eps = append(eps, c.scheme+"://"+n.addr)
 	}
 	return strings.Join(eps, ",")
 }
@@ -164,12 +173,12 @@ type statusResponse struct {
 }
 
 // status asks one node (directly, no leader following) for its view.
-func status(addr string) (statusResponse, error) {
+func (c *testCluster) status(addr string) (statusResponse, error) {
 	var s statusResponse
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/v1/cluster/Status", bytes.NewReader(nil))
-	resp, err := http.DefaultClient.Do(req)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, c.scheme+"://"+addr+"/v1/cluster/Status", bytes.NewReader(nil))
+	resp, err := c.client.Do(req)
 	if err != nil {
 		return s, err
 	}
@@ -197,7 +206,7 @@ func (c *testCluster) waitLeader(within time.Duration, not int) (*testNode, erro
 			if n.cmd == nil {
 				continue
 			}
-			s, err := status(n.addr)
+			s, err := c.status(n.addr)
 			if err != nil {
 				last = fmt.Sprintf("node %d: %v", n.id, err)
 				agree = false

@@ -575,3 +575,68 @@ func TestAWaitWithdrawnUnderItWaitsAgain(t *testing.T) {
 		t.Fatalf("granted in session %d (first %d) with fence %d (holder's %d)", g.SessionID(), first, g.Fence(), holder.Fence())
 	}
 }
+
+// The leader dies (SIGKILL) while one client holds a lock and another
+// waits for it: the holder's renewals follow the new leader and it keeps
+// the lock past several TTLs; the waiter's request breaks, its retry
+// (same nonce) finds its wait on the new leader, and it is granted when
+// the holder releases.
+func TestLeaderKilledWhileHoldingAndWaiting(t *testing.T) {
+	cl, err := startCluster(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.stop()
+	lost := make(chan string, 2)
+	c := newClient(t, cl.endpoints(), Options{TTL: 4 * time.Second, OnLost: func(k string, _ uint64) { lost <- k }})
+	k := key(t)
+	ctx := ctxFor(t, 60*time.Second)
+	holder, err := c.Acquire(ctx, k, AcquireOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan *Guard, 1)
+	go func() {
+		g, err := c.Acquire(ctx, k, AcquireOptions{})
+		if err != nil {
+			t.Error(err)
+		}
+		waited <- g
+	}()
+	eventually(t, 10*time.Second, "the waiter queued", func() bool { return len(describe(t, c, k).Info.Waiters) == 1 })
+	old, err := cl.waitLeader(10*time.Second, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl.kill(old)
+	if _, err := cl.waitLeader(30*time.Second, old.id); err != nil {
+		t.Fatal(err)
+	}
+	// More than two TTLs on the new leader.
+	held := time.NewTimer(9 * time.Second)
+	select {
+	case k := <-lost:
+		t.Fatalf("%s reported lost across the failover", k)
+	case <-holder.Lost():
+		t.Fatal("the holder's Lost closed across the failover")
+	case g := <-waited:
+		t.Fatalf("the waiter was granted while the holder holds: %+v", g)
+	case <-held.C:
+	}
+	if cur, err := c.CheckFence(ctx, k, holder.Fence()); err != nil || !cur || !holder.Valid() {
+		t.Fatalf("after the failover the holder's fence is current %v (%v), valid %v", cur, err, holder.Valid())
+	}
+	d := describe(t, c, k)
+	if len(d.Info.Waiters) != 1 {
+		t.Fatalf("after the failover the queue is %+v, want the one waiter", d)
+	}
+	holder.Release()
+	g := <-waited
+	if g == nil {
+		t.FailNow()
+	}
+	if g.Fence() <= holder.Fence() {
+		t.Fatalf("the waiter's fence %d is not larger than the holder's %d", g.Fence(), holder.Fence())
+	}
+	g.Release()
+}
