@@ -406,6 +406,46 @@ function test_token(Cluster $unused): void
     }
 }
 
+// ---- the README ----
+
+/** The fenced blocks of client/php/README.md in LANG, in order. */
+function readmeBlocks(string $lang): array
+{
+    preg_match_all('/^```'.$lang.'\n(.*?)^```$/ms', file_get_contents(__DIR__.'/../README.md'), $m);
+
+    return $m[1];
+}
+
+// The README's "Install and a first lock" is under ten lines, and it and
+// the Client example run as written (in a process of their own, against
+// this cluster), take their locks and give them back.
+function test_readme_first_lock_and_client_example(Cluster $cl): void
+{
+    [$install] = readmeBlocks('sh');
+    $php = readmeBlocks('php');
+    $lines = fn (string $b) => \count(array_filter(explode("\n", $b), fn ($l) => '' !== trim($l)));
+    check($lines($install) + $lines($php[0]) < 10, 'install and first lock in under ten lines: '.($lines($install) + $lines($php[0])));
+    $client = array_values(array_filter($php, fn ($b) => str_contains($b, 'new Raftlock\Client(')))[0];
+    $script = "<?php\nfunction work(\$fence) { echo \"work \$fence\\n\"; }\n".$php[0].$client;
+    $script = str_replace("'/path/to/raftlock/client/php/autoload.php'", var_export(\dirname(__DIR__).'/autoload.php', true), $script);
+    $script = str_replace('/* work */', 'echo "locked\n";', $script);
+    $script = preg_replace("/'http:\\/\\/10\\.0\\.0\\.[^']*'/", var_export($cl->endpoints(), true), $script, -1, $endpoints);
+    checkSame(2, $endpoints, 'endpoint lists replaced');
+    $file = tempnam(sys_get_temp_dir(), 'raftlock-readme-');
+    file_put_contents($file, $script);
+    try {
+        exec(escapeshellarg(\PHP_BINARY).' '.escapeshellarg($file).' 2>&1', $out, $status);
+    } finally {
+        unlink($file);
+    }
+    checkSame(0, $status, 'exit status of the README example ('.implode(' | ', $out).')');
+    checkSame('locked', $out[0] ?? null, 'the first lock held');
+    check(1 === preg_match('/^work [1-9][0-9]*$/', $out[1] ?? ''), 'the Client example worked under a fence: '.implode(' | ', $out));
+    $c = new Client($cl->endpoints());
+    checkSame(['holders' => [], 'waiters' => []], queue($c, 'invoice-42'), 'invoice-42 after the example');
+    checkSame(['holders' => [], 'waiters' => []], queue($c, 'tickets/42'), 'tickets/42 after the example');
+}
+
 // ---- the runner ----
 
 $filter = $argv[1] ?? '';
