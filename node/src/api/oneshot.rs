@@ -14,8 +14,9 @@ use crate::state::limits::WAIT_FOREVER;
 use crate::state::{cmd, Acquired, LockName, SessionId, LOCK_SEQ, UNLOCK_SEQ};
 
 /// Closes a `Lock`'s session if its call goes away while it waits (the
-/// client closed the connection, its deadline passed): armed while the call
-/// is parked, so a killed worker leaves nothing queued.
+/// client closed the connection, its deadline passed): armed from the
+/// moment the write queued the acquire (before the call learns of it) until
+/// the wait ends, so a killed worker leaves nothing queued.
 struct CloseIfAbandoned {
     api: Api,
     session: SessionId,
@@ -72,19 +73,50 @@ impl Api {
             value: r.value,
         };
         command.validate()?;
+        // The write runs in a task of its own, which hands its outcome over
+        // with the guard of a queued session already armed: if this call
+        // goes away while the command is being written (a worker killed
+        // right after sending), the guard is dropped unread (with the
+        // channel, or when the send fails) and closes the session, instead
+        // of leaving its wait queued for the whole ttl.
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        tokio::spawn({
+            let api = self.clone();
+            let caller = caller.identity.clone();
+            async move {
+                let written = api.write(command).await;
+                let guard = match &written {
+                    Ok(cmd::Locked {
+                        session,
+                        outcome: Acquired::Queued,
+                        ..
+                    }) => Some(CloseIfAbandoned {
+                        api: api.clone(),
+                        session: *session,
+                        caller,
+                        armed: true,
+                    }),
+                    _ => None,
+                };
+                let _ = tx.send((written, guard));
+            }
+        });
+        let (written, guard) = rx
+            .await
+            .map_err(|_| Error::Internal("a lock's write ended without an answer".into()))?;
         let cmd::Locked {
             session,
             ttl_ms,
             outcome,
-        } = self.write(command).await?;
+        } = written?;
         let (outcome, waited) = match outcome {
             Acquired::Queued => {
-                let mut guard = CloseIfAbandoned {
+                let mut guard = guard.unwrap_or_else(|| CloseIfAbandoned {
                     api: self.clone(),
                     session,
                     caller: caller.identity.clone(),
                     armed: true,
-                };
+                });
                 let keeper = tokio::spawn(keep_alive_while_parked(
                     self.clone(),
                     session,

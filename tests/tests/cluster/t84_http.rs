@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use raftlock_testkit::TestCluster;
+use raftlock_testkit::{eventually, TestCluster};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
@@ -437,5 +437,82 @@ async fn watch_streams_newline_delimited_json() {
         .await
         .expect("a granted event within 10 s");
     assert_eq!(event["name"], "http/w1");
+    cluster.shutdown().await;
+}
+
+/// A worker killed right after it sent a waiting `Lock` (its connection
+/// closes while the node is still writing the request) leaves nothing
+/// queued: the session the request opened is closed as soon as it is
+/// written, long before its 60 s ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lock_whose_connection_closes_while_it_is_written_leaves_nothing_queued() {
+    use futures::StreamExt;
+    use raftlock_client::EventKind;
+
+    let cluster = TestCluster::start(3).await;
+    let leader = cluster.leader_addr().await;
+    let client = cluster.client().await;
+    let mut events = client.watch("http/gone", false).await.expect("watch");
+    let held = post(
+        &leader,
+        "/v1/locks/Lock",
+        r#"{"name": "http/gone", "ttl_ms": 60000, "nonce": 40}"#,
+    )
+    .await;
+    assert_eq!(held.body["acquired"], true, "{}", held.body);
+    // Some of these the node drops before writing them (it sees the close
+    // first), which leaves nothing either; the others it writes, and then
+    // their callers are gone.
+    for nonce in 41..61 {
+        let body =
+            format!(r#"{{"name": "http/gone", "ttl_ms": 60000, "wait": true, "nonce": {nonce}}}"#);
+        let mut conn = TcpStream::connect(&leader).await.expect("connect");
+        conn.write_all(
+            format!(
+                "POST /v1/locks/Lock HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .await
+        .expect("write");
+        drop(conn);
+    }
+    // Every wait that was queued is withdrawn, and at least one was queued.
+    let mut queued = std::collections::BTreeSet::new();
+    let mut seen = 0;
+    let settled = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(event) = events.next().await {
+            let event = event.expect("an event");
+            match (event.kind, event.session) {
+                (EventKind::Queued, Some(session)) => {
+                    queued.insert(session);
+                    seen += 1;
+                }
+                (EventKind::Cancelled | EventKind::Expired, Some(session)) => {
+                    queued.remove(&session);
+                }
+                _ => {}
+            }
+            if seen > 0 && queued.is_empty() {
+                return;
+            }
+        }
+    })
+    .await;
+    drop(events);
+    assert!(
+        settled.is_ok(),
+        "{seen} waits queued, still queued 10 s after their connections closed: {queued:?}"
+    );
+    // Those written after that are withdrawn too.
+    eventually("no waiter left", Duration::from_secs(10), || {
+        let client = client.clone();
+        async move {
+            let info = client.describe("http/gone").await.ok()??;
+            (info.holders.len() == 1 && info.waiters.is_empty()).then_some(())
+        }
+    })
+    .await;
     cluster.shutdown().await;
 }

@@ -1,0 +1,3 @@
+module example.invalid/raftlock/client/go/raftlock
+
+go 1.19

@@ -1,0 +1,500 @@
+package raftlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// ErrNotAcquired is the error of an Acquire with Try set whose key was
+// held by another.
+var ErrNotAcquired = errors.New("raftlock: not acquired: the key is held")
+
+// deadlineSlack is how long after its context's deadline a waiting Lock
+// request still waits for the node's own "not acquired" answer (the node
+// was told the deadline as the wait's timeout) before it closes the
+// connection instead.
+const deadlineSlack = 2 * time.Second
+
+// AcquireOptions say how Acquire takes a key. The zero value waits for an
+// exclusive lock with the client's TTL.
+type AcquireOptions struct {
+	// Shared takes a shared (read) lock: held together with other shared
+	// holders, never with an exclusive one.
+	Shared bool
+	// Try answers ErrNotAcquired at once if the key is not free, instead
+	// of waiting in the queue.
+	Try bool
+	// TTL overrides Options.TTL for this lock (MinTTL..=MaxTTL; 0: the
+	// client's).
+	TTL time.Duration
+}
+
+type lockRequest struct {
+	Name      string `json:"name"`
+	TTLMs     u64    `json:"ttl_ms"`
+	TimeoutMs u64    `json:"timeout_ms,omitempty"`
+	Wait      bool   `json:"wait,omitempty"`
+	Mode      string `json:"mode,omitempty"`
+	Nonce     u64    `json:"nonce"`
+}
+
+type lockResponse struct {
+	Acquired  bool `json:"acquired"`
+	Fence     u64  `json:"fence"`
+	SessionID u64  `json:"session_id"`
+	TTLMs     u64  `json:"ttl_ms"`
+}
+
+type unlockRequest struct {
+	SessionID u64 `json:"session_id"`
+}
+
+type keepAliveRequest struct {
+	SessionID u64 `json:"session_id"`
+	AskID     u64 `json:"ask_id"`
+}
+
+type keepAliveResponse struct {
+	SessionID u64  `json:"session_id"`
+	TTLMs     u64  `json:"ttl_ms"`
+	Expired   bool `json:"expired"`
+	AskID     u64  `json:"ask_id"`
+}
+
+// Acquire takes key and returns its Guard: the fence, the lease view and
+// the release. Without Try it waits in the key's FIFO queue until granted
+// or ctx ends: a cancelled ctx withdraws the wait (the request's
+// connection closes, and the node withdraws the wait and closes its
+// session); a ctx deadline is sent as the wait's timeout, and passing it
+// gives an error that matches context.DeadlineExceeded with errors.Is.
+//
+// Every Acquire opens a session of its own (one write, the node's one-call
+// Lock), so goroutines of one Client that want the same key queue for it
+// like separate processes. Release ends the session (one write).
+func (c *Client) Acquire(ctx context.Context, key string, o AcquireOptions) (*Guard, error) {
+	if err := checkKey(key); err != nil {
+		return nil, err
+	}
+	ttl := o.TTL
+	if ttl == 0 {
+		ttl = c.ttl
+	}
+	if err := checkTTL(ttl); err != nil {
+		return nil, err
+	}
+	req := lockRequest{Name: key, TTLMs: u64(ttl.Milliseconds())}
+	if o.Shared {
+		req.Mode = "MODE_SHARED"
+	}
+	reqCtx := ctx
+	deadline, hasDeadline := ctx.Deadline()
+	if !o.Try {
+		if hasDeadline {
+			var stop func()
+			reqCtx, stop = untilDeadline(ctx, deadline.Add(deadlineSlack))
+			defer stop()
+		} else {
+			req.Wait = true
+		}
+	}
+	// A Lock that waits has no attempt timeout; one that does not gets the
+	// usual one.
+	var attemptTimeout time.Duration
+	if o.Try {
+		attemptTimeout = c.attemptTimeout()
+	}
+	var (
+		resp      lockResponse
+		sent      time.Time
+		withdrawn int // waits withdrawn under this Acquire
+	)
+	for {
+		if !o.Try && hasDeadline {
+			left := time.Until(deadline)
+			if left <= 0 {
+				return nil, fmt.Errorf("raftlock: lock %q: %w", key, context.DeadlineExceeded)
+			}
+			req.TimeoutMs = u64((left + time.Millisecond - 1) / time.Millisecond)
+		}
+		// A new attempt, a new nonce; its retries keep it (and find the
+		// session the first send opened, whose lease started then: the
+		// lease is counted from the first send).
+		req.Nonce = u64(nonce())
+		sent = time.Now()
+		resp = lockResponse{}
+		if err := c.call(reqCtx, "locks/Lock", &req, &resp, attemptTimeout); err != nil {
+			if ctx.Err() != nil {
+				return nil, fmt.Errorf("raftlock: lock %q: %w", key, ctx.Err())
+			}
+			if reqCtx.Err() != nil {
+				return nil, fmt.Errorf("raftlock: lock %q: no answer %v after the deadline: %w", key, deadlineSlack, context.DeadlineExceeded)
+			}
+			return nil, err
+		}
+		if resp.Acquired {
+			break
+		}
+		if o.Try {
+			return nil, ErrNotAcquired
+		}
+		// A wait answered "not acquired" before its timeout was withdrawn
+		// under it: the node closed its session because an earlier
+		// attempt's connection closed. Wait again, in a new session. (The
+		// node counts the timeout from when it received the request, so an
+		// answer before the deadline is never the timeout.)
+		if hasDeadline && !time.Now().Before(deadline) {
+			return nil, fmt.Errorf("raftlock: lock %q: not granted before the context's deadline: %w", key, context.DeadlineExceeded)
+		}
+		// Never a busy loop, whatever the node answers.
+		if withdrawn < 20 {
+			withdrawn++
+		}
+		pause := time.NewTimer(time.Duration(withdrawn) * 50 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			pause.Stop()
+			return nil, fmt.Errorf("raftlock: lock %q: %w", key, ctx.Err())
+		case <-pause.C:
+		}
+	}
+	if resp.TTLMs != 0 {
+		ttl = time.Duration(resp.TTLMs) * time.Millisecond
+	}
+	g := &Guard{
+		c:       c,
+		key:     key,
+		fence:   uint64(resp.Fence),
+		session: uint64(resp.SessionID),
+		ttl:     ttl,
+		lost:    make(chan struct{}),
+		done:    make(chan struct{}),
+	}
+	g.credit(sent)
+	g.stopCtx, g.stop = context.WithCancel(context.Background())
+	if time.Since(sent) > ttl/3 {
+		// The call waited: the node restarted the lease as it answered,
+		// but the count from the send has mostly run out. Renew now and
+		// count from this renewal.
+		if expired := g.renew(ctx, time.Now().Add(ttl/3)); expired {
+			g.stop()
+			close(g.done)
+			_ = g.unlock(context.Background())
+			return nil, fmt.Errorf("raftlock: lock %q: the session expired right after the grant", key)
+		}
+	}
+	go g.keepAlive()
+	return g, nil
+}
+
+// untilDeadline is a context that ends at deadline, or when parent is
+// cancelled, but not when parent's own deadline passes: a waiting Lock
+// request outlives its caller's deadline by a little, to hear the node's
+// answer to it.
+func untilDeadline(parent context.Context, deadline time.Time) (context.Context, func()) {
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	stop := make(chan struct{})
+	go func() {
+		select {
+		case <-parent.Done():
+			if !errors.Is(parent.Err(), context.DeadlineExceeded) {
+				cancel()
+			}
+		case <-stop:
+		}
+	}()
+	return ctx, func() {
+		close(stop)
+		cancel()
+	}
+}
+
+func (c *Client) attemptTimeout() time.Duration {
+	if c.retryTimeout < MaxAttemptTimeout {
+		return c.retryTimeout
+	}
+	return MaxAttemptTimeout
+}
+
+// Lock waits until it holds key (exclusively) or ctx ends; see Acquire.
+func (c *Client) Lock(ctx context.Context, key string) (ReleaseFunc, error) {
+	g, err := c.Acquire(ctx, key, AcquireOptions{})
+	if err != nil {
+		return func() {}, err
+	}
+	return g.Release, nil
+}
+
+// TryLock takes key if it is free; false (and no error) if another holds
+// it.
+func (c *Client) TryLock(ctx context.Context, key string) (bool, ReleaseFunc, error) {
+	g, err := c.Acquire(ctx, key, AcquireOptions{Try: true})
+	if errors.Is(err, ErrNotAcquired) {
+		return false, func() {}, nil
+	}
+	if err != nil {
+		return false, func() {}, err
+	}
+	return true, g.Release, nil
+}
+
+// LockAndDo runs f while holding key, then releases it. f's context is
+// ctx, carrying the Guard (GuardFrom gives it: the fence, the lease). A
+// lost lease does not cancel it.
+func (c *Client) LockAndDo(ctx context.Context, key string, f func(context.Context) error) error {
+	g, err := c.Acquire(ctx, key, AcquireOptions{})
+	if err != nil {
+		return err
+	}
+	defer g.Release()
+	return f(withGuard(ctx, g))
+}
+
+// TryLockAndDo runs f while holding key if key is free, and answers false
+// without running it if not.
+func (c *Client) TryLockAndDo(ctx context.Context, key string, f func(context.Context) error) (bool, error) {
+	g, err := c.Acquire(ctx, key, AcquireOptions{Try: true})
+	if errors.Is(err, ErrNotAcquired) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	defer g.Release()
+	return true, f(withGuard(ctx, g))
+}
+
+type guardKey struct{}
+
+func withGuard(ctx context.Context, g *Guard) context.Context {
+	return context.WithValue(ctx, guardKey{}, g)
+}
+
+// GuardFrom returns the Guard of the lock that LockAndDo or TryLockAndDo
+// holds while it runs f, from f's context; nil elsewhere.
+func GuardFrom(ctx context.Context) *Guard {
+	g, _ := ctx.Value(guardKey{}).(*Guard)
+	return g
+}
+
+// Guard is one held lock: its fence, its lease and its release.
+type Guard struct {
+	c       *Client
+	key     string
+	fence   uint64
+	session uint64
+	ttl     time.Duration
+
+	stopCtx context.Context    // ends the keep-alive loop and its requests
+	stop    context.CancelFunc //
+	done    chan struct{}      // closed when the keep-alive loop has ended
+
+	mu       sync.Mutex
+	lastSent time.Time // send time of the last renewal the leader confirmed
+	leaseEnd time.Time // lastSent + ttl - margin
+	isLost   bool
+	lost     chan struct{} // closed when isLost becomes true
+
+	release    sync.Once
+	releaseErr error
+}
+
+// Key is the locked key.
+func (g *Guard) Key() string { return g.key }
+
+// Fence is the grant's fencing token: larger than the fence of every grant
+// made before it. Pass it to the stores you write while holding the lock,
+// and let them refuse writes with a smaller one.
+func (g *Guard) Fence() uint64 { return g.fence }
+
+// SessionID is the session that holds the grant.
+func (g *Guard) SessionID() uint64 { return g.session }
+
+// TTL is the session's lease length.
+func (g *Guard) TTL() time.Duration { return g.ttl }
+
+// Lost is closed once the lease may have lapsed: a renewal was answered
+// "expired", or none got through before the count ran out. Nothing is
+// cancelled; it is final. It is never closed after Release.
+func (g *Guard) Lost() <-chan struct{} { return g.lost }
+
+// Valid reports, at the moment it is called, whether the lease still
+// holds by the client's conservative count (it never lags a pause: a
+// process resumed after its lease ran out sees false at once).
+func (g *Guard) Valid() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return !g.isLost && time.Now().Before(g.leaseEnd)
+}
+
+// LeaseEnd is when the client's count of the lease ends (the send time of
+// the last confirmed renewal + TTL - 10 % of TTL).
+func (g *Guard) LeaseEnd() time.Time {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.leaseEnd
+}
+
+func (g *Guard) margin() time.Duration { return g.ttl / 10 }
+
+// credit counts the lease from sent (the send time of a renewal the
+// leader confirmed), unless the lease is already lost.
+func (g *Guard) credit(sent time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.isLost || sent.Before(g.lastSent) {
+		return
+	}
+	g.lastSent = sent
+	g.leaseEnd = sent.Add(g.ttl - g.margin())
+}
+
+func (g *Guard) markLost() {
+	g.mu.Lock()
+	if g.isLost {
+		g.mu.Unlock()
+		return
+	}
+	g.isLost = true
+	close(g.lost)
+	g.mu.Unlock()
+	if g.c.onLost != nil {
+		go g.c.onLost(g.key, g.fence)
+	}
+}
+
+// renew sends one KeepAlive (retrying until giveUp) and credits it. It
+// reports whether the node answered that the session is gone (final).
+func (g *Guard) renew(ctx context.Context, giveUp time.Time) (expired bool) {
+	ctx, cancel := context.WithDeadline(ctx, giveUp)
+	defer cancel()
+	ask := g.c.asks.Add(1)
+	sent := time.Now()
+	var r keepAliveResponse
+	timeout := g.ttl / 6
+	if timeout > MaxAttemptTimeout {
+		timeout = MaxAttemptTimeout
+	}
+	if err := g.c.call(ctx, "locks/KeepAlive", keepAliveRequest{SessionID: u64(g.session), AskID: u64(ask)}, &r, timeout); err != nil {
+		return false
+	}
+	if uint64(r.AskID) != ask || uint64(r.SessionID) != g.session {
+		// Not the answer to this ask: never credit it.
+		return false
+	}
+	if r.Expired {
+		return true
+	}
+	g.credit(sent)
+	return false
+}
+
+// keepAlive renews the session every TTL/3 after the last confirmed send,
+// and marks the lease lost once its count runs out (checked before every
+// attempt, so a process resumed from a pause never renews a lapsed lease)
+// or when the node answers that the session is gone.
+func (g *Guard) keepAlive() {
+	defer close(g.done)
+	for {
+		g.mu.Lock()
+		due := g.lastSent.Add(g.ttl / 3)
+		g.mu.Unlock()
+		if !g.sleepUntil(due) {
+			return
+		}
+		for {
+			if !time.Now().Before(g.LeaseEnd()) {
+				g.markLost()
+				return
+			}
+			before := g.LeaseEnd()
+			expired := g.renew(g.stopCtx, before)
+			if g.stopCtx.Err() != nil {
+				return
+			}
+			if expired {
+				g.markLost()
+				return
+			}
+			if g.LeaseEnd().After(before) {
+				break
+			}
+			// Not renewed: try again soon, within the lease.
+			if !g.sleepUntil(time.Now().Add(g.ttl / 20)) {
+				return
+			}
+		}
+	}
+}
+
+// sleepUntil waits until t; false if the guard was released meanwhile.
+func (g *Guard) sleepUntil(t time.Time) bool {
+	d := time.Until(t)
+	if d <= 0 {
+		return g.stopCtx.Err() == nil
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return true
+	case <-g.stopCtx.Done():
+		return false
+	}
+}
+
+// Release gives the lock back (Unlock: releases the grant and ends the
+// session, one write), waiting at most Options.RetryTimeout for the
+// cluster. Calling it again does nothing. If the cluster cannot be
+// reached, the session ends with its TTL (it is no longer renewed).
+func (g *Guard) Release() {
+	ctx, cancel := context.WithTimeout(context.Background(), g.c.retryTimeout)
+	defer cancel()
+	_ = g.Unlock(ctx)
+}
+
+// Unlock is Release with a context and the error: nil also when the
+// session had already ended. Only the first call (of Unlock or Release)
+// does anything; later ones return its error.
+func (g *Guard) Unlock(ctx context.Context) error {
+	g.release.Do(func() {
+		g.stop()
+		<-g.done
+		g.releaseErr = g.unlock(ctx)
+	})
+	return g.releaseErr
+}
+
+func (g *Guard) unlock(ctx context.Context) error {
+	err := g.c.call(ctx, "locks/Unlock", unlockRequest{SessionID: u64(g.session)}, nil, g.c.attemptTimeout())
+	if IsCode(err, "NOT_FOUND") {
+		return nil
+	}
+	return err
+}
+
+type checkFenceRequest struct {
+	Name  string `json:"name"`
+	Fence u64    `json:"fence"`
+}
+
+type checkFenceResponse struct {
+	Current     bool `json:"current"`
+	LatestFence u64  `json:"latest_fence"`
+}
+
+// CheckFence asks the cluster (a linearizable read) whether fence belongs
+// to a current holder of key, as a store that cannot keep the largest
+// fence itself would before acting on a holder's request.
+func (c *Client) CheckFence(ctx context.Context, key string, fence uint64) (bool, error) {
+	if err := checkKey(key); err != nil {
+		return false, err
+	}
+	var r checkFenceResponse
+	if err := c.call(ctx, "locks/CheckFence", checkFenceRequest{Name: key, Fence: u64(fence)}, &r, c.attemptTimeout()); err != nil {
+		return false, err
+	}
+	return r.Current, nil
+}

@@ -1,0 +1,270 @@
+package raftlock
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	mathrand "math/rand"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Error is an answer of a node that refused a request: the gRPC status
+// code's name (such as "INVALID_ARGUMENT", "PERMISSION_DENIED"), its
+// message, and the HTTP status it came with. A request that found no
+// leader within Options.RetryTimeout ends with Code "UNAVAILABLE" and
+// HTTPStatus 0, its Message naming each node tried and its last error.
+type Error struct {
+	Code       string
+	Message    string
+	HTTPStatus int
+}
+
+func (e *Error) Error() string {
+	return "raftlock: " + e.Code + ": " + e.Message
+}
+
+// IsCode reports whether err is an *Error with the given code.
+func IsCode(err error, code string) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Code == code
+}
+
+// Headers and body of the node's "not the leader" answer.
+const (
+	leaderHeader    = "raftlock-leader"
+	notLeaderHeader = "raftlock-not-leader"
+)
+
+type errorBody struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	Leader  string `json:"leader"`
+}
+
+// u64 is a proto3 JSON 64-bit integer: written as a string, read from a
+// string or a number.
+type u64 uint64
+
+func (v u64) MarshalJSON() ([]byte, error) {
+	return []byte(`"` + strconv.FormatUint(uint64(v), 10) + `"`), nil
+}
+
+func (v *u64) UnmarshalJSON(b []byte) error {
+	s := strings.Trim(string(b), `"`)
+	if s == "null" {
+		*v = 0
+		return nil
+	}
+	n, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		return fmt.Errorf("not a 64-bit unsigned integer: %s", b)
+	}
+	*v = u64(n)
+	return nil
+}
+
+// attempt is what one HTTP exchange with one node gave.
+type attempt struct {
+	status int
+	header http.Header
+	body   []byte
+	err    error // transport failure (no HTTP answer)
+}
+
+// post sends one request to one node.
+func (c *Client) post(ctx context.Context, base, rpc string, body []byte, timeout time.Duration) attempt {
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/"+rpc, bytes.NewReader(body))
+	if err != nil {
+		return attempt{err: err}
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return attempt{err: err}
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	if err != nil {
+		return attempt{err: err}
+	}
+	return attempt{status: resp.StatusCode, header: resp.Header, body: b}
+}
+
+func (c *Client) currentLeader() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.leader
+}
+
+func (c *Client) setLeader(base string) {
+	c.mu.Lock()
+	c.leader = base
+	c.mu.Unlock()
+}
+
+// forget drops base as the leader, if it was, and returns the endpoint to
+// try next (round robin over the configured ones).
+func (c *Client) forget(base string) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.leader == base {
+		c.leader = ""
+	}
+	next := c.endpoints[c.next%len(c.endpoints)]
+	c.next++
+	if next == base && len(c.endpoints) > 1 {
+		next = c.endpoints[c.next%len(c.endpoints)]
+		c.next++
+	}
+	return next
+}
+
+// call sends rpc ("locks/Lock", "cluster/Status", ...) to the leader and
+// decodes its answer into out. It follows leader hints at once, moves to
+// the next node on a transport error or when a node knows no leader, and
+// backs off (with jitter) only after every node failed in a row. It gives
+// up when ctx ends or after RetryTimeout without an answer; an attempt
+// that itself lasted longer (a Lock that waited) restarts that count.
+//
+// Every request the client sends is safe to repeat (a Lock carries its
+// nonce, Unlock and KeepAlive are idempotent), so an attempt whose outcome
+// is unknown is simply sent again.
+//
+// attemptTimeout bounds each attempt (0: only ctx does, for a Lock that
+// waits in the queue).
+func (c *Client) call(ctx context.Context, rpc string, in, out interface{}, attemptTimeout time.Duration) error {
+	body, err := json.Marshal(in)
+	if err != nil {
+		return fmt.Errorf("raftlock: encoding %s: %v", rpc, err)
+	}
+	target := c.currentLeader()
+	if target == "" {
+		target = c.forget("")
+	}
+	var (
+		budgetStart = time.Now()
+		failures    = map[string]string{}
+		order       []string
+		failed      int // attempts in a row that found no leader
+		hints       int // leader hints followed in a row
+		backoff     = 50 * time.Millisecond
+	)
+	note := func(base, what string) {
+		if _, seen := failures[base]; !seen {
+			order = append(order, base)
+		}
+		failures[base] = what
+	}
+	for {
+		started := time.Now()
+		a := c.post(ctx, target, rpc, body, attemptTimeout)
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if time.Since(started) > c.retryTimeout {
+			budgetStart = time.Now()
+		}
+		switch {
+		case a.err != nil:
+			note(target, a.err.Error())
+			target = c.forget(target)
+			failed++
+			hints = 0
+		case a.status == http.StatusOK:
+			c.setLeader(target)
+			if out == nil {
+				return nil
+			}
+			if err := json.Unmarshal(a.body, out); err != nil {
+				return fmt.Errorf("raftlock: %s answered %q: %v", rpc, a.body, err)
+			}
+			return nil
+		case a.status == http.StatusServiceUnavailable:
+			e, leader := parseError(a)
+			hint := a.header.Get(leaderHeader)
+			if hint == "" {
+				hint = leader
+			}
+			note(target, e.Code+": "+e.Message)
+			if hint != "" && a.header.Get(notLeaderHeader) != "" && hints <= len(c.endpoints) {
+				target = schemeOf(target) + "://" + hint
+				c.setLeader(target)
+				hints++
+				continue // no sleep: the hint names the leader
+			}
+			target = c.forget(target)
+			failed++
+			hints = 0
+		case a.status == http.StatusGatewayTimeout || a.status == 499:
+			// DEADLINE_EXCEEDED or CANCELLED from the node: the outcome is
+			// unknown, and the same request (same nonce, same session)
+			// learns it.
+			e := decodeError(a)
+			note(target, e.Code+": "+e.Message)
+			failed++
+			hints = 0
+		default:
+			return decodeError(a)
+		}
+		if time.Since(budgetStart) > c.retryTimeout {
+			var parts []string
+			for _, base := range order {
+				parts = append(parts, base+": "+failures[base])
+			}
+			return &Error{Code: "UNAVAILABLE", Message: fmt.Sprintf("no leader answered %s within %v (%s)", rpc, c.retryTimeout, strings.Join(parts, "; "))}
+		}
+		if failed >= len(c.endpoints) {
+			failed = 0
+			// Full jitter, never past the budget.
+			pause := time.Duration(mathrand.Int63n(int64(backoff))) + backoff/2
+			if left := c.retryTimeout - time.Since(budgetStart); pause > left {
+				pause = left
+			}
+			t := time.NewTimer(pause)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return ctx.Err()
+			case <-t.C:
+			}
+			if backoff < time.Second {
+				backoff *= 2
+			}
+		}
+	}
+}
+
+func decodeError(a attempt) *Error {
+	e, _ := parseError(a)
+	return e
+}
+
+// parseError reads a node's error answer and the leader it names, if any.
+func parseError(a attempt) (*Error, string) {
+	var b errorBody
+	if err := json.Unmarshal(a.body, &b); err != nil || b.Code == "" {
+		return &Error{Code: "UNKNOWN", Message: fmt.Sprintf("HTTP %d: %q", a.status, a.body), HTTPStatus: a.status}, ""
+	}
+	return &Error{Code: b.Code, Message: b.Message, HTTPStatus: a.status}, b.Leader
+}
+
+func schemeOf(base string) string {
+	if i := strings.Index(base, "://"); i > 0 {
+		return base[:i]
+	}
+	return "http"
+}

@@ -1,0 +1,421 @@
+<?php
+
+declare(strict_types=1);
+
+namespace Raftlock;
+
+/**
+ * A raftlock cluster over its HTTP/JSON API (php-curl, HTTP/1.1).
+ *
+ * Requests go to the leader: a node that is not the leader answers 503
+ * naming it, and the request is sent there at once; a node that cannot be
+ * reached, or knows no leader, passes the request to the next node, with
+ * a pause (jittered, growing to 1 s) once every node has failed in a row.
+ * A request gives up after the retry timeout without an answer. Every
+ * request this class sends is safe to repeat: a Lock carries a nonce (a
+ * retry finds the session the first attempt opened), SetSessionTtl a seq,
+ * and Unlock and KeepAlive are idempotent.
+ */
+final class Client
+{
+    /** Shortest session ttl a node accepts, in milliseconds. */
+    public const MIN_TTL_MS = 1000;
+    /** Longest session ttl a node accepts, in milliseconds. */
+    public const MAX_TTL_MS = 3600000;
+    /** Longest lock name, in bytes of UTF-8. */
+    public const MAX_NAME_BYTES = 512;
+    /** Largest semaphore capacity a node accepts. */
+    public const MAX_CAPACITY = 1000000;
+    /** Default for the `retry_timeout` option, in seconds. */
+    public const DEFAULT_RETRY_TIMEOUT = 10.0;
+    /** One attempt of a request that does not wait in a queue, in seconds. */
+    public const ATTEMPT_TIMEOUT = 5.0;
+
+    public const EXCLUSIVE = 'MODE_EXCLUSIVE';
+    public const SHARED = 'MODE_SHARED';
+    public const SEMAPHORE = 'MODE_SEMAPHORE';
+
+    /** @var list<string> base URLs, "http://host:port" */
+    private array $endpoints;
+    private ?string $token;
+    private float $retryTimeout;
+    private float $connectTimeout;
+    /** @var array<int, mixed> */
+    private array $curlOptions;
+    private ?string $leader = null;
+    private int $next = 0;
+    private int $askId = 0;
+    /** @var \CurlHandle|null */
+    private $curl = null;
+
+    /**
+     * @param string      $endpoints comma-separated node addresses: "host:port",
+     *                               "http://host:port" or "https://host:port"
+     * @param string|null $token     sent as "Authorization: Bearer TOKEN"
+     * @param array{retry_timeout?: float, connect_timeout?: float, curl?: array<int, mixed>} $options
+     *        retry_timeout: seconds a request keeps retrying without an answer (default 10);
+     *        connect_timeout: seconds to connect to one node (default 2);
+     *        curl: extra CURLOPT_* settings, e.g. CURLOPT_CAINFO for https
+     */
+    public function __construct(string $endpoints, ?string $token = null, array $options = [])
+    {
+        if (!\extension_loaded('curl')) {
+            throw new \LogicException('raftlock: the curl extension is needed (Debian: apt-get install php-curl)');
+        }
+        $this->endpoints = [];
+        foreach (explode(',', $endpoints) as $e) {
+            $e = trim($e);
+            if ('' !== $e) {
+                $this->endpoints[] = self::endpointUrl($e);
+            }
+        }
+        if (!$this->endpoints) {
+            throw new \InvalidArgumentException("raftlock: no endpoints in \"$endpoints\"");
+        }
+        $unknown = array_diff(array_keys($options), ['retry_timeout', 'connect_timeout', 'curl']);
+        if ($unknown) {
+            throw new \InvalidArgumentException('raftlock: unknown options: '.implode(', ', $unknown));
+        }
+        $this->token = $token;
+        $this->retryTimeout = (float) ($options['retry_timeout'] ?? self::DEFAULT_RETRY_TIMEOUT);
+        $this->connectTimeout = (float) ($options['connect_timeout'] ?? 2.0);
+        if ($this->retryTimeout <= 0 || $this->connectTimeout <= 0) {
+            throw new \InvalidArgumentException('raftlock: retry_timeout and connect_timeout must be positive');
+        }
+        $this->curlOptions = $options['curl'] ?? [];
+    }
+
+    private static function endpointUrl(string $e): string
+    {
+        $raw = str_contains($e, '://') ? $e : 'http://'.$e;
+        $u = parse_url($raw);
+        if (false === $u || !\in_array($u['scheme'] ?? '', ['http', 'https'], true) || !isset($u['host'], $u['port'])
+            || isset($u['user']) || isset($u['query']) || (isset($u['path']) && '/' !== $u['path'])) {
+            throw new \InvalidArgumentException("raftlock: endpoint \"$e\": want host:port or http(s)://host:port");
+        }
+        $host = str_contains($u['host'], ':') && '[' !== $u['host'][0] ? '['.$u['host'].']' : $u['host'];
+
+        return $u['scheme'].'://'.$host.':'.$u['port'];
+    }
+
+    /**
+     * Opens a session and acquires $name in it, in one write (the node's
+     * one-call Lock).
+     *
+     * @param int|null $timeoutMs 0: try once; null: wait without a timeout;
+     *                            otherwise wait at most this long. While it
+     *                            waits the node keeps the session alive; if
+     *                            this process dies, its connection closes and
+     *                            the node withdraws the wait. A wait the node
+     *                            ends early (its session closed under it) is
+     *                            sent again, in a new session.
+     *
+     * @return array{acquired: bool, fence: int, session_id: int, ttl_ms: int, next_seq: int}
+     *         fence and session_id are 0 when not acquired (no session is left)
+     */
+    public function lock(string $name, int $ttlMs, ?int $timeoutMs = 0, string $mode = self::EXCLUSIVE, int $weight = 0, int $capacity = 0): array
+    {
+        self::checkName($name);
+        self::checkTtl($ttlMs);
+        if (null !== $timeoutMs && $timeoutMs < 0) {
+            throw new \InvalidArgumentException("raftlock: timeout $timeoutMs ms is negative (null waits without a timeout)");
+        }
+        $body = ['name' => $name, 'ttl_ms' => (string) $ttlMs];
+        if (null === $timeoutMs) {
+            $body['wait'] = true;
+        }
+        if (self::EXCLUSIVE !== $mode) {
+            $body['mode'] = $mode;
+        }
+        if (self::SEMAPHORE === $mode) {
+            $body['weight'] = $weight;
+            $body['capacity'] = $capacity;
+        }
+        $deadline = null === $timeoutMs ? null : microtime(true) + $timeoutMs / 1000;
+        $withdrawn = 0;
+        while (true) {
+            if (null !== $deadline) {
+                $body['timeout_ms'] = (string) (0 === $timeoutMs ? 0 : max(1, (int) ceil(($deadline - microtime(true)) * 1000)));
+            }
+            // A new attempt, a new nonce; its retries (inside call) keep it.
+            $body['nonce'] = (string) random_int(1, \PHP_INT_MAX);
+            // A request that waits has no attempt timeout.
+            $r = $this->call('locks/Lock', $body, 0 === $timeoutMs ? self::ATTEMPT_TIMEOUT : 0.0);
+            if (($r['acquired'] ?? false) || 0 === $timeoutMs || (null !== $deadline && microtime(true) >= $deadline)) {
+                break;
+            }
+            // "Not acquired" before the timeout: the wait was withdrawn under
+            // it (the node ended its session, as it does when an earlier
+            // attempt's connection closed). Wait again, in a new session,
+            // after a pause that grows to 1 s (never a busy loop).
+            $withdrawn = min(20, $withdrawn + 1);
+            usleep($withdrawn * 50000);
+        }
+
+        return [
+            'acquired' => (bool) ($r['acquired'] ?? false),
+            'fence' => (int) ($r['fence'] ?? 0),
+            'session_id' => (int) ($r['session_id'] ?? 0),
+            'ttl_ms' => (int) ($r['ttl_ms'] ?? 0),
+            'next_seq' => (int) ($r['next_seq'] ?? 0),
+        ];
+    }
+
+    /**
+     * Releases everything a session holds and closes it, in one write.
+     * Idempotent; a session that already ended answers 0.
+     *
+     * @return int grants released
+     */
+    public function unlock(int $sessionId): int
+    {
+        try {
+            $r = $this->call('locks/Unlock', ['session_id' => (string) $sessionId]);
+        } catch (RaftlockException $e) {
+            if ('NOT_FOUND' === $e->getStatus()) {
+                return 0;
+            }
+            throw $e;
+        }
+
+        return (int) ($r['released'] ?? 0);
+    }
+
+    /**
+     * Restarts a session's lease (no write). False if the session has
+     * ended: expired, closed or unknown (final).
+     */
+    public function keepAlive(int $sessionId): bool
+    {
+        $ask = ++$this->askId;
+        $r = $this->call('locks/KeepAlive', ['session_id' => (string) $sessionId, 'ask_id' => (string) $ask]);
+        if ((int) ($r['ask_id'] ?? 0) !== $ask) {
+            throw new RaftlockException('INTERNAL', "a KeepAlive of ask $ask was answered for ask ".($r['ask_id'] ?? 0));
+        }
+
+        return !($r['expired'] ?? false);
+    }
+
+    /**
+     * Changes a session's ttl and restarts its lease at the new length (one
+     * write, exactly once per $seq). Throws NOT_FOUND if the session ended.
+     *
+     * @return int the ttl now in force, in milliseconds
+     */
+    public function setSessionTtl(int $sessionId, int $seq, int $ttlMs): int
+    {
+        self::checkTtl($ttlMs);
+        $r = $this->call('locks/SetSessionTtl', ['session_id' => (string) $sessionId, 'seq' => (string) $seq, 'ttl_ms' => (string) $ttlMs]);
+
+        return (int) ($r['ttl_ms'] ?? 0);
+    }
+
+    /**
+     * Whether $fence belongs to a current holder of $name (a linearizable
+     * read at the leader).
+     */
+    public function checkFence(string $name, int $fence): bool
+    {
+        self::checkName($name);
+        $r = $this->call('locks/CheckFence', ['name' => $name, 'fence' => (string) $fence]);
+
+        return (bool) ($r['current'] ?? false);
+    }
+
+    /**
+     * The holders and waiters of $name, as the node's DescribeResponse
+     * (proto3 JSON: 64-bit integers are strings, absent fields are empty).
+     *
+     * @return array<string, mixed>
+     */
+    public function describe(string $name): array
+    {
+        self::checkName($name);
+
+        return $this->call('locks/Describe', ['name' => $name]);
+    }
+
+    public static function checkName(string $name): void
+    {
+        $n = \strlen($name);
+        if (0 === $n || $n > self::MAX_NAME_BYTES || false === preg_match('//u', $name)) {
+            throw new \InvalidArgumentException("raftlock: a lock name of $n bytes: must be 1..=".self::MAX_NAME_BYTES.' bytes of UTF-8');
+        }
+    }
+
+    public static function checkTtl(int $ttlMs): void
+    {
+        if ($ttlMs < self::MIN_TTL_MS || $ttlMs > self::MAX_TTL_MS) {
+            throw new \InvalidArgumentException("raftlock: a ttl of $ttlMs ms: sessions last ".self::MIN_TTL_MS.'..='.self::MAX_TTL_MS.' ms');
+        }
+    }
+
+    /**
+     * Sends $rpc ("locks/Lock", "cluster/Status", ...) to the leader and
+     * returns its answer, decoded.
+     *
+     * @param array<string, mixed> $body
+     * @param float $attemptTimeout seconds one attempt may take (0: no limit,
+     *                              for a request that waits in a queue)
+     *
+     * @return array<string, mixed>
+     */
+    public function call(string $rpc, array $body, float $attemptTimeout = self::ATTEMPT_TIMEOUT): array
+    {
+        $json = json_encode((object) $body, \JSON_THROW_ON_ERROR | \JSON_UNESCAPED_SLASHES | \JSON_UNESCAPED_UNICODE);
+        $target = $this->leader ?? $this->nextEndpoint(null);
+        $budgetStart = microtime(true);
+        $failures = [];
+        $failed = 0;
+        $hints = 0;
+        $backoff = 0.05;
+        while (true) {
+            $started = microtime(true);
+            [$status, $headers, $answer, $error] = $this->post($target, $rpc, $json, $attemptTimeout);
+            if (microtime(true) - $started > $this->retryTimeout) {
+                // A request that waited long: the count starts again.
+                $budgetStart = microtime(true);
+            }
+            if (null !== $error) {
+                $failures[$target] = $error;
+                $target = $this->forget($target);
+                ++$failed;
+                $hints = 0;
+            } elseif (200 === $status) {
+                $this->leader = $target;
+                $decoded = json_decode($answer, true);
+                if (!\is_array($decoded)) {
+                    throw new RaftlockException('INTERNAL', "$rpc answered something that is not a JSON object: $answer", $status);
+                }
+
+                return $decoded;
+            } elseif (503 === $status) {
+                $e = self::errorOf($status, $answer);
+                $hint = $headers['raftlock-leader'] ?? ($e[2] ?? '');
+                $failures[$target] = $e[0].': '.$e[1];
+                if ('' !== $hint && isset($headers['raftlock-not-leader']) && $hints <= \count($this->endpoints)) {
+                    // The answer names the leader: go there at once.
+                    $target = self::schemeOf($target).'://'.$hint;
+                    $this->leader = $target;
+                    ++$hints;
+                    continue;
+                }
+                $target = $this->forget($target);
+                ++$failed;
+                $hints = 0;
+            } elseif (504 === $status || 499 === $status) {
+                // DEADLINE_EXCEEDED / CANCELLED: the outcome is unknown; the
+                // same request learns it.
+                $e = self::errorOf($status, $answer);
+                $failures[$target] = $e[0].': '.$e[1];
+                ++$failed;
+                $hints = 0;
+            } else {
+                $e = self::errorOf($status, $answer);
+                throw new RaftlockException($e[0], $e[1], $status);
+            }
+            if (microtime(true) - $budgetStart > $this->retryTimeout) {
+                $parts = [];
+                foreach ($failures as $node => $what) {
+                    $parts[] = "$node: $what";
+                }
+                throw new RaftlockException('UNAVAILABLE', sprintf('no leader answered %s within %.1f s (%s)', $rpc, $this->retryTimeout, implode('; ', $parts)));
+            }
+            if ($failed >= \count($this->endpoints)) {
+                $failed = 0;
+                $pause = $backoff * (0.5 + mt_rand() / mt_getrandmax());
+                $pause = min($pause, max(0.0, $this->retryTimeout - (microtime(true) - $budgetStart)));
+                usleep((int) ($pause * 1e6));
+                $backoff = min(1.0, $backoff * 2);
+            }
+        }
+    }
+
+    /**
+     * One HTTP exchange with one node.
+     *
+     * @return array{0: int, 1: array<string, string>, 2: string, 3: string|null} status, headers, body, transport error
+     */
+    private function post(string $base, string $rpc, string $json, float $timeout): array
+    {
+        if (null === $this->curl) {
+            $this->curl = curl_init();
+        }
+        $h = $this->curl;
+        curl_reset($h);
+        $headers = [];
+        $requestHeaders = ['Content-Type: application/json', 'Expect:'];
+        if (null !== $this->token) {
+            $requestHeaders[] = 'Authorization: Bearer '.$this->token;
+        }
+        curl_setopt_array($h, [
+            \CURLOPT_URL => $base.'/v1/'.$rpc,
+            \CURLOPT_POST => true,
+            \CURLOPT_POSTFIELDS => $json,
+            \CURLOPT_HTTPHEADER => $requestHeaders,
+            \CURLOPT_RETURNTRANSFER => true,
+            \CURLOPT_HTTP_VERSION => \CURL_HTTP_VERSION_1_1,
+            \CURLOPT_CONNECTTIMEOUT_MS => (int) ($this->connectTimeout * 1000),
+            \CURLOPT_TIMEOUT_MS => (int) ($timeout * 1000),
+            \CURLOPT_NOSIGNAL => true,
+            \CURLOPT_PROXY => '',
+            // A long wait sends nothing: let the kernel notice a dead peer.
+            \CURLOPT_TCP_KEEPALIVE => 1,
+            \CURLOPT_TCP_KEEPIDLE => 10,
+            \CURLOPT_TCP_KEEPINTVL => 5,
+            \CURLOPT_HEADERFUNCTION => static function ($ch, string $line) use (&$headers): int {
+                $parts = explode(':', $line, 2);
+                if (2 === \count($parts)) {
+                    $headers[strtolower(trim($parts[0]))] = trim($parts[1]);
+                }
+
+                return \strlen($line);
+            },
+        ] + $this->curlOptions);
+        $answer = curl_exec($h);
+        if (false === $answer) {
+            return [0, [], '', curl_error($h) ?: 'curl error '.curl_errno($h)];
+        }
+
+        return [(int) curl_getinfo($h, \CURLINFO_RESPONSE_CODE), $headers, (string) $answer, null];
+    }
+
+    /**
+     * @return array{0: string, 1: string, 2: string} code, message, leader
+     */
+    private static function errorOf(int $status, string $answer): array
+    {
+        $b = json_decode($answer, true);
+        if (!\is_array($b) || !isset($b['code'])) {
+            return ['UNKNOWN', "HTTP $status: $answer", ''];
+        }
+
+        return [(string) $b['code'], (string) ($b['message'] ?? ''), (string) ($b['leader'] ?? '')];
+    }
+
+    private static function schemeOf(string $base): string
+    {
+        return substr($base, 0, (int) strpos($base, '://'));
+    }
+
+    private function nextEndpoint(?string $not): string
+    {
+        $n = \count($this->endpoints);
+        $next = $this->endpoints[$this->next++ % $n];
+        if ($next === $not && $n > 1) {
+            $next = $this->endpoints[$this->next++ % $n];
+        }
+
+        return $next;
+    }
+
+    /** Drops $base as the leader, if it was; the node to try next. */
+    private function forget(string $base): string
+    {
+        if ($this->leader === $base) {
+            $this->leader = null;
+        }
+
+        return $this->nextEndpoint($base);
+    }
+}

@@ -1,0 +1,223 @@
+<?php
+
+declare(strict_types=1);
+
+namespace Raftlock\Symfony;
+
+use Raftlock\Client;
+use Raftlock\RaftlockException;
+use Symfony\Component\Lock\BlockingSharedLockStoreInterface;
+use Symfony\Component\Lock\BlockingStoreInterface;
+use Symfony\Component\Lock\Exception\InvalidTtlException;
+use Symfony\Component\Lock\Exception\LockConflictedException;
+use Symfony\Component\Lock\Exception\LockExpiredException;
+use Symfony\Component\Lock\Key;
+
+/**
+ * Symfony Lock's store on a raftlock cluster: exclusive and shared locks,
+ * blocking or not, with FIFO queues on the leader (no polling), and a
+ * fence per grant for the stores the holder writes to.
+ *
+ *     $store = new RaftlockStore('http://node1:7101,http://node2:7101,http://node3:7101');
+ *     $lock = (new LockFactory($store))->createLock('invoice-42', 30);
+ *
+ * Each acquired Key holds a raftlock session of its own, opened and
+ * acquired in one write (Lock) and ended in one (Unlock, on release). The
+ * session starts with the store's initial ttl; `$lock->refresh($ttl)`
+ * restarts it at $ttl (a KeepAlive, no write, when $ttl is the session's
+ * ttl; a SetSessionTtl, one write, when it differs). A process that dies
+ * while it holds a lock blocks it until that ttl runs out; a process that
+ * dies while it waits (`acquire(true)`) leaves nothing queued.
+ *
+ * The Key carries the session id, the fence and the session's next seq, so
+ * a serialized Key can be released, refreshed or checked by another
+ * process (stop using it in the first one).
+ *
+ * Changing a Key's mode (`acquireRead()` then `acquire()`, or the reverse)
+ * releases its grant and acquires anew: another process may get the lock
+ * in between.
+ */
+final class RaftlockStore implements BlockingSharedLockStoreInterface, BlockingStoreInterface
+{
+    /** The part of the ttl the Key's lifetime leaves out (from the send time). */
+    public const LEASE_MARGIN = 0.1;
+
+    private Client $client;
+    private float $initialTtl;
+
+    /**
+     * @param string|Client $endpoints  comma-separated node URLs, or a Client
+     * @param string|null   $token      sent as "Authorization: Bearer TOKEN"
+     * @param float         $initialTtl the session ttl of a newly acquired lock, in seconds (1..=3600)
+     */
+    public function __construct($endpoints, ?string $token = null, float $initialTtl = 300.0)
+    {
+        $this->client = $endpoints instanceof Client ? $endpoints : new Client($endpoints, $token);
+        self::ttlMs($initialTtl);
+        $this->initialTtl = $initialTtl;
+    }
+
+    public function save(Key $key): void
+    {
+        $this->acquire($key, Client::EXCLUSIVE, false);
+    }
+
+    public function saveRead(Key $key): void
+    {
+        $this->acquire($key, Client::SHARED, false);
+    }
+
+    public function waitAndSave(Key $key): void
+    {
+        $this->acquire($key, Client::EXCLUSIVE, true);
+    }
+
+    public function waitAndSaveRead(Key $key): void
+    {
+        $this->acquire($key, Client::SHARED, true);
+    }
+
+    public function putOffExpiration(Key $key, float $ttl): void
+    {
+        $ttlMs = self::ttlMs($ttl);
+        $state = self::state($key);
+        if (null === $state) {
+            throw new LockConflictedException(sprintf('The "%s" lock is not held through this key.', $key));
+        }
+        $this->renew($key, $state, $ttlMs);
+        $this->checkNotExpired($key);
+    }
+
+    public function delete(Key $key): void
+    {
+        $state = self::state($key);
+        if (null === $state) {
+            return;
+        }
+        $this->client->unlock($state['session']);
+        $key->removeState(__CLASS__);
+    }
+
+    public function exists(Key $key): bool
+    {
+        $state = self::state($key);
+
+        return null !== $state && $this->client->checkFence((string) $key, $state['fence']);
+    }
+
+    /**
+     * The fence of the grant $key holds (for the stores the holder writes
+     * to), or null if it holds none.
+     */
+    public static function fence(Key $key): ?int
+    {
+        $state = self::state($key);
+
+        return null === $state ? null : $state['fence'];
+    }
+
+    private function acquire(Key $key, string $mode, bool $wait): void
+    {
+        $state = self::state($key);
+        if (null !== $state) {
+            if ($state['mode'] === $mode && $this->client->checkFence((string) $key, $state['fence'])) {
+                // Already held through this key: restart its lease, as
+                // Redis' save does for its own token.
+                $this->renew($key, $state, $state['ttl_ms']);
+                $this->checkNotExpired($key);
+
+                return;
+            }
+            // Another mode, or no longer held: end the old session first.
+            $this->client->unlock($state['session']);
+            $key->removeState(__CLASS__);
+        }
+        $ttlMs = self::ttlMs($this->initialTtl);
+        $sent = microtime(true);
+        $key->reduceLifetime($this->initialTtl * (1 - self::LEASE_MARGIN));
+        $r = $this->client->lock((string) $key, $ttlMs, $wait ? null : 0, $mode);
+        if (!$r['acquired']) {
+            throw new LockConflictedException(sprintf('The "%s" lock is held by another.', $key));
+        }
+        $state = [
+            'session' => $r['session_id'],
+            'fence' => $r['fence'],
+            'next_seq' => $r['next_seq'],
+            'ttl_ms' => $r['ttl_ms'] ?: $ttlMs,
+            'mode' => $mode,
+        ];
+        $key->setState(__CLASS__, $state);
+        if ($wait && microtime(true) - $sent > $ttlMs / 3000) {
+            // It waited: the node restarted the lease as it answered, but
+            // the count from the send has mostly run. Count from a renewal.
+            $key->resetLifetime();
+            $this->renew($key, $state, $state['ttl_ms']);
+        }
+        $this->checkNotExpired($key);
+    }
+
+    /**
+     * Restarts the session's lease at $ttlMs, counting the Key's lifetime
+     * from the send time less the margin.
+     *
+     * @param array{session: int, fence: int, next_seq: int, ttl_ms: int, mode: string} $state
+     */
+    private function renew(Key $key, array $state, int $ttlMs): void
+    {
+        $key->reduceLifetime($ttlMs / 1000 * (1 - self::LEASE_MARGIN));
+        if ($ttlMs === $state['ttl_ms']) {
+            $alive = $this->client->keepAlive($state['session']);
+        } else {
+            // Spend the seq before sending: a seq is never reused, even if
+            // this request's outcome stays unknown.
+            $seq = $state['next_seq'];
+            $state['next_seq'] = $seq + 1;
+            $key->setState(__CLASS__, $state);
+            try {
+                $this->client->setSessionTtl($state['session'], $seq, $ttlMs);
+                $state['ttl_ms'] = $ttlMs;
+                $key->setState(__CLASS__, $state);
+                $alive = true;
+            } catch (RaftlockException $e) {
+                if ('NOT_FOUND' !== $e->getStatus()) {
+                    throw $e;
+                }
+                $alive = false;
+            }
+        }
+        if (!$alive) {
+            $key->removeState(__CLASS__);
+            throw new LockConflictedException(sprintf('The "%s" lock was lost: its session ended.', $key));
+        }
+    }
+
+    private function checkNotExpired(Key $key): void
+    {
+        if ($key->isExpired()) {
+            try {
+                $this->delete($key);
+            } catch (\Exception $e) {
+                // The original problem is the expiry.
+            }
+            throw new LockExpiredException(sprintf('Failed to store the "%s" lock.', $key));
+        }
+    }
+
+    /**
+     * @return array{session: int, fence: int, next_seq: int, ttl_ms: int, mode: string}|null
+     */
+    private static function state(Key $key): ?array
+    {
+        return $key->hasState(__CLASS__) ? $key->getState(__CLASS__) : null;
+    }
+
+    private static function ttlMs(float $ttl): int
+    {
+        $ms = (int) ceil($ttl * 1000);
+        if ($ms < Client::MIN_TTL_MS || $ms > Client::MAX_TTL_MS) {
+            throw new InvalidTtlException(sprintf('raftlock sessions last 1 to 3600 seconds, got %s.', $ttl));
+        }
+
+        return $ms;
+    }
+}

@@ -1,0 +1,246 @@
+<?php
+
+// The PHP suite's harness: a real raftlock cluster (`raftlockd dev`, three
+// nodes on free loopback ports in a temporary directory, from $RAFTLOCKD,
+// default the workspace's target/debug/raftlockd), worker processes, and
+// polling with deadlines. Nothing is mocked.
+
+declare(strict_types=1);
+
+namespace Raftlock\Tests;
+
+final class TestFailure extends \RuntimeException
+{
+}
+
+function check(bool $cond, string $what): void
+{
+    if (!$cond) {
+        throw new TestFailure($what);
+    }
+}
+
+function checkSame($want, $got, string $what): void
+{
+    if ($want !== $got) {
+        throw new TestFailure($what.': want '.var_export($want, true).', got '.var_export($got, true));
+    }
+}
+
+/**
+ * Runs $f and checks that it throws a $class (or something whose chain of
+ * previous exceptions holds one) whose message contains $text.
+ */
+function checkThrows(string $class, string $text, callable $f): \Throwable
+{
+    try {
+        $f();
+    } catch (\Throwable $e) {
+        for ($x = $e; null !== $x; $x = $x->getPrevious()) {
+            if ($x instanceof $class && str_contains($x->getMessage(), $text)) {
+                return $x;
+            }
+        }
+        throw new TestFailure("want a $class with \"$text\", got ".\get_class($e).': '.$e->getMessage(), 0, $e);
+    }
+    throw new TestFailure("want a $class with \"$text\", nothing was thrown");
+}
+
+/** Polls $cond every 20 ms until it returns true, or fails after $within seconds. */
+function eventually(float $within, string $what, callable $cond): void
+{
+    $deadline = microtime(true) + $within;
+    while (!$cond()) {
+        if (microtime(true) > $deadline) {
+            throw new TestFailure("not within $within s: $what");
+        }
+        usleep(20000); // polling interval, under the deadline
+    }
+}
+
+function raftlockd(): string
+{
+    return getenv('RAFTLOCKD') ?: \dirname(__DIR__, 3).'/target/debug/raftlockd';
+}
+
+/** A `raftlockd dev` cluster. */
+final class Cluster
+{
+    /** @var array<int, string> node id => address */
+    public array $nodes = [];
+    private $proc;
+    private $stdout;
+    private string $dir;
+
+    /** @param list<string> $extra more flags for `raftlockd dev` */
+    public function __construct(array $extra = [])
+    {
+        $bin = raftlockd();
+        if (!is_executable($bin)) {
+            throw new \RuntimeException("no raftlockd at $bin (build it with `cargo build -p raftlock-node --bin raftlockd`, or set RAFTLOCKD)");
+        }
+        $last = '';
+        for ($try = 0; $try < 5; ++$try) {
+            $this->dir = sys_get_temp_dir().'/raftlock-php-'.bin2hex(random_bytes(6));
+            mkdir($this->dir);
+            $base = self::freeBase(3);
+            $cmd = array_merge([$bin, 'dev', '--nodes', '3', '--base-port', (string) $base, '--data-dir', $this->dir, '--metrics-base-port', '0'], $extra);
+            $this->proc = proc_open($cmd, [0 => ['pipe', 'r'], 1 => ['pipe', 'w'], 2 => ['file', $this->dir.'/dev.log', 'a']], $pipes, null, ['RUST_LOG' => 'warn'] + getenv());
+            $this->stdout = $pipes[1];
+            $deadline = microtime(true) + 30;
+            $ready = false;
+            while (microtime(true) < $deadline) {
+                $r = [$this->stdout];
+                $w = $e = null;
+                if (0 === stream_select($r, $w, $e, 0, 200000)) {
+                    continue;
+                }
+                $line = fgets($this->stdout);
+                if (false === $line) {
+                    break; // it exited (a port was taken meanwhile)
+                }
+                if (preg_match('/^node (\d+) (\S+)$/', trim($line), $m)) {
+                    $this->nodes[(int) $m[1]] = $m[2];
+                } elseif ('ready' === trim($line)) {
+                    $ready = true;
+                    break;
+                }
+            }
+            if ($ready) {
+                return;
+            }
+            $last = @file_get_contents($this->dir.'/dev.log') ?: '';
+            $this->stop();
+            $this->nodes = [];
+        }
+        throw new \RuntimeException("raftlockd dev did not start: $last");
+    }
+
+    /** A base port with $n free ports from it. */
+    private static function freeBase(int $n): int
+    {
+        while (true) {
+            $base = random_int(20000, 60000);
+            $held = [];
+            foreach (range($base, $base + $n - 1) as $port) {
+                $s = @stream_socket_server("tcp://127.0.0.1:$port");
+                if (false === $s) {
+                    break;
+                }
+                $held[] = $s;
+            }
+            $ok = \count($held) === $n;
+            foreach ($held as $s) {
+                fclose($s);
+            }
+            if ($ok) {
+                return $base;
+            }
+        }
+    }
+
+    public function endpoints(): string
+    {
+        return implode(',', array_map(fn ($a) => "http://$a", $this->nodes));
+    }
+
+    /** The leader's address, as node 1 sees it (polling until one is known). */
+    public function leader(): string
+    {
+        $leader = '';
+        eventually(10, 'a leader', function () use (&$leader) {
+            $ctx = stream_context_create(['http' => ['method' => 'POST', 'header' => "Content-Type: application/json\r\n", 'content' => '{}', 'ignore_errors' => true, 'timeout' => 2]]);
+            $s = json_decode((string) @file_get_contents('http://'.$this->nodes[1].'/v1/cluster/Status', false, $ctx), true);
+            $leader = $s['leader_addr'] ?? '';
+
+            return '' !== $leader;
+        });
+
+        return $leader;
+    }
+
+    public function stop(): void
+    {
+        if (\is_resource($this->proc)) {
+            proc_terminate($this->proc, 15);
+            $deadline = microtime(true) + 10;
+            while (proc_get_status($this->proc)['running'] && microtime(true) < $deadline) {
+                usleep(20000);
+            }
+            if (proc_get_status($this->proc)['running']) {
+                proc_terminate($this->proc, 9);
+            }
+            proc_close($this->proc);
+        }
+        exec('rm -rf '.escapeshellarg($this->dir));
+    }
+}
+
+/** A worker process (tests/worker.php) printing one line per event. */
+final class Worker
+{
+    private $proc;
+    private array $pipes = [];
+    public int $pid;
+
+    /** @param list<string> $args */
+    public function __construct(array $args)
+    {
+        $this->proc = proc_open(array_merge([\PHP_BINARY, __DIR__.'/worker.php'], $args), [0 => ['pipe', 'r'], 1 => ['pipe', 'w'], 2 => STDERR], $this->pipes);
+        $this->pid = proc_get_status($this->proc)['pid'];
+    }
+
+    /** Waits for the worker's next line and checks that it starts with $prefix. */
+    public function expect(string $prefix, float $within = 15): string
+    {
+        $deadline = microtime(true) + $within;
+        while (microtime(true) < $deadline) {
+            $r = [$this->pipes[1]];
+            $w = $e = null;
+            $left = max(0.0, $deadline - microtime(true));
+            if (0 === stream_select($r, $w, $e, (int) $left, (int) (fmod($left, 1.0) * 1e6))) {
+                continue;
+            }
+            $line = fgets($this->pipes[1]);
+            if (false === $line) {
+                throw new TestFailure("the worker ended before printing \"$prefix\"");
+            }
+            $line = rtrim($line, "\n");
+            check(str_starts_with($line, $prefix), "the worker printed \"$line\", want \"$prefix...\"");
+
+            return $line;
+        }
+        throw new TestFailure("the worker printed nothing within $within s (want \"$prefix\")");
+    }
+
+    public function send(string $line): void
+    {
+        fwrite($this->pipes[0], $line."\n");
+        fflush($this->pipes[0]);
+    }
+
+    public function kill(): void
+    {
+        posix_kill($this->pid, 9);
+    }
+
+    public function close(): void
+    {
+        if (\is_resource($this->proc)) {
+            if (proc_get_status($this->proc)['running']) {
+                proc_terminate($this->proc, 9);
+            }
+            foreach ($this->pipes as $p) {
+                if (\is_resource($p)) {
+                    fclose($p);
+                }
+            }
+            proc_close($this->proc);
+        }
+    }
+
+    public function __destruct()
+    {
+        $this->close();
+    }
+}
