@@ -4,7 +4,12 @@
 # a table and bench/results/latest.json. See bench/README.md.
 #
 #   bench/compare.sh [--quick] [--rounds N] [--duration S] [--clients N]
-#                    [--no-scale] [--no-failover] [--no-install] [--keep]
+#                    [--workloads W,W…] [--no-scale] [--no-failover]
+#                    [--no-install] [--keep]
+#
+# --workloads picks from uncontended,contended,semaphore,sessions,oneshot,
+# multi (default: all of them); a run of some of them writes
+# bench/results/partial-W-W….json instead of latest.json.
 #
 # Environment: CARGO_TARGET_DIR (where to build), BIN_DIR (use prebuilt
 # raftlockd and raftlock-bench from here and skip the build), BASE_PORT
@@ -27,17 +32,20 @@ FAILOVER=1
 INSTALL=1
 KEEP=0
 FAILOVER_ROUNDS=3
+ALL_WORKLOADS=uncontended,contended,semaphore,sessions,oneshot,multi
+WORKLOADS=$ALL_WORKLOADS
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1 ;;
     --rounds) ROUNDS=$2; shift ;;
     --duration) DURATION=$2; shift ;;
     --clients) CLIENTS=$2; shift ;;
+    --workloads) WORKLOADS=$2; shift ;;
     --no-scale) SCALE=0 ;;
     --no-failover) FAILOVER=0 ;;
     --no-install) INSTALL=0 ;;
     --keep) KEEP=1 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "compare.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -224,7 +232,7 @@ log "all up, load $LOAD_START"
 # --- 4. every workload against every target, alternating ----------------------
 TARGETS=(raftlock etcd redis)
 for round in $(seq "$ROUNDS"); do
-  for w in uncontended contended semaphore sessions oneshot; do
+  for w in ${WORKLOADS//,/ }; do
     # Rotate the order each round so no target always runs first.
     for k in 0 1 2; do
       t=${TARGETS[$(( (k + round - 1) % 3 ))]}
@@ -301,6 +309,8 @@ fi
 
 # --- 7. report -----------------------------------------------------------------
 mkdir -p "$HERE/results"
+OUT=latest.json
+[ "$WORKLOADS" = "$ALL_WORKLOADS" ] || OUT="partial-${WORKLOADS//,/-}.json"
 SCALE_ARG=$(IFS=,; echo "${SCALE_FILES[*]:-}")
 STAGES_ARG=$(IFS=,; echo "${STAGE_FILES[*]:-}")
 "$BENCH" report --runs "$RUNS" --failover "$FAILOVERS" ${SCALE_ARG:+--scale "$SCALE_ARG"} \
@@ -311,4 +321,4 @@ STAGES_ARG=$(IFS=,; echo "${STAGE_FILES[*]:-}")
   --machine "mode=$([ "$QUICK" = 1 ] && echo quick || echo full), rounds $ROUNDS x ${DURATION}s, $CLIENTS clients" \
   --machine "commit=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo ?)" \
   --machine "versions=etcd $(etcd --version 2>/dev/null | head -1 | awk '{print $3}'), redis $(redis-server --version | awk '{print $3}' | tr -d v=)" \
-  --out "$HERE/results/latest.json"
+  --out "$HERE/results/$OUT"

@@ -186,6 +186,7 @@ fn note(target: Target, workload: Workload) -> String {
             Workload::Semaphore => targets::raftlock::NOTE_SEMAPHORE.to_string(),
             Workload::Sessions => "open session + lock + close session per cycle".to_string(),
             Workload::Oneshot => "Lock + Unlock per cycle (two writes)".to_string(),
+            Workload::Multi => "AcquireAll of 4 names (one write) + 4 releases".to_string(),
             _ => String::new(),
         },
         Target::Redis => targets::redis::note(workload).to_string(),

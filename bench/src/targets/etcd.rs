@@ -28,6 +28,7 @@ pub fn note(w: Workload) -> &'static str {
         Workload::Semaphore => "no native semaphore: K slot keys, create-if-absent txn, polling",
         Workload::Sessions => "lease grant + Lock + lease revoke per cycle (one `etcdctl lock`)",
         Workload::Oneshot => "lease grant + Lock (with the lease) + lease revoke per cycle",
+        Workload::Multi => "no multi-lock: 4 v3lock Locks in sorted order, then 4 Unlocks",
     }
 }
 
@@ -177,6 +178,35 @@ impl Worker for EtcdWorker {
         }
         let lease_id = self.lease.as_ref().map(|l| l.id).unwrap_or(0);
         match self.opts.workload {
+            Workload::Multi => {
+                let mut keys = Vec::with_capacity(super::MULTI_NAMES);
+                for name in self.opts.multi_names('/') {
+                    match self
+                        .client
+                        .lock(name, Some(LockOptions::new().with_lease(lease_id)))
+                        .await
+                    {
+                        Ok(r) => keys.push(r.key().to_vec()),
+                        Err(e) => {
+                            // Give back what it took, and any queued key.
+                            for k in keys {
+                                let _ = self.client.unlock(k).await;
+                            }
+                            self.drop_orphans().await;
+                            return Err(e.into());
+                        }
+                    }
+                }
+                let handoff = ctx.granted();
+                ctx.releasing();
+                for k in keys {
+                    if let Err(e) = self.client.unlock(k).await {
+                        self.drop_orphans().await;
+                        return Err(e.into());
+                    }
+                }
+                Ok(handoff)
+            }
             Workload::Uncontended | Workload::Contended => {
                 let r = match self
                     .client

@@ -56,7 +56,17 @@ pub enum Workload {
     /// it back, in as few calls as each system offers (raftlock: Lock +
     /// Unlock, two writes).
     Oneshot,
+    /// Each cycle takes 4 random names of 100 shared by every client, then
+    /// gives them back: raftlock in one atomic request, the others one by
+    /// one in sorted order (as their users are told to).
+    Multi,
 }
+
+/// Names a `multi` cycle takes.
+pub const MULTI_NAMES: usize = 4;
+
+/// The pool `multi` draws its names from.
+pub const MULTI_POOL: u32 = 100;
 
 impl Workload {
     /// Lower-case name.
@@ -67,16 +77,18 @@ impl Workload {
             Workload::Semaphore => "semaphore",
             Workload::Sessions => "sessions",
             Workload::Oneshot => "oneshot",
+            Workload::Multi => "multi",
         }
     }
 
     /// All workloads, in report order.
-    pub const ALL: [Workload; 5] = [
+    pub const ALL: [Workload; 6] = [
         Workload::Uncontended,
         Workload::Contended,
         Workload::Semaphore,
         Workload::Sessions,
         Workload::Oneshot,
+        Workload::Multi,
     ];
 }
 
@@ -108,7 +120,26 @@ impl Opts {
             Workload::Semaphore => format!("{p}{sep}semaphore"),
             Workload::Sessions => format!("{p}{sep}s{sep}{client}"),
             Workload::Oneshot => format!("{p}{sep}o{sep}{client}{sep}{}", i % 100),
+            Workload::Multi => format!("{p}{sep}m"),
         }
+    }
+
+    /// A `multi` cycle's names: [`MULTI_NAMES`] distinct random ones of
+    /// [`MULTI_POOL`], sorted.
+    pub fn multi_names(&self, sep: char) -> Vec<String> {
+        let mut picked: Vec<u32> = Vec::with_capacity(MULTI_NAMES);
+        while picked.len() < MULTI_NAMES {
+            let k = rand::random_range(0..MULTI_POOL);
+            if !picked.contains(&k) {
+                picked.push(k);
+            }
+        }
+        picked.sort_unstable();
+        let p = &self.prefix;
+        picked
+            .into_iter()
+            .map(|k| format!("{p}{sep}m{sep}{k:03}"))
+            .collect()
     }
 }
 

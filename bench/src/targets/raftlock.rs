@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use raftlock_client::{Client, ClientOptions, Session};
+use raftlock_client::{Client, ClientOptions, Mode, Session};
 
 use super::{Opts, Workload};
 use crate::driver::{Ctx, Worker};
@@ -100,6 +100,21 @@ impl Worker for RaftlockWorker {
                 ctx.granted();
                 lock.unlock().await?;
                 Ok(None)
+            }
+            Workload::Multi => {
+                let names = self.opts.multi_names('/');
+                let locks: Vec<(&str, Mode)> = names
+                    .iter()
+                    .map(|n| (n.as_str(), Mode::Exclusive))
+                    .collect();
+                let session = self.session().await?;
+                let guards = session.lock_all(&locks, None).await?;
+                let handoff = ctx.granted();
+                ctx.releasing();
+                for g in guards {
+                    g.release().await?;
+                }
+                Ok(handoff)
             }
             Workload::Sessions => {
                 let session = self.client.session(self.opts.ttl).await?;

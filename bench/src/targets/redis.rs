@@ -38,6 +38,7 @@ pub fn note(w: Workload) -> &'static str {
         Workload::Semaphore => "sorted-set semaphore script (ZCARD < K then ZADD), polling",
         Workload::Oneshot => "SET NX PX + compare-and-delete script per cycle",
         Workload::Sessions => "no sessions: new connection + SET NX PX + release per cycle",
+        Workload::Multi => "no multi-lock: 4 SET NX PX in sorted order (polling), then 4 releases",
     }
 }
 
@@ -158,6 +159,28 @@ impl RedisWorker {
                 let handoff = ctx.granted();
                 ctx.releasing();
                 Self::unlock(conn, &release, &key, &token).await?;
+                Ok(handoff)
+            }
+            Workload::Multi => {
+                let keys = self.opts.multi_names(':');
+                let poll = self.opts.poll_backoff;
+                let conn = self.conn().await?;
+                let mut held = Vec::with_capacity(keys.len());
+                for key in &keys {
+                    let backoff = Backoff::new(poll);
+                    if let Err(e) = Self::lock(conn, key, &token, &ttl_ms, backoff).await {
+                        for k in held {
+                            let _ = Self::unlock(conn, &release, k, &token).await;
+                        }
+                        return Err(e);
+                    }
+                    held.push(key);
+                }
+                let handoff = ctx.granted();
+                ctx.releasing();
+                for k in held {
+                    Self::unlock(conn, &release, k, &token).await?;
+                }
                 Ok(handoff)
             }
             Workload::Semaphore => {
