@@ -8,20 +8,19 @@
 //! the Raft core still runs. Nothing else in the node reads openraft's
 //! metrics to decide any of these.
 //!
-//! Why the barrier is per process: openraft 0.10 restores a leader whose
-//! vote is committed in its old term when it restarts inside its
-//! followers' lease (`Config::enable_leader_restore`, on by default),
-//! without an election and without its own no-op entry. Such a leader
-//! starts from the commit index it had saved, which can lag what it
-//! acknowledged before it stopped: its table may still hold a session whose
-//! expiry committed, or lack one whose open it acknowledged. So before it
+//! Why the barrier is per process: openraft 0.10 can restore a leader
+//! whose vote is committed in its old term when it restarts inside its
+//! followers' lease (`Config::enable_leader_restore`), without an election
+//! and without its own no-op entry, starting from the commit index it had
+//! saved, which can lag what it acknowledged. raftlock turns restore off
+//! (`node.rs`): a restored leader could also have lost the last entries it
+//! sent before they reached its own disk, and would give their indexes to
+//! new commands (the harness saw one log id name two entries). The barrier
+//! stays as the one rule for every leader, however it got there: before it
 //! serves a read, renews a lease or counts a timer, it commits and applies
 //! an empty entry of its own; everything committed before is then applied
 //! too. Writes need no barrier: they are answered from the apply of their
-//! own entry, which comes after everything before it. (Restore stays on
-//! deliberately: a leader back within a few hundred milliseconds keeps the
-//! cluster writable without an election, and the barrier makes it as
-//! correct as an elected one.)
+//! own entry, which comes after everything before it.
 //!
 //! Readiness ("can this node serve now", for `/readyz` and gRPC health):
 //! its core runs, it knows a leader and, as a follower, has heard from it
@@ -501,13 +500,18 @@ impl Leadership {
         if stale {
             return Ok(());
         }
-        if self.view.borrow().role == Role::Leader {
-            self.ensure_ready().await?;
-        }
         // A follower is refused here with the leader's address.
         self.raft
             .ensure_linearizable(openraft::ReadPolicy::ReadIndex)
             .await?;
+        // openraft says this node leads; the read waits for this process's
+        // own barrier of the term too, whatever the published view says yet
+        // (it starts as a follower's when the node starts): a table that
+        // may lag what this leader acknowledged is never read.
+        if self.view.borrow().role != Role::Leader {
+            self.settle();
+        }
+        self.ensure_ready().await?;
         Ok(())
     }
 

@@ -306,6 +306,15 @@ impl Node {
             // that was paused or cut off cannot depose a working leader
             // (and raise the term) when it returns.
             enable_pre_vote: Some(true),
+            // A leader restarted at once must not take up its old term
+            // again (openraft's leader restore, on by default): its own
+            // copy of the last entries it sent may not have reached its
+            // disk while its followers have them, and it would give their
+            // indexes to new commands, so that one log id names two
+            // different entries. It comes back a follower; the next leader
+            // (elected in a new term, with the longest log) brings it up
+            // to date.
+            enable_leader_restore: Some(false),
             ..Default::default()
         }
         .validate()?;

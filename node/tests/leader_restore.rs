@@ -1,13 +1,15 @@
-//! A leader killed with `kill -9` and started again at once comes back in
-//! its old term without an election (openraft 0.10's leader restore, when
-//! it is back inside its followers' lease). It must not answer from a table
-//! that lags what the cluster committed: a keep-alive of a session whose
-//! expiry had committed is answered `expired` (or refused, to be retried at
-//! a working leader), never `renewed`; a session whose open was
-//! acknowledged is never answered `expired`.
+//! A leader killed with `kill -9` and started again at once. With openraft
+//! 0.10's leader restore it came back in its old term without an election
+//! (when back inside its followers' lease), which is unsafe (see the first
+//! test); raftlock turns it off. Either way a restarted node must not
+//! answer from a table that lags what the cluster committed: a keep-alive
+//! of a session whose expiry had committed is answered `expired` (or
+//! refused, to be retried at a working leader), never `renewed`; a session
+//! whose open was acknowledged is never answered `expired`.
 //!
-//! The window is racy (the restored table lags in some tries only: on the
-//! code before the fix, 3 or 4 of every 10), so each test repeats it.
+//! The window is racy (the restored table lagged in some tries only: on
+//! the code before the per-term barrier, 3 or 4 of every 10), so each test
+//! repeats it.
 
 mod procs;
 
@@ -104,7 +106,6 @@ async fn a_restarted_leader_never_leads_its_old_term_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restored_leader_never_renews_a_session_whose_expiry_committed() {
     let mut procs = Procs::start(3, SLOW_ELECTIONS);
-    let mut restored = 0;
     for i in 0..TRIES as u64 {
         let leader = procs.leader().await;
         let addr = procs.addr(leader);
@@ -136,7 +137,7 @@ async fn a_restored_leader_never_renews_a_session_whose_expiry_committed() {
             .into_inner();
         assert!(granted.acquired, "w was granted once s expired");
 
-        restored += restart_fast(&mut procs, leader).await as usize;
+        restart_fast(&mut procs, leader).await;
         match keep_alive(&addr, s).await {
             Ok(answer) => assert!(
                 answer.expired,
@@ -152,21 +153,16 @@ async fn a_restored_leader_never_renews_a_session_whose_expiry_committed() {
             ),
         }
     }
-    assert!(
-        restored > 0,
-        "the leader never came back in its old term in {TRIES} tries: the scenario did not run"
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restored_leader_never_calls_an_acknowledged_session_expired() {
     let mut procs = Procs::start(3, SLOW_ELECTIONS);
-    let mut restored = 0;
     for i in 0..OPEN_TRIES as u64 {
         let leader = procs.leader().await;
         let addr = procs.addr(leader);
         let s = open(&addr, 60_000, i + 1).await;
-        restored += restart_fast(&mut procs, leader).await as usize;
+        restart_fast(&mut procs, leader).await;
         match keep_alive(&addr, s).await {
             Ok(answer) => assert!(
                 !answer.expired && answer.ttl_ms == 60_000,
@@ -180,8 +176,4 @@ async fn a_restored_leader_never_calls_an_acknowledged_session_expired() {
             ),
         }
     }
-    assert!(
-        restored > 0,
-        "the leader never came back in its old term in {OPEN_TRIES} tries: the scenario did not run"
-    );
 }
