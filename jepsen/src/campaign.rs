@@ -117,6 +117,7 @@ fn run_args(args: &CampaignArgs, cell: &Cell, seed: u64, out: PathBuf) -> RunArg
         recovery: 5,
         linearizability_timeout: 60,
         broken_store: false,
+        peer_auth: false,
     }
 }
 

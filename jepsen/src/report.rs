@@ -31,6 +31,10 @@ fn kind_color(k: NemesisKind) -> &'static str {
         NemesisKind::Restore => "#76b7b2",
         NemesisKind::LoseUnsynced => "#9c755f",
         NemesisKind::SlowDisk => "#edc948",
+        NemesisKind::RestartFast => "#ff9da7",
+        NemesisKind::DiskError => "#8c564b",
+        NemesisKind::ClientLink => "#17becf",
+        NemesisKind::HostilePeer => "#d62728",
     }
 }
 

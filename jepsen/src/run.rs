@@ -11,6 +11,7 @@ use anyhow::Context;
 use serde_json::{json, Value};
 
 use crate::checker::{self, CheckInput};
+use crate::clientlink::{ClientLinks, ClusterAddrs};
 use crate::cluster::{self, Cluster, ClusterOptions};
 use crate::history::{self, Process, Recorder, Type};
 use crate::nemesis::{self, CutMode, NemesisKind, NemesisOptions, Window};
@@ -72,6 +73,11 @@ pub struct RunArgs {
     /// land. The run must then come out invalid.
     #[arg(long)]
     pub broken_store: bool,
+    /// Run the nodes with peer authentication (an ACL file with a peer
+    /// token; the workers use a client token). The hostile peer must then
+    /// be refused with UNAUTHENTICATED.
+    #[arg(long)]
+    pub peer_auth: bool,
 }
 
 /// What a run produced.
@@ -158,6 +164,18 @@ pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
     } else {
         0
     };
+    let insecure_peers_flag = cluster::raftlockd_has_flag(&raftlockd, "--insecure-peers");
+    let acl = if args.peer_auth {
+        Some(cluster::Acl::write(&out)?)
+    } else {
+        None
+    };
+    let (exits_tx, exits) = tokio::sync::mpsc::unbounded_channel();
+    let hooks = cluster::Hooks {
+        exits: Some(exits_tx),
+        ..Default::default()
+    };
+    let roster = hooks.roster.subscribe();
     let cluster = Cluster::start(ClusterOptions {
         raftlockd,
         dir: out.clone(),
@@ -165,14 +183,37 @@ pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
         spares,
         libfaketime,
         disk_faults,
+        acl,
+        insecure_peers_flag,
+        hooks,
     })
     .await?;
     eprintln!(
         "raftlock-jepsen: cluster up in {:.1} s",
         started.elapsed().as_secs_f64()
     );
-    let endpoints = cluster.client_endpoints();
+    let addrs = ClusterAddrs {
+        gen: 0,
+        nodes: cluster.addrs(),
+    };
+    let token = cluster.token();
+    let creds = crate::raw::Creds::new(token.as_deref());
+    let links = kinds
+        .contains(&NemesisKind::ClientLink)
+        .then(|| Arc::new(ClientLinks::new()));
     let cluster = Arc::new(tokio::sync::Mutex::new(cluster));
+    let supervisor = tokio::spawn(crate::supervise::supervisor(
+        cluster.clone(),
+        rec.clone(),
+        exits,
+    ));
+    let sampling = Arc::new(AtomicBool::new(false));
+    let sampler = tokio::spawn(crate::supervise::sampler(
+        roster,
+        rec.clone(),
+        creds.clone(),
+        sampling.clone(),
+    ));
 
     let store = if args.workload == WorkloadKind::FencedCounter {
         Some(Store::start(&out.join("store.jsonl"), args.broken_store, rec.clone()).await?)
@@ -181,10 +222,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
     };
 
     let stop = Arc::new(AtomicBool::new(false));
-    let (moved_tx, moved) = tokio::sync::watch::channel(endpoints.clone());
+    let (moved_tx, moved) = tokio::sync::watch::channel(addrs.clone());
     let wopts = WorkloadOptions {
         kind: args.workload,
-        endpoints,
+        addrs,
+        links: links.clone(),
+        token,
         ttl,
         keys: args.keys,
         capacity: args.capacity,
@@ -192,9 +235,22 @@ pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
         store: store.as_ref().map(|s| s.addr().to_string()),
         concurrency: args.concurrency,
         seed: args.seed,
-        moved,
+        moved: moved.clone(),
     };
-    let mut workers = workload::spawn_workers(&wopts, &rec, stop.clone())?;
+    let mut workers = workload::spawn_workers(&wopts, &rec, stop.clone()).await?;
+    // The raw keep-alive probers of the clients workload.
+    let probers = (args.workload == WorkloadKind::Clients).then(|| {
+        tokio::spawn(workload::keepalive::run(
+            rec.clone(),
+            workload::keepalive::ProberOptions {
+                creds: creds.clone(),
+                seed: args.seed,
+            },
+            links.clone(),
+            moved,
+            stop.clone(),
+        ))
+    });
 
     let until = tokio::time::Instant::now() + Duration::from_secs(args.time_limit);
     let windows: Vec<Window> = nemesis::run(
@@ -207,7 +263,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
             cut_mode: args.cut_mode,
             nodes: args.nodes,
             out: out.clone(),
-            endpoints: Some(Arc::new(moved_tx)),
+            addrs: Some(Arc::new(moved_tx)),
+            links: links.clone(),
         },
         until,
     )
@@ -216,6 +273,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
 
     // Heal everything and give the cluster time to recover under load.
     {
+        if let Some(l) = &links {
+            l.heal().await;
+        }
         let mut c = cluster.lock().await;
         let healed = c.heal_all().await;
         rec.record(
@@ -245,6 +305,13 @@ pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
     for w in &workers {
         w.abort();
     }
+    if let Some(p) = probers {
+        // They stop after probing what they abandoned last.
+        let deadline = workload::keepalive::PROBE_FOR + Duration::from_secs(5);
+        if tokio::time::timeout(deadline, p).await.is_err() {
+            eprintln!("raftlock-jepsen: the keep-alive probers did not stop in time");
+        }
+    }
 
     // The end-of-run audit, while the workers' sessions are still alive.
     let believed: Vec<(u64, u64)> = leftovers
@@ -270,6 +337,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
         audit["waited_ms"],
         audit["locks"].as_array().map_or(0, Vec::len)
     );
+    // The sampler's last rounds are the end-of-run check of every node.
+    sampling.store(true, Ordering::SeqCst);
+    let _ = tokio::time::timeout(Duration::from_secs(5), sampler).await;
     futures::future::join_all(leftovers.into_iter().map(|l| l.close())).await;
 
     let store_values = store.as_ref().map(Store::values).unwrap_or_default();
@@ -278,6 +348,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
     }
     rec.flush();
     cluster.lock().await.stop_all().await;
+    supervisor.abort();
+    if let Some(l) = &links {
+        l.shutdown().await;
+    }
     let wall = started.elapsed();
 
     let store_log = read_jsonl(&out.join("store.jsonl"));
@@ -289,6 +363,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
     let ops = history::pair_ops(&events);
     let checked = checker::check(&CheckInput {
         ops: &ops,
+        events: &events,
+        windows: &windows,
         workload: args.workload,
         store_log: &store_log,
         store_values: &store_values,
@@ -352,8 +428,11 @@ pub fn recheck(
     let audit: Option<Value> = std::fs::read_to_string(out.join("audit.json"))
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok());
+    let windows = nemesis::windows_from_history(&events);
     let checked = checker::check(&CheckInput {
         ops: &ops,
+        events: &events,
+        windows: &windows,
         workload,
         store_log: &store_log,
         store_values: &store_values,
@@ -363,7 +442,6 @@ pub fn recheck(
         audit: audit.as_ref(),
     });
     let valid = checked.valid();
-    let windows = nemesis::windows_from_history(&events);
     let previous: Option<Value> = std::fs::read_to_string(out.join("results.json"))
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok());

@@ -24,7 +24,9 @@ use tokio::sync::Mutex;
 use tokio::time::Instant;
 
 mod disk;
+mod links;
 mod membership;
+mod restart;
 mod restore;
 
 use membership::membership;
@@ -35,8 +37,8 @@ use crate::history::{Process, Recorder, Type};
 use crate::proxy::Link;
 
 /// The kinds of fault.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum NemesisKind {
     /// SIGKILL and restart.
     Kill,
@@ -54,59 +56,59 @@ pub enum NemesisKind {
     LoseUnsynced,
     /// Make syncs slow on some nodes.
     SlowDisk,
+    /// `kill -9` and start again within 10-200 ms (inside the followers'
+    /// lease, so a leader comes back in its old term).
+    RestartFast,
+    /// A full disk (ENOSPC) or failing syncs (EIO) for a while.
+    DiskError,
+    /// Faults on the links between the client workers and the nodes.
+    ClientLink,
+    /// Malformed and adversarial Raft messages from outside the cluster.
+    HostilePeer,
 }
 
+/// Every kind, in the order `all` lists them.
+pub const ALL_KINDS: [NemesisKind; 12] = [
+    NemesisKind::Kill,
+    NemesisKind::Pause,
+    NemesisKind::Partition,
+    NemesisKind::Clock,
+    NemesisKind::Membership,
+    NemesisKind::Restore,
+    NemesisKind::LoseUnsynced,
+    NemesisKind::SlowDisk,
+    NemesisKind::RestartFast,
+    NemesisKind::DiskError,
+    NemesisKind::ClientLink,
+    NemesisKind::HostilePeer,
+];
+
 impl NemesisKind {
-    /// Parses `kill,pause,...` (`all` = every kind, `none` = no faults).
+    /// Parses `kill,pause,...` (`all` = every kind, `none` = no faults,
+    /// `disk` = `lose-unsynced` and `slow-disk`).
     pub fn parse_list(s: &str) -> anyhow::Result<Vec<NemesisKind>> {
         let mut out = BTreeSet::new();
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             match part {
-                "kill" => {
-                    out.insert(NemesisKind::Kill);
-                }
-                "pause" => {
-                    out.insert(NemesisKind::Pause);
-                }
-                "partition" => {
-                    out.insert(NemesisKind::Partition);
-                }
-                "clock" => {
-                    out.insert(NemesisKind::Clock);
-                }
-                "membership" => {
-                    out.insert(NemesisKind::Membership);
-                }
-                "restore" => {
-                    out.insert(NemesisKind::Restore);
-                }
-                "lose-unsynced" => {
-                    out.insert(NemesisKind::LoseUnsynced);
-                }
-                "slow-disk" => {
-                    out.insert(NemesisKind::SlowDisk);
-                }
                 "disk" => out.extend([NemesisKind::LoseUnsynced, NemesisKind::SlowDisk]),
-                "all" => out.extend([
-                    NemesisKind::Kill,
-                    NemesisKind::Pause,
-                    NemesisKind::Partition,
-                    NemesisKind::Clock,
-                    NemesisKind::Membership,
-                    NemesisKind::Restore,
-                    NemesisKind::LoseUnsynced,
-                    NemesisKind::SlowDisk,
-                ]),
+                "all" => out.extend(ALL_KINDS),
                 "none" => {}
-                other => anyhow::bail!(
-                    "unknown nemesis {other:?} (expected kill, pause, partition, clock, membership, restore, lose-unsynced, slow-disk, disk, all or none)"
-                ),
+                other => match ALL_KINDS.iter().find(|k| k.name() == other) {
+                    Some(k) => {
+                        out.insert(*k);
+                    }
+                    None => anyhow::bail!(
+                        "unknown nemesis {other:?} (expected {}, disk, all or none)",
+                        ALL_KINDS.map(NemesisKind::name).join(", ")
+                    ),
+                },
             }
         }
         Ok(out.into_iter().collect())
     }
 
-    fn name(self) -> &'static str {
+    /// The kind's name on the command line and in the history.
+    pub fn name(self) -> &'static str {
         match self {
             NemesisKind::Kill => "kill",
             NemesisKind::Pause => "pause",
@@ -116,12 +118,19 @@ impl NemesisKind {
             NemesisKind::Restore => "restore",
             NemesisKind::LoseUnsynced => "lose-unsynced",
             NemesisKind::SlowDisk => "slow-disk",
+            NemesisKind::RestartFast => "restart-fast",
+            NemesisKind::DiskError => "disk-error",
+            NemesisKind::ClientLink => "client-link",
+            NemesisKind::HostilePeer => "hostile-peer",
         }
     }
 
     /// True for the kinds that need the disk-fault layer.
     pub fn needs_disk_layer(self) -> bool {
-        matches!(self, NemesisKind::LoseUnsynced | NemesisKind::SlowDisk)
+        matches!(
+            self,
+            NemesisKind::LoseUnsynced | NemesisKind::SlowDisk | NemesisKind::DiskError
+        )
     }
 }
 
@@ -170,7 +179,9 @@ pub struct NemesisOptions {
     pub out: std::path::PathBuf,
     /// Where the workers learn the client addresses of the cluster they
     /// must move to after a restore.
-    pub endpoints: Option<Arc<tokio::sync::watch::Sender<Vec<String>>>>,
+    pub addrs: Option<Arc<tokio::sync::watch::Sender<crate::clientlink::ClusterAddrs>>>,
+    /// The client links, for the client-link nemesis.
+    pub links: Option<Arc<crate::clientlink::ClientLinks>>,
 }
 
 /// What a fault did, to be healed.
@@ -180,6 +191,8 @@ enum Active {
     Cut,
     Clock(Vec<u64>),
     SlowDisk(Vec<u64>),
+    DiskError(Vec<u64>),
+    ClientLinks,
     Done,
 }
 
@@ -229,14 +242,20 @@ pub async fn run(
             NemesisKind::Kill | NemesisKind::LoseUnsynced => {
                 Duration::from_millis(rng.random_range(1000..=5000))
             }
-            NemesisKind::Membership | NemesisKind::Restore => Duration::ZERO,
+            NemesisKind::Membership | NemesisKind::Restore | NemesisKind::RestartFast => {
+                Duration::ZERO
+            }
             _ => fault_len,
         };
         let hold_until = (Instant::now() + hold).min(until.max(Instant::now()));
         tokio::time::sleep_until(hold_until).await;
-        let healed = heal(&cluster, &active).await;
+        let healed = heal(&cluster, &active, opts.links.as_deref()).await;
         let end_ns = rec.now_ns();
-        if !matches!(active, Active::Done) {
+        // Faults that heal themselves record their end too (membership
+        // and restore record their own operations instead).
+        if !matches!(active, Active::Done)
+            || !matches!(kind, NemesisKind::Membership | NemesisKind::Restore)
+        {
             rec.record(
                 Process::NEMESIS,
                 Type::Info,
@@ -418,6 +437,15 @@ async fn start(
             let l = pick_leader(rng);
             disk::slow_disk(cluster, &members, l, majority, rng).await?
         }
+        NemesisKind::RestartFast => restart::restart_fast(cluster, &members, leader, rng).await?,
+        NemesisKind::DiskError => {
+            let l = pick_leader(rng);
+            disk::disk_error(cluster, &members, l, majority, rng).await?
+        }
+        NemesisKind::ClientLink => links::client_link(opts, &members, leader, rng).await?,
+        NemesisKind::HostilePeer => {
+            anyhow::bail!("{} is not available yet", kind.name())
+        }
     };
     rec.record(
         Process::NEMESIS,
@@ -487,7 +515,11 @@ pub fn partition_links(variant: &str, members: &[u64], leader: u64, rng: &mut St
     }
 }
 
-async fn heal(cluster: &Arc<Mutex<Cluster>>, active: &Active) -> anyhow::Result<()> {
+async fn heal(
+    cluster: &Arc<Mutex<Cluster>>,
+    active: &Active,
+    links: Option<&crate::clientlink::ClientLinks>,
+) -> anyhow::Result<()> {
     let mut c = cluster.lock().await;
     match active {
         Active::Killed(ids) => {
@@ -511,6 +543,21 @@ async fn heal(cluster: &Arc<Mutex<Cluster>>, active: &Active) -> anyhow::Result<
                 c.set_fsync_delay(id, Duration::ZERO)?;
             }
         }
+        Active::ClientLinks => {
+            if let Some(l) = links {
+                l.heal().await;
+            }
+        }
+        Active::DiskError(ids) => {
+            for &id in ids {
+                c.set_disk_error(id, None)?;
+            }
+            // Nodes that exited on the failing disk: start them now rather
+            // than after the supervisor's delay.
+            for &id in ids {
+                c.restart(id).await?;
+            }
+        }
         Active::Done => {}
     }
     Ok(())
@@ -520,15 +567,8 @@ async fn heal(cluster: &Arc<Mutex<Cluster>>, active: &Active) -> anyhow::Result<
 /// re-checking a finished run).
 pub fn windows_from_history(events: &[crate::history::Event]) -> Vec<Window> {
     let kind_of = |name: &str| match name {
-        "kill" => Some(NemesisKind::Kill),
-        "pause" => Some(NemesisKind::Pause),
-        "partition" => Some(NemesisKind::Partition),
-        "clock" => Some(NemesisKind::Clock),
-        "membership" | "add-node" | "remove-node" => Some(NemesisKind::Membership),
-        "restore" => Some(NemesisKind::Restore),
-        "lose-unsynced" => Some(NemesisKind::LoseUnsynced),
-        "slow-disk" => Some(NemesisKind::SlowDisk),
-        _ => None,
+        "add-node" | "remove-node" => Some(NemesisKind::Membership),
+        name => ALL_KINDS.iter().copied().find(|k| k.name() == name),
     };
     let mut open: std::collections::HashMap<String, (u64, Value)> = Default::default();
     let mut out = Vec::new();
@@ -619,7 +659,16 @@ mod tests {
             NemesisKind::parse_list("kill,pause").unwrap(),
             vec![NemesisKind::Kill, NemesisKind::Pause]
         );
-        assert_eq!(NemesisKind::parse_list("all").unwrap().len(), 8);
+        assert_eq!(NemesisKind::parse_list("all").unwrap().len(), 12);
+        assert_eq!(
+            NemesisKind::parse_list("restart-fast,disk-error,client-link,hostile-peer").unwrap(),
+            vec![
+                NemesisKind::RestartFast,
+                NemesisKind::DiskError,
+                NemesisKind::ClientLink,
+                NemesisKind::HostilePeer
+            ]
+        );
         assert_eq!(
             NemesisKind::parse_list("restore,disk").unwrap(),
             vec![
