@@ -9,6 +9,7 @@
 //! and `+` combines faults within one run: `kill,pause+partition,all` is
 //! three choices.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -136,6 +137,7 @@ pub async fn campaign(args: CampaignArgs) -> anyhow::Result<run::Outcome> {
     std::fs::create_dir_all(&args.out)?;
     let started = Instant::now();
     let mut rows: Vec<Value> = Vec::new();
+    let mut availability: Vec<Value> = Vec::new();
     for i in 0..args.runs {
         let cell = &cells[(i % cells.len() as u64) as usize];
         let seed = args.seed + i;
@@ -155,9 +157,17 @@ pub async fn campaign(args: CampaignArgs) -> anyhow::Result<run::Outcome> {
         let row = match run::run(run_args(&args, cell, seed, out)).await {
             Ok(outcome) => {
                 let r = &outcome.results;
+                let mut kinds: BTreeMap<String, u64> = BTreeMap::new();
+                for w in r["nemesis"].as_array().into_iter().flatten() {
+                    *kinds
+                        .entry(w["kind"].as_str().unwrap_or("?").into())
+                        .or_default() += 1;
+                }
+                availability.push(r["availability"].clone());
                 json!({
                     "run": i, "dir": name, "seed": seed, "nodes": cell.nodes,
                     "workload": cell.workload, "nemesis": cell.nemesis,
+                    "faults_by_kind": kinds,
                     "ops": r["ops"], "faults": r["nemesis"].as_array().map_or(0, Vec::len),
                     "anomalies": r["anomalies"].as_array().map_or(0, Vec::len),
                     "verdict": if outcome.valid { "valid" } else { "INVALID" },
@@ -180,9 +190,19 @@ pub async fn campaign(args: CampaignArgs) -> anyhow::Result<run::Outcome> {
             row["faults"]
         );
         rows.push(row);
-        write_summary(&args.out, &rows, started.elapsed().as_secs_f64())?;
+        write_summary(
+            &args.out,
+            &rows,
+            &availability,
+            started.elapsed().as_secs_f64(),
+        )?;
     }
-    let summary = write_summary(&args.out, &rows, started.elapsed().as_secs_f64())?;
+    let summary = write_summary(
+        &args.out,
+        &rows,
+        &availability,
+        started.elapsed().as_secs_f64(),
+    )?;
     let valid = summary["valid"].as_bool() == Some(true);
     Ok(run::Outcome {
         results: summary,
@@ -190,10 +210,23 @@ pub async fn campaign(args: CampaignArgs) -> anyhow::Result<run::Outcome> {
     })
 }
 
-fn write_summary(dir: &Path, rows: &[Value], wall_s: f64) -> anyhow::Result<Value> {
+fn write_summary(
+    dir: &Path,
+    rows: &[Value],
+    availability: &[Value],
+    wall_s: f64,
+) -> anyhow::Result<Value> {
     let count = |v: &str| rows.iter().filter(|r| r["verdict"] == v).count();
     let sum = |k: &str| rows.iter().map(|r| r[k].as_u64().unwrap_or(0)).sum::<u64>();
+    let mut kinds: BTreeMap<String, u64> = BTreeMap::new();
+    for r in rows {
+        for (k, n) in r["faults_by_kind"].as_object().into_iter().flatten() {
+            *kinds.entry(k.clone()).or_default() += n.as_u64().unwrap_or(0);
+        }
+    }
     let summary = json!({
+        "faults_by_kind": kinds,
+        "recovery": crate::availability::merge(availability),
         "valid": count("valid") == rows.len(),
         "runs": rows.len(),
         "valid_runs": count("valid"),
@@ -237,6 +270,23 @@ fn render(summary: &Value) -> String {
         summary["anomalies"],
         summary["wall_s"].as_f64().unwrap_or(0.0),
     ));
+    html.push_str(
+        "<h2>Faults and recovery by kind</h2><p>Recovery: from the end of a fault to the first \
+         grant answered after it.</p><table><tr><th>kind</th><th>faults</th><th>median</th>\
+         <th>worst</th><th>never recovered</th></tr>",
+    );
+    let ms = |v: &Value| v.as_f64().map_or("-".into(), |m| format!("{m:.0} ms"));
+    for (kind, k) in summary["recovery"].as_object().into_iter().flatten() {
+        html.push_str(&format!(
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            esc(kind),
+            k["faults"],
+            ms(&k["median_ms"]),
+            ms(&k["worst_ms"]),
+            k["unrecovered"],
+        ));
+    }
+    html.push_str("</table><h2>Runs</h2>");
     html.push_str(
         "<table><tr><th>run</th><th>seed</th><th>nodes</th><th>workload</th><th>nemesis</th>\
          <th>ops</th><th>faults</th><th>anomalies</th><th>verdict</th><th>wall s</th><th>report</th></tr>",
@@ -308,7 +358,7 @@ mod tests {
             json!({"run": 1, "dir": "run-001", "seed": 2, "nodes": 5, "workload": "clients",
                    "nemesis": "all", "ops": 5, "faults": 1, "anomalies": 3, "verdict": "INVALID", "wall_s": 1.0}),
         ];
-        let s = write_summary(dir.path(), &rows, 2.0).unwrap();
+        let s = write_summary(dir.path(), &rows, &[], 2.0).unwrap();
         assert_eq!(s["valid"], json!(false));
         assert_eq!(s["ops"], json!(15));
         assert_eq!(s["invalid_runs"], json!(1));

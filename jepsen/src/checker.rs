@@ -11,6 +11,7 @@
 //! | `hold-windows` | never: reports where the windows clients *believed* they held overlapped |
 //! | `audit` | anything is still held or queued at the end of the run (see [`crate::audit`]) |
 //! | `keep-alive` | a keep-alive sent after its session's expiry was applied was answered `renewed`, or two sessions' lease views overlapped on one exclusive lock (see [`crate::leases`]) |
+//! | `hostile-peer` | a node with peer authentication did not refuse a hostile Raft message with `UNAUTHENTICATED`, or one without it did not refuse another cluster's with `FAILED_PRECONDITION` (see [`crate::nemesis::hostile`]) |
 //! | `no-zombie` | a node said `SERVING` without following the cluster for too long, or was up at the end without serving (see [`crate::zombie`]) |
 //! | `node-exits` | a node exited on its own while its disk was not failing (see [`crate::zombie`]) |
 //!
@@ -538,6 +539,7 @@ pub fn check(input: &CheckInput) -> Checked {
     }
     add("no-zombie", crate::zombie::no_zombie(input.events));
     add("keep-alive", crate::leases::check(input.ops, input.windows));
+    add("hostile-peer", crate::nemesis::hostile::check(input.events));
     add(
         "node-exits",
         crate::zombie::node_exits(input.events, input.windows),

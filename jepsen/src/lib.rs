@@ -13,6 +13,7 @@
 //! `report.html` ([`report`]).
 
 pub mod audit;
+pub mod availability;
 pub mod campaign;
 pub mod checker;
 pub mod clientlink;

@@ -318,14 +318,18 @@ pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
         .iter()
         .filter_map(|l| Some((l.process, l.session.as_ref()?.id().get())))
         .collect();
-    let audit_client = raftlock_client::Client::with_options(
-        cluster.lock().await.client_endpoints(),
-        raftlock_client::ClientOptions {
-            request_timeout: Duration::from_secs(2),
-            retry_deadline: Duration::from_secs(10),
-            ..Default::default()
-        },
-    )?;
+    let audit_client = {
+        let c = cluster.lock().await;
+        raftlock_client::Client::with_options(
+            c.client_endpoints(),
+            raftlock_client::ClientOptions {
+                request_timeout: Duration::from_secs(2),
+                retry_deadline: Duration::from_secs(10),
+                token: c.token(),
+                ..Default::default()
+            },
+        )?
+    };
     let audit =
         crate::audit::collect(&audit_client, &believed, 2 * ttl + Duration::from_secs(5)).await;
     std::fs::write(
@@ -380,6 +384,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
         "anomalies": checked.anomalies,
         "ops": ops.len(),
         "nemesis": windows,
+        "availability": crate::availability::table(&ops, &windows),
         "run": {
             "nodes": args.nodes,
             "workload": args.workload,
@@ -460,6 +465,7 @@ pub fn recheck(
         "anomalies": checked.anomalies,
         "ops": ops.len(),
         "nemesis": windows,
+        "availability": crate::availability::table(&ops, &windows),
         "run": run,
     });
     std::fs::write(

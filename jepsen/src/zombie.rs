@@ -4,7 +4,8 @@
 //! * `no-zombie`: every node process either serves or has exited. A node
 //!   *serves* when it answers `Status` as a member and its applied index
 //!   follows the cluster's: at every sample it has applied at least what
-//!   the most advanced node had applied [`FOLLOW_LAG`] before. A node
+//!   the most advanced node had applied [`FOLLOW_LAG`] before, and its
+//!   Raft core runs (`Status` does not say `shutdown`). A node
 //!   that is up (not paused by the nemesis), says `SERVING` to gRPC
 //!   health, and does not serve for longer than [`ZOMBIE_BOUND`] is a
 //!   zombie: its health lies (the failure of review finding 4, a stopped
@@ -149,8 +150,11 @@ pub fn no_zombie(events: &[Event]) -> (Value, Vec<Value>) {
                 }
                 checked += 1;
                 let due = applied_by(t.saturating_sub(FOLLOW_LAG_NS));
+                // A node whose core has stopped ("shutdown") follows
+                // nothing, whatever its applied index says.
                 let follows = s.applied.is_some_and(|a| a >= due)
-                    && s.members.as_ref().is_some_and(|m| m.contains(id));
+                    && s.members.as_ref().is_some_and(|m| m.contains(id))
+                    && s.role.as_deref() != Some("shutdown");
                 if follows && s.serving_health {
                     last_served.insert(*id, *t);
                 }

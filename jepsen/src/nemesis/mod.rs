@@ -24,6 +24,7 @@ use tokio::sync::Mutex;
 use tokio::time::Instant;
 
 mod disk;
+pub mod hostile;
 mod links;
 mod membership;
 mod restart;
@@ -245,6 +246,8 @@ pub async fn run(
             NemesisKind::Membership | NemesisKind::Restore | NemesisKind::RestartFast => {
                 Duration::ZERO
             }
+            // A moment to see what the messages did.
+            NemesisKind::HostilePeer => Duration::from_millis(rng.random_range(1000..=3000)),
             _ => fault_len,
         };
         let hold_until = (Instant::now() + hold).min(until.max(Instant::now()));
@@ -444,7 +447,33 @@ async fn start(
         }
         NemesisKind::ClientLink => links::client_link(opts, &members, leader, rng).await?,
         NemesisKind::HostilePeer => {
-            anyhow::bail!("{} is not available yet", kind.name())
+            let messages = hostile::pick(rng, &members, leader);
+            let (addrs, auth) = {
+                let c = cluster.lock().await;
+                (c.addrs(), c.token().is_some())
+            };
+            let mut sent = Vec::new();
+            for (what, node, other) in messages {
+                let outcome = hostile::send(&what, &addrs[&node], other, rng).await;
+                let v = json!({"node": node, "kind": what, "other_cluster": other.is_some(),
+                               "auth": auth, "outcome": outcome});
+                rec.record(Process::NEMESIS, Type::Info, "hostile-message", v.clone());
+                sent.push(v);
+            }
+            let mut nodes: Vec<u64> = sent.iter().filter_map(|m| m["node"].as_u64()).collect();
+            nodes.sort_unstable();
+            nodes.dedup();
+            (
+                if auth {
+                    "authenticated"
+                } else {
+                    "unauthenticated"
+                }
+                .to_string(),
+                nodes,
+                json!({ "messages": sent }),
+                Active::Done,
+            )
         }
     };
     rec.record(
