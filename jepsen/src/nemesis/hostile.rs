@@ -16,7 +16,8 @@
 //!   67 bytes as built here): vote (term 1000, node 1, committed),
 //!   snapshot meta up to log id (term 2000, node 1, index 5) with an empty
 //!   membership and no data, which openraft asserts against;
-//! * `snapshot-garbage`: a far-term snapshot whose data is random bytes;
+//! * `snapshot-garbage`: a far-term snapshot with the cluster's real
+//!   membership whose data is random bytes;
 //! * `snapshot-truncated-head`: the first message cut in half;
 //! * `snapshot-aborted`: a valid head and a chunk, then the stream is reset
 //!   before it ends;
@@ -47,7 +48,7 @@ use std::time::Duration;
 
 use futures::StreamExt as _;
 use raftlock_node::raft::{
-    log_id, Entry, EntryPayload, SnapshotMeta, StoredMembership, TypeConfig, Vote,
+    log_id, Entry, EntryPayload, NodeAddrs, SnapshotMeta, StoredMembership, TypeConfig, Vote,
 };
 use raftlock_proto::v1 as pb;
 use raftlock_proto::v1::raft_client::RaftClient;
@@ -147,8 +148,28 @@ fn status_value(s: &tonic::Status) -> Value {
     json!({"code": format!("{:?}", s.code()), "message": text, "transport": transport})
 }
 
-/// Sends one message of `kind` to the node at `addr`; returns what it did.
-pub async fn send(kind: &str, addr: &str, other_cluster: Option<u64>, rng: &mut StdRng) -> Value {
+/// The cluster's membership as a snapshot would carry it (every node of
+/// `nodes` a voter).
+fn membership(term: u64, nodes: &std::collections::BTreeMap<u64, String>) -> StoredMembership {
+    let voters: std::collections::BTreeSet<u64> = nodes.keys().copied().collect();
+    let addrs: std::collections::BTreeMap<u64, NodeAddrs> = nodes
+        .iter()
+        .map(|(&id, a)| (id, NodeAddrs::shared(a.clone())))
+        .collect();
+    let m = openraft::Membership::<u64, NodeAddrs>::new(vec![voters], addrs)
+        .expect("every voter has an address");
+    StoredMembership::new(Some(log_id(term, STRANGER, 1)), m)
+}
+
+/// Sends one message of `kind` to the node at `addr` of the cluster whose
+/// nodes are `nodes`; returns what it did.
+pub async fn send(
+    kind: &str,
+    addr: &str,
+    nodes: &std::collections::BTreeMap<u64, String>,
+    other_cluster: Option<u64>,
+    rng: &mut StdRng,
+) -> Value {
     let mut raft = RaftClient::new(crate::raw::fresh_channel(addr));
     let term = far_term(rng);
     let fut = async {
@@ -233,7 +254,7 @@ pub async fn send(kind: &str, addr: &str, other_cluster: Option<u64>, rng: &mut 
                         Vote::new_committed(term, STRANGER),
                         SnapshotMeta {
                             last_log_id: Some(log_id(term, STRANGER, 1 << 40)),
-                            last_membership: StoredMembership::default(),
+                            last_membership: membership(term, nodes),
                         },
                     )
                 };

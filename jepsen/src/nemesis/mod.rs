@@ -454,7 +454,7 @@ async fn start(
             };
             let mut sent = Vec::new();
             for (what, node, other) in messages {
-                let outcome = hostile::send(&what, &addrs[&node], other, rng).await;
+                let outcome = hostile::send(&what, &addrs[&node], &addrs, other, rng).await;
                 let v = json!({"node": node, "kind": what, "other_cluster": other.is_some(),
                                "auth": auth, "outcome": outcome});
                 rec.record(Process::NEMESIS, Type::Info, "hostile-message", v.clone());
