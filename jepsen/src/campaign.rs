@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 
 use crate::nemesis::{CutMode, NemesisKind};
 use crate::report::esc;
-use crate::run::{self, RunArgs};
+use crate::run::{self, NetMode, RunArgs};
 use crate::workload::WorkloadKind;
 
 /// Everything `raftlock-jepsen campaign` takes.
@@ -50,6 +50,10 @@ pub struct CampaignArgs {
     /// The raftlockd binary (default: next to this executable).
     #[arg(long)]
     pub raftlockd: Option<PathBuf>,
+    /// Networks to use, comma-separated: `proxy`, `netns` (see `run
+    /// --net`).
+    #[arg(long, default_value = "proxy")]
+    pub net: String,
 }
 
 /// One combination of the matrix.
@@ -58,6 +62,7 @@ struct Cell {
     workload: WorkloadKind,
     nemesis: String,
     nodes: u64,
+    net: NetMode,
 }
 
 fn matrix(args: &CampaignArgs) -> anyhow::Result<Vec<Cell>> {
@@ -85,15 +90,26 @@ fn matrix(args: &CampaignArgs) -> anyhow::Result<Vec<Cell>> {
         !nodes.is_empty() && !workloads.is_empty() && !nemeses.is_empty(),
         "the matrix is empty"
     );
+    let nets: Vec<NetMode> = args
+        .net
+        .split(',')
+        .map(|n| {
+            <NetMode as clap::ValueEnum>::from_str(n.trim(), false)
+                .map_err(|e| anyhow::anyhow!("--net: {e}"))
+        })
+        .collect::<Result<_, _>>()?;
     let mut cells = Vec::new();
     for w in &workloads {
         for n in &nemeses {
             for size in &nodes {
-                cells.push(Cell {
-                    workload: *w,
-                    nemesis: n.clone(),
-                    nodes: *size,
-                });
+                for net in &nets {
+                    cells.push(Cell {
+                        workload: *w,
+                        nemesis: n.clone(),
+                        nodes: *size,
+                        net: *net,
+                    });
+                }
             }
         }
     }
@@ -119,6 +135,7 @@ fn run_args(args: &CampaignArgs, cell: &Cell, seed: u64, out: PathBuf) -> RunArg
         linearizability_timeout: 60,
         broken_store: false,
         peer_auth: false,
+        net: cell.net,
     }
 }
 
@@ -142,10 +159,15 @@ pub async fn campaign(args: CampaignArgs) -> anyhow::Result<run::Outcome> {
         let cell = &cells[(i % cells.len() as u64) as usize];
         let seed = args.seed + i;
         let name = format!(
-            "run-{i:03}-{}-{}-{}n",
+            "run-{i:03}-{}-{}-{}n{}",
             kebab(cell.workload),
             cell.nemesis.replace(',', "+"),
-            cell.nodes
+            cell.nodes,
+            if cell.net == NetMode::Netns {
+                "-netns"
+            } else {
+                ""
+            }
         );
         eprintln!(
             "raftlock-jepsen campaign: run {}/{}: {name}, seed {seed}",
@@ -166,7 +188,8 @@ pub async fn campaign(args: CampaignArgs) -> anyhow::Result<run::Outcome> {
                 availability.push(r["availability"].clone());
                 json!({
                     "run": i, "dir": name, "seed": seed, "nodes": cell.nodes,
-                    "workload": cell.workload, "nemesis": cell.nemesis,
+                    "workload": cell.workload, "nemesis": cell.nemesis, "net": cell.net,
+                    "time_limit_s": args.time_limit,
                     "faults_by_kind": kinds,
                     "ops": r["ops"], "faults": r["nemesis"].as_array().map_or(0, Vec::len),
                     "anomalies": r["anomalies"].as_array().map_or(0, Vec::len),
@@ -176,7 +199,8 @@ pub async fn campaign(args: CampaignArgs) -> anyhow::Result<run::Outcome> {
             }
             Err(e) => json!({
                 "run": i, "dir": name, "seed": seed, "nodes": cell.nodes,
-                "workload": cell.workload, "nemesis": cell.nemesis,
+                "workload": cell.workload, "nemesis": cell.nemesis, "net": cell.net,
+                "time_limit_s": args.time_limit,
                 "ops": 0, "faults": 0, "anomalies": 0,
                 "verdict": "error", "error": format!("{e:#}"),
                 "wall_s": t.elapsed().as_secs_f64(),
@@ -334,6 +358,7 @@ mod tests {
             concurrency: 1,
             out: "/nonexistent".into(),
             raftlockd: None,
+            net: "proxy".into(),
         }
     }
 

@@ -28,7 +28,7 @@ use tokio::process::{Child, Command};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use crate::proxy::Net;
+use crate::proxy::{Link, Net};
 
 /// Where Debian's `libfaketime` package puts the library.
 pub const LIBFAKETIME_PATHS: &[&str] = &[
@@ -129,6 +129,9 @@ pub struct ClusterOptions {
     pub insecure_peers_flag: bool,
     /// Where the cluster reports on its processes.
     pub hooks: Hooks,
+    /// Each node in a network namespace of its own, partitions as packet
+    /// drops ([`crate::netns`]) instead of proxies.
+    pub netns: bool,
 }
 
 /// Access control for a run with peer authentication.
@@ -356,8 +359,12 @@ struct NodeProc {
 pub struct Cluster {
     opts: ClusterOptions,
     nodes: BTreeMap<u64, NodeProc>,
-    /// Node-to-node proxies.
-    pub net: Net,
+    /// Node-to-node proxies (none with network namespaces).
+    net: Net,
+    /// The nodes' network namespaces, with `--net netns`. Declared after
+    /// `nodes`: the processes are killed (in `Drop`) before their
+    /// namespaces go.
+    netns: Option<crate::netns::Netns>,
     admin: Client,
 }
 
@@ -366,7 +373,19 @@ impl Cluster {
     /// voters and spares); node 1 bootstraps. Waits for a leader.
     pub async fn start(opts: ClusterOptions) -> anyhow::Result<Cluster> {
         let ids: Vec<u64> = (1..=opts.nodes + opts.spares).collect();
-        let mut reserved = cluster_ports(ids.len())?.into_iter();
+        let netns = if opts.netns {
+            Some(crate::netns::Netns::create(&ids)?)
+        } else {
+            None
+        };
+        // Loopback ports are held until their node starts; a node in a
+        // namespace has an address (and every port) of its own.
+        let mut reserved = if netns.is_some() {
+            Vec::new()
+        } else {
+            cluster_ports(ids.len())?
+        }
+        .into_iter();
         let mut nodes = BTreeMap::new();
         for &id in &ids {
             let dir = opts.dir.join(format!("n{id}"));
@@ -376,12 +395,18 @@ impl Cluster {
             } else {
                 None
             };
-            let reserved = reserved.next().expect("one port per node");
+            let (addr, reserved) = match &netns {
+                Some(ns) => (ns.addr(id), None),
+                None => {
+                    let r = reserved.next().expect("one port per node");
+                    (r.local_addr()?.to_string(), Some(r))
+                }
+            };
             nodes.insert(
                 id,
                 NodeProc {
-                    addr: reserved.local_addr()?.to_string(),
-                    reserved: Some(reserved),
+                    addr,
+                    reserved,
                     dir,
                     proc: None,
                     paused: false,
@@ -393,10 +418,12 @@ impl Cluster {
             );
         }
         let mut net = Net::new();
-        for &from in &ids {
-            for &to in &ids {
-                if from != to {
-                    net.add_proxy(from, to, nodes[&to].addr.clone()).await?;
+        if netns.is_none() {
+            for &from in &ids {
+                for &to in &ids {
+                    if from != to {
+                        net.add_proxy(from, to, nodes[&to].addr.clone()).await?;
+                    }
                 }
             }
         }
@@ -413,6 +440,7 @@ impl Cluster {
             opts,
             nodes,
             net,
+            netns,
             admin,
         };
         // Node 1 bootstraps last, so the others are listening when it
@@ -444,6 +472,45 @@ impl Cluster {
     /// to any other).
     pub fn client_endpoints(&self) -> Vec<String> {
         self.nodes.values().map(|n| n.addr.clone()).collect()
+    }
+
+    /// Cuts these directions between nodes: proxies hold (and with
+    /// `reset`, reset) them; in namespaces their packets are dropped
+    /// (`reset` does not apply: nothing is reset, TCP retransmits).
+    pub fn cut(&self, links: &[Link], reset: bool) -> anyhow::Result<()> {
+        match &self.netns {
+            Some(ns) => ns.cut(links),
+            None => {
+                self.net.cut(links, reset);
+                Ok(())
+            }
+        }
+    }
+
+    /// Heals every link between nodes (and, in namespaces, between the
+    /// clients and the nodes).
+    pub fn heal_links(&self) -> anyhow::Result<()> {
+        match &self.netns {
+            Some(ns) => ns.heal(),
+            None => {
+                self.net.heal();
+                Ok(())
+            }
+        }
+    }
+
+    /// Cuts `nodes` off from the clients by dropping their packets (only
+    /// with network namespaces).
+    pub fn cut_clients(&self, nodes: &[u64]) -> anyhow::Result<()> {
+        self.netns
+            .as_ref()
+            .context("cutting clients off by packet drops needs --net netns")?
+            .cut_clients(nodes)
+    }
+
+    /// Whether the nodes run in network namespaces.
+    pub fn in_netns(&self) -> bool {
+        self.netns.is_some()
     }
 
     /// Every node's client address.
@@ -524,11 +591,15 @@ impl Cluster {
             .map(|(i, n)| (*i, n.addr.clone()))
             .collect();
         let n = self.nodes.get_mut(&id).expect("known node");
-        let dial: Vec<String> = ids
-            .iter()
-            .filter(|&&j| j != id)
-            .map(|&j| format!("{j}={}", self.net.proxy_addr(id, j).expect("proxy exists")))
-            .collect();
+        // Through the proxies; in namespaces, straight to the peers.
+        let dial: Vec<String> = match &self.netns {
+            Some(_) => Vec::new(),
+            None => ids
+                .iter()
+                .filter(|&&j| j != id)
+                .map(|&j| format!("{j}={}", self.net.proxy_addr(id, j).expect("proxy exists")))
+                .collect(),
+        };
         let log_path = n.dir.join("raftlockd.log");
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -542,8 +613,6 @@ impl Cluster {
             .arg(&n.addr)
             .arg("--data-dir")
             .arg(n.dir.join("data"))
-            .arg("--dial")
-            .arg(dial.join(","))
             .stdin(Stdio::null())
             .stdout(Stdio::from(log.try_clone()?))
             .stderr(Stdio::from(log))
@@ -562,6 +631,9 @@ impl Cluster {
             }
             None => {}
         }
+        if !dial.is_empty() {
+            cmd.arg("--dial").arg(dial.join(","));
+        }
         if id == 1 && !n.started {
             let peers: Vec<String> = (1..=self.opts.nodes)
                 .map(|p| format!("{p}={}", addrs[&p]))
@@ -578,13 +650,29 @@ impl Cluster {
                 .env("FAKETIME", format!("+0 x{:.3}", n.rate))
                 .env_remove("FAKETIME_TIMESTAMP_FILE");
         }
+        // The node's network namespace, entered between fork and exec.
+        let netns_file = match &self.netns {
+            Some(ns) => Some(
+                std::fs::File::open(ns.ns_path(id))
+                    .with_context(|| format!("cannot open {}", ns.ns_path(id).display()))?,
+            ),
+            None => None,
+        };
+        let netns_fd = netns_file.as_ref().map(std::os::fd::AsRawFd::as_raw_fd);
         // The node dies with the harness: a harness killed mid-run leaves
         // no cluster behind.
-        // SAFETY: between fork and exec the closure makes one
-        // async-signal-safe system call (prctl) and allocates nothing.
+        // SAFETY: between fork and exec the closure makes async-signal-safe
+        // system calls only (setns, prctl) and allocates nothing; the
+        // namespace's descriptor stays open until the spawn has returned.
         #[allow(unsafe_code)]
         unsafe {
-            cmd.pre_exec(|| {
+            cmd.pre_exec(move || {
+                if let Some(fd) = netns_fd {
+                    nix::sched::setns(
+                        std::os::fd::BorrowedFd::borrow_raw(fd),
+                        nix::sched::CloneFlags::CLONE_NEWNET,
+                    )?;
+                }
                 nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
                 Ok(())
             });
@@ -595,6 +683,7 @@ impl Cluster {
         let child = cmd
             .spawn()
             .with_context(|| format!("cannot start {}", self.opts.raftlockd.display()))?;
+        drop(netns_file);
         let (signals, signals_rx) = mpsc::unbounded_channel();
         let (ended_tx, ended) = watch::channel(false);
         let by_harness = Arc::new(AtomicBool::new(false));
@@ -876,7 +965,7 @@ impl Cluster {
     /// Resumes paused nodes, restarts dead ones, resets clock rates, disk
     /// faults and the network.
     pub async fn heal_all(&mut self) -> anyhow::Result<()> {
-        self.net.heal();
+        self.heal_links()?;
         for id in self.ids() {
             self.resume(id)?;
             if let Some(d) = &self.nodes[&id].disk {

@@ -23,6 +23,7 @@ pub mod lazyfs;
 pub mod leases;
 pub mod linear;
 pub mod nemesis;
+pub mod netns;
 pub mod raw;
 pub use raftlock_testkit::proxy;
 pub mod report;

@@ -33,13 +33,28 @@ pub fn channel(addr: &str) -> Channel {
 }
 
 /// A channel of its own to `addr` (a connection nobody else shares, for
-/// streams whose fate must not depend on other callers).
+/// streams whose fate must not depend on other callers). The harness's
+/// own: with `--net netns` it leaves from the harness's address, which
+/// cutting the clients off does not cut ([`crate::netns`]).
 pub fn fresh_channel(addr: &str) -> Channel {
+    let local = addr
+        .parse::<std::net::SocketAddr>()
+        .ok()
+        .and_then(|a| crate::netns::local_address(a.ip()));
+    endpoint(addr).local_address(local).connect_lazy()
+}
+
+/// A channel to `addr` for a client (the keep-alive probers): it leaves
+/// from the clients' address, as the workers' do.
+pub fn client_channel(addr: &str) -> Channel {
+    endpoint(addr).connect_lazy()
+}
+
+fn endpoint(addr: &str) -> Endpoint {
     Endpoint::from_shared(format!("http://{addr}"))
         .expect("host:port is a valid URI")
         .connect_timeout(CONNECT_TIMEOUT)
         .tcp_nodelay(true)
-        .connect_lazy()
 }
 
 /// Adds `authorization: Bearer TOKEN` when the cluster has access control.

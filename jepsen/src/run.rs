@@ -78,6 +78,21 @@ pub struct RunArgs {
     /// be refused with UNAUTHENTICATED.
     #[arg(long)]
     pub peer_auth: bool,
+    /// The network between the nodes: `proxy` (loopback, a TCP proxy per
+    /// link) or `netns` (a network namespace per node on a bridge, faults
+    /// as nft packet drops; needs root).
+    #[arg(long, value_enum, default_value = "proxy")]
+    pub net: NetMode,
+}
+
+/// How the nodes are networked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NetMode {
+    /// Every node on 127.0.0.1, every link through a proxy of the harness.
+    Proxy,
+    /// Every node in a network namespace of its own ([`crate::netns`]).
+    Netns,
 }
 
 /// What a run produced.
@@ -133,6 +148,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
         kinds.retain(|k| *k != NemesisKind::Restore);
     }
     let raftlockd = cluster::find_raftlockd(args.raftlockd.as_deref())?;
+    if args.net == NetMode::Netns {
+        crate::netns::check_available()?;
+    }
     let disk_faults = kinds.iter().any(|k| k.needs_disk_layer());
     anyhow::ensure!(
         !disk_faults || crate::lazyfs::available(),
@@ -151,8 +169,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
     let ttl = Duration::from_millis(args.ttl_ms);
 
     eprintln!(
-        "raftlock-jepsen: {} nodes, workload {:?}, nemesis {:?}, {} s, seed {}, output in {}",
+        "raftlock-jepsen: {} nodes ({:?} network), workload {:?}, nemesis {:?}, {} s, seed {}, output in {}",
         args.nodes,
+        args.net,
         args.workload,
         kinds,
         args.time_limit,
@@ -186,6 +205,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
         acl,
         insecure_peers_flag,
         hooks,
+        netns: args.net == NetMode::Netns,
     })
     .await?;
     eprintln!(
@@ -394,6 +414,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
             "seed": args.seed,
             "ttl_ms": args.ttl_ms,
             "broken_store": args.broken_store,
+            "net": args.net,
+            "peer_auth": args.peer_auth,
             "wall_s": wall.as_secs_f64(),
             "ok_ops": ops.iter().filter(|o| o.kind == Type::Ok).count(),
             "fail_ops": ops.iter().filter(|o| o.kind == Type::Fail).count(),

@@ -13,6 +13,11 @@
 //! 300 ms of jitter each way). Where: every worker to the `leader`, `one`
 //! worker to every node, one worker to the leader (`worker-leader`), or a
 //! random half of all the links (`some`).
+//!
+//! With `--net netns` a third of these faults are instead `blackhole`:
+//! every packet between the clients and the leader (or one node) is
+//! dropped ([`crate::netns`]), so no proxy closes or resets anything and
+//! the clients' own timeouts and HTTP/2 keep-alives must notice.
 
 use std::time::Duration;
 
@@ -25,11 +30,28 @@ use super::{Active, NemesisOptions, Started};
 use crate::proxy::{Delay, Link};
 
 pub(super) async fn client_link(
+    cluster: &std::sync::Arc<tokio::sync::Mutex<crate::cluster::Cluster>>,
     opts: &NemesisOptions,
     members: &[u64],
     leader: Option<u64>,
     rng: &mut StdRng,
 ) -> anyhow::Result<Started> {
+    {
+        let c = cluster.lock().await;
+        if c.in_netns() && rng.random_bool(1.0 / 3.0) {
+            let (scope, node) = match leader {
+                Some(l) if rng.random_bool(0.5) => ("leader", l),
+                _ => ("one", *members.choose(rng).expect("members")),
+            };
+            c.cut_clients(&[node])?;
+            return Ok((
+                format!("blackhole-{scope}"),
+                vec![node],
+                json!({"dropped": "every packet between the clients and the node"}),
+                Active::Cut,
+            ));
+        }
+    }
     let links = opts
         .links
         .as_ref()

@@ -364,7 +364,8 @@ async fn start(
             let l = pick_leader(rng);
             let links = partition_links(variant, &members, l, rng);
             let c = cluster.lock().await;
-            c.net.cut(&links, reset);
+            c.cut(&links, reset)?;
+            let reset = reset && !c.in_netns();
             let nodes: Vec<u64> = match variant {
                 "isolate-leader" | "one-way" => vec![l],
                 _ => members.clone(),
@@ -445,7 +446,7 @@ async fn start(
             let l = pick_leader(rng);
             disk::disk_error(cluster, &members, l, majority, rng).await?
         }
-        NemesisKind::ClientLink => links::client_link(opts, &members, leader, rng).await?,
+        NemesisKind::ClientLink => links::client_link(cluster, opts, &members, leader, rng).await?,
         NemesisKind::HostilePeer => {
             let messages = hostile::pick(rng, &members, leader);
             let (addrs, auth) = {
@@ -561,7 +562,7 @@ async fn heal(
                 c.resume(id)?;
             }
         }
-        Active::Cut => c.net.heal(),
+        Active::Cut => c.heal_links()?,
         Active::Clock(ids) => {
             for &id in ids {
                 c.set_rate(id, 1.0).await?;

@@ -173,7 +173,7 @@ async fn lane(
                 }
                 if stream.is_none() {
                     let (tx, rx) = mpsc::unbounded_channel();
-                    let mut locks = crate::raw::locks(crate::raw::fresh_channel(&addr), &creds);
+                    let mut locks = crate::raw::locks(crate::raw::client_channel(&addr), &creds);
                     let opened = tokio::time::timeout(
                         ASK_TIMEOUT,
                         locks.keep_alive(tokio_stream::wrappers::UnboundedReceiverStream::new(rx)),
@@ -276,6 +276,8 @@ struct Prober {
     probing: Arc<std::sync::Mutex<ProbeSet>>,
     /// The node believed to lead.
     leader: Option<u64>,
+    /// A channel per address, for the prober's own calls.
+    channels: BTreeMap<String, tonic::transport::Channel>,
 }
 
 impl Prober {
@@ -336,8 +338,13 @@ impl Prober {
                 self.leader = None;
                 continue;
             };
+            let channel = self
+                .channels
+                .entry(addr.clone())
+                .or_insert_with(|| crate::raw::client_channel(&addr))
+                .clone();
             let conn = tonic::service::interceptor::InterceptedService::new(
-                crate::raw::channel(&addr),
+                channel,
                 self.opts.creds.clone(),
             );
             match tokio::time::timeout_at(deadline, f(conn)).await {
@@ -797,6 +804,7 @@ pub async fn run(
                 renewals_tx,
                 probing: probing.clone(),
                 leader: None,
+                channels: BTreeMap::new(),
             };
             p.start_lanes();
             let quit = {
