@@ -296,18 +296,21 @@ fn render(summary: &Value) -> String {
     ));
     html.push_str(
         "<h2>Faults and recovery by kind</h2><p>Recovery: from the end of a fault to the first \
-         grant answered after it.</p><table><tr><th>kind</th><th>faults</th><th>median</th>\
-         <th>worst</th><th>never recovered</th></tr>",
+         grant answered after it; rejoin: until the nodes it touched had caught up.</p><table>\
+         <tr><th>kind</th><th>faults</th><th>median</th><th>worst</th><th>never recovered</th>\
+         <th>rejoin median</th><th>rejoin worst</th></tr>",
     );
     let ms = |v: &Value| v.as_f64().map_or("-".into(), |m| format!("{m:.0} ms"));
     for (kind, k) in summary["recovery"].as_object().into_iter().flatten() {
         html.push_str(&format!(
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             esc(kind),
             k["faults"],
             ms(&k["median_ms"]),
             ms(&k["worst_ms"]),
             k["unrecovered"],
+            ms(&k["rejoin_median_ms"]),
+            ms(&k["rejoin_worst_ms"]),
         ));
     }
     html.push_str("</table><h2>Runs</h2>");

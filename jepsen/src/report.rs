@@ -331,22 +331,26 @@ fn ms(v: &Value) -> String {
         .map_or("never".into(), |ms| format!("{ms:.0} ms"))
 }
 
-/// The recovery table: per fault kind, and per fault.
+/// The recovery table, per fault kind.
 fn availability_table(a: &Value) -> String {
     let mut html = String::from(
-        "<h3>Recovery</h3><p>Time from the end of each fault to the first grant any client was \
-         answered after it (see <code>src/availability.rs</code>).</p><table><tr><th>kind</th>\
-         <th>faults</th><th>median</th><th>worst</th><th>never recovered</th></tr>",
+        "<h3>Recovery</h3><p>Per fault kind: the time from the end of each fault to the first \
+         grant any client was answered after it, and until every node the fault touched had \
+         caught up with the cluster (rejoin; see <code>src/availability.rs</code>).</p><table><tr>\
+         <th>kind</th><th>faults</th><th>median</th><th>worst</th><th>never recovered</th>\
+         <th>rejoin median</th><th>rejoin worst</th></tr>",
     );
     for (kind, k) in a["by_kind"].as_object().into_iter().flatten() {
         let _ = write!(
             html,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             esc(kind),
             k["faults"],
             ms(&k["median_ms"]),
             ms(&k["worst_ms"]),
-            k["unrecovered"]
+            k["unrecovered"],
+            ms(&k["rejoin_median_ms"]),
+            ms(&k["rejoin_worst_ms"]),
         );
     }
     html.push_str("</table>");

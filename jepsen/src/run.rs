@@ -404,7 +404,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
         "anomalies": checked.anomalies,
         "ops": ops.len(),
         "nemesis": windows,
-        "availability": crate::availability::table(&ops, &windows),
+        "availability": crate::availability::table(&ops, &events, &windows),
         "run": {
             "nodes": args.nodes,
             "workload": args.workload,
@@ -487,7 +487,7 @@ pub fn recheck(
         "anomalies": checked.anomalies,
         "ops": ops.len(),
         "nemesis": windows,
-        "availability": crate::availability::table(&ops, &windows),
+        "availability": crate::availability::table(&ops, &events, &windows),
         "run": run,
     });
     std::fs::write(
