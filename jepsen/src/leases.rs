@@ -24,6 +24,8 @@
 //!    Overlaps that touch a clock fault (up to 10 s after it heals) are
 //!    counted but excused: the design leaves skewed clock rates to fencing.
 //!    Holders the fenced-counter workload paused on purpose are left out.
+//! 3. **Answers echo their ask.** An answer whose `ask_id` is neither 0
+//!    (a server from before ask ids) nor its ask's is an anomaly.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -257,8 +259,23 @@ pub fn check(ops: &[Op], windows: &[Window]) -> (Value, Vec<Value>) {
     let gone = gone(ops);
     let mut anomalies = Vec::new();
     let (mut asks, mut renewed, mut after_expiry, mut probes_of_gone) = (0, 0, 0, 0);
+    let mut wrong_echo = 0;
     for o in ops.iter().filter(|o| o.f == "keepalive") {
         asks += 1;
+        let echoed = o.result["ask_id"].as_u64().unwrap_or(0);
+        if o.kind == Type::Ok && echoed != 0 && Some(echoed) != o.invoke["ask_id"].as_u64() {
+            wrong_echo += 1;
+            if wrong_echo <= MAX_LISTED {
+                anomalies.push(json!({
+                    "checker": "keep-alive",
+                    "message": format!(
+                        "node {} answered ask {} of session {} with ask id {echoed}",
+                        o.invoke["node"], o.invoke["ask_id"], o.invoke["session"]
+                    ),
+                    "sent_ns": o.invoke_ns,
+                }));
+            }
+        }
         let Some(s) = o.invoke["session"].as_u64() else {
             continue;
         };
@@ -336,12 +353,13 @@ pub fn check(ops: &[Op], windows: &[Window]) -> (Value, Vec<Value>) {
             }
         }
     }
-    let valid = after_expiry == 0 && overlaps == 0;
+    let valid = after_expiry == 0 && overlaps == 0 && wrong_echo == 0;
     (
         json!({"valid": valid, "asks": asks, "renewed": renewed,
                "asks_after_expiry": probes_of_gone, "renewed_after_expiry": after_expiry,
                "sessions_gone": gone.len(), "windows": all.len(),
-               "overlaps": overlaps, "overlaps_excused_by_clock": excused}),
+               "overlaps": overlaps, "overlaps_excused_by_clock": excused,
+               "wrong_ask_echoes": wrong_echo}),
         anomalies,
     )
 }
@@ -503,6 +521,44 @@ mod tests {
             .as_str()
             .unwrap()
             .contains("granted to session 8"));
+    }
+
+    #[test]
+    fn an_answer_must_echo_its_ask() {
+        let mut h = base();
+        h.op(
+            "keepalive",
+            600 * MS,
+            605 * MS,
+            json!({"session": 7, "node": 1, "gen": 0, "ask_id": 5}),
+            Type::Ok,
+            json!({"session": 7, "renewed": true, "expired": false, "ttl_ms": 1000, "ask_id": 5}),
+        );
+        h.op(
+            "keepalive",
+            600 * MS,
+            605 * MS,
+            json!({"session": 7, "node": 2, "gen": 0, "ask_id": 9}),
+            Type::Ok,
+            json!({"session": 7, "renewed": true, "expired": false, "ttl_ms": 1000, "ask_id": 0}),
+        );
+        let (r, _) = check(&h.ops(), &[]);
+        assert_eq!(r["valid"], json!(true), "an echo of 0 is an older server's");
+        let mut h = base();
+        h.op(
+            "keepalive",
+            700 * MS,
+            705 * MS,
+            json!({"session": 7, "node": 1, "gen": 0, "ask_id": 6}),
+            Type::Ok,
+            json!({"session": 7, "renewed": true, "expired": false, "ttl_ms": 1000, "ask_id": 5}),
+        );
+        let (r, found) = check(&h.ops(), &[]);
+        assert_eq!(r["wrong_ask_echoes"], json!(1));
+        assert!(found[0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("with ask id 5"));
     }
 
     #[test]

@@ -23,7 +23,8 @@
 //! watch events, which overlap each other; the prober's own operations
 //! use one process per prober and generation):
 //!
-//! * `keepalive` {session, node, gen} → ok {renewed, expired, ttl_ms} |
+//! * `keepalive` {session, node, gen, ask_id} → ok {renewed, expired,
+//!   ttl_ms, ask_id (the echo; 0 from a server that predates ask ids)} |
 //!   fail {error} (the node refused: not the leader) | info {error} (no
 //!   answer in time; the stream is dropped);
 //! * `watch` {node, gen} → ok {kind, name, session, fence, index};
@@ -155,6 +156,9 @@ async fn lane(
         tonic::Streaming<pb::KeepAliveResponse>,
     );
     let mut stream: Option<Stream> = None;
+    // A new ask id for every ask on this lane (the proto asks for one per
+    // request on a stream; a server that predates ask ids echoes 0).
+    let mut next_ask_id: u64 = 0;
     // Per session: the op, its deadline, when it was sent.
     let mut pending: BTreeMap<u64, (OneOp, Instant, Instant)> = BTreeMap::new();
     let fail_all =
@@ -196,13 +200,11 @@ async fn lane(
                     }
                 }
                 let (tx, _) = stream.as_ref().expect("opened above");
+                next_ask_id += 1;
                 let (op, _) = OneOp::start(&rec, &procs, "keepalive",
-                    json!({"session": ask.session, "node": node, "gen": gen}));
+                    json!({"session": ask.session, "node": node, "gen": gen, "ask_id": next_ask_id}));
                 let sent = Instant::now();
-                // Newer protos add fields (an ask id); 0 keeps the plain
-                // contract, matched here by one ask per session at a time.
-                #[allow(clippy::needless_update)]
-                let request = pb::KeepAliveRequest { session_id: ask.session, ..Default::default() };
+                let request = pb::KeepAliveRequest { session_id: ask.session, ask_id: next_ask_id };
                 if tx.send(request).is_err() {
                     op.end(Type::Fail, json!({"error": "stream closed"}));
                     stream = None;
@@ -216,7 +218,8 @@ async fn lane(
                         if let Some((op, _, sent)) = pending.remove(&a.session_id) {
                             let renewed = !a.expired && a.ttl_ms > 0;
                             op.end(Type::Ok, json!({"session": a.session_id, "renewed": renewed,
-                                                    "expired": a.expired, "ttl_ms": a.ttl_ms}));
+                                                    "expired": a.expired, "ttl_ms": a.ttl_ms,
+                                                    "ask_id": a.ask_id}));
                             if renewed {
                                 let _ = renewals.send((a.session_id, sent));
                             }
