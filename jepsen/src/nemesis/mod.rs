@@ -1,7 +1,9 @@
 //! The nemesis: faults on a seeded timeline.
 //!
 //! One fault at a time: a quiet spell, then a fault chosen from the enabled
-//! kinds, held for a while, then healed. Every choice (kind, variant,
+//! kinds, held for a while, then healed. Kinds are dealt like a shuffled
+//! deck: every enabled kind comes once, in a random order, before any comes
+//! again, so a short run still sees each. Every choice (kind, variant,
 //! duration, which node when "random") comes from the run's seed; which
 //! node is the leader comes from the cluster, so a replay with the same
 //! seed makes the same choices wherever the cluster behaves the same.
@@ -211,6 +213,7 @@ pub async fn run(
     if opts.kinds.is_empty() {
         return windows;
     }
+    let mut deck: Vec<NemesisKind> = Vec::new();
     // The first fault comes after a short calm, so the history starts with
     // a healthy baseline.
     let mut quiet = Duration::from_millis(rng.random_range(2000..=4000));
@@ -220,7 +223,14 @@ pub async fn run(
             break;
         }
         tokio::time::sleep(quiet).await;
-        let kind = *opts.kinds.choose(&mut rng).expect("kinds is not empty");
+        let kind = match deck.pop() {
+            Some(k) => k,
+            None => {
+                deck = opts.kinds.clone();
+                deck.shuffle(&mut rng);
+                deck.pop().expect("kinds is not empty")
+            }
+        };
         let start_ns = rec.now_ns();
         let (variant, nodes, detail, active) =
             match start(&cluster, &rec, &opts, kind, &mut rng, &mut backups).await {
