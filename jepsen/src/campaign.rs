@@ -54,6 +54,9 @@ pub struct CampaignArgs {
     /// --net`).
     #[arg(long, default_value = "proxy")]
     pub net: String,
+    /// Every run with peer authentication (see `run --peer-auth`).
+    #[arg(long)]
+    pub peer_auth: bool,
 }
 
 /// One combination of the matrix.
@@ -134,7 +137,7 @@ fn run_args(args: &CampaignArgs, cell: &Cell, seed: u64, out: PathBuf) -> RunArg
         recovery: 5,
         linearizability_timeout: 60,
         broken_store: false,
-        peer_auth: false,
+        peer_auth: args.peer_auth,
         net: cell.net,
     }
 }
@@ -189,7 +192,7 @@ pub async fn campaign(args: CampaignArgs) -> anyhow::Result<run::Outcome> {
                 json!({
                     "run": i, "dir": name, "seed": seed, "nodes": cell.nodes,
                     "workload": cell.workload, "nemesis": cell.nemesis, "net": cell.net,
-                    "time_limit_s": args.time_limit,
+                    "time_limit_s": args.time_limit, "peer_auth": args.peer_auth,
                     "faults_by_kind": kinds,
                     "ops": r["ops"], "faults": r["nemesis"].as_array().map_or(0, Vec::len),
                     "anomalies": r["anomalies"].as_array().map_or(0, Vec::len),
@@ -362,6 +365,7 @@ mod tests {
             out: "/nonexistent".into(),
             raftlockd: None,
             net: "proxy".into(),
+            peer_auth: false,
         }
     }
 
