@@ -333,8 +333,10 @@ impl Session {
         // cluster refuses a new acquire of a name the session still holds.
         self.settle(name).await;
         let seq = self.next_seq();
+        // A wait without a timeout is `wait`; a bounded one stays below
+        // u64::MAX, which the server also reads as "no timeout".
         let timeout_ms = match timeout {
-            None => WAIT_FOREVER_MS,
+            None => 0,
             Some(t) => u64::try_from(t.as_millis())
                 .unwrap_or(u64::MAX)
                 .min(WAIT_FOREVER_MS - 1),
@@ -353,6 +355,7 @@ impl Session {
             capacity,
             timeout_ms,
             value: value.clone(),
+            wait: timeout.is_none(),
         };
         let opts = self.inner.client.options();
         // One attempt may wait as long as the acquire's own timeout; a

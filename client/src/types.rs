@@ -113,7 +113,7 @@ impl fmt::Display for LockMode {
 
 fn undefined(what: &str, n: i32) -> Error {
     Error::Internal(format!(
-        "the server sent {what} {n}, which raftlock.proto does not define"
+        "the server sent {what} {n}, which the .proto does not define"
     ))
 }
 

@@ -139,6 +139,8 @@ fn run_args(args: &CampaignArgs, cell: &Cell, seed: u64, out: PathBuf) -> RunArg
         broken_store: false,
         peer_auth: args.peer_auth,
         net: cell.net,
+        store: crate::dbstore::StoreKind::Memory,
+        store_url: None,
     }
 }
 

@@ -18,6 +18,7 @@ pub mod campaign;
 pub mod checker;
 pub mod clientlink;
 pub mod cluster;
+pub mod dbstore;
 pub mod history;
 pub mod lazyfs;
 pub mod leases;

@@ -13,6 +13,7 @@ use serde_json::{json, Value};
 use crate::checker::{self, CheckInput};
 use crate::clientlink::{ClientLinks, ClusterAddrs};
 use crate::cluster::{self, Cluster, ClusterOptions};
+use crate::dbstore::{DbStore, StoreKind, Target};
 use crate::history::{self, Process, Recorder, Type};
 use crate::nemesis::{self, CutMode, NemesisKind, NemesisOptions, Window};
 use crate::store::Store;
@@ -73,6 +74,16 @@ pub struct RunArgs {
     /// land. The run must then come out invalid.
     #[arg(long)]
     pub broken_store: bool,
+    /// Where fenced-counter keeps its counters: the harness's in-memory
+    /// store, or a real PostgreSQL or Redis (every read and write through
+    /// raftlock's fence check there).
+    #[arg(long, value_enum, default_value = "memory")]
+    pub store: crate::dbstore::StoreKind,
+    /// The PostgreSQL connection string or Redis URL of `--store`
+    /// (default: a server the harness starts on loopback and stops at the
+    /// end). The harness resets what it owns there at the start.
+    #[arg(long)]
+    pub store_url: Option<String>,
     /// Run the nodes with peer authentication (an ACL file with a peer
     /// token; the workers use a client token). The hostile peer must then
     /// be refused with UNAUTHENTICATED.
@@ -235,10 +246,30 @@ pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
         sampling.clone(),
     ));
 
-    let store = if args.workload == WorkloadKind::FencedCounter {
+    let fenced_counter = args.workload == WorkloadKind::FencedCounter;
+    let store = if fenced_counter && args.store == StoreKind::Memory {
         Some(Store::start(&out.join("store.jsonl"), args.broken_store, rec.clone()).await?)
     } else {
         None
+    };
+    let db = if fenced_counter && args.store != StoreKind::Memory {
+        let db = DbStore::start(
+            args.store,
+            args.store_url.as_deref(),
+            args.broken_store,
+            args.keys,
+            rec.clone(),
+        )
+        .await?;
+        eprintln!("raftlock-jepsen: store {}", db.describe());
+        Some(db)
+    } else {
+        None
+    };
+    let target = match (&store, &db) {
+        (Some(s), _) => Some(Target::Memory(s.addr().to_string())),
+        (_, Some(d)) => Some(Target::Db(d.clone())),
+        _ => None,
     };
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -252,7 +283,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
         keys: args.keys,
         capacity: args.capacity,
         client_pauses: args.client_pauses,
-        store: store.as_ref().map(|s| s.addr().to_string()),
+        store: target,
         concurrency: args.concurrency,
         seed: args.seed,
         moved: moved.clone(),
@@ -366,10 +397,18 @@ pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
     let _ = tokio::time::timeout(Duration::from_secs(5), sampler).await;
     futures::future::join_all(leftovers.into_iter().map(|l| l.close())).await;
 
-    let store_values = store.as_ref().map(Store::values).unwrap_or_default();
+    let mut store_values = store.as_ref().map(Store::values).unwrap_or_default();
     if let Some(s) = &store {
         s.stop();
     }
+    if let Some(d) = &db {
+        store_values = d.values().await.context("reading the final counters")?;
+        d.write_log(&out.join("store.jsonl"))
+            .await
+            .context("writing store.jsonl")?;
+    }
+    // Stops the server the harness started, if any.
+    drop(db);
     rec.flush();
     cluster.lock().await.stop_all().await;
     supervisor.abort();
@@ -414,6 +453,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
             "seed": args.seed,
             "ttl_ms": args.ttl_ms,
             "broken_store": args.broken_store,
+            "store": args.store,
             "net": args.net,
             "peer_auth": args.peer_auth,
             "wall_s": wall.as_secs_f64(),

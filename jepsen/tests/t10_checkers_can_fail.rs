@@ -1,7 +1,8 @@
 //! End-to-end runs of the harness against real `raftlockd` processes:
 //! a short healthy run must come out valid, and the same run with the
 //! test-only broken store (it skips the fence check) must come out invalid
-//! — proof that the checkers can fail.
+//! — proof that the checkers can fail. The same pair runs with the
+//! counters in a real PostgreSQL and a real Redis (`--store`).
 //!
 //! `raftlockd` belongs to another package, so there is no
 //! `CARGO_BIN_EXE_raftlockd`: the tests run `cargo build -p raftlock-node
@@ -53,13 +54,17 @@ fn raftlockd() -> PathBuf {
 }
 
 fn run(out: &Path, extra: &[&str]) -> (i32, Value) {
+    run_for(out, "14", extra)
+}
+
+fn run_for(out: &Path, seconds: &str, extra: &[&str]) -> (i32, Value) {
     let output = Command::new(harness())
         .args([
             "run",
             "--nodes",
             "3",
             "--time-limit",
-            "14",
+            seconds,
             "--recovery",
             "2",
         ])
@@ -124,4 +129,53 @@ fn a_store_that_skips_the_fence_check_is_caught() {
         .as_array()
         .expect("anomalies")
         .is_empty());
+}
+
+/// Whether `start` can give this machine a server (a skip message if not;
+/// a failure where servers are required, as in CI).
+fn have<T>(what: &str, start: fn() -> Result<T, raftlock_testkit::servers::Unavailable>) -> bool {
+    raftlock_testkit::servers::require(what, start()).is_some()
+}
+
+/// The same run (8 s of faults, to keep CI short) against a real store:
+/// with the check, valid and with stale writes refused by the store
+/// itself; without it (the demonstration flag), lost updates.
+fn real_store(store: &str) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path().join(store);
+    let (code, results) = run_for(&out, "8", &["--store", store]);
+    assert_eq!(results["valid"], Value::Bool(true), "{results:#}");
+    assert_eq!(code, 0);
+    assert_eq!(results["run"]["store"], Value::from(store));
+    assert!(
+        results["checkers"]["fenced-store"]["rejected_stale"]
+            .as_u64()
+            .unwrap_or(0)
+            > 0,
+        "{results:#}"
+    );
+    let broken = dir.path().join(format!("{store}-unchecked"));
+    let (code, results) = run_for(&broken, "8", &["--store", store, "--broken-store"]);
+    assert_eq!(code, 1, "{results:#}");
+    assert!(
+        results["checkers"]["counter"]["lost_updates"]
+            .as_u64()
+            .unwrap_or(0)
+            > 0,
+        "{results:#}"
+    );
+}
+
+#[test]
+fn a_postgres_store_keeps_the_fence_and_loses_updates_without_it() {
+    if have("PostgreSQL", raftlock_testkit::servers::Postgres::start) {
+        real_store("postgres");
+    }
+}
+
+#[test]
+fn a_redis_store_keeps_the_fence_and_loses_updates_without_it() {
+    if have("Redis", raftlock_testkit::servers::Redis::start) {
+        real_store("redis");
+    }
 }

@@ -90,7 +90,8 @@ impl From<Refusal> for Error {
             | Refusal::InvalidLockDelay { .. }
             | Refusal::InvalidCapacity { .. }
             | Refusal::InvalidWeight { .. }
-            | Refusal::InvalidOwner { .. } => Error::InvalidArgument(msg),
+            | Refusal::InvalidOwner { .. }
+            | Refusal::InvalidDisconnectGrace { .. } => Error::InvalidArgument(msg),
             Refusal::NotOwner { .. } => Error::PermissionDenied(msg),
             Refusal::CapacityMismatch { .. }
             | Refusal::KindMismatch { .. }

@@ -336,11 +336,15 @@ impl Node {
         let (health, health_service) = tonic_health::server::health_reporter();
         // Both reflection versions: grpc.reflection.v1, and v1alpha for
         // stock Python, older grpcurl and GUI clients that speak only it.
+        // grpc.health.v1 is registered too, so grpcurl can call health
+        // checks without a .proto.
         let reflection = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(raftlock_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .build_v1()?;
         let reflection_alpha = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(raftlock_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .build_v1alpha()?;
         let shutdown = || {
             let mut stop_rx = stop_rx.clone();

@@ -11,8 +11,13 @@
 //! * [`proxy`]: the TCP fault proxy (one per ordered pair of nodes), also
 //!   what the jepsen harness runs its partitions through. It is all that is
 //!   built without the default `cluster` feature.
+//! * [`servers`] (feature `servers`): real PostgreSQL and Redis servers in
+//!   temporary directories on loopback ports, for the fenced-store tests
+//!   and the harness.
 
 pub mod proxy;
+#[cfg(feature = "servers")]
+pub mod servers;
 
 #[cfg(feature = "cluster")]
 mod cluster;

@@ -45,8 +45,9 @@ mod clients;
 pub mod keepalive;
 
 use crate::clientlink::{ClientLinks, ClusterAddrs};
+use crate::dbstore::AnyClient;
 use crate::history::{Process, Recorder, Type};
-use crate::store::{StoreClient, StoreReply};
+use crate::store::StoreReply;
 
 /// The workloads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -93,7 +94,7 @@ pub struct WorkloadOptions {
     /// Fraction of fenced-counter cycles that emulate a paused holder.
     pub client_pauses: f64,
     /// The fenced store (fenced-counter).
-    pub store: Option<String>,
+    pub store: Option<crate::dbstore::Target>,
     /// Number of workers (process numbers advance by this on `info`).
     pub concurrency: u64,
     /// The run's seed.
@@ -119,7 +120,7 @@ struct Worker {
     session: Option<Session>,
     rng: StdRng,
     stop: Arc<AtomicBool>,
-    store: Option<StoreClient>,
+    store: Option<AnyClient>,
 }
 
 /// An operation in flight.
@@ -572,7 +573,7 @@ pub async fn spawn_workers(
             session: None,
             rng: StdRng::seed_from_u64(opts.seed.wrapping_mul(1_000_003).wrapping_add(slot)),
             stop: stop.clone(),
-            store: opts.store.as_deref().map(StoreClient::new),
+            store: opts.store.as_ref().map(AnyClient::new),
         };
         handles.push(tokio::spawn(worker.run()));
     }

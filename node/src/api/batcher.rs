@@ -36,7 +36,13 @@ pub fn command_bytes(command: &Command) -> usize {
     const FIXED: usize = 64;
     FIXED
         + match command {
-            Command::OpenSession { owner, .. } => owner.len(),
+            Command::OpenSession { owner, .. } | Command::OpenSessionWith { owner, .. } => {
+                owner.len()
+            }
+            Command::Lock {
+                owner, name, value, ..
+            } => owner.len() + name.len() + value.len(),
+            Command::SetTtl { caller, .. } => caller.len(),
             Command::CloseSession { caller, .. } => caller.len(),
             Command::Acquire {
                 name,

@@ -69,7 +69,9 @@ pub fn watch_event(index: u64, event: &Event) -> Option<pb::WatchEvent> {
         ..Default::default()
     };
     let (kind, name) = match event {
-        Event::SessionOpened { .. } | Event::SessionEnded { .. } => return None,
+        Event::SessionOpened { .. }
+        | Event::SessionEnded { .. }
+        | Event::SessionTtlChanged { .. } => return None,
         Event::Granted {
             name,
             session,
@@ -192,7 +194,8 @@ mod tests {
         assert_eq!(
             kind(&Event::SessionOpened {
                 session: SessionId(1),
-                ttl_ms: 1000
+                ttl_ms: 1000,
+                end_on_disconnect_ms: 0,
             }),
             None
         );

@@ -289,18 +289,21 @@ impl Locks for Api {
         let mode = mode_from_request(&r)?;
         let session = SessionId(r.session_id);
         let lock = name(&r.name)?;
+        // `wait` is the portable "wait without a timeout"; u64::MAX in
+        // `timeout_ms` means the same (older clients).
+        let timeout_ms = if r.wait { WAIT_FOREVER } else { r.timeout_ms };
         let command = Command::Acquire {
             session,
             seq: r.seq,
             name: r.name,
             mode,
-            timeout_ms: r.timeout_ms,
+            timeout_ms,
             value: r.value,
             caller: caller.identity,
         };
         command.validate()?;
         let outcome = match write_reply!(self, command, Reply::Acquire(outcome) => outcome) {
-            Acquired::Queued => self.park(session, lock, r.timeout_ms).await?,
+            Acquired::Queued => self.park(session, lock, timeout_ms).await?,
             outcome => outcome,
         };
         Ok(Response::new(acquired_response(outcome)))

@@ -82,6 +82,13 @@ struct Timers {
     /// Sessions whose expiry has been proposed: no keep-alive is
     /// acknowledged for them any more (the expiry may commit any moment).
     expiring: HashSet<SessionId>,
+    /// Sessions that end with their process: the grace after their last
+    /// keep-alive stream on this leader ends.
+    graces: HashMap<SessionId, Duration>,
+    /// Keep-alive streams on this leader that carry each session (have
+    /// renewed it); a session with a grace whose count drops to 0 expires
+    /// after the grace unless a stream carries it again.
+    streams: HashMap<SessionId, u32>,
 }
 
 impl Timers {
@@ -107,6 +114,8 @@ impl Timers {
         self.ttls.clear();
         self.delays.clear();
         self.expiring.clear();
+        self.graces.clear();
+        self.streams.clear();
     }
 
     /// Times the lock-delay on `name` that started at `since`, replacing an
@@ -176,6 +185,13 @@ impl Leases {
         for s in table.sessions() {
             let ttl = Duration::from_millis(s.ttl_ms);
             t.ttls.insert(s.session, ttl);
+            if s.end_on_disconnect_ms > 0 {
+                // Counted from its first stream on this leader: before it,
+                // the session has its ordinary ttl (this leader cannot know
+                // the old one's streams).
+                t.graces
+                    .insert(s.session, Duration::from_millis(s.end_on_disconnect_ms));
+            }
             t.arm(TimerKey::Session(s.session), now + ttl);
         }
         for w in table.waits() {
@@ -243,15 +259,34 @@ impl Leases {
         let mut changed = false;
         for e in events {
             match e {
-                Event::SessionOpened { session, ttl_ms } => {
+                Event::SessionOpened {
+                    session,
+                    ttl_ms,
+                    end_on_disconnect_ms,
+                } => {
                     let ttl = Duration::from_millis(*ttl_ms);
                     t.ttls.insert(*session, ttl);
+                    if *end_on_disconnect_ms > 0 {
+                        t.graces
+                            .insert(*session, Duration::from_millis(*end_on_disconnect_ms));
+                    }
                     t.arm(TimerKey::Session(*session), now + ttl);
                     changed = true;
+                }
+                Event::SessionTtlChanged { session, ttl_ms } => {
+                    // The lease restarts at the new length.
+                    if t.ttls.contains_key(session) && !t.expiring.contains(session) {
+                        let ttl = Duration::from_millis(*ttl_ms);
+                        t.ttls.insert(*session, ttl);
+                        t.arm(TimerKey::Session(*session), now + ttl);
+                        changed = true;
+                    }
                 }
                 Event::SessionEnded { session, .. } => {
                     t.ttls.remove(session);
                     t.expiring.remove(session);
+                    t.graces.remove(session);
+                    t.streams.remove(session);
                     t.disarm(&TimerKey::Session(*session));
                 }
                 Event::Queued {
@@ -314,6 +349,51 @@ impl Leases {
         }
         t.arm(TimerKey::Session(session), Instant::now() + ttl);
         Ok(ttl)
+    }
+
+    /// A keep-alive stream on this leader has renewed `session` for the
+    /// first time: it carries the session until it ends.
+    pub fn stream_carries(&self, session: SessionId) {
+        let mut t = self.timers.lock().expect("timers lock poisoned");
+        if t.active && t.ttls.contains_key(&session) {
+            *t.streams.entry(session).or_default() += 1;
+        }
+    }
+
+    /// A keep-alive stream that carried `sessions` ended (its client closed
+    /// it, or the connection dropped). A session with a grace that no
+    /// stream carries any more expires after the grace, unless a stream
+    /// renews it before.
+    pub fn stream_ended(&self, sessions: impl IntoIterator<Item = SessionId>) {
+        let mut t = self.timers.lock().expect("timers lock poisoned");
+        if !t.active {
+            return;
+        }
+        let now = Instant::now();
+        let mut changed = false;
+        for session in sessions {
+            let Some(count) = t.streams.get_mut(&session) else {
+                continue;
+            };
+            *count = count.saturating_sub(1);
+            if *count > 0 {
+                continue;
+            }
+            t.streams.remove(&session);
+            let Some(grace) = t.graces.get(&session).copied() else {
+                continue;
+            };
+            let key = TimerKey::Session(session);
+            let at = now + grace;
+            if t.deadlines.get(&key).is_some_and(|d| *d > at) {
+                t.arm(key, at);
+                changed = true;
+            }
+        }
+        drop(t);
+        if changed {
+            self.changed.notify_one();
+        }
     }
 
     /// Timers due at `now`; each is pushed back by [`RETRY_AFTER`] so it
@@ -414,6 +494,7 @@ mod tests {
         leases.on_events(&[Event::SessionOpened {
             session: SessionId(1),
             ttl_ms: 5_000,
+            end_on_disconnect_ms: 0,
         }]);
         assert_eq!(leases.armed(), 0);
         assert_eq!(
@@ -616,5 +697,89 @@ mod tests {
             leases.keep_alive(SessionId(1)),
             Err(KeepAliveError::UnknownSession)
         );
+    }
+
+    fn bound_session(ttl_ms: u64, grace_ms: u64) -> Event {
+        Event::SessionOpened {
+            session: SessionId(1),
+            ttl_ms,
+            end_on_disconnect_ms: grace_ms,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_bound_session_expires_a_grace_after_its_last_stream_ends() {
+        let leases = Leases::default();
+        leases.activate_for_term(1, &LockTable::new());
+        leases.on_events(&[bound_session(30_000, 300)]);
+        // Before any stream carried it, a stream's end changes nothing.
+        leases.stream_ended([SessionId(1)]);
+        tokio::time::advance(Duration::from_millis(301)).await;
+        assert!(leases.take_due(Instant::now()).is_empty());
+        // Two streams carry it; one ends: the other still does.
+        leases.stream_carries(SessionId(1));
+        leases.stream_carries(SessionId(1));
+        leases.stream_ended([SessionId(1)]);
+        tokio::time::advance(Duration::from_millis(301)).await;
+        assert!(leases.take_due(Instant::now()).is_empty());
+        // The last one ends: expiry after the grace, not the ttl.
+        leases.stream_ended([SessionId(1)]);
+        tokio::time::advance(Duration::from_millis(299)).await;
+        assert!(leases.take_due(Instant::now()).is_empty());
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(
+            leases.take_due(Instant::now()),
+            vec![TimerKey::Session(SessionId(1))]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_back_within_the_grace_keeps_the_session() {
+        let leases = Leases::default();
+        leases.activate_for_term(1, &LockTable::new());
+        leases.on_events(&[bound_session(30_000, 300)]);
+        leases.stream_carries(SessionId(1));
+        leases.stream_ended([SessionId(1)]);
+        tokio::time::advance(Duration::from_millis(200)).await;
+        // A new stream renews it: the ttl counts again.
+        assert_eq!(
+            leases.keep_alive(SessionId(1)),
+            Ok(Duration::from_millis(30_000))
+        );
+        leases.stream_carries(SessionId(1));
+        tokio::time::advance(Duration::from_millis(29_999)).await;
+        assert!(leases.take_due(Instant::now()).is_empty());
+        // An unbound session ignores streams altogether.
+        leases.on_events(&[Event::SessionOpened {
+            session: SessionId(2),
+            ttl_ms: 10_000,
+            end_on_disconnect_ms: 0,
+        }]);
+        leases.stream_carries(SessionId(2));
+        leases.stream_ended([SessionId(2)]);
+        tokio::time::advance(Duration::from_millis(9_999)).await;
+        assert!(!leases
+            .take_due(Instant::now())
+            .contains(&TimerKey::Session(SessionId(2))));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_new_ttl_restarts_the_lease_at_its_length() {
+        let leases = Leases::default();
+        leases.activate_for_term(1, &table_with_session(30_000));
+        tokio::time::advance(Duration::from_millis(1_000)).await;
+        // Keep-alives renew at the new length too.
+        leases.on_events(&[Event::SessionTtlChanged {
+            session: SessionId(1),
+            ttl_ms: 2_000,
+        }]);
+        assert_eq!(
+            leases.keep_alive(SessionId(1)),
+            Ok(Duration::from_millis(2_000))
+        );
+        tokio::time::advance(Duration::from_millis(1_999)).await;
+        assert!(leases.take_due(Instant::now()).is_empty());
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(leases.take_due(Instant::now()).len(), 1);
     }
 }

@@ -209,7 +209,70 @@ pub enum Command {
         /// The identity the request came from; must be the session's owner.
         caller: String,
     },
+    // New variants go at the end: the log holds commands in bincode, which
+    // numbers variants by position.
+    /// Open a session with the options `OpenSession` lacks (today: ending
+    /// with its keep-alive stream). Otherwise as `OpenSession`.
+    OpenSessionWith {
+        /// Lease length in milliseconds.
+        ttl_ms: u64,
+        /// Lock-delay applied to the session's locks if it expires.
+        lock_delay_ms: u64,
+        /// De-duplicates a retried open (0 = none).
+        nonce: u64,
+        /// The identity the session belongs to.
+        owner: String,
+        /// Grace after the session's last keep-alive stream on the leader
+        /// ends before the leader expires it (0 = only its ttl ends it).
+        end_on_disconnect_ms: u64,
+    },
+    /// Open a session and acquire one name in it, in one command (the
+    /// one-call `Lock`). If the acquire is neither granted nor queued, no
+    /// session is left; if it is queued and the wait ends without a grant,
+    /// the session ends with it. A retry with the same nonce finds the
+    /// session and the acquire's outcome.
+    Lock {
+        /// Lease length in milliseconds.
+        ttl_ms: u64,
+        /// Lock-delay applied to the session's locks if it expires.
+        lock_delay_ms: u64,
+        /// De-duplicates a retried lock (0 = none).
+        nonce: u64,
+        /// The identity the session belongs to.
+        owner: String,
+        /// As in `OpenSessionWith`.
+        end_on_disconnect_ms: u64,
+        /// Lock or semaphore name (validated in apply).
+        name: String,
+        /// Exclusive, shared or semaphore.
+        mode: Mode,
+        /// As in `Acquire`.
+        timeout_ms: u64,
+        /// Holder value.
+        #[serde(with = "serde_bytes")]
+        value: Vec<u8>,
+    },
+    /// Change a session's ttl: the leader restarts its lease at the new
+    /// length.
+    SetTtl {
+        /// The session.
+        session: SessionId,
+        /// Request sequence number.
+        seq: u64,
+        /// The new lease length in milliseconds.
+        ttl_ms: u64,
+        /// The identity the request came from; must be the session's owner.
+        caller: String,
+    },
 }
+
+/// The sequence number the acquire of a one-call `Lock` has in its
+/// session's reply window.
+pub const LOCK_SEQ: u64 = 1;
+
+/// The sequence number an `Unlock` closes a session under (a retried
+/// `Unlock` is answered like the first).
+pub const UNLOCK_SEQ: u64 = u64::MAX;
 
 /// The outcome of an acquire.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -290,6 +353,21 @@ pub enum Reply {
     Withdrawn {
         /// True if something was withdrawn.
         withdrawn: bool,
+    },
+    /// The outcome of a one-call `Lock`.
+    Locked {
+        /// The session the lock is (or waits to be) held by; 0 if it was
+        /// not acquired (no session was left).
+        session: SessionId,
+        /// The session's ttl.
+        ttl_ms: u64,
+        /// The acquire's outcome.
+        outcome: Acquired,
+    },
+    /// A session's ttl was changed.
+    TtlSet {
+        /// The new ttl.
+        ttl_ms: u64,
     },
 }
 
@@ -430,19 +508,6 @@ pub enum Refusal {
         /// What is wrong.
         reason: String,
     },
-    /// A restore's fence bump would take the backup's fence counter past
-    /// [`MAX_FENCE`](super::limits::MAX_FENCE).
-    #[error("a fence bump of {fence_bump} over the backup's fence counter {last_fence} would pass the largest fence, {max}; use a smaller bump", max = super::limits::MAX_FENCE)]
-    FenceBumpTooLarge {
-        /// The backup's fence counter.
-        last_fence: u64,
-        /// The bump asked for.
-        fence_bump: u64,
-    },
-    /// The fence counter has reached [`MAX_FENCE`](super::limits::MAX_FENCE):
-    /// no grant can get a new fence.
-    #[error("the fence counter has reached the largest fence, {max}: nothing more can be granted (restore a backup with a smaller fence bump into a new cluster)", max = super::limits::MAX_FENCE)]
-    FencesExhausted,
     /// A restore carried bytes that are not a valid table.
     #[error("invalid backup: {reason}")]
     InvalidBackup {
@@ -491,6 +556,25 @@ pub enum Refusal {
         name: LockName,
         /// The waiting acquire's sequence number.
         seq: u64,
+    },
+    /// A restore's fence bump would take the backup's fence counter past
+    /// [`MAX_FENCE`](super::limits::MAX_FENCE).
+    #[error("a fence bump of {fence_bump} over the backup's fence counter {last_fence} would pass the largest fence, {max}; use a smaller bump", max = super::limits::MAX_FENCE)]
+    FenceBumpTooLarge {
+        /// The backup's fence counter.
+        last_fence: u64,
+        /// The bump asked for.
+        fence_bump: u64,
+    },
+    /// The fence counter has reached [`MAX_FENCE`](super::limits::MAX_FENCE):
+    /// no grant can get a new fence.
+    #[error("the fence counter has reached the largest fence, {max}: nothing more can be granted (restore a backup with a smaller fence bump into a new cluster)", max = super::limits::MAX_FENCE)]
+    FencesExhausted,
+    /// A disconnect grace above `MAX_END_ON_DISCONNECT_MS`.
+    #[error("end_on_disconnect_ms must be at most {max}, got {end_on_disconnect_ms}", max = super::limits::MAX_END_ON_DISCONNECT_MS)]
+    InvalidDisconnectGrace {
+        /// The grace given.
+        end_on_disconnect_ms: u64,
     },
 }
 
@@ -554,6 +638,15 @@ pub enum Event {
         /// The session.
         session: SessionId,
         /// Its ttl.
+        ttl_ms: u64,
+        /// Its grace after its last keep-alive stream ends (0: none).
+        end_on_disconnect_ms: u64,
+    },
+    /// A session's ttl changed.
+    SessionTtlChanged {
+        /// The session.
+        session: SessionId,
+        /// The new ttl.
         ttl_ms: u64,
     },
     /// A session ended (closed or expired).
@@ -635,7 +728,9 @@ impl Event {
     /// The lock name this event concerns, if any.
     pub fn name(&self) -> Option<&LockName> {
         match self {
-            Event::SessionOpened { .. } | Event::SessionEnded { .. } => None,
+            Event::SessionOpened { .. }
+            | Event::SessionEnded { .. }
+            | Event::SessionTtlChanged { .. } => None,
             Event::Granted { name, .. }
             | Event::Queued { name, .. }
             | Event::Ended { name, .. }
@@ -644,6 +739,23 @@ impl Event {
             | Event::LockDelayEnded { name } => Some(name),
         }
     }
+}
+
+/// [`Command::digest`] of an `Acquire` of `name` in `mode`.
+fn acquire_digest(name: &str, mode: Mode, timeout_ms: u64, value: &[u8]) -> u64 {
+    let mut h = Fnv::new(1);
+    h.string(name.as_bytes());
+    let (m, weight, capacity) = match mode {
+        Mode::Exclusive => (0, 0, 0),
+        Mode::Shared => (1, 0, 0),
+        Mode::Semaphore { weight, capacity } => (2, weight, capacity),
+    };
+    h.u64(m);
+    h.u64(u64::from(weight));
+    h.u64(u64::from(capacity));
+    h.u64(timeout_ms);
+    h.string(value);
+    h.0.max(1)
 }
 
 /// The result of applying one command.
@@ -697,21 +809,7 @@ impl Command {
                 timeout_ms,
                 value,
                 ..
-            } => {
-                let mut h = Fnv::new(1);
-                h.string(name.as_bytes());
-                let (m, weight, capacity) = match *mode {
-                    Mode::Exclusive => (0, 0, 0),
-                    Mode::Shared => (1, 0, 0),
-                    Mode::Semaphore { weight, capacity } => (2, weight, capacity),
-                };
-                h.u64(m);
-                h.u64(u64::from(weight));
-                h.u64(u64::from(capacity));
-                h.u64(*timeout_ms);
-                h.string(value);
-                h
-            }
+            } => return acquire_digest(name, *mode, *timeout_ms, value),
             Command::Release { name, fence, .. } => {
                 let mut h = Fnv::new(2);
                 h.string(name.as_bytes());
@@ -719,6 +817,20 @@ impl Command {
                 h
             }
             Command::CloseSession { .. } => Fnv::new(3),
+            Command::SetTtl { ttl_ms, .. } => {
+                let mut h = Fnv::new(4);
+                h.u64(*ttl_ms);
+                h
+            }
+            // A one-call lock's acquire is remembered under the digest of
+            // the equivalent `Acquire`.
+            Command::Lock {
+                name,
+                mode,
+                timeout_ms,
+                value,
+                ..
+            } => return acquire_digest(name, *mode, *timeout_ms, value),
             _ => Fnv::new(0),
         };
         h.0.max(1)
@@ -729,41 +841,73 @@ impl Command {
     /// so bad input never reaches the log.
     pub fn validate(&self) -> Result<(), Refusal> {
         use super::limits::*;
+        let session = |ttl_ms: u64, lock_delay_ms: u64, owner: &str, grace: u64| {
+            if owner.len() > MAX_OWNER_LEN {
+                return Err(Refusal::InvalidOwner { len: owner.len() });
+            }
+            if !(MIN_SESSION_TTL_MS..=MAX_SESSION_TTL_MS).contains(&ttl_ms) {
+                return Err(Refusal::InvalidTtl { ttl_ms });
+            }
+            if lock_delay_ms > MAX_LOCK_DELAY_MS {
+                return Err(Refusal::InvalidLockDelay { lock_delay_ms });
+            }
+            if grace > MAX_END_ON_DISCONNECT_MS {
+                return Err(Refusal::InvalidDisconnectGrace {
+                    end_on_disconnect_ms: grace,
+                });
+            }
+            Ok(())
+        };
+        let acquire = |name: &str, mode: Mode, value: &[u8]| {
+            LockName::new(name)?;
+            if value.len() > MAX_VALUE_LEN {
+                return Err(Refusal::ValueTooLarge { len: value.len() });
+            }
+            if let Mode::Semaphore { weight, capacity } = mode {
+                if !(1..=MAX_CAPACITY).contains(&capacity) {
+                    return Err(Refusal::InvalidCapacity { capacity });
+                }
+                if !(1..=capacity).contains(&weight) {
+                    return Err(Refusal::InvalidWeight { weight, capacity });
+                }
+            }
+            Ok(())
+        };
         match self {
             Command::OpenSession {
                 ttl_ms,
                 lock_delay_ms,
                 owner,
                 ..
+            } => session(*ttl_ms, *lock_delay_ms, owner, 0)?,
+            Command::OpenSessionWith {
+                ttl_ms,
+                lock_delay_ms,
+                owner,
+                end_on_disconnect_ms,
+                ..
+            } => session(*ttl_ms, *lock_delay_ms, owner, *end_on_disconnect_ms)?,
+            Command::Lock {
+                ttl_ms,
+                lock_delay_ms,
+                owner,
+                end_on_disconnect_ms,
+                name,
+                mode,
+                value,
+                ..
             } => {
-                if owner.len() > MAX_OWNER_LEN {
-                    return Err(Refusal::InvalidOwner { len: owner.len() });
-                }
+                session(*ttl_ms, *lock_delay_ms, owner, *end_on_disconnect_ms)?;
+                acquire(name, *mode, value)?;
+            }
+            Command::SetTtl { ttl_ms, .. } => {
                 if !(MIN_SESSION_TTL_MS..=MAX_SESSION_TTL_MS).contains(ttl_ms) {
                     return Err(Refusal::InvalidTtl { ttl_ms: *ttl_ms });
-                }
-                if *lock_delay_ms > MAX_LOCK_DELAY_MS {
-                    return Err(Refusal::InvalidLockDelay {
-                        lock_delay_ms: *lock_delay_ms,
-                    });
                 }
             }
             Command::Acquire {
                 name, mode, value, ..
-            } => {
-                LockName::new(name.as_str())?;
-                if value.len() > MAX_VALUE_LEN {
-                    return Err(Refusal::ValueTooLarge { len: value.len() });
-                }
-                if let Mode::Semaphore { weight, capacity } = *mode {
-                    if !(1..=MAX_CAPACITY).contains(&capacity) {
-                        return Err(Refusal::InvalidCapacity { capacity });
-                    }
-                    if !(1..=capacity).contains(&weight) {
-                        return Err(Refusal::InvalidWeight { weight, capacity });
-                    }
-                }
-            }
+            } => acquire(name, *mode, value)?,
             Command::Release { name, .. }
             | Command::Withdraw { name, .. }
             | Command::CancelWait { name, .. }

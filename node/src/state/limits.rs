@@ -22,6 +22,12 @@ pub const MAX_OWNER_LEN: usize = 256;
 /// at most.
 pub const MAX_SESSION_TTL_MS: u64 = 3_600_000;
 
+/// Longest grace a session may ask for between the end of its last
+/// keep-alive stream and its expiry (`end_on_disconnect_ms`): one minute.
+/// 0 turns the feature off; a grace at least as long as the ttl never ends
+/// a session sooner than its ttl would.
+pub const MAX_END_ON_DISCONNECT_MS: u64 = 60_000;
+
 /// Longest lock-delay a session may ask for.
 pub const MAX_LOCK_DELAY_MS: u64 = 60_000;
 

@@ -65,6 +65,8 @@ pub struct SessionInfo {
     pub ttl_ms: u64,
     /// Its lock-delay.
     pub lock_delay_ms: u64,
+    /// Its grace after its last keep-alive stream ends (0: none).
+    pub end_on_disconnect_ms: u64,
 }
 
 /// Counts for status and metrics.
@@ -95,7 +97,8 @@ pub enum SnapshotError {
 
 /// Format version of [`LockTable::to_snapshot`]'s output, its first byte.
 /// Version 3 added the index floor a restore sets; version 4 the close
-/// index of each remembered close (the oldest close is forgotten first).
+/// index of each remembered close (the oldest close is forgotten first),
+/// and each session's disconnect grace and pending one-call lock.
 pub const SNAPSHOT_VERSION: u8 = 4;
 
 /// The format before, still read (see [`LockTable::from_snapshot`]).
@@ -167,6 +170,7 @@ impl LockTable {
     /// A session's settings, if it is open.
     pub fn session(&self, session: SessionId) -> Option<SessionInfo> {
         self.sessions.get(&session).map(|s| SessionInfo {
+            end_on_disconnect_ms: s.end_on_disconnect_ms,
             session,
             ttl_ms: s.ttl_ms,
             lock_delay_ms: s.lock_delay_ms,
@@ -179,6 +183,7 @@ impl LockTable {
             session: *id,
             ttl_ms: s.ttl_ms,
             lock_delay_ms: s.lock_delay_ms,
+            end_on_disconnect_ms: s.end_on_disconnect_ms,
         })
     }
 
@@ -515,6 +520,8 @@ mod v2 {
                         held: s.held,
                         waiting: s.waiting,
                         replies,
+                        end_on_disconnect_ms: 0,
+                        lock_pending: false,
                     };
                     (id, session)
                 })
@@ -533,15 +540,27 @@ mod v2 {
     }
 }
 
-/// The lock-table format 3 (remembered closes without their close index),
+/// The lock-table format 3 (remembered closes without their close index,
+/// sessions without a disconnect grace or a pending one-call lock),
 /// decoded so backups of clusters before it can be restored.
 mod v3 {
     use std::collections::BTreeMap;
 
     use serde::Deserialize;
 
-    use super::super::command::{LockName, SessionId};
-    use super::super::table::{self, Closed, Lock, PendingRestore, Session};
+    use super::super::command::{Fence, LockName, SessionId};
+    use super::super::table::{self, Closed, Lock, PendingRestore, Replies, WaitRef};
+
+    #[derive(Deserialize)]
+    struct Session {
+        ttl_ms: u64,
+        lock_delay_ms: u64,
+        nonce: u64,
+        owner: String,
+        held: BTreeMap<LockName, Fence>,
+        waiting: BTreeMap<LockName, WaitRef>,
+        replies: Replies,
+    }
 
     #[derive(Deserialize)]
     pub(super) struct LockTable {
@@ -578,8 +597,26 @@ mod v3 {
                     (id, closed)
                 })
                 .collect();
+            let sessions = self
+                .sessions
+                .into_iter()
+                .map(|(id, s)| {
+                    let session = table::Session {
+                        ttl_ms: s.ttl_ms,
+                        lock_delay_ms: s.lock_delay_ms,
+                        nonce: s.nonce,
+                        owner: s.owner,
+                        held: s.held,
+                        waiting: s.waiting,
+                        replies: s.replies,
+                        end_on_disconnect_ms: 0,
+                        lock_pending: false,
+                    };
+                    (id, session)
+                })
+                .collect();
             table::LockTable {
-                sessions: self.sessions,
+                sessions,
                 locks: self.locks,
                 nonces: self.nonces,
                 last_fence: self.last_fence,

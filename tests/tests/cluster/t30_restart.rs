@@ -46,8 +46,10 @@ fn raw_wait(session_id: u64, name: &str, semaphore: bool) -> AcquireRequest {
         mode: mode as i32,
         weight,
         capacity,
+        // The older form of "wait without a timeout" keeps working.
         timeout_ms: u64::MAX,
         value: Vec::new(),
+        wait: false,
     }
 }
 

@@ -249,3 +249,56 @@ async fn a_wait_given_up_across_a_leader_change_leaves_no_waiter() {
     eventually_state(&client, "failover/x", vec![], vec![]).await;
     cluster.shutdown().await;
 }
+
+/// `AcquireRequest.wait` is "wait without a timeout" in a form every
+/// language and proto3 JSON can write; `timeout_ms` is then ignored. The
+/// wait outlasts the (ignored) 1 ms timeout and is granted on release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn wait_true_waits_without_a_timeout() {
+    use raftlock_client::proto as pb;
+    let cluster = TestCluster::start(3).await;
+    let client = cluster.client().await;
+    let holder = client
+        .session(Duration::from_secs(20))
+        .await
+        .expect("holder");
+    let guard = holder.lock("wait-flag").await.expect("lock");
+    let waiter = client
+        .session(Duration::from_secs(20))
+        .await
+        .expect("waiter");
+    let waiter_id = waiter.id().get();
+    let leader = cluster.leader_addr().await;
+    let mut locks = raftlock_testkit::locks_at(&leader);
+    let mut acquire = tokio::spawn(async move {
+        locks
+            .acquire(pb::AcquireRequest {
+                session_id: waiter.id().get(),
+                seq: 1_000,
+                name: "wait-flag".into(),
+                timeout_ms: 1,
+                wait: true,
+                ..Default::default()
+            })
+            .await
+            .map(|r| r.into_inner())
+    });
+    eventually_state(
+        &client,
+        "wait-flag",
+        vec![holder.id().get()],
+        vec![waiter_id],
+    )
+    .await;
+    // Well past the ignored timeout, still queued.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), &mut acquire)
+            .await
+            .is_err(),
+        "the wait ended on the ignored timeout"
+    );
+    guard.release().await.expect("release");
+    let granted = acquire.await.expect("join").expect("answered");
+    assert!(granted.acquired && granted.fence > guard.fence().get());
+    cluster.shutdown().await;
+}

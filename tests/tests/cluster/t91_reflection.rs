@@ -29,7 +29,13 @@ async fn reflection_answers_in_v1_and_v1alpha() {
         panic!("not a service list: {answer:?}");
     };
     let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
-    assert!(names.iter().any(|n| n == "raftlock.v1.Locks"), "{names:?}");
+    for service in [
+        "raftlock.v1.Locks",
+        "raftlock.v1.Cluster",
+        "grpc.health.v1.Health",
+    ] {
+        assert!(names.iter().any(|n| n == service), "{service}: {names:?}");
+    }
 
     let mut v1c = v1::server_reflection_client::ServerReflectionClient::new(channel(&addr));
     let req = v1::ServerReflectionRequest {
@@ -44,5 +50,32 @@ async fn reflection_answers_in_v1_and_v1alpha() {
         .expect("v1 is served")
         .into_inner();
     assert!(answers.message().await.expect("answer").is_some());
+    // What grpcurl asks before it calls grpc.health.v1.Health/Check: the
+    // file that defines the service (the review found it missing).
+    let req = v1::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(
+            v1::server_reflection_request::MessageRequest::FileContainingSymbol(
+                "grpc.health.v1.Health".into(),
+            ),
+        ),
+    };
+    let answer = v1c
+        .server_reflection_info(tokio_stream::iter([req]))
+        .await
+        .expect("v1 is served")
+        .into_inner()
+        .message()
+        .await
+        .expect("answer")
+        .expect("one");
+    assert!(
+        matches!(
+            answer.message_response,
+            Some(v1::server_reflection_response::MessageResponse::FileDescriptorResponse(ref f))
+                if !f.file_descriptor_proto.is_empty()
+        ),
+        "{answer:?}"
+    );
     cluster.shutdown().await;
 }

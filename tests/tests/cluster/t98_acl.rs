@@ -349,7 +349,9 @@ async fn a_session_is_usable_only_by_its_identity() {
         .release(as_token(
             pb::ReleaseRequest {
                 session_id: other.id().get(),
-                seq: 1,
+                // Far from the seqs `other`'s own client uses: a close
+                // under a seq a release used is refused as a reused seq.
+                seq: 1_000,
                 name: "billing/ledger".into(),
                 fence: g.fence().get(),
             },

@@ -66,6 +66,8 @@ fn build(s: &Situation) -> LockTable {
                 held: BTreeMap::new(),
                 waiting: BTreeMap::new(),
                 replies: Default::default(),
+                end_on_disconnect_ms: 0,
+                lock_pending: false,
             },
         );
     }

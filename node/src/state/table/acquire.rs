@@ -171,7 +171,8 @@ impl LockTable {
             let Some(fence) = next_fence(&mut self.last_fence) else {
                 // The counter is at its bound: nobody in this queue can
                 // ever be granted, so every wait ends here.
-                for w in std::mem::take(&mut lock.queue) {
+                let ended = std::mem::take(&mut lock.queue);
+                for w in &ended {
                     if let Some(s) = self.sessions.get_mut(&w.session) {
                         s.waiting.remove(name);
                         s.replies
@@ -185,13 +186,20 @@ impl LockTable {
                         cause: CancelCause::FencesExhausted,
                     });
                 }
-                break;
+                if lock.is_idle() {
+                    self.locks.remove(name);
+                }
+                for w in ended {
+                    self.end_if_lock_failed(w.session, index, events);
+                }
+                return;
             };
             let w = lock.queue.pop_front().expect("front exists");
             hold(lock, fence, w.session, w.seq, w.mode, w.value, index);
             if let Some(s) = self.sessions.get_mut(&w.session) {
                 s.waiting.remove(name);
                 s.held.insert(name.clone(), fence);
+                s.lock_pending = false;
                 s.replies.settle(
                     w.seq,
                     Reply::Acquire(Acquired::Granted {

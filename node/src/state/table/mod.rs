@@ -17,6 +17,8 @@ mod replies;
 mod restore;
 mod sessions;
 
+use sessions::OpenArgs;
+
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
@@ -100,7 +102,63 @@ impl LockTable {
                 lock_delay_ms,
                 nonce,
                 owner,
-            } => self.open_session(index, ttl_ms, lock_delay_ms, nonce, owner, &mut events),
+            } => self.open_session(
+                index,
+                OpenArgs {
+                    ttl_ms,
+                    lock_delay_ms,
+                    nonce,
+                    owner,
+                    end_on_disconnect_ms: 0,
+                },
+                &mut events,
+            ),
+            Command::OpenSessionWith {
+                ttl_ms,
+                lock_delay_ms,
+                nonce,
+                owner,
+                end_on_disconnect_ms,
+            } => self.open_session(
+                index,
+                OpenArgs {
+                    ttl_ms,
+                    lock_delay_ms,
+                    nonce,
+                    owner,
+                    end_on_disconnect_ms,
+                },
+                &mut events,
+            ),
+            Command::Lock {
+                ttl_ms,
+                lock_delay_ms,
+                nonce,
+                owner,
+                end_on_disconnect_ms,
+                name,
+                mode,
+                timeout_ms,
+                value,
+            } => self.lock(
+                index,
+                OpenArgs {
+                    ttl_ms,
+                    lock_delay_ms,
+                    nonce,
+                    owner,
+                    end_on_disconnect_ms,
+                },
+                (name, mode, timeout_ms, value),
+                digest,
+                &mut events,
+            ),
+            Command::SetTtl {
+                session,
+                seq,
+                ttl_ms,
+                caller,
+            } => self.set_ttl((session, &caller, digest), seq, ttl_ms, &mut events),
             Command::CloseSession {
                 session,
                 seq,

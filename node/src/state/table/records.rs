@@ -40,6 +40,14 @@ pub(in crate::state) struct Session {
     pub(in crate::state) waiting: BTreeMap<LockName, WaitRef>,
     /// Remembered replies for exactly-once retries.
     pub(in crate::state) replies: Replies,
+    /// Grace after its last keep-alive stream on the leader ends before the
+    /// leader expires it (0: only its ttl ends it). The leader's timers use
+    /// it; the table only keeps it.
+    pub(in crate::state) end_on_disconnect_ms: u64,
+    /// Opened by a one-call `Lock` whose acquire is still queued: if that
+    /// wait ends without a grant, the session (opened for nothing else)
+    /// ends with it. Cleared when the acquire is granted.
+    pub(in crate::state) lock_pending: bool,
 }
 
 /// Where a session's wait sits in a queue.

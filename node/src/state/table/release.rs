@@ -87,6 +87,7 @@ impl LockTable {
         }
         // The cancelled wait may have been holding up those behind it.
         self.promote(&name, index, events);
+        self.end_if_lock_failed(session, index, events);
         Ok(Reply::Cancelled { cancelled: true })
     }
 
@@ -127,6 +128,7 @@ impl LockTable {
             }
             // Those behind it may be grantable now.
             self.promote(&name, index, events);
+            self.end_if_lock_failed(session, index, events);
             return Ok(Reply::Withdrawn { withdrawn: true });
         }
         if s.replies.is_unseen(seq) {

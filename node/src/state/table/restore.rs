@@ -110,6 +110,7 @@ impl LockTable {
             events.push(Event::SessionOpened {
                 session: s.session,
                 ttl_ms: s.ttl_ms,
+                end_on_disconnect_ms: s.end_on_disconnect_ms,
             });
         }
         for w in self.waits() {

@@ -2,20 +2,35 @@
 
 use std::collections::BTreeMap;
 
-use super::{Closed, Delay, LockTable, Replies, Session};
-use crate::state::command::{CancelCause, EndCause, Event, LockName, Refusal, Reply, SessionId};
+use super::{owned, Closed, Delay, LockTable, Replies, Session};
+use crate::state::command::{
+    Acquired, CancelCause, EndCause, Event, LockName, Mode, Refusal, Reply, SessionId, LOCK_SEQ,
+};
 use crate::state::limits::{MAX_REMEMBERED_CLOSES, MAX_SESSIONS};
+
+/// What a session is opened with.
+pub(super) struct OpenArgs {
+    pub(super) ttl_ms: u64,
+    pub(super) lock_delay_ms: u64,
+    pub(super) nonce: u64,
+    pub(super) owner: String,
+    pub(super) end_on_disconnect_ms: u64,
+}
 
 impl LockTable {
     pub(super) fn open_session(
         &mut self,
         index: u64,
-        ttl_ms: u64,
-        lock_delay_ms: u64,
-        nonce: u64,
-        owner: String,
+        open: OpenArgs,
         events: &mut Vec<Event>,
     ) -> Result<Reply, Refusal> {
+        let OpenArgs {
+            ttl_ms,
+            lock_delay_ms,
+            nonce,
+            owner,
+            end_on_disconnect_ms,
+        } = open;
         if nonce != 0 {
             if let Some(&session) = self.nonces.get(&nonce) {
                 let Some(s) = self.sessions.get(&session) else {
@@ -58,17 +73,171 @@ impl LockTable {
                 held: BTreeMap::new(),
                 waiting: BTreeMap::new(),
                 replies: Replies::default(),
+                end_on_disconnect_ms,
+                lock_pending: false,
             },
         );
         if nonce != 0 {
             self.nonces.insert(nonce, session);
         }
-        events.push(Event::SessionOpened { session, ttl_ms });
+        events.push(Event::SessionOpened {
+            session,
+            ttl_ms,
+            end_on_disconnect_ms,
+        });
         Ok(Reply::Opened {
             session,
             ttl_ms,
             lock_delay_ms,
         })
+    }
+
+    /// The one-call `Lock`: opens a session and acquires `name` in it, as
+    /// one command. A retry (same nonce, same identity) finds the session
+    /// and answers with where its acquire stands. If the acquire is
+    /// refused or not acquired at once (a try, or a busy name without a
+    /// wait), nothing is left behind; if it is queued, the session is
+    /// marked so that it ends if the wait ends without a grant.
+    pub(super) fn lock(
+        &mut self,
+        index: u64,
+        open: OpenArgs,
+        (name, mode, timeout_ms, value): (String, Mode, u64, Vec<u8>),
+        digest: u64,
+        events: &mut Vec<Event>,
+    ) -> Result<Reply, Refusal> {
+        if open.nonce != 0 {
+            if let Some(&session) = self.nonces.get(&open.nonce) {
+                let s = self.sessions.get(&session).ok_or(Refusal::Inconsistent {
+                    reason: format!("nonce {} names {session}, which is not open", open.nonce),
+                })?;
+                if s.owner != open.owner {
+                    return Err(Refusal::NotOwner { session });
+                }
+                let ttl_ms = s.ttl_ms;
+                let lock = LockName::new(name)?;
+                let outcome = match s.replies.check(session, LOCK_SEQ, digest)? {
+                    Some(Reply::Acquire(Acquired::Queued)) | None => self.standing(session, &lock),
+                    Some(Reply::Acquire(outcome)) => outcome,
+                    Some(other) => {
+                        return Err(Refusal::Inconsistent {
+                            reason: format!("{session}'s lock acquire was answered {other:?}"),
+                        })
+                    }
+                };
+                return Ok(Reply::Locked {
+                    session,
+                    ttl_ms,
+                    outcome,
+                });
+            }
+        }
+        let owner = open.owner.clone();
+        let ttl_ms = open.ttl_ms;
+        // Into a scratch list: if the acquire fails, the open is undone and
+        // nothing of it may be told.
+        let mut opened = Vec::new();
+        let session = match self.open_session(index, open, &mut opened)? {
+            Reply::Opened { session, .. } => session,
+            other => {
+                return Err(Refusal::Inconsistent {
+                    reason: format!("open answered {other:?}"),
+                })
+            }
+        };
+        let mut acquired = Vec::new();
+        let result = self.acquire(
+            index,
+            (session, &owner, digest),
+            LOCK_SEQ,
+            name,
+            mode,
+            timeout_ms,
+            value,
+            &mut acquired,
+        );
+        let outcome = match result {
+            Ok(Reply::Acquire(outcome)) => outcome,
+            Ok(other) => {
+                self.undo_open(session);
+                return Err(Refusal::Inconsistent {
+                    reason: format!("acquire answered {other:?}"),
+                });
+            }
+            Err(refusal) => {
+                self.undo_open(session);
+                return Err(refusal);
+            }
+        };
+        match outcome {
+            Acquired::NotAcquired => {
+                self.undo_open(session);
+                return Ok(Reply::Locked {
+                    session: SessionId(0),
+                    ttl_ms,
+                    outcome,
+                });
+            }
+            Acquired::Queued => {
+                if let Some(s) = self.sessions.get_mut(&session) {
+                    s.lock_pending = true;
+                }
+            }
+            Acquired::Granted { .. } => {}
+        }
+        events.extend(opened);
+        events.extend(acquired);
+        Ok(Reply::Locked {
+            session,
+            ttl_ms,
+            outcome,
+        })
+    }
+
+    /// Removes a session just opened by a `Lock` whose acquire did not
+    /// stay (it holds and waits for nothing; no event told of it).
+    fn undo_open(&mut self, session: SessionId) {
+        if let Some(s) = self.sessions.remove(&session) {
+            if s.nonce != 0 {
+                self.nonces.remove(&s.nonce);
+            }
+        }
+    }
+
+    /// Ends `session` if a one-call `Lock`'s wait was its only business and
+    /// that wait has ended without a grant (closed: no lock-delay).
+    pub(super) fn end_if_lock_failed(
+        &mut self,
+        session: SessionId,
+        index: u64,
+        events: &mut Vec<Event>,
+    ) {
+        let failed = self
+            .sessions
+            .get(&session)
+            .is_some_and(|s| s.lock_pending && s.held.is_empty() && s.waiting.is_empty());
+        if failed {
+            self.end_session(session, false, index, events);
+        }
+    }
+
+    /// Changes `session`'s ttl (exactly once per seq).
+    pub(super) fn set_ttl(
+        &mut self,
+        (session, caller, digest): (SessionId, &str, u64),
+        seq: u64,
+        ttl_ms: u64,
+        events: &mut Vec<Event>,
+    ) -> Result<Reply, Refusal> {
+        let s = owned(self.sessions.get_mut(&session), session, caller)?;
+        if let Some(reply) = s.replies.check(session, seq, digest)? {
+            return Ok(reply);
+        }
+        s.ttl_ms = ttl_ms;
+        let reply = Reply::TtlSet { ttl_ms };
+        s.replies.remember(seq, digest, &reply);
+        events.push(Event::SessionTtlChanged { session, ttl_ms });
+        Ok(reply)
     }
 
     /// Removes a session: cancels its waits, ends its grants (starting

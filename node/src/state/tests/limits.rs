@@ -134,6 +134,8 @@ fn insert_sessions(table: &mut LockTable, ids: impl Iterator<Item = u64>) {
         held: BTreeMap::new(),
         waiting: BTreeMap::new(),
         replies: Default::default(),
+        end_on_disconnect_ms: 0,
+        lock_pending: false,
     };
     table
         .sessions

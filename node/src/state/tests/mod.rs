@@ -20,6 +20,7 @@ use super::*;
 mod acquire;
 mod deadlock;
 mod limits;
+mod oneshot;
 mod release;
 mod replies;
 mod restore;

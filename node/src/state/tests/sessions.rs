@@ -20,7 +20,8 @@ fn open_session_id_is_the_log_index() {
         r.events,
         vec![Event::SessionOpened {
             session: SessionId(7),
-            ttl_ms: 5_000
+            ttl_ms: 5_000,
+            end_on_disconnect_ms: 0,
         }]
     );
     assert_eq!(
@@ -28,7 +29,8 @@ fn open_session_id_is_the_log_index() {
         Some(SessionInfo {
             session: SessionId(7),
             ttl_ms: 5_000,
-            lock_delay_ms: 250
+            lock_delay_ms: 250,
+            end_on_disconnect_ms: 0,
         })
     );
     let r = t.apply(9, open_cmd(1_000, 0, 0));
@@ -92,7 +94,8 @@ fn open_session_with_a_known_nonce_returns_the_same_session() {
         r.events,
         vec![Event::SessionOpened {
             session: SessionId(index),
-            ttl_ms: 5_000
+            ttl_ms: 5_000,
+            end_on_disconnect_ms: 0,
         }]
     );
 }

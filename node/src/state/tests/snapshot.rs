@@ -180,7 +180,8 @@ fn snapshot_that_breaks_an_invariant_is_refused() {
 fn a_snapshot_in_format_3_still_decodes_and_its_closes_are_forgotten_first() {
     use serde::Serialize;
 
-    // Format 3's layout: remembered closes without a close index.
+    // Format 3's layout: remembered closes without a close index, sessions
+    // without a disconnect grace or a pending one-call lock.
     #[derive(Serialize)]
     struct V3Closed<'a> {
         seq: u64,
@@ -188,8 +189,18 @@ fn a_snapshot_in_format_3_still_decodes_and_its_closes_are_forgotten_first() {
         owner: &'a str,
     }
     #[derive(Serialize)]
+    struct V3Session<'a> {
+        ttl_ms: u64,
+        lock_delay_ms: u64,
+        nonce: u64,
+        owner: &'a str,
+        held: &'a BTreeMap<LockName, Fence>,
+        waiting: &'a BTreeMap<LockName, WaitRef>,
+        replies: &'a crate::state::table::Replies,
+    }
+    #[derive(Serialize)]
     struct V3Table<'a> {
-        sessions: &'a BTreeMap<SessionId, Session>,
+        sessions: BTreeMap<SessionId, V3Session<'a>>,
         locks: &'a BTreeMap<LockName, crate::state::table::Lock>,
         nonces: &'a BTreeMap<u64, SessionId>,
         last_fence: u64,
@@ -207,7 +218,22 @@ fn a_snapshot_in_format_3_still_decodes_and_its_closes_are_forgotten_first() {
     assert_eq!(h.apply(close.clone()).reply, Reply::Closed { released: 0 });
     let t = &h.table;
     let v3 = V3Table {
-        sessions: &t.sessions,
+        sessions: t
+            .sessions
+            .iter()
+            .map(|(id, s)| {
+                let old = V3Session {
+                    ttl_ms: s.ttl_ms,
+                    lock_delay_ms: s.lock_delay_ms,
+                    nonce: s.nonce,
+                    owner: &s.owner,
+                    held: &s.held,
+                    waiting: &s.waiting,
+                    replies: &s.replies,
+                };
+                (*id, old)
+            })
+            .collect(),
         locks: &t.locks,
         nonces: &t.nonces,
         last_fence: t.last_fence,

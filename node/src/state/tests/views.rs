@@ -12,7 +12,8 @@ fn events_carry_the_right_fields() {
         r.events,
         vec![Event::SessionOpened {
             session: SessionId(10),
-            ttl_ms: 2_000
+            ttl_ms: 2_000,
+            end_on_disconnect_ms: 0,
         }]
     );
     let a = SessionId(10);
@@ -318,17 +319,20 @@ fn waits_delays_and_sessions_list_what_a_new_leader_must_rearm() {
             SessionInfo {
                 session: a,
                 ttl_ms: 4_000,
-                lock_delay_ms: 0
+                lock_delay_ms: 0,
+                end_on_disconnect_ms: 0,
             },
             SessionInfo {
                 session: b,
                 ttl_ms: 5_000,
-                lock_delay_ms: 300
+                lock_delay_ms: 300,
+                end_on_disconnect_ms: 0,
             },
             SessionInfo {
                 session: c,
                 ttl_ms: 6_000,
-                lock_delay_ms: 0
+                lock_delay_ms: 0,
+                end_on_disconnect_ms: 0,
             },
         ]
     );

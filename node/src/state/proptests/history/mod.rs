@@ -314,7 +314,12 @@ impl History {
             match e {
                 Event::SessionOpened { session, .. } => {
                     prop_assert!(
-                        matches!(command, Command::OpenSession { .. }),
+                        matches!(
+                            command,
+                            Command::OpenSession { .. }
+                                | Command::OpenSessionWith { .. }
+                                | Command::Lock { .. }
+                        ),
                         "opened by {:?}",
                         command
                     );
@@ -454,6 +459,13 @@ impl History {
                 }
                 Event::LockDelayEnded { name } => {
                     prop_assert!(self.delays.remove(name.as_str()).is_some());
+                }
+                Event::SessionTtlChanged { session, .. } => {
+                    prop_assert!(
+                        matches!(command, Command::SetTtl { session: s, .. } if s == session),
+                        "ttl changed by {:?}",
+                        command
+                    );
                 }
             }
         }
