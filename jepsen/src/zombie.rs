@@ -325,6 +325,17 @@ mod tests {
         assert_eq!(r["valid"], json!(true), "{found:?}");
     }
 
+    /// A follower on a slow disk falls further and further behind but
+    /// keeps applying: it works, slowly, and is no zombie.
+    #[test]
+    fn a_slow_follower_that_keeps_applying_is_no_zombie() {
+        // Applies at a third of the others' rate: 260 entries (13 s of
+        // the others' work) behind by the end, but its index moves at
+        // every sample.
+        let (r, found) = no_zombie(&history("serving", |a| a / 3));
+        assert_eq!(r["valid"], json!(true), "{found:?}");
+    }
+
     #[test]
     fn a_zombie_is_named_only_past_the_bound() {
         // Node 3 stops at 100 (t = 5 s) for n samples, then catches up.
