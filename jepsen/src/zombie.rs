@@ -4,8 +4,10 @@
 //! * `no-zombie`: every node process either serves or has exited. A node
 //!   *serves* when it answers `Status` as a member and its applied index
 //!   follows the cluster's: at every sample it has applied at least what
-//!   the most advanced node had applied [`FOLLOW_LAG`] before, and its
-//!   Raft core runs (`Status` does not say `shutdown`). A node
+//!   the most advanced node had applied [`FOLLOW_LAG`] before, or at least
+//!   its applied index moved in the last [`PROGRESS_WINDOW`] (a follower
+//!   on a slow disk falls behind but works); and its Raft core runs
+//!   (`Status` does not say `shutdown`). A node
 //!   that is up (not paused by the nemesis), says `SERVING` to gRPC
 //!   health, and does not serve for longer than [`ZOMBIE_BOUND`] is a
 //!   zombie: its health lies (the failure of review finding 4, a stopped
@@ -35,6 +37,14 @@ pub const FOLLOW_LAG_NS: u64 = 2_000_000_000;
 
 /// [`FOLLOW_LAG_NS`] as a duration, for the docs.
 pub const FOLLOW_LAG: std::time::Duration = std::time::Duration::from_nanos(FOLLOW_LAG_NS);
+
+/// A node whose applied index moved within this long is working, however
+/// far behind it is.
+pub const PROGRESS_WINDOW_NS: u64 = 3_000_000_000;
+
+/// [`PROGRESS_WINDOW_NS`] as a duration.
+pub const PROGRESS_WINDOW: std::time::Duration =
+    std::time::Duration::from_nanos(PROGRESS_WINDOW_NS);
 
 /// How long a node may say `SERVING` without serving before it counts as
 /// a zombie.
@@ -138,12 +148,15 @@ pub fn no_zombie(events: &[Event]) -> (Value, Vec<Value>) {
         let mut bad_since: HashMap<u64, (u64, Value)> = HashMap::new();
         let mut last_served: HashMap<u64, u64> = HashMap::new();
         let mut reported: HashMap<u64, bool> = HashMap::new();
+        // Per node, its applied index at each sample since it last came up.
+        let mut seen_applied: HashMap<u64, Vec<(u64, u64)>> = HashMap::new();
         for (i, (t, nodes)) in series.iter().enumerate() {
             let members = &reference[i].2;
             for (id, s) in nodes {
                 if !s.alive || s.paused || !members.contains(id) {
                     bad_since.remove(id);
                     reported.remove(id);
+                    seen_applied.remove(id);
                     // Not up or not a member: nothing to serve.
                     last_served.insert(*id, *t);
                     continue;
@@ -152,7 +165,21 @@ pub fn no_zombie(events: &[Event]) -> (Value, Vec<Value>) {
                 let due = applied_by(t.saturating_sub(FOLLOW_LAG_NS));
                 // A node whose core has stopped ("shutdown") follows
                 // nothing, whatever its applied index says.
-                let follows = s.applied.is_some_and(|a| a >= due)
+                let past = seen_applied.entry(*id).or_default();
+                if let Some(a) = s.applied {
+                    past.push((*t, a));
+                }
+                // Its applied index moved within the window (or it has not
+                // been up that long).
+                let progressing = match (s.applied, past.first()) {
+                    (Some(a), Some(&(first, _))) if t - first >= PROGRESS_WINDOW_NS => {
+                        let i = past.partition_point(|(pt, _)| *pt <= t - PROGRESS_WINDOW_NS);
+                        past[i.saturating_sub(1)].1 < a
+                    }
+                    (Some(_), _) => true,
+                    (None, _) => false,
+                };
+                let follows = (s.applied.is_some_and(|a| a >= due) || progressing)
                     && s.members.as_ref().is_some_and(|m| m.contains(id))
                     && s.role.as_deref() != Some("shutdown");
                 if follows && s.serving_health {
@@ -340,16 +367,18 @@ mod tests {
     fn a_zombie_is_named_only_past_the_bound() {
         // Node 3 stops at 100 (t = 5 s) for n samples, then catches up.
         // The others apply 20 a second, so from t = 7.5 s it is more than
-        // the 2 s lag behind; it is stuck until t = (10 + n) / 2 s.
+        // the 2 s lag behind, and from t = 8 s its index has not moved for
+        // the 3 s progress window: not serving from 8 s until it moves
+        // again at (10 + n) / 2 s.
         let stuck_for = |n: u64| move |a: u64| if a > 100 && a <= 100 + 10 * n { 100 } else { a };
-        // n = 11: behind from 7.5 s to 10.5 s, exactly the 3 s bound.
-        let (r, found) = no_zombie(&history("serving", stuck_for(11)));
-        assert_eq!(r["valid"], json!(true), "{found:?}");
-        // n = 12: to 11 s, half a second past it.
+        // n = 12: not serving from 8 s to 11 s, exactly the 3 s bound.
         let (r, found) = no_zombie(&history("serving", stuck_for(12)));
+        assert_eq!(r["valid"], json!(true), "{found:?}");
+        // n = 13: to 11.5 s, half a second past it.
+        let (r, found) = no_zombie(&history("serving", stuck_for(13)));
         assert_eq!(r["valid"], json!(false));
         assert_eq!(found.len(), 1, "{found:?}");
-        assert_eq!(found[0]["since_ns"], json!(15 * S / 2));
+        assert_eq!(found[0]["since_ns"], json!(8 * S));
     }
 
     #[test]
