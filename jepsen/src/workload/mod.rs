@@ -579,3 +579,31 @@ pub async fn spawn_workers(
     }
     Ok(handles)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a failed operation is recorded as: `fail` only when the
+    /// operation certainly had no effect.
+    #[test]
+    fn only_certain_refusals_are_recorded_as_fail() {
+        // A retry that finds the session gone says nothing of an earlier
+        // attempt: it may have been granted before the session expired
+        // (campaign run-020: lock, client-link, seed 24020 — an acquire
+        // granted fence 304, its answer lost, the retry refused NOT_FOUND
+        // once the stalled session had expired).
+        assert_eq!(classify(&Error::SessionNotFound("gone".into())), Type::Info);
+        assert_eq!(classify(&Error::Unknown("timeout".into())), Type::Info);
+        // These never apply anything.
+        assert_eq!(
+            classify(&Error::Unavailable("no leader".into())),
+            Type::Fail
+        );
+        assert_eq!(
+            classify(&Error::NotAcquired(Duration::from_millis(5))),
+            Type::Fail
+        );
+        assert_eq!(classify(&Error::InvalidArgument("name".into())), Type::Fail);
+    }
+}
