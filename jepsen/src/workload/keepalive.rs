@@ -376,7 +376,9 @@ impl Prober {
                             sent = true;
                             self.leader = None;
                         }
-                        _ if status.source_is_none() => return Err((false, last)),
+                        // The node's own refusal; if an earlier attempt
+                        // was sent, it may still have been applied.
+                        _ if status.source_is_none() => return Err((sent, last)),
                         _ => {
                             sent = true;
                             self.leader = None;

@@ -145,8 +145,13 @@ impl PendingOp<'_> {
 /// How a client error ends an operation.
 fn classify(e: &Error) -> Type {
     match e {
-        // May have been applied.
-        Error::Unknown(_) | Error::Internal(_) | Error::LeaseLost => Type::Info,
+        // May have been applied. A session found gone may have been gone
+        // only by the time of a retry: an earlier attempt of the same
+        // request may have been applied (and what it got ended with the
+        // session).
+        Error::Unknown(_) | Error::Internal(_) | Error::LeaseLost | Error::SessionNotFound(_) => {
+            Type::Info
+        }
         // Definitely not applied (the client says so for Unavailable).
         _ => Type::Fail,
     }
