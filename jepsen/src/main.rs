@@ -57,7 +57,11 @@ enum Command {
 /// How many anomalies `results` reports: a run's `results.json` lists
 /// them; a campaign's summary counts them.
 fn anomaly_count(results: &serde_json::Value) -> usize {
-    results["anomalies"].as_array().map_or(0, Vec::len)
+    let a = &results["anomalies"];
+    a.as_array()
+        .map(Vec::len)
+        .or_else(|| a.as_u64().and_then(|n| usize::try_from(n).ok()))
+        .unwrap_or(0)
 }
 
 fn summarize(results: &serde_json::Value) {
