@@ -589,6 +589,30 @@ mod tests {
         assert_eq!(r["overlaps_excused_by_clock"], json!(1));
     }
 
+    /// A grant whose answer was held up (a stalled link) and came after
+    /// the prober's own lease view had ended: the prober never held it
+    /// under a lease, so it overlaps nothing. Campaign c3, run 14 (seed
+    /// 24213): ka/0 fence 857 granted at 28.59 s, the session expired at
+    /// 29.08 s (its view ended 29.06 s), fence 919 went to another
+    /// session at 30.94 s, and the answer of 857 arrived at 31.27 s.
+    #[test]
+    fn a_grant_answered_after_the_probers_lease_ended_overlaps_nothing() {
+        let mut h = base();
+        // Session 7's view ends at 1.5 s; an earlier acquire of it is
+        // answered at 2.3 s, inside session 8's hold.
+        h.op(
+            "acquire",
+            40 * MS,
+            2300 * MS,
+            json!({"lock": "ka/0", "mode": "exclusive", "session": 7, "prober": true, "gen": 0}),
+            Type::Ok,
+            json!({"lock": "ka/0", "mode": "exclusive", "session": 7, "fence": 4}),
+        );
+        let (r, found) = check(&h.ops(), &[]);
+        assert_eq!(r["overlaps"], json!(0), "{found:?}");
+        assert_eq!(r["valid"], json!(true), "{found:?}");
+    }
+
     #[test]
     fn a_library_clients_lease_view_counts_until_its_release() {
         let mut h = H(Vec::new(), 0);
