@@ -224,10 +224,16 @@ fn believed(ops: &[Op]) -> Vec<Believed> {
         let release = ends.get(&(s, lock.to_string(), fence)).copied();
         let to = if prober {
             // The run of the lease view that covers the grant's answer.
-            let view = leases
+            // None: the answer came after the prober's lease had ended
+            // (held up on a stalled link), so it never held the grant
+            // under a lease, and its view overlaps nothing.
+            let Some(view) = leases
                 .get(&sid)
                 .and_then(|v| v.iter().find(|(a, b)| *a <= from && from < *b))
-                .map_or(from, |(_, b)| *b);
+                .map(|(_, b)| *b)
+            else {
+                continue;
+            };
             match release {
                 Some((r, _)) => view.min(r),
                 None => view,
