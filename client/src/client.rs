@@ -425,3 +425,37 @@ impl Client {
         Ok((resp.leader_id != 0).then_some((resp.leader_id, resp.leader_addr)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    /// An announced address in the map is dialled at its mapped address.
+    #[tokio::test]
+    async fn an_announced_address_is_dialled_where_the_map_says() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let reachable = listener.local_addr().unwrap().to_string();
+        // TEST-NET-1: never routed, so only the map can make it reachable.
+        let announced = "192.0.2.1:7101".to_string();
+        let client = Client::with_options(
+            [announced.clone()],
+            ClientOptions {
+                request_timeout: Duration::from_millis(500),
+                address_map: HashMap::from([(announced.clone(), reachable)]),
+                ..ClientOptions::default()
+            },
+        )
+        .unwrap();
+        let (asked, accepted) = tokio::join!(
+            client.node_status(&announced),
+            tokio::time::timeout(Duration::from_secs(2), listener.accept())
+        );
+        assert!(
+            matches!(accepted, Ok(Ok(_))),
+            "the client did not dial the mapped address"
+        );
+        assert!(asked.is_err(), "the listener is no raftlock node");
+    }
+}

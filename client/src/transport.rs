@@ -42,6 +42,12 @@ pub struct ClientOptions {
     /// control on (`None`: no token; with mTLS the certificate's CN is the
     /// identity then).
     pub token: Option<String>,
+    /// Addresses to dial instead of the ones the cluster announces, for a
+    /// client that reaches the nodes through NAT or proxies: a node's
+    /// announced address (its `--advertise`, as leader hints and `Status`
+    /// name it) maps to the address this client can reach it at. An
+    /// address not in the map, endpoints included, is dialled as it is.
+    pub address_map: HashMap<String, String>,
 }
 
 /// TLS settings of a client, PEM-encoded.
@@ -64,6 +70,7 @@ impl Default for ClientOptions {
             connect_timeout: Duration::from_millis(500),
             tls: None,
             token: None,
+            address_map: HashMap::new(),
         }
     }
 }
@@ -491,8 +498,9 @@ impl Transport {
         } else {
             "http"
         };
-        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
-            .map_err(|e| Error::Config(format!("bad endpoint {addr:?}: {e}")))?;
+        let dial = options.address_map.get(addr).map_or(addr, String::as_str);
+        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{dial}"))
+            .map_err(|e| Error::Config(format!("bad endpoint {dial:?}: {e}")))?;
         if let Some(tls) = &options.tls {
             let mut config =
                 ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&tls.ca_pem));

@@ -9,6 +9,7 @@
 //! and `+` combines faults within one run: `kill,pause+partition,all` is
 //! three choices.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -16,7 +17,7 @@ use serde_json::{json, Value};
 
 use crate::nemesis::{CutMode, NemesisKind};
 use crate::report::esc;
-use crate::run::{self, RunArgs};
+use crate::run::{self, NetMode, RunArgs};
 use crate::workload::WorkloadKind;
 
 /// Everything `raftlock-jepsen campaign` takes.
@@ -49,6 +50,13 @@ pub struct CampaignArgs {
     /// The raftlockd binary (default: next to this executable).
     #[arg(long)]
     pub raftlockd: Option<PathBuf>,
+    /// Networks to use, comma-separated: `proxy`, `netns` (see `run
+    /// --net`).
+    #[arg(long, default_value = "proxy")]
+    pub net: String,
+    /// Every run with peer authentication (see `run --peer-auth`).
+    #[arg(long)]
+    pub peer_auth: bool,
 }
 
 /// One combination of the matrix.
@@ -57,6 +65,7 @@ struct Cell {
     workload: WorkloadKind,
     nemesis: String,
     nodes: u64,
+    net: NetMode,
 }
 
 fn matrix(args: &CampaignArgs) -> anyhow::Result<Vec<Cell>> {
@@ -84,15 +93,26 @@ fn matrix(args: &CampaignArgs) -> anyhow::Result<Vec<Cell>> {
         !nodes.is_empty() && !workloads.is_empty() && !nemeses.is_empty(),
         "the matrix is empty"
     );
+    let nets: Vec<NetMode> = args
+        .net
+        .split(',')
+        .map(|n| {
+            <NetMode as clap::ValueEnum>::from_str(n.trim(), false)
+                .map_err(|e| anyhow::anyhow!("--net: {e}"))
+        })
+        .collect::<Result<_, _>>()?;
     let mut cells = Vec::new();
     for w in &workloads {
         for n in &nemeses {
             for size in &nodes {
-                cells.push(Cell {
-                    workload: *w,
-                    nemesis: n.clone(),
-                    nodes: *size,
-                });
+                for net in &nets {
+                    cells.push(Cell {
+                        workload: *w,
+                        nemesis: n.clone(),
+                        nodes: *size,
+                        net: *net,
+                    });
+                }
             }
         }
     }
@@ -117,6 +137,8 @@ fn run_args(args: &CampaignArgs, cell: &Cell, seed: u64, out: PathBuf) -> RunArg
         recovery: 5,
         linearizability_timeout: 60,
         broken_store: false,
+        peer_auth: args.peer_auth,
+        net: cell.net,
         store: crate::dbstore::StoreKind::Memory,
         store_url: None,
     }
@@ -137,14 +159,20 @@ pub async fn campaign(args: CampaignArgs) -> anyhow::Result<run::Outcome> {
     std::fs::create_dir_all(&args.out)?;
     let started = Instant::now();
     let mut rows: Vec<Value> = Vec::new();
+    let mut availability: Vec<Value> = Vec::new();
     for i in 0..args.runs {
         let cell = &cells[(i % cells.len() as u64) as usize];
         let seed = args.seed + i;
         let name = format!(
-            "run-{i:03}-{}-{}-{}n",
+            "run-{i:03}-{}-{}-{}n{}",
             kebab(cell.workload),
             cell.nemesis.replace(',', "+"),
-            cell.nodes
+            cell.nodes,
+            if cell.net == NetMode::Netns {
+                "-netns"
+            } else {
+                ""
+            }
         );
         eprintln!(
             "raftlock-jepsen campaign: run {}/{}: {name}, seed {seed}",
@@ -156,9 +184,18 @@ pub async fn campaign(args: CampaignArgs) -> anyhow::Result<run::Outcome> {
         let row = match run::run(run_args(&args, cell, seed, out)).await {
             Ok(outcome) => {
                 let r = &outcome.results;
+                let mut kinds: BTreeMap<String, u64> = BTreeMap::new();
+                for w in r["nemesis"].as_array().into_iter().flatten() {
+                    *kinds
+                        .entry(w["kind"].as_str().unwrap_or("?").into())
+                        .or_default() += 1;
+                }
+                availability.push(r["availability"].clone());
                 json!({
                     "run": i, "dir": name, "seed": seed, "nodes": cell.nodes,
-                    "workload": cell.workload, "nemesis": cell.nemesis,
+                    "workload": cell.workload, "nemesis": cell.nemesis, "net": cell.net,
+                    "time_limit_s": args.time_limit, "peer_auth": args.peer_auth,
+                    "faults_by_kind": kinds,
                     "ops": r["ops"], "faults": r["nemesis"].as_array().map_or(0, Vec::len),
                     "anomalies": r["anomalies"].as_array().map_or(0, Vec::len),
                     "verdict": if outcome.valid { "valid" } else { "INVALID" },
@@ -167,7 +204,8 @@ pub async fn campaign(args: CampaignArgs) -> anyhow::Result<run::Outcome> {
             }
             Err(e) => json!({
                 "run": i, "dir": name, "seed": seed, "nodes": cell.nodes,
-                "workload": cell.workload, "nemesis": cell.nemesis,
+                "workload": cell.workload, "nemesis": cell.nemesis, "net": cell.net,
+                "time_limit_s": args.time_limit,
                 "ops": 0, "faults": 0, "anomalies": 0,
                 "verdict": "error", "error": format!("{e:#}"),
                 "wall_s": t.elapsed().as_secs_f64(),
@@ -181,9 +219,19 @@ pub async fn campaign(args: CampaignArgs) -> anyhow::Result<run::Outcome> {
             row["faults"]
         );
         rows.push(row);
-        write_summary(&args.out, &rows, started.elapsed().as_secs_f64())?;
+        write_summary(
+            &args.out,
+            &rows,
+            &availability,
+            started.elapsed().as_secs_f64(),
+        )?;
     }
-    let summary = write_summary(&args.out, &rows, started.elapsed().as_secs_f64())?;
+    let summary = write_summary(
+        &args.out,
+        &rows,
+        &availability,
+        started.elapsed().as_secs_f64(),
+    )?;
     let valid = summary["valid"].as_bool() == Some(true);
     Ok(run::Outcome {
         results: summary,
@@ -191,10 +239,23 @@ pub async fn campaign(args: CampaignArgs) -> anyhow::Result<run::Outcome> {
     })
 }
 
-fn write_summary(dir: &Path, rows: &[Value], wall_s: f64) -> anyhow::Result<Value> {
+fn write_summary(
+    dir: &Path,
+    rows: &[Value],
+    availability: &[Value],
+    wall_s: f64,
+) -> anyhow::Result<Value> {
     let count = |v: &str| rows.iter().filter(|r| r["verdict"] == v).count();
     let sum = |k: &str| rows.iter().map(|r| r[k].as_u64().unwrap_or(0)).sum::<u64>();
+    let mut kinds: BTreeMap<String, u64> = BTreeMap::new();
+    for r in rows {
+        for (k, n) in r["faults_by_kind"].as_object().into_iter().flatten() {
+            *kinds.entry(k.clone()).or_default() += n.as_u64().unwrap_or(0);
+        }
+    }
     let summary = json!({
+        "faults_by_kind": kinds,
+        "recovery": crate::availability::merge(availability),
         "valid": count("valid") == rows.len(),
         "runs": rows.len(),
         "valid_runs": count("valid"),
@@ -238,6 +299,26 @@ fn render(summary: &Value) -> String {
         summary["anomalies"],
         summary["wall_s"].as_f64().unwrap_or(0.0),
     ));
+    html.push_str(
+        "<h2>Faults and recovery by kind</h2><p>Recovery: from the end of a fault to the first \
+         grant answered after it; rejoin: until the nodes it touched had caught up.</p><table>\
+         <tr><th>kind</th><th>faults</th><th>median</th><th>worst</th><th>never recovered</th>\
+         <th>rejoin median</th><th>rejoin worst</th></tr>",
+    );
+    let ms = |v: &Value| v.as_f64().map_or("-".into(), |m| format!("{m:.0} ms"));
+    for (kind, k) in summary["recovery"].as_object().into_iter().flatten() {
+        html.push_str(&format!(
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            esc(kind),
+            k["faults"],
+            ms(&k["median_ms"]),
+            ms(&k["worst_ms"]),
+            k["unrecovered"],
+            ms(&k["rejoin_median_ms"]),
+            ms(&k["rejoin_worst_ms"]),
+        ));
+    }
+    html.push_str("</table><h2>Runs</h2>");
     html.push_str(
         "<table><tr><th>run</th><th>seed</th><th>nodes</th><th>workload</th><th>nemesis</th>\
          <th>ops</th><th>faults</th><th>anomalies</th><th>verdict</th><th>wall s</th><th>report</th></tr>",
@@ -285,6 +366,8 @@ mod tests {
             concurrency: 1,
             out: "/nonexistent".into(),
             raftlockd: None,
+            net: "proxy".into(),
+            peer_auth: false,
         }
     }
 
@@ -309,7 +392,7 @@ mod tests {
             json!({"run": 1, "dir": "run-001", "seed": 2, "nodes": 5, "workload": "clients",
                    "nemesis": "all", "ops": 5, "faults": 1, "anomalies": 3, "verdict": "INVALID", "wall_s": 1.0}),
         ];
-        let s = write_summary(dir.path(), &rows, 2.0).unwrap();
+        let s = write_summary(dir.path(), &rows, &[], 2.0).unwrap();
         assert_eq!(s["valid"], json!(false));
         assert_eq!(s["ops"], json!(15));
         assert_eq!(s["invalid_runs"], json!(1));

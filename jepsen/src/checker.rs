@@ -10,6 +10,10 @@
 //! | `linearizability` | no linearization of a lock's operations fits the lock model (see [`crate::linear`]) |
 //! | `hold-windows` | never: reports where the windows clients *believed* they held overlapped |
 //! | `audit` | anything is still held or queued at the end of the run (see [`crate::audit`]) |
+//! | `keep-alive` | a keep-alive sent after its session's expiry was applied was answered `renewed`, or two sessions' lease views overlapped on one exclusive lock (see [`crate::leases`]) |
+//! | `hostile-peer` | a node with peer authentication did not refuse a hostile Raft message with `UNAUTHENTICATED`, or one without it did not refuse another cluster's with `FAILED_PRECONDITION` (see [`crate::nemesis::hostile`]) |
+//! | `no-zombie` | a node said `SERVING` without following the cluster for too long, or was up at the end without serving (see [`crate::zombie`]) |
+//! | `node-exits` | a node exited on its own while its disk was not failing (see [`crate::zombie`]) |
 //!
 //! "Certainly held": from the acquire's return until the invocation of a
 //! release that answered `released: true` (the server still had the grant
@@ -30,6 +34,10 @@ use crate::workload::WorkloadKind;
 pub struct CheckInput<'a> {
     /// Paired client operations.
     pub ops: &'a [Op],
+    /// Every event (the nemesis's and the samplers' too).
+    pub events: &'a [crate::history::Event],
+    /// The faults.
+    pub windows: &'a [crate::nemesis::Window],
     /// The workload that ran.
     pub workload: WorkloadKind,
     /// `store.jsonl` entries, in the store's decision order.
@@ -529,6 +537,13 @@ pub fn check(input: &CheckInput) -> Checked {
     if let Some(audit) = input.audit {
         add("audit", crate::audit::check(audit));
     }
+    add("no-zombie", crate::zombie::no_zombie(input.events));
+    add("keep-alive", crate::leases::check(input.ops, input.windows));
+    add("hostile-peer", crate::nemesis::hostile::check(input.events));
+    add(
+        "node-exits",
+        crate::zombie::node_exits(input.events, input.windows),
+    );
     add(
         "hold-windows",
         (

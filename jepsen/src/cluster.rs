@@ -5,10 +5,19 @@
 //! Every process the harness starts is registered here and killed when the
 //! [`Cluster`] is dropped, whatever way the run ends; the children also get
 //! `PR_SET_PDEATHSIG`, so they die if the harness itself is killed.
+//!
+//! Each process has a reaper task that owns it, waits for it to end and
+//! signals it on the cluster's behalf (so a signal never reaches a reused
+//! pid). A process that ends without the harness having stopped it is
+//! reported on [`Hooks::exits`] with its exit status and the last line of
+//! its log: the run's supervisor records it and starts the node again, as
+//! systemd's `Restart=on-failure` would.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -16,9 +25,10 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use raftlock_client::{Client, ClientOptions};
 use tokio::process::{Child, Command};
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use crate::proxy::Net;
+use crate::proxy::{Link, Net};
 
 /// Where Debian's `libfaketime` package puts the library.
 pub const LIBFAKETIME_PATHS: &[&str] = &[
@@ -70,6 +80,16 @@ pub fn find_raftlockd(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
+/// Whether `raftlockd run` takes `flag` (older builds lack some, e.g.
+/// `--insecure-peers`, which the harness then leaves out).
+pub fn raftlockd_has_flag(raftlockd: &Path, flag: &str) -> bool {
+    std::process::Command::new(raftlockd)
+        .args(["run", "--help"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains(flag))
+        .unwrap_or(false)
+}
+
 /// Loopback ports for `n` nodes of one cluster, each held by a listener
 /// until its node is about to start. Holding them all at once is what
 /// makes them distinct (the kernel picks port 0 at random, so ports found
@@ -96,8 +116,221 @@ pub struct ClusterOptions {
     /// libfaketime, when the clock nemesis runs.
     pub libfaketime: Option<PathBuf>,
     /// Put each node's data directory on the disk-fault layer
-    /// ([`crate::lazyfs`]), for the lose-unsynced and slow-disk nemeses.
+    /// ([`crate::lazyfs`]), for the lose-unsynced, slow-disk and
+    /// disk-error nemeses.
     pub disk_faults: bool,
+    /// Peer authentication: the ACL file every node gets (with a
+    /// `peer_token`) and the client token of the harness and its workers.
+    /// Without it nodes run with `--insecure-peers` (when the binary has
+    /// that flag).
+    pub acl: Option<Acl>,
+    /// The binary has `--insecure-peers` (builds before peer
+    /// authentication by default do not).
+    pub insecure_peers_flag: bool,
+    /// Where the cluster reports on its processes.
+    pub hooks: Hooks,
+    /// Each node in a network namespace of its own, partitions as packet
+    /// drops ([`crate::netns`]) instead of proxies.
+    pub netns: bool,
+}
+
+/// Access control for a run with peer authentication.
+#[derive(Clone, Debug)]
+pub struct Acl {
+    /// The ACL file (`peer_token`, a client token with every permission).
+    pub file: PathBuf,
+    /// The client token.
+    pub token: String,
+}
+
+impl Acl {
+    /// Writes an ACL file into `dir`: a random peer token, and `token`
+    /// (random too) allowed everything.
+    pub fn write(dir: &Path) -> anyhow::Result<Acl> {
+        let peer: String = format!("{:032x}", rand::random::<u128>());
+        let token: String = format!("jepsen-{:032x}", rand::random::<u128>());
+        let file = dir.join("acl.toml");
+        std::fs::write(
+            &file,
+            format!(
+                "peer_token = \"{peer}\"\n\n[[token]]\nidentity = \"jepsen\"\ntoken = \"{token}\"\n\n\
+                 [[rule]]\nidentity = \"jepsen\"\nallow = \"admin\"\n"
+            ),
+        )?;
+        Ok(Acl { file, token })
+    }
+}
+
+/// How a node process ended.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ExitReport {
+    /// The run (or restored cluster) directory of its cluster.
+    pub cluster_dir: PathBuf,
+    /// The node.
+    pub node: u64,
+    /// Its pid.
+    pub pid: u32,
+    /// Exit status, if it exited.
+    pub code: Option<i32>,
+    /// The signal that ended it, if one did.
+    pub signal: Option<i32>,
+    /// The harness stopped it (a kill fault, a clock restart, the end of
+    /// the run): not an exit of its own.
+    pub by_harness: bool,
+    /// The last line of its log, which for an exit of its own names the
+    /// cause (`FATAL: ...`).
+    pub last_log_line: String,
+}
+
+/// A node as the samplers see it, without taking the cluster's lock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RosterEntry {
+    /// Node id.
+    pub id: u64,
+    /// Client address.
+    pub addr: String,
+    /// A process is running (possibly paused).
+    pub alive: bool,
+    /// Stopped with SIGSTOP.
+    pub paused: bool,
+}
+
+/// Every node of the current cluster (changes when a restore replaces it).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Roster {
+    /// The cluster's directory (the run's, or a restored cluster's).
+    pub dir: PathBuf,
+    /// Its nodes.
+    pub nodes: Vec<RosterEntry>,
+}
+
+/// Channels the cluster reports on, shared with a restored cluster that
+/// replaces it.
+#[derive(Clone, Debug)]
+pub struct Hooks {
+    /// Every process end, if someone listens.
+    pub exits: Option<mpsc::UnboundedSender<ExitReport>>,
+    /// The current roster.
+    pub roster: Arc<watch::Sender<Roster>>,
+}
+
+impl Default for Hooks {
+    fn default() -> Self {
+        Hooks {
+            exits: None,
+            roster: Arc::new(watch::channel(Roster::default()).0),
+        }
+    }
+}
+
+/// A running process and its reaper.
+struct Running {
+    pid: u32,
+    /// Signals for the reaper to deliver.
+    signals: mpsc::UnboundedSender<Signal>,
+    /// Set once the process has ended.
+    ended: watch::Receiver<bool>,
+    /// The harness is stopping it (its end is not reported as a failure).
+    by_harness: Arc<AtomicBool>,
+    reaper: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    fn alive(&self) -> bool {
+        !*self.ended.borrow()
+    }
+
+    /// Has the reaper signal the process (if it is still there).
+    fn signal(&self, sig: Signal) {
+        let _ = self.signals.send(sig);
+    }
+
+    /// Waits up to `within` for the process to end.
+    async fn wait(&self, within: Duration) -> bool {
+        let mut ended = self.ended.clone();
+        let done = tokio::time::timeout(within, ended.wait_for(|e| *e))
+            .await
+            .is_ok();
+        done
+    }
+}
+
+/// The last non-empty line of `log`, without terminal colours.
+pub fn last_log_line(log: &Path) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut f) = std::fs::File::open(log) else {
+        return String::new();
+    };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let _ = f.seek(SeekFrom::Start(len.saturating_sub(16 * 1024)));
+    let mut tail = Vec::new();
+    let _ = f.read_to_end(&mut tail);
+    let text = String::from_utf8_lossy(&tail);
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("");
+    strip_ansi(line)
+}
+
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // CSI: ESC [ ... final byte in @..~
+            if chars.peek() == Some(&'[') {
+                chars.next();
+                for c in chars.by_ref() {
+                    if ('@'..='~').contains(&c) {
+                        break;
+                    }
+                }
+            }
+            continue;
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Owns `child` until it ends: delivers the signals the cluster asks for,
+/// and reports the end.
+async fn reap(
+    mut child: Child,
+    mut signals: mpsc::UnboundedReceiver<Signal>,
+    ended: watch::Sender<bool>,
+    by_harness: Arc<AtomicBool>,
+    report: Option<mpsc::UnboundedSender<ExitReport>>,
+    (cluster_dir, node, log): (PathBuf, u64, PathBuf),
+) {
+    use std::os::unix::process::ExitStatusExt;
+    let pid = child.id().unwrap_or(0);
+    let status = loop {
+        tokio::select! {
+            status = child.wait() => break status.ok(),
+            Some(sig) = signals.recv() => {
+                // Not reaped yet (only this task waits on it), so the pid
+                // is still this process's.
+                if let Some(pid) = child.id() {
+                    kill(Pid::from_raw(pid as i32), sig).ok();
+                }
+            }
+        }
+    };
+    ended.send_replace(true);
+    if let Some(report) = report {
+        let _ = report.send(ExitReport {
+            cluster_dir,
+            node,
+            pid,
+            code: status.and_then(|s| s.code()),
+            signal: status.and_then(|s| s.signal()),
+            by_harness: by_harness.load(Ordering::SeqCst),
+            last_log_line: last_log_line(&log),
+        });
+    }
 }
 
 struct NodeProc {
@@ -105,10 +338,14 @@ struct NodeProc {
     /// Holds `addr` until the node first starts (see [`cluster_ports`]).
     reserved: Option<std::net::TcpListener>,
     dir: PathBuf,
-    /// The running process, if any.
-    child: Option<Child>,
+    /// The process, if one was started and not stopped by the harness
+    /// (it may have ended on its own since).
+    proc: Option<Running>,
     /// Stopped with SIGSTOP.
     paused: bool,
+    /// Stopped by the harness, to stay down until it restarts it (the
+    /// supervisor starts only nodes that ended on their own).
+    held_down: bool,
     /// Started at least once since its data was last wiped: never pass
     /// `--init` again (a wiped node must not bootstrap a second cluster).
     started: bool,
@@ -122,8 +359,12 @@ struct NodeProc {
 pub struct Cluster {
     opts: ClusterOptions,
     nodes: BTreeMap<u64, NodeProc>,
-    /// Node-to-node proxies.
-    pub net: Net,
+    /// Node-to-node proxies (none with network namespaces).
+    net: Net,
+    /// The nodes' network namespaces, with `--net netns`. Declared after
+    /// `nodes`: the processes are killed (in `Drop`) before their
+    /// namespaces go.
+    netns: Option<crate::netns::Netns>,
     admin: Client,
 }
 
@@ -132,7 +373,19 @@ impl Cluster {
     /// voters and spares); node 1 bootstraps. Waits for a leader.
     pub async fn start(opts: ClusterOptions) -> anyhow::Result<Cluster> {
         let ids: Vec<u64> = (1..=opts.nodes + opts.spares).collect();
-        let mut reserved = cluster_ports(ids.len())?.into_iter();
+        let netns = if opts.netns {
+            Some(crate::netns::Netns::create(&ids)?)
+        } else {
+            None
+        };
+        // Loopback ports are held until their node starts; a node in a
+        // namespace has an address (and every port) of its own.
+        let mut reserved = if netns.is_some() {
+            Vec::new()
+        } else {
+            cluster_ports(ids.len())?
+        }
+        .into_iter();
         let mut nodes = BTreeMap::new();
         for &id in &ids {
             let dir = opts.dir.join(format!("n{id}"));
@@ -142,15 +395,22 @@ impl Cluster {
             } else {
                 None
             };
-            let reserved = reserved.next().expect("one port per node");
+            let (addr, reserved) = match &netns {
+                Some(ns) => (ns.addr(id), None),
+                None => {
+                    let r = reserved.next().expect("one port per node");
+                    (r.local_addr()?.to_string(), Some(r))
+                }
+            };
             nodes.insert(
                 id,
                 NodeProc {
-                    addr: reserved.local_addr()?.to_string(),
-                    reserved: Some(reserved),
+                    addr,
+                    reserved,
                     dir,
-                    child: None,
+                    proc: None,
                     paused: false,
+                    held_down: false,
                     started: false,
                     rate: 1.0,
                     disk,
@@ -158,10 +418,12 @@ impl Cluster {
             );
         }
         let mut net = Net::new();
-        for &from in &ids {
-            for &to in &ids {
-                if from != to {
-                    net.add_proxy(from, to, nodes[&to].addr.clone()).await?;
+        if netns.is_none() {
+            for &from in &ids {
+                for &to in &ids {
+                    if from != to {
+                        net.add_proxy(from, to, nodes[&to].addr.clone()).await?;
+                    }
                 }
             }
         }
@@ -170,6 +432,7 @@ impl Cluster {
             ClientOptions {
                 request_timeout: Duration::from_millis(800),
                 retry_deadline: Duration::from_secs(3),
+                token: opts.acl.as_ref().map(|a| a.token.clone()),
                 ..ClientOptions::default()
             },
         )?;
@@ -177,6 +440,7 @@ impl Cluster {
             opts,
             nodes,
             net,
+            netns,
             admin,
         };
         // Node 1 bootstraps last, so the others are listening when it
@@ -210,6 +474,53 @@ impl Cluster {
         self.nodes.values().map(|n| n.addr.clone()).collect()
     }
 
+    /// Cuts these directions between nodes: proxies hold (and with
+    /// `reset`, reset) them; in namespaces their packets are dropped
+    /// (`reset` does not apply: nothing is reset, TCP retransmits).
+    pub fn cut(&self, links: &[Link], reset: bool) -> anyhow::Result<()> {
+        match &self.netns {
+            Some(ns) => ns.cut(links),
+            None => {
+                self.net.cut(links, reset);
+                Ok(())
+            }
+        }
+    }
+
+    /// Heals every link between nodes (and, in namespaces, between the
+    /// clients and the nodes).
+    pub fn heal_links(&self) -> anyhow::Result<()> {
+        match &self.netns {
+            Some(ns) => ns.heal(),
+            None => {
+                self.net.heal();
+                Ok(())
+            }
+        }
+    }
+
+    /// Cuts `nodes` off from the clients by dropping their packets (only
+    /// with network namespaces).
+    pub fn cut_clients(&self, nodes: &[u64]) -> anyhow::Result<()> {
+        self.netns
+            .as_ref()
+            .context("cutting clients off by packet drops needs --net netns")?
+            .cut_clients(nodes)
+    }
+
+    /// Whether the nodes run in network namespaces.
+    pub fn in_netns(&self) -> bool {
+        self.netns.is_some()
+    }
+
+    /// Every node's client address.
+    pub fn addrs(&self) -> BTreeMap<u64, String> {
+        self.nodes
+            .iter()
+            .map(|(&id, n)| (id, n.addr.clone()))
+            .collect()
+    }
+
     /// The address of node `id`.
     pub fn addr(&self, id: u64) -> String {
         self.nodes[&id].addr.clone()
@@ -220,9 +531,19 @@ impl Cluster {
         &self.admin
     }
 
+    /// The client token, when the cluster runs with access control.
+    pub fn token(&self) -> Option<String> {
+        self.opts.acl.as_ref().map(|a| a.token.clone())
+    }
+
+    /// The log of node `id`.
+    pub fn log_path(&self, id: u64) -> PathBuf {
+        self.nodes[&id].dir.join("raftlockd.log")
+    }
+
     /// True if node `id` has a live process (running or paused).
     pub fn is_up(&self, id: u64) -> bool {
-        self.nodes[&id].child.is_some()
+        self.nodes[&id].proc.as_ref().is_some_and(Running::alive)
     }
 
     /// True if node `id` is paused.
@@ -233,13 +554,36 @@ impl Cluster {
     /// Nodes with a running, unpaused process.
     pub fn running(&self) -> Vec<u64> {
         self.nodes
-            .iter()
-            .filter(|(_, n)| n.child.is_some() && !n.paused)
-            .map(|(id, _)| *id)
+            .keys()
+            .copied()
+            .filter(|&id| self.is_up(id) && !self.nodes[&id].paused)
             .collect()
     }
 
+    /// Publishes the roster (after every change to a process).
+    fn publish(&self) {
+        let roster = Roster {
+            dir: self.opts.dir.clone(),
+            nodes: self
+                .nodes
+                .iter()
+                .map(|(&id, n)| RosterEntry {
+                    id,
+                    addr: n.addr.clone(),
+                    alive: self.is_up(id),
+                    paused: n.paused,
+                })
+                .collect(),
+        };
+        self.opts.hooks.roster.send_if_modified(|r| {
+            let changed = *r != roster;
+            *r = roster;
+            changed
+        });
+    }
+
     fn spawn(&mut self, id: u64) -> anyhow::Result<()> {
+        anyhow::ensure!(!self.is_up(id), "node {id} is already running");
         let ids = self.ids();
         let addrs: BTreeMap<u64, String> = self
             .nodes
@@ -247,16 +591,20 @@ impl Cluster {
             .map(|(i, n)| (*i, n.addr.clone()))
             .collect();
         let n = self.nodes.get_mut(&id).expect("known node");
-        anyhow::ensure!(n.child.is_none(), "node {id} is already running");
-        let dial: Vec<String> = ids
-            .iter()
-            .filter(|&&j| j != id)
-            .map(|&j| format!("{j}={}", self.net.proxy_addr(id, j).expect("proxy exists")))
-            .collect();
+        // Through the proxies; in namespaces, straight to the peers.
+        let dial: Vec<String> = match &self.netns {
+            Some(_) => Vec::new(),
+            None => ids
+                .iter()
+                .filter(|&&j| j != id)
+                .map(|&j| format!("{j}={}", self.net.proxy_addr(id, j).expect("proxy exists")))
+                .collect(),
+        };
+        let log_path = n.dir.join("raftlockd.log");
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(n.dir.join("raftlockd.log"))?;
+            .open(&log_path)?;
         let mut cmd = Command::new(&self.opts.raftlockd);
         cmd.arg("run")
             .arg("--id")
@@ -265,11 +613,6 @@ impl Cluster {
             .arg(&n.addr)
             .arg("--data-dir")
             .arg(n.dir.join("data"))
-            .arg("--dial")
-            .arg(dial.join(","))
-            // The harness's nodes talk through its proxies on loopback; a
-            // hostile peer is one of its faults, not a thing to lock out.
-            .arg("--insecure-peers")
             .stdin(Stdio::null())
             .stdout(Stdio::from(log.try_clone()?))
             .stderr(Stdio::from(log))
@@ -277,6 +620,20 @@ impl Cluster {
             // Its own process group: a Ctrl-C in the terminal reaches the
             // harness, which then stops the nodes itself.
             .process_group(0);
+        match &self.opts.acl {
+            Some(acl) => {
+                cmd.arg("--acl-file").arg(&acl.file);
+            }
+            // The harness's nodes talk through its proxies on loopback; a
+            // hostile peer is one of its faults, not a thing to lock out.
+            None if self.opts.insecure_peers_flag => {
+                cmd.arg("--insecure-peers");
+            }
+            None => {}
+        }
+        if !dial.is_empty() {
+            cmd.arg("--dial").arg(dial.join(","));
+        }
         if id == 1 && !n.started {
             let peers: Vec<String> = (1..=self.opts.nodes)
                 .map(|p| format!("{p}={}", addrs[&p]))
@@ -293,13 +650,29 @@ impl Cluster {
                 .env("FAKETIME", format!("+0 x{:.3}", n.rate))
                 .env_remove("FAKETIME_TIMESTAMP_FILE");
         }
+        // The node's network namespace, entered between fork and exec.
+        let netns_file = match &self.netns {
+            Some(ns) => Some(
+                std::fs::File::open(ns.ns_path(id))
+                    .with_context(|| format!("cannot open {}", ns.ns_path(id).display()))?,
+            ),
+            None => None,
+        };
+        let netns_fd = netns_file.as_ref().map(std::os::fd::AsRawFd::as_raw_fd);
         // The node dies with the harness: a harness killed mid-run leaves
         // no cluster behind.
-        // SAFETY: between fork and exec the closure makes one
-        // async-signal-safe system call (prctl) and allocates nothing.
+        // SAFETY: between fork and exec the closure makes async-signal-safe
+        // system calls only (setns, prctl) and allocates nothing; the
+        // namespace's descriptor stays open until the spawn has returned.
         #[allow(unsafe_code)]
         unsafe {
-            cmd.pre_exec(|| {
+            cmd.pre_exec(move || {
+                if let Some(fd) = netns_fd {
+                    nix::sched::setns(
+                        std::os::fd::BorrowedFd::borrow_raw(fd),
+                        nix::sched::CloneFlags::CLONE_NEWNET,
+                    )?;
+                }
                 nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
                 Ok(())
             });
@@ -310,10 +683,47 @@ impl Cluster {
         let child = cmd
             .spawn()
             .with_context(|| format!("cannot start {}", self.opts.raftlockd.display()))?;
-        n.child = Some(child);
+        drop(netns_file);
+        let (signals, signals_rx) = mpsc::unbounded_channel();
+        let (ended_tx, ended) = watch::channel(false);
+        let by_harness = Arc::new(AtomicBool::new(false));
+        let pid = child.id().unwrap_or(0);
+        let reaper = tokio::spawn(reap(
+            child,
+            signals_rx,
+            ended_tx,
+            by_harness.clone(),
+            self.opts.hooks.exits.clone(),
+            (self.opts.dir.clone(), id, log_path),
+        ));
+        n.proc = Some(Running {
+            pid,
+            signals,
+            ended,
+            by_harness,
+            reaper,
+        });
         n.paused = false;
+        n.held_down = false;
         n.started = true;
+        self.publish();
         Ok(())
+    }
+
+    /// Starts node `id` again if its process ended on its own (not if the
+    /// harness stopped it, or it runs), and if this cluster is the one in
+    /// `dir`: what the run's supervisor does, as systemd's
+    /// `Restart=on-failure` would. Does not wait for it to serve. Returns
+    /// whether it started it.
+    pub fn revive(&mut self, dir: &Path, id: u64) -> anyhow::Result<bool> {
+        if dir != self.opts.dir || !self.nodes.contains_key(&id) {
+            return Ok(false);
+        }
+        if self.is_up(id) || self.nodes[&id].held_down {
+            return Ok(false);
+        }
+        self.spawn(id)?;
+        Ok(true)
     }
 
     /// Waits until node `id` answers `Status`.
@@ -339,7 +749,7 @@ impl Cluster {
                 "node {id} did not answer within {timeout:?} (see {})",
                 self.nodes[&id].dir.join("raftlockd.log").display()
             );
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
@@ -399,32 +809,48 @@ impl Cluster {
         Some(m.into_iter().map(|(id, _)| id).collect())
     }
 
-    fn signal(&self, id: u64, sig: Signal) -> anyhow::Result<()> {
-        let pid = self.nodes[&id]
-            .child
+    fn running_proc(&self, id: u64) -> anyhow::Result<&Running> {
+        self.nodes[&id]
+            .proc
             .as_ref()
-            .and_then(Child::id)
-            .with_context(|| format!("node {id} is not running"))?;
-        kill(Pid::from_raw(pid as i32), sig).with_context(|| format!("kill({pid}, {sig})"))
+            .filter(|p| p.alive())
+            .with_context(|| format!("node {id} is not running"))
     }
 
-    /// SIGKILLs node `id` and reaps it.
+    /// SIGKILLs node `id` and waits for it to end; it stays down until
+    /// [`restart`](Self::restart) (the supervisor leaves it alone).
     pub async fn kill(&mut self, id: u64) -> anyhow::Result<()> {
-        if self.nodes[&id].child.is_none() {
-            return Ok(());
-        }
-        self.signal(id, Signal::SIGKILL)?;
         let n = self.nodes.get_mut(&id).expect("known node");
-        if let Some(mut child) = n.child.take() {
-            let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
-        }
+        n.held_down = true;
         n.paused = false;
+        if let Some(p) = n.proc.take() {
+            if p.alive() {
+                p.by_harness.store(true, Ordering::SeqCst);
+                p.signal(Signal::SIGKILL);
+                anyhow::ensure!(
+                    p.wait(Duration::from_secs(5)).await,
+                    "node {id} (pid {}) did not die within 5 s of SIGKILL",
+                    p.pid
+                );
+            }
+        }
+        self.publish();
         Ok(())
     }
 
-    /// Restarts node `id` from its data directory (no-op if running).
+    /// Starts node `id` from its data directory without waiting for it
+    /// (no-op if running).
+    pub fn start_node(&mut self, id: u64) -> anyhow::Result<()> {
+        if self.is_up(id) {
+            return Ok(());
+        }
+        self.spawn(id)
+    }
+
+    /// Restarts node `id` from its data directory (no-op if running) and
+    /// waits until it answers.
     pub async fn restart(&mut self, id: u64) -> anyhow::Result<()> {
-        if self.nodes[&id].child.is_some() {
+        if self.is_up(id) {
             return Ok(());
         }
         self.spawn(id)?;
@@ -456,40 +882,53 @@ impl Cluster {
         self.restart(id).await
     }
 
+    fn disk(&self, id: u64) -> anyhow::Result<&crate::lazyfs::Mount> {
+        self.nodes[&id]
+            .disk
+            .as_ref()
+            .context("no disk-fault layer (the run was started without disk nemeses)")
+    }
+
     /// Drops every write node `id`'s disk has not synced (kill it first):
     /// the files that lost something.
     pub fn lose_unsynced(&self, id: u64) -> anyhow::Result<usize> {
-        let disk = self.nodes[&id]
-            .disk
-            .as_ref()
-            .context("no disk-fault layer (the run was started without disk nemeses)")?;
-        Ok(disk.control.lose_unsynced()?)
+        Ok(self.disk(id)?.control.lose_unsynced()?)
     }
 
     /// Makes every sync on node `id`'s disk take `delay`.
     pub fn set_fsync_delay(&self, id: u64, delay: Duration) -> anyhow::Result<()> {
-        let disk = self.nodes[&id]
-            .disk
-            .as_ref()
-            .context("no disk-fault layer (the run was started without disk nemeses)")?;
-        disk.control.set_fsync_delay(delay);
+        self.disk(id)?.control.set_fsync_delay(delay);
+        Ok(())
+    }
+
+    /// Makes node `id`'s disk fail (or work again, with `None`).
+    pub fn set_disk_error(
+        &self,
+        id: u64,
+        error: Option<crate::lazyfs::DiskError>,
+    ) -> anyhow::Result<()> {
+        self.disk(id)?.control.set_error(error);
         Ok(())
     }
 
     /// SIGSTOPs node `id`.
     pub fn pause(&mut self, id: u64) -> anyhow::Result<()> {
-        self.signal(id, Signal::SIGSTOP)?;
+        self.running_proc(id)?.signal(Signal::SIGSTOP);
         self.nodes.get_mut(&id).expect("known node").paused = true;
+        self.publish();
         Ok(())
     }
 
     /// SIGCONTs node `id` (no-op if it is not paused).
     pub fn resume(&mut self, id: u64) -> anyhow::Result<()> {
-        if !self.nodes[&id].paused || self.nodes[&id].child.is_none() {
+        if !self.nodes[&id].paused {
             return Ok(());
         }
-        self.signal(id, Signal::SIGCONT)?;
+        if let Ok(p) = self.running_proc(id) {
+            p.signal(Signal::SIGCONT);
+        }
         self.nodes.get_mut(&id).expect("known node").paused = false;
+        self.publish();
         Ok(())
     }
 
@@ -501,17 +940,15 @@ impl Cluster {
             self.opts.libfaketime.is_some(),
             "nodes do not run under libfaketime"
         );
-        if let Some(mut child) = self.nodes.get_mut(&id).and_then(|n| n.child.take()) {
-            if let Some(pid) = child.id() {
-                let pid = Pid::from_raw(pid as i32);
-                kill(pid, Signal::SIGCONT).ok();
-                kill(pid, Signal::SIGTERM).ok();
-            }
-            if tokio::time::timeout(Duration::from_secs(5), child.wait())
-                .await
-                .is_err()
-            {
-                let _ = child.kill().await;
+        if let Some(p) = self.nodes.get_mut(&id).and_then(|n| n.proc.take()) {
+            if p.alive() {
+                p.by_harness.store(true, Ordering::SeqCst);
+                p.signal(Signal::SIGCONT);
+                p.signal(Signal::SIGTERM);
+                if !p.wait(Duration::from_secs(5)).await {
+                    p.signal(Signal::SIGKILL);
+                    p.wait(Duration::from_secs(5)).await;
+                }
             }
         }
         let n = self.nodes.get_mut(&id).expect("known node");
@@ -525,12 +962,16 @@ impl Cluster {
         self.nodes[&id].rate
     }
 
-    /// Resumes paused nodes, restarts dead ones, resets clock rates and
-    /// heals the network.
+    /// Resumes paused nodes, restarts dead ones, resets clock rates, disk
+    /// faults and the network.
     pub async fn heal_all(&mut self) -> anyhow::Result<()> {
-        self.net.heal();
+        self.heal_links()?;
         for id in self.ids() {
             self.resume(id)?;
+            if let Some(d) = &self.nodes[&id].disk {
+                d.control.set_fsync_delay(Duration::ZERO);
+                d.control.set_error(None);
+            }
         }
         for id in self.ids() {
             if self.opts.libfaketime.is_some() && self.rate(id) != 1.0 {
@@ -564,6 +1005,7 @@ impl Cluster {
             .context("restore into the fresh cluster")?;
         std::mem::swap(self, &mut fresh);
         fresh.stop_all().await;
+        self.publish();
         Ok(restored)
     }
 
@@ -584,12 +1026,13 @@ impl Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         for n in self.nodes.values_mut() {
-            if let Some(child) = n.child.as_mut() {
-                if let Some(pid) = child.id() {
-                    kill(Pid::from_raw(pid as i32), Signal::SIGKILL).ok();
+            if let Some(p) = n.proc.take() {
+                p.by_harness.store(true, Ordering::SeqCst);
+                if p.alive() {
+                    kill(Pid::from_raw(p.pid as i32), Signal::SIGKILL).ok();
                 }
-                let _ = child.start_kill();
-                let _ = child.try_wait();
+                // Dropping the reaper drops the child (kill_on_drop).
+                p.reaper.abort();
             }
             if n.disk.is_some() {
                 // A killed node may not have exited yet, and an unmount of

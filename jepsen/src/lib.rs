@@ -13,16 +13,23 @@
 //! `report.html` ([`report`]).
 
 pub mod audit;
+pub mod availability;
 pub mod campaign;
 pub mod checker;
+pub mod clientlink;
 pub mod cluster;
 pub mod dbstore;
 pub mod history;
 pub mod lazyfs;
+pub mod leases;
 pub mod linear;
 pub mod nemesis;
+pub mod netns;
+pub mod raw;
 pub use raftlock_testkit::proxy;
 pub mod report;
 pub mod run;
 pub mod store;
+pub mod supervise;
 pub mod workload;
+pub mod zombie;

@@ -54,6 +54,16 @@ enum Command {
     },
 }
 
+/// How many anomalies `results` reports: a run's `results.json` lists
+/// them; a campaign's summary counts them.
+fn anomaly_count(results: &serde_json::Value) -> usize {
+    let a = &results["anomalies"];
+    a.as_array()
+        .map(Vec::len)
+        .or_else(|| a.as_u64().and_then(|n| usize::try_from(n).ok()))
+        .unwrap_or(0)
+}
+
 fn summarize(results: &serde_json::Value) {
     if let Some(checkers) = results["checkers"].as_object() {
         for (name, c) in checkers {
@@ -67,7 +77,7 @@ fn summarize(results: &serde_json::Value) {
             );
         }
     }
-    let anomalies = results["anomalies"].as_array().map_or(0, Vec::len);
+    let anomalies = anomaly_count(results);
     for a in results["anomalies"]
         .as_array()
         .into_iter()
@@ -164,4 +174,19 @@ fn main() {
     // whose Drop kills every node still running.
     drop(runtime);
     std::process::exit(code);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::anomaly_count;
+    use serde_json::json;
+
+    #[test]
+    fn the_last_line_counts_a_runs_and_a_campaigns_anomalies() {
+        assert_eq!(anomaly_count(&json!({"anomalies": [{}, {}]})), 2);
+        // A campaign's summary.json counts them (one invalid run of 64
+        // once printed "INVALID (390695 ops, 0 anomalies)").
+        assert_eq!(anomaly_count(&json!({"anomalies": 1, "valid": false})), 1);
+        assert_eq!(anomaly_count(&json!({"valid": true})), 0);
+    }
 }

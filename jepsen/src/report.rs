@@ -31,6 +31,10 @@ fn kind_color(k: NemesisKind) -> &'static str {
         NemesisKind::Restore => "#76b7b2",
         NemesisKind::LoseUnsynced => "#9c755f",
         NemesisKind::SlowDisk => "#edc948",
+        NemesisKind::RestartFast => "#ff9da7",
+        NemesisKind::DiskError => "#8c564b",
+        NemesisKind::ClientLink => "#17becf",
+        NemesisKind::HostilePeer => "#d62728",
     }
 }
 
@@ -142,6 +146,13 @@ fn shade_windows(
     }
 }
 
+/// Operations drawn in the plots: the keep-alive probers' asks and the
+/// watch events are too many to draw one by one (the checkers' numbers
+/// and `history.jsonl` have them).
+fn drawn(o: &Op) -> bool {
+    !matches!(o.f.as_str(), "keepalive" | "watch")
+}
+
 fn timeline(ops: &[Op], windows: &[Window], concurrency: u64, scale: &Scale) -> String {
     let rows = concurrency.max(1);
     let row_h = 16.0;
@@ -191,7 +202,7 @@ fn timeline(ops: &[Op], windows: &[Window], concurrency: u64, scale: &Scale) -> 
             y + 12.0
         );
     }
-    for o in ops {
+    for o in ops.iter().filter(|o| drawn(o)) {
         let row = o.process % rows;
         let y = top + row as f64 * row_h + 2.0;
         let x0 = scale.x(o.invoke_ns);
@@ -262,7 +273,7 @@ fn latency_plot(ops: &[Op], windows: &[Window], scale: &Scale) -> String {
             yy + 4.0
         );
     }
-    for o in ops {
+    for o in ops.iter().filter(|o| drawn(o)) {
         let Some(lat) = o.latency_ns() else { continue };
         let ms = lat as f64 / 1e6;
         let cx = scale.x(o.invoke_ns);
@@ -303,22 +314,47 @@ fn legend() -> String {
             type_color(t)
         );
     }
-    for k in [
-        NemesisKind::Kill,
-        NemesisKind::Pause,
-        NemesisKind::Partition,
-        NemesisKind::Clock,
-        NemesisKind::Membership,
-    ] {
+    for k in crate::nemesis::ALL_KINDS {
         let _ = write!(
             s,
-            r#"<span><i style="background:{};opacity:.35"></i>{:?} window</span>"#,
+            r#"<span><i style="background:{};opacity:.35"></i>{} window</span>"#,
             kind_color(k),
-            k
+            k.name()
         );
     }
     s.push_str("</p>");
     s
+}
+
+fn ms(v: &Value) -> String {
+    v.as_f64()
+        .map_or("never".into(), |ms| format!("{ms:.0} ms"))
+}
+
+/// The recovery table, per fault kind.
+fn availability_table(a: &Value) -> String {
+    let mut html = String::from(
+        "<h3>Recovery</h3><p>Per fault kind: the time from the end of each fault to the first \
+         grant any client was answered after it, and until every node the fault touched had \
+         caught up with the cluster (rejoin; see <code>src/availability.rs</code>).</p><table><tr>\
+         <th>kind</th><th>faults</th><th>median</th><th>worst</th><th>never recovered</th>\
+         <th>rejoin median</th><th>rejoin worst</th></tr>",
+    );
+    for (kind, k) in a["by_kind"].as_object().into_iter().flatten() {
+        let _ = write!(
+            html,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            esc(kind),
+            k["faults"],
+            ms(&k["median_ms"]),
+            ms(&k["worst_ms"]),
+            k["unrecovered"],
+            ms(&k["rejoin_median_ms"]),
+            ms(&k["rejoin_worst_ms"]),
+        );
+    }
+    html.push_str("</table>");
+    html
 }
 
 /// Renders the report.
@@ -400,6 +436,7 @@ body{{font-family:sans-serif;margin:20px;color:#222}} table{{border-collapse:col
         );
     }
     html.push_str("</table>");
+    html.push_str(&availability_table(&results["availability"]));
     let anomalies = results["anomalies"].as_array().cloned().unwrap_or_default();
     let _ = write!(html, "<h3>Anomalies ({})</h3>", anomalies.len());
     if !anomalies.is_empty() {

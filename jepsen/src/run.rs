@@ -11,6 +11,7 @@ use anyhow::Context;
 use serde_json::{json, Value};
 
 use crate::checker::{self, CheckInput};
+use crate::clientlink::{ClientLinks, ClusterAddrs};
 use crate::cluster::{self, Cluster, ClusterOptions};
 use crate::dbstore::{DbStore, StoreKind, Target};
 use crate::history::{self, Process, Recorder, Type};
@@ -83,6 +84,26 @@ pub struct RunArgs {
     /// end). The harness resets what it owns there at the start.
     #[arg(long)]
     pub store_url: Option<String>,
+    /// Run the nodes with peer authentication (an ACL file with a peer
+    /// token; the workers use a client token). The hostile peer must then
+    /// be refused with UNAUTHENTICATED.
+    #[arg(long)]
+    pub peer_auth: bool,
+    /// The network between the nodes: `proxy` (loopback, a TCP proxy per
+    /// link) or `netns` (a network namespace per node on a bridge, faults
+    /// as nft packet drops; needs root).
+    #[arg(long, value_enum, default_value = "proxy")]
+    pub net: NetMode,
+}
+
+/// How the nodes are networked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NetMode {
+    /// Every node on 127.0.0.1, every link through a proxy of the harness.
+    Proxy,
+    /// Every node in a network namespace of its own ([`crate::netns`]).
+    Netns,
 }
 
 /// What a run produced.
@@ -138,6 +159,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
         kinds.retain(|k| *k != NemesisKind::Restore);
     }
     let raftlockd = cluster::find_raftlockd(args.raftlockd.as_deref())?;
+    if args.net == NetMode::Netns {
+        crate::netns::check_available()?;
+    }
     let disk_faults = kinds.iter().any(|k| k.needs_disk_layer());
     anyhow::ensure!(
         !disk_faults || crate::lazyfs::available(),
@@ -156,8 +180,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
     let ttl = Duration::from_millis(args.ttl_ms);
 
     eprintln!(
-        "raftlock-jepsen: {} nodes, workload {:?}, nemesis {:?}, {} s, seed {}, output in {}",
+        "raftlock-jepsen: {} nodes ({:?} network), workload {:?}, nemesis {:?}, {} s, seed {}, output in {}",
         args.nodes,
+        args.net,
         args.workload,
         kinds,
         args.time_limit,
@@ -169,6 +194,18 @@ pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
     } else {
         0
     };
+    let insecure_peers_flag = cluster::raftlockd_has_flag(&raftlockd, "--insecure-peers");
+    let acl = if args.peer_auth {
+        Some(cluster::Acl::write(&out)?)
+    } else {
+        None
+    };
+    let (exits_tx, exits) = tokio::sync::mpsc::unbounded_channel();
+    let hooks = cluster::Hooks {
+        exits: Some(exits_tx),
+        ..Default::default()
+    };
+    let roster = hooks.roster.subscribe();
     let cluster = Cluster::start(ClusterOptions {
         raftlockd,
         dir: out.clone(),
@@ -176,14 +213,38 @@ pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
         spares,
         libfaketime,
         disk_faults,
+        acl,
+        insecure_peers_flag,
+        hooks,
+        netns: args.net == NetMode::Netns,
     })
     .await?;
     eprintln!(
         "raftlock-jepsen: cluster up in {:.1} s",
         started.elapsed().as_secs_f64()
     );
-    let endpoints = cluster.client_endpoints();
+    let addrs = ClusterAddrs {
+        gen: 0,
+        nodes: cluster.addrs(),
+    };
+    let token = cluster.token();
+    let creds = crate::raw::Creds::new(token.as_deref());
+    let links = kinds
+        .contains(&NemesisKind::ClientLink)
+        .then(|| Arc::new(ClientLinks::new()));
     let cluster = Arc::new(tokio::sync::Mutex::new(cluster));
+    let supervisor = tokio::spawn(crate::supervise::supervisor(
+        cluster.clone(),
+        rec.clone(),
+        exits,
+    ));
+    let sampling = Arc::new(AtomicBool::new(false));
+    let sampler = tokio::spawn(crate::supervise::sampler(
+        roster,
+        rec.clone(),
+        creds.clone(),
+        sampling.clone(),
+    ));
 
     let fenced_counter = args.workload == WorkloadKind::FencedCounter;
     let store = if fenced_counter && args.store == StoreKind::Memory {
@@ -212,10 +273,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
     };
 
     let stop = Arc::new(AtomicBool::new(false));
-    let (moved_tx, moved) = tokio::sync::watch::channel(endpoints.clone());
+    let (moved_tx, moved) = tokio::sync::watch::channel(addrs.clone());
     let wopts = WorkloadOptions {
         kind: args.workload,
-        endpoints,
+        addrs,
+        links: links.clone(),
+        token,
         ttl,
         keys: args.keys,
         capacity: args.capacity,
@@ -223,9 +286,22 @@ pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
         store: target,
         concurrency: args.concurrency,
         seed: args.seed,
-        moved,
+        moved: moved.clone(),
     };
-    let mut workers = workload::spawn_workers(&wopts, &rec, stop.clone())?;
+    let mut workers = workload::spawn_workers(&wopts, &rec, stop.clone()).await?;
+    // The raw keep-alive probers of the clients workload.
+    let probers = (args.workload == WorkloadKind::Clients).then(|| {
+        tokio::spawn(workload::keepalive::run(
+            rec.clone(),
+            workload::keepalive::ProberOptions {
+                creds: creds.clone(),
+                seed: args.seed,
+            },
+            links.clone(),
+            moved,
+            stop.clone(),
+        ))
+    });
 
     let until = tokio::time::Instant::now() + Duration::from_secs(args.time_limit);
     let windows: Vec<Window> = nemesis::run(
@@ -238,7 +314,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
             cut_mode: args.cut_mode,
             nodes: args.nodes,
             out: out.clone(),
-            endpoints: Some(Arc::new(moved_tx)),
+            addrs: Some(Arc::new(moved_tx)),
+            links: links.clone(),
         },
         until,
     )
@@ -247,6 +324,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
 
     // Heal everything and give the cluster time to recover under load.
     {
+        if let Some(l) = &links {
+            l.heal().await;
+        }
         let mut c = cluster.lock().await;
         let healed = c.heal_all().await;
         rec.record(
@@ -276,20 +356,31 @@ pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
     for w in &workers {
         w.abort();
     }
+    if let Some(p) = probers {
+        // They stop after probing what they abandoned last.
+        let deadline = workload::keepalive::PROBE_FOR + Duration::from_secs(5);
+        if tokio::time::timeout(deadline, p).await.is_err() {
+            eprintln!("raftlock-jepsen: the keep-alive probers did not stop in time");
+        }
+    }
 
     // The end-of-run audit, while the workers' sessions are still alive.
     let believed: Vec<(u64, u64)> = leftovers
         .iter()
         .filter_map(|l| Some((l.process, l.session.as_ref()?.id().get())))
         .collect();
-    let audit_client = raftlock_client::Client::with_options(
-        cluster.lock().await.client_endpoints(),
-        raftlock_client::ClientOptions {
-            request_timeout: Duration::from_secs(2),
-            retry_deadline: Duration::from_secs(10),
-            ..Default::default()
-        },
-    )?;
+    let audit_client = {
+        let c = cluster.lock().await;
+        raftlock_client::Client::with_options(
+            c.client_endpoints(),
+            raftlock_client::ClientOptions {
+                request_timeout: Duration::from_secs(2),
+                retry_deadline: Duration::from_secs(10),
+                token: c.token(),
+                ..Default::default()
+            },
+        )?
+    };
     let audit =
         crate::audit::collect(&audit_client, &believed, 2 * ttl + Duration::from_secs(5)).await;
     std::fs::write(
@@ -301,6 +392,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
         audit["waited_ms"],
         audit["locks"].as_array().map_or(0, Vec::len)
     );
+    // The sampler's last rounds are the end-of-run check of every node.
+    sampling.store(true, Ordering::SeqCst);
+    let _ = tokio::time::timeout(Duration::from_secs(5), sampler).await;
     futures::future::join_all(leftovers.into_iter().map(|l| l.close())).await;
 
     let mut store_values = store.as_ref().map(Store::values).unwrap_or_default();
@@ -317,6 +411,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
     drop(db);
     rec.flush();
     cluster.lock().await.stop_all().await;
+    supervisor.abort();
+    if let Some(l) = &links {
+        l.shutdown().await;
+    }
     let wall = started.elapsed();
 
     let store_log = read_jsonl(&out.join("store.jsonl"));
@@ -328,6 +426,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
     let ops = history::pair_ops(&events);
     let checked = checker::check(&CheckInput {
         ops: &ops,
+        events: &events,
+        windows: &windows,
         workload: args.workload,
         store_log: &store_log,
         store_values: &store_values,
@@ -343,6 +443,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
         "anomalies": checked.anomalies,
         "ops": ops.len(),
         "nemesis": windows,
+        "availability": crate::availability::table(&ops, &events, &windows),
         "run": {
             "nodes": args.nodes,
             "workload": args.workload,
@@ -353,6 +454,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
             "ttl_ms": args.ttl_ms,
             "broken_store": args.broken_store,
             "store": args.store,
+            "net": args.net,
+            "peer_auth": args.peer_auth,
             "wall_s": wall.as_secs_f64(),
             "ok_ops": ops.iter().filter(|o| o.kind == Type::Ok).count(),
             "fail_ops": ops.iter().filter(|o| o.kind == Type::Fail).count(),
@@ -392,8 +495,11 @@ pub fn recheck(
     let audit: Option<Value> = std::fs::read_to_string(out.join("audit.json"))
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok());
+    let windows = nemesis::windows_from_history(&events);
     let checked = checker::check(&CheckInput {
         ops: &ops,
+        events: &events,
+        windows: &windows,
         workload,
         store_log: &store_log,
         store_values: &store_values,
@@ -403,7 +509,6 @@ pub fn recheck(
         audit: audit.as_ref(),
     });
     let valid = checked.valid();
-    let windows = nemesis::windows_from_history(&events);
     let previous: Option<Value> = std::fs::read_to_string(out.join("results.json"))
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok());
@@ -422,6 +527,7 @@ pub fn recheck(
         "anomalies": checked.anomalies,
         "ops": ops.len(),
         "nemesis": windows,
+        "availability": crate::availability::table(&ops, &events, &windows),
         "run": run,
     });
     std::fs::write(

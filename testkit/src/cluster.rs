@@ -518,6 +518,12 @@ impl TestCluster {
         self.net().cut(&links, false);
     }
 
+    /// Cuts these directions only (bytes node `.0` sends to node `.1`),
+    /// until [`heal`](Self::heal): one-way partitions.
+    pub fn cut(&self, links: &[(u64, u64)]) {
+        self.net().cut(links, false);
+    }
+
     /// Cuts node `id` off from every other node (both directions).
     pub fn isolate(&self, id: u64) {
         let rest: Vec<u64> = self.addrs.keys().copied().filter(|&n| n != id).collect();

@@ -6,15 +6,26 @@
 //! `from` sends to node `to`, on every connection whichever side opened it:
 //! a gRPC connection opened by `i` carries `i`'s requests (direction `i→j`)
 //! and `j`'s responses (direction `j→i`). That makes one-way partitions
-//! exact.
+//! exact. The ends of a link need not be nodes: the jepsen harness also
+//! puts one proxy between every client worker and every node, with the
+//! worker as `from`.
 //!
-//! A cut is a black hole, like dropped packets: bytes already read wait in
-//! the proxy and the sender's socket buffers fill, new connections are
-//! accepted but not connected onward until the direction heals, and when it
-//! heals whatever was held back is delivered (as TCP would retransmit it).
-//! A cut may also *reset*: every connection crossing a cut direction is
-//! closed with a RST at once, as a crashed middlebox or a firewall that
-//! rejects would do.
+//! A direction can be faulted four ways:
+//!
+//! * **cut** (a black hole, like dropped packets that TCP keeps
+//!   retransmitting): bytes already read wait in the proxy and the
+//!   sender's socket buffers fill, new connections are accepted but not
+//!   connected onward until the direction heals, and when it heals
+//!   whatever was held back is delivered (as TCP would retransmit it);
+//! * **reset**: every connection crossing the direction is closed with a
+//!   RST at once, as a crashed middlebox or a firewall that rejects would
+//!   do (given with a cut, or alone with [`Net::reset`]);
+//! * **drop**: bytes are read and thrown away, so the other side never
+//!   sees them; when the direction heals, every connection crossing it is
+//!   reset (a stream that lost bytes has a hole no real TCP connection
+//!   would have, so it cannot go on);
+//! * **delay**: each chunk is delivered a fixed time plus a random jitter
+//!   after it was read, in order (a slow or congested path).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -25,14 +36,28 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-/// A direction of a link: bytes sent by node `.0` to node `.1`.
+/// A direction of a link: bytes sent by `.0` to `.1`.
 pub type Link = (u64, u64);
+
+/// A delay on a direction: each chunk waits `base` plus a uniformly random
+/// part of `jitter`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Delay {
+    /// The fixed part.
+    pub base: Duration,
+    /// The random part's upper bound.
+    pub jitter: Duration,
+}
 
 /// What the proxies obey.
 #[derive(Clone, Debug, Default)]
 struct NetState {
-    /// Directions that do not deliver.
+    /// Directions that hold their bytes.
     cut: BTreeSet<Link>,
+    /// Directions that throw their bytes away.
+    dropped: BTreeSet<Link>,
+    /// Directions that deliver late.
+    delays: BTreeMap<Link, Delay>,
     /// Bumped for a direction when its connections must be reset.
     resets: BTreeMap<Link, u64>,
 }
@@ -44,6 +69,10 @@ impl NetState {
 
     fn reset_gen(&self, l: Link) -> u64 {
         self.resets.get(&l).copied().unwrap_or(0)
+    }
+
+    fn bump_reset(&mut self, l: Link) {
+        *self.resets.entry(l).or_insert(0) += 1;
     }
 }
 
@@ -72,7 +101,7 @@ impl Net {
     }
 
     /// Starts the proxy for link `from→to`, forwarding to `target` (node
-    /// `to`'s real address); returns the address node `from` must dial.
+    /// `to`'s real address); returns the address `from` must dial.
     pub async fn add_proxy(
         &mut self,
         from: u64,
@@ -80,6 +109,18 @@ impl Net {
         target: String,
     ) -> anyhow::Result<String> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
+        self.add_proxy_on(listener, from, to, target)
+    }
+
+    /// Like [`add_proxy`](Self::add_proxy), on a listener the caller bound
+    /// (another address, another network namespace).
+    pub fn add_proxy_on(
+        &mut self,
+        listener: TcpListener,
+        from: u64,
+        to: u64,
+        target: String,
+    ) -> anyhow::Result<String> {
         let addr = listener.local_addr()?.to_string();
         let rx = self.state.subscribe();
         self.tasks
@@ -88,7 +129,7 @@ impl Net {
         Ok(addr)
     }
 
-    /// The proxy address node `from` dials for node `to`.
+    /// The proxy address `from` dials for `to`.
     pub fn proxy_addr(&self, from: u64, to: u64) -> Option<&str> {
         self.addrs.get(&(from, to)).map(String::as_str)
     }
@@ -100,15 +141,47 @@ impl Net {
             for &l in links {
                 s.cut.insert(l);
                 if reset {
-                    *s.resets.entry(l).or_insert(0) += 1;
+                    s.bump_reset(l);
                 }
             }
         });
     }
 
-    /// Restores every direction.
+    /// Resets every connection crossing these directions now, without
+    /// cutting them (new connections go through).
+    pub fn reset(&self, links: &[Link]) {
+        self.state.send_modify(|s| {
+            for &l in links {
+                s.bump_reset(l);
+            }
+        });
+    }
+
+    /// Throws away the bytes sent in these directions until they heal.
+    pub fn drop_bytes(&self, links: &[Link]) {
+        self.state
+            .send_modify(|s| s.dropped.extend(links.iter().copied()));
+    }
+
+    /// Delays the bytes sent in these directions until they heal.
+    pub fn delay(&self, links: &[Link], delay: Delay) {
+        self.state.send_modify(|s| {
+            for &l in links {
+                s.delays.insert(l, delay);
+            }
+        });
+    }
+
+    /// Restores every direction: held bytes are delivered, connections
+    /// that crossed a dropping direction are reset, delays end.
     pub fn heal(&self) {
-        self.state.send_modify(|s| s.cut.clear());
+        self.state.send_modify(|s| {
+            s.cut.clear();
+            for l in std::mem::take(&mut s.dropped) {
+                s.bump_reset(l);
+            }
+            s.delays.clear();
+        });
     }
 
     /// The directions cut now.
@@ -162,7 +235,7 @@ async fn connection(
     let server =
         match tokio::time::timeout(Duration::from_secs(1), TcpStream::connect(&target)).await {
             Ok(Ok(s)) => s,
-            // The node is down: close, as a refused connection would.
+            // The target is down: close, as a refused connection would.
             _ => return,
         };
     let _ = client.set_nodelay(true);
@@ -181,11 +254,12 @@ async fn connection(
                 .await;
         }
     };
+    let seed = (from << 32) ^ to ^ 0x9e37_79b9_7f4a_7c15;
     let was_reset = tokio::select! {
         _ = async {
             tokio::join!(
-                pump(&mut cr, &mut sw, up, state.clone()),
-                pump(&mut sr, &mut cw, down, state.clone()),
+                pump(&mut cr, &mut sw, up, state.clone(), seed),
+                pump(&mut sr, &mut cw, down, state.clone(), !seed),
             )
         } => false,
         _ = reset => true,
@@ -197,28 +271,71 @@ async fn connection(
     }
 }
 
-/// Copies bytes one way while the direction is open; holds them while it
-/// is cut.
+/// A small xorshift: jitter needs no quality, and the proxy no dependency.
+struct Jitter(u64);
+
+impl Jitter {
+    fn below(&mut self, max: Duration) -> Duration {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        let nanos = max.as_nanos() as u64;
+        if nanos == 0 {
+            Duration::ZERO
+        } else {
+            Duration::from_nanos(self.0 % nanos)
+        }
+    }
+}
+
+/// Copies bytes one way while the direction is open: holds them while it
+/// is cut, throws them away while it drops, and delivers them late while
+/// it is delayed (in order: a writer delivers what the reader queued).
 async fn pump(
     reader: &mut OwnedReadHalf,
     writer: &mut OwnedWriteHalf,
     link: Link,
     mut state: watch::Receiver<NetState>,
+    seed: u64,
 ) {
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let n = match reader.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
-        if state.wait_for(|s| s.open(link)).await.is_err() {
-            break;
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<(tokio::time::Instant, Vec<u8>)>(256);
+    let read = async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut jitter = Jitter(seed | 1);
+        loop {
+            let n = match reader.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            let (dropped, delay) = match state
+                .wait_for(|s| s.open(link) || s.dropped.contains(&link))
+                .await
+            {
+                Ok(s) => (
+                    s.dropped.contains(&link),
+                    s.delays.get(&link).copied().unwrap_or_default(),
+                ),
+                Err(_) => break,
+            };
+            if dropped {
+                continue;
+            }
+            let at = tokio::time::Instant::now() + delay.base + jitter.below(delay.jitter);
+            if tx.send((at, buf[..n].to_vec())).await.is_err() {
+                break;
+            }
         }
-        if writer.write_all(&buf[..n]).await.is_err() {
-            break;
+    };
+    let write = async move {
+        while let Some((at, bytes)) = rx.recv().await {
+            tokio::time::sleep_until(at).await;
+            if writer.write_all(&bytes).await.is_err() {
+                break;
+            }
         }
-    }
-    let _ = writer.shutdown().await;
+        let _ = writer.shutdown().await;
+    };
+    tokio::join!(read, write);
 }
 
 #[cfg(test)]
@@ -296,6 +413,76 @@ mod tests {
             .expect("closed promptly");
         assert!(matches!(r, Ok(0) | Err(_)));
         net.heal();
+        net.shutdown();
+    }
+
+    #[tokio::test]
+    async fn a_dropping_direction_loses_bytes_and_heal_resets_its_connections() {
+        let target = echo_server().await;
+        let mut net = Net::new();
+        let addr = net.add_proxy(1, 2, target).await.unwrap();
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        assert!(roundtrip(&mut s, Duration::from_secs(2)).await);
+        // The replies (2→1) are thrown away: the request arrives, no answer.
+        net.drop_bytes(&[(2, 1)]);
+        assert!(!roundtrip(&mut s, Duration::from_millis(300)).await);
+        net.heal();
+        // Nothing held is delivered: the connection is reset instead.
+        let mut buf = [0u8; 4];
+        let r = tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf))
+            .await
+            .expect("reset promptly");
+        assert!(matches!(r, Ok(0) | Err(_)), "got {r:?}");
+        // A new connection works again.
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        assert!(roundtrip(&mut s, Duration::from_secs(2)).await);
+        net.shutdown();
+    }
+
+    #[tokio::test]
+    async fn a_delayed_direction_delivers_late_and_in_order() {
+        let target = echo_server().await;
+        let mut net = Net::new();
+        let addr = net.add_proxy(1, 2, target).await.unwrap();
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        assert!(roundtrip(&mut s, Duration::from_secs(2)).await);
+        net.delay(
+            &[(1, 2)],
+            Delay {
+                base: Duration::from_millis(300),
+                jitter: Duration::from_millis(100),
+            },
+        );
+        let started = tokio::time::Instant::now();
+        s.write_all(b"abcd").await.unwrap();
+        s.write_all(b"efgh").await.unwrap();
+        let mut buf = [0u8; 8];
+        tokio::time::timeout(Duration::from_secs(3), s.read_exact(&mut buf))
+            .await
+            .expect("delivered")
+            .unwrap();
+        assert_eq!(&buf, b"abcdefgh", "in order");
+        assert!(started.elapsed() >= Duration::from_millis(300));
+        net.heal();
+        assert!(roundtrip(&mut s, Duration::from_millis(250)).await);
+        net.shutdown();
+    }
+
+    #[tokio::test]
+    async fn a_reset_alone_closes_connections_and_lets_new_ones_in() {
+        let target = echo_server().await;
+        let mut net = Net::new();
+        let addr = net.add_proxy(1, 2, target).await.unwrap();
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        assert!(roundtrip(&mut s, Duration::from_secs(2)).await);
+        net.reset(&[(1, 2)]);
+        let mut buf = [0u8; 4];
+        let r = tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf))
+            .await
+            .expect("closed promptly");
+        assert!(matches!(r, Ok(0) | Err(_)));
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        assert!(roundtrip(&mut s, Duration::from_secs(2)).await);
         net.shutdown();
     }
 }

@@ -15,6 +15,14 @@
 //! * **Slow syncs.** [`Control::set_fsync_delay`] makes every `fsync`,
 //!   `fdatasync` and directory sync take that long (all other requests on
 //!   the mount wait behind it, as they would behind a stalled disk).
+//! * **Failing disks.** [`Control::set_error`] makes the disk full (every
+//!   write, growing truncation, file or directory creation and sync fails
+//!   with `ENOSPC`; reads, unlinks and renames still work) or its syncs
+//!   fail with `EIO` (writes still land; what they wrote stays unsynced,
+//!   so a power loss would drop it), until it is set back to `None`. This
+//!   models a disk that refuses to store or persist; it does not model
+//!   the page-cache loss after a failed writeback (a later sync that
+//!   succeeds makes the data durable here).
 //!
 //! Everything else is passed through unchanged. The mount needs `/dev/fuse`
 //! and the right to mount (root, or `fusermount3` from Debian's `fuse3`).
@@ -47,15 +55,51 @@ struct Unsynced {
     undo: Vec<(u64, Vec<u8>)>,
 }
 
+/// How a failing disk fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DiskError {
+    /// No space left: writes, growing truncations, creations and syncs
+    /// fail with `ENOSPC`.
+    Full,
+    /// Syncs fail with `EIO`.
+    SyncEio,
+}
+
 /// The fault controls of one mount, shared with the harness.
 #[derive(Default)]
 pub struct Control {
     /// By backing inode number.
     dirty: Mutex<HashMap<u64, Unsynced>>,
     fsync_delay: Mutex<Duration>,
+    error: Mutex<Option<DiskError>>,
+    /// Requests refused because of `error`, ever.
+    refused: std::sync::atomic::AtomicU64,
 }
 
 impl Control {
+    /// Makes the disk fail as `error` says (`None`: it works again).
+    pub fn set_error(&self, error: Option<DiskError>) {
+        *self.error.lock().expect("lock") = error;
+    }
+
+    /// Requests refused by a failing disk so far.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The errno a request of `kind` gets now, if the disk fails it.
+    fn fail(&self, kind: Op) -> Result<(), i32> {
+        let errno = match (*self.error.lock().expect("lock"), kind) {
+            (Some(DiskError::Full), _) => libc::ENOSPC,
+            (Some(DiskError::SyncEio), Op::Sync) => libc::EIO,
+            _ => return Ok(()),
+        };
+        self.refused
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Err(errno)
+    }
+
     /// Makes every sync take `delay` (zero: back to normal).
     pub fn set_fsync_delay(&self, delay: Duration) {
         *self.fsync_delay.lock().expect("lock") = delay;
@@ -135,6 +179,15 @@ impl Control {
     fn synced(&self, ino: u64) {
         self.dirty.lock().expect("lock").remove(&ino);
     }
+}
+
+/// What a request asks of the disk, for [`Control::fail`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Op {
+    /// Takes space: a write, a growing truncation, a creation.
+    Store,
+    /// A sync.
+    Sync,
 }
 
 /// The passthrough filesystem.
@@ -221,6 +274,7 @@ impl LazyFs {
         if !delay.is_zero() {
             std::thread::sleep(delay);
         }
+        self.control.fail(Op::Sync)?;
         let r = if data_only {
             file.sync_data()
         } else {
@@ -279,6 +333,15 @@ impl Filesystem for LazyFs {
                     .map_err(|e| errno(&e))?;
             }
             if let Some(size) = size {
+                let current = match fh.and_then(|fh| self.files.get(&fh)) {
+                    Some(f) => f.metadata(),
+                    None => std::fs::metadata(path.clone()?),
+                }
+                .map_err(|e| errno(&e))?
+                .len();
+                if size > current {
+                    self.control.fail(Op::Store)?;
+                }
                 let own;
                 let file = match fh.and_then(|fh| self.files.get(&fh)) {
                     Some(f) => f,
@@ -317,6 +380,7 @@ impl Filesystem for LazyFs {
         reply: ReplyEntry,
     ) {
         let result = self.child(parent, name).and_then(|p| {
+            self.control.fail(Op::Store)?;
             std::fs::DirBuilder::new()
                 .mode(mode)
                 .create(&p)
@@ -439,6 +503,7 @@ impl Filesystem for LazyFs {
         reply: ReplyWrite,
     ) {
         let result = (|| -> Result<(), i32> {
+            self.control.fail(Op::Store)?;
             let backing = self.backing_ino(fh)?;
             let f = self.files.get(&fh).ok_or(libc::EBADF)?;
             self.control
@@ -530,11 +595,15 @@ impl Filesystem for LazyFs {
         if !delay.is_zero() {
             std::thread::sleep(delay);
         }
-        match self.path(ino).and_then(|p| {
-            File::open(p)
-                .and_then(|d| d.sync_all())
-                .map_err(|e| errno(&e))
-        }) {
+        match self
+            .control
+            .fail(Op::Sync)
+            .and_then(|()| self.path(ino))
+            .and_then(|p| {
+                File::open(p)
+                    .and_then(|d| d.sync_all())
+                    .map_err(|e| errno(&e))
+            }) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }
@@ -555,6 +624,7 @@ impl Filesystem for LazyFs {
         reply: ReplyCreate,
     ) {
         let result = (|| -> Result<(FileAttr, File), i32> {
+            self.control.fail(Op::Store)?;
             let path = self.child(parent, name)?;
             let acc = flags & libc::O_ACCMODE;
             let file = OpenOptions::new()

@@ -11,6 +11,7 @@ use tokio::sync::Mutex;
 
 use super::{Active, Started};
 use crate::cluster::Cluster;
+use crate::lazyfs::DiskError;
 
 /// `lose-unsynced`: kills nodes and drops what their disks had not synced.
 /// `members` are shuffled voters, `l` the leader (or a stand-in).
@@ -119,5 +120,64 @@ pub(super) async fn slow_disk(
         targets.clone(),
         json!({ "fsync_ms": delay.as_millis() as u64 }),
         Active::SlowDisk(targets),
+    ))
+}
+
+/// `disk-error`: the disk of the leader, a follower or (rarely) a
+/// majority fills up (ENOSPC) or fails its syncs (EIO) for the fault's
+/// length. A node that exits on it is started again by the supervisor
+/// (and fails again while the disk does); healing clears the error and
+/// starts every target that is down.
+pub(super) async fn disk_error(
+    cluster: &Arc<Mutex<Cluster>>,
+    members: &[u64],
+    l: u64,
+    majority: usize,
+    rng: &mut StdRng,
+) -> anyhow::Result<Started> {
+    let error = if rng.random_bool(0.5) {
+        DiskError::Full
+    } else {
+        DiskError::SyncEio
+    };
+    let target = match rng.random_range(0..10) {
+        0..=4 => "leader",
+        5..=8 => "follower",
+        _ => "majority",
+    };
+    let targets: Vec<u64> = match target {
+        "leader" => vec![l],
+        "follower" => members
+            .iter()
+            .copied()
+            .filter(|&m| m != l)
+            .take(1)
+            .collect(),
+        _ => {
+            let mut t = vec![l];
+            t.extend(
+                members
+                    .iter()
+                    .copied()
+                    .filter(|&m| m != l)
+                    .take(majority - 1),
+            );
+            t
+        }
+    };
+    anyhow::ensure!(!targets.is_empty(), "no node to fail the disk of");
+    let c = cluster.lock().await;
+    for &t in &targets {
+        c.set_disk_error(t, Some(error))?;
+    }
+    let name = match error {
+        DiskError::Full => "full",
+        DiskError::SyncEio => "sync-eio",
+    };
+    Ok((
+        format!("{name}-{target}"),
+        targets.clone(),
+        json!({ "error": error }),
+        Active::DiskError(targets),
     ))
 }

@@ -1,7 +1,9 @@
 //! The nemesis: faults on a seeded timeline.
 //!
 //! One fault at a time: a quiet spell, then a fault chosen from the enabled
-//! kinds, held for a while, then healed. Every choice (kind, variant,
+//! kinds, held for a while, then healed. Kinds are dealt like a shuffled
+//! deck: every enabled kind comes once, in a random order, before any comes
+//! again, so a short run still sees each. Every choice (kind, variant,
 //! duration, which node when "random") comes from the run's seed; which
 //! node is the leader comes from the cluster, so a replay with the same
 //! seed makes the same choices wherever the cluster behaves the same.
@@ -24,7 +26,10 @@ use tokio::sync::Mutex;
 use tokio::time::Instant;
 
 mod disk;
+pub mod hostile;
+mod links;
 mod membership;
+mod restart;
 mod restore;
 
 use membership::membership;
@@ -35,8 +40,8 @@ use crate::history::{Process, Recorder, Type};
 use crate::proxy::Link;
 
 /// The kinds of fault.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum NemesisKind {
     /// SIGKILL and restart.
     Kill,
@@ -54,59 +59,59 @@ pub enum NemesisKind {
     LoseUnsynced,
     /// Make syncs slow on some nodes.
     SlowDisk,
+    /// `kill -9` and start again within 10-200 ms (inside the followers'
+    /// lease, so a leader comes back in its old term).
+    RestartFast,
+    /// A full disk (ENOSPC) or failing syncs (EIO) for a while.
+    DiskError,
+    /// Faults on the links between the client workers and the nodes.
+    ClientLink,
+    /// Malformed and adversarial Raft messages from outside the cluster.
+    HostilePeer,
 }
 
+/// Every kind, in the order `all` lists them.
+pub const ALL_KINDS: [NemesisKind; 12] = [
+    NemesisKind::Kill,
+    NemesisKind::Pause,
+    NemesisKind::Partition,
+    NemesisKind::Clock,
+    NemesisKind::Membership,
+    NemesisKind::Restore,
+    NemesisKind::LoseUnsynced,
+    NemesisKind::SlowDisk,
+    NemesisKind::RestartFast,
+    NemesisKind::DiskError,
+    NemesisKind::ClientLink,
+    NemesisKind::HostilePeer,
+];
+
 impl NemesisKind {
-    /// Parses `kill,pause,...` (`all` = every kind, `none` = no faults).
+    /// Parses `kill,pause,...` (`all` = every kind, `none` = no faults,
+    /// `disk` = `lose-unsynced` and `slow-disk`).
     pub fn parse_list(s: &str) -> anyhow::Result<Vec<NemesisKind>> {
         let mut out = BTreeSet::new();
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             match part {
-                "kill" => {
-                    out.insert(NemesisKind::Kill);
-                }
-                "pause" => {
-                    out.insert(NemesisKind::Pause);
-                }
-                "partition" => {
-                    out.insert(NemesisKind::Partition);
-                }
-                "clock" => {
-                    out.insert(NemesisKind::Clock);
-                }
-                "membership" => {
-                    out.insert(NemesisKind::Membership);
-                }
-                "restore" => {
-                    out.insert(NemesisKind::Restore);
-                }
-                "lose-unsynced" => {
-                    out.insert(NemesisKind::LoseUnsynced);
-                }
-                "slow-disk" => {
-                    out.insert(NemesisKind::SlowDisk);
-                }
                 "disk" => out.extend([NemesisKind::LoseUnsynced, NemesisKind::SlowDisk]),
-                "all" => out.extend([
-                    NemesisKind::Kill,
-                    NemesisKind::Pause,
-                    NemesisKind::Partition,
-                    NemesisKind::Clock,
-                    NemesisKind::Membership,
-                    NemesisKind::Restore,
-                    NemesisKind::LoseUnsynced,
-                    NemesisKind::SlowDisk,
-                ]),
+                "all" => out.extend(ALL_KINDS),
                 "none" => {}
-                other => anyhow::bail!(
-                    "unknown nemesis {other:?} (expected kill, pause, partition, clock, membership, restore, lose-unsynced, slow-disk, disk, all or none)"
-                ),
+                other => match ALL_KINDS.iter().find(|k| k.name() == other) {
+                    Some(k) => {
+                        out.insert(*k);
+                    }
+                    None => anyhow::bail!(
+                        "unknown nemesis {other:?} (expected {}, disk, all or none)",
+                        ALL_KINDS.map(NemesisKind::name).join(", ")
+                    ),
+                },
             }
         }
         Ok(out.into_iter().collect())
     }
 
-    fn name(self) -> &'static str {
+    /// The kind's name on the command line and in the history.
+    pub fn name(self) -> &'static str {
         match self {
             NemesisKind::Kill => "kill",
             NemesisKind::Pause => "pause",
@@ -116,12 +121,19 @@ impl NemesisKind {
             NemesisKind::Restore => "restore",
             NemesisKind::LoseUnsynced => "lose-unsynced",
             NemesisKind::SlowDisk => "slow-disk",
+            NemesisKind::RestartFast => "restart-fast",
+            NemesisKind::DiskError => "disk-error",
+            NemesisKind::ClientLink => "client-link",
+            NemesisKind::HostilePeer => "hostile-peer",
         }
     }
 
     /// True for the kinds that need the disk-fault layer.
     pub fn needs_disk_layer(self) -> bool {
-        matches!(self, NemesisKind::LoseUnsynced | NemesisKind::SlowDisk)
+        matches!(
+            self,
+            NemesisKind::LoseUnsynced | NemesisKind::SlowDisk | NemesisKind::DiskError
+        )
     }
 }
 
@@ -170,7 +182,9 @@ pub struct NemesisOptions {
     pub out: std::path::PathBuf,
     /// Where the workers learn the client addresses of the cluster they
     /// must move to after a restore.
-    pub endpoints: Option<Arc<tokio::sync::watch::Sender<Vec<String>>>>,
+    pub addrs: Option<Arc<tokio::sync::watch::Sender<crate::clientlink::ClusterAddrs>>>,
+    /// The client links, for the client-link nemesis.
+    pub links: Option<Arc<crate::clientlink::ClientLinks>>,
 }
 
 /// What a fault did, to be healed.
@@ -180,6 +194,8 @@ enum Active {
     Cut,
     Clock(Vec<u64>),
     SlowDisk(Vec<u64>),
+    DiskError(Vec<u64>),
+    ClientLinks,
     Done,
 }
 
@@ -197,6 +213,7 @@ pub async fn run(
     if opts.kinds.is_empty() {
         return windows;
     }
+    let mut deck: Vec<NemesisKind> = Vec::new();
     // The first fault comes after a short calm, so the history starts with
     // a healthy baseline.
     let mut quiet = Duration::from_millis(rng.random_range(2000..=4000));
@@ -206,7 +223,14 @@ pub async fn run(
             break;
         }
         tokio::time::sleep(quiet).await;
-        let kind = *opts.kinds.choose(&mut rng).expect("kinds is not empty");
+        let kind = match deck.pop() {
+            Some(k) => k,
+            None => {
+                deck = opts.kinds.clone();
+                deck.shuffle(&mut rng);
+                deck.pop().expect("kinds is not empty")
+            }
+        };
         let start_ns = rec.now_ns();
         let (variant, nodes, detail, active) =
             match start(&cluster, &rec, &opts, kind, &mut rng, &mut backups).await {
@@ -229,14 +253,22 @@ pub async fn run(
             NemesisKind::Kill | NemesisKind::LoseUnsynced => {
                 Duration::from_millis(rng.random_range(1000..=5000))
             }
-            NemesisKind::Membership | NemesisKind::Restore => Duration::ZERO,
+            NemesisKind::Membership | NemesisKind::Restore | NemesisKind::RestartFast => {
+                Duration::ZERO
+            }
+            // A moment to see what the messages did.
+            NemesisKind::HostilePeer => Duration::from_millis(rng.random_range(1000..=3000)),
             _ => fault_len,
         };
         let hold_until = (Instant::now() + hold).min(until.max(Instant::now()));
         tokio::time::sleep_until(hold_until).await;
-        let healed = heal(&cluster, &active).await;
+        let healed = heal(&cluster, &active, opts.links.as_deref()).await;
         let end_ns = rec.now_ns();
-        if !matches!(active, Active::Done) {
+        // Faults that heal themselves record their end too (membership
+        // and restore record their own operations instead).
+        if !matches!(active, Active::Done)
+            || !matches!(kind, NemesisKind::Membership | NemesisKind::Restore)
+        {
             rec.record(
                 Process::NEMESIS,
                 Type::Info,
@@ -342,7 +374,8 @@ async fn start(
             let l = pick_leader(rng);
             let links = partition_links(variant, &members, l, rng);
             let c = cluster.lock().await;
-            c.net.cut(&links, reset);
+            c.cut(&links, reset)?;
+            let reset = reset && !c.in_netns();
             let nodes: Vec<u64> = match variant {
                 "isolate-leader" | "one-way" => vec![l],
                 _ => members.clone(),
@@ -418,6 +451,41 @@ async fn start(
             let l = pick_leader(rng);
             disk::slow_disk(cluster, &members, l, majority, rng).await?
         }
+        NemesisKind::RestartFast => restart::restart_fast(cluster, &members, leader, rng).await?,
+        NemesisKind::DiskError => {
+            let l = pick_leader(rng);
+            disk::disk_error(cluster, &members, l, majority, rng).await?
+        }
+        NemesisKind::ClientLink => links::client_link(cluster, opts, &members, leader, rng).await?,
+        NemesisKind::HostilePeer => {
+            let messages = hostile::pick(rng, &members, leader);
+            let (addrs, auth) = {
+                let c = cluster.lock().await;
+                (c.addrs(), c.token().is_some())
+            };
+            let mut sent = Vec::new();
+            for (what, node, other) in messages {
+                let outcome = hostile::send(&what, &addrs[&node], &addrs, other, rng).await;
+                let v = json!({"node": node, "kind": what, "other_cluster": other.is_some(),
+                               "auth": auth, "outcome": outcome});
+                rec.record(Process::NEMESIS, Type::Info, "hostile-message", v.clone());
+                sent.push(v);
+            }
+            let mut nodes: Vec<u64> = sent.iter().filter_map(|m| m["node"].as_u64()).collect();
+            nodes.sort_unstable();
+            nodes.dedup();
+            (
+                if auth {
+                    "authenticated"
+                } else {
+                    "unauthenticated"
+                }
+                .to_string(),
+                nodes,
+                json!({ "messages": sent }),
+                Active::Done,
+            )
+        }
     };
     rec.record(
         Process::NEMESIS,
@@ -487,7 +555,11 @@ pub fn partition_links(variant: &str, members: &[u64], leader: u64, rng: &mut St
     }
 }
 
-async fn heal(cluster: &Arc<Mutex<Cluster>>, active: &Active) -> anyhow::Result<()> {
+async fn heal(
+    cluster: &Arc<Mutex<Cluster>>,
+    active: &Active,
+    links: Option<&crate::clientlink::ClientLinks>,
+) -> anyhow::Result<()> {
     let mut c = cluster.lock().await;
     match active {
         Active::Killed(ids) => {
@@ -500,7 +572,7 @@ async fn heal(cluster: &Arc<Mutex<Cluster>>, active: &Active) -> anyhow::Result<
                 c.resume(id)?;
             }
         }
-        Active::Cut => c.net.heal(),
+        Active::Cut => c.heal_links()?,
         Active::Clock(ids) => {
             for &id in ids {
                 c.set_rate(id, 1.0).await?;
@@ -509,6 +581,21 @@ async fn heal(cluster: &Arc<Mutex<Cluster>>, active: &Active) -> anyhow::Result<
         Active::SlowDisk(ids) => {
             for &id in ids {
                 c.set_fsync_delay(id, Duration::ZERO)?;
+            }
+        }
+        Active::ClientLinks => {
+            if let Some(l) = links {
+                l.heal().await;
+            }
+        }
+        Active::DiskError(ids) => {
+            for &id in ids {
+                c.set_disk_error(id, None)?;
+            }
+            // Nodes that exited on the failing disk: start them now rather
+            // than after the supervisor's delay.
+            for &id in ids {
+                c.restart(id).await?;
             }
         }
         Active::Done => {}
@@ -520,15 +607,8 @@ async fn heal(cluster: &Arc<Mutex<Cluster>>, active: &Active) -> anyhow::Result<
 /// re-checking a finished run).
 pub fn windows_from_history(events: &[crate::history::Event]) -> Vec<Window> {
     let kind_of = |name: &str| match name {
-        "kill" => Some(NemesisKind::Kill),
-        "pause" => Some(NemesisKind::Pause),
-        "partition" => Some(NemesisKind::Partition),
-        "clock" => Some(NemesisKind::Clock),
-        "membership" | "add-node" | "remove-node" => Some(NemesisKind::Membership),
-        "restore" => Some(NemesisKind::Restore),
-        "lose-unsynced" => Some(NemesisKind::LoseUnsynced),
-        "slow-disk" => Some(NemesisKind::SlowDisk),
-        _ => None,
+        "add-node" | "remove-node" => Some(NemesisKind::Membership),
+        name => ALL_KINDS.iter().copied().find(|k| k.name() == name),
     };
     let mut open: std::collections::HashMap<String, (u64, Value)> = Default::default();
     let mut out = Vec::new();
@@ -619,7 +699,16 @@ mod tests {
             NemesisKind::parse_list("kill,pause").unwrap(),
             vec![NemesisKind::Kill, NemesisKind::Pause]
         );
-        assert_eq!(NemesisKind::parse_list("all").unwrap().len(), 8);
+        assert_eq!(NemesisKind::parse_list("all").unwrap().len(), 12);
+        assert_eq!(
+            NemesisKind::parse_list("restart-fast,disk-error,client-link,hostile-peer").unwrap(),
+            vec![
+                NemesisKind::RestartFast,
+                NemesisKind::DiskError,
+                NemesisKind::ClientLink,
+                NemesisKind::HostilePeer
+            ]
+        );
         assert_eq!(
             NemesisKind::parse_list("restore,disk").unwrap(),
             vec![

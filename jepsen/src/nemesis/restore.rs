@@ -81,8 +81,12 @@ pub(super) async fn restore(
             opts.out.join(format!("restore-{generation}")),
         )
         .await?;
-    if let Some(tx) = &opts.endpoints {
-        tx.send_replace(c.client_endpoints());
+    if let Some(tx) = &opts.addrs {
+        let gen = tx.borrow().gen + 1;
+        tx.send_replace(crate::clientlink::ClusterAddrs {
+            gen,
+            nodes: c.addrs(),
+        });
     }
     let detail = json!({
         "backup": pick, "backups": backups.len(), "generation": generation, "fence_bump": fence_bump,

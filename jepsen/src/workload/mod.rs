@@ -42,7 +42,9 @@ use rand::{RngExt, SeedableRng};
 use serde_json::{json, Value};
 
 mod clients;
+pub mod keepalive;
 
+use crate::clientlink::{ClientLinks, ClusterAddrs};
 use crate::dbstore::AnyClient;
 use crate::history::{Process, Recorder, Type};
 use crate::store::StoreReply;
@@ -76,8 +78,13 @@ pub const ELECTION_NAME: &str = "cl/leader";
 pub struct WorkloadOptions {
     /// Which workload.
     pub kind: WorkloadKind,
-    /// Node addresses.
-    pub endpoints: Vec<String>,
+    /// The nodes' addresses when the run starts.
+    pub addrs: ClusterAddrs,
+    /// The client links, when the client-link nemesis runs: each worker
+    /// then reaches the nodes through its own proxies.
+    pub links: Option<Arc<ClientLinks>>,
+    /// The client token, when the cluster has access control.
+    pub token: Option<String>,
     /// Session ttl.
     pub ttl: Duration,
     /// Counters (fenced-counter).
@@ -94,7 +101,7 @@ pub struct WorkloadOptions {
     pub seed: u64,
     /// The client addresses of the cluster to use; changes when the
     /// restore nemesis has moved everything to a restored cluster.
-    pub moved: tokio::sync::watch::Receiver<Vec<String>>,
+    pub moved: tokio::sync::watch::Receiver<ClusterAddrs>,
 }
 
 /// The lock name guarding counter `k`.
@@ -106,6 +113,8 @@ pub fn counter_key(k: usize) -> String {
 struct Worker {
     rec: Recorder,
     opts: WorkloadOptions,
+    /// The worker's slot (its first process number).
+    slot: u64,
     process: u64,
     client: Client,
     session: Option<Session>,
@@ -136,8 +145,13 @@ impl PendingOp<'_> {
 /// How a client error ends an operation.
 fn classify(e: &Error) -> Type {
     match e {
-        // May have been applied.
-        Error::Unknown(_) | Error::Internal(_) | Error::LeaseLost => Type::Info,
+        // May have been applied. A session found gone may have been gone
+        // only by the time of a retry: an earlier attempt of the same
+        // request may have been applied (and what it got ended with the
+        // session).
+        Error::Unknown(_) | Error::Internal(_) | Error::LeaseLost | Error::SessionNotFound(_) => {
+            Type::Info
+        }
         // Definitely not applied (the client says so for Unavailable).
         _ => Type::Fail,
     }
@@ -215,8 +229,8 @@ impl Worker {
     /// The cluster was restored elsewhere: abandon the old session (it lives
     /// on in the restored cluster until its lease runs out) and talk to the
     /// new cluster from now on.
-    fn move_to_restored(&mut self) {
-        let endpoints = self.opts.moved.borrow_and_update().clone();
+    async fn move_to_restored(&mut self) {
+        let addrs = self.opts.moved.borrow_and_update().clone();
         if let Some(s) = self.session.take() {
             let sid = s.id();
             self.rec.record(
@@ -233,9 +247,9 @@ impl Worker {
             );
             self.process += self.opts.concurrency;
         }
-        match Client::with_options(endpoints, worker_client_options()) {
+        match worker_client(&self.opts, self.slot, &addrs).await {
             Ok(c) => self.client = c,
-            Err(e) => eprintln!("raftlock-jepsen: worker cannot reach the restored cluster: {e}"),
+            Err(e) => eprintln!("raftlock-jepsen: worker cannot reach the restored cluster: {e:#}"),
         }
     }
 
@@ -339,7 +353,7 @@ impl Worker {
     async fn run(mut self) -> Leftover {
         while !self.stopped() {
             if self.opts.moved.has_changed().unwrap_or(false) {
-                self.move_to_restored();
+                self.move_to_restored().await;
             }
             let Some(session) = self.session().await else {
                 continue;
@@ -516,19 +530,49 @@ fn worker_client_options() -> ClientOptions {
     }
 }
 
+/// The client of worker `slot` for the cluster at `addrs`: straight to the
+/// nodes, or through the worker's own client-link proxies (its endpoints,
+/// and where leader hints are sent).
+async fn worker_client(
+    opts: &WorkloadOptions,
+    slot: u64,
+    addrs: &ClusterAddrs,
+) -> anyhow::Result<Client> {
+    let mut options = ClientOptions {
+        token: opts.token.clone(),
+        ..worker_client_options()
+    };
+    let endpoints: Vec<String> = match &opts.links {
+        Some(links) => {
+            let via = links
+                .via(crate::clientlink::worker_end(slot), addrs)
+                .await?;
+            options.address_map = addrs
+                .nodes
+                .iter()
+                .filter_map(|(id, direct)| Some((direct.clone(), via.get(id)?.clone())))
+                .collect();
+            via.into_values().collect()
+        }
+        None => addrs.nodes.values().cloned().collect(),
+    };
+    Ok(Client::with_options(endpoints, options)?)
+}
+
 /// Starts `concurrency` workers; they run until `stop` is set, then hand
 /// back the sessions they still have (see [`Leftover`]).
-pub fn spawn_workers(
+pub async fn spawn_workers(
     opts: &WorkloadOptions,
     rec: &Recorder,
     stop: Arc<AtomicBool>,
 ) -> anyhow::Result<Vec<tokio::task::JoinHandle<Leftover>>> {
     let mut handles = Vec::new();
     for slot in 0..opts.concurrency {
-        let client = Client::with_options(opts.endpoints.clone(), worker_client_options())?;
+        let client = worker_client(opts, slot, &opts.addrs).await?;
         let worker = Worker {
             rec: rec.clone(),
             opts: opts.clone(),
+            slot,
             process: slot,
             client,
             session: None,
@@ -539,4 +583,32 @@ pub fn spawn_workers(
         handles.push(tokio::spawn(worker.run()));
     }
     Ok(handles)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a failed operation is recorded as: `fail` only when the
+    /// operation certainly had no effect.
+    #[test]
+    fn only_certain_refusals_are_recorded_as_fail() {
+        // A retry that finds the session gone says nothing of an earlier
+        // attempt: it may have been granted before the session expired
+        // (campaign run-020: lock, client-link, seed 24020 — an acquire
+        // granted fence 304, its answer lost, the retry refused NOT_FOUND
+        // once the stalled session had expired).
+        assert_eq!(classify(&Error::SessionNotFound("gone".into())), Type::Info);
+        assert_eq!(classify(&Error::Unknown("timeout".into())), Type::Info);
+        // These never apply anything.
+        assert_eq!(
+            classify(&Error::Unavailable("no leader".into())),
+            Type::Fail
+        );
+        assert_eq!(
+            classify(&Error::NotAcquired(Duration::from_millis(5))),
+            Type::Fail
+        );
+        assert_eq!(classify(&Error::InvalidArgument("name".into())), Type::Fail);
+    }
 }
