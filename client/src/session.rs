@@ -105,6 +105,36 @@ impl Drop for InFlight {
     }
 }
 
+/// A wait's `timeout_ms` on the wire (`None`, a wait without a timeout, is
+/// sent as `wait`): a bounded one stays below u64::MAX, which the server
+/// also reads as "no timeout".
+fn wire_timeout_ms(timeout: Option<Duration>) -> u64 {
+    match timeout {
+        None => 0,
+        Some(t) => u64::try_from(t.as_millis())
+            .unwrap_or(u64::MAX)
+            .min(WAIT_FOREVER_MS - 1),
+    }
+}
+
+/// A mode as the .proto writes it: (mode, weight, capacity).
+fn wire_mode(mode: Mode) -> (pb::Mode, u32, u32) {
+    match mode {
+        Mode::Exclusive => (pb::Mode::Exclusive, 0, 0),
+        Mode::Shared => (pb::Mode::Shared, 0, 0),
+        Mode::Semaphore { weight, capacity } => (pb::Mode::Semaphore, weight, capacity),
+    }
+}
+
+/// Whether a failed request that may wait may still have been applied (and
+/// so must be cancelled): a refusal changed nothing; these may not have.
+fn outcome_unknown(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Unknown(_) | Error::Unavailable(_) | Error::Internal(_)
+    )
+}
+
 /// An acquire that was sent and whose outcome the caller has not taken: if
 /// it is dropped armed (the caller's future was dropped, or the outcome is
 /// unknown), the acquire is withdrawn in the background (`Cancel`), so no
@@ -332,6 +362,23 @@ impl Session {
         }
     }
 
+    /// How long one attempt of a request that may wait up to `timeout`
+    /// may take, and when to give up retrying it. One attempt may wait as
+    /// long as the request's own timeout; a retry (same seq) resumes the
+    /// same place in the queue. A wait without a timeout is polled in
+    /// bounded attempts, so a node cut off from the cluster is not waited
+    /// on forever.
+    fn attempt_and_deadline(&self, timeout: Option<Duration>) -> (Duration, Instant) {
+        let opts = self.inner.client.options();
+        match timeout {
+            None => (FOREVER_ATTEMPT, after(Duration::MAX)),
+            Some(t) => (
+                opts.request_timeout.saturating_add(t.saturating_mul(2)),
+                after(opts.retry_deadline.saturating_add(t.saturating_mul(2))),
+            ),
+        }
+    }
+
     /// Acquires `name` in `mode`, waiting up to `timeout` (`None`: forever,
     /// `Some(ZERO)`: try once) and attaching `value`.
     pub(crate) async fn acquire(
@@ -348,19 +395,8 @@ impl Session {
         // cluster refuses a new acquire of a name the session still holds.
         self.settle(name).await;
         let seq = self.next_seq();
-        // A wait without a timeout is `wait`; a bounded one stays below
-        // u64::MAX, which the server also reads as "no timeout".
-        let timeout_ms = match timeout {
-            None => 0,
-            Some(t) => u64::try_from(t.as_millis())
-                .unwrap_or(u64::MAX)
-                .min(WAIT_FOREVER_MS - 1),
-        };
-        let (pmode, weight, capacity) = match mode {
-            Mode::Exclusive => (pb::Mode::Exclusive, 0, 0),
-            Mode::Shared => (pb::Mode::Shared, 0, 0),
-            Mode::Semaphore { weight, capacity } => (pb::Mode::Semaphore, weight, capacity),
-        };
+        let timeout_ms = wire_timeout_ms(timeout);
+        let (pmode, weight, capacity) = wire_mode(mode);
         let req = pb::AcquireRequest {
             session_id: self.inner.id,
             seq,
@@ -372,19 +408,7 @@ impl Session {
             value: value.clone(),
             wait: timeout.is_none(),
         };
-        let opts = self.inner.client.options();
-        // One attempt may wait as long as the acquire's own timeout; a
-        // retry (same seq) resumes the same place in the queue.
-        // A wait without timeout is polled in bounded attempts: a retry with
-        // the same seq resumes the same place in the queue, and a node that
-        // was cut off from the cluster is not waited on forever.
-        let (attempt, deadline) = match timeout {
-            None => (FOREVER_ATTEMPT, after(Duration::MAX)),
-            Some(t) => (
-                opts.request_timeout.saturating_add(t.saturating_mul(2)),
-                after(opts.retry_deadline.saturating_add(t.saturating_mul(2))),
-            ),
-        };
+        let (attempt, deadline) = self.attempt_and_deadline(timeout);
         // From here on the acquire may be queued or granted: if this future
         // is dropped, or the outcome stays unknown, it is withdrawn.
         let mut pending = PendingAcquire {
@@ -410,10 +434,7 @@ impl Session {
             Err(e) => {
                 // A refusal changed nothing; anything else may have left the
                 // acquire queued (or granted) on the cluster.
-                pending.armed = matches!(
-                    e,
-                    Error::Unknown(_) | Error::Unavailable(_) | Error::Internal(_)
-                );
+                pending.armed = outcome_unknown(&e);
                 return Err(e);
             }
         };
@@ -450,12 +471,7 @@ impl Session {
             return Err(Error::LeaseLost);
         }
         let seq = self.next_seq();
-        let timeout_ms = match timeout {
-            None => 0,
-            Some(t) => u64::try_from(t.as_millis())
-                .unwrap_or(u64::MAX)
-                .min(WAIT_FOREVER_MS - 1),
-        };
+        let timeout_ms = wire_timeout_ms(timeout);
         let req = pb::UpgradeRequest {
             session_id: self.inner.id,
             seq,
@@ -464,14 +480,7 @@ impl Session {
             timeout_ms,
             wait: timeout.is_none(),
         };
-        let opts = self.inner.client.options();
-        let (attempt, deadline) = match timeout {
-            None => (FOREVER_ATTEMPT, after(Duration::MAX)),
-            Some(t) => (
-                opts.request_timeout.saturating_add(t.saturating_mul(2)),
-                after(opts.retry_deadline.saturating_add(t.saturating_mul(2))),
-            ),
-        };
+        let (attempt, deadline) = self.attempt_and_deadline(timeout);
         // As for an acquire: if this future is dropped or the outcome stays
         // unknown, the upgrade is cancelled (a pending one stops waiting; one
         // granted meanwhile is released, and the shared grant with it).
@@ -496,10 +505,7 @@ impl Session {
                 resp.into_inner()
             }
             Err(e) => {
-                pending.armed = matches!(
-                    e,
-                    Error::Unknown(_) | Error::Unavailable(_) | Error::Internal(_)
-                );
+                pending.armed = outcome_unknown(&e);
                 return Err(e);
             }
         };
@@ -636,25 +642,14 @@ impl Session {
             self.settle(name).await;
         }
         let seq = self.next_seq();
-        let timeout_ms = match timeout {
-            None => 0,
-            Some(t) => u64::try_from(t.as_millis())
-                .unwrap_or(u64::MAX)
-                .min(WAIT_FOREVER_MS - 1),
-        };
+        let timeout_ms = wire_timeout_ms(timeout);
         let req = pb::AcquireAllRequest {
             session_id: self.inner.id,
             seq,
             locks: locks
                 .iter()
                 .map(|(name, mode)| {
-                    let (m, weight, capacity) = match mode {
-                        Mode::Exclusive => (pb::Mode::Exclusive, 0, 0),
-                        Mode::Shared => (pb::Mode::Shared, 0, 0),
-                        Mode::Semaphore { weight, capacity } => {
-                            (pb::Mode::Semaphore, *weight, *capacity)
-                        }
-                    };
+                    let (m, weight, capacity) = wire_mode(*mode);
                     pb::LockSpec {
                         name: name.to_string(),
                         mode: m as i32,
@@ -667,14 +662,7 @@ impl Session {
             wait: timeout.is_none(),
             value: Vec::new(),
         };
-        let opts = self.inner.client.options();
-        let (attempt, deadline) = match timeout {
-            None => (FOREVER_ATTEMPT, after(Duration::MAX)),
-            Some(t) => (
-                opts.request_timeout.saturating_add(t.saturating_mul(2)),
-                after(opts.retry_deadline.saturating_add(t.saturating_mul(2))),
-            ),
-        };
+        let (attempt, deadline) = self.attempt_and_deadline(timeout);
         // As for one acquire: dropped or of unknown outcome, it is
         // cancelled (one Cancel names any of its names and ends it all).
         let mut pending = PendingAcquire {
@@ -701,11 +689,7 @@ impl Session {
                 resp.into_inner()
             }
             Err(e) => {
-                pending.armed = !locks.is_empty()
-                    && matches!(
-                        e,
-                        Error::Unknown(_) | Error::Unavailable(_) | Error::Internal(_)
-                    );
+                pending.armed = !locks.is_empty() && outcome_unknown(&e);
                 return Err(e);
             }
         };
