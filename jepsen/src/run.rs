@@ -273,7 +273,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
     };
 
     let stop = Arc::new(AtomicBool::new(false));
+    // Held here until the workers and probers have stopped: the nemesis
+    // drops its end when its time is up, and they keep moving to restored
+    // clusters through the recovery period.
     let (moved_tx, moved) = tokio::sync::watch::channel(addrs.clone());
+    let moved_tx = Arc::new(moved_tx);
     let wopts = WorkloadOptions {
         kind: args.workload,
         addrs,
@@ -314,7 +318,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
             cut_mode: args.cut_mode,
             nodes: args.nodes,
             out: out.clone(),
-            addrs: Some(Arc::new(moved_tx)),
+            addrs: Some(moved_tx.clone()),
             links: links.clone(),
         },
         until,
@@ -363,6 +367,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
             eprintln!("raftlock-jepsen: the keep-alive probers did not stop in time");
         }
     }
+    drop(moved_tx);
 
     // The end-of-run audit, while the workers' sessions are still alive.
     let believed: Vec<(u64, u64)> = leftovers

@@ -116,6 +116,8 @@ struct Worker {
     /// The worker's slot (its first process number).
     slot: u64,
     process: u64,
+    /// The cluster generation (restores moved through) the client talks to.
+    gen: u64,
     client: Client,
     session: Option<Session>,
     rng: StdRng,
@@ -231,6 +233,7 @@ impl Worker {
     /// new cluster from now on.
     async fn move_to_restored(&mut self) {
         let addrs = self.opts.moved.borrow_and_update().clone();
+        self.gen = addrs.gen;
         if let Some(s) = self.session.take() {
             let sid = s.id();
             self.rec.record(
@@ -352,7 +355,7 @@ impl Worker {
     /// still has (holding nothing), for the end-of-run audit.
     async fn run(mut self) -> Leftover {
         while !self.stopped() {
-            if restore_pending(&self.opts.moved) {
+            if restore_pending(&self.opts.moved, self.gen) {
                 self.move_to_restored().await;
             }
             let Some(session) = self.session().await else {
@@ -559,10 +562,12 @@ async fn worker_client(
     Ok(Client::with_options(endpoints, options)?)
 }
 
-/// Whether the restore nemesis has moved the cluster since this worker
-/// last looked.
-fn restore_pending(moved: &tokio::sync::watch::Receiver<ClusterAddrs>) -> bool {
-    moved.has_changed().unwrap_or(false)
+/// Whether the restore nemesis has moved the cluster since the worker
+/// moved to generation `gen`. By generation, not by the channel's
+/// `has_changed`: that is an error (read as "no") once the nemesis has
+/// ended and dropped its end, which loses a move it made near its end.
+fn restore_pending(moved: &tokio::sync::watch::Receiver<ClusterAddrs>, gen: u64) -> bool {
+    moved.borrow().gen != gen
 }
 
 /// Starts `concurrency` workers; they run until `stop` is set, then hand
@@ -580,6 +585,7 @@ pub async fn spawn_workers(
             opts: opts.clone(),
             slot,
             process: slot,
+            gen: opts.addrs.gen,
             client,
             session: None,
             rng: StdRng::seed_from_u64(opts.seed.wrapping_mul(1_000_003).wrapping_add(slot)),
@@ -608,18 +614,18 @@ mod tests {
             nodes: [(1, format!("127.0.0.1:{}", 1000 + gen))].into(),
         };
         let (tx, rx) = tokio::sync::watch::channel(addrs(0));
-        let mut worker = rx.clone();
-        assert!(!restore_pending(&worker), "nothing moved yet");
+        let worker = rx.clone();
+        assert!(!restore_pending(&worker, 0), "nothing moved yet");
         tx.send_replace(addrs(1));
-        assert!(restore_pending(&worker));
-        worker.borrow_and_update();
-        assert!(!restore_pending(&worker), "the move was taken");
+        assert!(restore_pending(&worker, 0));
+        assert!(!restore_pending(&worker, 1), "the move was taken");
         tx.send_replace(addrs(2));
         drop(tx);
         assert!(
-            restore_pending(&worker),
+            restore_pending(&worker, 1),
             "the last move was lost when the nemesis ended"
         );
+        assert!(!restore_pending(&worker, 2));
     }
 
     /// What a failed operation is recorded as: `fail` only when the
