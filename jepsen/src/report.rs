@@ -35,6 +35,7 @@ fn kind_color(k: NemesisKind) -> &'static str {
         NemesisKind::DiskError => "#8c564b",
         NemesisKind::ClientLink => "#17becf",
         NemesisKind::HostilePeer => "#d62728",
+        NemesisKind::Blackhole => "#1f3a5f",
     }
 }
 
@@ -314,7 +315,10 @@ fn legend() -> String {
             type_color(t)
         );
     }
-    for k in crate::nemesis::ALL_KINDS {
+    for k in crate::nemesis::ALL_KINDS
+        .into_iter()
+        .chain([NemesisKind::Blackhole])
+    {
         let _ = write!(
             s,
             r#"<span><i style="background:{};opacity:.35"></i>{} window</span>"#,

@@ -68,9 +68,19 @@ pub enum NemesisKind {
     ClientLink,
     /// Malformed and adversarial Raft messages from outside the cluster.
     HostilePeer,
+    /// A partition held for [`BLACKHOLE_MS`]: longer than the HTTP/2
+    /// keep-alive timeouts of peers and clients, so dead connections are
+    /// found by keep-alive pings, never by a reset. Not part of `all`
+    /// (one fault would fill a 30 s run): name it.
+    Blackhole,
 }
 
-/// Every kind, in the order `all` lists them.
+/// How long a `blackhole` holds its partition (ms). A peer channel pings
+/// after 10 s of silence and gives up 20 s later; a client after 5 s and
+/// 5 s: past 30 s both have had to notice.
+pub const BLACKHOLE_MS: std::ops::RangeInclusive<u64> = 35_000..=45_000;
+
+/// Every kind `all` means, in its order (all but `blackhole`).
 pub const ALL_KINDS: [NemesisKind; 12] = [
     NemesisKind::Kill,
     NemesisKind::Pause,
@@ -96,12 +106,15 @@ impl NemesisKind {
                 "disk" => out.extend([NemesisKind::LoseUnsynced, NemesisKind::SlowDisk]),
                 "all" => out.extend(ALL_KINDS),
                 "none" => {}
+                "blackhole" => {
+                    out.insert(NemesisKind::Blackhole);
+                }
                 other => match ALL_KINDS.iter().find(|k| k.name() == other) {
                     Some(k) => {
                         out.insert(*k);
                     }
                     None => anyhow::bail!(
-                        "unknown nemesis {other:?} (expected {}, disk, all or none)",
+                        "unknown nemesis {other:?} (expected {}, blackhole, disk, all or none)",
                         ALL_KINDS.map(NemesisKind::name).join(", ")
                     ),
                 },
@@ -125,6 +138,7 @@ impl NemesisKind {
             NemesisKind::DiskError => "disk-error",
             NemesisKind::ClientLink => "client-link",
             NemesisKind::HostilePeer => "hostile-peer",
+            NemesisKind::Blackhole => "blackhole",
         }
     }
 
@@ -258,6 +272,7 @@ pub async fn run(
             }
             // A moment to see what the messages did.
             NemesisKind::HostilePeer => Duration::from_millis(rng.random_range(1000..=3000)),
+            NemesisKind::Blackhole => Duration::from_millis(rng.random_range(BLACKHOLE_MS)),
             _ => fault_len,
         };
         let hold_until = (Instant::now() + hold).min(until.max(Instant::now()));
@@ -360,13 +375,15 @@ async fn start(
             };
             (variant.to_string(), targets, json!({}), active)
         }
-        NemesisKind::Partition => {
+        NemesisKind::Partition | NemesisKind::Blackhole => {
             let mut variants = vec!["halves", "isolate-leader", "bridge", "one-way"];
             if members.len() >= 5 {
                 variants.push("ring");
             }
             let variant = *variants.choose(rng).expect("non-empty");
             let reset = match opts.cut_mode {
+                // A blackhole answers nothing, not even a reset.
+                _ if kind == NemesisKind::Blackhole => false,
                 CutMode::Stall => false,
                 CutMode::Reset => true,
                 CutMode::Mixed => rng.random_bool(0.5),
@@ -718,6 +735,14 @@ mod tests {
             ]
         );
         assert!(NemesisKind::parse_list("none").unwrap().is_empty());
+        // A blackhole only when named: one would fill a short run.
+        assert!(!NemesisKind::parse_list("all")
+            .unwrap()
+            .contains(&NemesisKind::Blackhole));
+        assert_eq!(
+            NemesisKind::parse_list("blackhole,partition").unwrap(),
+            vec![NemesisKind::Partition, NemesisKind::Blackhole]
+        );
         assert!(NemesisKind::parse_list("flood").is_err());
     }
 
