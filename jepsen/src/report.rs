@@ -35,7 +35,7 @@ fn kind_color(k: NemesisKind) -> &'static str {
         NemesisKind::DiskError => "#8c564b",
         NemesisKind::ClientLink => "#17becf",
         NemesisKind::HostilePeer => "#d62728",
-        NemesisKind::Blackhole => "#1f3a5f",
+        NemesisKind::LongPartition => "#1f3a5f",
     }
 }
 
@@ -317,7 +317,7 @@ fn legend() -> String {
     }
     for k in crate::nemesis::ALL_KINDS
         .into_iter()
-        .chain([NemesisKind::Blackhole])
+        .chain([NemesisKind::LongPartition])
     {
         let _ = write!(
             s,

@@ -68,19 +68,19 @@ pub enum NemesisKind {
     ClientLink,
     /// Malformed and adversarial Raft messages from outside the cluster.
     HostilePeer,
-    /// A partition held for [`BLACKHOLE_MS`]: longer than the HTTP/2
+    /// A partition held for [`LONG_PARTITION_MS`]: longer than the HTTP/2
     /// keep-alive timeouts of peers and clients, so dead connections are
     /// found by keep-alive pings, never by a reset. Not part of `all`
     /// (one fault would fill a 30 s run): name it.
-    Blackhole,
+    LongPartition,
 }
 
-/// How long a `blackhole` holds its partition (ms). A peer channel pings
+/// How long a `long-partition` holds its partition (ms). A peer channel pings
 /// after 10 s of silence and gives up 20 s later; a client after 5 s and
 /// 5 s: past 30 s both have had to notice.
-pub const BLACKHOLE_MS: std::ops::RangeInclusive<u64> = 35_000..=45_000;
+pub const LONG_PARTITION_MS: std::ops::RangeInclusive<u64> = 35_000..=45_000;
 
-/// Every kind `all` means, in its order (all but `blackhole`).
+/// Every kind `all` means, in its order (all but `long-partition`).
 pub const ALL_KINDS: [NemesisKind; 12] = [
     NemesisKind::Kill,
     NemesisKind::Pause,
@@ -106,15 +106,15 @@ impl NemesisKind {
                 "disk" => out.extend([NemesisKind::LoseUnsynced, NemesisKind::SlowDisk]),
                 "all" => out.extend(ALL_KINDS),
                 "none" => {}
-                "blackhole" => {
-                    out.insert(NemesisKind::Blackhole);
+                "long-partition" => {
+                    out.insert(NemesisKind::LongPartition);
                 }
                 other => match ALL_KINDS.iter().find(|k| k.name() == other) {
                     Some(k) => {
                         out.insert(*k);
                     }
                     None => anyhow::bail!(
-                        "unknown nemesis {other:?} (expected {}, blackhole, disk, all or none)",
+                        "unknown nemesis {other:?} (expected {}, long-partition, disk, all or none)",
                         ALL_KINDS.map(NemesisKind::name).join(", ")
                     ),
                 },
@@ -138,7 +138,7 @@ impl NemesisKind {
             NemesisKind::DiskError => "disk-error",
             NemesisKind::ClientLink => "client-link",
             NemesisKind::HostilePeer => "hostile-peer",
-            NemesisKind::Blackhole => "blackhole",
+            NemesisKind::LongPartition => "long-partition",
         }
     }
 
@@ -272,7 +272,9 @@ pub async fn run(
             }
             // A moment to see what the messages did.
             NemesisKind::HostilePeer => Duration::from_millis(rng.random_range(1000..=3000)),
-            NemesisKind::Blackhole => Duration::from_millis(rng.random_range(BLACKHOLE_MS)),
+            NemesisKind::LongPartition => {
+                Duration::from_millis(rng.random_range(LONG_PARTITION_MS))
+            }
             _ => fault_len,
         };
         let hold_until = (Instant::now() + hold).min(until.max(Instant::now()));
@@ -375,15 +377,15 @@ async fn start(
             };
             (variant.to_string(), targets, json!({}), active)
         }
-        NemesisKind::Partition | NemesisKind::Blackhole => {
+        NemesisKind::Partition | NemesisKind::LongPartition => {
             let mut variants = vec!["halves", "isolate-leader", "bridge", "one-way"];
             if members.len() >= 5 {
                 variants.push("ring");
             }
             let variant = *variants.choose(rng).expect("non-empty");
             let reset = match opts.cut_mode {
-                // A blackhole answers nothing, not even a reset.
-                _ if kind == NemesisKind::Blackhole => false,
+                // A long partition answers nothing, not even a reset.
+                _ if kind == NemesisKind::LongPartition => false,
                 CutMode::Stall => false,
                 CutMode::Reset => true,
                 CutMode::Mixed => rng.random_bool(0.5),
@@ -735,13 +737,13 @@ mod tests {
             ]
         );
         assert!(NemesisKind::parse_list("none").unwrap().is_empty());
-        // A blackhole only when named: one would fill a short run.
+        // A long partition only when named: one would fill a short run.
         assert!(!NemesisKind::parse_list("all")
             .unwrap()
-            .contains(&NemesisKind::Blackhole));
+            .contains(&NemesisKind::LongPartition));
         assert_eq!(
-            NemesisKind::parse_list("blackhole,partition").unwrap(),
-            vec![NemesisKind::Partition, NemesisKind::Blackhole]
+            NemesisKind::parse_list("long-partition,partition").unwrap(),
+            vec![NemesisKind::Partition, NemesisKind::LongPartition]
         );
         assert!(NemesisKind::parse_list("flood").is_err());
     }
