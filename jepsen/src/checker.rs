@@ -388,8 +388,8 @@ fn fence_order(ops: &[Op], grants: &[Grant]) -> (Value, Vec<Value>) {
         if !consecutive {
             anomalies.push(json!({
                 "checker": "fence-order",
-                "message": format!("acquire-all of session {} was granted fences {:?}, not consecutive in the request's order: not one atomic step",
-                                   o.u64("session").unwrap_or(0), fences),
+                "message": format!("acquire-all of session {} was granted fences {}, not consecutive in the request's order: not one atomic step",
+                                   o.u64("session").unwrap_or(0), json!(fences)),
                 "process": o.process, "invoke_ns": o.invoke_ns, "complete_ns": o.complete_ns,
                 "grants": o.result["grants"],
             }));
