@@ -46,6 +46,7 @@ type lockResponse struct {
 	Fence     u64  `json:"fence"`
 	SessionID u64  `json:"session_id"`
 	TTLMs     u64  `json:"ttl_ms"`
+	NextSeq   u64  `json:"next_seq"`
 }
 
 type unlockRequest struct {
@@ -169,6 +170,8 @@ func (c *Client) Acquire(ctx context.Context, key string, o AcquireOptions) (*Gu
 		fence:   uint64(resp.Fence),
 		session: uint64(resp.SessionID),
 		ttl:     ttl,
+		shared:  o.Shared,
+		nextSeq: uint64(resp.NextSeq),
 		lost:    make(chan struct{}),
 		done:    make(chan struct{}),
 	}
@@ -292,6 +295,8 @@ type Guard struct {
 	done    chan struct{}      // closed when the keep-alive loop has ended
 
 	mu       sync.Mutex
+	shared   bool      // a shared lock (Upgrade and Downgrade change it)
+	nextSeq  uint64    // the seq of the next request in the session (0: none may be sent)
 	lastSent time.Time // send time of the last renewal the leader confirmed
 	leaseEnd time.Time // lastSent + ttl - margin
 	isLost   bool
@@ -307,7 +312,20 @@ func (g *Guard) Key() string { return g.key }
 // Fence is the grant's fencing token: larger than the fence of every grant
 // made before it. Pass it to the stores you write while holding the lock,
 // and let them refuse writes with a smaller one.
-func (g *Guard) Fence() uint64 { return g.fence }
+// After an Upgrade it is the exclusive grant's new fence.
+func (g *Guard) Fence() uint64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.fence
+}
+
+// Shared reports whether the lock is held shared (Upgrade and Downgrade
+// change it).
+func (g *Guard) Shared() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.shared
+}
 
 // SessionID is the session that holds the grant.
 func (g *Guard) SessionID() uint64 { return g.session }
@@ -359,9 +377,10 @@ func (g *Guard) markLost() {
 	}
 	g.isLost = true
 	close(g.lost)
+	fence := g.fence
 	g.mu.Unlock()
 	if g.c.onLost != nil {
-		go g.c.onLost(g.key, g.fence)
+		go g.c.onLost(g.key, fence)
 	}
 }
 

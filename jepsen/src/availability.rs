@@ -67,7 +67,10 @@ pub fn table(ops: &[Op], events: &[Event], windows: &[Window]) -> Value {
     let series = applied_series(events);
     let mut grants: Vec<u64> = ops
         .iter()
-        .filter(|o| o.f == "acquire" && o.kind == Type::Ok)
+        // Any grant: a lock, permits, an atomic request, an upgrade.
+        .filter(|o| {
+            matches!(o.f.as_str(), "acquire" | "acquire-all" | "upgrade") && o.kind == Type::Ok
+        })
         .filter_map(|o| o.complete_ns)
         .collect();
     grants.sort_unstable();
@@ -180,6 +183,43 @@ mod tests {
         let merged = merge([&t, &t]);
         assert_eq!(merged["kill"]["faults"], json!(4));
         assert_eq!(merged["kill"]["worst_ms"], json!(500.0));
+    }
+
+    #[test]
+    fn an_atomic_request_or_an_upgrade_is_a_grant_too() {
+        let mut events = Vec::new();
+        for (p, (f, at_ms)) in [("acquire-all", 1200), ("upgrade", 2300), ("release", 3100)]
+            .into_iter()
+            .enumerate()
+        {
+            for (kind, t) in [(Type::Invoke, at_ms * MS - MS), (Type::Ok, at_ms * MS)] {
+                events.push(Event {
+                    process: Process::Client(p as u64),
+                    kind,
+                    f: f.into(),
+                    value: json!({"lock": "a"}),
+                    time_ns: t,
+                });
+            }
+        }
+        let ops = pair_ops(&events);
+        let t = table(
+            &ops,
+            &events,
+            &[
+                window(NemesisKind::Kill, 100, 1000),
+                window(NemesisKind::Kill, 2000, 2100),
+                window(NemesisKind::Kill, 3000, 3050),
+            ],
+        );
+        let rec: Vec<Value> = t["faults"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["recovery_ms"].clone())
+            .collect();
+        // A release is no grant.
+        assert_eq!(rec, vec![json!(200.0), json!(200.0), Value::Null]);
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! |---|---|
 //! | `fenced-store` | the store accepted a smaller fence after a larger one on a key |
 //! | `counter` | a counter's final value is outside [acknowledged, acknowledged + unknown] increments, or accepted writes skip or repeat a value (a lost update) |
-//! | `fence-order` | a grant that began after another grant on the same name returned got a smaller fence, or two grants share a fence |
+//! | `fence-order` | a grant that began after another grant on the same name returned got a smaller fence (an upgrade's exclusive grant included), or two grants share a fence, or an atomic request's grants do not carry consecutive fences in the request's order |
 //! | `mutual-exclusion` | two grants that were certainly held at the same time conflict |
 //! | `semaphore` | permits certainly held at once, or described holders, exceed the capacity |
 //! | `linearizability` | no linearization of a lock's operations fits the lock model (see [`crate::linear`]) |
@@ -17,7 +17,8 @@
 //!
 //! "Certainly held": from the acquire's return until the invocation of a
 //! release that answered `released: true` (the server still had the grant
-//! then, so it had it all along). A grant whose release found nothing may
+//! then, so it had it all along), or of an upgrade or downgrade that
+//! answered ok (see `grants` for how those split a grant). A grant whose release found nothing may
 //! have been lost to expiry at any time, so it only counts toward the
 //! believed windows.
 
@@ -87,6 +88,9 @@ struct Grant {
     release: Option<(u64, Option<bool>, u64)>,
     /// Latest invocation of a store operation carrying this fence.
     last_use: Option<u64>,
+    /// The shared rest of a downgraded exclusive grant (same fence, from
+    /// the downgrade's invocation on): not a new grant.
+    continued: bool,
 }
 
 impl Grant {
@@ -124,10 +128,47 @@ impl Grant {
     }
 }
 
+/// The grants of a history, each with what became of it.
+///
+/// An `acquire-all` answered ok is one grant per name, each with its own
+/// fence, all from the request's invocation to its answer. An `upgrade`
+/// answered ok ends its shared grant at the upgrade's invocation (the
+/// server still had it when it applied the upgrade, which was later) and
+/// is a new exclusive grant with the answer's fence, from the upgrade's
+/// invocation to its answer. A `downgrade` answered ok splits its grant:
+/// exclusive until the downgrade's invocation (the server applied it
+/// later, on an exclusive grant), then shared with the same fence (held
+/// in one mode or the other all along; shared is the weaker claim). An
+/// upgrade or downgrade that failed changed nothing; one of unknown
+/// outcome leaves its grant as it was (the workload then ends the
+/// session, so the grant gets no release and is never certainly held).
 fn grants(ops: &[Op]) -> Vec<Grant> {
     let mut grants: Vec<Grant> = Vec::new();
     let mut by_key: HashMap<(u64, String, u64), usize> = HashMap::new();
+    let lease_of = |o: &Op| {
+        o.invoke
+            .get("lease_until_ns")
+            .and_then(Value::as_u64)
+            .unwrap_or(0)
+    };
+    fn push(grants: &mut Vec<Grant>, by_key: &mut HashMap<(u64, String, u64), usize>, g: Grant) {
+        by_key.insert((g.session, g.lock.clone(), g.fence), grants.len());
+        grants.push(g);
+    }
     for o in ops {
+        let new = |lock: &str, mode: &str, session: u64, fence: u64, ok: u64| Grant {
+            process: o.process,
+            lock: lock.to_string(),
+            mode: mode.to_string(),
+            weight: o.u64("weight").unwrap_or(1),
+            session,
+            fence,
+            acquire_invoke: o.invoke_ns,
+            acquire_ok: ok,
+            release: None,
+            last_use: None,
+            continued: false,
+        };
         match (o.f.as_str(), o.kind) {
             ("acquire", Type::Ok) => {
                 let (Some(lock), Some(fence), Some(session), Some(ok)) = (
@@ -138,19 +179,63 @@ fn grants(ops: &[Op]) -> Vec<Grant> {
                 ) else {
                     continue;
                 };
-                by_key.insert((session, lock.to_string(), fence), grants.len());
-                grants.push(Grant {
-                    process: o.process,
-                    lock: lock.to_string(),
-                    mode: o.str("mode").unwrap_or("exclusive").to_string(),
-                    weight: o.u64("weight").unwrap_or(1),
-                    session,
-                    fence,
-                    acquire_invoke: o.invoke_ns,
-                    acquire_ok: ok,
-                    release: None,
-                    last_use: None,
-                });
+                let mode = o.str("mode").unwrap_or("exclusive");
+                push(
+                    &mut grants,
+                    &mut by_key,
+                    new(lock, mode, session, fence, ok),
+                );
+            }
+            ("acquire-all", Type::Ok) => {
+                let (Some(session), Some(ok)) = (o.u64("session"), o.complete_ns) else {
+                    continue;
+                };
+                for g in o.result["grants"].as_array().into_iter().flatten() {
+                    let (Some(lock), Some(fence)) = (g["lock"].as_str(), g["fence"].as_u64())
+                    else {
+                        continue;
+                    };
+                    let mode = g["mode"].as_str().unwrap_or("exclusive");
+                    push(
+                        &mut grants,
+                        &mut by_key,
+                        new(lock, mode, session, fence, ok),
+                    );
+                }
+            }
+            ("upgrade", Type::Ok) => {
+                let (Some(lock), Some(session), Some(from), Some(fence), Some(ok)) = (
+                    o.str("lock"),
+                    o.u64("session"),
+                    o.invoke["fence"].as_u64(),
+                    o.result["fence"].as_u64(),
+                    o.complete_ns,
+                ) else {
+                    continue;
+                };
+                if let Some(&i) = by_key.get(&(session, lock.to_string(), from)) {
+                    grants[i].release = Some((o.invoke_ns, Some(true), lease_of(o)));
+                }
+                push(
+                    &mut grants,
+                    &mut by_key,
+                    new(lock, "exclusive", session, fence, ok),
+                );
+            }
+            ("downgrade", Type::Ok) => {
+                let (Some(lock), Some(session), Some(fence)) =
+                    (o.str("lock"), o.u64("session"), o.invoke["fence"].as_u64())
+                else {
+                    continue;
+                };
+                let Some(&i) = by_key.get(&(session, lock.to_string(), fence)) else {
+                    continue;
+                };
+                grants[i].release = Some((o.invoke_ns, Some(true), lease_of(o)));
+                let mut rest = new(lock, "shared", session, fence, o.invoke_ns);
+                rest.acquire_invoke = grants[i].acquire_invoke;
+                rest.continued = true;
+                push(&mut grants, &mut by_key, rest);
             }
             ("release", _) => {
                 let (Some(lock), Some(fence), Some(session)) =
@@ -160,12 +245,7 @@ fn grants(ops: &[Op]) -> Vec<Grant> {
                 };
                 if let Some(&i) = by_key.get(&(session, lock.to_string(), fence)) {
                     let released = (o.kind == Type::Ok).then(|| o.bool("released")).flatten();
-                    let lease = o
-                        .invoke
-                        .get("lease_until_ns")
-                        .and_then(Value::as_u64)
-                        .unwrap_or(0);
-                    grants[i].release = Some((o.invoke_ns, released, lease));
+                    grants[i].release = Some((o.invoke_ns, released, lease_of(o)));
                 }
             }
             _ => {}
@@ -282,10 +362,42 @@ fn counter(ops: &[Op], log: &[Value], values: &BTreeMap<String, u64>) -> (Value,
     )
 }
 
-fn fence_order(grants: &[Grant]) -> (Value, Vec<Value>) {
+fn fence_order(ops: &[Op], grants: &[Grant]) -> (Value, Vec<Value>) {
     let mut anomalies = Vec::new();
+    // One atomic request is one command: its grants take consecutive
+    // fences from the one counter, in the request's order, and nothing
+    // else is granted in between (with the uniqueness check below). Fences
+    // with a gap mean the names were granted in more than one step.
+    let mut atomic = 0;
+    for o in ops
+        .iter()
+        .filter(|o| o.f == "acquire-all" && o.kind == Type::Ok)
+    {
+        atomic += 1;
+        let fences: Vec<Option<u64>> = o.result["grants"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|g| g["fence"].as_u64())
+            .collect();
+        let first = fences.first().copied().flatten().unwrap_or(0);
+        let consecutive = fences
+            .iter()
+            .enumerate()
+            .all(|(i, f)| *f == Some(first + i as u64));
+        if !consecutive {
+            anomalies.push(json!({
+                "checker": "fence-order",
+                "message": format!("acquire-all of session {} was granted fences {}, not consecutive in the request's order: not one atomic step",
+                                   o.u64("session").unwrap_or(0), json!(fences)),
+                "process": o.process, "invoke_ns": o.invoke_ns, "complete_ns": o.complete_ns,
+                "grants": o.result["grants"],
+            }));
+        }
+    }
+    let grants: Vec<&Grant> = grants.iter().filter(|g| !g.continued).collect();
     let mut seen: HashMap<u64, &Grant> = HashMap::new();
-    for g in grants {
+    for g in grants.iter().copied() {
         if let Some(other) = seen.insert(g.fence, g) {
             anomalies.push(json!({
                 "checker": "fence-order",
@@ -295,7 +407,7 @@ fn fence_order(grants: &[Grant]) -> (Value, Vec<Value>) {
         }
     }
     let mut by_lock: BTreeMap<&str, Vec<&Grant>> = BTreeMap::new();
-    for g in grants {
+    for g in grants.iter().copied() {
         by_lock.entry(&g.lock).or_default().push(g);
     }
     let mut checked = 0;
@@ -329,7 +441,8 @@ fn fence_order(grants: &[Grant]) -> (Value, Vec<Value>) {
     }
     anomalies.truncate(MAX_EXAMPLES * 5);
     (
-        json!({"valid": anomalies.is_empty(), "grants": grants.len(), "checked": checked}),
+        json!({"valid": anomalies.is_empty(), "grants": grants.len(), "checked": checked,
+               "atomic_requests": atomic}),
         anomalies,
     )
 }
@@ -510,7 +623,7 @@ pub fn check(input: &CheckInput) -> Checked {
         checkers.insert(name.to_string(), result);
         anomalies.append(&mut found);
     };
-    add("fence-order", fence_order(&grants));
+    add("fence-order", fence_order(input.ops, &grants));
     match input.workload {
         WorkloadKind::FencedCounter => {
             add("fenced-store", fenced_store(input.store_log));
@@ -560,6 +673,239 @@ pub fn check(input: &CheckInput) -> Checked {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::history::{pair_ops, Event, Process};
+
+    /// An operation of process `p` invoked at `t0` and answered ok at `t1`.
+    fn op(p: u64, f: &str, invoke: Value, t0: u64, ok: Value, t1: u64) -> Vec<Event> {
+        let ev = |kind, value, time_ns| Event {
+            process: Process::Client(p),
+            kind,
+            f: f.into(),
+            value,
+            time_ns,
+        };
+        vec![ev(Type::Invoke, invoke, t0), ev(Type::Ok, ok, t1)]
+    }
+
+    fn acq(p: u64, s: u64, lock: &str, mode: &str, fence: u64, t0: u64, t1: u64) -> Vec<Event> {
+        let v = json!({"lock": lock, "mode": mode, "session": s});
+        let mut r = v.clone();
+        r["fence"] = json!(fence);
+        op(p, "acquire", v, t0, r, t1)
+    }
+
+    fn rel(p: u64, s: u64, lock: &str, fence: u64, t0: u64, t1: u64) -> Vec<Event> {
+        op(
+            p,
+            "release",
+            json!({"lock": lock, "fence": fence, "session": s}),
+            t0,
+            json!({"released": true}),
+            t1,
+        )
+    }
+
+    /// An atomic request answered with `grants` `(lock, mode, fence)`.
+    fn acq_all(p: u64, s: u64, grants: &[(&str, &str, u64)], t0: u64, t1: u64) -> Vec<Event> {
+        let locks: Vec<Value> = grants
+            .iter()
+            .map(|(l, m, _)| json!({"lock": l, "mode": m}))
+            .collect();
+        let granted: Vec<Value> = grants
+            .iter()
+            .map(|(l, m, f)| json!({"lock": l, "mode": m, "fence": f}))
+            .collect();
+        op(
+            p,
+            "acquire-all",
+            json!({"locks": locks, "session": s}),
+            t0,
+            json!({"session": s, "grants": granted}),
+            t1,
+        )
+    }
+
+    fn upgrade(p: u64, s: u64, lock: &str, from: u64, fence: u64, t0: u64, t1: u64) -> Vec<Event> {
+        op(
+            p,
+            "upgrade",
+            json!({"lock": lock, "fence": from, "session": s}),
+            t0,
+            json!({"lock": lock, "session": s, "from_fence": from, "fence": fence, "mode": "exclusive"}),
+            t1,
+        )
+    }
+
+    fn downgrade(p: u64, s: u64, lock: &str, fence: u64, t0: u64, t1: u64) -> Vec<Event> {
+        op(
+            p,
+            "downgrade",
+            json!({"lock": lock, "fence": fence, "session": s}),
+            t0,
+            json!({"lock": lock, "session": s, "fence": fence, "mode": "shared"}),
+            t1,
+        )
+    }
+
+    fn exclusion(events: Vec<Event>) -> (Value, Vec<Value>) {
+        mutual_exclusion(&grants(&pair_ops(&events)))
+    }
+
+    fn order(events: Vec<Event>) -> (Value, Vec<Value>) {
+        let ops = pair_ops(&events);
+        fence_order(&ops, &grants(&ops))
+    }
+
+    #[test]
+    fn an_atomic_grant_overlapping_an_exclusive_hold_is_flagged() {
+        // Session 10 holds lk/1 exclusively (fence 5) from 1 to 10; session
+        // 11's atomic request is answered lk/0 and lk/1 (shared) at 3.
+        let mut h = acq(0, 10, "lk/1", "exclusive", 5, 0, 1);
+        h.extend(acq_all(
+            1,
+            11,
+            &[("lk/0", "exclusive", 6), ("lk/1", "shared", 7)],
+            2,
+            3,
+        ));
+        h.extend(rel(1, 11, "lk/0", 6, 8, 8));
+        h.extend(rel(1, 11, "lk/1", 7, 9, 9));
+        h.extend(rel(0, 10, "lk/1", 5, 10, 11));
+        let (r, a) = exclusion(h);
+        assert_eq!(r["valid"], json!(false), "{a:?}");
+        assert_eq!(a.len(), 1);
+        assert_eq!(a[0]["grants"][0]["lock"], json!("lk/1"));
+        // The same request invoked after the release: no overlap.
+        let mut h = acq(0, 10, "lk/1", "exclusive", 5, 0, 1);
+        h.extend(rel(0, 10, "lk/1", 5, 2, 3));
+        h.extend(acq_all(
+            1,
+            11,
+            &[("lk/0", "exclusive", 6), ("lk/1", "shared", 7)],
+            4,
+            5,
+        ));
+        h.extend(rel(1, 11, "lk/0", 6, 8, 8));
+        h.extend(rel(1, 11, "lk/1", 7, 9, 9));
+        let (r, a) = exclusion(h.clone());
+        assert_eq!(r["valid"], json!(true), "{a:?}");
+        assert_eq!(r["certain_grants"], json!(3));
+        assert_eq!(order(h).0["valid"], json!(true));
+    }
+
+    #[test]
+    fn an_atomic_request_must_take_consecutive_fences_in_its_order() {
+        let gap = acq_all(
+            0,
+            10,
+            &[("lk/0", "exclusive", 5), ("lk/1", "shared", 7)],
+            0,
+            1,
+        );
+        let (r, a) = order(gap);
+        assert_eq!(r["valid"], json!(false));
+        assert!(a[0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("not consecutive"));
+        let reversed = acq_all(
+            0,
+            10,
+            &[("lk/0", "exclusive", 6), ("lk/1", "shared", 5)],
+            0,
+            1,
+        );
+        assert_eq!(order(reversed).0["valid"], json!(false));
+        let fine = acq_all(
+            0,
+            10,
+            &[
+                ("lk/2", "exclusive", 5),
+                ("lk/0", "shared", 6),
+                ("lk/1", "exclusive", 7),
+            ],
+            0,
+            1,
+        );
+        let (r, _) = order(fine);
+        assert_eq!(r["valid"], json!(true));
+        assert_eq!(r["atomic_requests"], json!(1));
+        // Something else granted inside the request's range of fences.
+        let mut inside = acq_all(
+            0,
+            10,
+            &[("lk/0", "exclusive", 5), ("lk/1", "shared", 6)],
+            0,
+            1,
+        );
+        inside.extend(acq(1, 11, "lk/2", "exclusive", 6, 0, 1));
+        let (r, a) = order(inside);
+        assert_eq!(r["valid"], json!(false));
+        assert!(a[0]["message"].as_str().unwrap().contains("granted twice"));
+    }
+
+    #[test]
+    fn an_upgrade_granted_while_another_reader_holds_is_flagged() {
+        // Readers 10 (fence 5) and 11 (fence 6); 10's upgrade is answered
+        // fence 7 at 5 while 11 still holds until its release at 8.
+        let mut h = acq(0, 10, "a", "shared", 5, 0, 1);
+        h.extend(acq(1, 11, "a", "shared", 6, 2, 3));
+        h.extend(upgrade(0, 10, "a", 5, 7, 4, 5));
+        h.extend(rel(1, 11, "a", 6, 8, 8));
+        h.extend(rel(0, 10, "a", 7, 9, 9));
+        let (r, a) = exclusion(h.clone());
+        assert_eq!(r["valid"], json!(false));
+        assert_eq!(a[0]["grants"][1]["fence"], json!(7));
+        // The upgrade is a grant with a new fence: fence order holds.
+        assert_eq!(order(h).0["valid"], json!(true));
+        // The other reader left before the upgrade returned: fine.
+        let mut h = acq(0, 10, "a", "shared", 5, 0, 1);
+        h.extend(acq(1, 11, "a", "shared", 6, 2, 3));
+        h.extend(rel(1, 11, "a", 6, 4, 4));
+        h.extend(upgrade(0, 10, "a", 5, 7, 4, 5));
+        h.extend(rel(0, 10, "a", 7, 9, 9));
+        assert_eq!(exclusion(h).0["valid"], json!(true));
+        // An upgrade answered a fence below one already returned.
+        let mut h = acq(0, 10, "a", "shared", 5, 0, 1);
+        h.extend(acq(1, 11, "a", "shared", 8, 2, 3));
+        h.extend(rel(1, 11, "a", 8, 4, 4));
+        h.extend(upgrade(0, 10, "a", 5, 7, 5, 6));
+        let (r, a) = order(h);
+        assert_eq!(r["valid"], json!(false));
+        assert!(a[0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("fence 7 granted after fence 8"));
+    }
+
+    #[test]
+    fn a_downgraded_grant_is_exclusive_until_the_downgrade_and_shared_after() {
+        // A reader let in before the downgrade was invoked.
+        let mut h = acq(0, 10, "a", "exclusive", 5, 0, 1);
+        h.extend(acq(1, 11, "a", "shared", 6, 2, 3));
+        h.extend(downgrade(0, 10, "a", 5, 4, 5));
+        h.extend(rel(1, 11, "a", 6, 8, 8));
+        h.extend(rel(0, 10, "a", 5, 9, 9));
+        let (r, a) = exclusion(h);
+        assert_eq!(r["valid"], json!(false));
+        assert_eq!(a[0]["grants"][0]["mode"], json!("exclusive"));
+        // A reader let in after it: fine, and the shared rest of fence 5 is
+        // not a second grant of it.
+        let mut h = acq(0, 10, "a", "exclusive", 5, 0, 1);
+        h.extend(downgrade(0, 10, "a", 5, 2, 3));
+        h.extend(acq(1, 11, "a", "shared", 6, 2, 4));
+        h.extend(rel(1, 11, "a", 6, 8, 8));
+        h.extend(rel(0, 10, "a", 5, 9, 9));
+        assert_eq!(exclusion(h.clone()).0["valid"], json!(true));
+        assert_eq!(order(h).0["valid"], json!(true));
+        // A writer let in while the downgraded reader still holds.
+        let mut h = acq(0, 10, "a", "exclusive", 5, 0, 1);
+        h.extend(downgrade(0, 10, "a", 5, 2, 3));
+        h.extend(acq(1, 11, "a", "exclusive", 6, 4, 5));
+        h.extend(rel(1, 11, "a", 6, 6, 6));
+        h.extend(rel(0, 10, "a", 5, 9, 9));
+        assert_eq!(exclusion(h).0["valid"], json!(false));
+    }
 
     #[test]
     fn the_store_checker_catches_a_smaller_fence_after_a_larger() {

@@ -16,12 +16,25 @@
 //!   place it after its session ended, where it does nothing.
 //! * `release` ok(true): the grant was held; ok(false): it was not.
 //!   `release` info: removes the grant if held.
+//! * `acquire-all` (atomic request for several names): an `acquire` of
+//!   each name, with that name's mode and fence (ok) or unknown (info). The
+//!   search is per lock, so it does not see that the names were granted
+//!   together; `fence-order` does (an atomic request's fences are
+//!   consecutive, and nothing else gets a fence between them).
+//! * `upgrade` ok with fence F of the shared grant G: legal if G is the
+//!   lock's only grant and F is larger than every fence granted before;
+//!   the holder then holds F exclusively and G is gone. `upgrade` info:
+//!   done at its linearization point if it could be (fence unknown), else
+//!   still waiting. A failed upgrade changed nothing and is left out.
+//! * `downgrade` ok: the session held the grant exclusively; it holds it
+//!   shared now, with the same fence. `downgrade` info: done if it could
+//!   be.
 //! * `describe` ok: the holders must be exactly the model's (a grant of
 //!   unknown fence matches any fence of the same session and mode).
 //! * session end: not an operation a client makes but one the history
 //!   implies. A session is alive at every successful operation made through
-//!   it, so it ends after the invocation of its last successful acquire or
-//!   release, and before its `close` returned (or at an unknown time, if
+//!   it, so it ends after the invocation of its last acquire, upgrade or
+//!   downgrade answered ok, or release that found its grant, and before its `close` returned (or at an unknown time, if
 //!   the close did not answer). Ending releases everything it held — that
 //!   is how expiry looks to everyone else.
 
@@ -57,6 +70,26 @@ pub enum LockOp {
         fence: u64,
         /// What the server answered.
         released: Option<bool>,
+    },
+    /// The session's shared grant `from` became an exclusive grant
+    /// (`fence` `None`: outcome unknown).
+    Upgrade {
+        /// Holding session.
+        session: u64,
+        /// The shared grant's fence.
+        from: u64,
+        /// The exclusive grant's new fence, when known.
+        fence: Option<u64>,
+    },
+    /// The session's exclusive grant `fence` became shared, keeping its
+    /// fence (`known` false: outcome unknown).
+    Downgrade {
+        /// Holding session.
+        session: u64,
+        /// The grant's fence.
+        fence: u64,
+        /// Whether the downgrade answered ok.
+        known: bool,
     },
     /// A linearizable read of the holders.
     Describe {
@@ -152,6 +185,53 @@ impl Model for LockModel {
                     (Some(true), None) => (false, state.clone()),
                     (Some(false), Some(_)) => (false, state.clone()),
                     (_, None) => (true, state.clone()),
+                }
+            }
+            LockOp::Upgrade {
+                session,
+                from,
+                fence,
+            } => {
+                // Granted only when the session's read is the lock's only
+                // grant; the new fence is above every earlier one.
+                let alone = state.holders.as_slice() == [(*session, *from, true)];
+                match fence {
+                    Some(f) => {
+                        if !alone || *f <= state.max_fence {
+                            return (false, state.clone());
+                        }
+                        let mut s = state.clone();
+                        s.holders = vec![(*session, *f, false)];
+                        s.max_fence = *f;
+                        (true, s)
+                    }
+                    // Unknown: granted at its linearization point if it
+                    // could be, else still waiting (it never was).
+                    None if alone => {
+                        let mut s = state.clone();
+                        s.holders = vec![(*session, 0, false)];
+                        (true, s)
+                    }
+                    None => (true, state.clone()),
+                }
+            }
+            LockOp::Downgrade {
+                session,
+                fence,
+                known,
+            } => {
+                let pos = state
+                    .holders
+                    .iter()
+                    .position(|h| *h == (*session, *fence, false));
+                match pos {
+                    Some(i) => {
+                        let mut s = state.clone();
+                        s.holders[i].2 = true;
+                        s.holders.sort_unstable();
+                        (true, s)
+                    }
+                    None => (!known, state.clone()),
                 }
             }
             LockOp::Describe { holders } => {
@@ -262,6 +342,84 @@ pub fn lock_histories(ops: &[Op]) -> BTreeMap<String, Vec<Operation<LockModel>>>
                         session: s,
                         fence,
                         released,
+                    },
+                );
+            }
+            ("acquire-all", Type::Ok | Type::Info) => {
+                // Checked name by name: each grant as an acquire of its
+                // own, with its own fence. That the names were granted in
+                // one step is for `fence-order` (consecutive fences).
+                let Some(s) = session else { continue };
+                let specs = if o.kind == Type::Ok {
+                    &o.result["grants"]
+                } else {
+                    &o.invoke["locks"]
+                };
+                if o.kind == Type::Ok {
+                    let t = alive_at.entry(s).or_insert(0);
+                    *t = (*t).max(o.invoke_ns as i64);
+                }
+                for g in specs.as_array().into_iter().flatten() {
+                    let Some(lock) = g["lock"].as_str() else {
+                        continue;
+                    };
+                    let fence = if o.kind == Type::Ok {
+                        g["fence"].as_u64()
+                    } else {
+                        None
+                    };
+                    touched.entry(s).or_default().insert(lock.to_string());
+                    push(
+                        lock,
+                        LockOp::Acquire {
+                            session: s,
+                            shared: g["mode"].as_str() == Some("shared"),
+                            fence,
+                        },
+                    );
+                }
+            }
+            ("upgrade", Type::Ok | Type::Info) => {
+                let (Some(lock), Some(s), Some(from)) =
+                    (o.str("lock"), session, o.invoke["fence"].as_u64())
+                else {
+                    continue;
+                };
+                let fence = if o.kind == Type::Ok {
+                    let t = alive_at.entry(s).or_insert(0);
+                    *t = (*t).max(o.invoke_ns as i64);
+                    o.result["fence"].as_u64()
+                } else {
+                    None
+                };
+                touched.entry(s).or_default().insert(lock.to_string());
+                push(
+                    lock,
+                    LockOp::Upgrade {
+                        session: s,
+                        from,
+                        fence,
+                    },
+                );
+            }
+            ("downgrade", Type::Ok | Type::Info) => {
+                let (Some(lock), Some(s), Some(fence)) =
+                    (o.str("lock"), session, o.invoke["fence"].as_u64())
+                else {
+                    continue;
+                };
+                let known = o.kind == Type::Ok;
+                if known {
+                    let t = alive_at.entry(s).or_insert(0);
+                    *t = (*t).max(o.invoke_ns as i64);
+                }
+                touched.entry(s).or_default().insert(lock.to_string());
+                push(
+                    lock,
+                    LockOp::Downgrade {
+                        session: s,
+                        fence,
+                        known,
                     },
                 );
             }
@@ -415,6 +573,186 @@ mod tests {
             ),
             ev(p, Type::Ok, "release", json!({"released": released}), t1),
         ]
+    }
+
+    fn upgrade(p: u64, s: u64, t0: u64, t1: u64, from: u64, fence: u64) -> Vec<Event> {
+        vec![
+            ev(
+                p,
+                Type::Invoke,
+                "upgrade",
+                json!({"lock": "a", "session": s, "fence": from}),
+                t0,
+            ),
+            ev(
+                p,
+                Type::Ok,
+                "upgrade",
+                json!({"lock": "a", "session": s, "from_fence": from, "fence": fence, "mode": "exclusive"}),
+                t1,
+            ),
+        ]
+    }
+
+    fn downgrade(p: u64, s: u64, t0: u64, t1: u64, fence: u64) -> Vec<Event> {
+        vec![
+            ev(
+                p,
+                Type::Invoke,
+                "downgrade",
+                json!({"lock": "a", "session": s, "fence": fence}),
+                t0,
+            ),
+            ev(
+                p,
+                Type::Ok,
+                "downgrade",
+                json!({"lock": "a", "session": s, "fence": fence, "mode": "shared"}),
+                t1,
+            ),
+        ]
+    }
+
+    fn describe(p: u64, t0: u64, t1: u64, holders: Value) -> Vec<Event> {
+        vec![
+            ev(p, Type::Invoke, "describe", json!({"lock": "a"}), t0),
+            ev(
+                p,
+                Type::Ok,
+                "describe",
+                json!({"lock": "a", "holders": holders}),
+                t1,
+            ),
+        ]
+    }
+
+    #[test]
+    fn an_upgrade_needs_to_be_the_only_reader_and_a_larger_fence() {
+        let mut h = acquire(0, 10, 0, 1, 5, "shared");
+        h.extend(upgrade(0, 10, 2, 3, 5, 6));
+        h.extend(describe(
+            1,
+            4,
+            5,
+            json!([{"session": 10, "fence": 6, "mode": "exclusive"}]),
+        ));
+        h.extend(release(0, 10, 6, 7, 6, true));
+        assert!(verdict(h));
+        // Granted while reader 11 still held (its release found it later).
+        let mut h = acquire(0, 10, 0, 1, 5, "shared");
+        h.extend(acquire(1, 11, 0, 1, 6, "shared"));
+        h.extend(upgrade(0, 10, 2, 3, 5, 7));
+        h.extend(release(1, 11, 4, 5, 6, true));
+        assert!(!verdict(h), "an upgrade beside another reader");
+        // The same, reader 11 leaving while the upgrade waits.
+        let mut h = acquire(0, 10, 0, 1, 5, "shared");
+        h.extend(acquire(1, 11, 0, 1, 6, "shared"));
+        h.extend(upgrade(0, 10, 2, 5, 5, 7));
+        h.extend(release(1, 11, 3, 4, 6, true));
+        assert!(verdict(h));
+        // The upgrade's fence must be new.
+        let mut h = acquire(0, 10, 0, 1, 5, "shared");
+        h.extend(upgrade(0, 10, 2, 3, 5, 5));
+        assert!(!verdict(h), "an upgrade that kept its fence");
+        // The shared grant is gone once the upgrade returned.
+        let mut h = acquire(0, 10, 0, 1, 5, "shared");
+        h.extend(upgrade(0, 10, 2, 3, 5, 6));
+        h.extend(release(0, 10, 4, 5, 5, true));
+        assert!(!verdict(h), "the upgraded read released afterwards");
+    }
+
+    #[test]
+    fn a_downgrade_keeps_the_fence_and_lets_readers_in() {
+        let mut h = acquire(0, 10, 0, 1, 5, "exclusive");
+        h.extend(downgrade(0, 10, 2, 3, 5));
+        h.extend(acquire(1, 11, 4, 5, 6, "shared"));
+        h.extend(describe(
+            2,
+            6,
+            7,
+            json!([{"session": 10, "fence": 5, "mode": "shared"},
+                   {"session": 11, "fence": 6, "mode": "shared"}]),
+        ));
+        h.extend(release(0, 10, 8, 9, 5, true));
+        assert!(verdict(h));
+        // Seen still exclusive after the downgrade returned.
+        let mut h = acquire(0, 10, 0, 1, 5, "exclusive");
+        h.extend(downgrade(0, 10, 2, 3, 5));
+        h.extend(describe(
+            2,
+            6,
+            7,
+            json!([{"session": 10, "fence": 5, "mode": "exclusive"}]),
+        ));
+        h.extend(release(0, 10, 8, 9, 5, true));
+        assert!(!verdict(h), "a downgrade that did not weaken");
+        // A reader let in before the downgrade was invoked.
+        let mut h = acquire(0, 10, 0, 1, 5, "exclusive");
+        h.extend(acquire(1, 11, 2, 3, 6, "shared"));
+        h.extend(downgrade(0, 10, 4, 5, 5));
+        assert!(!verdict(h), "a reader beside a writer");
+        // A downgrade of a grant not held exclusively.
+        let mut h = acquire(0, 10, 0, 1, 5, "shared");
+        h.extend(downgrade(0, 10, 2, 3, 5));
+        assert!(!verdict(h), "a reader downgraded");
+    }
+
+    #[test]
+    fn an_atomic_request_is_checked_on_each_of_its_names() {
+        let all = |p: u64, s: u64, t0: u64, t1: u64, fa: u64, fb: u64| {
+            vec![
+                ev(
+                    p,
+                    Type::Invoke,
+                    "acquire-all",
+                    json!({"session": s, "locks": [{"lock": "b", "mode": "exclusive"},
+                                                    {"lock": "a", "mode": "exclusive"}]}),
+                    t0,
+                ),
+                ev(
+                    p,
+                    Type::Ok,
+                    "acquire-all",
+                    json!({"session": s, "grants": [{"lock": "b", "mode": "exclusive", "fence": fb},
+                                                     {"lock": "a", "mode": "exclusive", "fence": fa}]}),
+                    t1,
+                ),
+            ]
+        };
+        // Session 10 holds `a` until its release found it at 6; session
+        // 11's atomic request was answered `a` (and `b`) at 3.
+        let mut h = acquire(0, 10, 0, 1, 5, "exclusive");
+        h.extend(all(1, 11, 2, 3, 7, 6));
+        h.extend(release(0, 10, 6, 7, 5, true));
+        let ops = pair_ops(&h);
+        assert_eq!(lock_histories(&ops).len(), 2, "one history per name");
+        assert!(!verdict(h), "an atomic grant beside an exclusive holder");
+        let mut h = acquire(0, 10, 0, 1, 5, "exclusive");
+        h.extend(release(0, 10, 2, 3, 5, true));
+        h.extend(all(1, 11, 2, 4, 7, 6));
+        assert!(verdict(h));
+        // An atomic request of unknown outcome may have been granted.
+        let mut h = vec![ev(
+            1,
+            Type::Invoke,
+            "acquire-all",
+            json!({"session": 11, "locks": [{"lock": "a", "mode": "exclusive"}]}),
+            0,
+        )];
+        h.push(ev(
+            1,
+            Type::Info,
+            "acquire-all",
+            json!({"error": "unknown"}),
+            1,
+        ));
+        h.extend(describe(
+            2,
+            2,
+            3,
+            json!([{"session": 11, "fence": 9, "mode": "exclusive"}]),
+        ));
+        assert!(verdict(h));
     }
 
     #[test]

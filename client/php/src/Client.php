@@ -12,9 +12,10 @@ namespace Raftlock;
  * reached, or knows no leader, passes the request to the next node, with
  * a pause (jittered, growing to 1 s) once every node has failed in a row.
  * A request gives up after the retry timeout without an answer. Every
- * request this class sends is safe to repeat: a Lock carries a nonce (a
- * retry finds the session the first attempt opened), SetSessionTtl a seq,
- * and Unlock and KeepAlive are idempotent.
+ * request this class sends is safe to repeat: a Lock and an OpenSession
+ * carry a nonce (a retry finds the session the first attempt opened),
+ * SetSessionTtl, AcquireAll, Upgrade and Downgrade a seq, and Unlock,
+ * Cancel and KeepAlive are idempotent.
  */
 final class Client
 {
@@ -30,6 +31,8 @@ final class Client
     public const DEFAULT_RETRY_TIMEOUT = 10.0;
     /** One attempt of a request that does not wait in a queue, in seconds. */
     public const ATTEMPT_TIMEOUT = 5.0;
+    /** Most names in one lockAll (the node's limit per AcquireAll). */
+    public const MAX_NAMES_PER_LOCK_ALL = 64;
 
     public const EXCLUSIVE = 'MODE_EXCLUSIVE';
     public const SHARED = 'MODE_SHARED';
@@ -159,6 +162,159 @@ final class Client
             'ttl_ms' => (int) ($r['ttl_ms'] ?? 0),
             'next_seq' => (int) ($r['next_seq'] ?? 0),
         ];
+    }
+
+    /**
+     * Opens a session and takes every name of $locks in it in one atomic
+     * request (AcquireAll, one write): all of them, each with its own fence
+     * (consecutive, in the order given), or none. If they cannot all be
+     * granted now, the request takes its place at the end of every name's
+     * queue at once and waits, up to $timeoutMs, until it is first in line
+     * for all of them (holding up whoever queues behind it on each name,
+     * even a free one). Two such requests never wait for each other,
+     * whatever order they name things in. Nothing renews the session while
+     * PHP waits, so a wait must be shorter than the ttl (and cannot be
+     * unbounded). A request not granted, or one that fails, has its session
+     * closed before this returns (withdrawing it from every queue, or
+     * releasing what it may have been granted). Release with
+     * unlock($r['session_id']).
+     *
+     * @param array<string, string> $locks     name => self::EXCLUSIVE or self::SHARED, 1..=MAX_NAMES_PER_LOCK_ALL names
+     * @param int                   $timeoutMs 0: try once; otherwise wait at most this long (< $ttlMs)
+     *
+     * @return array{acquired: bool, session_id: int, ttl_ms: int, next_seq: int, grants: list<array{name: string, fence: int, mode: string}>}
+     *         session_id is 0 and grants empty when not acquired (no session is left)
+     */
+    public function lockAll(array $locks, int $ttlMs, int $timeoutMs = 0): array
+    {
+        $n = \count($locks);
+        if ($n < 1 || $n > self::MAX_NAMES_PER_LOCK_ALL) {
+            throw new \InvalidArgumentException("raftlock: lockAll of $n names: must be 1..=".self::MAX_NAMES_PER_LOCK_ALL);
+        }
+        $specs = [];
+        foreach ($locks as $name => $mode) {
+            $name = (string) $name;
+            self::checkName($name);
+            if (self::EXCLUSIVE !== $mode && self::SHARED !== $mode) {
+                throw new \InvalidArgumentException("raftlock: lockAll mode of \"$name\": want Client::EXCLUSIVE or Client::SHARED");
+            }
+            $specs[] = self::EXCLUSIVE === $mode ? ['name' => $name] : ['name' => $name, 'mode' => $mode];
+        }
+        self::checkTtl($ttlMs);
+        if ($timeoutMs < 0 || $timeoutMs >= $ttlMs) {
+            throw new \InvalidArgumentException("raftlock: lockAll timeout $timeoutMs ms: must be 0..$ttlMs ms (under the ttl: nothing renews the session while PHP waits)");
+        }
+        $open = $this->call('locks/OpenSession', ['ttl_ms' => (string) $ttlMs, 'nonce' => (string) random_int(1, \PHP_INT_MAX)]);
+        $session = (int) ($open['session_id'] ?? 0);
+        try {
+            $r = $this->call('locks/AcquireAll', [
+                'session_id' => (string) $session,
+                'seq' => '1',
+                'locks' => $specs,
+                'timeout_ms' => (string) $timeoutMs,
+            ], 0 === $timeoutMs ? self::ATTEMPT_TIMEOUT : 0.0);
+        } catch (\Throwable $e) {
+            $this->unlockQuietly($session);
+            throw $e;
+        }
+        $grants = [];
+        foreach ($r['grants'] ?? [] as $g) {
+            $grants[] = ['name' => (string) ($g['name'] ?? ''), 'fence' => (int) ($g['fence'] ?? 0), 'mode' => (string) ($g['mode'] ?? self::EXCLUSIVE)];
+        }
+        if (!($r['acquired'] ?? false) || \count($grants) !== $n) {
+            $this->unlockQuietly($session);
+            if ($r['acquired'] ?? false) {
+                throw new RaftlockException('INTERNAL', "lockAll of $n names was granted ".\count($grants));
+            }
+
+            return ['acquired' => false, 'session_id' => 0, 'ttl_ms' => 0, 'next_seq' => 0, 'grants' => []];
+        }
+
+        return ['acquired' => true, 'session_id' => $session, 'ttl_ms' => (int) ($open['ttl_ms'] ?? $ttlMs), 'next_seq' => 2, 'grants' => $grants];
+    }
+
+    /**
+     * Upgrades the shared grant $fence on $name that $sessionId holds to
+     * exclusive, with no window for another writer (the Upgrade RPC; $seq
+     * is the session's next sequence number, e.g. lock()'s next_seq).
+     * Granted at once if it is the name's only reader; otherwise it waits
+     * ahead of everyone queued, keeping the read, until the other readers
+     * leave or $timeoutMs passes (0: try once): then acquired is false and
+     * the read still held. Nothing renews the session while PHP waits: keep
+     * $timeoutMs under its ttl. Another reader upgrading the same name at
+     * the same time makes this throw a RaftlockException with status
+     * ABORTED at once (the two would wait for each other forever), the
+     * read still held. If the request fails in any other way than by the
+     * node's refusal, it is withdrawn with Cancel before the exception is
+     * thrown, which also releases the lock if the upgrade had been granted.
+     *
+     * @return array{acquired: bool, fence: int} fence: the exclusive grant's new, larger fence
+     */
+    public function upgrade(int $sessionId, int $seq, string $name, int $fence, int $timeoutMs = 0): array
+    {
+        self::checkName($name);
+        if ($timeoutMs < 0) {
+            throw new \InvalidArgumentException("raftlock: upgrade timeout $timeoutMs ms is negative");
+        }
+        $body = ['session_id' => (string) $sessionId, 'seq' => (string) $seq, 'name' => $name, 'fence' => (string) $fence, 'timeout_ms' => (string) $timeoutMs];
+        try {
+            $r = $this->call('locks/Upgrade', $body, 0 === $timeoutMs ? self::ATTEMPT_TIMEOUT : 0.0);
+        } catch (RaftlockException $e) {
+            if (\in_array($e->getStatus(), ['UNAVAILABLE', 'UNKNOWN', 'DEADLINE_EXCEEDED', 'CANCELLED', 'INTERNAL'], true)) {
+                $this->cancelQuietly($sessionId, $seq, $name);
+            }
+            throw $e;
+        } catch (\Throwable $e) {
+            $this->cancelQuietly($sessionId, $seq, $name);
+            throw $e;
+        }
+
+        return ['acquired' => (bool) ($r['acquired'] ?? false), 'fence' => (int) ($r['fence'] ?? 0)];
+    }
+
+    /**
+     * Downgrades the exclusive grant $fence on $name that $sessionId holds
+     * to shared, at once, keeping its fence (the Downgrade RPC); shared
+     * requests queued behind it come in. FAILED_PRECONDITION if the session
+     * does not hold $name exclusively with $fence.
+     *
+     * @return int the grant's fence, unchanged
+     */
+    public function downgrade(int $sessionId, int $seq, string $name, int $fence): int
+    {
+        self::checkName($name);
+        $r = $this->call('locks/Downgrade', ['session_id' => (string) $sessionId, 'seq' => (string) $seq, 'name' => $name, 'fence' => (string) $fence]);
+
+        return (int) ($r['fence'] ?? 0);
+    }
+
+    /**
+     * Withdraws the request $seq of $sessionId on $name, whatever became of
+     * it (the Cancel RPC): a waiting one leaves the queue, and a grant it
+     * got and still holds is released. Idempotent.
+     */
+    public function cancel(int $sessionId, int $seq, string $name): void
+    {
+        self::checkName($name);
+        $this->call('locks/Cancel', ['session_id' => (string) $sessionId, 'seq' => (string) $seq, 'name' => $name]);
+    }
+
+    private function cancelQuietly(int $sessionId, int $seq, string $name): void
+    {
+        try {
+            $this->cancel($sessionId, $seq, $name);
+        } catch (\Throwable $e) {
+            // The session's end withdraws it then.
+        }
+    }
+
+    private function unlockQuietly(int $sessionId): void
+    {
+        try {
+            $this->unlock($sessionId);
+        } catch (\Throwable $e) {
+            // Its ttl ends it then.
+        }
     }
 
     /**

@@ -220,7 +220,7 @@ function test_lock_without_ttl_lives_the_stores_initial_ttl(Cluster $cl): void
     eventually(10, 'the session to expire after its initial ttl', fn () => !$lock->isAcquired());
 }
 
-function test_mode_change_reacquires(Cluster $cl): void
+function test_promotion_upgrades_in_place_ahead_of_a_waiting_writer(Cluster $cl): void
 {
     $c = new Client($cl->endpoints());
     $factory = new LockFactory(new RaftlockStore($c));
@@ -229,10 +229,137 @@ function test_mode_change_reacquires(Cluster $cl): void
     $lock = $factory->createLockFromKey($key);
     check($lock->acquireRead(), 'acquireRead');
     $read = RaftlockStore::fence($key);
-    check($lock->acquire(), 'acquire (promotion)');
-    check(RaftlockStore::fence($key) > $read, 'a new grant');
-    checkSame(['MODE_EXCLUSIVE'], array_map(fn ($h) => $h['mode'] ?? 'MODE_EXCLUSIVE', queue($c, $name)['holders']), 'holders after the promotion');
+    $session = (int) queue($c, $name)['holders'][0]['session_id'];
+    // A writer queues behind the read. Releasing the read and locking
+    // anew would hand the lock to it; an upgrade goes first.
+    $w = new Worker(['lock-wait', $cl->endpoints(), $name]);
+    $w->expect('WAITING');
+    eventually(10, 'the writer queued', fn () => 1 === \count(queue($c, $name)['waiters']));
+    check($lock->acquire(), 'acquire (promotion) with a writer queued');
+    $write = RaftlockStore::fence($key);
+    check($write > $read, "the upgrade's fence $write is larger than the read's $read");
+    $q = queue($c, $name);
+    checkSame([[(string) $session, (string) $write, 'MODE_EXCLUSIVE']], array_map(fn ($h) => [$h['session_id'], $h['fence'], $h['mode'] ?? 'MODE_EXCLUSIVE'], $q['holders']), 'holders after the promotion: the same session');
+    checkSame(1, \count($q['waiters']), 'the writer still waits');
+    // Demotion keeps the fence, in the same session.
+    check($lock->acquireRead(), 'acquireRead (demotion)');
+    checkSame($write, RaftlockStore::fence($key), 'the fence after the demotion');
+    checkSame(['MODE_SHARED'], array_map(fn ($h) => $h['mode'] ?? 'MODE_EXCLUSIVE', queue($c, $name)['holders']), 'holders after the demotion');
     $lock->release();
+    $line = $w->expect('ACQUIRED fence ');
+    check((int) substr($line, \strlen('ACQUIRED fence ')) > $write, 'the writer comes after the upgraded grant');
+    $w->send('go');
+    $w->expect('RELEASED');
+}
+
+function test_a_second_reader_promoting_is_refused_and_keeps_its_read(Cluster $cl): void
+{
+    $c = new Client($cl->endpoints());
+    $name = name('promote2');
+    $p = new Worker(['promote', $cl->endpoints(), $name]);
+    $p->expect('READING fence ');
+    $key = new Key($name);
+    $lock = (new LockFactory(new RaftlockStore($c)))->createLockFromKey($key);
+    check($lock->acquireRead(), 'a second reader');
+    check(!$lock->acquire(), 'a non-blocking promotion beside another reader');
+    checkSame(2, \count(queue($c, $name)['holders']), 'both reads still held');
+    // The worker's blocking promotion waits for this read.
+    $p->send('go');
+    $p->expect('PROMOTING');
+    eventually(10, "the worker's upgrade waiting", fn () => 1 === \count(queue($c, $name)['waiters']));
+    $threw = null;
+    try {
+        $lock->acquire(true);
+    } catch (LockConflictedException $e) {
+        $threw = $e;
+    }
+    check(null !== $threw && str_contains($threw->getMessage(), 'another reader is promoting'), 'a second blocking promotion is refused');
+    checkSame(2, \count(queue($c, $name)['holders']), 'both reads still held after the refusal');
+    $lock->release();
+    $line = $p->expect('PROMOTED fence ');
+    checkSame(['MODE_EXCLUSIVE'], array_map(fn ($h) => $h['mode'] ?? 'MODE_EXCLUSIVE', queue($c, $name)['holders']), 'the worker holds it exclusively');
+    $p->send('go');
+    $p->expect('RELEASED');
+}
+
+function test_client_lock_all_is_all_or_nothing(Cluster $cl): void
+{
+    $c = new Client($cl->endpoints());
+    $a = name('all-a');
+    $b = name('all-b');
+    $r = $c->lockAll([$b => Client::EXCLUSIVE, $a => Client::SHARED], 10000);
+    check($r['acquired'], 'lockAll of two free names');
+    checkSame([$b, $a], array_column($r['grants'], 'name'), 'grants in the order asked');
+    checkSame([Client::EXCLUSIVE, Client::SHARED], array_column($r['grants'], 'mode'), 'the modes');
+    checkSame($r['grants'][0]['fence'] + 1, $r['grants'][1]['fence'], 'consecutive fences: one write');
+    checkSame((string) $r['session_id'], queue($c, $a)['holders'][0]['session_id'], "a's holder");
+    // Another request over a held name takes nothing, queues nothing.
+    $c2 = name('all-c');
+    $no = $c->lockAll([$c2 => Client::EXCLUSIVE, $b => Client::SHARED], 10000);
+    check(!$no['acquired'] && 0 === $no['session_id'], 'lockAll over a held name');
+    $t = microtime(true);
+    $no = $c->lockAll([$c2 => Client::EXCLUSIVE, $b => Client::SHARED], 10000, 300);
+    check(!$no['acquired'] && microtime(true) - $t >= 0.3, 'a bounded lockAll gives up after its timeout');
+    checkSame(['holders' => [], 'waiters' => []], queue($c, $c2), 'nothing left on the free name');
+    checkSame(0, \count(queue($c, $b)['waiters']), 'nothing queued on the held name');
+    checkSame(2, $c->unlock($r['session_id']), 'unlock releases both');
+    // Bad input is refused before anything is sent.
+    $many = [];
+    for ($i = 0; $i <= Client::MAX_NAMES_PER_LOCK_ALL; ++$i) {
+        $many[name("many-$i")] = Client::EXCLUSIVE;
+    }
+    foreach ([[[], 10000, 0], [$many, 10000, 0], [[$a => 'MODE_SEMAPHORE'], 10000, 0], [['' => Client::EXCLUSIVE], 10000, 0],
+              [[$a => Client::EXCLUSIVE], 10000, 10000], [[$a => Client::EXCLUSIVE], 10000, -1], [[$a => Client::EXCLUSIVE], 999, 0]] as [$locks, $ttl, $timeout]) {
+        $threw = false;
+        try {
+            $c->lockAll($locks, $ttl, $timeout);
+        } catch (\InvalidArgumentException $e) {
+            $threw = true;
+        }
+        check($threw, 'bad lockAll input refused: '.\count($locks)." names, ttl $ttl, timeout $timeout");
+    }
+    checkSame(['holders' => [], 'waiters' => []], queue($c, $a), 'nothing taken by the refused requests');
+    // Exactly the limit is granted.
+    array_pop($many);
+    $r = $c->lockAll($many, 10000);
+    check($r['acquired'] && Client::MAX_NAMES_PER_LOCK_ALL === \count($r['grants']), 'lockAll of 64 names');
+    checkSame(64, $c->unlock($r['session_id']), 'unlock releases all 64');
+}
+
+function test_client_upgrade_and_downgrade(Cluster $cl): void
+{
+    $c = new Client($cl->endpoints());
+    $name = name('upgrade');
+    $r1 = $c->lock($name, 10000, 0, Client::SHARED);
+    $r2 = $c->lock($name, 10000, 0, Client::SHARED);
+    check($r1['acquired'] && $r2['acquired'], 'two readers');
+    $u = $c->upgrade($r1['session_id'], $r1['next_seq'], $name, $r1['fence'], 0);
+    check(!$u['acquired'], 'a try upgrade beside another reader');
+    $t = microtime(true);
+    $u = $c->upgrade($r1['session_id'], $r1['next_seq'] + 1, $name, $r1['fence'], 300);
+    check(!$u['acquired'] && microtime(true) - $t >= 0.3, 'a bounded upgrade gives up after its timeout');
+    checkSame(2, \count(queue($c, $name)['holders']), 'both reads still held');
+    $threw = null;
+    try {
+        $c->upgrade($r1['session_id'], $r1['next_seq'] + 2, $name, $r1['fence'] + 1000, 0);
+    } catch (RaftlockException $e) {
+        $threw = $e->getStatus();
+    }
+    checkSame('FAILED_PRECONDITION', $threw, 'an upgrade of a grant not held');
+    checkSame(1, $c->unlock($r2['session_id']), 'the other reader leaves');
+    $u = $c->upgrade($r1['session_id'], $r1['next_seq'] + 3, $name, $r1['fence'], 0);
+    check($u['acquired'] && $u['fence'] > $r2['fence'], 'the lone reader upgrades, to a new fence');
+    checkSame([[$u['fence'], 'MODE_EXCLUSIVE']], array_map(fn ($h) => [(int) $h['fence'], $h['mode'] ?? 'MODE_EXCLUSIVE'], queue($c, $name)['holders']), 'holders after the upgrade');
+    checkSame($u['fence'], $c->downgrade($r1['session_id'], $r1['next_seq'] + 4, $name, $u['fence']), 'the downgrade keeps the fence');
+    checkSame(['MODE_SHARED'], array_map(fn ($h) => $h['mode'] ?? 'MODE_EXCLUSIVE', queue($c, $name)['holders']), 'holders after the downgrade');
+    $threw = null;
+    try {
+        $c->downgrade($r1['session_id'], $r1['next_seq'] + 5, $name, $u['fence']);
+    } catch (RaftlockException $e) {
+        $threw = $e->getStatus();
+    }
+    checkSame('FAILED_PRECONDITION', $threw, 'a downgrade of a shared grant');
+    checkSame(1, $c->unlock($r1['session_id']), 'unlock');
 }
 
 // ---- Symfony Semaphore ----
@@ -426,7 +553,8 @@ function test_readme_first_lock_and_client_example(Cluster $cl): void
     $lines = fn (string $b) => \count(array_filter(explode("\n", $b), fn ($l) => '' !== trim($l)));
     check($lines($install) + $lines($php[0]) < 10, 'install and first lock in under ten lines: '.($lines($install) + $lines($php[0])));
     $client = array_values(array_filter($php, fn ($b) => str_contains($b, 'new Raftlock\Client(')))[0];
-    $script = "<?php\nfunction work(\$fence) { echo \"work \$fence\\n\"; }\n".$php[0].$client;
+    $lockAll = array_values(array_filter($php, fn ($b) => str_contains($b, '->lockAll(')))[0];
+    $script = "<?php\nfunction work(\$fence) { echo 'work ', json_encode(\$fence, JSON_UNESCAPED_SLASHES), \"\\n\"; }\n".$php[0].$client.$lockAll;
     $script = str_replace("'/path/to/raftlock/client/php/autoload.php'", var_export(\dirname(__DIR__).'/autoload.php', true), $script);
     $script = str_replace('/* work */', 'echo "locked\n";', $script);
     $script = preg_replace("/'http:\\/\\/10\\.0\\.0\\.[^']*'/", var_export($cl->endpoints(), true), $script, -1, $endpoints);
@@ -441,7 +569,10 @@ function test_readme_first_lock_and_client_example(Cluster $cl): void
     checkSame(0, $status, 'exit status of the README example ('.implode(' | ', $out).')');
     checkSame('locked', $out[0] ?? null, 'the first lock held');
     check(1 === preg_match('/^work [1-9][0-9]*$/', $out[1] ?? ''), 'the Client example worked under a fence: '.implode(' | ', $out));
+    check(1 === preg_match('#^work \{"order/17":([1-9][0-9]*),"stock/42":([1-9][0-9]*)\}$#', $out[2] ?? '', $m) && (int) $m[2] === (int) $m[1] + 1,
+        'the lockAll example worked under two consecutive fences: '.implode(' | ', $out));
     $c = new Client($cl->endpoints());
+    checkSame(['holders' => [], 'waiters' => []], queue($c, 'order/17'), 'order/17 after the example');
     checkSame(['holders' => [], 'waiters' => []], queue($c, 'invoice-42'), 'invoice-42 after the example');
     checkSame(['holders' => [], 'waiters' => []], queue($c, 'tickets/42'), 'tickets/42 after the example');
 }

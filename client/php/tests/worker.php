@@ -35,6 +35,20 @@ switch ($mode) {
         $lock->release();
         $out('RELEASED');
         break;
+    case 'promote':
+        // Reads, then (on a line) promotes to a write lock, blocking.
+        $key = new Key($argv[3]);
+        $lock = (new LockFactory(new RaftlockStore($endpoints)))->createLockFromKey($key);
+        $lock->acquireRead(true);
+        $out('READING fence '.RaftlockStore::fence($key));
+        fgets(\STDIN);
+        $out('PROMOTING');
+        $lock->acquire(true);
+        $out('PROMOTED fence '.RaftlockStore::fence($key));
+        fgets(\STDIN);
+        $lock->release();
+        $out('RELEASED');
+        break;
     case 'handoff':
         // The Symfony docs' cross-process example: a Key serialized by
         // another process, continued here.

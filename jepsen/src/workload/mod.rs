@@ -11,7 +11,9 @@
 //!   refuse that write.
 //! * `lock`: acquire (exclusive or shared, try or bounded wait), hold,
 //!   release and describe over a few names, for the linearizability
-//!   checker.
+//!   checker; atomic requests for 2 or 3 of the names at once
+//!   (`AcquireAll`); and reads upgraded to exclusive, half of them then
+//!   downgraded back to shared, before the release.
 //! * `semaphore`: weighted permits of one semaphore of capacity K.
 //! * `clients`: what real applications do to a lock client besides
 //!   acquire-and-release, over `cl/0..2` and the election `cl/leader`: drop
@@ -26,6 +28,13 @@
 //!
 //! Operation values (history `value` field):
 //! `acquire` {lock, mode, weight, session} → ok {fence};
+//! `acquire-all` {locks: [{lock, mode}], session, timeout_ms} → ok
+//! {session, grants: [{lock, mode, fence}]} (in the request's order);
+//! `upgrade` {lock, fence, session, timeout_ms, lease_until_ns} → ok
+//! {lock, session, from_fence, fence, mode: "exclusive"} (`fence` is the
+//! exclusive grant's new one; `fail` leaves the shared grant held);
+//! `downgrade` {lock, fence, session, lease_until_ns} → ok {lock, session,
+//! fence, mode: "shared"};
 //! `release` {lock, fence, session, lease_until_ns} → ok {released};
 //! `describe` {lock} → ok {holders: [{session, fence, mode, weight}]};
 //! `read` {key, fence} → ok {value} | fail {latest};
@@ -36,8 +45,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use raftlock_client::{Client, ClientOptions, Error, Guard, LeaseState, LockInfo, Session};
+use raftlock_client::{Client, ClientOptions, Error, Guard, LeaseState, LockInfo, Mode, Session};
 use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
 use rand::{RngExt, SeedableRng};
 use serde_json::{json, Value};
 
@@ -156,6 +166,15 @@ fn classify(e: &Error) -> Type {
         }
         // Definitely not applied (the client says so for Unavailable).
         _ => Type::Fail,
+    }
+}
+
+/// A lock mode as the history spells it.
+fn mode_str(m: Mode) -> &'static str {
+    match m {
+        Mode::Exclusive => "exclusive",
+        Mode::Shared => "shared",
+        Mode::Semaphore { .. } => "semaphore",
     }
 }
 
@@ -377,24 +396,165 @@ impl Worker {
 
     async fn lock_cycle(&mut self, session: &Session) {
         let name = LOCK_NAMES[self.rng.random_range(0..LOCK_NAMES.len())];
-        if self.rng.random_bool(0.2) {
-            self.describe(name).await;
-            return;
+        match self.rng.random_range(0..100) {
+            0..20 => {
+                self.describe(name).await;
+                return;
+            }
+            20..35 => return self.multi_cycle(session).await,
+            35..50 => return self.upgrade_cycle(session, name).await,
+            _ => {}
         }
         let mode = if self.rng.random_bool(0.7) {
             "exclusive"
         } else {
             "shared"
         };
-        let timeout = if self.rng.random_bool(0.2) {
-            Duration::ZERO
-        } else {
-            Duration::from_millis(self.rng.random_range(200..=1500))
-        };
+        let timeout = self.lock_timeout();
         let Some(g) = self.acquire(session, name, mode, 1, timeout).await else {
             return;
         };
         self.sleep_ms(0, 150).await;
+        if self.rng.random_bool(0.3) {
+            self.describe(name).await;
+        }
+        self.release(g).await;
+    }
+
+    /// A wait of the `lock` workload: 20 % try-once, else 200..=1500 ms.
+    fn lock_timeout(&mut self) -> Duration {
+        if self.rng.random_bool(0.2) {
+            Duration::ZERO
+        } else {
+            Duration::from_millis(self.rng.random_range(200..=1500))
+        }
+    }
+
+    /// One atomic request for 2 or 3 of the `lock` workload's names, in a
+    /// random order, each exclusive (70 %) or shared; hold; release each.
+    async fn multi_cycle(&mut self, session: &Session) {
+        let mut names = LOCK_NAMES.to_vec();
+        names.shuffle(&mut self.rng);
+        names.truncate(self.rng.random_range(2..=LOCK_NAMES.len()));
+        let locks: Vec<(&str, Mode)> = names
+            .iter()
+            .map(|n| {
+                let mode = if self.rng.random_bool(0.7) {
+                    Mode::Exclusive
+                } else {
+                    Mode::Shared
+                };
+                (*n, mode)
+            })
+            .collect();
+        let timeout = self.lock_timeout();
+        let sid = session.id();
+        let specs: Vec<Value> = locks
+            .iter()
+            .map(|(n, m)| json!({"lock": n, "mode": mode_str(*m)}))
+            .collect();
+        let op = self.op(
+            "acquire-all",
+            json!({"locks": specs, "session": sid, "timeout_ms": timeout.as_millis() as u64}),
+        );
+        let guards = match session.lock_all(&locks, Some(timeout)).await {
+            Ok(guards) => {
+                let grants: Vec<Value> = guards
+                    .iter()
+                    .map(|g| json!({"lock": g.name(), "mode": mode_str(g.mode()), "fence": g.fence()}))
+                    .collect();
+                op.complete(Type::Ok, json!({"session": sid, "grants": grants}));
+                guards
+            }
+            Err(e) => {
+                let kind = classify(&e);
+                op.complete(kind, err_value(&e));
+                if kind == Type::Info || matches!(e, Error::SessionNotFound(_)) {
+                    self.end_session().await;
+                }
+                return;
+            }
+        };
+        self.sleep_ms(0, 150).await;
+        if self.rng.random_bool(0.3) {
+            let n = names[self.rng.random_range(0..names.len())];
+            self.describe(n).await;
+        }
+        for g in guards {
+            if self.session.is_none() {
+                // A release failed and the session was ended (releasing
+                // the rest on the server); the guards left are spent.
+                break;
+            }
+            self.release(g).await;
+        }
+    }
+
+    /// Take `name` shared, upgrade it to exclusive (try-once or a bounded
+    /// wait; another reader upgrading at the same time is refused with
+    /// ABORTED), half the time downgrade it back to shared, release.
+    async fn upgrade_cycle(&mut self, session: &Session, name: &str) {
+        let timeout = self.lock_timeout();
+        let Some(mut g) = self.acquire(session, name, "shared", 1, timeout).await else {
+            return;
+        };
+        self.sleep_ms(0, 100).await;
+        let timeout = self.lock_timeout();
+        let lease_until_ns = self.lease_until_ns();
+        let op = self.op(
+            "upgrade",
+            json!({"lock": name, "fence": g.fence(), "session": session.id(),
+                   "timeout_ms": timeout.as_millis() as u64, "lease_until_ns": lease_until_ns}),
+        );
+        match g.upgrade_timeout(timeout).await {
+            Ok(up) => {
+                op.complete(
+                    Type::Ok,
+                    json!({"lock": name, "session": session.id(), "from_fence": g.fence(),
+                           "fence": up.fence(), "mode": "exclusive"}),
+                );
+                g = up;
+            }
+            Err(e) => {
+                let kind = classify(&e);
+                op.complete(kind, err_value(&e));
+                if kind == Type::Info || matches!(e, Error::SessionNotFound(_)) {
+                    // The upgrade may have been granted (the client
+                    // cancels it in the background): end the session.
+                    self.end_session().await;
+                    return;
+                }
+                // Refused, timed out or a deadlock: the read is still held.
+            }
+        }
+        self.sleep_ms(0, 100).await;
+        if g.mode() == Mode::Exclusive && self.rng.random_bool(0.5) {
+            let lease_until_ns = self.lease_until_ns();
+            let op = self.op(
+                "downgrade",
+                json!({"lock": name, "fence": g.fence(), "session": session.id(),
+                       "lease_until_ns": lease_until_ns}),
+            );
+            match g.downgrade().await {
+                Ok(down) => {
+                    op.complete(
+                        Type::Ok,
+                        json!({"lock": name, "session": session.id(), "fence": down.fence(),
+                               "mode": "shared"}),
+                    );
+                    g = down;
+                }
+                Err(e) => {
+                    let kind = classify(&e);
+                    op.complete(kind, err_value(&e));
+                    if kind == Type::Info || matches!(e, Error::SessionNotFound(_)) {
+                        self.end_session().await;
+                        return;
+                    }
+                }
+            }
+            self.sleep_ms(0, 100).await;
+        }
         if self.rng.random_bool(0.3) {
             self.describe(name).await;
         }

@@ -33,9 +33,11 @@ use Symfony\Component\Lock\Key;
  * a serialized Key can be released, refreshed or checked by another
  * process (stop using it in the first one).
  *
- * Changing a Key's mode (`acquireRead()` then `acquire()`, or the reverse)
- * releases its grant and acquires anew: another process may get the lock
- * in between.
+ * Changing a held Key's mode changes its grant in place, with no window
+ * for another process: `acquire()` after `acquireRead()` upgrades it (a
+ * new grant with a new, larger fence, granted once the other readers have
+ * left; it waits ahead of everyone queued, keeping the read), and
+ * `acquireRead()` after `acquire()` downgrades it at once (same fence).
  */
 final class RaftlockStore implements BlockingSharedLockStoreInterface, BlockingStoreInterface
 {
@@ -128,7 +130,14 @@ final class RaftlockStore implements BlockingSharedLockStoreInterface, BlockingS
 
                 return;
             }
-            // Another mode, or no longer held: end the old session first.
+            if ($this->client->checkFence((string) $key, $state['fence'])) {
+                // Held in the other mode: upgrade or downgrade the grant in
+                // its session, with no window for anyone else.
+                $this->changeMode($key, $state, $mode, $wait);
+
+                return;
+            }
+            // No longer held: end the old session first.
             $this->client->unlock($state['session']);
             $key->removeState(__CLASS__);
         }
@@ -153,6 +162,60 @@ final class RaftlockStore implements BlockingSharedLockStoreInterface, BlockingS
             $key->resetLifetime();
             $this->renew($key, $state, $state['ttl_ms']);
         }
+        $this->checkNotExpired($key);
+    }
+
+    /**
+     * Turns the Key's grant into $mode: a downgrade at once, or an upgrade
+     * that, when other readers hold the lock, waits ahead of everyone
+     * queued (blocking: in rounds of a third of the session's ttl, renewing
+     * the session between them, as nothing renews it while PHP waits; not
+     * blocking: not at all). An upgrade refused because another reader is
+     * upgrading the same lock (they would wait for each other forever) is
+     * a conflict; the read stays held either way.
+     *
+     * @param array{session: int, fence: int, next_seq: int, ttl_ms: int, mode: string} $state
+     */
+    private function changeMode(Key $key, array $state, string $mode, bool $wait): void
+    {
+        // Spend each seq before sending: a seq is never reused, even if a
+        // request's outcome stays unknown.
+        $seq = $state['next_seq'];
+        $state['next_seq'] = $seq + 1;
+        $key->setState(__CLASS__, $state);
+        if (Client::SHARED === $mode) {
+            $this->client->downgrade($state['session'], $seq, (string) $key, $state['fence']);
+            $state['mode'] = Client::SHARED;
+            $key->setState(__CLASS__, $state);
+        } else {
+            while (true) {
+                try {
+                    $r = $this->client->upgrade($state['session'], $seq, (string) $key, $state['fence'], $wait ? intdiv($state['ttl_ms'], 3) : 0);
+                } catch (RaftlockException $e) {
+                    if ('ABORTED' === $e->getStatus()) {
+                        throw new LockConflictedException(sprintf('The "%s" lock cannot be promoted: another reader is promoting it (release and acquire again).', $key), 0, $e);
+                    }
+                    throw $e;
+                }
+                if ($r['acquired']) {
+                    $state['fence'] = $r['fence'];
+                    $state['mode'] = Client::EXCLUSIVE;
+                    $key->setState(__CLASS__, $state);
+                    break;
+                }
+                if (!$wait) {
+                    throw new LockConflictedException(sprintf('The "%s" lock has other readers: not promoted.', $key));
+                }
+                // Still waiting: renew the session and ask again. No
+                // writer can get in while this read is held; a reader may
+                // between rounds, and the next round waits for it too.
+                $this->renew($key, $state, $state['ttl_ms']);
+                $seq = $state['next_seq'];
+                $state['next_seq'] = $seq + 1;
+                $key->setState(__CLASS__, $state);
+            }
+        }
+        $this->renew($key, $state, $state['ttl_ms']);
         $this->checkNotExpired($key);
     }
 

@@ -13,6 +13,7 @@ See client/python/README.md.
 """
 
 from ._core import (
+    ACQUIRE_ALL_MAX,
     CAPACITY_MAX,
     DEFAULT_END_ON_DISCONNECT,
     DEFAULT_MARGIN,
@@ -44,6 +45,7 @@ from .errors import (
 )
 
 __all__ = [
+    "ACQUIRE_ALL_MAX",
     "CAPACITY_MAX",
     "DEFAULT_END_ON_DISCONNECT",
     "DEFAULT_MARGIN",

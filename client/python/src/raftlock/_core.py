@@ -238,6 +238,59 @@ def mode_fields(shared: bool, capacity: object, weight: object) -> Tuple[int, in
     return 2, int(weight), int(capacity)
 
 
+#: ``Mode`` numbers of locks.proto.
+MODE_EXCLUSIVE, MODE_SHARED, MODE_SEMAPHORE = 0, 1, 2
+MODE_NAMES = {MODE_EXCLUSIVE: "exclusive", MODE_SHARED: "shared", MODE_SEMAPHORE: "semaphore"}
+
+
+def not_all_acquired(names: List[str], timeout: Optional[float]) -> str:
+    if timeout == 0:
+        return f"{names!r} are not all free at once"
+    return f"{names!r} were not granted together within {timeout} s"
+
+
+def not_upgraded(name: str, timeout: Optional[float]) -> str:
+    if timeout == 0:
+        return f"{name!r} has other holders: not upgraded (the read is still held)"
+    return f"{name!r} was not upgraded within {timeout} s (the read is still held)"
+
+
+#: Names in one ``acquire_all`` (the cluster's limit per ``AcquireAll``).
+ACQUIRE_ALL_MAX = 64
+
+
+def lock_specs(locks: object) -> List[Tuple[str, bool, Optional[int], int]]:
+    """``(name, shared, capacity, weight)`` of each item of an
+    ``acquire_all``: a name (an exclusive lock) or a dict with ``name`` and
+    any of ``shared``, ``capacity``, ``weight`` (as ``acquire`` takes
+    them). 1..=ACQUIRE_ALL_MAX items, each name once; checked before
+    anything is sent."""
+    if isinstance(locks, (str, bytes)) or not isinstance(locks, Sequence):
+        raise errors.InvalidArgument(f"acquire_all takes a list of names or dicts, got {locks!r}")
+    if not 1 <= len(locks) <= ACQUIRE_ALL_MAX:
+        raise errors.InvalidArgument(f"acquire_all takes 1..={ACQUIRE_ALL_MAX} names, got {len(locks)}")
+    out = []
+    seen = set()
+    for item in locks:
+        if isinstance(item, str):
+            spec = (item, False, None, 1)
+        elif isinstance(item, dict):
+            unknown = set(item) - {"name", "shared", "capacity", "weight"}
+            if "name" not in item or unknown:
+                raise errors.InvalidArgument(
+                    f"an acquire_all item takes name, shared, capacity, weight; got {sorted(item)!r}")
+            spec = (item["name"], bool(item.get("shared", False)), item.get("capacity"), item.get("weight", 1))
+        else:
+            raise errors.InvalidArgument(f"an acquire_all item is a name or a dict, got {item!r}")
+        name = check_name(spec[0])
+        if name in seen:
+            raise errors.InvalidArgument(f"acquire_all names {name!r} twice")
+        seen.add(name)
+        mode_fields(spec[1], spec[2], spec[3])
+        out.append(spec)
+    return out
+
+
 # --------------------------------------------------------------- errors
 
 

@@ -10,7 +10,7 @@ import queue
 import random
 import threading
 import time
-from typing import Optional, Sequence, Tuple, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import grpc
 
@@ -263,6 +263,14 @@ class _KeepAlive:
             self.cond.notify_all()
 
 
+def _wait_budget(timeout: Optional[float], wait: bool) -> Tuple[float, float]:
+    """``(attempt, deadline)`` of a request that may wait ``timeout``."""
+    if wait:
+        return core.FOREVER_ATTEMPT, float("inf")
+    t = float(timeout)
+    return core.REQUEST_TIMEOUT + 2 * t, core.deadline_after(core.RETRY_DEADLINE + 2 * t)
+
+
 class Lock:
     """A lock or semaphore permits: either a lock with a session of its own
     (from :meth:`Client.lock`, taken by :meth:`acquire` or ``with``), or a
@@ -349,6 +357,53 @@ class Lock:
             self._session._close_quietly()
         return ok
 
+    @property
+    def mode(self) -> str:
+        """``"exclusive"``, ``"shared"`` or ``"semaphore"``."""
+        return core.MODE_NAMES[self._mode[0]]
+
+    def upgrade(self, timeout: Optional[float] = None) -> "Lock":
+        """Turns this held shared lock into an exclusive one, with no window
+        in which another writer gets in, and returns it (this same object,
+        now exclusive, with a new, larger ``fence``: hand that one to your
+        stores). Granted at once if this is the lock's only reader;
+        otherwise it waits, ahead of everyone queued, keeping its read,
+        until the other readers leave: up to ``timeout`` seconds (None:
+        without a timeout; 0: only if it can be granted at once), then
+        raises :class:`raftlock.NotAcquired`, the read still held. Another
+        reader upgrading the same lock at the same time makes this raise
+        :class:`raftlock.Deadlock` at once (the two would wait for each
+        other forever), the read still held: release it and take the lock
+        again. If the call fails any other way than by the cluster's
+        refusal (``OutcomeUnknown``, ``Unavailable``, an interrupt), the
+        upgrade is withdrawn with ``Cancel`` first, which also releases the
+        lock if the upgrade had been granted: release it and start over."""
+        with self._mutex:
+            if not self.held:
+                raise errors.RaftlockError(f"{self.name!r} is not held: acquire it first")
+            if self._mode[0] != core.MODE_SHARED:
+                raise errors.InvalidArgument(f"only a shared lock can be upgraded; {self.name!r} is {self.mode}")
+            fence = self._fence
+        new = self._session._upgrade(self.name, fence, timeout)
+        with self._mutex:
+            self._fence, self._mode = new, (core.MODE_EXCLUSIVE, 0, 0)
+        return self
+
+    def downgrade(self) -> "Lock":
+        """Turns this held exclusive lock into a shared one, at once, and
+        returns it (this same object, now shared). The fence stays the same
+        (the grant only weakens); readers queued behind it come in."""
+        with self._mutex:
+            if not self.held:
+                raise errors.RaftlockError(f"{self.name!r} is not held: acquire it first")
+            if self._mode[0] != core.MODE_EXCLUSIVE:
+                raise errors.InvalidArgument(f"only an exclusive lock can be downgraded; {self.name!r} is {self.mode}")
+            fence = self._fence
+        self._session._downgrade(self.name, fence)
+        with self._mutex:
+            self._mode = (core.MODE_SHARED, 0, 0)
+        return self
+
     def release(self) -> bool:
         """Releases the grant (and ends the lock's own session). True if
         this call released it; False if it was released before, or was no
@@ -414,6 +469,88 @@ class Session:
             raise errors.NotAcquired(name, timeout)
         return lock
 
+    def acquire_all(self, locks: Sequence[Union[str, dict]], timeout: Optional[float] = None,
+                    value: Union[bytes, str, None] = None) -> List[Lock]:
+        """Takes every item of ``locks`` in one atomic request (the
+        ``AcquireAll`` RPC, one write): all are granted together, each with
+        its own fence, or none is. An item is a name (an exclusive lock) or
+        a dict with ``name`` and, as :meth:`acquire` takes them,
+        ``shared=True`` or ``capacity`` and ``weight``; 1..=64 items, each
+        name once. If they cannot all be granted now the request waits in
+        every name's queue at once, up to ``timeout`` seconds (None: without
+        a timeout; 0: try once), and is granted when it is first in line
+        for all of them; then :class:`raftlock.NotAcquired`, nothing held
+        or queued. Two such requests never wait for each other, whatever
+        order they name things in. :class:`raftlock.Deadlock` if this
+        session holds something that a waiter for one of these names needs.
+        Returns the held locks in the order of ``locks``."""
+        specs = core.lock_specs(locks)
+        held = [Lock(self._client, name, ttl=None, timeout=timeout, shared=shared, capacity=capacity, weight=weight,
+                     value=value, margin=None, end_on_disconnect=None, session=self)
+                for name, shared, capacity, weight in specs]
+        if self._closed:
+            raise errors.RaftlockError(f"session {self.id} is closed")
+        if self._lease.state == core.LOST:
+            raise errors.LeaseLost(f"session {self.id} has expired")
+        timeout_ms, wait = core.timeout_fields(timeout)
+        seq = next(self._seqs)
+        req = pb.AcquireAllRequest(
+            session_id=self.id, seq=seq, timeout_ms=timeout_ms, wait=wait, value=core.check_value(value),
+            locks=[pb.LockSpec(name=lk.name, mode=lk._mode[0], weight=lk._mode[1], capacity=lk._mode[2])
+                   for lk in held])
+        attempt, deadline = _wait_budget(timeout, wait)
+        try:
+            resp = self._client._t.call("AcquireAll", req, True, attempt, deadline)
+        except _REFUSALS:
+            raise
+        except BaseException:
+            # Queued or granted, maybe: one Cancel naming any of its names
+            # withdraws all of it.
+            self._cancel(held[0].name, seq)
+            raise
+        names = [lk.name for lk in held]
+        if not resp.acquired:
+            raise errors.NotAcquired(", ".join(names), timeout, core.not_all_acquired(names, timeout))
+        if len(resp.grants) != len(held):
+            raise errors.RaftlockError(f"asked for {len(held)} names, granted {len(resp.grants)}")
+        for lk, g in zip(held, resp.grants):
+            lk._used = True
+            lk._fence, lk._seq = g.fence, seq
+        if not self._lease.valid():
+            self._client._ka.renew_now(self._lease, core.MIN_ASK_WAIT * 5)
+        if not self._lease.valid():
+            for lk in held:
+                self._release(lk.name, lk._fence, quiet=True)
+                lk._released = True
+            raise errors.LeaseLost(f"session {self.id}'s lease may have lapsed before {names!r} were granted")
+        return held
+
+    def _upgrade(self, name: str, fence: int, timeout: Optional[float]) -> int:
+        """The exclusive grant's fence; raises NotAcquired past the timeout."""
+        if self._closed:
+            raise errors.RaftlockError(f"session {self.id} is closed")
+        timeout_ms, wait = core.timeout_fields(timeout)
+        seq = next(self._seqs)
+        req = pb.UpgradeRequest(session_id=self.id, seq=seq, name=name, fence=fence, timeout_ms=timeout_ms,
+                                wait=wait)
+        attempt, deadline = _wait_budget(timeout, wait)
+        try:
+            resp = self._client._t.call("Upgrade", req, True, attempt, deadline)
+        except _REFUSALS:
+            raise
+        except BaseException:
+            # Waiting or granted, maybe: withdraw it (a granted upgrade is
+            # released, the read with it).
+            self._cancel(name, seq)
+            raise
+        if not resp.acquired:
+            raise errors.NotAcquired(name, timeout, core.not_upgraded(name, timeout))
+        return resp.fence
+
+    def _downgrade(self, name: str, fence: int) -> None:
+        req = pb.DowngradeRequest(session_id=self.id, seq=next(self._seqs), name=name, fence=fence)
+        self._client._t.call("Downgrade", req, True)
+
     def _acquire_into(self, lock: Lock) -> bool:
         if self._closed:
             raise errors.RaftlockError(f"session {self.id} is closed")
@@ -424,12 +561,7 @@ class Session:
         seq = next(self._seqs)
         req = pb.AcquireRequest(session_id=self.id, seq=seq, name=lock.name, mode=mode, weight=weight,
                                 capacity=capacity, timeout_ms=timeout_ms, value=lock._value, wait=wait)
-        if wait:
-            attempt, deadline = core.FOREVER_ATTEMPT, float("inf")
-        else:
-            t = float(lock._timeout)
-            attempt = core.REQUEST_TIMEOUT + 2 * t
-            deadline = core.deadline_after(core.RETRY_DEADLINE + 2 * t)
+        attempt, deadline = _wait_budget(lock._timeout, wait)
         try:
             resp = self._client._t.call("Acquire", req, True, attempt, deadline)
         except _REFUSALS:

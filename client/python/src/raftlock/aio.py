@@ -26,7 +26,7 @@ import collections.abc
 import itertools
 import logging
 import random
-from typing import Optional, Sequence, Set, Tuple, Union
+from typing import List, Optional, Sequence, Set, Tuple, Union
 
 import grpc
 import grpc.aio
@@ -314,6 +314,14 @@ class _Pending(collections.abc.Coroutine):
         return await self._value.__aexit__(*exc)
 
 
+def _wait_budget(timeout: Optional[float], wait: bool) -> Tuple[float, float]:
+    """``(attempt, deadline)`` of a request that may wait ``timeout``."""
+    if wait:
+        return core.FOREVER_ATTEMPT, float("inf")
+    t = float(timeout)
+    return core.REQUEST_TIMEOUT + 2 * t, core.deadline_after(core.RETRY_DEADLINE + 2 * t)
+
+
 class Lock:
     """A lock or semaphore permits: either a lock with a session of its own
     (from :meth:`Client.lock`, taken by ``await lock.acquire()`` or
@@ -391,6 +399,38 @@ class Lock:
             await self._client._shielded(self._session._close_quietly())
         return ok
 
+    @property
+    def mode(self) -> str:
+        """``"exclusive"``, ``"shared"`` or ``"semaphore"``."""
+        return core.MODE_NAMES[self._mode[0]]
+
+    async def upgrade(self, timeout: Optional[float] = None) -> "Lock":
+        """As the sync ``Lock.upgrade``: this held shared lock becomes
+        exclusive, with a new, larger ``fence``, and is returned; waits up to
+        ``timeout`` (None: without one; 0: only at once) for the other
+        readers to leave, then ``NotAcquired`` (the read still held);
+        ``Deadlock`` at once if another reader is upgrading it. A cancelled
+        or unanswered upgrade is withdrawn with ``Cancel`` (which releases
+        the lock if it had been granted): release it and start over."""
+        if not self.held:
+            raise errors.RaftlockError(f"{self.name!r} is not held: acquire it first")
+        if self._mode[0] != core.MODE_SHARED:
+            raise errors.InvalidArgument(f"only a shared lock can be upgraded; {self.name!r} is {self.mode}")
+        self._fence = await self._session._upgrade(self.name, self._fence, timeout)
+        self._mode = (core.MODE_EXCLUSIVE, 0, 0)
+        return self
+
+    async def downgrade(self) -> "Lock":
+        """As the sync ``Lock.downgrade``: this held exclusive lock becomes
+        shared at once, keeping its fence, and is returned."""
+        if not self.held:
+            raise errors.RaftlockError(f"{self.name!r} is not held: acquire it first")
+        if self._mode[0] != core.MODE_EXCLUSIVE:
+            raise errors.InvalidArgument(f"only an exclusive lock can be downgraded; {self.name!r} is {self.mode}")
+        await self._session._downgrade(self.name, self._fence)
+        self._mode = (core.MODE_SHARED, 0, 0)
+        return self
+
     async def release(self) -> bool:
         """Releases the grant (and ends the lock's own session). True if
         this call released it."""
@@ -453,6 +493,79 @@ class Session:
 
         return _Pending(run())
 
+    async def acquire_all(self, locks: Sequence[Union[str, dict]], timeout: Optional[float] = None,
+                          value: Union[bytes, str, None] = None) -> List[Lock]:
+        """As the sync ``Session.acquire_all``: every item of ``locks`` (a
+        name, or a dict with ``name`` and ``shared`` or ``capacity`` and
+        ``weight``) in one atomic request, all or none; the held locks in
+        the order given, or ``NotAcquired`` past ``timeout``."""
+        specs = core.lock_specs(locks)
+        held = [Lock(self._client, name, ttl=None, timeout=timeout, shared=shared, capacity=capacity, weight=weight,
+                     value=value, margin=None, end_on_disconnect=None, session=self)
+                for name, shared, capacity, weight in specs]
+        if self._closed:
+            raise errors.RaftlockError(f"session {self.id} is closed")
+        if self._lease.state == core.LOST:
+            raise errors.LeaseLost(f"session {self.id} has expired")
+        names = [lk.name for lk in held]
+        for name in names:
+            await self._client._settle(self.id, name)
+        timeout_ms, wait = core.timeout_fields(timeout)
+        seq = next(self._seqs)
+        req = pb.AcquireAllRequest(
+            session_id=self.id, seq=seq, timeout_ms=timeout_ms, wait=wait, value=core.check_value(value),
+            locks=[pb.LockSpec(name=lk.name, mode=lk._mode[0], weight=lk._mode[1], capacity=lk._mode[2])
+                   for lk in held])
+        attempt, deadline = _wait_budget(timeout, wait)
+        try:
+            resp = await self._client._t.call("AcquireAll", req, True, attempt, deadline)
+        except _REFUSALS:
+            raise
+        except BaseException:
+            # Queued or granted, maybe: one Cancel naming any of its names
+            # withdraws all of it, even if cancelled.
+            await self._client._shielded(self._cancel(names[0], seq), [(self.id, n) for n in names])
+            raise
+        if not resp.acquired:
+            raise errors.NotAcquired(", ".join(names), timeout, core.not_all_acquired(names, timeout))
+        if len(resp.grants) != len(held):
+            raise errors.RaftlockError(f"asked for {len(held)} names, granted {len(resp.grants)}")
+        for lk, g in zip(held, resp.grants):
+            lk._used = True
+            lk._fence, lk._seq = g.fence, seq
+        if not self._lease.valid():
+            await self._client._ka.renew_now(self._lease, core.MIN_ASK_WAIT * 5)
+        if not self._lease.valid():
+            for lk in held:
+                await self._release(lk.name, lk._fence, quiet=True)
+                lk._released = True
+            raise errors.LeaseLost(f"session {self.id}'s lease may have lapsed before {names!r} were granted")
+        return held
+
+    async def _upgrade(self, name: str, fence: int, timeout: Optional[float]) -> int:
+        if self._closed:
+            raise errors.RaftlockError(f"session {self.id} is closed")
+        await self._client._settle(self.id, name)
+        timeout_ms, wait = core.timeout_fields(timeout)
+        seq = next(self._seqs)
+        req = pb.UpgradeRequest(session_id=self.id, seq=seq, name=name, fence=fence, timeout_ms=timeout_ms,
+                                wait=wait)
+        attempt, deadline = _wait_budget(timeout, wait)
+        try:
+            resp = await self._client._t.call("Upgrade", req, True, attempt, deadline)
+        except _REFUSALS:
+            raise
+        except BaseException:
+            await self._client._shielded(self._cancel(name, seq), (self.id, name))
+            raise
+        if not resp.acquired:
+            raise errors.NotAcquired(name, timeout, core.not_upgraded(name, timeout))
+        return resp.fence
+
+    async def _downgrade(self, name: str, fence: int) -> None:
+        req = pb.DowngradeRequest(session_id=self.id, seq=next(self._seqs), name=name, fence=fence)
+        await self._client._t.call("Downgrade", req, True)
+
     async def _acquire_into(self, lock: Lock) -> bool:
         if self._closed:
             raise errors.RaftlockError(f"session {self.id} is closed")
@@ -466,12 +579,7 @@ class Session:
         seq = next(self._seqs)
         req = pb.AcquireRequest(session_id=self.id, seq=seq, name=lock.name, mode=mode, weight=weight,
                                 capacity=capacity, timeout_ms=timeout_ms, value=lock._value, wait=wait)
-        if wait:
-            attempt, deadline = core.FOREVER_ATTEMPT, float("inf")
-        else:
-            t = float(lock._timeout)
-            attempt = core.REQUEST_TIMEOUT + 2 * t
-            deadline = core.deadline_after(core.RETRY_DEADLINE + 2 * t)
+        attempt, deadline = _wait_budget(lock._timeout, wait)
         try:
             resp = await self._client._t.call("Acquire", req, True, attempt, deadline)
         except _REFUSALS:
@@ -567,9 +675,10 @@ class Client:
         task = asyncio.get_running_loop().create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-        if key is not None:
-            self._withdrawing[key] = task
-            task.add_done_callback(lambda _t: self._withdrawing.pop(key, None))
+        # One key (session, name), or a list of them (an atomic request's).
+        for k in [] if key is None else key if isinstance(key, list) else [key]:
+            self._withdrawing[k] = task
+            task.add_done_callback(lambda _t, k=k: self._withdrawing.pop(k, None))
         try:
             await asyncio.shield(task)
         except BaseException:  # noqa: BLE001 - cancelled again: it goes on alone

@@ -36,8 +36,10 @@ class NotAcquired(RaftlockError):
     """The lock (or permits) was not granted within the timeout
     (``timeout=0``: it was busy). Nothing is left queued or held."""
 
-    def __init__(self, name: str, timeout: float | None) -> None:
-        if timeout == 0:
+    def __init__(self, name: str, timeout: float | None, what: str | None = None) -> None:
+        if what is not None:
+            pass
+        elif timeout == 0:
             what = f"{name!r} is held by another session"
         else:
             what = f"{name!r} was not granted within {timeout} s"
