@@ -74,7 +74,13 @@ impl Error {
         match status.code() {
             Code::InvalidArgument | Code::OutOfRange => Error::InvalidArgument(msg),
             Code::FailedPrecondition => Error::FailedPrecondition(msg),
-            Code::Aborted => Error::Deadlock(msg),
+            // The node's message already says "deadlock: ..."; the
+            // variant's display adds the word once.
+            Code::Aborted => Error::Deadlock(
+                msg.strip_prefix("deadlock: ")
+                    .map(str::to_string)
+                    .unwrap_or(msg),
+            ),
             Code::NotFound => Error::SessionNotFound(msg),
             Code::ResourceExhausted => Error::ResourceExhausted(msg),
             Code::Unauthenticated => Error::Unauthenticated(msg),
@@ -135,5 +141,10 @@ mod tests {
         assert!(!Error::InvalidArgument("x".into()).is_retryable());
         assert!(!Error::LeaseLost.is_retryable());
         assert!(!Error::Deadlock("x".into()).is_retryable());
+        let e = Error::from_status(
+            &Status::aborted("deadlock: session 7 waits for session 9"),
+            true,
+        );
+        assert_eq!(e.to_string(), "deadlock: session 7 waits for session 9");
     }
 }

@@ -29,7 +29,9 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 60)]
     pub time_limit: u64,
     /// Faults: comma-separated kill, pause, partition, clock, membership,
-    /// restore, lose-unsynced, slow-disk (disk = both), or all / none.
+    /// restore, lose-unsynced, slow-disk (disk = both), restart-fast,
+    /// disk-error, client-link, hostile-peer, long-partition, or all (every
+    /// kind but long-partition) / none.
     #[arg(long, default_value = "kill,pause,partition")]
     pub nemesis: String,
     /// fenced-counter, lock, semaphore or clients.
