@@ -204,8 +204,11 @@ start_raftlock_cluster() {
 stop_raftlock_cluster() {
   for i in 1 2 3; do [ -n "${PID[raftlock$i]:-}" ] && stop_pid "${PID[raftlock$i]}"; unset "PID[raftlock$i]"; done
 }
-pids_of() { # pids_of raftlock|etcd -> "p1,p2,p3" in endpoint order
-  echo "${PID[${1}1]},${PID[${1}2]},${PID[${1}3]}"
+pids_of() { # pids_of raftlock|etcd|redis -> "p1,p2,p3" in endpoint order
+  case $1 in
+    redis) echo "${PID[redis]}" ;;
+    *) echo "${PID[${1}1]},${PID[${1}2]},${PID[${1}3]}" ;;
+  esac
 }
 endpoints_of() {
   case $1 in raftlock) echo "$RL_EP" ;; etcd) echo "$ETCD_EP" ;; redis) echo "$REDIS_EP" ;; esac
@@ -236,8 +239,10 @@ for round in $(seq "$ROUNDS"); do
     # Rotate the order each round so no target always runs first.
     for k in 0 1 2; do
       t=${TARGETS[$(( (k + round - 1) % 3 ))]}
+      # --pids: the CPU every server process of the target uses in the
+      # window, per 1,000 operations (and the load generator's own).
       "$BENCH" run --target "$t" --workload "$w" --endpoints "$(endpoints_of "$t")" \
-        --clients "$CLIENTS" --duration "$DURATION" --warmup 2 \
+        --clients "$CLIENTS" --duration "$DURATION" --warmup 2 --pids "$(pids_of "$t")" \
         --json "$RUNS/$w-$t-$round.json" || log "run $w/$t failed (round $round)"
     done
   done

@@ -121,6 +121,8 @@ pub struct Plan {
     pub label: String,
     /// No progress bar.
     pub quiet: bool,
+    /// Server processes whose CPU time to count over the window.
+    pub cpu_pids: Vec<i32>,
 }
 
 /// What a run measured.
@@ -135,6 +137,8 @@ pub struct Measured {
     pub latencies: Latencies,
     /// Hand-off latencies.
     pub handoff: Latencies,
+    /// CPU used in the window (with [`Plan::cpu_pids`]).
+    pub cpu: Option<crate::cpu::Used>,
 }
 
 struct TaskOut<W> {
@@ -229,6 +233,7 @@ pub async fn run<W: Worker>(workers: Vec<W>, plan: &Plan, ctx: Arc<Ctx>) -> Meas
     }
     ctx.window.send_replace(true);
     let start = Instant::now();
+    let cpu_start = (!plan.cpu_pids.is_empty()).then(|| crate::cpu::Snapshot::take(&plan.cpu_pids));
     match plan.goal {
         Goal::Time(d) => {
             tokio::select! {
@@ -241,6 +246,7 @@ pub async fn run<W: Worker>(workers: Vec<W>, plan: &Plan, ctx: Arc<Ctx>) -> Meas
         }
     }
     let window = start.elapsed();
+    let cpu = cpu_start.map(|s| s.until(&crate::cpu::Snapshot::take(&plan.cpu_pids)));
     ctx.stop();
     let mut latencies = Latencies::default();
     let mut handoff = Latencies::default();
@@ -269,5 +275,6 @@ pub async fn run<W: Worker>(workers: Vec<W>, plan: &Plan, ctx: Arc<Ctx>) -> Meas
         window,
         latencies,
         handoff,
+        cpu,
     }
 }

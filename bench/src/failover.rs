@@ -119,6 +119,7 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
         warmup: Duration::ZERO,
         label: format!("{}/failover", target.name()),
         quiet: true,
+        cpu_pids: Vec::new(),
     };
     let load = {
         let ctx = ctx.clone();

@@ -11,6 +11,7 @@
 //! `bench/compare.sh` starts all three systems and runs everything; see
 //! `bench/README.md` for what the figures mean and what limits them.
 
+mod cpu;
 mod driver;
 mod failover;
 mod progress;
@@ -129,6 +130,11 @@ struct RunArgs {
     /// their `/debug/stages` (emptied when the window starts).
     #[arg(long, value_delimiter = ',')]
     trace_stages: Vec<String>,
+    /// The server processes (comma-separated pids): the CPU time they all
+    /// use over the measured window is reported per 1,000 operations,
+    /// beside this load generator's own.
+    #[arg(long, value_delimiter = ',')]
+    pids: Vec<i32>,
 }
 
 #[derive(Args)]
@@ -209,6 +215,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         warmup: Duration::from_secs_f64(args.warmup.max(0.0)),
         label: format!("{}/{}", target.name(), args.workload.name()),
         quiet: args.quiet,
+        cpu_pids: args.pids.clone(),
     };
     if !args.trace_stages.is_empty() && target != Target::Raftlock {
         bail!("--trace-stages reads raftlockd's stage histograms: raftlock only");
@@ -240,6 +247,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         errors: m.errors,
         note: note(target, args.workload),
         load_avg: load_avg(),
+        server_cpu_s: m.cpu.map(|c| round3(c.servers_s)),
+        bench_cpu_s: m.cpu.map(|c| round3(c.own_s)),
         ..RunResult::default()
     };
     result.set_latencies(&m.latencies);
@@ -269,6 +278,17 @@ fn print_run(r: &RunResult) {
             r.target, r.workload, h.p50_ms, h.p99_ms
         );
     }
+    if let (Some(server), Some(own)) = (r.server_cpu_s, r.bench_cpu_s) {
+        let kop = |s| crate::cpu::per_kop(s, r.ops).map_or("-".into(), |v| format!("{v:.3}"));
+        println!(
+            "{:<9} {:<12} CPU s per 1,000 ops: servers {}  load generator {}  (servers used {:.2} cores)",
+            r.target,
+            r.workload,
+            kop(server),
+            kop(own),
+            server / r.secs.max(1e-9)
+        );
+    }
 }
 
 /// Writes `value` as pretty JSON to `path`.
@@ -288,6 +308,7 @@ async fn wait(args: WaitArgs) -> anyhow::Result<()> {
         warmup: Duration::ZERO,
         label: String::new(),
         quiet: true,
+        cpu_pids: Vec::new(),
     };
     let mut last = String::new();
     while tokio::time::Instant::now() < deadline {

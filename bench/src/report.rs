@@ -117,10 +117,19 @@ struct Merged {
     handoff: Latencies,
     note: String,
     loads: Vec<String>,
+    /// CPU seconds of the servers and of the load generator over every
+    /// round's window; `None` when a round did not measure it.
+    server_cpu_s: Option<f64>,
+    bench_cpu_s: Option<f64>,
 }
 
 fn ops_per_sec(m: &Merged) -> f64 {
     m.ops as f64 / m.secs.max(1e-9)
+}
+
+/// Server CPU seconds per 1,000 operations.
+fn server_cpu_per_kop(m: &Merged) -> Option<f64> {
+    crate::cpu::per_kop(m.server_cpu_s?, m.ops)
 }
 
 fn median(v: &mut [f64]) -> Option<f64> {
@@ -148,7 +157,12 @@ pub fn run(args: ReportArgs) -> anyhow::Result<()> {
                 handoff: Latencies::default(),
                 note: r.note.clone(),
                 loads: Vec::new(),
+                server_cpu_s: Some(0.0),
+                bench_cpu_s: Some(0.0),
             });
+        let add = |total: Option<f64>, round: Option<f64>| Some(total? + round?);
+        m.server_cpu_s = add(m.server_cpu_s, r.server_cpu_s);
+        m.bench_cpu_s = add(m.bench_cpu_s, r.bench_cpu_s);
         m.ops += r.ops;
         m.secs += r.secs;
         m.errors += r.errors;
@@ -161,7 +175,7 @@ pub fn run(args: ReportArgs) -> anyhow::Result<()> {
 
     let mut workloads = Map::new();
     println!(
-        "\n{:<12} {:<9} {:>10} {:>9} {:>9} {:>9} {:>7}  {:>13} {:>13}",
+        "\n{:<12} {:<9} {:>10} {:>9} {:>9} {:>9} {:>7} {:>10}  {:>13} {:>13}",
         "workload",
         "target",
         "ops/s",
@@ -169,6 +183,7 @@ pub fn run(args: ReportArgs) -> anyhow::Result<()> {
         "p99 ms",
         "p99.9 ms",
         "errors",
+        "CPU s/1k",
         "vs etcd",
         "vs redis"
     );
@@ -196,6 +211,13 @@ pub fn run(args: ReportArgs) -> anyhow::Result<()> {
             if !m.note.is_empty() {
                 entry["note"] = json!(m.note);
             }
+            let cpu = server_cpu_per_kop(m);
+            if let Some(c) = cpu {
+                entry["server_cpu_s_per_1k_ops"] = json!(round3(c));
+            }
+            if let Some(c) = m.bench_cpu_s.and_then(|b| crate::cpu::per_kop(b, m.ops)) {
+                entry["bench_cpu_s_per_1k_ops"] = json!(round3(c));
+            }
             if m.handoff.count() > 0 {
                 let h = Summary::from(&m.handoff);
                 entry["handoff_p50_ms"] = json!(h.p50_ms);
@@ -211,7 +233,7 @@ pub fn run(args: ReportArgs) -> anyhow::Result<()> {
                 }
             };
             println!(
-                "{:<12} {:<9} {:>10.0} {:>9.2} {:>9.2} {:>9.2} {:>7}  {:>13} {:>13}",
+                "{:<12} {:<9} {:>10.0} {:>9.2} {:>9.2} {:>9.2} {:>7} {:>10}  {:>13} {:>13}",
                 w,
                 t,
                 ops,
@@ -219,6 +241,7 @@ pub fn run(args: ReportArgs) -> anyhow::Result<()> {
                 s.p99_ms,
                 s.p999_ms,
                 m.errors,
+                cpu.map_or("-".into(), |c| format!("{c:.3}")),
                 ratio("etcd"),
                 ratio("redis")
             );
@@ -231,6 +254,14 @@ pub fn run(args: ReportArgs) -> anyhow::Result<()> {
                     let ops = ops_per_sec(o);
                     if ops > 0.0 {
                         ratios.insert(format!("raftlock/{other}"), json!(round3(base / ops)));
+                    }
+                    // Server CPU per operation, raftlock's over the other's
+                    // (below 1: raftlock spends less per lock).
+                    let cpu = get("raftlock").and_then(server_cpu_per_kop);
+                    if let (Some(a), Some(b)) = (cpu, server_cpu_per_kop(o)) {
+                        if b > 0.0 {
+                            ratios.insert(format!("cpu raftlock/{other}"), json!(round3(a / b)));
+                        }
                     }
                 }
             }

@@ -176,31 +176,6 @@ pub struct Step {
     pub sessions_lost: u64,
 }
 
-/// CPU time (user + system) of `pid` so far, in clock ticks.
-fn cpu_ticks(pid: i32) -> u64 {
-    parse_cpu_ticks(&std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default())
-}
-
-/// utime + stime from a `/proc/PID/stat` line.
-fn parse_cpu_ticks(text: &str) -> u64 {
-    // The fields after the command name (which may hold spaces) start
-    // after the last ')'; utime and stime are fields 14 and 15.
-    let Some((_, rest)) = text.rsplit_once(')') else {
-        return 0;
-    };
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let field = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    field(11) + field(12)
-}
-
-/// Clock ticks per second (`getconf CLK_TCK`; 100 on Linux).
-const TICKS_PER_SEC: f64 = 100.0;
-
 /// The JSON `scale` writes.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct ScaleResult {
@@ -458,8 +433,9 @@ pub async fn run(args: ScaleArgs) -> anyhow::Result<()> {
             warmup: Duration::from_secs(1),
             label: format!("raftlock/scale {step} {}", result.kind),
             quiet: args.quiet,
+            cpu_pids: Vec::new(),
         };
-        let cpu_before: Vec<u64> = args.pids.iter().map(|p| cpu_ticks(*p)).collect();
+        let cpu_before: Vec<u64> = args.pids.iter().map(|p| crate::cpu::ticks(*p)).collect();
         let answered_before = answered(&holdings, &args.metrics).await;
         let measured = Instant::now();
         let m = drive(args.target, &opts, args.clients, &plan, Ctx::new(false)).await?;
@@ -470,7 +446,12 @@ pub async fn run(args: ScaleArgs) -> anyhow::Result<()> {
             .iter()
             .zip(&cpu_before)
             .map(|(p, before)| {
-                round3(cpu_ticks(*p).saturating_sub(*before) as f64 / TICKS_PER_SEC / wall * 100.0)
+                round3(
+                    crate::cpu::ticks(*p).saturating_sub(*before) as f64
+                        / crate::cpu::TICKS_PER_SEC
+                        / wall
+                        * 100.0,
+                )
             })
             .collect();
         let (keepalives_per_sec, keepalives_answered_per_sec, sessions_lost) = match args.kind {
@@ -523,17 +504,4 @@ pub async fn run(args: ScaleArgs) -> anyhow::Result<()> {
         let _ = tokio::time::timeout(Duration::from_secs(60), closes).await;
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cpu_time_is_read_past_a_command_name_with_spaces() {
-        let line =
-            "4242 (raft lockd) x) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 70 0 0 20 0 9 0 1 2 3";
-        assert_eq!(parse_cpu_ticks(line), 320);
-        assert_eq!(parse_cpu_ticks(""), 0);
-    }
 }

@@ -162,6 +162,13 @@ pub struct RunResult {
     /// `--trace-stages`: where a write's time went, stage by stage.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stages: Option<Vec<crate::stages::StageRow>>,
+    /// `--pids`: CPU seconds (user + system) all the server processes
+    /// used in the window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_cpu_s: Option<f64>,
+    /// `--pids`: CPU seconds the load generator used in the window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bench_cpu_s: Option<f64>,
 }
 
 impl RunResult {
