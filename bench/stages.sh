@@ -41,34 +41,18 @@ BASE_PORT=${BASE_PORT:-27300}
 TMP=$(mktemp -d "${WORK_DIR:-${TMPDIR:-/tmp}}/raftlock-stages.XXXXXX")
 OUT=${OUT:-$TMP/results}
 mkdir -p "$OUT"
-PIDS=()
+# shellcheck source=bench/lib/cluster.sh
+. "$HERE/lib/cluster.sh"
 cleanup() {
   local rc=$?
   trap - EXIT INT TERM
-  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
+  stop_cluster
   rm -rf "$TMP/raftlock-"*
   exit $rc
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-
-EP=""; PEERS=""; METRICS=""
-for i in 1 2 3; do
-  EP+="${EP:+,}127.0.0.1:$((BASE_PORT + i))"
-  PEERS+="${PEERS:+,}$i=127.0.0.1:$((BASE_PORT + i))"
-  METRICS+="${METRICS:+,}127.0.0.1:$((BASE_PORT + 10 + i))"
-done
-start() { # start ID [--init]
-  local i=$1; shift
-  # shellcheck disable=SC2086
-  RUST_LOG=${RUST_LOG:-warn} "$BIN_DIR/raftlockd" run --id "$i" --listen "127.0.0.1:$((BASE_PORT + i))" \
-    --metrics-listen "127.0.0.1:$((BASE_PORT + 10 + i))" --data-dir "$TMP/raftlock-$i" \
-    --peers "$PEERS" --insecure-peers ${RAFTLOCKD_ARGS:-} "$@" >>"$TMP/raftlock-$i.log" 2>&1 &
-  PIDS+=($!)
-}
-start 2; start 3; sleep 0.3; start 1 --init
-"$BIN_DIR/raftlock-bench" wait --target raftlock --endpoints "$EP" --timeout 60
+start_cluster
 
 echo "stages.sh: $(git -C "$ROOT" describe --always --dirty 2>/dev/null || echo '?'), load $(cut -d' ' -f1-3 /proc/loadavg), results in $OUT"
 for w in $WORKLOADS; do
