@@ -10,7 +10,7 @@ use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::convert::{self, lock_info, mode_from_request, mode_to_proto, watch_event};
+use super::convert::{self, lock_info, mode_from_request, mode_to_proto, watch_events};
 use super::Api;
 use crate::apply::WatchItem;
 use crate::auth::{Caller, Permission};
@@ -576,10 +576,7 @@ impl Locks for Api {
                         return;
                     }
                     WatchItem::Events { index, events } => {
-                        for e in events {
-                            let Some(w) = watch_event(*index, e) else {
-                                continue;
-                            };
+                        for w in watch_events(*index, events) {
                             if matches(&w.name) && tx.send(Ok(w)).await.is_err() {
                                 return;
                             }

@@ -284,6 +284,8 @@ impl Leases {
                         changed = true;
                     }
                 }
+                // A SessionEnded follows.
+                Event::SessionRevoked { .. } => {}
                 Event::SessionEnded { session, .. } => {
                     t.ttls.remove(session);
                     t.expiring.remove(session);

@@ -80,11 +80,13 @@ pub enum Method {
     Restore,
     /// `Cluster.TransferLeader`.
     TransferLeader,
+    /// `Cluster.RevokeSession`.
+    RevokeSession,
 }
 
 impl Method {
     /// Every method, in the order of [`Metrics`]' histograms.
-    pub const ALL: [Method; 23] = [
+    pub const ALL: [Method; 24] = [
         Method::OpenSession,
         Method::KeepAlive,
         Method::CloseSession,
@@ -108,6 +110,7 @@ impl Method {
         Method::Backup,
         Method::Restore,
         Method::TransferLeader,
+        Method::RevokeSession,
     ];
 
     /// The gRPC method name, as the `method` label shows it.
@@ -136,6 +139,7 @@ impl Method {
             Method::Backup => "Backup",
             Method::Restore => "Restore",
             Method::TransferLeader => "TransferLeader",
+            Method::RevokeSession => "RevokeSession",
         }
     }
 }
