@@ -288,6 +288,13 @@ impl Node {
             cluster.create().await?;
         }
         let shared = Shared::new(committed);
+        // The console's side table follows every applied event from the
+        // first (subscribed before Raft starts applying).
+        let console_notes = Arc::new(crate::console::Notes::default());
+        let console_follow = tokio::spawn(crate::console::follow(
+            console_notes.clone(),
+            shared.watch.subscribe(),
+        ));
         let sm = StateMachineStore::open(shared.clone(), Some(opts.data_dir.join("snapshot.bin")))?;
         let log_store = log_store
             .with_snapshot_floor(sm.persisted_snapshot())
@@ -471,6 +478,7 @@ impl Node {
         });
 
         let mut tasks = vec![
+            console_follow,
             tokio::spawn(shared.leases.clone().run({
                 let raft = raft.clone();
                 move |batch| {
@@ -506,7 +514,14 @@ impl Node {
                 leadership: leadership.clone(),
                 auth: opts.auth.clone(),
             });
-            let serve = crate::metrics::serve(listener, shared.metrics.clone(), source, shutdown());
+            let console = crate::console::router(api.clone(), console_notes.clone());
+            let serve = crate::metrics::serve(
+                listener,
+                shared.metrics.clone(),
+                source,
+                console,
+                shutdown(),
+            );
             tasks.push(tokio::spawn(async move {
                 if let Err(e) = serve.await {
                     tracing::error!(error = %e, "metrics server failed");

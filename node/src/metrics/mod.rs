@@ -619,11 +619,13 @@ fn probe(result: Result<(), String>) -> (axum::http::StatusCode, String) {
 ///   why;
 /// * `GET /debug/stages`: the write-stage breakdown (see [`stages`]) as
 ///   JSON, and `POST /debug/stages/reset` to empty it (with access control
-///   on, only for an admin's bearer token: `401`/`403` otherwise).
+///   on, only for an admin's bearer token: `401`/`403` otherwise);
+/// * and whatever `extra` routes (the operator's console, `/ui`).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     metrics: Arc<Metrics>,
     source: Arc<dyn Source>,
+    extra: axum::Router,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     use axum::http::{HeaderMap, StatusCode};
@@ -679,7 +681,8 @@ pub async fn serve(
                 };
                 async move { answer }
             }),
-        );
+        )
+        .merge(extra);
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await
