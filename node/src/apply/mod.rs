@@ -220,6 +220,7 @@ fn count(metrics: &Metrics, events: &[Event]) {
                 ..
             } => Counter::Releases,
             Event::SessionEnded { expired: true, .. } => Counter::Expiries,
+            Event::SessionRevoked { .. } => Counter::SessionsRevoked,
             Event::Cancelled {
                 cause: CancelCause::TimedOut,
                 ..

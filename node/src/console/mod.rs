@@ -27,7 +27,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::extract::{RawQuery, State};
 use axum::http::{header, HeaderMap, StatusCode};
@@ -82,17 +82,25 @@ fn now_ms() -> u64 {
 
 /// The side table: when this node applied each live grant and wait, and
 /// the latest events. Information only.
+/// It also times lock waits and holds for the metrics (on the monotonic
+/// clock).
 #[derive(Default)]
 pub struct Notes {
     inner: Mutex<NotesInner>,
+    /// Where lock wait and hold times go (none in unit tests).
+    metrics: Option<Arc<crate::metrics::Metrics>>,
 }
+
+/// When something was applied here: wall clock (shown) and monotonic
+/// (measured).
+type Noted = (u64, Instant);
 
 #[derive(Default)]
 struct NotesInner {
     /// (name, fence) of a grant → when it was applied here.
-    grants: HashMap<(String, u64), u64>,
+    grants: HashMap<(String, u64), Noted>,
     /// (session, name, seq) of a queued request → when it was applied here.
-    waits: HashMap<(u64, String, u64), u64>,
+    waits: HashMap<(u64, String, u64), Noted>,
     /// The latest events, oldest first.
     tail: VecDeque<TailEvent>,
 }
@@ -119,8 +127,18 @@ pub struct TailEvent {
 }
 
 impl Notes {
+    /// Notes that also time lock waits and holds into `metrics`.
+    pub fn with_metrics(metrics: Arc<crate::metrics::Metrics>) -> Notes {
+        Notes {
+            inner: Mutex::default(),
+            metrics: Some(metrics),
+        }
+    }
+
     /// Notes the events of one applied entry at `at_unix_ms`.
     pub fn record(&self, index: u64, events: &[Event], at_unix_ms: u64) {
+        let now = Instant::now();
+        let noted = (at_unix_ms, now);
         let mut n = self.inner.lock().expect("console notes poisoned");
         let mut revoked_by: Option<String> = None;
         for e in events {
@@ -139,17 +157,20 @@ impl Notes {
                     fence,
                     ..
                 } => {
-                    n.waits
+                    let waited = n
+                        .waits
                         .remove(&(session.0, name.as_str().to_string(), *seq));
-                    n.grants
-                        .insert((name.as_str().to_string(), fence.0), at_unix_ms);
+                    if let (Some((_, since)), Some(m)) = (waited, &self.metrics) {
+                        m.lock_wait(name.as_str(), now.saturating_duration_since(since));
+                    }
+                    n.grants.insert((name.as_str().to_string(), fence.0), noted);
                     ("granted", name, session.0, fence.0)
                 }
                 Event::Queued {
                     name, session, seq, ..
                 } => {
                     n.waits
-                        .insert((session.0, name.as_str().to_string(), *seq), at_unix_ms);
+                        .insert((session.0, name.as_str().to_string(), *seq), noted);
                     ("queued", name, session.0, 0)
                 }
                 Event::Ended {
@@ -159,7 +180,10 @@ impl Notes {
                     cause,
                     ..
                 } => {
-                    n.grants.remove(&(name.as_str().to_string(), fence.0));
+                    let held = n.grants.remove(&(name.as_str().to_string(), fence.0));
+                    if let (Some((_, since)), Some(m)) = (held, &self.metrics) {
+                        m.lock_hold(name.as_str(), now.saturating_duration_since(since));
+                    }
                     let kind = match cause {
                         EndCause::Released => "released",
                         EndCause::SessionClosed => "closed",
@@ -210,12 +234,12 @@ impl Notes {
 
     fn grant_since(&self, name: &str, fence: u64) -> Option<u64> {
         let n = self.inner.lock().expect("console notes poisoned");
-        n.grants.get(&(name.to_string(), fence)).copied()
+        n.grants.get(&(name.to_string(), fence)).map(|t| t.0)
     }
 
     fn wait_since(&self, session: u64, name: &str, seq: u64) -> Option<u64> {
         let n = self.inner.lock().expect("console notes poisoned");
-        n.waits.get(&(session, name.to_string(), seq)).copied()
+        n.waits.get(&(session, name.to_string(), seq)).map(|t| t.0)
     }
 
     fn tail(&self) -> Vec<TailEvent> {

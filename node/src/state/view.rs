@@ -232,6 +232,16 @@ impl LockTable {
             .filter_map(|(name, lock)| lock.delay.map(|d| (name, d.since, d.delay_ms)))
     }
 
+    /// Queued requests of the longest queue (for metrics). Linear in the
+    /// number of names.
+    pub fn longest_queue(&self) -> u64 {
+        self.locks
+            .values()
+            .map(|l| l.queue.len() as u64)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Counts for status and metrics. Linear in the number of names.
     pub fn stats(&self) -> Stats {
         let mut stats = Stats {
