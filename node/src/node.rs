@@ -522,6 +522,7 @@ impl Node {
                 leadership: leadership.clone(),
                 auth: opts.auth.clone(),
                 watches: api.0.watches.clone(),
+                notes: console_notes.clone(),
             });
             let console = crate::console::router(api.clone(), console_notes.clone());
             let serve = crate::metrics::serve(
@@ -846,13 +847,18 @@ struct MetricsSource {
     auth: Arc<crate::auth::Auth>,
     /// Open `Watch` streams.
     watches: Arc<std::sync::atomic::AtomicUsize>,
+    /// The console's side table (the oldest grant and wait).
+    notes: Arc<crate::console::Notes>,
 }
 
 impl crate::metrics::Source for MetricsSource {
     fn gauges(&self) -> crate::metrics::Gauges {
+        let oldest = self.notes.oldest();
         crate::metrics::Gauges {
             disk: crate::metrics::process::disk(&self.data_dir),
             watch_streams: self.watches.load(std::sync::atomic::Ordering::Relaxed) as u64,
+            oldest_grant: oldest.0,
+            oldest_wait: oldest.1,
             ..gauges(&self.raft, &self.shared, &self.leadership)
         }
     }
@@ -938,6 +944,8 @@ fn gauges(raft: &Raft, shared: &Shared, leadership: &Leadership) -> crate::metri
         watch_streams: 0,
         watch_streams_max: crate::api::locks::MAX_WATCHES as u64,
         longest_queue,
+        oldest_grant: Duration::ZERO,
+        oldest_wait: Duration::ZERO,
     }
 }
 

@@ -242,6 +242,20 @@ impl Notes {
         n.waits.get(&(session, name.to_string(), seq)).map(|t| t.0)
     }
 
+    /// How long the oldest live grant has been held and the oldest queued
+    /// request has waited, as far as this process saw them applied (for
+    /// the metrics; zero when there is none).
+    pub fn oldest(&self) -> (std::time::Duration, std::time::Duration) {
+        let n = self.inner.lock().expect("console notes poisoned");
+        fn age<K>(m: &HashMap<K, Noted>) -> std::time::Duration {
+            m.values()
+                .map(|(_, since)| since.elapsed())
+                .max()
+                .unwrap_or_default()
+        }
+        (age(&n.grants), age(&n.waits))
+    }
+
     fn tail(&self) -> Vec<TailEvent> {
         let n = self.inner.lock().expect("console notes poisoned");
         n.tail.iter().cloned().collect()

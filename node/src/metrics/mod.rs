@@ -391,6 +391,11 @@ pub struct Gauges {
     pub watch_streams_max: u64,
     /// Queued requests of the longest queue (one name).
     pub longest_queue: u64,
+    /// How long the oldest live grant has been held (as this process saw
+    /// it applied).
+    pub oldest_grant: Duration,
+    /// How long the oldest queued request has waited.
+    pub oldest_wait: Duration,
 }
 
 /// What a leader knows of one other member.
@@ -650,6 +655,26 @@ impl Metrics {
             "Queued requests of the longest queue (one name) in this node's table.",
             g.longest_queue,
         );
+        for (name, help, d) in [
+            (
+                "raftlock_oldest_grant_seconds",
+                "How long the longest-held live grant has been held, since this node applied it \
+                 (0: none; grants applied before this process started are not counted).",
+                g.oldest_grant,
+            ),
+            (
+                "raftlock_oldest_wait_seconds",
+                "How long the longest-waiting queued request has waited, since this node applied \
+                 it (0: none; as for raftlock_oldest_grant_seconds).",
+                g.oldest_wait,
+            ),
+        ] {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {}",
+                d.as_secs_f64()
+            );
+        }
         for counter in Counter::ALL {
             let (name, help) = counter.describe();
             let v = self.counters[counter as usize].load(Ordering::Relaxed);
