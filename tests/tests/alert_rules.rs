@@ -411,3 +411,30 @@ fn every_dashboard_and_rule_expression_has_data_from_a_live_cluster() {
         cluster.shutdown().await;
     });
 }
+
+/// Every alert has a runbook row in the deploy guide.
+#[test]
+fn every_alert_has_a_runbook() {
+    let rules = std::fs::read_to_string(RULES).expect("rules file");
+    let guide =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/README.md"))
+            .expect("deploy guide");
+    let runbooks = guide
+        .split("### Runbooks")
+        .nth(1)
+        .expect("a Runbooks section");
+    let alerts: Vec<&str> = rules
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix("- alert:"))
+        .map(str::trim)
+        .collect();
+    assert!(alerts.len() >= 20, "{alerts:?}");
+    for alert in alerts {
+        assert!(
+            runbooks
+                .lines()
+                .any(|l| l.starts_with('|') && l.contains(&format!("`{alert}`"))),
+            "no runbook row for {alert}"
+        );
+    }
+}
