@@ -25,7 +25,7 @@
 //! event, for the tail). Entries applied before this process started, or
 //! installed by a snapshot, have no time (`null`).
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -503,22 +503,34 @@ async fn state(
     let m = api.raft.metrics().borrow_watched().clone();
     let view = api.leadership.view();
     let now = now_ms();
-    let (locks, all_locks, sessions, owners, stats, applied_index) = api.shared.read(|applied| {
+    // Read before the table's lock is taken (no lock inside another).
+    let renewed = api.shared.leases.since_renewal();
+    let (locks, sessions, stats, applied_index) = api.shared.read(|applied| {
         let table = &applied.table;
         let locks = table.list(&prefix, None, MAX_CONSOLE_LOCKS + 1);
-        // Every lock, for what each session holds and waits for.
-        let all = table.list("", None, usize::MAX);
-        let sessions: Vec<_> = table.sessions().take(MAX_CONSOLE_SESSIONS + 1).collect();
-        let owners: HashMap<u64, String> = sessions
-            .iter()
+        let sessions: Vec<SessionView> = table
+            .sessions()
+            .take(MAX_CONSOLE_SESSIONS + 1)
             .map(|s| {
-                (
-                    s.session.0,
-                    table.session_owner(s.session).unwrap_or("").to_string(),
-                )
+                let names = |v: Vec<&crate::state::LockName>| {
+                    v.into_iter().map(|n| n.as_str().to_string()).collect()
+                };
+                let (holds, waits) = table
+                    .session_names(s.session)
+                    .map(|(h, w)| (names(h), names(w)))
+                    .unwrap_or_default();
+                SessionView {
+                    id: s.session.0,
+                    ttl_ms: s.ttl_ms,
+                    lock_delay_ms: s.lock_delay_ms,
+                    owner: table.session_owner(s.session).unwrap_or("").to_string(),
+                    since_keepalive_ms: renewed.get(&s.session).map(|d| d.as_millis() as u64),
+                    holds,
+                    waits,
+                }
             })
             .collect();
-        (locks, all, sessions, owners, table.stats(), applied.index())
+        (locks, sessions, table.stats(), applied.index())
     });
     let leader_addr = view
         .leader
@@ -578,37 +590,8 @@ async fn state(
         })
         .collect();
 
-    let mut holds: BTreeMap<u64, Vec<String>> = BTreeMap::new();
-    let mut waits: BTreeMap<u64, Vec<String>> = BTreeMap::new();
-    for l in &all_locks {
-        for h in &l.holders {
-            holds
-                .entry(h.session.0)
-                .or_default()
-                .push(l.name.as_str().to_string());
-        }
-        for w in &l.waiters {
-            waits
-                .entry(w.session.0)
-                .or_default()
-                .push(l.name.as_str().to_string());
-        }
-    }
-    let renewed = api.shared.leases.since_renewal();
     let sessions_truncated = sessions.len() > MAX_CONSOLE_SESSIONS;
-    let sessions = sessions
-        .into_iter()
-        .take(MAX_CONSOLE_SESSIONS)
-        .map(|s| SessionView {
-            id: s.session.0,
-            ttl_ms: s.ttl_ms,
-            lock_delay_ms: s.lock_delay_ms,
-            owner: owners.get(&s.session.0).cloned().unwrap_or_default(),
-            since_keepalive_ms: renewed.get(&s.session).map(|d| d.as_millis() as u64),
-            holds: holds.remove(&s.session.0).unwrap_or_default(),
-            waits: waits.remove(&s.session.0).unwrap_or_default(),
-        })
-        .collect();
+    let sessions = sessions.into_iter().take(MAX_CONSOLE_SESSIONS).collect();
     let locks_truncated = locks.len() > MAX_CONSOLE_LOCKS;
     let locks = locks
         .into_iter()
