@@ -131,6 +131,24 @@ async fn the_console_shows_holders_waiters_sessions_and_events_and_revokes() {
         .collect();
     assert_eq!(kinds, vec!["granted", "queued"]);
 
+    // The metrics see the same queue: the longest queue is 1, the oldest
+    // grant and wait are timed, and a leader was learned of.
+    let metric = |text: &str, series: &str| -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .and_then(|v| v.parse().ok())
+    };
+    let (_, text) = http(&metrics, "GET", "/metrics", &[])
+        .await
+        .expect("metrics");
+    assert_eq!(metric(&text, "raftlock_longest_queue"), Some(1.0), "{text}");
+    assert!(metric(&text, "raftlock_oldest_grant_seconds").is_some_and(|s| s > 0.0));
+    assert!(metric(&text, "raftlock_oldest_wait_seconds").is_some_and(|s| s > 0.0));
+    // At least the one election that made this leader (more only if the
+    // leadership moved meanwhile).
+    assert!(metric(&text, "raftlock_leader_changes_total").is_some_and(|n| n >= 1.0));
+    assert!(metric(&text, "raftlock_keepalive_answer_seconds_count").is_some());
+
     // A follower serves what it has applied, and says it is a follower;
     // it refuses a revoke with the leader's hint.
     let follower = cluster
@@ -172,9 +190,43 @@ async fn the_console_shows_holders_waiters_sessions_and_events_and_revokes() {
         .await
         .expect("the waiter is granted")
         .expect("task");
-    assert!(got.expect("granted").fence() > q.held.fence());
+    // Kept to the end: dropping the guard would release the lock.
+    let got = got.expect("granted");
+    assert!(got.fence() > q.held.fence());
     let (_, s) = get_json(&metrics, "/ui/api/state?prefix=con%2F", &[]).await;
     assert_eq!(s["locks"][0]["holders"][0]["session"], q.waiter_id);
+    // One revoke, one timed wait (the waiter's) and one timed hold (the
+    // revoked grant), under the name's prefix label; no expiry. The
+    // timings are taken by a task that follows the applied events, so
+    // poll until it has seen the revoke.
+    let text = eventually(
+        "the revoke in the metrics",
+        Duration::from_secs(5),
+        || async {
+            let (_, text) = http(&metrics, "GET", "/metrics", &[]).await?;
+            (metric(&text, "raftlock_lock_hold_seconds_count{prefix=\"con/\"}").is_some())
+                .then_some(text)
+        },
+    )
+    .await;
+    assert_eq!(
+        metric(&text, "raftlock_sessions_revoked_total"),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(metric(&text, "raftlock_expiries_total"), Some(0.0));
+    assert_eq!(
+        metric(&text, "raftlock_lock_wait_seconds_count{prefix=\"con/\"}"),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        metric(&text, "raftlock_lock_hold_seconds_count{prefix=\"con/\"}"),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(metric(&text, "raftlock_longest_queue"), Some(0.0));
+    assert!(got.is_held());
     assert!(s["events"]
         .as_array()
         .expect("events")
