@@ -22,8 +22,10 @@
 //! "Since when" is a side table beside the state, never in `state/` and
 //! never an input to a decision: this node notes its own wall-clock time
 //! when it applies a grant or a queued request (and when it applies any
-//! event, for the tail). Entries applied before this process started, or
-//! installed by a snapshot, have no time (`null`).
+//! event, for the tail). After a restart, what the node re-applies from
+//! its log is noted when it re-applies it; what a snapshot installed, and
+//! what was live when this side table fell behind the applied events (a
+//! lagged broadcast), has no time (`null`).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};

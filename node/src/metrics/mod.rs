@@ -659,7 +659,7 @@ impl Metrics {
             (
                 "raftlock_oldest_grant_seconds",
                 "How long the longest-held live grant has been held, since this node applied it \
-                 (0: none; grants applied before this process started are not counted).",
+                 (0: none; after a restart, since it re-applied it from its log; grants from a snapshot are not counted).",
                 g.oldest_grant,
             ),
             (
