@@ -405,6 +405,27 @@ impl Client {
         Ok(members(resp.into_inner().members))
     }
 
+    /// Revokes session `id` (needs `admin`): the cluster ends it now, as if
+    /// its lease had run out. Its grants end (lock-delay applies), its
+    /// waits are withdrawn, and the next waiters are granted with larger
+    /// fences; its owner learns it at its next keep-alive
+    /// ([`Session::lost`](crate::Session::lost) fires,
+    /// [`Guard::is_held`](crate::Guard::is_held) turns false). Returns the
+    /// number of grants that ended. [`Error::SessionNotFound`] if no such
+    /// session is open (never opened, ended, or revoked already),
+    /// [`Error::InvalidArgument`] for id 0.
+    pub async fn revoke_session(&self, id: u64) -> Result<u32> {
+        let timeout = Duration::from_secs(10);
+        let resp = self
+            .transport
+            .cluster_call(Kind::Write, timeout, |mut c| async move {
+                c.revoke_session(pb::RevokeSessionRequest { session_id: id })
+                    .await
+            })
+            .await?;
+        Ok(resp.into_inner().released)
+    }
+
     /// Hands the leadership to voter `to` (`None`: the voter with the most
     /// log among those the leader hears from), for planned maintenance of
     /// the leader. Returns the new leader's id and client address once the

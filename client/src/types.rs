@@ -245,6 +245,9 @@ pub enum EventKind {
     Upgraded,
     /// An exclusive grant became shared, keeping its fence.
     Downgraded,
+    /// A grant ended because an administrator revoked its session
+    /// ([`WatchEvent::revoked_by`] says who).
+    Revoked,
 }
 
 impl EventKind {
@@ -260,6 +263,7 @@ impl EventKind {
             EventKind::LockDelayEnded => "lock-delay-ended",
             EventKind::Upgraded => "upgraded",
             EventKind::Downgraded => "downgraded",
+            EventKind::Revoked => "revoked",
         }
     }
 }
@@ -287,6 +291,11 @@ pub struct WatchEvent {
     pub mode: LockMode,
     /// Permits (1 for locks).
     pub weight: u32,
+    /// Revoked events: the identity of the administrator who revoked the
+    /// session ("" without access control) and when, in milliseconds
+    /// since the Unix epoch by the wall clock of the node that proposed
+    /// it.
+    pub revoked: Option<(String, u64)>,
 }
 
 impl TryFrom<pb::WatchEvent> for WatchEvent {
@@ -303,6 +312,7 @@ impl TryFrom<pb::WatchEvent> for WatchEvent {
             Ok(pb::EventKind::LockDelayEnded) => EventKind::LockDelayEnded,
             Ok(pb::EventKind::Upgraded) => EventKind::Upgraded,
             Ok(pb::EventKind::Downgraded) => EventKind::Downgraded,
+            Ok(pb::EventKind::Revoked) => EventKind::Revoked,
             Ok(pb::EventKind::Unspecified) | Err(_) => return Err(undefined("EventKind", e.kind)),
         };
         Ok(WatchEvent {
@@ -313,6 +323,7 @@ impl TryFrom<pb::WatchEvent> for WatchEvent {
             fence: (e.fence != 0).then_some(Fence(e.fence)),
             mode: LockMode::from_pb(e.mode)?,
             weight: e.weight,
+            revoked: (kind == EventKind::Revoked).then_some((e.revoked_by, e.revoked_at_unix_ms)),
         })
     }
 }

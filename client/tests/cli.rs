@@ -804,3 +804,65 @@ async fn members_transfer_leader_moves_the_leadership() {
     );
     cluster.shutdown().await;
 }
+
+/// `raftlock session revoke ID` ends a holder's session: the next waiter
+/// gets the lock; a second revoke (and a bad id) exits non-zero saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn session_revoke_ends_a_holder_and_hands_its_lock_on() {
+    let cluster = TestCluster::start(3).await;
+    let endpoints = cluster.addrs().join(",");
+    let client = Client::connect(cluster.addrs()).await.expect("client");
+    let s = client
+        .session(Duration::from_secs(10))
+        .await
+        .expect("session");
+    let g = s.lock("cli/revoke").await.expect("lock");
+    let id = s.id().get().to_string();
+
+    let out = raftlock(&endpoints)
+        .args(["session", "revoke", "--json", &id])
+        .output()
+        .await
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let answer: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(answer["released"], 1, "{answer}");
+    assert!(!client
+        .check_fence("cli/revoke", g.fence())
+        .await
+        .expect("check"));
+    let other = client
+        .session(Duration::from_secs(10))
+        .await
+        .expect("other");
+    let g2 = other.lock("cli/revoke").await.expect("free again");
+    assert!(g2.fence() > g.fence());
+
+    let out = raftlock(&endpoints)
+        .args(["session", "revoke", &id])
+        .output()
+        .await
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("is not open"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = raftlock(&endpoints)
+        .args(["session", "revoke", "0"])
+        .output()
+        .await
+        .expect("runs");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("non-zero"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    cluster.shutdown().await;
+}

@@ -7,6 +7,7 @@ pub mod api;
 pub mod apply;
 pub mod auth;
 pub mod config;
+pub mod console;
 pub mod error;
 pub mod leader;
 pub mod leases;

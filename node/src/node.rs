@@ -177,6 +177,9 @@ pub struct NodeOptions {
     /// Faults injected into the log's storage (tests only; none by
     /// default).
     pub storage_faults: crate::raft::log_store::StorageFaults,
+    /// How lock names become the `prefix` label of the lock wait and hold
+    /// histograms.
+    pub prefix_labels: crate::metrics::PrefixLabels,
 }
 
 /// The sockets a node serves on; the caller binds them.
@@ -288,6 +291,14 @@ impl Node {
             cluster.create().await?;
         }
         let shared = Shared::new(committed);
+        // The console's side table follows every applied event from the
+        // first (subscribed before Raft starts applying).
+        shared.metrics.set_prefix_labels(opts.prefix_labels);
+        let console_notes = Arc::new(crate::console::Notes::with_metrics(shared.metrics.clone()));
+        let console_follow = tokio::spawn(crate::console::follow(
+            console_notes.clone(),
+            shared.watch.subscribe(),
+        ));
         let sm = StateMachineStore::open(shared.clone(), Some(opts.data_dir.join("snapshot.bin")))?;
         let log_store = log_store
             .with_snapshot_floor(sm.persisted_snapshot())
@@ -471,6 +482,7 @@ impl Node {
         });
 
         let mut tasks = vec![
+            console_follow,
             tokio::spawn(shared.leases.clone().run({
                 let raft = raft.clone();
                 move |batch| {
@@ -484,6 +496,10 @@ impl Node {
                 }
             })),
             tokio::spawn(leadership.clone().follow(health)),
+            tokio::spawn(count_leader_changes(
+                leadership.watch(),
+                shared.metrics.clone(),
+            )),
             tokio::spawn({
                 let raft = raft.clone();
                 async move {
@@ -505,8 +521,17 @@ impl Node {
                 shared: shared.clone(),
                 leadership: leadership.clone(),
                 auth: opts.auth.clone(),
+                watches: api.0.watches.clone(),
+                notes: console_notes.clone(),
             });
-            let serve = crate::metrics::serve(listener, shared.metrics.clone(), source, shutdown());
+            let console = crate::console::router(api.clone(), console_notes.clone());
+            let serve = crate::metrics::serve(
+                listener,
+                shared.metrics.clone(),
+                source,
+                console,
+                shutdown(),
+            );
             tasks.push(tokio::spawn(async move {
                 if let Err(e) = serve.await {
                     tracing::error!(error = %e, "metrics server failed");
@@ -820,12 +845,20 @@ struct MetricsSource {
     shared: Arc<Shared>,
     leadership: Arc<Leadership>,
     auth: Arc<crate::auth::Auth>,
+    /// Open `Watch` streams.
+    watches: Arc<std::sync::atomic::AtomicUsize>,
+    /// The console's side table (the oldest grant and wait).
+    notes: Arc<crate::console::Notes>,
 }
 
 impl crate::metrics::Source for MetricsSource {
     fn gauges(&self) -> crate::metrics::Gauges {
+        let oldest = self.notes.oldest();
         crate::metrics::Gauges {
             disk: crate::metrics::process::disk(&self.data_dir),
+            watch_streams: self.watches.load(std::sync::atomic::Ordering::Relaxed) as u64,
+            oldest_grant: oldest.0,
+            oldest_wait: oldest.1,
             ..gauges(&self.raft, &self.shared, &self.leadership)
         }
     }
@@ -860,11 +893,40 @@ impl crate::metrics::Source for MetricsSource {
     }
 }
 
+/// Counts, for `/metrics`, each leader this node learns of that is not the
+/// last one it knew, and a fatal stop of the core.
+async fn count_leader_changes(
+    mut view: tokio::sync::watch::Receiver<crate::leader::View>,
+    metrics: Arc<crate::metrics::Metrics>,
+) {
+    let mut last_leader = None;
+    let mut fatal = false;
+    loop {
+        {
+            let v = view.borrow_and_update();
+            if let Some(l) = v.leader {
+                if last_leader != Some(l) {
+                    last_leader = Some(l);
+                    metrics.count(crate::metrics::Counter::LeaderChanges);
+                }
+            }
+            if v.fatal.is_some() && !fatal {
+                fatal = true;
+                metrics.count(crate::metrics::Counter::FatalErrors);
+            }
+        }
+        if view.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
 /// What `/metrics` shows of Raft and the lock table right now.
 fn gauges(raft: &Raft, shared: &Shared, leadership: &Leadership) -> crate::metrics::Gauges {
     let m = raft.metrics().borrow_watched().clone();
     let view = leadership.view();
-    let stats = shared.read(|applied| applied.table.stats());
+    let (stats, longest_queue) =
+        shared.read(|applied| (applied.table.stats(), applied.table.longest_queue()));
     crate::metrics::Gauges {
         term: view.term,
         is_leader: view.working_leader(),
@@ -879,6 +941,11 @@ fn gauges(raft: &Raft, shared: &Shared, leadership: &Leadership) -> crate::metri
         parked_requests: shared.waiters.len() as u64,
         peers: peer_gauges(&m),
         disk: None,
+        watch_streams: 0,
+        watch_streams_max: crate::api::locks::MAX_WATCHES as u64,
+        longest_queue,
+        oldest_grant: Duration::ZERO,
+        oldest_wait: Duration::ZERO,
     }
 }
 

@@ -307,6 +307,7 @@ impl TestCluster {
             tls: self.tls.clone(),
             auth,
             storage_faults: self.storage_faults(id),
+            prefix_labels: Default::default(),
         }
     }
 

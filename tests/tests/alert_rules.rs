@@ -155,3 +155,286 @@ fn the_rules_name_only_metrics_a_node_exports() {
         );
     }
 }
+
+const RULE_TESTS: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../deploy/prometheus/raftlock-alerts.test.yml"
+);
+
+const DASHBOARD: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../deploy/grafana/raftlock-dashboard.json"
+);
+
+/// `promtool test rules`: the unit tests of the alerts (made-up series,
+/// the alerts that must and must not fire) pass.
+#[test]
+fn promtool_unit_tests_of_the_alerts_pass() {
+    let Some(()) = servers::require("promtool", promtool()) else {
+        return;
+    };
+    let out = Command::new("promtool")
+        .args(["test", "rules"])
+        .arg(RULE_TESTS)
+        .output()
+        .expect("promtool runs");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "promtool test rules failed:\n{said}");
+    assert!(said.contains("SUCCESS"), "{said}");
+}
+
+/// The left side of an expression's last top-level comparison (`a > 5`
+/// gives `a`, `sum(x > bool 5) >= floor(y)` gives `sum(x > bool 5)`): the
+/// part of an alert that must have data whether or not the alert fires.
+fn left_of_comparison(expr: &str) -> &str {
+    let bytes = expr.as_bytes();
+    let (mut depth, mut quoted, mut cut) = (0i32, false, None);
+    let mut i = 0;
+    while i < bytes.len() {
+        let c = bytes[i];
+        match c {
+            b'"' => quoted = !quoted,
+            _ if quoted => {}
+            b'(' | b'[' | b'{' => depth += 1,
+            b')' | b']' | b'}' => depth -= 1,
+            b'>' | b'<' | b'=' | b'!' if depth == 0 => {
+                let two = bytes.get(i + 1) == Some(&b'=');
+                if c != b'=' && c != b'!' || two {
+                    cut = Some(i);
+                }
+                if two {
+                    i += 1;
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    cut.map_or(expr, |at| expr[..at].trim())
+}
+
+/// Every expression of the rules and the dashboard.
+fn all_expressions() -> Vec<(String, String)> {
+    let mut exprs = Vec::new();
+    let rules = std::fs::read_to_string(RULES).expect("rules file");
+    let mut alert = String::new();
+    for line in rules.lines() {
+        let line = line.trim_start();
+        if let Some(name) = line.strip_prefix("- alert:") {
+            alert = name.trim().to_string();
+        } else if let Some(expr) = line.strip_prefix("expr:") {
+            exprs.push((
+                format!("rule {alert}"),
+                left_of_comparison(expr.trim()).to_string(),
+            ));
+        }
+    }
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(DASHBOARD).expect("dashboard file"))
+            .expect("dashboard JSON");
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        for target in panel["targets"].as_array().expect("targets") {
+            exprs.push((
+                format!("panel {:?}", panel["title"].as_str().unwrap_or("")),
+                target["expr"].as_str().expect("expr").to_string(),
+            ));
+        }
+    }
+    exprs
+}
+
+#[test]
+fn the_left_side_of_a_comparison_is_what_must_have_data() {
+    assert_eq!(
+        left_of_comparison("up{job=\"raftlock\"} == 0"),
+        "up{job=\"raftlock\"}"
+    );
+    assert_eq!(
+        left_of_comparison("sum by (job) (x > bool 5) >= floor(count by (job) (x) / 2)"),
+        "sum by (job) (x > bool 5)"
+    );
+    assert_eq!(
+        left_of_comparison("histogram_quantile(0.99, sum(rate(a{m!~\"A|B\"}[5m]))) > 0.1"),
+        "histogram_quantile(0.99, sum(rate(a{m!~\"A|B\"}[5m])))"
+    );
+    assert_eq!(left_of_comparison("a / b"), "a / b");
+}
+
+fn url_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Kills the child when dropped.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A real Prometheus (Debian's `prometheus`) scrapes a live 3-node cluster
+/// under a small load with one follower killed; every expression of the
+/// dashboard, and of every alert the part before its threshold, returns
+/// at least one series.
+#[test]
+fn every_dashboard_and_rule_expression_has_data_from_a_live_cluster() {
+    let Some(()) = servers::require("promtool", promtool()) else {
+        return;
+    };
+    let Some(prometheus) = servers::require(
+        "prometheus",
+        servers::debian_tool("prometheus", "prometheus"),
+    ) else {
+        return;
+    };
+    let exprs = all_expressions();
+    assert!(exprs.len() > 30, "{exprs:?}");
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async move {
+        use std::time::Duration;
+        let mut cluster = TestCluster::start(3).await;
+        let leader = cluster.wait_for_leader().await;
+        let client = cluster.client().await;
+        // Load: a wait that ends in a grant, a hold that ends, a grant and
+        // a wait still live, a revoke, an expiry.
+        let a = client.session(Duration::from_secs(30)).await.expect("a");
+        let b = client.session(Duration::from_secs(30)).await.expect("b");
+        let held = a.lock("app/x").await.expect("a locks");
+        let waiting = tokio::spawn(async move {
+            let g = b.lock("app/x").await;
+            (b, g)
+        });
+        raftlock_testkit::eventually("b queued", Duration::from_secs(10), || async {
+            let info = client.describe("app/x").await.ok().flatten()?;
+            (info.waiters.len() == 1).then_some(())
+        })
+        .await;
+        held.release().await.expect("release");
+        let (b, granted) = waiting.await.expect("task");
+        let _b_holds = granted.expect("b granted");
+        let c = client.session(Duration::from_secs(30)).await.expect("c");
+        let c_waits = tokio::spawn(async move {
+            let g = c.lock("app/x").await;
+            (c, g)
+        });
+        let d = client.session(Duration::from_secs(30)).await.expect("d");
+        let _d_holds = d.lock("jobs/nightly").await.expect("d locks");
+        client.revoke_session(d.id().get()).await.expect("revoke");
+
+        let dir = tempfile::tempdir().expect("dir");
+        let targets: Vec<String> = (1..=3)
+            .map(|id| format!("\"{}\"", cluster.metrics_addr(id)))
+            .collect();
+        let config = dir.path().join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  \
+                 - job_name: raftlock\n    static_configs:\n      - targets: [{}]\n",
+                targets.join(", ")
+            ),
+        )
+        .expect("config");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let web = format!("127.0.0.1:{port}");
+        let _prom = Reaped(
+            Command::new(&prometheus)
+                .arg(format!("--config.file={}", config.display()))
+                .arg(format!(
+                    "--storage.tsdb.path={}",
+                    dir.path().join("tsdb").display()
+                ))
+                .arg(format!("--web.listen-address={web}"))
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(dir.path().join("prometheus.log")).expect("log"))
+                .spawn()
+                .expect("prometheus starts"),
+        );
+        let query = |expr: String| {
+            let web = web.clone();
+            async move {
+                let path = format!("/api/v1/query?query={}", url_encode(&expr));
+                let (code, body) = raftlock_testkit::http(&web, "GET", &path, &[]).await?;
+                let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+                (code == 200).then_some(v)
+            }
+        };
+        // A few scrapes of the healthy cluster, then a follower dies.
+        raftlock_testkit::eventually("three scrapes", Duration::from_secs(60), || async {
+            let v = query("count_over_time(up{job=\"raftlock\"}[1m])".into()).await?;
+            let n = v["data"]["result"].as_array()?.len();
+            let samples = v["data"]["result"][0]["value"][1]
+                .as_str()?
+                .parse::<f64>()
+                .ok()?;
+            (n == 3 && samples >= 3.0).then_some(())
+        })
+        .await;
+        let follower = (1..=3).find(|id| *id != leader).expect("a follower");
+        cluster.kill(follower).await;
+        for (what, expr) in &exprs {
+            raftlock_testkit::eventually(
+                &format!("{what}: {expr} has data"),
+                Duration::from_secs(60),
+                || async {
+                    let v = query(expr.clone()).await?;
+                    let result = &v["data"]["result"];
+                    let has = match v["data"]["resultType"].as_str() {
+                        Some("vector") | Some("matrix") => {
+                            result.as_array().is_some_and(|r| !r.is_empty())
+                        }
+                        Some("scalar") => true,
+                        _ => false,
+                    };
+                    has.then_some(())
+                },
+            )
+            .await;
+        }
+        drop((b, c_waits));
+        cluster.shutdown().await;
+    });
+}
+
+/// Every alert has a runbook row in the deploy guide.
+#[test]
+fn every_alert_has_a_runbook() {
+    let rules = std::fs::read_to_string(RULES).expect("rules file");
+    let guide =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/README.md"))
+            .expect("deploy guide");
+    let runbooks = guide
+        .split("### Runbooks")
+        .nth(1)
+        .expect("a Runbooks section");
+    let alerts: Vec<&str> = rules
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix("- alert:"))
+        .map(str::trim)
+        .collect();
+    assert!(alerts.len() >= 20, "{alerts:?}");
+    for alert in alerts {
+        assert!(
+            runbooks
+                .lines()
+                .any(|l| l.starts_with('|') && l.contains(&format!("`{alert}`"))),
+            "no runbook row for {alert}"
+        );
+    }
+}

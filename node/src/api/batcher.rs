@@ -45,6 +45,7 @@ pub fn command_bytes(command: &Command) -> usize {
             Command::Release(c) => c.name.as_str().len() + c.caller.len(),
             Command::Cancel(c) => c.name.as_str().len() + c.caller.len(),
             Command::ExpireSession(_) => 0,
+            Command::RevokeSession(c) => c.by.len(),
             Command::TimeoutWait(c) => c.name.as_str().len(),
             Command::EndLockDelay(c) => c.name.as_str().len(),
             Command::RestorePart(c) => c.bytes.len(),

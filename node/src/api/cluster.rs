@@ -66,6 +66,28 @@ impl Api {
     }
 }
 
+impl Api {
+    /// Revokes `session` for `by` (an identity already checked for
+    /// `admin`): the one implementation behind the RPC and the console.
+    pub async fn revoke(&self, session: u64, by: String) -> Result<u32, Error> {
+        if session == 0 {
+            return Err(Error::InvalidArgument(
+                "session_id must be non-zero (session ids are log indexes)".into(),
+            ));
+        }
+        let at_unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        tracing::info!(session, by = %by, "revoke asked");
+        self.write(crate::state::cmd::RevokeSession {
+            session: crate::state::SessionId(session),
+            by,
+            at_unix_ms,
+        })
+        .await
+    }
+}
+
 #[tonic::async_trait]
 impl Cluster for Api {
     async fn status(
@@ -261,6 +283,23 @@ impl Cluster for Api {
             sessions,
             last_fence,
         }))
+    }
+
+    #[tracing::instrument(skip_all, fields(session = req.get_ref().session_id))]
+    async fn revoke_session(
+        &self,
+        req: Request<pb::RevokeSessionRequest>,
+    ) -> Result<Response<pb::RevokeSessionResponse>, Status> {
+        let _timer = self
+            .0
+            .shared
+            .metrics
+            .timer(crate::metrics::Method::RevokeSession);
+        let caller = self.caller(&req)?;
+        caller.require_admin()?;
+        let session = req.into_inner().session_id;
+        let released = self.revoke(session, caller.identity).await?;
+        Ok(Response::new(pb::RevokeSessionResponse { released }))
     }
 
     #[tracing::instrument(skip_all, fields(to = req.get_ref().to))]

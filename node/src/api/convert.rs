@@ -63,6 +63,28 @@ pub fn lock_info(info: LockInfo) -> pb::LockInfo {
     }
 }
 
+/// The wire forms of one command's events, those watchers see: as
+/// [`watch_event`], and a REVOKED event carries who revoked the session
+/// and when (from the [`Event::SessionRevoked`] the revoke began with).
+pub fn watch_events(index: u64, events: &[Event]) -> Vec<pb::WatchEvent> {
+    let mut revoke: Option<(&str, u64)> = None;
+    let mut out = Vec::with_capacity(events.len());
+    for e in events {
+        if let Event::SessionRevoked { by, at_unix_ms, .. } = e {
+            revoke = Some((by, *at_unix_ms));
+        }
+        let Some(mut w) = watch_event(index, e) else {
+            continue;
+        };
+        if let (pb::EventKind::Revoked, Some((by, at))) = (w.kind(), revoke) {
+            w.revoked_by = by.to_string();
+            w.revoked_at_unix_ms = at;
+        }
+        out.push(w);
+    }
+    out
+}
+
 /// The wire form of an event, if watchers see it (session open/close
 /// events concern no name and are not streamed).
 pub fn watch_event(index: u64, event: &Event) -> Option<pb::WatchEvent> {
@@ -73,7 +95,8 @@ pub fn watch_event(index: u64, event: &Event) -> Option<pb::WatchEvent> {
     let (kind, name) = match event {
         Event::SessionOpened { .. }
         | Event::SessionEnded { .. }
-        | Event::SessionTtlChanged { .. } => return None,
+        | Event::SessionTtlChanged { .. }
+        | Event::SessionRevoked { .. } => return None,
         Event::Granted {
             name,
             session,
@@ -113,6 +136,7 @@ pub fn watch_event(index: u64, event: &Event) -> Option<pb::WatchEvent> {
                 EndCause::Released => pb::EventKind::Released,
                 EndCause::SessionClosed | EndCause::SessionExpired => pb::EventKind::Expired,
                 EndCause::Upgraded => pb::EventKind::Upgraded,
+                EndCause::Revoked => pb::EventKind::Revoked,
             };
             (kind, name)
         }
@@ -215,5 +239,51 @@ mod tests {
         );
         let w = watch_event(5, &ended(EndCause::Released)).expect("streamed");
         assert_eq!((w.index, w.fence, w.name.as_str()), (5, 3, "a"));
+    }
+
+    #[test]
+    fn a_revoked_grant_is_a_revoked_event_saying_who_and_when() {
+        let name = LockName::new("a").expect("valid");
+        let events = [
+            Event::SessionRevoked {
+                session: SessionId(1),
+                by: "ops".into(),
+                at_unix_ms: 1_764_000_000_000,
+            },
+            Event::Ended {
+                name: name.clone(),
+                session: SessionId(1),
+                fence: Fence(3),
+                mode: Mode::Exclusive,
+                cause: EndCause::Revoked,
+            },
+            Event::SessionEnded {
+                session: SessionId(1),
+                expired: false,
+            },
+            Event::Granted {
+                name,
+                session: SessionId(2),
+                seq: 1,
+                fence: Fence(4),
+                mode: Mode::Exclusive,
+            },
+        ];
+        let wire = watch_events(9, &events);
+        let kinds: Vec<_> = wire.iter().map(|w| w.kind()).collect();
+        assert_eq!(kinds, vec![pb::EventKind::Revoked, pb::EventKind::Granted]);
+        assert_eq!(
+            (wire[0].revoked_by.as_str(), wire[0].revoked_at_unix_ms),
+            ("ops", 1_764_000_000_000)
+        );
+        assert_eq!(
+            (wire[0].session_id, wire[0].fence, wire[0].index),
+            (1, 3, 9)
+        );
+        // Only the revoked grant says who revoked it.
+        assert_eq!(
+            (wire[1].revoked_by.as_str(), wire[1].revoked_at_unix_ms),
+            ("", 0)
+        );
     }
 }

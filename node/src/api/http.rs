@@ -1,5 +1,5 @@
 //! HTTP/JSON beside gRPC on the client port: every `Locks` RPC at
-//! `POST /v1/locks/{Rpc}` and `Status` and `Members` at
+//! `POST /v1/locks/{Rpc}` and `Status`, `Members` and `RevokeSession` at
 //! `POST /v1/cluster/{Rpc}`, taking and returning the proto3 JSON mapping of
 //! their messages. Each route builds the same request a gRPC call would
 //! (headers as metadata, the connection's TLS identity as extensions) and
@@ -259,6 +259,12 @@ async fn cluster(
         "Members" => {
             unary(req, limit, |r: tonic::Request<pb::MembersRequest>| {
                 api.members(r)
+            })
+            .await
+        }
+        "RevokeSession" => {
+            unary(req, limit, |r: tonic::Request<pb::RevokeSessionRequest>| {
+                api.revoke_session(r)
             })
             .await
         }

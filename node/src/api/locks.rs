@@ -10,7 +10,7 @@ use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::convert::{self, lock_info, mode_from_request, mode_to_proto, watch_event};
+use super::convert::{self, lock_info, mode_from_request, mode_to_proto, watch_events};
 use super::Api;
 use crate::apply::WatchItem;
 use crate::auth::{Caller, Permission};
@@ -254,6 +254,7 @@ impl Locks for Api {
                     Ok(Some(msg)) => batch.push((SessionId(msg.session_id), msg.ask_id)),
                     Ok(None) | Err(_) => return,
                 }
+                let asked = std::time::Instant::now();
                 while batch.len() < KEEP_ALIVE_BATCH {
                     match inbound.message().now_or_never() {
                         Some(Ok(Some(msg))) => batch.push((SessionId(msg.session_id), msg.ask_id)),
@@ -296,6 +297,7 @@ impl Locks for Api {
                         Err(e) => Err(Status::from(e)),
                     };
                     let failed = item.is_err();
+                    api.0.shared.metrics.keepalive_answer(asked.elapsed());
                     if tx.send(item).await.is_err() || failed {
                         return;
                     }
@@ -576,10 +578,7 @@ impl Locks for Api {
                         return;
                     }
                     WatchItem::Events { index, events } => {
-                        for e in events {
-                            let Some(w) = watch_event(*index, e) else {
-                                continue;
-                            };
+                        for w in watch_events(*index, events) {
                             if matches(&w.name) && tx.send(Ok(w)).await.is_err() {
                                 return;
                             }
@@ -775,6 +774,7 @@ impl Api {
             .shared
             .metrics
             .timer(crate::metrics::Method::KeepAlive);
+        let asked = std::time::Instant::now();
         let caller = self.caller(&req)?;
         let ask = req.into_inner();
         let session = SessionId(ask.session_id);
@@ -787,6 +787,7 @@ impl Api {
             Err(Error::NotFound(_)) => (0, true),
             Err(e) => return Err(e.into()),
         };
+        self.0.shared.metrics.keepalive_answer(asked.elapsed());
         Ok(Response::new(pb::KeepAliveResponse {
             session_id: session.0,
             ttl_ms,

@@ -138,6 +138,22 @@ impl Shared {
         for (position, command) in batch.0.into_iter().enumerate() {
             let index = command_index(log_id.index, position);
             let response = applied.table.apply(index, command);
+            if let Some(Event::SessionRevoked {
+                session,
+                by,
+                at_unix_ms,
+            }) = response.events.first()
+            {
+                // The record every node keeps of a revoke.
+                tracing::warn!(
+                    session = session.0,
+                    by = %by,
+                    at_unix_ms,
+                    index,
+                    reply = ?response.reply,
+                    "session revoked by an administrator"
+                );
+            }
             if !response.events.is_empty() {
                 self.waiters.on_events(index, &response.events);
                 count(&self.metrics, &response.events);
@@ -204,6 +220,7 @@ fn count(metrics: &Metrics, events: &[Event]) {
                 ..
             } => Counter::Releases,
             Event::SessionEnded { expired: true, .. } => Counter::Expiries,
+            Event::SessionRevoked { .. } => Counter::SessionsRevoked,
             Event::Cancelled {
                 cause: CancelCause::TimedOut,
                 ..

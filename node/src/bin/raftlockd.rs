@@ -374,6 +374,7 @@ async fn dev(args: DevArgs) -> anyhow::Result<()> {
             tls: None,
             auth: auth.clone(),
             storage_faults: Default::default(),
+            prefix_labels: Default::default(),
         };
         let metrics = match args.metrics_base_port {
             0 => None,

@@ -89,6 +89,15 @@ pub struct Config {
     /// Serve Prometheus metrics (GET /metrics) on this address.
     #[arg(long, env = "RAFTLOCK_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
+    /// How many `/`-separated segments of a lock name the `prefix` label
+    /// of the lock wait and hold histograms keeps (default 1; 0: one label
+    /// for every name).
+    #[arg(long, env = "RAFTLOCK_METRICS_PREFIX_DEPTH")]
+    pub metrics_prefix_depth: Option<usize>,
+    /// The most distinct `prefix` labels (1..=1000, default 100); names
+    /// past it are counted under `prefix="_other"`.
+    #[arg(long, env = "RAFTLOCK_METRICS_PREFIX_LABELS")]
+    pub metrics_prefix_labels: Option<usize>,
     /// Turn access control on with this ACL file (tokens, rules, peer
     /// token; see deploy/README.md). SIGHUP reloads it.
     #[arg(long, env = "RAFTLOCK_ACL_FILE")]
@@ -171,6 +180,8 @@ impl Config {
             tls_ca: self.tls_ca.or(lower.tls_ca),
             tls_client_auth: self.tls_client_auth.or(lower.tls_client_auth),
             metrics_listen: self.metrics_listen.or(lower.metrics_listen),
+            metrics_prefix_depth: self.metrics_prefix_depth.or(lower.metrics_prefix_depth),
+            metrics_prefix_labels: self.metrics_prefix_labels.or(lower.metrics_prefix_labels),
             acl_file: self.acl_file.or(lower.acl_file),
             insecure_peers: self.insecure_peers.or(lower.insecure_peers),
         }
@@ -357,6 +368,20 @@ impl Config {
         if snapshot_every == 0 {
             return Err(err("snapshot_every", "must be at least 1"));
         }
+        let prefix_labels = crate::metrics::PrefixLabels {
+            depth: self
+                .metrics_prefix_depth
+                .unwrap_or(crate::metrics::DEFAULT_PREFIX_DEPTH),
+            max: self
+                .metrics_prefix_labels
+                .unwrap_or(crate::metrics::DEFAULT_MAX_PREFIX_LABELS),
+        };
+        if !(1..=crate::metrics::MAX_PREFIX_LABELS).contains(&prefix_labels.max) {
+            return Err(err(
+                "metrics_prefix_labels",
+                format!("must be 1..={}", crate::metrics::MAX_PREFIX_LABELS),
+            ));
+        }
         Ok((
             NodeOptions {
                 id,
@@ -374,6 +399,7 @@ impl Config {
                 tls,
                 auth: std::sync::Arc::new(crate::auth::Auth::new(acl)),
                 storage_faults: Default::default(),
+                prefix_labels,
             },
             Listen {
                 client: listen,

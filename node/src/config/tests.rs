@@ -419,3 +419,26 @@ fn half_made_tls_is_refused_naming_what_is_missing() {
     .expect("complete TLS settings are accepted");
     assert!(opts.tls.is_some_and(|t| !t.client_auth));
 }
+
+#[test]
+fn the_prefix_label_cap_is_checked_at_its_edges() {
+    use crate::metrics::{PrefixLabels, MAX_PREFIX_LABELS};
+    let with = |depth: Option<usize>, max: Option<usize>| Config {
+        metrics_prefix_depth: depth,
+        metrics_prefix_labels: max,
+        ..base()
+    };
+    let (opts, _) = with(None, None).validate().expect("defaults");
+    assert_eq!(opts.prefix_labels, PrefixLabels::default());
+    for max in [1, MAX_PREFIX_LABELS] {
+        let (opts, _) = with(Some(3), Some(max)).validate().expect("in range");
+        assert_eq!(opts.prefix_labels, PrefixLabels { depth: 3, max });
+    }
+    for max in [0, MAX_PREFIX_LABELS + 1] {
+        let e = with(None, Some(max))
+            .validate()
+            .map(drop)
+            .expect_err("refused");
+        assert_eq!(e.setting, "metrics_prefix_labels");
+    }
+}

@@ -284,6 +284,8 @@ impl Leases {
                         changed = true;
                     }
                 }
+                // A SessionEnded follows.
+                Event::SessionRevoked { .. } => {}
                 Event::SessionEnded { session, .. } => {
                     t.ttls.remove(session);
                     t.expiring.remove(session);
@@ -333,6 +335,26 @@ impl Leases {
         if changed {
             self.changed.notify_one();
         }
+    }
+
+    /// As the leader with armed timers: for each session, how long ago its
+    /// lease was last restarted (a keep-alive, its open, a ttl change, or
+    /// this leader taking over), by this node's monotonic clock. Empty
+    /// elsewhere. Information for the console only; nothing decides by it.
+    pub fn since_renewal(&self) -> HashMap<SessionId, Duration> {
+        let t = self.timers.lock().expect("timers lock poisoned");
+        if !t.active {
+            return HashMap::new();
+        }
+        let now = Instant::now();
+        t.ttls
+            .iter()
+            .filter_map(|(session, ttl)| {
+                let deadline = t.deadlines.get(&TimerKey::Session(*session))?;
+                let left = deadline.saturating_duration_since(now);
+                Some((*session, ttl.saturating_sub(left)))
+            })
+            .collect()
     }
 
     /// Restarts `session`'s lease from now. The caller has confirmed

@@ -30,6 +30,95 @@ pub const DISK_BUCKETS: [f64; BUCKETS] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
 ];
 
+/// Upper bounds of the lock wait and hold buckets, in seconds: from a
+/// millisecond to an hour.
+pub const LOCK_TIME_BUCKETS: [f64; BUCKETS] = [
+    0.001, 0.01, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0, 3600.0,
+];
+
+/// Default depth of the `prefix` label of the lock wait and hold
+/// histograms: the first `/`-separated segment of a name.
+pub const DEFAULT_PREFIX_DEPTH: usize = 1;
+
+/// Default cap on distinct `prefix` labels.
+pub const DEFAULT_MAX_PREFIX_LABELS: usize = 100;
+
+/// The largest cap a node may be configured with.
+pub const MAX_PREFIX_LABELS: usize = 1000;
+
+/// The `prefix` label of names whose prefix came after the cap was
+/// reached.
+pub const OVERFLOW_PREFIX: &str = "_other";
+
+/// How lock names become the `prefix` label of the lock wait and hold
+/// histograms, so that a million names cannot make a million series.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrefixLabels {
+    /// How many `/`-separated segments of a name the label keeps (0: one
+    /// label, "", for every name).
+    pub depth: usize,
+    /// Distinct labels at most (1..=[`MAX_PREFIX_LABELS`]); names past it
+    /// are counted under [`OVERFLOW_PREFIX`].
+    pub max: usize,
+}
+
+impl Default for PrefixLabels {
+    fn default() -> Self {
+        PrefixLabels {
+            depth: DEFAULT_PREFIX_DEPTH,
+            max: DEFAULT_MAX_PREFIX_LABELS,
+        }
+    }
+}
+
+impl PrefixLabels {
+    /// The first `depth` segments of `name`, with the `/` after them if
+    /// the name goes on ("jobs/nightly/7" at depth 1: "jobs/"; "demo":
+    /// "demo").
+    pub fn prefix_of(self, name: &str) -> &str {
+        if self.depth == 0 {
+            return "";
+        }
+        match name.match_indices('/').nth(self.depth - 1) {
+            Some((i, _)) => &name[..=i],
+            None => name,
+        }
+    }
+}
+
+/// A Prometheus label value: `\`, `"` and newlines escaped.
+fn escape_label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// The lock wait and hold histograms, one pair per prefix label.
+#[derive(Default)]
+struct LockTimes {
+    labels: Mutex<PrefixLabels>,
+    /// prefix label → (wait, hold).
+    by_prefix: Mutex<BTreeMap<String, Arc<(Histogram, Histogram)>>>,
+}
+
+impl LockTimes {
+    fn pair(&self, name: &str) -> Arc<(Histogram, Histogram)> {
+        let labels = *self.labels.lock().expect("metrics lock poisoned");
+        let prefix = labels.prefix_of(name);
+        let mut map = self.by_prefix.lock().expect("metrics lock poisoned");
+        if let Some(p) = map.get(prefix) {
+            return p.clone();
+        }
+        let counted = map.len() - usize::from(map.contains_key(OVERFLOW_PREFIX));
+        let key = if counted < labels.max {
+            prefix
+        } else {
+            OVERFLOW_PREFIX
+        };
+        map.entry(key.to_string()).or_default().clone()
+    }
+}
+
 /// The RPC methods whose latency is recorded: an enum, so a request cannot
 /// be timed under a name that records nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,11 +169,13 @@ pub enum Method {
     Restore,
     /// `Cluster.TransferLeader`.
     TransferLeader,
+    /// `Cluster.RevokeSession`.
+    RevokeSession,
 }
 
 impl Method {
     /// Every method, in the order of [`Metrics`]' histograms.
-    pub const ALL: [Method; 23] = [
+    pub const ALL: [Method; 24] = [
         Method::OpenSession,
         Method::KeepAlive,
         Method::CloseSession,
@@ -108,6 +199,7 @@ impl Method {
         Method::Backup,
         Method::Restore,
         Method::TransferLeader,
+        Method::RevokeSession,
     ];
 
     /// The gRPC method name, as the `method` label shows it.
@@ -136,6 +228,7 @@ impl Method {
             Method::Backup => "Backup",
             Method::Restore => "Restore",
             Method::TransferLeader => "TransferLeader",
+            Method::RevokeSession => "RevokeSession",
         }
     }
 }
@@ -194,11 +287,18 @@ pub enum Counter {
     KeepAliveStreamsEnded,
     /// A session's lease renewed by a keep-alive.
     KeepAlives,
+    /// A session revoked by an administrator, applied.
+    SessionsRevoked,
+    /// This node learned of a new leader (another node than the last one
+    /// it knew).
+    LeaderChanges,
+    /// The Raft core stopped on a fatal error (the process exits next).
+    FatalErrors,
 }
 
 impl Counter {
     /// Every counter, in the order of [`Metrics`]' counters.
-    pub const ALL: [Counter; 7] = [
+    pub const ALL: [Counter; 10] = [
         Counter::Grants,
         Counter::Releases,
         Counter::Expiries,
@@ -206,6 +306,9 @@ impl Counter {
         Counter::KeepAliveStreams,
         Counter::KeepAliveStreamsEnded,
         Counter::KeepAlives,
+        Counter::SessionsRevoked,
+        Counter::LeaderChanges,
+        Counter::FatalErrors,
     ];
 
     /// The metric's name and help text.
@@ -218,7 +321,7 @@ impl Counter {
             ),
             Counter::Expiries => (
                 "raftlock_expiries_total",
-                "Session expiries applied on this node.",
+                "Session expiries (leases that ran out, not closes or revokes) applied on this node.",
             ),
             Counter::WaitTimeouts => (
                 "raftlock_wait_timeouts_total",
@@ -235,6 +338,18 @@ impl Counter {
             Counter::KeepAlives => (
                 "raftlock_keepalives_total",
                 "Session leases renewed by keep-alives on this node.",
+            ),
+            Counter::SessionsRevoked => (
+                "raftlock_sessions_revoked_total",
+                "Sessions revoked by an administrator (Cluster.RevokeSession), applied on this node.",
+            ),
+            Counter::LeaderChanges => (
+                "raftlock_leader_changes_total",
+                "Times this node learned of a leader other than the last one it knew.",
+            ),
+            Counter::FatalErrors => (
+                "raftlock_fatal_errors_total",
+                "Fatal errors of this node's Raft core (the process exits after one).",
             ),
         }
     }
@@ -270,6 +385,17 @@ pub struct Gauges {
     /// The data directory's size and its file system's space, if they
     /// could be read.
     pub disk: Option<Disk>,
+    /// `Watch` streams open on this node.
+    pub watch_streams: u64,
+    /// The most `Watch` streams this node serves at once.
+    pub watch_streams_max: u64,
+    /// Queued requests of the longest queue (one name).
+    pub longest_queue: u64,
+    /// How long the oldest live grant has been held (as this process saw
+    /// it applied).
+    pub oldest_grant: Duration,
+    /// How long the oldest queued request has waited.
+    pub oldest_wait: Duration,
 }
 
 /// What a leader knows of one other member.
@@ -353,6 +479,10 @@ pub struct Metrics {
     fsync: Histogram,
     /// Where writes spend their time (`GET /debug/stages`).
     pub stages: stages::Stages,
+    /// Keep-alive answers: from the ask's arrival to its answer.
+    keepalive_answer: Histogram,
+    /// Lock waits and holds by name prefix.
+    lock_times: LockTimes,
 }
 
 /// Records a request's latency when dropped.
@@ -392,6 +522,60 @@ impl Metrics {
     /// entries to their being durable.
     pub fn log_append(&self, d: Duration) {
         self.log_append.observe(&DISK_BUCKETS, d);
+    }
+
+    /// Sets how names become `prefix` labels (at start, before any is
+    /// observed).
+    pub fn set_prefix_labels(&self, labels: PrefixLabels) {
+        *self
+            .lock_times
+            .labels
+            .lock()
+            .expect("metrics lock poisoned") = labels;
+    }
+
+    /// Records that a queued acquire of `name` waited `d` for its grant.
+    pub fn lock_wait(&self, name: &str, d: Duration) {
+        self.lock_times.pair(name).0.observe(&LOCK_TIME_BUCKETS, d);
+    }
+
+    /// Records that a grant of `name` was held `d`.
+    pub fn lock_hold(&self, name: &str, d: Duration) {
+        self.lock_times.pair(name).1.observe(&LOCK_TIME_BUCKETS, d);
+    }
+
+    fn render_lock_times(&self, out: &mut String) {
+        let map = self
+            .lock_times
+            .by_prefix
+            .lock()
+            .expect("metrics lock poisoned");
+        for (name, help, wait) in [
+            (
+                "raftlock_lock_wait_seconds",
+                "How long queued acquires waited for their grant, by name prefix (as this node \
+                 applied them; acquires granted at once are not counted).",
+                true,
+            ),
+            (
+                "raftlock_lock_hold_seconds",
+                "How long grants were held until they ended (release, close, expiry, revoke), \
+                 by name prefix (as this node applied them).",
+                false,
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+            for (prefix, pair) in map.iter() {
+                let labels = format!("prefix=\"{}\",", escape_label(prefix));
+                let h = if wait { &pair.0 } else { &pair.1 };
+                h.render(out, name, &labels, &LOCK_TIME_BUCKETS);
+            }
+        }
+    }
+
+    /// Records a keep-alive answered `d` after the ask arrived.
+    pub fn keepalive_answer(&self, d: Duration) {
+        self.keepalive_answer.observe(&LATENCY_BUCKETS, d);
     }
 
     /// Records a sync of the log that took `d`.
@@ -456,6 +640,41 @@ impl Metrics {
             "Blocking acquires parked on this node.",
             g.parked_requests,
         );
+        gauge(
+            "raftlock_watch_streams",
+            "Watch streams open on this node.",
+            g.watch_streams,
+        );
+        gauge(
+            "raftlock_watch_streams_max",
+            "The most Watch streams this node serves at once (more get RESOURCE_EXHAUSTED).",
+            g.watch_streams_max,
+        );
+        gauge(
+            "raftlock_longest_queue",
+            "Queued requests of the longest queue (one name) in this node's table.",
+            g.longest_queue,
+        );
+        for (name, help, d) in [
+            (
+                "raftlock_oldest_grant_seconds",
+                "How long the longest-held live grant has been held, since this node applied it \
+                 (0: none; after a restart, since it re-applied it from its log; grants from a snapshot are not counted).",
+                g.oldest_grant,
+            ),
+            (
+                "raftlock_oldest_wait_seconds",
+                "How long the longest-waiting queued request has waited, since this node applied \
+                 it (0: none; as for raftlock_oldest_grant_seconds).",
+                g.oldest_wait,
+            ),
+        ] {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {}",
+                d.as_secs_f64()
+            );
+        }
         for counter in Counter::ALL {
             let (name, help) = counter.describe();
             let v = self.counters[counter as usize].load(Ordering::Relaxed);
@@ -508,6 +727,15 @@ impl Metrics {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
             h.render(&mut out, name, "", &DISK_BUCKETS);
         }
+        let name = "raftlock_keepalive_answer_seconds";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Keep-alive answers on this node (the leader), from the ask's arrival \
+             to its answer (includes the quorum check).\n# TYPE {name} histogram"
+        );
+        self.keepalive_answer
+            .render(&mut out, name, "", &LATENCY_BUCKETS);
+        self.render_lock_times(&mut out);
         render_peers(&mut out, &g.peers);
         if let Some(disk) = &g.disk {
             let mut gauge = |name: &str, help: &str, v: u64| {
@@ -615,11 +843,13 @@ fn probe(result: Result<(), String>) -> (axum::http::StatusCode, String) {
 ///   why;
 /// * `GET /debug/stages`: the write-stage breakdown (see [`stages`]) as
 ///   JSON, and `POST /debug/stages/reset` to empty it (with access control
-///   on, only for an admin's bearer token: `401`/`403` otherwise).
+///   on, only for an admin's bearer token: `401`/`403` otherwise);
+/// * and whatever `extra` routes (the operator's console, `/ui`).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     metrics: Arc<Metrics>,
     source: Arc<dyn Source>,
+    extra: axum::Router,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     use axum::http::{HeaderMap, StatusCode};
@@ -675,7 +905,8 @@ pub async fn serve(
                 };
                 async move { answer }
             }),
-        );
+        )
+        .merge(extra);
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await
@@ -684,6 +915,100 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prefix_labels_keep_the_first_segments() {
+        let at = |depth| PrefixLabels { depth, max: 10 };
+        assert_eq!(at(1).prefix_of("jobs/nightly/7"), "jobs/");
+        assert_eq!(at(2).prefix_of("jobs/nightly/7"), "jobs/nightly/");
+        assert_eq!(at(3).prefix_of("jobs/nightly/7"), "jobs/nightly/7");
+        assert_eq!(at(1).prefix_of("demo"), "demo");
+        assert_eq!(at(1).prefix_of("/x"), "/");
+        assert_eq!(at(0).prefix_of("jobs/nightly"), "");
+        // Multi-byte names cut at a '/' only, so always on a char boundary.
+        assert_eq!(at(1).prefix_of("zürich/é"), "zürich/");
+    }
+
+    #[test]
+    fn the_prefix_label_cap_holds_at_its_edge() {
+        let m = Metrics::default();
+        m.set_prefix_labels(PrefixLabels { depth: 1, max: 3 });
+        // Three distinct prefixes fill the cap exactly.
+        for name in ["a/1", "b/1", "c/1", "a/2"] {
+            m.lock_hold(name, Duration::from_millis(5));
+        }
+        let text = m.render(&Gauges::default());
+        for p in ["a/", "b/", "c/"] {
+            assert!(
+                text.contains(&format!(
+                    "raftlock_lock_hold_seconds_count{{prefix=\"{p}\"}}"
+                )),
+                "{p}: {text}"
+            );
+        }
+        assert!(text.contains("raftlock_lock_hold_seconds_count{prefix=\"a/\"} 2"));
+        assert!(!text.contains(OVERFLOW_PREFIX), "{text}");
+        // The fourth, and every one after, goes to the overflow label;
+        // known prefixes keep their own.
+        for name in ["d/1", "e/1", "f/\"quoted\"/1", "b/2"] {
+            m.lock_wait(name, Duration::from_millis(5));
+        }
+        let text = m.render(&Gauges::default());
+        assert!(
+            text.contains("raftlock_lock_wait_seconds_count{prefix=\"_other\"} 3"),
+            "{text}"
+        );
+        assert!(text.contains("raftlock_lock_wait_seconds_count{prefix=\"b/\"} 1"));
+        let labels: std::collections::BTreeSet<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("raftlock_lock_wait_seconds_count"))
+            .collect();
+        assert_eq!(
+            labels.len(),
+            4,
+            "three prefixes and the overflow: {labels:?}"
+        );
+        assert!(text.contains("# HELP raftlock_lock_wait_seconds "));
+        assert!(text.contains("# HELP raftlock_lock_hold_seconds "));
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(escape_label("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+
+    #[test]
+    fn every_metric_has_help() {
+        let m = Metrics::default();
+        m.lock_wait("x/1", Duration::from_millis(1));
+        let text = m.render(&Gauges::default());
+        let mut helped = std::collections::BTreeSet::new();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# HELP ") {
+                helped.insert(rest.split(' ').next().unwrap_or("").to_string());
+            }
+        }
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let series = line.split(['{', ' ']).next().unwrap_or("");
+            let family = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| series.strip_suffix(s).filter(|f| helped.contains(*f)))
+                .unwrap_or(series);
+            assert!(helped.contains(family), "{series} has no # HELP");
+        }
+        for name in [
+            "raftlock_sessions_revoked_total",
+            "raftlock_leader_changes_total",
+            "raftlock_fatal_errors_total",
+            "raftlock_keepalive_answer_seconds",
+            "raftlock_watch_streams",
+            "raftlock_watch_streams_max",
+            "raftlock_longest_queue",
+            "raftlock_expiries_total",
+        ] {
+            assert!(helped.contains(name), "{name} missing");
+        }
+    }
 
     #[test]
     fn histogram_buckets_are_cumulative() {

@@ -122,6 +122,23 @@ pub struct ExpireSession {
     pub session: SessionId,
 }
 
+/// Proposed by an administrator (the `RevokeSession` RPC) to end a
+/// session now, as if its lease had run out: its grants end (lock-delay
+/// applies), its waits are withdrawn, and the next waiters get new, larger
+/// fences. `by` and `at_unix_ms` are information for the record only
+/// (events, logs); nothing in the table depends on them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RevokeSession {
+    /// The session to end.
+    pub session: SessionId,
+    /// The identity that asked (empty without access control), at most
+    /// [`MAX_OWNER_LEN`] bytes.
+    pub by: String,
+    /// The proposing node's wall-clock time, milliseconds since the Unix
+    /// epoch: when the revoke was asked for, as that node's clock says.
+    pub at_unix_ms: u64,
+}
+
 /// Proposed by the leader when a waiter's timeout ran out: the wait ends,
 /// not acquired.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -368,6 +385,7 @@ request!(SetTtl, u64, Reply::TtlSet { ttl_ms } => ttl_ms);
 request!(Upgrade, Acquired, Reply::Acquire(outcome) => outcome);
 request!(Downgrade, (), Reply::Downgraded => ());
 request!(AcquireAll, AcquiredAll, Reply::AcquiredAll(outcome) => outcome);
+request!(RevokeSession, u32, Reply::Revoked { released } => released);
 
 /// The checks a session's options get, before any state is looked at.
 fn check_session(
@@ -545,6 +563,22 @@ impl Downgrade {
         h.string(self.name.as_str().as_bytes());
         h.u64(self.fence.0);
         h.finish()
+    }
+}
+
+impl RevokeSession {
+    /// Checks the session id (ids are log indexes, never 0) and the length
+    /// of `by`.
+    pub fn validate(&self) -> Result<(), Refusal> {
+        if self.session.0 == 0 {
+            return Err(Refusal::SessionNotFound {
+                session: self.session,
+            });
+        }
+        if self.by.len() > MAX_OWNER_LEN {
+            return Err(Refusal::InvalidOwner { len: self.by.len() });
+        }
+        Ok(())
     }
 }
 

@@ -138,6 +138,8 @@ pub enum Command {
     Downgrade(cmd::Downgrade),
     /// Acquire several names at once, all or none.
     AcquireAll(cmd::AcquireAll),
+    /// An administrator ends a session, as an expiry would.
+    RevokeSession(cmd::RevokeSession),
 }
 
 impl From<cmd::OpenSession> for Command {
@@ -181,7 +183,8 @@ into_command!(
     SetTtl,
     Upgrade,
     Downgrade,
-    AcquireAll
+    AcquireAll,
+    RevokeSession
 );
 
 impl Command {
@@ -198,6 +201,7 @@ impl Command {
             Command::Acquire(c) => c.validate(),
             Command::RestorePart(c) => c.validate(),
             Command::AcquireAll(c) => c.validate(),
+            Command::RevokeSession(c) => c.validate(),
             Command::CloseSession(_)
             | Command::Release(_)
             | Command::ExpireSession(_)
@@ -317,6 +321,11 @@ pub enum Reply {
     Downgraded,
     /// The outcome of an [`AcquireAll`](super::cmd::AcquireAll).
     AcquiredAll(AcquiredAll),
+    /// A session was revoked; `released` grants ended.
+    Revoked {
+        /// Number of grants ended.
+        released: u32,
+    },
 }
 
 /// The outcome of an atomic acquire of several names.
@@ -606,6 +615,9 @@ pub enum EndCause {
     /// Its holder upgraded it: an exclusive grant with a new fence
     /// replaced it.
     Upgraded,
+    /// Its session was revoked by an administrator
+    /// ([`RevokeSession`](super::cmd::RevokeSession)).
+    Revoked,
 }
 
 /// Why a wait ended without a grant.
@@ -642,11 +654,12 @@ pub enum Event {
         /// The new ttl.
         ttl_ms: u64,
     },
-    /// A session ended (closed or expired).
+    /// A session ended (closed, expired or revoked; a revoke is told by
+    /// a [`SessionRevoked`](Event::SessionRevoked) just before).
     SessionEnded {
         /// The session.
         session: SessionId,
-        /// True if by expiry.
+        /// True if by expiry (false for a close or a revoke).
         expired: bool,
     },
     /// A grant was made.
@@ -724,6 +737,17 @@ pub enum Event {
         /// The grant's fence.
         fence: Fence,
     },
+    /// An administrator revoked a session: its grants end (with cause
+    /// [`EndCause::Revoked`]) and its waits are cancelled, in the events
+    /// that follow.
+    SessionRevoked {
+        /// The session.
+        session: SessionId,
+        /// Who asked (the command's `by`).
+        by: String,
+        /// When, by the proposing node's wall clock (ms since the epoch).
+        at_unix_ms: u64,
+    },
 }
 
 impl Event {
@@ -732,7 +756,8 @@ impl Event {
         match self {
             Event::SessionOpened { .. }
             | Event::SessionEnded { .. }
-            | Event::SessionTtlChanged { .. } => None,
+            | Event::SessionTtlChanged { .. }
+            | Event::SessionRevoked { .. } => None,
             Event::Granted { name, .. }
             | Event::Queued { name, .. }
             | Event::Ended { name, .. }

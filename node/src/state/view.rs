@@ -232,6 +232,24 @@ impl LockTable {
             .filter_map(|(name, lock)| lock.delay.map(|d| (name, d.since, d.delay_ms)))
     }
 
+    /// The names `session` holds and the names it waits for, in name
+    /// order (`None` if it is not open).
+    pub fn session_names(&self, session: SessionId) -> Option<(Vec<&LockName>, Vec<&LockName>)> {
+        self.sessions
+            .get(&session)
+            .map(|s| (s.held.keys().collect(), s.waiting.keys().collect()))
+    }
+
+    /// Queued requests of the longest queue (for metrics). Linear in the
+    /// number of names.
+    pub fn longest_queue(&self) -> u64 {
+        self.locks
+            .values()
+            .map(|l| l.queue.len() as u64)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Counts for status and metrics. Linear in the number of names.
     pub fn stats(&self) -> Stats {
         let mut stats = Stats {

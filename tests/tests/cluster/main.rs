@@ -20,6 +20,8 @@ mod t83_oneshot;
 mod t84_http;
 mod t85_upgrade;
 mod t86_multi;
+mod t87_revoke;
+mod t88_console;
 mod t90_observability;
 mod t91_reflection;
 mod t92_identity;

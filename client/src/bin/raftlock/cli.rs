@@ -126,6 +126,11 @@ pub enum Cmd {
         #[command(subcommand)]
         action: SnapshotCmd,
     },
+    /// Act on sessions as an administrator.
+    Session {
+        #[command(subcommand)]
+        action: SessionCmd,
+    },
     /// List, add or remove cluster members, or move the leadership.
     Members {
         #[command(subcommand)]
@@ -161,6 +166,21 @@ pub enum SnapshotCmd {
     Inspect {
         /// A file written by `snapshot save`.
         file: std::path::PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum SessionCmd {
+    /// End session ID now, as if its lease had run out (needs `admin`):
+    /// its locks go to the next waiters with larger fences (after its
+    /// lock-delay, if it has one); its client learns at its next
+    /// keep-alive. Exit 1 if no such session is open.
+    Revoke {
+        /// The session id (as `describe` and `list` show it).
+        id: u64,
         /// Print JSON.
         #[arg(long)]
         json: bool,

@@ -25,7 +25,7 @@ use clap::Parser;
 use raftlock_client::{Client, Election, Error, Mode};
 use serde_json::json;
 
-use cli::{read_token, tls_options, Cli, Cmd, MembersCmd, SnapshotCmd};
+use cli::{read_token, tls_options, Cli, Cmd, MembersCmd, SessionCmd, SnapshotCmd};
 use futures::StreamExt;
 use hold::{finish, hold_all_and_run, hold_and_run, not_acquired, open, run_child, timeout};
 use output::{
@@ -230,6 +230,26 @@ async fn run(client: Client, cmd: Cmd) -> Result<u8, Error> {
             );
             Ok(0)
         }
+        Cmd::Session {
+            action: SessionCmd::Revoke { id, json },
+        } => match client.revoke_session(id).await {
+            Ok(released) => {
+                if json {
+                    out!("{}", json!({ "session_id": id, "released": released }));
+                } else {
+                    out!("revoked session {id}; {released} grants ended");
+                }
+                Ok(0)
+            }
+            Err(Error::SessionNotFound(msg)) => {
+                eprintln!(
+                    "raftlock: session {id} is not open (never opened, ended, or revoked \
+                     already): {msg}"
+                );
+                Ok(1)
+            }
+            Err(e) => Err(e),
+        },
         Cmd::Members { action, json } => {
             let members = match action.unwrap_or(MembersCmd::List) {
                 MembersCmd::List => client.members().await?,

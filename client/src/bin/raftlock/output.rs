@@ -82,14 +82,20 @@ pub fn printable(name: &str) -> std::borrow::Cow<'_, str> {
 pub fn print_event(e: &WatchEvent, json: bool) {
     let session = e.session.map_or(0, |s| s.get());
     if json {
-        out!(
-            "{}",
-            json!({"index": e.index, "kind": e.kind.as_str(), "name": e.name, "session": session,
-                   "fence": fence(e.fence), "mode": e.mode.as_str(), "weight": e.weight})
-        );
+        let mut line = json!({"index": e.index, "kind": e.kind.as_str(), "name": e.name, "session": session,
+                   "fence": fence(e.fence), "mode": e.mode.as_str(), "weight": e.weight});
+        if let Some((by, at)) = &e.revoked {
+            line["revoked_by"] = json!(by);
+            line["revoked_at_unix_ms"] = json!(at);
+        }
+        out!("{line}");
     } else {
+        let revoked = match &e.revoked {
+            Some((by, at)) => format!(" revoked by {} at {at} ms since the epoch", printable(by)),
+            None => String::new(),
+        };
         out!(
-            "{} {} {} session {session} fence {}",
+            "{} {} {} session {session} fence {}{revoked}",
             e.index,
             e.kind,
             printable(&e.name),

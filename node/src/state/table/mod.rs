@@ -28,6 +28,7 @@ pub(in crate::state) use records::{
     Closed, Delay, Holder, Lock, PendingRestore, Session, Upgrade, WaitRef, Waiter,
 };
 pub(in crate::state) use replies::{Remembered, Replies};
+use sessions::Ending;
 
 /// What every handler of a command is given besides the command: the
 /// position it is applied at and where to tell what changed.
@@ -128,9 +129,10 @@ impl LockTable {
             Command::Release(c) => self.release(cx, c),
             Command::ExpireSession(c) => Ok(Reply::Expired {
                 existed: self
-                    .end_session(c.session, true, index, cx.events)
+                    .end_session(c.session, Ending::Expired, index, cx.events)
                     .is_some(),
             }),
+            Command::RevokeSession(c) => self.revoke_session(cx, c),
             Command::TimeoutWait(c) => self.timeout_wait(cx, c),
             Command::EndLockDelay(c) => self.end_lock_delay(cx, c),
             Command::RestorePart(c) => self.restore_part(cx, c),

@@ -9,6 +9,17 @@ use crate::state::command::{
 };
 use crate::state::limits::{MAX_REMEMBERED_CLOSES, MAX_SESSIONS};
 
+/// How a session ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Ending {
+    /// Its owner closed it: no lock-delay.
+    Closed,
+    /// Its lease ran out: lock-delay applies.
+    Expired,
+    /// An administrator revoked it: as an expiry, lock-delay included.
+    Revoked,
+}
+
 impl LockTable {
     pub(super) fn open_session(
         &mut self,
@@ -221,7 +232,7 @@ impl LockTable {
             .get(&session)
             .is_some_and(|s| s.lock_pending && s.held.is_empty() && s.waiting.is_empty());
         if failed {
-            self.end_session(session, false, index, events);
+            self.end_session(session, Ending::Closed, index, events);
         }
     }
 
@@ -252,11 +263,14 @@ impl LockTable {
     pub(super) fn end_session(
         &mut self,
         session: SessionId,
-        expired: bool,
+        ending: Ending,
         index: u64,
         events: &mut Vec<Event>,
     ) -> Option<u32> {
         let s = self.sessions.remove(&session)?;
+        let expired = ending == Ending::Expired;
+        // A revoke is an expiry an administrator decided: lock-delay too.
+        let delayed = ending != Ending::Closed;
         if s.nonce != 0 {
             self.nonces.remove(&s.nonce);
         }
@@ -281,10 +295,10 @@ impl LockTable {
             }
             touched.push(name);
         }
-        let cause = if expired {
-            EndCause::SessionExpired
-        } else {
-            EndCause::SessionClosed
+        let cause = match ending {
+            Ending::Closed => EndCause::SessionClosed,
+            Ending::Expired => EndCause::SessionExpired,
+            Ending::Revoked => EndCause::Revoked,
         };
         let released = s.held.len() as u32;
         for (name, fence) in s.held {
@@ -302,7 +316,7 @@ impl LockTable {
                         cause,
                     });
                 }
-                if expired && s.lock_delay_ms > 0 {
+                if delayed && s.lock_delay_ms > 0 {
                     // One delay per name: if another expired holder's delay
                     // is still in force (shared locks, semaphores), the new
                     // one must last at least as long, or this shorter one
@@ -331,6 +345,35 @@ impl LockTable {
             self.promote(name, index, events);
         }
         Some(released)
+    }
+
+    /// Ends `session` for an administrator, as an expiry would. A session
+    /// that is not open (never was, ended, or revoked already) is refused
+    /// as not found and nothing changes.
+    pub(super) fn revoke_session(
+        &mut self,
+        cx: &mut Cx,
+        c: cmd::RevokeSession,
+    ) -> Result<Reply, Refusal> {
+        let cmd::RevokeSession {
+            session,
+            by,
+            at_unix_ms,
+        } = c;
+        if !self.sessions.contains_key(&session) {
+            return Err(Refusal::SessionNotFound { session });
+        }
+        let mut ended = vec![Event::SessionRevoked {
+            session,
+            by,
+            at_unix_ms,
+        }];
+        let Some(released) = self.end_session(session, Ending::Revoked, cx.index, &mut ended)
+        else {
+            return Err(Refusal::SessionNotFound { session });
+        };
+        cx.events.extend(ended);
+        Ok(Reply::Revoked { released })
     }
 
     /// Closes `session` for its owner, or answers a retried close like the
@@ -369,7 +412,7 @@ impl LockTable {
             }
         }
         let owner = caller.to_string();
-        let Some(released) = self.end_session(session, false, index, events) else {
+        let Some(released) = self.end_session(session, Ending::Closed, index, events) else {
             return Err(Refusal::SessionNotFound { session });
         };
         self.closed.insert(

@@ -131,6 +131,11 @@ fn commands() -> Vec<Command> {
             value: b"w".to_vec(),
             caller: "app".into(),
         }),
+        Command::RevokeSession(cmd::RevokeSession {
+            session: s,
+            by: "ops".into(),
+            at_unix_ms: 1_764_115_200_000,
+        }),
     ]
 }
 

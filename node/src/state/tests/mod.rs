@@ -26,6 +26,7 @@ mod oneshot;
 mod release;
 mod replies;
 mod restore;
+mod revoke;
 mod sessions;
 mod snapshot;
 mod upgrade;

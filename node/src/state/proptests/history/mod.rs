@@ -35,6 +35,9 @@ enum Op {
     Expire {
         slot: usize,
     },
+    Revoke {
+        slot: usize,
+    },
     Acquire {
         slot: usize,
         target: usize,
@@ -121,6 +124,7 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(slot, delay, nonce)| Op::Open { slot, delay, nonce }),
         1 => slot.clone().prop_map(|slot| Op::Close { slot }),
         2 => slot.clone().prop_map(|slot| Op::Expire { slot }),
+        1 => slot.clone().prop_map(|slot| Op::Revoke { slot }),
         14 => (slot.clone(), target.clone(), any::<bool>(), 0..3u32, 0..TIMEOUTS.len(), 0..3u8)
             .prop_map(|(slot, target, shared, weight, timeout, value)| Op::Acquire {
                 slot,
@@ -380,10 +384,18 @@ impl History {
                     );
                     prop_assert_eq!(*session, SessionId(self.index), "id is the log index");
                 }
+                Event::SessionRevoked { session, .. } => {
+                    prop_assert!(
+                        matches!(command, Command::RevokeSession(c) if c.session == *session),
+                        "revoked by {:?}",
+                        command
+                    );
+                }
                 Event::SessionEnded { session, expired } => {
                     let ended = match command {
                         Command::CloseSession(c) => Some((c.session, false)),
                         Command::ExpireSession(c) => Some((c.session, true)),
+                        Command::RevokeSession(c) => Some((c.session, false)),
                         _ => None,
                     };
                     prop_assert_eq!(ended, Some((*session, *expired)));
@@ -597,17 +609,17 @@ impl History {
                     delay_ms,
                     since,
                 } => {
-                    prop_assert!(
-                        matches!(command, Command::ExpireSession { .. }),
-                        "delay by {:?}",
-                        command
-                    );
-                    prop_assert_eq!(*since, self.index);
-                    // As long as the expired session's delay, and as what
-                    // is left of a delay already in force.
-                    let Command::ExpireSession(cmd::ExpireSession { session }) = command else {
-                        unreachable!()
+                    // As long as the expired (or revoked) session's delay,
+                    // and as what is left of a delay already in force.
+                    let session = match command {
+                        Command::ExpireSession(cmd::ExpireSession { session }) => session,
+                        Command::RevokeSession(c) => &c.session,
+                        other => {
+                            prop_assert!(false, "delay by {:?}", other);
+                            unreachable!()
+                        }
                     };
+                    prop_assert_eq!(*since, self.index);
                     let own = before.session(*session).map_or(0, |s| s.lock_delay_ms);
                     let in_force = self.delays.get(name.as_str()).map_or(0, |d| d.1);
                     prop_assert!(own > 0, "delay started by a session without one");

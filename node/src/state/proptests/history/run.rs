@@ -11,7 +11,7 @@ impl History {
                     .find(|&i| self.slots[i].is_none());
                 self.open(empty.unwrap_or(slot), delay, nonce)?
             }
-            Op::Close { slot } | Op::Expire { slot } => {
+            Op::Close { slot } | Op::Expire { slot } | Op::Revoke { slot } => {
                 let id = self.session_of(slot);
                 let existed = self.slots[slot].is_some();
                 let (command, expect) = if matches!(op, Op::Close { .. }) {
@@ -21,6 +21,15 @@ impl History {
                             session: id,
                             seq,
                             caller: String::new(),
+                        }),
+                        existed,
+                    )
+                } else if matches!(op, Op::Revoke { .. }) {
+                    (
+                        Command::RevokeSession(cmd::RevokeSession {
+                            session: id,
+                            by: "ops".into(),
+                            at_unix_ms: 0,
                         }),
                         existed,
                     )
@@ -48,6 +57,10 @@ impl History {
                         prop_assert_eq!(released as usize, ended);
                     }
                     Reply::Expired { existed } => prop_assert_eq!(existed, expect),
+                    Reply::Revoked { released } => {
+                        prop_assert!(expect);
+                        prop_assert_eq!(released as usize, ended);
+                    }
                     Reply::Refused(Refusal::SessionNotFound { session }) => {
                         prop_assert!(!expect);
                         prop_assert_eq!(session, id);
