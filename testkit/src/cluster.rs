@@ -307,6 +307,8 @@ impl TestCluster {
             tls: self.tls.clone(),
             auth,
             storage_faults: self.storage_faults(id),
+            connector: None,
+            storage: Default::default(),
         }
     }
 

@@ -124,7 +124,7 @@ impl Api {
                     .into(),
             )
         };
-        let woken = |(outcome, at): (Acquired, std::time::Instant)| {
+        let woken = |(outcome, at): (Acquired, tokio::time::Instant)| {
             let stages = &self.0.shared.metrics.stages;
             stages.record(Stage::WaiterWake, at.elapsed(), 1);
             outcome

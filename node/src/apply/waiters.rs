@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use tokio::sync::oneshot;
 

@@ -374,6 +374,8 @@ impl Config {
                 tls,
                 auth: std::sync::Arc::new(crate::auth::Auth::new(acl)),
                 storage_faults: Default::default(),
+                connector: None,
+                storage: Default::default(),
             },
             Listen {
                 client: listen,

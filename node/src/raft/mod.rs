@@ -19,9 +19,11 @@
 //! written to a temporary name, synced, renamed and the directory synced.
 //! sled's background flusher is off and never relied on.
 
+pub mod backend;
 pub mod identity;
 pub mod links;
 pub mod log_store;
+pub mod mem_log;
 pub mod network;
 pub mod peer_input;
 

@@ -41,6 +41,8 @@ async fn metrics_and_health_on_a_single_node_cluster() {
             tls: None,
             auth: Default::default(),
             storage_faults: Default::default(),
+            connector: None,
+            storage: Default::default(),
         },
         listener,
         Some(metrics),

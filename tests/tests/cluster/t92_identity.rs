@@ -26,6 +26,8 @@ fn options(id: u64, addr: &str, dir: &std::path::Path, init: bool) -> NodeOption
         tls: None,
         auth: Arc::new(Auth::new(None)),
         storage_faults: Default::default(),
+        connector: None,
+        storage: Default::default(),
     }
 }
 

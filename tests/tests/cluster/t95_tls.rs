@@ -297,6 +297,8 @@ async fn a_node_refuses_at_start_a_certificate_its_peers_would_refuse() {
             tls: Some(tls),
             auth: Default::default(),
             storage_faults: Default::default(),
+            connector: None,
+            storage: Default::default(),
         };
         let err = match raftlock_node::node::Node::start(opts, listener).await {
             Ok(node) => {
@@ -325,6 +327,8 @@ async fn a_node_refuses_at_start_a_certificate_its_peers_would_refuse() {
         tls: Some(ca.node_tls_with(good, true)),
         auth: Default::default(),
         storage_faults: Default::default(),
+        connector: None,
+        storage: Default::default(),
     };
     raftlock_node::node::Node::start(opts, listener)
         .await
