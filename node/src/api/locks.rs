@@ -77,12 +77,18 @@ type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'stati
 /// when the stream ends, however it ends.
 struct Carried {
     api: Api,
-    sessions: std::collections::HashSet<SessionId>,
+    /// Ordered, so that the lease keeper hears of them in the same order on
+    /// every run (the simulator's determinism).
+    sessions: std::collections::BTreeSet<SessionId>,
 }
 
 impl Drop for Carried {
     fn drop(&mut self) {
-        self.api.0.shared.leases.stream_ended(self.sessions.drain());
+        self.api
+            .0
+            .shared
+            .leases
+            .stream_ended(std::mem::take(&mut self.sessions));
     }
 }
 
@@ -219,7 +225,7 @@ impl Locks for Api {
             // end with their process start their grace (see `leases`).
             let mut carried = Carried {
                 api: api.clone(),
-                sessions: std::collections::HashSet::new(),
+                sessions: std::collections::BTreeSet::new(),
             };
             // One client multiplexes all its sessions on one stream: take
             // every keep-alive already waiting, confirm leadership once for
