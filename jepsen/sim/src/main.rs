@@ -24,6 +24,7 @@ usage: raftlock-sim [OPTIONS]
   --duration-ms MS         simulated milliseconds of faults and load (default 20000)
   --workers N              lock workers (default 3)
   --no-faults              no faults (a baseline)
+  --lying-disks            plant a defect: disks acknowledge syncs and keep nothing
   --hash-only              print only the trace hash (used by --check-determinism)";
 
 fn main() -> ExitCode {
@@ -61,6 +62,7 @@ fn main() -> ExitCode {
                 "--duration-ms" => settings.duration_ms = num(&value(arg)?)?,
                 "--workers" => settings.workers = num(&value(arg)?)? as usize,
                 "--no-faults" => settings.faults = false,
+                "--lying-disks" => settings.lying_disks = true,
                 "--hash-only" => hash_only = true,
                 "-h" | "--help" => return Err(String::new()),
                 other => return Err(format!("unknown argument {other:?}")),
@@ -78,6 +80,29 @@ fn main() -> ExitCode {
     if let Some(n) = determinism {
         return check_determinism(n, &settings);
     }
+    // A panic anywhere in the simulated cluster (a node's Raft core, say)
+    // takes the whole process down (turmoil shuts a host's runtime down on
+    // a task's panic, and unwinding through it aborts): say which run it
+    // was before that.
+    let default_hook = std::panic::take_hook();
+    let reported = std::sync::atomic::AtomicBool::new(false);
+    std::panic::set_hook(Box::new(move |info| {
+        let first = !reported.swap(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(settings) = sim::current().filter(|_| first) {
+            eprintln!(
+                "FAILED: a panic in the simulated cluster at {} ms: {info}",
+                sim::now_ms()
+            );
+            eprintln!(
+                "seed {} ({settings:?}) at commit {}; replay: raftlock-sim --reproduce {}{}",
+                settings.seed,
+                commit(),
+                settings.seed,
+                settings.flags()
+            );
+        }
+        default_hook(info);
+    }));
     // The machine's clock, on purpose: seeds per minute of real time.
     #[allow(clippy::disallowed_types)]
     let started = std::time::Instant::now();

@@ -44,6 +44,9 @@ pub struct Settings {
     pub workers: usize,
     /// Inject faults.
     pub faults: bool,
+    /// The nodes' disks acknowledge syncs without keeping anything (a
+    /// planted defect: the oracles must catch what crashes then lose).
+    pub lying_disks: bool,
 }
 
 impl Default for Settings {
@@ -53,6 +56,7 @@ impl Default for Settings {
             duration_ms: 20_000,
             workers: 3,
             faults: true,
+            lying_disks: false,
         }
     }
 }
@@ -70,6 +74,9 @@ impl Settings {
         }
         if !self.faults {
             flags += " --no-faults";
+        }
+        if self.lying_disks {
+            flags += " --lying-disks";
         }
         flags
     }
@@ -109,8 +116,18 @@ thread_local! {
     static DRIVER_NOW: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
+thread_local! {
+    /// The run in progress on this thread, for the panic report.
+    static CURRENT: RefCell<Option<Settings>> = const { RefCell::new(None) };
+}
+
+/// The settings of the run in progress on this thread, if any.
+pub fn current() -> Option<Settings> {
+    CURRENT.with(|c| c.borrow().clone())
+}
+
 /// Simulated milliseconds since the start, in a host or in the driver.
-fn now_ms() -> u64 {
+pub fn now_ms() -> u64 {
     turmoil::sim_elapsed().map_or_else(|| DRIVER_NOW.with(|n| n.get()), |d| d.as_millis() as u64)
 }
 
@@ -247,6 +264,12 @@ async fn worker(n: usize, stop_ms: u64, mut rng: StdRng, record: Shared) -> turm
         }
         let _ = session.close().await;
     }
+    // Keep the client (and its connections) until the probe is done: a
+    // client torn down meanwhile closed its connections at times that
+    // varied from run to run of one seed.
+    while record.borrow().probe_granted.is_none() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     Ok(())
 }
 
@@ -361,6 +384,7 @@ pub fn run(settings: &Settings) -> Outcome {
     // Every random choice of the node and client code on this thread (ids,
     // nonces, jitter), of turmoil (latencies, tokio's scheduler), and of
     // the faults below, comes from the seed.
+    CURRENT.with(|c| *c.borrow_mut() = Some(settings.clone()));
     raftlock_node::random::seed(settings.seed);
     raftlock_client::random::seed(settings.seed.wrapping_add(1));
     let mut faults_rng = StdRng::seed_from_u64(settings.seed ^ 0x5eed_fa17);
@@ -378,6 +402,9 @@ pub fn run(settings: &Settings) -> Outcome {
     let mut incarnations: BTreeMap<u64, Rc<RefCell<u64>>> = BTreeMap::new();
     for id in 1..=NODES {
         let disk = MemDisk::new();
+        if settings.lying_disks {
+            disk.lie_about_syncs();
+        }
         disks.insert(id, disk.clone());
         let incarnation = Rc::new(RefCell::new(0u64));
         incarnations.insert(id, incarnation.clone());
@@ -465,6 +492,7 @@ pub fn run(settings: &Settings) -> Outcome {
     // Let go of the nodes (and their tasks) before the next run.
     record.borrow_mut().nodes.clear();
     drop(sim);
+    CURRENT.with(|c| *c.borrow_mut() = None);
     Outcome {
         verdict,
         trace,

@@ -89,6 +89,8 @@ struct DiskState {
     fail_syncs: bool,
     /// How long a sync takes.
     sync_latency: Duration,
+    /// Syncs report success and make nothing durable (a broken disk).
+    lying: bool,
 }
 
 /// A simulated disk holding one node's log. Clones share it; it outlives
@@ -127,6 +129,14 @@ impl MemDisk {
     /// simulator's oracles: committed entries must never change).
     pub fn log_entry(&self, index: u64) -> Option<Vec<u8>> {
         self.state().live.log.get(&index).cloned()
+    }
+
+    /// From now on syncs report success without making anything durable:
+    /// a disk that ignores flushes, or a store that never syncs (the
+    /// defect raftlock had in November). For showing that a simulator's
+    /// crashes and oracles catch lost acknowledged writes.
+    pub fn lie_about_syncs(&self) {
+        self.state().lying = true;
     }
 
     /// Writes not yet synced.
@@ -170,6 +180,9 @@ impl MemDisk {
             let e = io::Error::from_raw_os_error(5);
             s.failed = Some(e.to_string());
             return Err(e);
+        }
+        if s.lying {
+            return Ok(());
         }
         let pending = std::mem::take(&mut s.pending);
         for write in &pending {
@@ -523,6 +536,24 @@ mod tests {
             .await
             .expect("a new process syncs again");
         assert_eq!(store.read_vote().await.expect("vote"), Some(vote));
+    }
+
+    /// A lying disk acknowledges syncs and keeps nothing: a crash then
+    /// loses acknowledged writes.
+    #[tokio::test]
+    async fn a_lying_disk_loses_acknowledged_writes() {
+        let disk = MemDisk::new();
+        disk.lie_about_syncs();
+        let mut store = MemLogStore::open(disk.clone()).expect("open");
+        append(&mut store, 1..=3).await;
+        store
+            .save_vote(&Vote::new(2, 1))
+            .await
+            .expect("acknowledged");
+        disk.crash(0);
+        let mut store = MemLogStore::open(disk).expect("reopen");
+        assert_eq!(last_index(&mut store).await, None);
+        assert_eq!(store.read_vote().await.expect("vote"), None);
     }
 
     /// Appends are acknowledged only after the sync latency (simulated
