@@ -141,7 +141,7 @@ impl Client {
             }),
             wait: timeout.is_none(),
             // A retry with the same nonce finds this attempt's session.
-            nonce: rand::random::<u64>() | 1,
+            nonce: crate::random::next_u64() | 1,
             ..Default::default()
         };
         let opts = self.options();

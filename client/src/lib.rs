@@ -40,17 +40,23 @@
 //!   [`Election::resign`]. A grant made to such an acquire meanwhile is
 //!   released. It never stays queued to be granted to nobody.
 
+// Every decision reads tokio's clock (see clippy.toml).
+#![deny(clippy::disallowed_types)]
+
 mod client;
+mod connector;
 mod election;
 mod error;
 pub mod fence;
 mod guard;
 mod keepalive;
+pub mod random;
 mod session;
 mod transport;
 mod types;
 
 pub use client::{Client, ClientOptions, ClientTls, OneShot, LEADER_ADDR_KEY};
+pub use connector::{Connector, Io};
 pub use election::Election;
 pub use error::{Error, Result};
 pub use guard::{Guard, Mode};

@@ -215,7 +215,7 @@ impl Drop for SessionInner {
 
 impl Session {
     pub(crate) async fn open(client: Client, options: SessionOptions) -> Result<Session> {
-        let nonce: u64 = rand::random::<u64>() | 1;
+        let nonce: u64 = crate::random::next_u64() | 1;
         let req = pb::OpenSessionRequest {
             ttl_ms: options.ttl.as_millis() as u64,
             lock_delay_ms: options.lock_delay.as_millis() as u64,

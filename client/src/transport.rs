@@ -11,7 +11,6 @@ use std::time::Duration;
 use raftlock_proto::v1::cluster_client::ClusterClient;
 use raftlock_proto::v1::locks_client::LocksClient;
 use raftlock_proto::{LEADER_ADDR_KEY, NOT_LEADER_KEY};
-use rand::RngExt;
 use tokio::time::Instant;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::interceptor::InterceptedService;
@@ -48,6 +47,9 @@ pub struct ClientOptions {
     /// name it) maps to the address this client can reach it at. An
     /// address not in the map, endpoints included, is dialled as it is.
     pub address_map: HashMap<String, String>,
+    /// Dial nodes over this transport instead of TCP (`None`: TCP). For
+    /// simulators and tests; see [`Connector`](crate::Connector).
+    pub connector: Option<crate::connector::Connector>,
 }
 
 /// TLS settings of a client, PEM-encoded.
@@ -71,6 +73,7 @@ impl Default for ClientOptions {
             tls: None,
             token: None,
             address_map: HashMap::new(),
+            connector: None,
         }
     }
 }
@@ -511,14 +514,17 @@ impl Transport {
                 .tls_config(config)
                 .map_err(|e| Error::Config(format!("TLS towards {addr:?}: {e}")))?;
         }
-        let channel = endpoint
+        let endpoint = endpoint
             .connect_timeout(options.connect_timeout)
             .tcp_nodelay(true)
             // Notice a dead or cut-off node even while a wait is parked.
             .http2_keep_alive_interval(Duration::from_secs(5))
             .keep_alive_timeout(Duration::from_secs(5))
-            .keep_alive_while_idle(true)
-            .connect_lazy();
+            .keep_alive_while_idle(true);
+        let channel = match &options.connector {
+            None => endpoint.connect_lazy(),
+            Some(connector) => connector.channel(&endpoint),
+        };
         let channel = InterceptedService::new(channel, self.state.credentials.clone());
         channels.insert(addr.to_string(), channel.clone());
         Ok(channel)
@@ -717,6 +723,11 @@ impl Transport {
         if !transport_failure {
             return None;
         }
+        // The probes dial TCP: over a custom transport there is no TLS
+        // trouble to find that way.
+        if self.state.options.connector.is_some() {
+            return None;
+        }
         if let Some(why) = tried.probed.get(addr) {
             return why.clone();
         }
@@ -757,7 +768,7 @@ impl Transport {
     /// Sleeps the next backoff delay; false, without sleeping, if that
     /// would end after `deadline`.
     async fn sleep(&self, backoff: &mut Duration, deadline: Instant) -> bool {
-        let jitter = rand::rng().random_range(0.5..1.5);
+        let jitter = crate::random::in_range(0.5, 1.5);
         let delay =
             Duration::try_from_secs_f64(backoff.as_secs_f64() * jitter).unwrap_or(Duration::MAX);
         *backoff = backoff

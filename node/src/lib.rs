@@ -3,6 +3,9 @@
 //! ([`leases`]) and served over gRPC ([`api`]). [`node::Node`] wires one
 //! node together; the `raftlockd` binary runs it.
 
+// Every decision reads tokio's clock (see clippy.toml).
+#![deny(clippy::disallowed_types)]
+
 pub mod api;
 pub mod apply;
 pub mod auth;
@@ -14,11 +17,13 @@ pub mod leases;
 pub mod metrics;
 pub mod node;
 pub mod raft;
+pub mod random;
 pub mod state;
 #[cfg(unix)]
 pub mod systemd;
 pub mod throttle;
 pub mod tls;
+pub mod transport;
 
 /// Largest request a client may send, in bytes (names ≤ 512 B and values
 /// ≤ 4 KiB fit many times over).

@@ -24,11 +24,14 @@ use crate::apply::state_machine::StateMachineStore;
 use crate::apply::Raft;
 use crate::apply::Shared;
 use crate::leader::Leadership;
+use crate::raft::backend::{Log, Storage};
 use crate::raft::identity::ClusterIdentity;
 use crate::raft::log_store::{open_db, LogStore};
+use crate::raft::mem_log::MemLogStore;
 use crate::raft::network::Network;
 use crate::raft::WatchReceiver as _;
 use crate::raft::{NodeAddrs, NodeId};
+use crate::transport::Listener;
 
 /// Most concurrent gRPC streams (requests, keep-alive and watch streams) on
 /// one client connection; past it the client's HTTP/2 stack waits.
@@ -180,24 +183,30 @@ pub struct NodeOptions {
     /// How lock names become the `prefix` label of the lock wait and hold
     /// histograms.
     pub prefix_labels: crate::metrics::PrefixLabels,
+    /// Dial peers over this transport instead of TCP (a simulator's
+    /// network; `None` in production).
+    pub connector: Option<crate::transport::Connector>,
+    /// Where the log is kept: sled in `data_dir` (the default), or a
+    /// simulated disk (simulators).
+    pub storage: crate::raft::backend::Storage,
 }
 
 /// The sockets a node serves on; the caller binds them.
 pub struct Listeners {
     /// Clients: `Locks`, `Cluster`, health and reflection; also `Raft`
     /// unless `peer` is given.
-    pub client: TcpListener,
+    pub client: Listener,
     /// Peers: the internal `Raft` service only (`--peer-listen`).
-    pub peer: Option<TcpListener>,
+    pub peer: Option<Listener>,
     /// Prometheus metrics (`GET /metrics`).
     pub metrics: Option<TcpListener>,
 }
 
 impl Listeners {
     /// One listener for clients and peers, no metrics.
-    pub fn client(client: TcpListener) -> Self {
+    pub fn client(client: impl Into<Listener>) -> Self {
         Listeners {
-            client,
+            client: client.into(),
             peer: None,
             metrics: None,
         }
@@ -259,6 +268,12 @@ impl Node {
             opts.peer_advertise.is_some() == listeners.peer.is_some(),
             "a separate peer listener needs a peer address to advertise, and the other way round"
         );
+        let custom = |l: &Listener| matches!(l, Listener::Custom(_));
+        anyhow::ensure!(
+            opts.tls.is_none()
+                || !(custom(&listeners.client) || listeners.peer.as_ref().is_some_and(custom)),
+            "TLS needs TCP listeners (a custom transport's connections are served in plaintext)"
+        );
         // Before anything touches the data directory: a certificate peers
         // would refuse stops the node here, named.
         let tls = match &opts.tls {
@@ -279,9 +294,14 @@ impl Node {
             metrics,
         } = listeners;
         std::fs::create_dir_all(&opts.data_dir)?;
-        let sled_dir = opts.data_dir.join("sled");
-        let db = open_db(&sled_dir)?;
-        let log_store = LogStore::with_faults(db, &sled_dir, opts.storage_faults.clone())?;
+        let log_store: Log = match &opts.storage {
+            Storage::Sled => {
+                let sled_dir = opts.data_dir.join("sled");
+                let db = open_db(&sled_dir)?;
+                LogStore::with_faults(db, &sled_dir, opts.storage_faults.clone())?.into()
+            }
+            Storage::Memory(disk) => MemLogStore::open(disk.clone())?.into(),
+        };
         let log_closed = log_store.closed();
         log_store.check_node_id(opts.id).await?;
         let committed = log_store.committed_marker();
@@ -299,7 +319,11 @@ impl Node {
             console_notes.clone(),
             shared.watch.subscribe(),
         ));
-        let sm = StateMachineStore::open(shared.clone(), Some(opts.data_dir.join("snapshot.bin")))?;
+        let snapshot_file = match &opts.storage {
+            Storage::Sled => Some(opts.data_dir.join("snapshot.bin")),
+            Storage::Memory(_) => None,
+        };
+        let sm = StateMachineStore::open(shared.clone(), snapshot_file)?;
         let log_store = log_store
             .with_snapshot_floor(sm.persisted_snapshot())
             .with_metrics(shared.metrics.clone());
@@ -343,7 +367,8 @@ impl Node {
                 opts.auth.clone(),
                 cluster.clone(),
                 links.clone(),
-            ),
+            )
+            .with_connector(opts.connector.clone()),
             log_store,
             sm,
         )
@@ -612,7 +637,7 @@ impl Node {
         if voters < 2 || !self.leadership.view().working_leader() {
             return;
         }
-        let started = std::time::Instant::now();
+        let started = tokio::time::Instant::now();
         match self.leadership.transfer(None).await {
             Ok(to) => tracing::info!(
                 to = ?to,
@@ -698,20 +723,27 @@ fn advertised_hosts(opts: &NodeOptions) -> Vec<&str> {
 /// Serves `router` on the connections `listener` accepts, over TLS with
 /// the configuration in force when each arrives if `tls` is given, until
 /// `shutdown`.
+///
+/// A custom transport's connections ([`Listener::Custom`]) are served
+/// as they come (plaintext: TLS needs a TCP listener, which `start_with`
+/// checks before anything is opened).
 fn serve(
     router: tonic::transport::server::Router,
-    listener: TcpListener,
+    listener: Listener,
     tls: Option<Arc<crate::tls::NodeTls>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> futures::future::BoxFuture<'static, Result<(), tonic::transport::Error>> {
     use futures::FutureExt as _;
-    match tls {
-        None => router
+    match (listener, tls) {
+        (Listener::Tcp(listener), None) => router
             .serve_with_incoming_shutdown(incoming(listener), shutdown)
             .boxed(),
-        Some(tls) => router
+        (Listener::Tcp(listener), Some(tls)) => router
             .serve_with_incoming_shutdown(tls_incoming(listener, tls), shutdown)
             .boxed(),
+        (Listener::Custom(conns), _) => {
+            router.serve_with_incoming_shutdown(conns, shutdown).boxed()
+        }
     }
 }
 
@@ -771,13 +803,13 @@ pub const TLS_FAILURE_LOG_EVERY: Duration = Duration::from_secs(10);
 #[derive(Default)]
 struct FailureLog {
     /// When the last line was written, and the failures since.
-    state: std::sync::Mutex<(Option<std::time::Instant>, u64)>,
+    state: std::sync::Mutex<(Option<tokio::time::Instant>, u64)>,
 }
 
 impl FailureLog {
     fn note(&self, from: std::net::SocketAddr, error: &str) {
         let mut state = self.state.lock().expect("failure log lock poisoned");
-        let now = std::time::Instant::now();
+        let now = tokio::time::Instant::now();
         if state
             .0
             .is_some_and(|at| now.duration_since(at) < TLS_FAILURE_LOG_EVERY)

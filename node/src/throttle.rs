@@ -6,7 +6,9 @@
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 /// Most keys a [`Throttle`] remembers; past it, it forgets them all (the
 /// next line of each is then let through at once).

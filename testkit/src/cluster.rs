@@ -308,6 +308,8 @@ impl TestCluster {
             auth,
             storage_faults: self.storage_faults(id),
             prefix_labels: Default::default(),
+            connector: None,
+            storage: Default::default(),
         }
     }
 

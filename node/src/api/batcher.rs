@@ -9,7 +9,7 @@
 //! command and nothing waits for company.
 
 use std::sync::Arc;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use tokio::sync::{mpsc, oneshot, Semaphore};
 

@@ -77,12 +77,18 @@ type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'stati
 /// when the stream ends, however it ends.
 struct Carried {
     api: Api,
-    sessions: std::collections::HashSet<SessionId>,
+    /// Ordered, so that the lease keeper hears of them in the same order on
+    /// every run (the simulator's determinism).
+    sessions: std::collections::BTreeSet<SessionId>,
 }
 
 impl Drop for Carried {
     fn drop(&mut self) {
-        self.api.0.shared.leases.stream_ended(self.sessions.drain());
+        self.api
+            .0
+            .shared
+            .leases
+            .stream_ended(std::mem::take(&mut self.sessions));
     }
 }
 
@@ -124,7 +130,7 @@ impl Api {
                     .into(),
             )
         };
-        let woken = |(outcome, at): (Acquired, std::time::Instant)| {
+        let woken = |(outcome, at): (Acquired, tokio::time::Instant)| {
             let stages = &self.0.shared.metrics.stages;
             stages.record(Stage::WaiterWake, at.elapsed(), 1);
             outcome
@@ -219,7 +225,7 @@ impl Locks for Api {
             // end with their process start their grace (see `leases`).
             let mut carried = Carried {
                 api: api.clone(),
-                sessions: std::collections::HashSet::new(),
+                sessions: std::collections::BTreeSet::new(),
             };
             // One client multiplexes all its sessions on one stream: take
             // every keep-alive already waiting, confirm leadership once for
@@ -254,7 +260,7 @@ impl Locks for Api {
                     Ok(Some(msg)) => batch.push((SessionId(msg.session_id), msg.ask_id)),
                     Ok(None) | Err(_) => return,
                 }
-                let asked = std::time::Instant::now();
+                let asked = tokio::time::Instant::now();
                 while batch.len() < KEEP_ALIVE_BATCH {
                     match inbound.message().now_or_never() {
                         Some(Ok(Some(msg))) => batch.push((SessionId(msg.session_id), msg.ask_id)),
@@ -774,7 +780,7 @@ impl Api {
             .shared
             .metrics
             .timer(crate::metrics::Method::KeepAlive);
-        let asked = std::time::Instant::now();
+        let asked = tokio::time::Instant::now();
         let caller = self.caller(&req)?;
         let ask = req.into_inner();
         let session = SessionId(ask.session_id);

@@ -99,7 +99,7 @@ impl Api {
     /// Proposes `command` and waits until it is applied here; returns the
     /// table's reply (refusals as errors).
     async fn write_command(&self, command: Command) -> Result<Reply, Error> {
-        let received = std::time::Instant::now();
+        let received = tokio::time::Instant::now();
         // A leader cut off from its quorum proposes nothing: it could not
         // commit, and another node may lead by now. Not proposed, so surely
         // not applied.
@@ -119,7 +119,7 @@ impl Api {
                 ));
             }
         };
-        let replied = std::time::Instant::now();
+        let replied = tokio::time::Instant::now();
         stages.record(Stage::Reply, between(responded, replied), 1);
         stages.record(Stage::Server, between(received, replied), 1);
         match response.reply {
@@ -156,7 +156,7 @@ impl Api {
         // it; the checksum has done its work.
         let table = &copy[checked.table_range.clone()];
         drop(checked);
-        let restore = rand::random::<u64>();
+        let restore = crate::random::next_u64();
         let chunks: Vec<&[u8]> = if table.is_empty() {
             vec![table]
         } else {

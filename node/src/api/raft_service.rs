@@ -9,7 +9,7 @@ use tonic::{Request, Response, Status, Streaming};
 use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use tokio::time::Instant;
 
 use futures::{Stream, StreamExt};
 

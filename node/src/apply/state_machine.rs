@@ -325,7 +325,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let stages = &self.shared.metrics.stages;
         while let Some((entry, responder)) = entries.try_next().await? {
             let index = entry.log_id.index;
-            stages.applying(index, index, std::time::Instant::now());
+            stages.applying(index, index, tokio::time::Instant::now());
             let responses = match entry.payload {
                 EntryPayload::Blank => {
                     self.shared.advance(entry.log_id, None);
@@ -340,7 +340,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                     Vec::new()
                 }
             };
-            stages.applied(index, index, std::time::Instant::now());
+            stages.applied(index, index, tokio::time::Instant::now());
             if let Some(responder) = responder {
                 // The writer's answer goes out from here, as soon as its
                 // entry is applied.

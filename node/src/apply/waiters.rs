@@ -6,9 +6,9 @@
 //! the apply path wakes registrations while holding the write lock. So a
 //! wake-up can never fall between the check and the registration.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::Mutex;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use tokio::sync::oneshot;
 
@@ -26,7 +26,9 @@ type Key = (SessionId, LockName);
 /// Parked acquires by (session, name).
 #[derive(Default)]
 pub struct Waiters {
-    parked: Mutex<HashMap<Key, Vec<oneshot::Sender<Wake>>>>,
+    /// Ordered, so that waking all of them (`fail_all`) answers in the same
+    /// order on every run (the simulator's determinism).
+    parked: Mutex<BTreeMap<Key, Vec<oneshot::Sender<Wake>>>>,
 }
 
 impl Waiters {

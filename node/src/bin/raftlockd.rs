@@ -199,8 +199,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     let auth = opts.auth.clone();
     let listeners = Listeners {
-        client: listener,
-        peer: peer_listener,
+        client: listener.into(),
+        peer: peer_listener.map(Into::into),
         metrics,
     };
     let node = Node::start_with(opts, listeners).await?;
@@ -375,6 +375,8 @@ async fn dev(args: DevArgs) -> anyhow::Result<()> {
             auth: auth.clone(),
             storage_faults: Default::default(),
             prefix_labels: Default::default(),
+            connector: None,
+            storage: Default::default(),
         };
         let metrics = match args.metrics_base_port {
             0 => None,

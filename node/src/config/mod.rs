@@ -400,6 +400,8 @@ impl Config {
                 auth: std::sync::Arc::new(crate::auth::Auth::new(acl)),
                 storage_faults: Default::default(),
                 prefix_labels,
+                connector: None,
+                storage: Default::default(),
             },
             Listen {
                 client: listen,

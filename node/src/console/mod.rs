@@ -29,7 +29,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::extract::{RawQuery, State};
 use axum::http::{header, HeaderMap, StatusCode};
@@ -38,6 +38,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use serde::Serialize;
 use tokio::sync::broadcast;
+use tokio::time::Instant;
 
 use crate::api::Api;
 use crate::apply::WatchItem;

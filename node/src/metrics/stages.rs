@@ -22,7 +22,9 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use hdrhistogram::Histogram;
 use serde::Serialize;

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tonic::metadata::MetadataMap;
 use tonic::Status;
 
-use super::log_store::LogStore;
+use super::backend::Log;
 use crate::throttle::Throttle;
 
 /// Metadata key carrying the sender's cluster id (hex) on Raft RPCs.
@@ -24,7 +24,7 @@ pub struct ClusterIdentity {
     /// The id, 0 while unknown.
     id: AtomicU64,
     /// Durable home of the id.
-    store: LogStore,
+    store: Log,
     /// Serializes adoption.
     adopt: tokio::sync::Mutex<()>,
     /// Refusals are logged once a minute per foreign cluster.
@@ -36,7 +36,8 @@ pub const REFUSAL_LOG_EVERY: std::time::Duration = std::time::Duration::from_sec
 
 impl ClusterIdentity {
     /// The identity kept in `store`.
-    pub fn open(store: LogStore) -> anyhow::Result<Self> {
+    pub fn open(store: impl Into<Log>) -> anyhow::Result<Self> {
+        let store = store.into();
         let id = store.cluster_id()?.unwrap_or(0);
         Ok(ClusterIdentity {
             id: AtomicU64::new(id),
@@ -49,7 +50,7 @@ impl ClusterIdentity {
     /// Picks a new cluster id (bootstrap) unless there is one.
     pub async fn create(&self) -> anyhow::Result<()> {
         if self.id() == 0 {
-            let id = rand::random::<u64>().max(1);
+            let id = crate::random::next_u64().max(1);
             self.store.set_cluster_id(id).await?;
             self.id.store(id, Ordering::SeqCst);
         }

@@ -28,7 +28,9 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use tokio::sync::mpsc;
 
@@ -67,7 +69,8 @@ pub fn retry_delay(failures: u32, jitter: f64) -> Duration {
 
 /// A random factor for [`retry_delay`].
 fn jitter() -> f64 {
-    rand::random_range(0.5..=1.0)
+    // The top of the range is never drawn; 1.0 - ε is as good.
+    crate::random::in_range(0.5, 1.0)
 }
 
 /// The retry delays of one run of failures, as openraft's replication

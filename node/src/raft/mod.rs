@@ -19,11 +19,14 @@
 //! written to a temporary name, synced, renamed and the directory synced.
 //! sled's background flusher is off and never relied on.
 
+pub mod backend;
 pub mod identity;
 pub mod links;
 pub mod log_store;
+pub mod mem_log;
 pub mod network;
 pub mod peer_input;
+pub mod runtime;
 
 use serde::{Deserialize, Serialize};
 
@@ -36,12 +39,14 @@ openraft::declare_raft_types!(
     /// raftlock's openraft type configuration: terms and leader ids as
     /// openraft's defaults (`u64`, the "advanced" leader id of term and node,
     /// several leaders per term impossible by election), entries carrying a
-    /// [`Batch`], members with [`NodeAddrs`].
+    /// [`Batch`], members with [`NodeAddrs`], tokio with the node's random
+    /// source ([`runtime::NodeRuntime`]).
     pub TypeConfig:
         D = Batch,
         R = Applied,
         NodeId = NodeId,
         Node = NodeAddrs,
+        AsyncRuntime = runtime::NodeRuntime,
 );
 
 /// A log id (the leader that proposed the entry, and its index).

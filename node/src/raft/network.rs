@@ -3,7 +3,9 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use futures::{Stream, StreamExt};
 use openraft::base::{BoxFuture, BoxStream};
@@ -48,6 +50,8 @@ pub struct Network {
     cluster: Option<Arc<crate::raft::identity::ClusterIdentity>>,
     /// Which peers are failing, and when each may be tried again.
     links: Arc<Links>,
+    /// Dials peers over a custom transport instead of TCP (`None`: TCP).
+    connector: Option<crate::transport::Connector>,
 }
 
 impl Network {
@@ -70,6 +74,13 @@ impl Network {
             links,
             ..Default::default()
         }
+    }
+
+    /// Dials peers with `connector` instead of over TCP (a simulator's
+    /// network, say); everything above the byte stream stays the same.
+    pub fn with_connector(mut self, connector: Option<crate::transport::Connector>) -> Self {
+        self.connector = connector;
+        self
     }
 
     fn channel(&self, addr: &str) -> Result<Channel, String> {
@@ -97,7 +108,10 @@ impl Network {
                 .tls_config(tls)
                 .map_err(|e| format!("TLS towards {addr:?}: {e}"))?;
         }
-        let channel = endpoint.connect_lazy();
+        let channel = match &self.connector {
+            None => endpoint.connect_lazy(),
+            Some(connector) => connector.channel(&endpoint),
+        };
         channels.insert(addr.to_string(), channel.clone());
         Ok(channel)
     }

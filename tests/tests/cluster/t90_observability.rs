@@ -42,6 +42,8 @@ async fn metrics_and_health_on_a_single_node_cluster() {
             auth: Default::default(),
             storage_faults: Default::default(),
             prefix_labels: Default::default(),
+            connector: None,
+            storage: Default::default(),
         },
         listener,
         Some(metrics),

@@ -27,6 +27,8 @@ fn options(id: u64, addr: &str, dir: &std::path::Path, init: bool) -> NodeOption
         auth: Arc::new(Auth::new(None)),
         storage_faults: Default::default(),
         prefix_labels: Default::default(),
+        connector: None,
+        storage: Default::default(),
     }
 }
 

@@ -298,6 +298,8 @@ async fn a_node_refuses_at_start_a_certificate_its_peers_would_refuse() {
             auth: Default::default(),
             storage_faults: Default::default(),
             prefix_labels: Default::default(),
+            connector: None,
+            storage: Default::default(),
         };
         let err = match raftlock_node::node::Node::start(opts, listener).await {
             Ok(node) => {
@@ -327,6 +329,8 @@ async fn a_node_refuses_at_start_a_certificate_its_peers_would_refuse() {
         auth: Default::default(),
         storage_faults: Default::default(),
         prefix_labels: Default::default(),
+        connector: None,
+        storage: Default::default(),
     };
     raftlock_node::node::Node::start(opts, listener)
         .await

@@ -8,7 +8,7 @@ use std::ops::{Bound, RangeBounds};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
-use std::time::Instant;
+use tokio::time::Instant;
 
 use openraft::storage::{IOFlushed, RaftLogStorage};
 use openraft::{LogState, OptionalSend, RaftLogReader};
@@ -186,10 +186,10 @@ pub fn open_db(path: &std::path::Path) -> anyhow::Result<sled::Db> {
     // sled reports its lock as an `Other` error with this text.
     let locked =
         |e: &sled::Error| matches!(e, sled::Error::Io(e) if e.to_string().contains("acquire lock"));
-    let deadline = std::time::Instant::now() + DB_LOCK_WAIT;
+    let deadline = tokio::time::Instant::now() + DB_LOCK_WAIT;
     let db = loop {
         match open() {
-            Err(e) if locked(&e) && std::time::Instant::now() < deadline => {
+            Err(e) if locked(&e) && tokio::time::Instant::now() < deadline => {
                 std::thread::sleep(std::time::Duration::from_millis(20));
             }
             Err(e) if locked(&e) => {
@@ -257,10 +257,15 @@ pub struct LogStore {
     flusher: Arc<Flusher>,
 }
 
-/// Whether a [`LogStore`] is closed (see [`LogStore::closed`]).
-pub struct StoreClosed(std::sync::Weak<Flusher>);
+/// Whether a log store is closed (see [`LogStore::closed`]).
+pub struct StoreClosed(std::sync::Weak<dyn std::any::Any + Send + Sync>);
 
 impl StoreClosed {
+    /// Closed once `alive` is gone.
+    pub fn of<T: std::any::Any + Send + Sync>(alive: std::sync::Weak<T>) -> Self {
+        StoreClosed(alive)
+    }
+
     /// Waits until the store is closed, at most `timeout`; false if it is
     /// still open then.
     pub async fn wait(&self, timeout: std::time::Duration) -> bool {
@@ -408,7 +413,7 @@ impl LogStore {
     /// tasks', the cluster identity's) is gone and the database closed, so
     /// that the directory can be opened again.
     pub fn closed(&self) -> StoreClosed {
-        StoreClosed(Arc::downgrade(&self.flusher))
+        StoreClosed::of(Arc::downgrade(&self.flusher))
     }
 
     /// A shared view of the commit index this store has saved.

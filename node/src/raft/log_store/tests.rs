@@ -47,7 +47,7 @@ fn large_items_land_in_blob_files_that_get_synced() {
 fn a_directory_in_use_is_refused_after_a_wait() {
     let dir = tempfile::tempdir().expect("tempdir");
     let _held = open_db(dir.path()).expect("open");
-    let start = std::time::Instant::now();
+    let start = tokio::time::Instant::now();
     let err = open_db(dir.path()).expect_err("held");
     assert!(start.elapsed() >= DB_LOCK_WAIT);
     assert!(

@@ -1,0 +1,198 @@
+//! Which log store a node runs on: sled on disk (every real node), or the
+//! in-memory store over a simulated disk (the deterministic simulator).
+//! [`Log`] hands openraft either through one type.
+
+use std::fmt::Debug;
+use std::io;
+use std::ops::RangeBounds;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+use openraft::storage::{IOFlushed, RaftLogStorage};
+use openraft::{LogState, OptionalSend, RaftLogReader};
+
+use super::log_store::{LogStore, StoreClosed};
+use super::mem_log::{MemDisk, MemLogStore};
+use super::{Entry, LogId, NodeId, TypeConfig, Vote};
+use crate::metrics::Metrics;
+
+/// Where a node keeps its log (`NodeOptions::storage`).
+#[derive(Clone, Debug, Default)]
+pub enum Storage {
+    /// sled in the data directory, made durable with real syncs.
+    #[default]
+    Sled,
+    /// The in-memory store over this simulated disk (for simulators: it
+    /// survives the node's process, and loses what a crash takes). The
+    /// snapshot is kept in memory only, and lost with the process.
+    Memory(MemDisk),
+}
+
+/// A node's log store, either kind. Cheap to clone.
+#[derive(Clone)]
+pub enum Log {
+    /// sled on disk.
+    Sled(LogStore),
+    /// Memory over a simulated disk.
+    Memory(MemLogStore),
+}
+
+impl From<LogStore> for Log {
+    fn from(store: LogStore) -> Self {
+        Log::Sled(store)
+    }
+}
+
+impl From<MemLogStore> for Log {
+    fn from(store: MemLogStore) -> Self {
+        Log::Memory(store)
+    }
+}
+
+impl Log {
+    /// Tells when every handle of the store is gone.
+    pub fn closed(&self) -> StoreClosed {
+        match self {
+            Log::Sled(s) => s.closed(),
+            Log::Memory(s) => StoreClosed::of(s.alive()),
+        }
+    }
+
+    /// A shared view of the commit index the store has saved.
+    pub fn committed_marker(&self) -> Arc<AtomicU64> {
+        match self {
+            Log::Sled(s) => s.committed_marker(),
+            Log::Memory(s) => s.committed_marker(),
+        }
+    }
+
+    /// Binds the store to node `id` (see [`LogStore::check_node_id`]).
+    pub async fn check_node_id(&self, id: NodeId) -> anyhow::Result<()> {
+        match self {
+            Log::Sled(s) => s.check_node_id(id).await,
+            Log::Memory(s) => s.check_node_id(id).await,
+        }
+    }
+
+    /// The cluster this node belongs to, if known.
+    pub fn cluster_id(&self) -> io::Result<Option<u64>> {
+        match self {
+            Log::Sled(s) => s.cluster_id(),
+            Log::Memory(s) => s.cluster_id(),
+        }
+    }
+
+    /// Records (durably) that this node belongs to cluster `id`.
+    pub async fn set_cluster_id(&self, id: u64) -> io::Result<()> {
+        match self {
+            Log::Sled(s) => s.set_cluster_id(id).await,
+            Log::Memory(s) => s.set_cluster_id(id).await,
+        }
+    }
+
+    /// True if this node has never voted or logged.
+    pub fn is_fresh(&self) -> bool {
+        match self {
+            Log::Sled(s) => s.is_fresh(),
+            Log::Memory(s) => s.is_fresh(),
+        }
+    }
+
+    /// Never purges what the snapshot does not cover (see
+    /// [`LogStore::with_snapshot_floor`]).
+    pub fn with_snapshot_floor(self, floor: Arc<AtomicU64>) -> Self {
+        match self {
+            Log::Sled(s) => Log::Sled(s.with_snapshot_floor(floor)),
+            Log::Memory(s) => Log::Memory(s.with_snapshot_floor(floor)),
+        }
+    }
+
+    /// Times appends into `metrics` (the sled store; the simulated one
+    /// keeps no timings).
+    pub fn with_metrics(self, metrics: Arc<Metrics>) -> Self {
+        match self {
+            Log::Sled(s) => Log::Sled(s.with_metrics(metrics)),
+            memory => memory,
+        }
+    }
+}
+
+impl RaftLogReader<TypeConfig> for Log {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry>, io::Error> {
+        match self {
+            Log::Sled(s) => s.try_get_log_entries(range).await,
+            Log::Memory(s) => s.try_get_log_entries(range).await,
+        }
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote>, io::Error> {
+        match self {
+            Log::Sled(s) => s.read_vote().await,
+            Log::Memory(s) => s.read_vote().await,
+        }
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for Log {
+    type LogReader = Log;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, io::Error> {
+        match self {
+            Log::Sled(s) => s.get_log_state().await,
+            Log::Memory(s) => s.get_log_state().await,
+        }
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote) -> Result<(), io::Error> {
+        match self {
+            Log::Sled(s) => s.save_vote(vote).await,
+            Log::Memory(s) => s.save_vote(vote).await,
+        }
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), io::Error> {
+        match self {
+            Log::Sled(s) => s.save_committed(committed).await,
+            Log::Memory(s) => s.save_committed(committed).await,
+        }
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId>, io::Error> {
+        match self {
+            Log::Sled(s) => s.read_committed().await,
+            Log::Memory(s) => s.read_committed().await,
+        }
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: IOFlushed<TypeConfig>) -> io::Result<()>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        match self {
+            Log::Sled(s) => s.append(entries, callback).await,
+            Log::Memory(s) => s.append(entries, callback).await,
+        }
+    }
+
+    async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> Result<(), io::Error> {
+        match self {
+            Log::Sled(s) => s.truncate_after(last_log_id).await,
+            Log::Memory(s) => s.truncate_after(last_log_id).await,
+        }
+    }
+
+    async fn purge(&mut self, log_id: LogId) -> Result<(), io::Error> {
+        match self {
+            Log::Sled(s) => s.purge(log_id).await,
+            Log::Memory(s) => s.purge(log_id).await,
+        }
+    }
+}
