@@ -192,6 +192,7 @@ async fn run_node(id: u64, disk: MemDisk, record: Shared, incarnation: u64) -> t
         tls: None,
         auth: Arc::new(raftlock_node::auth::Auth::new(None)),
         storage_faults: Default::default(),
+        prefix_labels: Default::default(),
         connector: Some(node_connector()),
         storage: Storage::Memory(disk),
     };
