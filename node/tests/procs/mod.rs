@@ -230,30 +230,46 @@ impl Procs {
     }
 
     /// Waits until every running node names the same leader and that
-    /// leader calls itself leader; returns its id.
+    /// leader calls itself leader; returns its id. On a timeout the panic
+    /// says what each node answered last.
     pub async fn leader(&self) -> u64 {
         let ids: Vec<u64> = self.children.keys().copied().collect();
-        eventually(
-            "a leader every running node agrees on",
-            Duration::from_secs(30),
-            || {
-                let ids = ids.clone();
-                async move {
-                    let mut leader = None;
-                    for id in &ids {
-                        let s = status(&self.addrs[id]).await?;
-                        if s.leader_id == 0 || leader.is_some_and(|l| l != s.leader_id) {
-                            return None;
-                        }
-                        leader = Some(s.leader_id);
-                    }
-                    let l = leader?;
-                    let s = status(self.addrs.get(&l)?).await?;
-                    (s.role == "leader").then_some(l)
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let mut said = Vec::new();
+            for id in &ids {
+                said.push(match status(&self.addrs[id]).await {
+                    Some(s) => (*id, Some((s.leader_id, s.role, s.term))),
+                    None => (*id, None),
+                });
+            }
+            let last = said
+                .iter()
+                .map(|(id, s)| match s {
+                    Some((l, role, term)) => format!("node {id}: {role}, term {term}, leader {l}"),
+                    None => format!("node {id}: no answer"),
+                })
+                .collect::<Vec<_>>()
+                .join("; ");
+            let leaders: std::collections::BTreeSet<Option<u64>> = said
+                .iter()
+                .map(|(_, s)| s.as_ref().map(|(l, _, _)| *l).filter(|l| *l != 0))
+                .collect();
+            if let [Some(l)] = leaders.into_iter().collect::<Vec<_>>()[..] {
+                let leads = said.iter().any(|(id, s)| {
+                    *id == l && s.as_ref().is_some_and(|(_, role, _)| role == "leader")
+                });
+                if leads {
+                    return l;
                 }
-            },
-        )
-        .await
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out after 30s: a leader every running node agrees on (last answers: {})",
+                last
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// Node `id`'s `GET /metrics` text, if it answers.
