@@ -75,7 +75,12 @@ async fn an_upgrade_goes_ahead_of_a_queued_writer_and_gets_a_new_fence() {
     }
     // A second upgrader would wait for the first forever: refused at once.
     match gb.upgrade().await {
-        Err(Error::Deadlock(msg)) => assert!(msg.contains("deadlock"), "{msg}"),
+        Err(e @ Error::Deadlock(_)) => {
+            // Said once: "deadlock: session … waits for …".
+            let text = e.to_string();
+            assert!(text.starts_with("deadlock: session "), "{text}");
+            assert_eq!(text.matches("deadlock").count(), 1, "{text}");
+        }
         other => panic!("expected a deadlock refusal, got {other:?}"),
     }
     assert!(gb.is_held(), "the refused upgrader still reads");
