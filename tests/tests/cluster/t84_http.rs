@@ -462,40 +462,60 @@ async fn a_lock_whose_connection_closes_while_it_is_written_leaves_nothing_queue
     assert_eq!(held.body["acquired"], true, "{}", held.body);
     // Some of these the node drops before writing them (it sees the close
     // first), which leaves nothing either; the others it writes, and then
-    // their callers are gone.
-    for nonce in 41..61 {
-        let body =
-            format!(r#"{{"name": "http/gone", "ttl_ms": 60000, "wait": true, "nonce": {nonce}}}"#);
-        let mut conn = TcpStream::connect(&leader).await.expect("connect");
-        conn.write_all(
-            format!(
-                "POST /v1/locks/Lock HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-                body.len()
-            )
-            .as_bytes(),
-        )
-        .await
-        .expect("write");
-        drop(conn);
-    }
-    // Every wait that was queued is withdrawn, and at least one was queued.
+    // their callers are gone. How many it writes depends on timing: send
+    // rounds of 20 until one is seen queued.
     let mut queued = std::collections::BTreeSet::new();
     let mut seen = 0;
-    let settled = tokio::time::timeout(Duration::from_secs(10), async {
-        while let Some(event) = events.next().await {
-            let event = event.expect("an event");
-            match (event.kind, event.session) {
-                (EventKind::Queued, Some(session)) => {
-                    queued.insert(session);
-                    seen += 1;
+    let note = |event: raftlock_client::WatchEvent,
+                queued: &mut std::collections::BTreeSet<_>,
+                seen: &mut usize| match (event.kind, event.session) {
+        (EventKind::Queued, Some(session)) => {
+            queued.insert(session);
+            *seen += 1;
+        }
+        (EventKind::Cancelled | EventKind::Expired, Some(session)) => {
+            queued.remove(&session);
+        }
+        _ => {}
+    };
+    for round in 0..10u64 {
+        for k in 0..20u64 {
+            let nonce = 41 + round * 20 + k;
+            let body = format!(
+                r#"{{"name": "http/gone", "ttl_ms": 60000, "wait": true, "nonce": {nonce}}}"#
+            );
+            let mut conn = TcpStream::connect(&leader).await.expect("connect");
+            conn.write_all(
+                format!(
+                    "POST /v1/locks/Lock HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                )
+                .as_bytes(),
+            )
+            .await
+            .expect("write");
+            drop(conn);
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(2), async {
+            while let Some(event) = events.next().await {
+                note(event.expect("an event"), &mut queued, &mut seen);
+                if seen > 0 {
+                    return;
                 }
-                (EventKind::Cancelled | EventKind::Expired, Some(session)) => {
-                    queued.remove(&session);
-                }
-                _ => {}
             }
-            if seen > 0 && queued.is_empty() {
-                return;
+        })
+        .await;
+        if seen > 0 {
+            break;
+        }
+    }
+    assert!(seen > 0, "in 200 closed requests the node never queued one");
+    // Every wait that was queued is withdrawn.
+    let settled = tokio::time::timeout(Duration::from_secs(10), async {
+        while !queued.is_empty() {
+            match events.next().await {
+                Some(event) => note(event.expect("an event"), &mut queued, &mut seen),
+                None => return,
             }
         }
     })
