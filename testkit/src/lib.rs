@@ -11,10 +11,15 @@
 //! * [`proxy`]: the TCP fault proxy (one per ordered pair of nodes), also
 //!   what the jepsen harness runs its partitions through. It is all that is
 //!   built without the default `cluster` feature.
+//! * [`hostile`] (feature `hostile`): Raft messages no member of the
+//!   cluster sends (far-future terms, a snapshot beyond its vote, gaps,
+//!   garbage), for the harness's hostile-peer nemesis and the simulator.
 //! * [`servers`] (feature `servers`): real PostgreSQL and Redis servers in
 //!   temporary directories on loopback ports, for the fenced-store tests
 //!   and the harness.
 
+#[cfg(feature = "hostile")]
+pub mod hostile;
 pub mod proxy;
 #[cfg(feature = "servers")]
 pub mod servers;
