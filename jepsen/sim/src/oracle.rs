@@ -4,7 +4,11 @@
 //! * on the workers' history: mutual exclusion of valid holders, and
 //!   fences in real-time order;
 //! * every tick, on the nodes: one leader per term, committed entries never
-//!   change, a node's fence never goes back within one run of its process.
+//!   change, a node's fence never goes back within one run of its process;
+//! * on the probers' answers: a `KeepAlive` answered "renewed" only for a
+//!   session whose end no node had applied when the ask was sent, and
+//!   health answered SERVING only by a node whose Raft core ran when the
+//!   ask was sent.
 
 use std::collections::BTreeMap;
 
@@ -139,6 +143,98 @@ impl Fences {
     }
 }
 
+/// A `KeepAlive` answered "renewed": the session, the node that answered,
+/// and when the ask was sent (simulated milliseconds).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Renewal {
+    /// The session renewed.
+    pub session: u64,
+    /// The node that answered.
+    pub node: u64,
+    /// When the ask was sent.
+    pub sent: u64,
+    /// When the answer came.
+    pub answered: u64,
+}
+
+/// Sessions whose end (expiry, close or revoke) some node had applied, and
+/// the first time one was seen to have: once the end is committed, no
+/// node may renew the session (a leader whose table lags what it
+/// committed did, review finding 1).
+#[derive(Debug, Default)]
+pub struct Ended {
+    at: BTreeMap<u64, (u64, u64)>,
+}
+
+impl Ended {
+    /// Node `node` has applied the end of `session` (seen at `now`).
+    pub fn observe(&mut self, session: u64, node: u64, now: u64) {
+        self.at.entry(session).or_insert((now, node));
+    }
+
+    /// True once some node has applied the end of `session`.
+    pub fn has_ended(&self, session: u64) -> bool {
+        self.at.contains_key(&session)
+    }
+
+    /// Checks one "renewed" answer.
+    pub fn check(&self, r: &Renewal) -> Result<(), String> {
+        match self.at.get(&r.session) {
+            Some(&(ended, by)) if ended <= r.sent => Err(format!(
+                "keep-alive: node {} renewed session {} for an ask sent at {} ms (answered at {} \
+                 ms), after node {by} had applied its end at {ended} ms",
+                r.node, r.session, r.sent, r.answered
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A health check answered SERVING: the node, its incarnation when the
+/// ask was sent and when the answer came, and the times.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Serving {
+    /// The node that answered.
+    pub node: u64,
+    /// Its process (incarnation) when the ask was sent.
+    pub incarnation_sent: u64,
+    /// Its process when the answer came.
+    pub incarnation_answered: u64,
+    /// When the ask was sent.
+    pub sent: u64,
+}
+
+/// No node answers SERVING while its Raft core has stopped (review finding
+/// 2: a node whose disk filled kept a dead core and a green health check).
+#[derive(Debug, Default)]
+pub struct Cores {
+    dead_since: BTreeMap<(u64, u64), u64>,
+}
+
+impl Cores {
+    /// Node `node`, process `incarnation`, has a stopped core (seen at
+    /// `now`).
+    pub fn observe_dead(&mut self, node: u64, incarnation: u64, now: u64) {
+        self.dead_since.entry((node, incarnation)).or_insert(now);
+    }
+
+    /// Checks one SERVING answer: an answer from one process to an ask
+    /// sent after that process's core was seen stopped is a lie.
+    pub fn check(&self, s: &Serving) -> Result<(), String> {
+        if s.incarnation_sent != s.incarnation_answered {
+            return Ok(());
+        }
+        match self.dead_since.get(&(s.node, s.incarnation_sent)) {
+            Some(&dead) if dead <= s.sent => Err(format!(
+                "health: node {} (process {}) answered SERVING to an ask sent at {} ms; its Raft \
+                 core had stopped at {dead} ms",
+                s.node, s.incarnation_sent, s.sent
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -216,5 +312,54 @@ mod tests {
             .observe(1, 0, 5)
             .expect_err("back")
             .contains("from 6 to 5"));
+    }
+
+    #[test]
+    fn a_renewal_after_the_end_was_applied_is_caught() {
+        let mut e = Ended::default();
+        let r = |sent| Renewal {
+            session: 9,
+            node: 2,
+            sent,
+            answered: sent + 3,
+        };
+        // Renewals before any node applied the end are the leader's call.
+        assert_eq!(e.check(&r(100)), Ok(()));
+        e.observe(9, 1, 150);
+        e.observe(9, 3, 170);
+        assert!(e.has_ended(9) && !e.has_ended(8));
+        assert_eq!(e.check(&r(149)), Ok(()));
+        let bad = e.check(&r(150)).expect_err("renewed after the end");
+        assert!(
+            bad.contains("node 2 renewed session 9") && bad.contains("node 1"),
+            "{bad}"
+        );
+        // Other sessions are not affected.
+        assert_eq!(
+            e.check(&Renewal {
+                session: 8,
+                ..r(500)
+            }),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn serving_with_a_stopped_core_is_caught() {
+        let mut c = Cores::default();
+        let s = |inc_sent, inc_answered, sent| Serving {
+            node: 1,
+            incarnation_sent: inc_sent,
+            incarnation_answered: inc_answered,
+            sent,
+        };
+        assert_eq!(c.check(&s(1, 1, 100)), Ok(()));
+        c.observe_dead(1, 1, 200);
+        assert_eq!(c.check(&s(1, 1, 199)), Ok(()));
+        let bad = c.check(&s(1, 1, 200)).expect_err("zombie");
+        assert!(bad.contains("node 1 (process 1)"), "{bad}");
+        // The next process answered: its core is its own.
+        assert_eq!(c.check(&s(1, 2, 300)), Ok(()));
+        assert_eq!(c.check(&s(2, 2, 300)), Ok(()));
     }
 }

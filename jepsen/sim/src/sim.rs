@@ -19,7 +19,13 @@ use raftlock_node::transport::{Conn, Connector, Listener};
 use rand::rngs::StdRng;
 use rand::{RngExt as _, SeedableRng as _};
 
-use crate::oracle::{self, Grant};
+use raftlock_node::state::SessionId;
+use raftlock_proto::v1 as pb;
+use raftlock_proto::v1::locks_client::LocksClient;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+
+use crate::oracle::{self, Grant, Renewal, Serving};
 
 /// The port every node serves on (each node is its own simulated host).
 const PORT: u16 = 7001;
@@ -32,6 +38,15 @@ const SESSION_TTL: Duration = Duration::from_secs(2);
 pub const LIVENESS_BOUND: Duration = Duration::from_secs(30);
 /// Nodes in the cluster.
 const NODES: u64 = 3;
+/// Keep-alive probers.
+const PROBERS: usize = 2;
+/// The probers' session ttl (the smallest the server accepts).
+const PROBE_TTL_MS: u64 = 1_000;
+/// How long a prober keeps asking to renew a session it abandoned.
+const PROBE_ASKS_FOR_MS: u64 = 2_500;
+/// How often a prober asks every node, and the health prober asks every
+/// node.
+const PROBE_EVERY_MS: u64 = 40;
 
 /// What a run is made of.
 #[derive(Clone, Debug)]
@@ -106,6 +121,24 @@ struct Record {
     nodes: BTreeMap<u64, (Rc<Node>, u64)>,
     /// The liveness probe got the lock.
     probe_granted: Option<u64>,
+    /// Nodes whose process ended (fail-stop) and that the supervisor has
+    /// not restarted yet.
+    exited: Vec<u64>,
+    /// Sessions the keep-alive probers opened and abandoned.
+    abandoned: std::collections::BTreeSet<u64>,
+    /// "Renewed" answers to the probers.
+    renewals: Vec<Renewal>,
+    /// SERVING answers to the health prober.
+    servings: Vec<Serving>,
+    /// The leader the driver saw last.
+    leader: Option<u64>,
+}
+
+impl Record {
+    /// The incarnation of node `id` now running, if it runs.
+    fn incarnation(&self, id: u64) -> Option<u64> {
+        self.nodes.get(&id).map(|(_, inc)| *inc)
+    }
 }
 
 type Shared = Rc<RefCell<Record>>;
@@ -199,8 +232,10 @@ async fn run_node(id: u64, disk: MemDisk, record: Shared, incarnation: u64) -> t
     let node = match Node::start_with(opts, Listeners::client(Listener::Custom(conns))).await {
         Ok(node) => Rc::new(node),
         Err(e) => {
+            // As a process that exits at start: the supervisor restarts it.
             note(&record, format!("node {id} failed to start: {e}"));
-            return Err(e.to_string().into());
+            record.borrow_mut().exited.push(id);
+            return Ok(());
         }
     };
     note(
@@ -212,9 +247,179 @@ async fn run_node(id: u64, disk: MemDisk, record: Shared, incarnation: u64) -> t
         .nodes
         .insert(id, (node.clone(), incarnation));
     let why = node.failed().await;
+    // Fail-stop: the process exits; the simulated supervisor (the driver)
+    // restarts it, as systemd's `Restart=always` would.
     note(&record, format!("node {id} failed: {why}"));
-    record.borrow_mut().nodes.remove(&id);
-    Err(why.into())
+    let mut r = record.borrow_mut();
+    r.nodes.remove(&id);
+    r.exited.push(id);
+    Ok(())
+}
+
+/// A gRPC channel to node `id` over the simulated network.
+fn channel(id: u64) -> tonic::transport::Channel {
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", addr(id)))
+        .expect("host:port is a valid URI")
+        .connect_timeout(Duration::from_millis(200));
+    node_connector().channel(&endpoint)
+}
+
+/// A keep-alive prober, speaking the protocol itself: it opens a session
+/// with the smallest ttl on whichever node leads, abandons it at once (as
+/// a crashed holder would), and once the lease has lapsed asks every node
+/// to renew it, every [`PROBE_EVERY_MS`], for [`PROBE_ASKS_FOR_MS`]. A
+/// "renewed" answer is recorded with its ask's send time; the keep-alive
+/// oracle judges it against the ends the nodes applied.
+async fn keepalive_prober(n: usize, stop_ms: u64, record: Shared) -> turmoil::Result {
+    let chans: Vec<(u64, tonic::transport::Channel)> =
+        (1..=NODES).map(|id| (id, channel(id))).collect();
+    let mut ask = 0u64;
+    while now_ms() < stop_ms {
+        let mut opened = None;
+        for (id, ch) in &chans {
+            let req = pb::OpenSessionRequest {
+                ttl_ms: PROBE_TTL_MS,
+                ..Default::default()
+            };
+            let mut c = LocksClient::new(ch.clone());
+            if let Ok(Ok(r)) =
+                tokio::time::timeout(Duration::from_millis(300), c.open_session(req)).await
+            {
+                opened = Some((*id, r.into_inner().session_id));
+                break;
+            }
+        }
+        let Some((by, session)) = opened else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        note(
+            &record,
+            format!("prober {n}: session {session} opened on node {by}, abandoned"),
+        );
+        record.borrow_mut().abandoned.insert(session);
+        tokio::time::sleep(Duration::from_millis(PROBE_TTL_MS + 50)).await;
+        let until = now_ms() + PROBE_ASKS_FOR_MS;
+        while now_ms() < until && now_ms() < stop_ms {
+            for (id, ch) in &chans {
+                ask += 1;
+                let sent = now_ms();
+                let req = pb::KeepAliveRequest {
+                    session_id: session,
+                    ask_id: ask,
+                };
+                let mut c = LocksClient::new(ch.clone());
+                let answer = tokio::time::timeout(Duration::from_millis(300), async {
+                    let mut answers = c
+                        .keep_alive(futures::stream::iter([req]))
+                        .await?
+                        .into_inner();
+                    answers.message().await
+                })
+                .await;
+                if let Ok(Ok(Some(a))) = answer {
+                    if !a.expired && a.session_id == session {
+                        let answered = now_ms();
+                        note(
+                            &record,
+                            format!(
+                                "prober {n}: node {id} renewed session {session} (asked at {sent})"
+                            ),
+                        );
+                        record.borrow_mut().renewals.push(Renewal {
+                            session,
+                            node: *id,
+                            sent,
+                            answered,
+                        });
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(PROBE_EVERY_MS)).await;
+        }
+    }
+    Ok(())
+}
+
+/// A hostile peer: every 0.5-3 s, 1-4 Raft messages no member sends
+/// (`raftlock_testkit::hostile`: far-future terms, a snapshot beyond its
+/// vote, garbage snapshots, gaps, another cluster's id, ...) to random
+/// nodes, the leader half the time. The nodes must refuse them and live:
+/// a panic ends the run, a stopped core is the health oracle's.
+async fn hostile_peer(stop_ms: u64, mut rng: StdRng, record: Shared) -> turmoil::Result {
+    let nodes: BTreeMap<u64, String> = (1..=NODES).map(|id| (id, addr(id))).collect();
+    let members: Vec<u64> = nodes.keys().copied().collect();
+    loop {
+        let pause = rng.random_range(500..3_000);
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+        if now_ms() >= stop_ms {
+            return Ok(());
+        }
+        let leader = record.borrow().leader;
+        for (kind, node, other) in raftlock_testkit::hostile::pick(&mut rng, &members, leader) {
+            let answer =
+                raftlock_testkit::hostile::send(&kind, channel(node), &nodes, other, &mut rng)
+                    .await;
+            let answer = match answer {
+                raftlock_testkit::hostile::Answer::Refused(s) => format!("{:?}", s.code()),
+                a => format!("{a:?}"),
+            };
+            note(
+                &record,
+                format!(
+                    "hostile: {kind}{} to node {node}: {answer}",
+                    if other.is_some() {
+                        " (another cluster)"
+                    } else {
+                        ""
+                    }
+                ),
+            );
+        }
+    }
+}
+
+/// The health prober: asks every node's gRPC health service (the
+/// readiness service `""` and the liveness one in turn) every
+/// [`PROBE_EVERY_MS`] and records each SERVING with the node's process
+/// when asked and when answered; the oracle judges them against the times
+/// the driver saw each process's Raft core stopped.
+async fn health_prober(stop_ms: u64, record: Shared) -> turmoil::Result {
+    let chans: Vec<(u64, tonic::transport::Channel)> =
+        (1..=NODES).map(|id| (id, channel(id))).collect();
+    let mut round = 0u64;
+    while now_ms() < stop_ms {
+        round += 1;
+        let service = if round.is_multiple_of(2) {
+            String::new()
+        } else {
+            raftlock_node::leader::LIVENESS_SERVICE.to_string()
+        };
+        for (id, ch) in &chans {
+            let Some(incarnation_sent) = record.borrow().incarnation(*id) else {
+                continue;
+            };
+            let sent = now_ms();
+            let mut c = HealthClient::new(ch.clone());
+            let req = tonic_health::pb::HealthCheckRequest {
+                service: service.clone(),
+            };
+            let answer = tokio::time::timeout(Duration::from_millis(200), c.check(req)).await;
+            if let Ok(Ok(a)) = answer {
+                if a.into_inner().status == ServingStatus::Serving as i32 {
+                    let incarnation_answered = record.borrow().incarnation(*id).unwrap_or(0);
+                    record.borrow_mut().servings.push(Serving {
+                        node: *id,
+                        incarnation_sent,
+                        incarnation_answered,
+                        sent,
+                    });
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(PROBE_EVERY_MS)).await;
+    }
+    Ok(())
 }
 
 /// A worker: sessions, and in each, lock / hold / release until `stop_ms`.
@@ -315,6 +520,9 @@ enum Undo {
     Repair(String, String),
     Release(String, String),
     Bounce(u64),
+    /// The disk of a node works again (syncs succeed for the process
+    /// opened after its next crash or exit; a sync error is sticky).
+    Heal(u64),
 }
 
 /// FNV-1a, 64 bits: a stable hash of the trace across processes.
@@ -334,6 +542,10 @@ struct Watch {
     leaders: oracle::Leaders,
     committed: oracle::Committed,
     fences: oracle::Fences,
+    ended: oracle::Ended,
+    cores: oracle::Cores,
+    /// The leader seen last (node id).
+    leader: Option<u64>,
     /// Per node and incarnation: applied entries already checked.
     checked: BTreeMap<(u64, u64), u64>,
     /// The last (term, leader) each node reported, to trace changes.
@@ -341,7 +553,22 @@ struct Watch {
 }
 
 impl Watch {
-    fn tick(&mut self, record: &Shared, disks: &BTreeMap<u64, MemDisk>) -> Result<(), String> {
+    /// Checks the running nodes; returns the abandoned sessions whose end
+    /// the leader applied this tick (a moment worth crashing it at).
+    fn tick(
+        &mut self,
+        record: &Shared,
+        disks: &BTreeMap<u64, MemDisk>,
+        now: u64,
+    ) -> Result<Vec<u64>, String> {
+        let mut ended_on_leader = Vec::new();
+        let abandoned: Vec<u64> = record
+            .borrow()
+            .abandoned
+            .iter()
+            .copied()
+            .filter(|s| !self.ended.has_ended(*s))
+            .collect();
         let nodes: Vec<(u64, Rc<Node>, u64)> = record
             .borrow()
             .nodes
@@ -362,6 +589,33 @@ impl Watch {
             }
             if m.state == openraft::ServerState::Leader {
                 self.leaders.observe(m.current_term, id)?;
+                self.leader = Some(id);
+                record.borrow_mut().leader = Some(id);
+            }
+            if m.running_state.is_err() {
+                self.cores.observe_dead(id, incarnation, now);
+            }
+            // A session is named by the command index of its open (within
+            // the log entry `log_index_of` gives): a table that has applied
+            // that entry and lacks the session has applied its end.
+            let ended: Vec<u64> = node.shared.read(|a| {
+                abandoned
+                    .iter()
+                    .copied()
+                    .filter(|s| {
+                        a.index() >= raftlock_node::raft::log_index_of(*s)
+                            && a.table.session(SessionId(*s)).is_none()
+                    })
+                    .collect()
+            });
+            for s in ended {
+                if !self.ended.has_ended(s) {
+                    note(record, format!("node {id} applied the end of session {s}"));
+                    if m.state == openraft::ServerState::Leader {
+                        ended_on_leader.push(s);
+                    }
+                }
+                self.ended.observe(s, id, now);
             }
             let applied = m.last_applied.map_or(0, |l| l.index);
             let from = self.checked.get(&(id, incarnation)).map_or(1, |c| c + 1);
@@ -376,7 +630,7 @@ impl Watch {
             let fence = node.shared.read(|a| a.table.stats().last_fence);
             self.fences.observe(id, incarnation, fence)?;
         }
-        Ok(())
+        Ok(ended_on_leader)
     }
 }
 
@@ -424,12 +678,24 @@ pub fn run(settings: &Settings) -> Outcome {
         let rng = StdRng::seed_from_u64(settings.seed.wrapping_mul(31).wrapping_add(n as u64));
         sim.client(format!("w{n}"), worker(n, stop_ms, rng, record.clone()));
     }
+    for n in 0..PROBERS {
+        sim.client(
+            format!("ka{n}"),
+            keepalive_prober(n, stop_ms, record.clone()),
+        );
+    }
+    sim.client("health", health_prober(stop_ms, record.clone()));
+    let hostile_rng = StdRng::seed_from_u64(settings.seed ^ 0x0bad_9ee4);
+    sim.client(
+        "hostile",
+        hostile_peer(stop_ms, hostile_rng, record.clone()),
+    );
     // Registered now (it waits for the end of the faults): the run ends
     // when every client has.
     sim.client("probe", probe(stop_ms, record.clone()));
     let mut watch = Watch::default();
     let mut undo: Vec<(u64, Undo)> = Vec::new();
-    let mut down: Option<u64> = None;
+    let mut down = Down::default();
     let mut faults = 0usize;
     let mut probing = false;
     let verdict = loop {
@@ -440,15 +706,55 @@ pub fn run(settings: &Settings) -> Outcome {
         }
         let now = now_ms_of(&sim);
         DRIVER_NOW.with(|n| n.set(now));
-        if let Err(e) = watch.tick(&record, &disks) {
-            break Err(e);
+        let ended_on_leader = match watch.tick(&record, &disks, now) {
+            Ok(e) => e,
+            Err(e) => break Err(e),
+        };
+        // The supervisor: a node whose process ended is restarted after
+        // 100-1000 ms (it may fail again at once if its disk still fails).
+        let exited: Vec<u64> = record.borrow_mut().exited.drain(..).collect();
+        for id in exited {
+            let disk = &disks[&id];
+            let pending = disk.pending_writes();
+            let keep = faults_rng.random_range(0..=pending);
+            let after = faults_rng.random_range(100..=1_000);
+            note(
+                &record,
+                format!(
+                    "node {id} exited (keeps {keep} of {pending} unsynced writes); the supervisor \
+                     restarts it in {after} ms"
+                ),
+            );
+            sim.crash(host(id));
+            disk.crash(keep);
+            down.crashed.insert(id);
+            undo.push((now + after, Undo::Bounce(id)));
+        }
+        // A moment worth a crash: the leader has just applied the end of a
+        // session a prober is about to ask it to renew.
+        if settings.faults && !probing && !ended_on_leader.is_empty() && down.is_empty() {
+            if let Some(leader) = watch.leader.filter(|_| faults_rng.random_bool(0.5)) {
+                faults += 1;
+                let after = faults_rng.random_range(0..=300);
+                crash(
+                    &mut sim,
+                    &mut faults_rng,
+                    &record,
+                    &disks[&leader],
+                    leader,
+                    after,
+                    &mut undo,
+                    &mut down,
+                    now,
+                );
+            }
         }
         // Undo faults that are due.
         let mut i = 0;
         while i < undo.len() {
             if undo[i].0 <= now {
                 let (_, u) = undo.remove(i);
-                apply_undo(&mut sim, &record, u, &mut down);
+                apply_undo(&mut sim, &record, &disks, u, &mut down);
             } else {
                 i += 1;
             }
@@ -456,7 +762,7 @@ pub fn run(settings: &Settings) -> Outcome {
         if now >= stop_ms && !probing {
             // Faults off: heal everything, then the liveness probe.
             for (_, u) in undo.drain(..) {
-                apply_undo(&mut sim, &record, u, &mut down);
+                apply_undo(&mut sim, &record, &disks, u, &mut down);
             }
             note(&record, "faults off; the liveness probe starts".into());
             probing = true;
@@ -470,15 +776,24 @@ pub fn run(settings: &Settings) -> Outcome {
                 &disks,
                 &mut undo,
                 &mut down,
+                watch.leader,
                 now,
             );
         }
     };
-    let (trace, grants, probe_granted) = {
+    let (trace, grants, probe_granted, renewals, servings) = {
         let r = record.borrow();
-        (r.trace.clone(), r.grants.clone(), r.probe_granted)
+        (
+            r.trace.clone(),
+            r.grants.clone(),
+            r.probe_granted,
+            r.renewals.clone(),
+            r.servings.clone(),
+        )
     };
     let verdict = verdict
+        .and_then(|()| renewals.iter().try_for_each(|r| watch.ended.check(r)))
+        .and_then(|()| servings.iter().try_for_each(|s| watch.cores.check(s)))
         .and_then(|()| oracle::mutual_exclusion(&grants))
         .and_then(|()| oracle::fence_order(&grants))
         .and_then(|()| match probe_granted {
@@ -507,7 +822,27 @@ fn now_ms_of(sim: &turmoil::Sim<'_>) -> u64 {
     sim.elapsed().as_millis() as u64
 }
 
-fn apply_undo(sim: &mut turmoil::Sim<'_>, record: &Shared, u: Undo, down: &mut Option<u64>) {
+/// The nodes out of action: crashed or exited (until restarted), and the
+/// one whose disk is faulty (until healed).
+#[derive(Default)]
+struct Down {
+    crashed: std::collections::BTreeSet<u64>,
+    sick_disk: Option<u64>,
+}
+
+impl Down {
+    fn is_empty(&self) -> bool {
+        self.crashed.is_empty() && self.sick_disk.is_none()
+    }
+}
+
+fn apply_undo(
+    sim: &mut turmoil::Sim<'_>,
+    record: &Shared,
+    disks: &BTreeMap<u64, MemDisk>,
+    u: Undo,
+    down: &mut Down,
+) {
     match u {
         Undo::Repair(a, b) => {
             note(record, format!("repair {a} <-> {b}"));
@@ -520,14 +855,51 @@ fn apply_undo(sim: &mut turmoil::Sim<'_>, record: &Shared, u: Undo, down: &mut O
         Undo::Bounce(id) => {
             note(record, format!("restart node {id}"));
             sim.bounce(host(id));
-            *down = None;
+            down.crashed.remove(&id);
+        }
+        Undo::Heal(id) => {
+            note(record, format!("node {id}'s disk works again"));
+            disks[&id].heal();
+            disks[&id].set_sync_latency(Duration::ZERO);
+            down.sick_disk = None;
         }
     }
 }
 
+/// Crashes node `id` (keeping a random prefix of its disk's unsynced
+/// writes) and restarts it after `after` ms.
+#[allow(clippy::too_many_arguments)]
+fn crash(
+    sim: &mut turmoil::Sim<'_>,
+    rng: &mut StdRng,
+    record: &Shared,
+    disk: &MemDisk,
+    id: u64,
+    after: u64,
+    undo: &mut Vec<(u64, Undo)>,
+    down: &mut Down,
+    now: u64,
+) {
+    let pending = disk.pending_writes();
+    let keep = rng.random_range(0..=pending);
+    note(
+        record,
+        format!(
+            "crash node {id} (keeps {keep} of {pending} unsynced writes), restart in {after} ms"
+        ),
+    );
+    record.borrow_mut().nodes.remove(&id);
+    sim.crash(host(id));
+    disk.crash(keep);
+    down.crashed.insert(id);
+    undo.push((now + after, Undo::Bounce(id)));
+}
+
 /// One fault, drawn from `rng`: a partition of a node from the others, a
-/// held link, or a crash (losing a random prefix of the disk's unsynced
-/// writes) with a restart after 0-300 ms or after a long downtime.
+/// held link, a crash (losing a random prefix of the disk's unsynced
+/// writes; the leader half the time) with a restart after 0-300 ms or
+/// after a long downtime, or a faulty disk: every sync fails (a full or
+/// dying disk) or syncs are slow, for a while.
 #[allow(clippy::too_many_arguments)]
 fn inject(
     sim: &mut turmoil::Sim<'_>,
@@ -535,11 +907,12 @@ fn inject(
     record: &Shared,
     disks: &BTreeMap<u64, MemDisk>,
     undo: &mut Vec<(u64, Undo)>,
-    down: &mut Option<u64>,
+    down: &mut Down,
+    leader: Option<u64>,
     now: u64,
 ) {
     let id = rng.random_range(1..=NODES);
-    match rng.random_range(0..3) {
+    match rng.random_range(0..4) {
         0 => {
             let other = (id % NODES) + 1;
             let (a, b) = (host(id), host(other));
@@ -556,30 +929,43 @@ fn inject(
             sim.hold(a.as_str(), b.as_str());
             undo.push((now + lasts, Undo::Release(a, b)));
         }
-        _ => {
-            if down.is_some() {
+        2 => {
+            if !down.is_empty() {
                 return;
             }
-            let disk = &disks[&id];
-            let pending = disk.pending_writes();
-            let keep = rng.random_range(0..=pending);
+            let id = match leader {
+                Some(l) if rng.random_bool(0.5) => l,
+                _ => id,
+            };
             let after = if rng.random_bool(0.7) {
                 rng.random_range(0..=300)
             } else {
                 rng.random_range(1_000..8_000)
             };
-            note(
-                record,
-                format!(
-                    "crash node {id} (keeps {keep} of {pending} unsynced writes), restart in \
-                     {after} ms"
-                ),
-            );
-            record.borrow_mut().nodes.remove(&id);
-            sim.crash(host(id));
-            disk.crash(keep);
-            *down = Some(id);
-            undo.push((now + after, Undo::Bounce(id)));
+            crash(sim, rng, record, &disks[&id], id, after, undo, down, now);
+        }
+        _ => {
+            if !down.is_empty() {
+                return;
+            }
+            let disk = &disks[&id];
+            let lasts = rng.random_range(200..3_000);
+            if rng.random_bool(0.6) {
+                note(
+                    record,
+                    format!("node {id}'s syncs fail (a full disk) for {lasts} ms"),
+                );
+                disk.fail_syncs();
+            } else {
+                let latency = rng.random_range(2..30);
+                note(
+                    record,
+                    format!("node {id}'s syncs take {latency} ms for {lasts} ms"),
+                );
+                disk.set_sync_latency(Duration::from_millis(latency));
+            }
+            down.sick_disk = Some(id);
+            undo.push((now + lasts, Undo::Heal(id)));
         }
     }
 }
