@@ -19,6 +19,8 @@ const USAGE: &str = "\
 usage: raftlock-sim [OPTIONS]
   --seed S                 run one seed (default 1)
   --seeds A..B             run seeds A to B-1, stop at the first failure
+  --seeds-file FILE        run every seed FILE lists (one per line, `#` starts a comment)
+  --for-seconds S          with --seeds: start no seed after S seconds of real time
   --reproduce S            run seed S and print its whole trace
   --check-determinism N    run seeds 1..=N twice each, in fresh processes, and compare trace hashes
   --duration-ms MS         simulated milliseconds of faults and load (default 20000)
@@ -41,6 +43,8 @@ fn main() -> ExitCode {
     let mut reproduce = false;
     let mut hash_only = false;
     let mut determinism = None;
+    let mut listed: Option<Vec<u64>> = None;
+    let mut for_seconds: Option<u64> = None;
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         let mut value = |name: &str| -> Result<String, String> {
@@ -64,6 +68,8 @@ fn main() -> ExitCode {
                 "--no-faults" => settings.faults = false,
                 "--lying-disks" => settings.lying_disks = true,
                 "--hash-only" => hash_only = true,
+                "--seeds-file" => listed = Some(seeds_file(&value(arg)?)?),
+                "--for-seconds" => for_seconds = Some(num(&value(arg)?)?),
                 "-h" | "--help" => return Err(String::new()),
                 other => return Err(format!("unknown argument {other:?}")),
             }
@@ -106,21 +112,25 @@ fn main() -> ExitCode {
     // The machine's clock, on purpose: seeds per minute of real time.
     #[allow(clippy::disallowed_types)]
     let started = std::time::Instant::now();
+    if let Some(list) = listed {
+        return sweep(list.into_iter(), &settings, started, None);
+    }
     if seeds.end > seeds.start + 1 {
-        return sweep(seeds, &settings, started);
+        return sweep(seeds, &settings, started, for_seconds);
     }
     for seed in seeds {
         let settings = Settings {
             seed,
             ..settings.clone()
         };
+        if reproduce && !hash_only {
+            // Printed as it happens: a run that ends in a panic (an
+            // assertion in a node) shows its trace up to there.
+            sim::echo_trace();
+        }
         let outcome = sim::run(&settings);
         if hash_only {
             println!("hash={:016x}", outcome.hash);
-        } else if reproduce {
-            for line in &outcome.trace {
-                println!("{line}");
-            }
         }
         if let Err(why) = &outcome.verdict {
             eprintln!("FAILED: {why}");
@@ -149,9 +159,10 @@ fn main() -> ExitCode {
 /// after seeds 1 and 2 in one process); stops at the first failure.
 #[allow(clippy::disallowed_types)] // the machine's clock: seeds per minute
 fn sweep(
-    seeds: std::ops::Range<u64>,
+    seeds: impl Iterator<Item = u64>,
     settings: &Settings,
     started: std::time::Instant,
+    for_seconds: Option<u64>,
 ) -> ExitCode {
     let exe = match std::env::current_exe() {
         Ok(exe) => exe,
@@ -162,6 +173,9 @@ fn sweep(
     };
     let mut runs = 0u64;
     for seed in seeds {
+        if for_seconds.is_some_and(|limit| started.elapsed().as_secs() >= limit) {
+            break;
+        }
         let status = Command::new(&exe)
             .arg("--seed")
             .arg(seed.to_string())
@@ -183,6 +197,22 @@ fn sweep(
         runs as f64 * 60.0 / secs
     );
     ExitCode::SUCCESS
+}
+
+/// The seeds a file lists: one per line, `#` starts a comment.
+fn seeds_file(path: &str) -> Result<Vec<u64>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+    let mut seeds = Vec::new();
+    for line in text.lines() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        if !line.is_empty() {
+            seeds.push(num(line)?);
+        }
+    }
+    if seeds.is_empty() {
+        return Err(format!("{path} lists no seed"));
+    }
+    Ok(seeds)
 }
 
 fn num(s: &str) -> Result<u64, String> {

@@ -213,9 +213,11 @@ pub struct Cores {
 
 impl Cores {
     /// Node `node`, process `incarnation`, has a stopped core (seen at
-    /// `now`).
-    pub fn observe_dead(&mut self, node: u64, incarnation: u64, now: u64) {
+    /// `now`); true the first time.
+    pub fn observe_dead(&mut self, node: u64, incarnation: u64, now: u64) -> bool {
+        let first = !self.dead_since.contains_key(&(node, incarnation));
         self.dead_since.entry((node, incarnation)).or_insert(now);
+        first
     }
 
     /// Checks one SERVING answer: an answer from one process to an ask

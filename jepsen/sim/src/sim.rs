@@ -38,15 +38,19 @@ const SESSION_TTL: Duration = Duration::from_secs(2);
 pub const LIVENESS_BOUND: Duration = Duration::from_secs(30);
 /// Nodes in the cluster.
 const NODES: u64 = 3;
-/// Keep-alive probers.
+/// Keep-alive probers that open sessions and abandon them (each node has
+/// its asker besides).
 const PROBERS: usize = 2;
 /// The probers' session ttl (the smallest the server accepts).
 const PROBE_TTL_MS: u64 = 1_000;
+/// How long after an abandoned session's lease lapsed (counted from the
+/// open's answer) the askers start: the leader's expiry is proposed by
+/// then, so renewals before the end is applied are rare.
+const PROBE_GRACE_MS: u64 = 30;
 /// How long a prober keeps asking to renew a session it abandoned.
 const PROBE_ASKS_FOR_MS: u64 = 2_500;
-/// How often a prober asks every node, and the health prober asks every
-/// node.
-const PROBE_EVERY_MS: u64 = 40;
+/// How often an asker asks its node, and the health prober every node.
+const PROBE_EVERY_MS: u64 = 20;
 
 /// What a run is made of.
 #[derive(Clone, Debug)]
@@ -101,8 +105,6 @@ impl Settings {
 pub struct Outcome {
     /// `Err` with the first violation found.
     pub verdict: Result<(), String>,
-    /// Every event, in order (for `--reproduce`).
-    pub trace: Vec<String>,
     /// A hash of the trace: equal for two runs of one seed.
     pub hash: u64,
     /// Grants the workers were given.
@@ -124,11 +126,12 @@ struct Record {
     /// Nodes whose process ended (fail-stop) and that the supervisor has
     /// not restarted yet.
     exited: Vec<u64>,
-    /// Sessions the keep-alive probers opened and abandoned.
-    abandoned: std::collections::BTreeSet<u64>,
-    /// "Renewed" answers to the probers.
+    /// Sessions the keep-alive probers opened and abandoned, and when
+    /// their open was answered.
+    abandoned: BTreeMap<u64, u64>,
+    /// "Renewed" answers to the probers, not judged yet.
     renewals: Vec<Renewal>,
-    /// SERVING answers to the health prober.
+    /// SERVING answers to the health prober, not judged yet.
     servings: Vec<Serving>,
     /// The leader the driver saw last.
     leader: Option<u64>,
@@ -164,11 +167,23 @@ pub fn now_ms() -> u64 {
     turmoil::sim_elapsed().map_or_else(|| DRIVER_NOW.with(|n| n.get()), |d| d.as_millis() as u64)
 }
 
+thread_local! {
+    /// Print each trace line as it is noted (`--reproduce`: a run that
+    /// ends in a panic still shows what led to it).
+    static ECHO: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Prints every trace line as it is noted, from now on, on this thread.
+pub fn echo_trace() {
+    ECHO.with(|e| e.set(true));
+}
+
 fn note(record: &Shared, line: String) {
-    record
-        .borrow_mut()
-        .trace
-        .push(format!("{:>7} {line}", now_ms()));
+    let line = format!("{:>7} {line}", now_ms());
+    if ECHO.with(|e| e.get()) {
+        println!("{line}");
+    }
+    record.borrow_mut().trace.push(line);
 }
 
 fn host(id: u64) -> String {
@@ -264,16 +279,13 @@ fn channel(id: u64) -> tonic::transport::Channel {
     node_connector().channel(&endpoint)
 }
 
-/// A keep-alive prober, speaking the protocol itself: it opens a session
-/// with the smallest ttl on whichever node leads, abandons it at once (as
-/// a crashed holder would), and once the lease has lapsed asks every node
-/// to renew it, every [`PROBE_EVERY_MS`], for [`PROBE_ASKS_FOR_MS`]. A
-/// "renewed" answer is recorded with its ask's send time; the keep-alive
-/// oracle judges it against the ends the nodes applied.
-async fn keepalive_prober(n: usize, stop_ms: u64, record: Shared) -> turmoil::Result {
+/// A keep-alive prober's opener, speaking the protocol itself: it opens a
+/// session with the smallest ttl on whichever node leads and abandons it
+/// at once (as a crashed holder would); the askers then ask every node to
+/// renew it.
+async fn session_opener(n: usize, stop_ms: u64, record: Shared) -> turmoil::Result {
     let chans: Vec<(u64, tonic::transport::Channel)> =
         (1..=NODES).map(|id| (id, channel(id))).collect();
-    let mut ask = 0u64;
     while now_ms() < stop_ms {
         let mut opened = None;
         for (id, ch) in &chans {
@@ -295,53 +307,75 @@ async fn keepalive_prober(n: usize, stop_ms: u64, record: Shared) -> turmoil::Re
         };
         note(
             &record,
-            format!("prober {n}: session {session} opened on node {by}, abandoned"),
+            format!("opener {n}: session {session} opened on node {by}, abandoned"),
         );
-        record.borrow_mut().abandoned.insert(session);
-        tokio::time::sleep(Duration::from_millis(PROBE_TTL_MS + 50)).await;
-        let until = now_ms() + PROBE_ASKS_FOR_MS;
-        while now_ms() < until && now_ms() < stop_ms {
-            for (id, ch) in &chans {
-                ask += 1;
-                let sent = now_ms();
-                let req = pb::KeepAliveRequest {
-                    session_id: session,
-                    ask_id: ask,
-                };
-                let mut c = LocksClient::new(ch.clone());
-                let answer = tokio::time::timeout(Duration::from_millis(300), async {
-                    let mut answers = c
-                        .keep_alive(futures::stream::iter([req]))
-                        .await?
-                        .into_inner();
-                    answers.message().await
-                })
-                .await;
-                if let Ok(Ok(Some(a))) = answer {
-                    if !a.expired && a.session_id == session {
-                        let answered = now_ms();
-                        note(
-                            &record,
-                            format!(
-                                "prober {n}: node {id} renewed session {session} (asked at {sent})"
-                            ),
-                        );
-                        record.borrow_mut().renewals.push(Renewal {
-                            session,
-                            node: *id,
-                            sent,
-                            answered,
-                        });
-                    }
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(PROBE_EVERY_MS)).await;
-        }
+        record.borrow_mut().abandoned.insert(session, now_ms());
+        // The next one once this one's lease has lapsed.
+        tokio::time::sleep(Duration::from_millis(PROBE_TTL_MS)).await;
     }
     Ok(())
 }
 
-/// A hostile peer: every 0.5-3 s, 1-4 Raft messages no member sends
+/// A keep-alive asker for one node: once an abandoned session's lease has
+/// lapsed (its ttl and [`PROBE_GRACE_MS`] after the open was answered), it
+/// asks node `id` to
+/// renew it every [`PROBE_EVERY_MS`] for [`PROBE_ASKS_FOR_MS`]. A
+/// "renewed" answer is recorded with its ask's send time; the keep-alive
+/// oracle judges it against the ends the nodes applied. One asker per
+/// node, so a node that is down does not slow the asks to the others.
+async fn keepalive_asker(id: u64, stop_ms: u64, record: Shared) -> turmoil::Result {
+    let ch = channel(id);
+    let mut ask = 0u64;
+    while now_ms() < stop_ms {
+        let now = now_ms();
+        let due: Vec<u64> = record
+            .borrow()
+            .abandoned
+            .iter()
+            .filter(|(_, opened)| {
+                now >= *opened + PROBE_TTL_MS + PROBE_GRACE_MS
+                    && now < *opened + PROBE_TTL_MS + PROBE_GRACE_MS + PROBE_ASKS_FOR_MS
+            })
+            .map(|(s, _)| *s)
+            .collect();
+        for session in due {
+            ask += 1;
+            let sent = now_ms();
+            let req = pb::KeepAliveRequest {
+                session_id: session,
+                ask_id: ask,
+            };
+            let mut c = LocksClient::new(ch.clone());
+            let answer = tokio::time::timeout(Duration::from_millis(300), async {
+                let mut answers = c
+                    .keep_alive(futures::stream::iter([req]))
+                    .await?
+                    .into_inner();
+                answers.message().await
+            })
+            .await;
+            if let Ok(Ok(Some(a))) = answer {
+                if !a.expired && a.session_id == session {
+                    let answered = now_ms();
+                    note(
+                        &record,
+                        format!("asker: node {id} renewed session {session} (asked at {sent})"),
+                    );
+                    record.borrow_mut().renewals.push(Renewal {
+                        session,
+                        node: id,
+                        sent,
+                        answered,
+                    });
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(PROBE_EVERY_MS)).await;
+    }
+    Ok(())
+}
+
+/// A hostile peer: every 2-6 s, 1-4 Raft messages no member sends
 /// (`raftlock_testkit::hostile`: far-future terms, a snapshot beyond its
 /// vote, garbage snapshots, gaps, another cluster's id, ...) to random
 /// nodes, the leader half the time. The nodes must refuse them and live:
@@ -350,7 +384,7 @@ async fn hostile_peer(stop_ms: u64, mut rng: StdRng, record: Shared) -> turmoil:
     let nodes: BTreeMap<u64, String> = (1..=NODES).map(|id| (id, addr(id))).collect();
     let members: Vec<u64> = nodes.keys().copied().collect();
     loop {
-        let pause = rng.random_range(500..3_000);
+        let pause = rng.random_range(2_000..6_000);
         tokio::time::sleep(Duration::from_millis(pause)).await;
         if now_ms() >= stop_ms {
             return Ok(());
@@ -395,28 +429,30 @@ async fn health_prober(stop_ms: u64, record: Shared) -> turmoil::Result {
         } else {
             raftlock_node::leader::LIVENESS_SERVICE.to_string()
         };
-        for (id, ch) in &chans {
-            let Some(incarnation_sent) = record.borrow().incarnation(*id) else {
-                continue;
-            };
-            let sent = now_ms();
+        let asks = chans.iter().map(|(id, ch)| {
+            let (id, record, service) = (*id, record.clone(), service.clone());
             let mut c = HealthClient::new(ch.clone());
-            let req = tonic_health::pb::HealthCheckRequest {
-                service: service.clone(),
-            };
-            let answer = tokio::time::timeout(Duration::from_millis(200), c.check(req)).await;
-            if let Ok(Ok(a)) = answer {
-                if a.into_inner().status == ServingStatus::Serving as i32 {
-                    let incarnation_answered = record.borrow().incarnation(*id).unwrap_or(0);
-                    record.borrow_mut().servings.push(Serving {
-                        node: *id,
-                        incarnation_sent,
-                        incarnation_answered,
-                        sent,
-                    });
+            async move {
+                let Some(incarnation_sent) = record.borrow().incarnation(id) else {
+                    return;
+                };
+                let sent = now_ms();
+                let req = tonic_health::pb::HealthCheckRequest { service };
+                let answer = tokio::time::timeout(Duration::from_millis(200), c.check(req)).await;
+                if let Ok(Ok(a)) = answer {
+                    if a.into_inner().status == ServingStatus::Serving as i32 {
+                        let incarnation_answered = record.borrow().incarnation(id).unwrap_or(0);
+                        record.borrow_mut().servings.push(Serving {
+                            node: id,
+                            incarnation_sent,
+                            incarnation_answered,
+                            sent,
+                        });
+                    }
                 }
             }
-        }
+        });
+        futures::future::join_all(asks.collect::<Vec<_>>()).await;
         tokio::time::sleep(Duration::from_millis(PROBE_EVERY_MS)).await;
     }
     Ok(())
@@ -553,6 +589,19 @@ struct Watch {
 }
 
 impl Watch {
+    /// Judges the probers' answers not judged yet.
+    fn judge_answers(&mut self, record: &Shared) -> Result<(), String> {
+        let (renewals, servings) = {
+            let mut r = record.borrow_mut();
+            (
+                std::mem::take(&mut r.renewals),
+                std::mem::take(&mut r.servings),
+            )
+        };
+        renewals.iter().try_for_each(|r| self.ended.check(r))?;
+        servings.iter().try_for_each(|s| self.cores.check(s))
+    }
+
     /// Checks the running nodes; returns the abandoned sessions whose end
     /// the leader applied this tick (a moment worth crashing it at).
     fn tick(
@@ -565,7 +614,7 @@ impl Watch {
         let abandoned: Vec<u64> = record
             .borrow()
             .abandoned
-            .iter()
+            .keys()
             .copied()
             .filter(|s| !self.ended.has_ended(*s))
             .collect();
@@ -592,8 +641,11 @@ impl Watch {
                 self.leader = Some(id);
                 record.borrow_mut().leader = Some(id);
             }
-            if m.running_state.is_err() {
-                self.cores.observe_dead(id, incarnation, now);
+            if m.running_state.is_err() && self.cores.observe_dead(id, incarnation, now) {
+                note(
+                    record,
+                    format!("node {id}'s Raft core has stopped (process {incarnation})"),
+                );
             }
             // A session is named by the command index of its open (within
             // the log entry `log_index_of` gives): a table that has applied
@@ -680,8 +732,14 @@ pub fn run(settings: &Settings) -> Outcome {
     }
     for n in 0..PROBERS {
         sim.client(
-            format!("ka{n}"),
-            keepalive_prober(n, stop_ms, record.clone()),
+            format!("opener{n}"),
+            session_opener(n, stop_ms, record.clone()),
+        );
+    }
+    for id in 1..=NODES {
+        sim.client(
+            format!("asker{id}"),
+            keepalive_asker(id, stop_ms, record.clone()),
         );
     }
     sim.client("health", health_prober(stop_ms, record.clone()));
@@ -710,6 +768,12 @@ pub fn run(settings: &Settings) -> Outcome {
             Ok(e) => e,
             Err(e) => break Err(e),
         };
+        // The probers' answers so far, against what the nodes had applied
+        // (an answer is judged by its ask's send time, and everything the
+        // driver saw up to then is known by now).
+        if let Err(e) = watch.judge_answers(&record) {
+            break Err(e);
+        }
         // The supervisor: a node whose process ended is restarted after
         // 100-1000 ms (it may fail again at once if its disk still fails).
         let exited: Vec<u64> = record.borrow_mut().exited.drain(..).collect();
@@ -781,19 +845,19 @@ pub fn run(settings: &Settings) -> Outcome {
             );
         }
     };
-    let (trace, grants, probe_granted, renewals, servings) = {
+    // The answers of the last tick, if the run ended before they were
+    // judged; a violation among them comes before the run's own failure
+    // (a run that fails its liveness probe because a node lied about its
+    // health is failed by the lie).
+    let verdict = match watch.judge_answers(&record) {
+        Err(e) => Err(e),
+        Ok(()) => verdict,
+    };
+    let (trace, grants, probe_granted) = {
         let r = record.borrow();
-        (
-            r.trace.clone(),
-            r.grants.clone(),
-            r.probe_granted,
-            r.renewals.clone(),
-            r.servings.clone(),
-        )
+        (r.trace.clone(), r.grants.clone(), r.probe_granted)
     };
     let verdict = verdict
-        .and_then(|()| renewals.iter().try_for_each(|r| watch.ended.check(r)))
-        .and_then(|()| servings.iter().try_for_each(|s| watch.cores.check(s)))
         .and_then(|()| oracle::mutual_exclusion(&grants))
         .and_then(|()| oracle::fence_order(&grants))
         .and_then(|()| match probe_granted {
@@ -811,7 +875,6 @@ pub fn run(settings: &Settings) -> Outcome {
     CURRENT.with(|c| *c.borrow_mut() = None);
     Outcome {
         verdict,
-        trace,
         hash,
         grants: grants.len(),
         faults,
