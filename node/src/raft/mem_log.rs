@@ -443,6 +443,40 @@ mod tests {
     use super::*;
     use crate::raft::{log_id, EntryPayload};
 
+    struct SuiteBuilder;
+
+    impl openraft::testing::log::StoreBuilder<
+            TypeConfig,
+            MemLogStore,
+            crate::apply::state_machine::StateMachineStore,
+            (),
+        > for SuiteBuilder
+    {
+        async fn build(
+            &self,
+        ) -> Result<
+            ((), MemLogStore, crate::apply::state_machine::StateMachineStore),
+            openraft::StorageError<TypeConfig>,
+        > {
+            let log = MemLogStore::open(MemDisk::new()).expect("open");
+            let sm = crate::apply::state_machine::StateMachineStore::open(
+                crate::apply::Shared::new_for_tests(),
+                None,
+            )
+            .expect("state machine");
+            Ok(((), log, sm))
+        }
+    }
+
+    /// openraft's conformance suite for storage, as the sled store runs it:
+    /// the simulator's log store keeps the same contract.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn openraft_storage_suite() {
+        openraft::testing::log::Suite::test_all(SuiteBuilder)
+            .await
+            .expect("suite passes");
+    }
+
     fn blank(index: u64) -> Entry {
         Entry {
             log_id: log_id(1, 1, index),
