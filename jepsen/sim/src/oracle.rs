@@ -121,16 +121,39 @@ impl Committed {
 }
 
 /// A node's last issued fence never goes back while its process runs
-/// (each restart is a new incarnation: it replays its log from zero).
-#[derive(Debug, Default)]
+/// (each restart is a new incarnation: it replays its log from zero), and
+/// never passes the bound that stores compare fences within
+/// (`MAX_FENCE`, 2^63 - 1).
+#[derive(Debug)]
 pub struct Fences {
     last: BTreeMap<(u64, u64), u64>,
+    bound: u64,
+}
+
+impl Default for Fences {
+    fn default() -> Self {
+        Fences::with_bound(raftlock_node::state::limits::MAX_FENCE)
+    }
 }
 
 impl Fences {
+    /// Fences may not pass `bound`.
+    pub fn with_bound(bound: u64) -> Self {
+        Fences {
+            last: BTreeMap::new(),
+            bound,
+        }
+    }
+
     /// In incarnation `incarnation` of node `node`, the table's last fence
     /// is `fence`.
     pub fn observe(&mut self, node: u64, incarnation: u64, fence: u64) -> Result<(), String> {
+        if fence > self.bound {
+            return Err(format!(
+                "node {node}'s last fence {fence} is beyond the bound {}",
+                self.bound
+            ));
+        }
         let last = self.last.entry((node, incarnation)).or_insert(fence);
         if fence < *last {
             return Err(format!(
@@ -314,6 +337,17 @@ mod tests {
             .observe(1, 0, 5)
             .expect_err("back")
             .contains("from 6 to 5"));
+        // The bound, at its edge.
+        let mut f = Fences::with_bound(10);
+        assert_eq!(f.observe(1, 0, 10), Ok(()));
+        assert!(f
+            .observe(2, 0, 11)
+            .expect_err("beyond")
+            .contains("beyond the bound 10"));
+        assert_eq!(
+            Fences::default().bound,
+            raftlock_node::state::limits::MAX_FENCE
+        );
     }
 
     #[test]
