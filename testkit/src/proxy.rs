@@ -26,6 +26,12 @@
 //!   would have, so it cannot go on);
 //! * **delay**: each chunk is delivered a fixed time plus a random jitter
 //!   after it was read, in order (a slow or congested path).
+//!
+//! A delay is timed by tokio's timer by default, which follows a paused
+//! test runtime but rounds every wait up to a whole millisecond. A
+//! benchmark that puts a datacenter's round trip (a fraction of a
+//! millisecond) on every link builds its [`Net`] with [`Clock::Precise`]
+//! instead (`raftlock-bench proxy` does).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -47,6 +53,22 @@ pub struct Delay {
     pub base: Duration,
     /// The random part's upper bound.
     pub jitter: Duration,
+}
+
+/// What times a delayed chunk.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Clock {
+    /// tokio's timer: it follows a paused runtime, and rounds every wait up
+    /// to the next millisecond (fine for the harness's delays of
+    /// milliseconds, far too coarse for a delay of 100 µs).
+    #[default]
+    Tokio,
+    /// One thread of this process that waits on the OS's monotonic clock
+    /// with the kernel's timer slack set to 1 ns (not its default 50 µs),
+    /// then wakes the writers whose chunks are due: a chunk is held back
+    /// at least its delay and then as little as the machine's scheduling
+    /// latency allows. It ignores a paused tokio clock.
+    Precise,
 }
 
 /// What the proxies obey.
@@ -79,6 +101,8 @@ impl NetState {
 /// All the proxies. Dropping it stops them and closes their connections.
 pub struct Net {
     state: watch::Sender<NetState>,
+    /// What times delayed chunks, for every proxy of this `Net`.
+    clock: Clock,
     tasks: JoinSet<()>,
     /// The proxy address for each link.
     addrs: BTreeMap<Link, String>,
@@ -91,10 +115,16 @@ impl Default for Net {
 }
 
 impl Net {
-    /// No proxies yet, every direction open.
+    /// No proxies yet, every direction open; delays timed by tokio.
     pub fn new() -> Net {
+        Net::with_clock(Clock::Tokio)
+    }
+
+    /// Like [`new`](Self::new), with delays timed by `clock`.
+    pub fn with_clock(clock: Clock) -> Net {
         Net {
             state: watch::channel(NetState::default()).0,
+            clock,
             tasks: JoinSet::new(),
             addrs: BTreeMap::new(),
         }
@@ -124,7 +154,7 @@ impl Net {
         let addr = listener.local_addr()?.to_string();
         let rx = self.state.subscribe();
         self.tasks
-            .spawn(accept_loop(listener, from, to, target, rx));
+            .spawn(accept_loop(listener, from, to, target, rx, self.clock));
         self.addrs.insert((from, to), addr.clone());
         Ok(addr)
     }
@@ -201,6 +231,7 @@ async fn accept_loop(
     to: u64,
     target: String,
     state: watch::Receiver<NetState>,
+    clock: Clock,
 ) {
     // Connections live in this set, so stopping the accept loop closes them.
     let mut conns = JoinSet::new();
@@ -211,7 +242,7 @@ async fn accept_loop(
                     tokio::time::sleep(Duration::from_millis(10)).await;
                     continue;
                 };
-                conns.spawn(connection(socket, from, to, target.clone(), state.clone()));
+                conns.spawn(connection(socket, from, to, target.clone(), state.clone(), clock));
             }
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
         }
@@ -224,6 +255,7 @@ async fn connection(
     to: u64,
     target: String,
     mut state: watch::Receiver<NetState>,
+    clock: Clock,
 ) {
     let up: Link = (from, to);
     let down: Link = (to, from);
@@ -258,8 +290,8 @@ async fn connection(
     let was_reset = tokio::select! {
         _ = async {
             tokio::join!(
-                pump(&mut cr, &mut sw, up, state.clone(), seed),
-                pump(&mut sr, &mut cw, down, state.clone(), !seed),
+                pump(&mut cr, &mut sw, up, state.clone(), seed, clock),
+                pump(&mut sr, &mut cw, down, state.clone(), !seed, clock),
             )
         } => false,
         _ = reset => true,
@@ -290,13 +322,17 @@ impl Jitter {
 
 /// Copies bytes one way while the direction is open: holds them while it
 /// is cut, throws them away while it drops, and delivers them late while
-/// it is delayed (in order: a writer delivers what the reader queued).
+/// it is delayed (in order: a writer delivers what the reader queued, one
+/// chunk after the other, so a chunk due early never overtakes one read
+/// before it). The reader's end of stream becomes the writer's, after the
+/// chunks queued before it.
 async fn pump(
     reader: &mut OwnedReadHalf,
     writer: &mut OwnedWriteHalf,
     link: Link,
     mut state: watch::Receiver<NetState>,
     seed: u64,
+    clock: Clock,
 ) {
     let (tx, mut rx) = tokio::sync::mpsc::channel::<(tokio::time::Instant, Vec<u8>)>(256);
     let read = async move {
@@ -320,7 +356,11 @@ async fn pump(
             if dropped {
                 continue;
             }
-            let at = tokio::time::Instant::now() + delay.base + jitter.below(delay.jitter);
+            let now = match clock {
+                Clock::Tokio => tokio::time::Instant::now(),
+                Clock::Precise => tokio::time::Instant::from_std(std::time::Instant::now()),
+            };
+            let at = now + delay.base + jitter.below(delay.jitter);
             if tx.send((at, buf[..n].to_vec())).await.is_err() {
                 break;
             }
@@ -328,7 +368,10 @@ async fn pump(
     };
     let write = async move {
         while let Some((at, bytes)) = rx.recv().await {
-            tokio::time::sleep_until(at).await;
+            match clock {
+                Clock::Tokio => tokio::time::sleep_until(at).await,
+                Clock::Precise => precise::Sleep::until(at.into_std()).await,
+            }
             if writer.write_all(&bytes).await.is_err() {
                 break;
             }
@@ -336,6 +379,167 @@ async fn pump(
         let _ = writer.shutdown().await;
     };
     tokio::join!(read, write);
+}
+
+/// [`Clock::Precise`]: one timer thread per process, waiting on the OS's
+/// monotonic clock for the earliest chunk due, and a future that a writer
+/// awaits until its chunk's time.
+mod precise {
+    use std::cmp::{Ordering, Reverse};
+    use std::collections::BinaryHeap;
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::{Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
+    use std::task::{Context, Poll, Waker};
+    use std::time::Instant;
+
+    /// A writer waiting for `at`.
+    struct Entry {
+        at: Instant,
+        /// Breaks ties between equal deadlines (a heap needs a total order).
+        seq: u64,
+        waker: Waker,
+    }
+
+    impl PartialEq for Entry {
+        fn eq(&self, other: &Self) -> bool {
+            self.cmp(other) == Ordering::Equal
+        }
+    }
+
+    impl Eq for Entry {}
+
+    impl PartialOrd for Entry {
+        fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+            Some(self.cmp(other))
+        }
+    }
+
+    impl Ord for Entry {
+        fn cmp(&self, other: &Self) -> Ordering {
+            (self.at, self.seq).cmp(&(other.at, other.seq))
+        }
+    }
+
+    #[derive(Default)]
+    struct Queue {
+        /// Earliest deadline on top.
+        heap: BinaryHeap<Reverse<Entry>>,
+        seq: u64,
+    }
+
+    #[derive(Default)]
+    struct Timer {
+        queue: Mutex<Queue>,
+        /// Signalled when a deadline earlier than every queued one arrives.
+        changed: Condvar,
+    }
+
+    impl Timer {
+        fn lock(&self) -> MutexGuard<'_, Queue> {
+            // Nothing panics while holding the lock; if something did, the
+            // heap is still a valid heap.
+            self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+        }
+    }
+
+    fn timer() -> &'static Timer {
+        static TIMER: OnceLock<Timer> = OnceLock::new();
+        let mut first = false;
+        let t = TIMER.get_or_init(|| {
+            first = true;
+            Timer::default()
+        });
+        if first {
+            std::thread::Builder::new()
+                .name("proxy-timer".into())
+                .spawn(move || run(t))
+                .expect("spawn the proxy's timer thread");
+        }
+        t
+    }
+
+    fn run(t: &'static Timer) {
+        // The kernel lets a sleeping thread wake up to its timer slack late
+        // (50 µs by default), a quarter of a 0.2 ms round trip. Without it
+        // (an old kernel) the delays are only coarser.
+        let _ = nix::sys::prctl::set_timerslack(1);
+        let mut q = t.lock();
+        loop {
+            let now = Instant::now();
+            let mut due = Vec::new();
+            while q.heap.peek().is_some_and(|Reverse(e)| e.at <= now) {
+                if let Some(Reverse(e)) = q.heap.pop() {
+                    due.push(e.waker);
+                }
+            }
+            if !due.is_empty() {
+                drop(q);
+                due.into_iter().for_each(Waker::wake);
+                q = t.lock();
+                continue;
+            }
+            q = match q.heap.peek().map(|Reverse(e)| e.at - now) {
+                None => t.changed.wait(q).unwrap_or_else(PoisonError::into_inner),
+                Some(wait) => {
+                    t.changed
+                        .wait_timeout(q, wait)
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0
+                }
+            };
+        }
+    }
+
+    /// Ready once the OS's monotonic clock has reached a deadline.
+    pub(super) struct Sleep {
+        at: Instant,
+        /// The waker queued with the timer, if any: a task polled again
+        /// with the same waker (the other half of a `join!` woke it) is not
+        /// queued twice.
+        queued: Option<Waker>,
+    }
+
+    impl Sleep {
+        pub(super) fn until(at: Instant) -> Sleep {
+            Sleep { at, queued: None }
+        }
+    }
+
+    impl Future for Sleep {
+        type Output = ();
+
+        fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+            if Instant::now() >= self.at {
+                return Poll::Ready(());
+            }
+            if self
+                .queued
+                .as_ref()
+                .is_some_and(|w| w.will_wake(cx.waker()))
+            {
+                return Poll::Pending;
+            }
+            let t = timer();
+            let earliest = {
+                let mut q = t.lock();
+                q.seq += 1;
+                let seq = q.seq;
+                let earliest = q.heap.peek().is_none_or(|Reverse(e)| self.at < e.at);
+                q.heap.push(Reverse(Entry {
+                    at: self.at,
+                    seq,
+                    waker: cx.waker().clone(),
+                }));
+                earliest
+            };
+            if earliest {
+                t.changed.notify_one();
+            }
+            self.queued = Some(cx.waker().clone());
+            Poll::Pending
+        }
+    }
 }
 
 #[cfg(test)]
@@ -484,5 +688,148 @@ mod tests {
         let mut s = TcpStream::connect(&addr).await.unwrap();
         assert!(roundtrip(&mut s, Duration::from_secs(2)).await);
         net.shutdown();
+    }
+
+    /// A server that reads until the client's end of stream, answers with
+    /// the number of bytes it read and closes.
+    async fn counting_server() -> String {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            loop {
+                let (mut s, _) = l.accept().await.unwrap();
+                tokio::spawn(async move {
+                    let mut got = Vec::new();
+                    if s.read_to_end(&mut got).await.is_ok() {
+                        let _ = s.write_all(got.len().to_string().as_bytes()).await;
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    fn fixed(base: Duration) -> Delay {
+        Delay {
+            base,
+            jitter: Duration::ZERO,
+        }
+    }
+
+    #[tokio::test]
+    async fn many_chunks_keep_their_order_under_a_delay() {
+        // With the jitter, chunks read later are often due earlier: only
+        // the one writer per direction keeps them from overtaking.
+        let cases = [
+            (Clock::Precise, fixed(Duration::from_micros(200))),
+            (
+                Clock::Tokio,
+                Delay {
+                    base: Duration::from_millis(1),
+                    jitter: Duration::from_millis(5),
+                },
+            ),
+        ];
+        for (clock, delay) in cases {
+            let target = echo_server().await;
+            let mut net = Net::with_clock(clock);
+            let addr = net.add_proxy(1, 2, target).await.unwrap();
+            net.delay(&[(1, 2), (2, 1)], delay);
+            let (mut r, mut w) = TcpStream::connect(&addr).await.unwrap().into_split();
+            const N: u32 = 3_000;
+            let writer = tokio::spawn(async move {
+                for i in 0..N {
+                    w.write_all(&i.to_be_bytes()).await.unwrap();
+                    if i % 8 == 0 {
+                        // Let the proxy read what is there: many chunks.
+                        tokio::task::yield_now().await;
+                    }
+                }
+                w
+            });
+            let mut buf = vec![0u8; N as usize * 4];
+            tokio::time::timeout(Duration::from_secs(30), r.read_exact(&mut buf))
+                .await
+                .expect("everything echoed")
+                .unwrap();
+            for (i, word) in buf.chunks(4).enumerate() {
+                let got = u32::from_be_bytes(word.try_into().unwrap());
+                assert_eq!(got, i as u32, "{clock:?}: word {i} out of order");
+            }
+            writer.await.unwrap();
+            net.shutdown();
+        }
+    }
+
+    #[tokio::test]
+    async fn a_precise_delay_holds_each_direction_at_least_its_time() {
+        let target = echo_server().await;
+        let mut net = Net::with_clock(Clock::Precise);
+        let addr = net.add_proxy(1, 2, target).await.unwrap();
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        assert!(roundtrip(&mut s, Duration::from_secs(5)).await);
+        async fn timed(s: &mut TcpStream) -> Duration {
+            let started = std::time::Instant::now();
+            assert!(roundtrip(s, Duration::from_secs(5)).await);
+            started.elapsed()
+        }
+        // One direction delayed: a round trip takes at least its delay.
+        net.delay(&[(1, 2)], fixed(Duration::from_millis(3)));
+        for _ in 0..5 {
+            let took = timed(&mut s).await;
+            assert!(took >= Duration::from_millis(3), "{took:?}");
+        }
+        // Both: at least twice, also below tokio's millisecond.
+        for each_way in [Duration::from_millis(3), Duration::from_micros(150)] {
+            net.delay(&[(1, 2), (2, 1)], fixed(each_way));
+            for _ in 0..5 {
+                let took = timed(&mut s).await;
+                assert!(took >= 2 * each_way, "{each_way:?} each way: {took:?}");
+            }
+        }
+        net.shutdown();
+    }
+
+    #[tokio::test]
+    async fn an_end_of_stream_passes_through_after_the_delayed_bytes() {
+        for clock in [Clock::Precise, Clock::Tokio] {
+            let target = counting_server().await;
+            let mut net = Net::with_clock(clock);
+            let addr = net.add_proxy(1, 2, target).await.unwrap();
+            net.delay(&[(1, 2), (2, 1)], fixed(Duration::from_millis(2)));
+            let mut s = TcpStream::connect(&addr).await.unwrap();
+            s.write_all(&[7u8; 100_000]).await.unwrap();
+            // Half-close: the server sees the end of stream only after every
+            // byte, and can still answer on the other direction; then its
+            // close reaches us as our end of stream.
+            s.shutdown().await.unwrap();
+            let mut reply = String::new();
+            tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut reply))
+                .await
+                .expect("the server's answer and end of stream")
+                .unwrap();
+            assert_eq!(reply, "100000", "{clock:?}");
+            net.shutdown();
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refused_upstream_closes_the_client_side() {
+        let gone = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let target = gone.local_addr().unwrap().to_string();
+        drop(gone);
+        for clock in [Clock::Precise, Clock::Tokio] {
+            let mut net = Net::with_clock(clock);
+            net.delay(&[(1, 2), (2, 1)], fixed(Duration::from_millis(1)));
+            let addr = net.add_proxy(1, 2, target.clone()).await.unwrap();
+            let mut s = TcpStream::connect(&addr).await.unwrap();
+            let _ = s.write_all(b"hello").await;
+            let mut buf = [0u8; 8];
+            let r = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf))
+                .await
+                .expect("closed, not held open");
+            assert!(matches!(r, Ok(0) | Err(_)), "{clock:?}: {r:?}");
+            net.shutdown();
+        }
     }
 }
