@@ -63,11 +63,10 @@ pub enum Clock {
     /// milliseconds, far too coarse for a delay of 100 µs).
     #[default]
     Tokio,
-    /// One thread of this process that waits on the OS's monotonic clock
-    /// with the kernel's timer slack set to 1 ns (not its default 50 µs),
-    /// then wakes the writers whose chunks are due: a chunk is held back
-    /// at least its delay and then as little as the machine's scheduling
-    /// latency allows. It ignores a paused tokio clock.
+    /// A Linux timerfd per writer on the OS's monotonic clock, which the
+    /// kernel fires without timer slack: a chunk is held back at least its
+    /// delay and then only as long as the machine takes to run the writer.
+    /// It ignores a paused tokio clock.
     Precise,
 }
 
@@ -367,10 +366,22 @@ async fn pump(
         }
     };
     let write = async move {
+        // Made on the first delayed chunk; if the OS gives no timerfd (out
+        // of descriptors), tokio's timer stands in.
+        let mut timer: Option<std::io::Result<precise::Timer>> = None;
         while let Some((at, bytes)) = rx.recv().await {
             match clock {
                 Clock::Tokio => tokio::time::sleep_until(at).await,
-                Clock::Precise => precise::Sleep::until(at.into_std()).await,
+                Clock::Precise if at <= tokio::time::Instant::now() => {}
+                Clock::Precise => {
+                    let slept = match timer.get_or_insert_with(precise::Timer::new) {
+                        Ok(t) => t.sleep_until(at.into_std()).await,
+                        Err(_) => Err(std::io::ErrorKind::Unsupported.into()),
+                    };
+                    if slept.is_err() {
+                        tokio::time::sleep_until(at).await;
+                    }
+                }
             }
             if writer.write_all(&bytes).await.is_err() {
                 break;
@@ -381,163 +392,71 @@ async fn pump(
     tokio::join!(read, write);
 }
 
-/// [`Clock::Precise`]: one timer thread per process, waiting on the OS's
-/// monotonic clock for the earliest chunk due, and a future that a writer
-/// awaits until its chunk's time.
+/// [`Clock::Precise`]: a Linux timerfd per writer. It expires on the
+/// kernel's high-resolution timer with no slack and wakes the tokio worker
+/// straight from its `epoll_wait`, so the writer runs as soon as the
+/// machine lets it: no timer wheel rounding, no extra thread to hop
+/// through.
 mod precise {
-    use std::cmp::{Ordering, Reverse};
-    use std::collections::BinaryHeap;
-    use std::future::Future;
-    use std::pin::Pin;
-    use std::sync::{Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
-    use std::task::{Context, Poll, Waker};
+    use std::io;
+    use std::os::fd::{AsFd, AsRawFd, RawFd};
     use std::time::Instant;
 
-    /// A writer waiting for `at`.
-    struct Entry {
-        at: Instant,
-        /// Breaks ties between equal deadlines (a heap needs a total order).
-        seq: u64,
-        waker: Waker,
-    }
+    use nix::sys::time::TimeSpec;
+    use nix::sys::timerfd::{ClockId, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags};
+    use tokio::io::unix::AsyncFd;
 
-    impl PartialEq for Entry {
-        fn eq(&self, other: &Self) -> bool {
-            self.cmp(other) == Ordering::Equal
+    /// A timerfd, as tokio's `AsyncFd` wants it.
+    struct Fd(TimerFd);
+
+    impl AsRawFd for Fd {
+        fn as_raw_fd(&self) -> RawFd {
+            self.0.as_fd().as_raw_fd()
         }
     }
 
-    impl Eq for Entry {}
-
-    impl PartialOrd for Entry {
-        fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-            Some(self.cmp(other))
-        }
-    }
-
-    impl Ord for Entry {
-        fn cmp(&self, other: &Self) -> Ordering {
-            (self.at, self.seq).cmp(&(other.at, other.seq))
-        }
-    }
-
-    #[derive(Default)]
-    struct Queue {
-        /// Earliest deadline on top.
-        heap: BinaryHeap<Reverse<Entry>>,
-        seq: u64,
-    }
-
-    #[derive(Default)]
-    struct Timer {
-        queue: Mutex<Queue>,
-        /// Signalled when a deadline earlier than every queued one arrives.
-        changed: Condvar,
-    }
+    /// One writer's timer.
+    pub(super) struct Timer(AsyncFd<Fd>);
 
     impl Timer {
-        fn lock(&self) -> MutexGuard<'_, Queue> {
-            // Nothing panics while holding the lock; if something did, the
-            // heap is still a valid heap.
-            self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+        pub(super) fn new() -> io::Result<Timer> {
+            let fd = TimerFd::new(
+                ClockId::CLOCK_MONOTONIC,
+                TimerFlags::TFD_NONBLOCK | TimerFlags::TFD_CLOEXEC,
+            )?;
+            // SAFETY: `Fd` owns the timerfd (an `OwnedFd` inside
+            // `TimerFd`) and never replaces it, and the `AsyncFd` owns the
+            // `Fd`: the descriptor stays open and the same until the
+            // `AsyncFd` is dropped, which deregisters it before closing it.
+            #[allow(unsafe_code)]
+            let registered =
+                unsafe { AsyncFd::register_with_interest(Fd(fd), tokio::io::Interest::READABLE) };
+            Ok(Timer(registered?))
         }
-    }
 
-    fn timer() -> &'static Timer {
-        static TIMER: OnceLock<Timer> = OnceLock::new();
-        let mut first = false;
-        let t = TIMER.get_or_init(|| {
-            first = true;
-            Timer::default()
-        });
-        if first {
-            std::thread::Builder::new()
-                .name("proxy-timer".into())
-                .spawn(move || run(t))
-                .expect("spawn the proxy's timer thread");
-        }
-        t
-    }
-
-    fn run(t: &'static Timer) {
-        // The kernel lets a sleeping thread wake up to its timer slack late
-        // (50 µs by default), a quarter of a 0.2 ms round trip. Without it
-        // (an old kernel) the delays are only coarser.
-        let _ = nix::sys::prctl::set_timerslack(1);
-        let mut q = t.lock();
-        loop {
+        /// Returns once the OS's monotonic clock (std's `Instant`) has
+        /// reached `at`.
+        pub(super) async fn sleep_until(&mut self, at: Instant) -> io::Result<()> {
             let now = Instant::now();
-            let mut due = Vec::new();
-            while q.heap.peek().is_some_and(|Reverse(e)| e.at <= now) {
-                if let Some(Reverse(e)) = q.heap.pop() {
-                    due.push(e.waker);
+            if at <= now {
+                return Ok(());
+            }
+            // A relative expiry: std's Instant does not show its raw
+            // timespec. Never zero here (zero would disarm the timer).
+            let after = TimeSpec::from_duration(at - now);
+            self.0
+                .get_ref()
+                .0
+                .set(Expiration::OneShot(after), TimerSetTimeFlags::empty())?;
+            loop {
+                let mut ready = self.0.readable().await?;
+                // Reading the expiry count re-arms readiness; a wake-up
+                // before the expiry reads EAGAIN (WouldBlock) and waits on.
+                match ready.try_io(|fd| fd.get_ref().0.wait().map_err(io::Error::from)) {
+                    Ok(result) => return result,
+                    Err(_would_block) => continue,
                 }
             }
-            if !due.is_empty() {
-                drop(q);
-                due.into_iter().for_each(Waker::wake);
-                q = t.lock();
-                continue;
-            }
-            q = match q.heap.peek().map(|Reverse(e)| e.at - now) {
-                None => t.changed.wait(q).unwrap_or_else(PoisonError::into_inner),
-                Some(wait) => {
-                    t.changed
-                        .wait_timeout(q, wait)
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .0
-                }
-            };
-        }
-    }
-
-    /// Ready once the OS's monotonic clock has reached a deadline.
-    pub(super) struct Sleep {
-        at: Instant,
-        /// The waker queued with the timer, if any: a task polled again
-        /// with the same waker (the other half of a `join!` woke it) is not
-        /// queued twice.
-        queued: Option<Waker>,
-    }
-
-    impl Sleep {
-        pub(super) fn until(at: Instant) -> Sleep {
-            Sleep { at, queued: None }
-        }
-    }
-
-    impl Future for Sleep {
-        type Output = ();
-
-        fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-            if Instant::now() >= self.at {
-                return Poll::Ready(());
-            }
-            if self
-                .queued
-                .as_ref()
-                .is_some_and(|w| w.will_wake(cx.waker()))
-            {
-                return Poll::Pending;
-            }
-            let t = timer();
-            let earliest = {
-                let mut q = t.lock();
-                q.seq += 1;
-                let seq = q.seq;
-                let earliest = q.heap.peek().is_none_or(|Reverse(e)| self.at < e.at);
-                q.heap.push(Reverse(Entry {
-                    at: self.at,
-                    seq,
-                    waker: cx.waker().clone(),
-                }));
-                earliest
-            };
-            if earliest {
-                t.changed.notify_one();
-            }
-            self.queued = Some(cx.waker().clone());
-            Poll::Pending
         }
     }
 }
