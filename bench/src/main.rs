@@ -339,10 +339,19 @@ async fn wait(args: WaitArgs) -> anyhow::Result<()> {
 
 fn main() {
     let cli = Cli::parse();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let rt = match &cli.command {
+        Command::Proxy(a) if a.threads() == 1 => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        Command::Proxy(a) => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(a.threads())
+            .enable_all()
+            .build(),
+        _ => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build(),
+    }
+    .expect("tokio runtime");
     let result = rt.block_on(async move {
         match cli.command {
             Command::Run(a) => run(a).await,

@@ -25,6 +25,17 @@ pub struct ProxyArgs {
     /// round trip added).
     #[arg(long, default_value_t = 0)]
     delay_us: u64,
+    /// Runtime threads (1: everything on one thread, no hand-offs
+    /// between threads).
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+}
+
+impl ProxyArgs {
+    /// The runtime threads asked for, at least 1.
+    pub fn threads(&self) -> usize {
+        self.threads.max(1)
+    }
 }
 
 /// One route: where the proxy listens, where it forwards.
