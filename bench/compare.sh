@@ -4,12 +4,18 @@
 # a table and bench/results/latest.json. See bench/README.md.
 #
 #   bench/compare.sh [--quick] [--rounds N] [--duration S] [--clients N]
-#                    [--workloads W,W…] [--no-scale] [--no-failover]
+#                    [--workloads W,W…] [--rtt MS] [--no-scale] [--no-failover]
 #                    [--no-install] [--keep]
 #
 # --workloads picks from uncontended,contended,semaphore,sessions,oneshot,
 # multi (default: all of them); a run of some of them writes
 # bench/results/partial-W-W….json instead of latest.json.
+#
+# --rtt MS adds MS milliseconds of round trip to every link of all three
+# systems (client to node and node to node; MS/2 each way) through
+# `raftlock-bench proxy`, a user-space TCP proxy, since these kernels have
+# no netem; --rtt 0 puts the proxies in with no delay (their own cost).
+# Its results go to latest-rttMS.json (partial-W-W…-rttMS.json).
 #
 # Environment: CARGO_TARGET_DIR (where to build), BIN_DIR (use prebuilt
 # raftlockd and raftlock-bench from here and skip the build), BASE_PORT
@@ -31,6 +37,7 @@ SCALE=1
 FAILOVER=1
 INSTALL=1
 KEEP=0
+RTT=""
 FAILOVER_ROUNDS=3
 ALL_WORKLOADS=uncontended,contended,semaphore,sessions,oneshot,multi
 WORKLOADS=$ALL_WORKLOADS
@@ -45,11 +52,17 @@ while [ $# -gt 0 ]; do
     --no-failover) FAILOVER=0 ;;
     --no-install) INSTALL=0 ;;
     --keep) KEEP=1 ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    --rtt) RTT=$2; shift ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     *) echo "compare.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
 done
+DELAY_US=0
+if [ -n "$RTT" ]; then
+  DELAY_US=$(awk -v ms="$RTT" 'BEGIN { if (ms !~ /^[0-9]+(\.[0-9]+)?$/ || ms > 1000) exit 1; printf "%d", ms * 500 + 0.5 }') \
+    || { echo "compare.sh: --rtt takes milliseconds from 0 to 1000, e.g. 0.2 (got $RTT)" >&2; exit 2; }
+fi
 if [ "$QUICK" = 1 ]; then
   ROUNDS=1
   DURATION=5
@@ -143,8 +156,18 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-for p in $(seq $((BASE_PORT + 1)) $((BASE_PORT + 3))) $(seq $((BASE_PORT + 11)) $((BASE_PORT + 13))) \
-         $((BASE_PORT + 79)) $(seq $((BASE_PORT + 81)) $((BASE_PORT + 86))); do
+# Clients and peers dial each server at its public port (raftlock
+# BASE_PORT+1..3, Redis +79, etcd +81..86: client, peer, client, …). Without
+# --rtt the servers listen there; with it they listen SHIFT higher and the
+# proxy listens on the public ports. Metrics (+11..13) are never proxied.
+SHIFT=0
+[ -n "$RTT" ] && SHIFT=100
+PUBLIC_PORTS="$(seq $((BASE_PORT + 1)) $((BASE_PORT + 3))) $((BASE_PORT + 79)) $(seq $((BASE_PORT + 81)) $((BASE_PORT + 86)))"
+CHECK_PORTS="$PUBLIC_PORTS $(seq $((BASE_PORT + 11)) $((BASE_PORT + 13)))"
+if [ "$SHIFT" != 0 ]; then
+  for p in $PUBLIC_PORTS; do CHECK_PORTS+=" $((p + SHIFT))"; done
+fi
+for p in $CHECK_PORTS; do
   if (echo >"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
     echo "compare.sh: port $p is in use; set BASE_PORT" >&2; exit 1
   fi
@@ -164,10 +187,29 @@ done
 REDIS_PORT=$((BASE_PORT + 79))
 REDIS_EP=127.0.0.1:$REDIS_PORT
 
+start_proxy() { # with --rtt: one raftlock-bench proxy for every public port
+  [ -n "$RTT" ] || return 0
+  local routes=() p
+  for p in $PUBLIC_PORTS; do routes+=(--route "127.0.0.1:$p=127.0.0.1:$((p + SHIFT))"); done
+  "$BENCH" proxy --delay-us "$DELAY_US" "${routes[@]}" >>"$TMP/proxy.log" 2>&1 &
+  PID[proxy]=$!
+  # It binds its routes in order: the last one listening means all are.
+  for _ in $(seq 100); do
+    (echo >"/dev/tcp/127.0.0.1/$((BASE_PORT + 86))") 2>/dev/null && return 0
+    kill -0 "${PID[proxy]}" 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "compare.sh: the proxy did not start: $(cat "$TMP/proxy.log")" >&2; exit 1
+}
+cpu_secs_of() { # CPU seconds (user + system) process $1 has used so far
+  awk -v hz="$(getconf CLK_TCK)" '{ printf "%.1f", ($14 + $15) / hz }' "/proc/$1/stat" 2>/dev/null || echo "?"
+}
 start_raftlock() { # start_raftlock ID [--init]
   local i=$1; shift
-  RUST_LOG=${RUST_LOG:-warn} "$RAFTLOCKD" run --id "$i" --listen "127.0.0.1:$((BASE_PORT + i))" \
-    --metrics-listen "127.0.0.1:$((BASE_PORT + 10 + i))" \
+  # Peers and clients reach it at its advertised (public) address, which
+  # --peers names too: with --rtt, the proxy in front of it.
+  RUST_LOG=${RUST_LOG:-warn} "$RAFTLOCKD" run --id "$i" --listen "127.0.0.1:$((BASE_PORT + SHIFT + i))" \
+    --advertise "127.0.0.1:$((BASE_PORT + i))" --metrics-listen "127.0.0.1:$((BASE_PORT + 10 + i))" \
     --data-dir "$TMP/raftlock-$i" --peers "$RL_PEERS" --insecure-peers "$@" >>"$TMP/raftlock-$i.log" 2>&1 &
   PID[raftlock$i]=$!
 }
@@ -175,9 +217,11 @@ start_etcd() { # start_etcd ID  (a restart reuses the data dir; the flags are th
   local i=$1 c=$((BASE_PORT + 79 + 2 * $1)) p=$((BASE_PORT + 80 + 2 * $1))
   # etcd 3.4 defaults otherwise: WAL fsync on every commit, heartbeat
   # 100 ms, election timeout 1000 ms, snapshot every 100,000 entries.
+  # Members reach each other at the advertised peer URLs, which
+  # --initial-cluster names too: with --rtt, the proxies in front of them.
   etcd --name "e$i" --data-dir "$TMP/etcd-$i" \
-    --listen-client-urls "http://127.0.0.1:$c" --advertise-client-urls "http://127.0.0.1:$c" \
-    --listen-peer-urls "http://127.0.0.1:$p" --initial-advertise-peer-urls "http://127.0.0.1:$p" \
+    --listen-client-urls "http://127.0.0.1:$((c + SHIFT))" --advertise-client-urls "http://127.0.0.1:$c" \
+    --listen-peer-urls "http://127.0.0.1:$((p + SHIFT))" --initial-advertise-peer-urls "http://127.0.0.1:$p" \
     --initial-cluster "$ETCD_CLUSTER" --initial-cluster-token raftlock-bench \
     --initial-cluster-state new --logger zap --log-level error >>"$TMP/etcd-$i.log" 2>&1 &
   PID[etcd$i]=$!
@@ -187,7 +231,7 @@ start_redis() {
   # Durability as close to the others as Redis allows: every write goes to
   # the append-only file and is fsynced before the reply (appendfsync
   # always); no RDB snapshots. Still one node: no replication.
-  redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --dir "$TMP/redis" \
+  redis-server --bind 127.0.0.1 --port "$((REDIS_PORT + SHIFT))" --dir "$TMP/redis" \
     --appendonly yes --appendfsync always --save "" --protected-mode yes \
     --daemonize no --logfile "$TMP/redis.log" &
   PID[redis]=$!
@@ -223,6 +267,10 @@ FSYNC_RATE=$(awk -v s="${FSYNC_SECS:-0}" 'BEGIN { if (s > 0) printf "%d", 300 / 
 rm -f "$TMP/fsync-probe"
 log "disk: ${FSYNC_RATE}/s 4 KiB writes with O_DSYNC"
 
+if [ -n "$RTT" ]; then
+  log "every link through raftlock-bench proxy: $RTT ms round trip added, ${DELAY_US} µs each way"
+  start_proxy
+fi
 log "starting 3 raftlockd, 3 etcd, 1 redis on 127.0.0.1"
 start_raftlock_cluster
 for i in 1 2 3; do start_etcd "$i"; done
@@ -316,10 +364,16 @@ fi
 mkdir -p "$HERE/results"
 OUT=latest.json
 [ "$WORKLOADS" = "$ALL_WORKLOADS" ] || OUT="partial-${WORKLOADS//,/-}.json"
+RTT_ARGS=()
+if [ -n "$RTT" ]; then
+  # Beside the loopback record, not over it.
+  OUT="${OUT%.json}-rtt$RTT.json"
+  RTT_ARGS=(--rtt-ms "$RTT" --machine "proxy_cpu_s=$(cpu_secs_of "${PID[proxy]}") (the proxy over the whole run, not in the servers' CPU)")
+fi
 SCALE_ARG=$(IFS=,; echo "${SCALE_FILES[*]:-}")
 STAGES_ARG=$(IFS=,; echo "${STAGE_FILES[*]:-}")
 "$BENCH" report --runs "$RUNS" --failover "$FAILOVERS" ${SCALE_ARG:+--scale "$SCALE_ARG"} \
-  ${STAGES_ARG:+--stages "$STAGES_ARG"} \
+  ${STAGES_ARG:+--stages "$STAGES_ARG"} "${RTT_ARGS[@]}" \
   --machine "disk=$(df -h "$TMP" | awk 'NR==2 {print $1" ("$2")"}'), $(findmnt -no FSTYPE -T "$TMP" 2>/dev/null || echo '?')" \
   --machine "fsync_per_sec=${FSYNC_RATE:-?} (dd 4 KiB O_DSYNC)" \
   --machine "load_avg_start=$LOAD_START" --machine "load_avg_end=$(loadavg)" \

@@ -6,6 +6,7 @@
 //! raftlock-bench failover --target raftlock --endpoints … --pids 101,102,103 --json f.json
 //! raftlock-bench scale --kind locks --endpoints … --pids … --steps 1000,10000,100000,1000000
 //! raftlock-bench report --runs DIR --out bench/results/latest.json
+//! raftlock-bench proxy --route 127.0.0.1:7201=127.0.0.1:7101 --delay-us 100
 //! ```
 //!
 //! `bench/compare.sh` starts all three systems and runs everything; see
@@ -15,6 +16,7 @@ mod cpu;
 mod driver;
 mod failover;
 mod progress;
+mod proxy;
 mod report;
 mod scale;
 mod stages;
@@ -58,6 +60,9 @@ enum Command {
     Wait(WaitArgs),
     /// Merge run results into one JSON and print the comparison table.
     Report(report::ReportArgs),
+    /// TCP proxies that add the same delay to every chunk, both ways
+    /// (`compare.sh --rtt`).
+    Proxy(proxy::ProxyArgs),
 }
 
 /// Where the target is and how the clients behave.
@@ -334,10 +339,19 @@ async fn wait(args: WaitArgs) -> anyhow::Result<()> {
 
 fn main() {
     let cli = Cli::parse();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let rt = match &cli.command {
+        Command::Proxy(a) if a.threads() == 1 => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        Command::Proxy(a) => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(a.threads())
+            .enable_all()
+            .build(),
+        _ => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build(),
+    }
+    .expect("tokio runtime");
     let result = rt.block_on(async move {
         match cli.command {
             Command::Run(a) => run(a).await,
@@ -345,6 +359,7 @@ fn main() {
             Command::Scale(a) => scale::run(a).await,
             Command::Wait(a) => wait(a).await,
             Command::Report(a) => report::run(a),
+            Command::Proxy(a) => proxy::run(a).await,
         }
     });
     // Client tasks (keep-alives) may still be parked; do not wait for them.

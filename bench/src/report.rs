@@ -35,6 +35,11 @@ pub struct ReportArgs {
     /// Extra machine facts as KEY=VALUE (disk, fsync probe, …).
     #[arg(long = "machine")]
     machine: Vec<String>,
+    /// The round trip `compare.sh --rtt` added to every link (client to
+    /// node, node to node), in milliseconds, half each way through
+    /// `raftlock-bench proxy`; without it the run was on plain loopback.
+    #[arg(long)]
+    rtt_ms: Option<f64>,
     /// Write the merged document here.
     #[arg(long)]
     out: PathBuf,
@@ -106,6 +111,25 @@ fn machine(extra: &[String]) -> Value {
     Value::Object(m)
 }
 
+/// What the links of the run were: loopback, or loopback with a round
+/// trip added by the proxies.
+fn network(rtt_ms: Option<f64>) -> Value {
+    match rtt_ms {
+        None => json!({
+            "rtt_ms_added": 0.0,
+            "links": "127.0.0.1 directly, no proxy",
+        }),
+        Some(rtt) => json!({
+            "rtt_ms_added": rtt,
+            "links": format!(
+                "every client-node and node-node link through raftlock-bench proxy, \
+                 {rtt} ms added per round trip ({} ms each way)",
+                rtt / 2.0
+            ),
+        }),
+    }
+}
+
 /// Merged rounds of one (workload, target).
 struct Merged {
     ops: u64,
@@ -174,6 +198,8 @@ pub fn run(args: ReportArgs) -> anyhow::Result<()> {
     }
 
     let mut workloads = Map::new();
+    let network = network(args.rtt_ms);
+    println!("\nnetwork: {}", network["links"].as_str().unwrap_or("?"));
     println!(
         "\n{:<12} {:<9} {:>10} {:>9} {:>9} {:>9} {:>7} {:>10}  {:>13} {:>13}",
         "workload",
@@ -348,6 +374,7 @@ pub fn run(args: ReportArgs) -> anyhow::Result<()> {
 
     let doc = json!({
         "machine": machine(&args.machine),
+        "network": network,
         "workloads": workloads,
         "failover": failover,
         "scale": scale,

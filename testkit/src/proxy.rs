@@ -26,6 +26,12 @@
 //!   would have, so it cannot go on);
 //! * **delay**: each chunk is delivered a fixed time plus a random jitter
 //!   after it was read, in order (a slow or congested path).
+//!
+//! A delay is timed by tokio's timer by default, which follows a paused
+//! test runtime but rounds every wait up to a whole millisecond. A
+//! benchmark that puts a datacenter's round trip (a fraction of a
+//! millisecond) on every link builds its [`Net`] with [`Clock::Precise`]
+//! instead (`raftlock-bench proxy` does).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -47,6 +53,21 @@ pub struct Delay {
     pub base: Duration,
     /// The random part's upper bound.
     pub jitter: Duration,
+}
+
+/// What times a delayed chunk.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Clock {
+    /// tokio's timer: it follows a paused runtime, and rounds every wait up
+    /// to the next millisecond (fine for the harness's delays of
+    /// milliseconds, far too coarse for a delay of 100 µs).
+    #[default]
+    Tokio,
+    /// A Linux timerfd per writer on the OS's monotonic clock, which the
+    /// kernel fires without timer slack: a chunk is held back at least its
+    /// delay and then only as long as the machine takes to run the writer.
+    /// It ignores a paused tokio clock.
+    Precise,
 }
 
 /// What the proxies obey.
@@ -79,6 +100,8 @@ impl NetState {
 /// All the proxies. Dropping it stops them and closes their connections.
 pub struct Net {
     state: watch::Sender<NetState>,
+    /// What times delayed chunks, for every proxy of this `Net`.
+    clock: Clock,
     tasks: JoinSet<()>,
     /// The proxy address for each link.
     addrs: BTreeMap<Link, String>,
@@ -91,10 +114,16 @@ impl Default for Net {
 }
 
 impl Net {
-    /// No proxies yet, every direction open.
+    /// No proxies yet, every direction open; delays timed by tokio.
     pub fn new() -> Net {
+        Net::with_clock(Clock::Tokio)
+    }
+
+    /// Like [`new`](Self::new), with delays timed by `clock`.
+    pub fn with_clock(clock: Clock) -> Net {
         Net {
             state: watch::channel(NetState::default()).0,
+            clock,
             tasks: JoinSet::new(),
             addrs: BTreeMap::new(),
         }
@@ -124,7 +153,7 @@ impl Net {
         let addr = listener.local_addr()?.to_string();
         let rx = self.state.subscribe();
         self.tasks
-            .spawn(accept_loop(listener, from, to, target, rx));
+            .spawn(accept_loop(listener, from, to, target, rx, self.clock));
         self.addrs.insert((from, to), addr.clone());
         Ok(addr)
     }
@@ -201,6 +230,7 @@ async fn accept_loop(
     to: u64,
     target: String,
     state: watch::Receiver<NetState>,
+    clock: Clock,
 ) {
     // Connections live in this set, so stopping the accept loop closes them.
     let mut conns = JoinSet::new();
@@ -211,7 +241,7 @@ async fn accept_loop(
                     tokio::time::sleep(Duration::from_millis(10)).await;
                     continue;
                 };
-                conns.spawn(connection(socket, from, to, target.clone(), state.clone()));
+                conns.spawn(connection(socket, from, to, target.clone(), state.clone(), clock));
             }
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
         }
@@ -224,6 +254,7 @@ async fn connection(
     to: u64,
     target: String,
     mut state: watch::Receiver<NetState>,
+    clock: Clock,
 ) {
     let up: Link = (from, to);
     let down: Link = (to, from);
@@ -258,8 +289,8 @@ async fn connection(
     let was_reset = tokio::select! {
         _ = async {
             tokio::join!(
-                pump(&mut cr, &mut sw, up, state.clone(), seed),
-                pump(&mut sr, &mut cw, down, state.clone(), !seed),
+                pump(&mut cr, &mut sw, up, state.clone(), seed, clock),
+                pump(&mut sr, &mut cw, down, state.clone(), !seed, clock),
             )
         } => false,
         _ = reset => true,
@@ -290,13 +321,17 @@ impl Jitter {
 
 /// Copies bytes one way while the direction is open: holds them while it
 /// is cut, throws them away while it drops, and delivers them late while
-/// it is delayed (in order: a writer delivers what the reader queued).
+/// it is delayed (in order: a writer delivers what the reader queued, one
+/// chunk after the other, so a chunk due early never overtakes one read
+/// before it). The reader's end of stream becomes the writer's, after the
+/// chunks queued before it.
 async fn pump(
     reader: &mut OwnedReadHalf,
     writer: &mut OwnedWriteHalf,
     link: Link,
     mut state: watch::Receiver<NetState>,
     seed: u64,
+    clock: Clock,
 ) {
     let (tx, mut rx) = tokio::sync::mpsc::channel::<(tokio::time::Instant, Vec<u8>)>(256);
     let read = async move {
@@ -320,15 +355,34 @@ async fn pump(
             if dropped {
                 continue;
             }
-            let at = tokio::time::Instant::now() + delay.base + jitter.below(delay.jitter);
+            let now = match clock {
+                Clock::Tokio => tokio::time::Instant::now(),
+                Clock::Precise => tokio::time::Instant::from_std(std::time::Instant::now()),
+            };
+            let at = now + delay.base + jitter.below(delay.jitter);
             if tx.send((at, buf[..n].to_vec())).await.is_err() {
                 break;
             }
         }
     };
     let write = async move {
+        // Made on the first delayed chunk; if the OS gives no timerfd (out
+        // of descriptors), tokio's timer stands in.
+        let mut timer: Option<std::io::Result<precise::Timer>> = None;
         while let Some((at, bytes)) = rx.recv().await {
-            tokio::time::sleep_until(at).await;
+            match clock {
+                Clock::Tokio => tokio::time::sleep_until(at).await,
+                Clock::Precise if at <= tokio::time::Instant::now() => {}
+                Clock::Precise => {
+                    let slept = match timer.get_or_insert_with(precise::Timer::new) {
+                        Ok(t) => t.sleep_until(at.into_std()).await,
+                        Err(_) => Err(std::io::ErrorKind::Unsupported.into()),
+                    };
+                    if slept.is_err() {
+                        tokio::time::sleep_until(at).await;
+                    }
+                }
+            }
             if writer.write_all(&bytes).await.is_err() {
                 break;
             }
@@ -336,6 +390,75 @@ async fn pump(
         let _ = writer.shutdown().await;
     };
     tokio::join!(read, write);
+}
+
+/// [`Clock::Precise`]: a Linux timerfd per writer. It expires on the
+/// kernel's high-resolution timer with no slack and wakes the tokio worker
+/// straight from its `epoll_wait`, so the writer runs as soon as the
+/// machine lets it: no timer wheel rounding, no extra thread to hop
+/// through.
+mod precise {
+    use std::io;
+    use std::os::fd::{AsFd, AsRawFd, RawFd};
+    use std::time::Instant;
+
+    use nix::sys::time::TimeSpec;
+    use nix::sys::timerfd::{ClockId, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags};
+    use tokio::io::unix::AsyncFd;
+
+    /// A timerfd, as tokio's `AsyncFd` wants it.
+    struct Fd(TimerFd);
+
+    impl AsRawFd for Fd {
+        fn as_raw_fd(&self) -> RawFd {
+            self.0.as_fd().as_raw_fd()
+        }
+    }
+
+    /// One writer's timer.
+    pub(super) struct Timer(AsyncFd<Fd>);
+
+    impl Timer {
+        pub(super) fn new() -> io::Result<Timer> {
+            let fd = TimerFd::new(
+                ClockId::CLOCK_MONOTONIC,
+                TimerFlags::TFD_NONBLOCK | TimerFlags::TFD_CLOEXEC,
+            )?;
+            // SAFETY: `Fd` owns the timerfd (an `OwnedFd` inside
+            // `TimerFd`) and never replaces it, and the `AsyncFd` owns the
+            // `Fd`: the descriptor stays open and the same until the
+            // `AsyncFd` is dropped, which deregisters it before closing it.
+            #[allow(unsafe_code)]
+            let registered =
+                unsafe { AsyncFd::register_with_interest(Fd(fd), tokio::io::Interest::READABLE) };
+            Ok(Timer(registered?))
+        }
+
+        /// Returns once the OS's monotonic clock (std's `Instant`) has
+        /// reached `at`.
+        pub(super) async fn sleep_until(&mut self, at: Instant) -> io::Result<()> {
+            let now = Instant::now();
+            if at <= now {
+                return Ok(());
+            }
+            // A relative expiry: std's Instant does not show its raw
+            // timespec. Never zero here (zero would disarm the timer).
+            let after = TimeSpec::from_duration(at - now);
+            self.0
+                .get_ref()
+                .0
+                .set(Expiration::OneShot(after), TimerSetTimeFlags::empty())?;
+            loop {
+                let mut ready = self.0.readable().await?;
+                // Reading the expiry count re-arms readiness; a wake-up
+                // before the expiry reads EAGAIN (WouldBlock) and waits on.
+                match ready.try_io(|fd| fd.get_ref().0.wait().map_err(io::Error::from)) {
+                    Ok(result) => return result,
+                    Err(_would_block) => continue,
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -484,5 +607,148 @@ mod tests {
         let mut s = TcpStream::connect(&addr).await.unwrap();
         assert!(roundtrip(&mut s, Duration::from_secs(2)).await);
         net.shutdown();
+    }
+
+    /// A server that reads until the client's end of stream, answers with
+    /// the number of bytes it read and closes.
+    async fn counting_server() -> String {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            loop {
+                let (mut s, _) = l.accept().await.unwrap();
+                tokio::spawn(async move {
+                    let mut got = Vec::new();
+                    if s.read_to_end(&mut got).await.is_ok() {
+                        let _ = s.write_all(got.len().to_string().as_bytes()).await;
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    fn fixed(base: Duration) -> Delay {
+        Delay {
+            base,
+            jitter: Duration::ZERO,
+        }
+    }
+
+    #[tokio::test]
+    async fn many_chunks_keep_their_order_under_a_delay() {
+        // With the jitter, chunks read later are often due earlier: only
+        // the one writer per direction keeps them from overtaking.
+        let cases = [
+            (Clock::Precise, fixed(Duration::from_micros(200))),
+            (
+                Clock::Tokio,
+                Delay {
+                    base: Duration::from_millis(1),
+                    jitter: Duration::from_millis(5),
+                },
+            ),
+        ];
+        for (clock, delay) in cases {
+            let target = echo_server().await;
+            let mut net = Net::with_clock(clock);
+            let addr = net.add_proxy(1, 2, target).await.unwrap();
+            net.delay(&[(1, 2), (2, 1)], delay);
+            let (mut r, mut w) = TcpStream::connect(&addr).await.unwrap().into_split();
+            const N: u32 = 3_000;
+            let writer = tokio::spawn(async move {
+                for i in 0..N {
+                    w.write_all(&i.to_be_bytes()).await.unwrap();
+                    if i % 8 == 0 {
+                        // Let the proxy read what is there: many chunks.
+                        tokio::task::yield_now().await;
+                    }
+                }
+                w
+            });
+            let mut buf = vec![0u8; N as usize * 4];
+            tokio::time::timeout(Duration::from_secs(30), r.read_exact(&mut buf))
+                .await
+                .expect("everything echoed")
+                .unwrap();
+            for (i, word) in buf.chunks(4).enumerate() {
+                let got = u32::from_be_bytes(word.try_into().unwrap());
+                assert_eq!(got, i as u32, "{clock:?}: word {i} out of order");
+            }
+            writer.await.unwrap();
+            net.shutdown();
+        }
+    }
+
+    #[tokio::test]
+    async fn a_precise_delay_holds_each_direction_at_least_its_time() {
+        let target = echo_server().await;
+        let mut net = Net::with_clock(Clock::Precise);
+        let addr = net.add_proxy(1, 2, target).await.unwrap();
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        assert!(roundtrip(&mut s, Duration::from_secs(5)).await);
+        async fn timed(s: &mut TcpStream) -> Duration {
+            let started = std::time::Instant::now();
+            assert!(roundtrip(s, Duration::from_secs(5)).await);
+            started.elapsed()
+        }
+        // One direction delayed: a round trip takes at least its delay.
+        net.delay(&[(1, 2)], fixed(Duration::from_millis(3)));
+        for _ in 0..5 {
+            let took = timed(&mut s).await;
+            assert!(took >= Duration::from_millis(3), "{took:?}");
+        }
+        // Both: at least twice, also below tokio's millisecond.
+        for each_way in [Duration::from_millis(3), Duration::from_micros(150)] {
+            net.delay(&[(1, 2), (2, 1)], fixed(each_way));
+            for _ in 0..5 {
+                let took = timed(&mut s).await;
+                assert!(took >= 2 * each_way, "{each_way:?} each way: {took:?}");
+            }
+        }
+        net.shutdown();
+    }
+
+    #[tokio::test]
+    async fn an_end_of_stream_passes_through_after_the_delayed_bytes() {
+        for clock in [Clock::Precise, Clock::Tokio] {
+            let target = counting_server().await;
+            let mut net = Net::with_clock(clock);
+            let addr = net.add_proxy(1, 2, target).await.unwrap();
+            net.delay(&[(1, 2), (2, 1)], fixed(Duration::from_millis(2)));
+            let mut s = TcpStream::connect(&addr).await.unwrap();
+            s.write_all(&[7u8; 100_000]).await.unwrap();
+            // Half-close: the server sees the end of stream only after every
+            // byte, and can still answer on the other direction; then its
+            // close reaches us as our end of stream.
+            s.shutdown().await.unwrap();
+            let mut reply = String::new();
+            tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut reply))
+                .await
+                .expect("the server's answer and end of stream")
+                .unwrap();
+            assert_eq!(reply, "100000", "{clock:?}");
+            net.shutdown();
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refused_upstream_closes_the_client_side() {
+        let gone = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let target = gone.local_addr().unwrap().to_string();
+        drop(gone);
+        for clock in [Clock::Precise, Clock::Tokio] {
+            let mut net = Net::with_clock(clock);
+            net.delay(&[(1, 2), (2, 1)], fixed(Duration::from_millis(1)));
+            let addr = net.add_proxy(1, 2, target.clone()).await.unwrap();
+            let mut s = TcpStream::connect(&addr).await.unwrap();
+            let _ = s.write_all(b"hello").await;
+            let mut buf = [0u8; 8];
+            let r = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf))
+                .await
+                .expect("closed, not held open");
+            assert!(matches!(r, Ok(0) | Err(_)), "{clock:?}: {r:?}");
+            net.shutdown();
+        }
     }
 }
