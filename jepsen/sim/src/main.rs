@@ -21,10 +21,12 @@ usage: raftlock-sim [OPTIONS]
   --seeds A..B             run seeds A to B-1, stop at the first failure
   --seeds-file FILE        run every seed FILE lists (one per line, `#` starts a comment)
   --for-seconds S          with --seeds: start no seed after S seconds of real time
+  --keep-going             with --seeds or --seeds-file: run every seed, list the failed ones at the end
   --reproduce S            run seed S and print its whole trace
   --check-determinism N    run seeds 1..=N twice each, in fresh processes, and compare trace hashes
   --duration-ms MS         simulated milliseconds of faults and load (default 20000)
   --workers N              lock workers (default 3)
+  --nodes N                nodes in the cluster: 3 (default) or 5
   --no-faults              no faults (a baseline)
   --lying-disks            plant a defect: disks acknowledge syncs and keep nothing
   --hash-only              print only the trace hash (used by --check-determinism)";
@@ -45,6 +47,7 @@ fn main() -> ExitCode {
     let mut determinism = None;
     let mut listed: Option<Vec<u64>> = None;
     let mut for_seconds: Option<u64> = None;
+    let mut keep_going = false;
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         let mut value = |name: &str| -> Result<String, String> {
@@ -65,11 +68,18 @@ fn main() -> ExitCode {
                 "--check-determinism" => determinism = Some(num(&value(arg)?)?),
                 "--duration-ms" => settings.duration_ms = num(&value(arg)?)?,
                 "--workers" => settings.workers = num(&value(arg)?)? as usize,
+                "--nodes" => {
+                    settings.nodes = num(&value(arg)?)?;
+                    if settings.nodes != 3 && settings.nodes != 5 {
+                        return Err("--nodes takes 3 or 5".into());
+                    }
+                }
                 "--no-faults" => settings.faults = false,
                 "--lying-disks" => settings.lying_disks = true,
                 "--hash-only" => hash_only = true,
                 "--seeds-file" => listed = Some(seeds_file(&value(arg)?)?),
                 "--for-seconds" => for_seconds = Some(num(&value(arg)?)?),
+                "--keep-going" => keep_going = true,
                 "-h" | "--help" => return Err(String::new()),
                 other => return Err(format!("unknown argument {other:?}")),
             }
@@ -113,10 +123,10 @@ fn main() -> ExitCode {
     #[allow(clippy::disallowed_types)]
     let started = std::time::Instant::now();
     if let Some(list) = listed {
-        return sweep(list.into_iter(), &settings, started, None);
+        return sweep(list.into_iter(), &settings, started, None, keep_going);
     }
     if seeds.end > seeds.start + 1 {
-        return sweep(seeds, &settings, started, for_seconds);
+        return sweep(seeds, &settings, started, for_seconds, keep_going);
     }
     for seed in seeds {
         let settings = Settings {
@@ -163,6 +173,7 @@ fn sweep(
     settings: &Settings,
     started: std::time::Instant,
     for_seconds: Option<u64>,
+    keep_going: bool,
 ) -> ExitCode {
     let exe = match std::env::current_exe() {
         Ok(exe) => exe,
@@ -172,6 +183,7 @@ fn sweep(
         }
     };
     let mut runs = 0u64;
+    let mut failed = Vec::new();
     for seed in seeds {
         if for_seconds.is_some_and(|limit| started.elapsed().as_secs() >= limit) {
             break;
@@ -184,6 +196,7 @@ fn sweep(
         runs += 1;
         match status {
             Ok(s) if s.success() => {}
+            Ok(_) if keep_going => failed.push(seed),
             Ok(_) => return ExitCode::FAILURE,
             Err(e) => {
                 eprintln!("cannot run seed {seed}: {e}");
@@ -193,10 +206,27 @@ fn sweep(
     }
     let secs = started.elapsed().as_secs_f64();
     println!(
-        "{runs} seeds in {secs:.1} s ({:.1} seeds/minute)",
-        runs as f64 * 60.0 / secs
+        "{runs} seeds in {secs:.1} s ({:.1} seeds/minute), {} failed{}",
+        runs as f64 * 60.0 / secs,
+        failed.len(),
+        if failed.is_empty() {
+            String::new()
+        } else {
+            format!(
+                ": {}",
+                failed
+                    .iter()
+                    .map(u64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            )
+        }
     );
-    ExitCode::SUCCESS
+    if failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }
 
 /// The seeds a file lists: one per line, `#` starts a comment.

@@ -33,11 +33,20 @@ const PORT: u16 = 7001;
 const LOCK: &str = "L";
 /// Sessions' lease.
 const SESSION_TTL: Duration = Duration::from_secs(2);
+/// The longest a message takes on a calm link (the shortest: 0.2 ms).
+const MAX_LATENCY: Duration = Duration::from_millis(5);
 /// How long the liveness phase may take to grant the lock, once every
 /// fault is healed (simulated).
 pub const LIVENESS_BOUND: Duration = Duration::from_secs(30);
-/// Nodes in the cluster.
-const NODES: u64 = 3;
+thread_local! {
+    /// Nodes in the cluster of the run in progress (`Settings::nodes`).
+    static NODES: std::cell::Cell<u64> = const { std::cell::Cell::new(3) };
+}
+
+/// Nodes in the cluster of the run in progress: `n1`..`nN`.
+fn nodes() -> u64 {
+    NODES.with(|n| n.get())
+}
 /// Keep-alive probers that open sessions and abandon them (each node has
 /// its asker besides).
 const PROBERS: usize = 2;
@@ -61,6 +70,8 @@ pub struct Settings {
     pub duration_ms: u64,
     /// Lock workers.
     pub workers: usize,
+    /// Nodes in the cluster (3 or 5).
+    pub nodes: u64,
     /// Inject faults.
     pub faults: bool,
     /// The nodes' disks acknowledge syncs without keeping anything (a
@@ -74,6 +85,7 @@ impl Default for Settings {
             seed: 1,
             duration_ms: 20_000,
             workers: 3,
+            nodes: 3,
             faults: true,
             lying_disks: false,
         }
@@ -90,6 +102,9 @@ impl Settings {
         }
         if self.workers != d.workers {
             flags += &format!(" --workers {}", self.workers);
+        }
+        if self.nodes != d.nodes {
+            flags += &format!(" --nodes {}", self.nodes);
         }
         if !self.faults {
             flags += " --no-faults";
@@ -219,7 +234,7 @@ async fn run_node(id: u64, disk: MemDisk, record: Shared, incarnation: u64) -> t
         Some((next, l))
     })
     .boxed();
-    let peers = (1..=NODES)
+    let peers = (1..=nodes())
         .map(|n| (n, NodeAddrs::shared(addr(n))))
         .collect();
     let opts = NodeOptions {
@@ -285,7 +300,7 @@ fn channel(id: u64) -> tonic::transport::Channel {
 /// renew it.
 async fn session_opener(n: usize, stop_ms: u64, record: Shared) -> turmoil::Result {
     let chans: Vec<(u64, tonic::transport::Channel)> =
-        (1..=NODES).map(|id| (id, channel(id))).collect();
+        (1..=nodes()).map(|id| (id, channel(id))).collect();
     while now_ms() < stop_ms {
         let mut opened = None;
         for (id, ch) in &chans {
@@ -381,7 +396,7 @@ async fn keepalive_asker(id: u64, stop_ms: u64, record: Shared) -> turmoil::Resu
 /// nodes, the leader half the time. The nodes must refuse them and live:
 /// a panic ends the run, a stopped core is the health oracle's.
 async fn hostile_peer(stop_ms: u64, mut rng: StdRng, record: Shared) -> turmoil::Result {
-    let nodes: BTreeMap<u64, String> = (1..=NODES).map(|id| (id, addr(id))).collect();
+    let nodes: BTreeMap<u64, String> = (1..=nodes()).map(|id| (id, addr(id))).collect();
     let members: Vec<u64> = nodes.keys().copied().collect();
     loop {
         let pause = rng.random_range(2_000..6_000);
@@ -420,7 +435,7 @@ async fn hostile_peer(stop_ms: u64, mut rng: StdRng, record: Shared) -> turmoil:
 /// the driver saw each process's Raft core stopped.
 async fn health_prober(stop_ms: u64, record: Shared) -> turmoil::Result {
     let chans: Vec<(u64, tonic::transport::Channel)> =
-        (1..=NODES).map(|id| (id, channel(id))).collect();
+        (1..=nodes()).map(|id| (id, channel(id))).collect();
     let mut round = 0u64;
     while now_ms() < stop_ms {
         round += 1;
@@ -460,7 +475,7 @@ async fn health_prober(stop_ms: u64, record: Shared) -> turmoil::Result {
 
 /// A worker: sessions, and in each, lock / hold / release until `stop_ms`.
 async fn worker(n: usize, stop_ms: u64, mut rng: StdRng, record: Shared) -> turmoil::Result {
-    let endpoints: Vec<String> = (1..=NODES).map(addr).collect();
+    let endpoints: Vec<String> = (1..=nodes()).map(addr).collect();
     let client = Client::with_options(endpoints, client_options())?;
     while now_ms() < stop_ms {
         let session = match client.session(SESSION_TTL).await {
@@ -519,7 +534,7 @@ async fn worker(n: usize, stop_ms: u64, mut rng: StdRng, record: Shared) -> turm
 /// within [`LIVENESS_BOUND`].
 async fn probe(start_ms: u64, record: Shared) -> turmoil::Result {
     tokio::time::sleep(Duration::from_millis(start_ms.saturating_sub(now_ms()))).await;
-    let endpoints: Vec<String> = (1..=NODES).map(addr).collect();
+    let endpoints: Vec<String> = (1..=nodes()).map(addr).collect();
     let client = Client::with_options(endpoints, client_options())?;
     let started = now_ms();
     let deadline = tokio::time::Instant::now() + LIVENESS_BOUND;
@@ -559,6 +574,10 @@ enum Undo {
     /// The disk of a node works again (syncs succeed for the process
     /// opened after its next crash or exit; a sync error is sticky).
     Heal(u64),
+    /// Messages from the first host reach the second again.
+    RepairOneway(String, String),
+    /// A link's latency is back to normal.
+    Calm(String, String),
 }
 
 /// FNV-1a, 64 bits: a stable hash of the trace across processes.
@@ -692,6 +711,7 @@ pub fn run(settings: &Settings) -> Outcome {
     // nonces, jitter), of turmoil (latencies, tokio's scheduler), and of
     // the faults below, comes from the seed.
     CURRENT.with(|c| *c.borrow_mut() = Some(settings.clone()));
+    NODES.with(|n| n.set(settings.nodes));
     raftlock_node::random::seed(settings.seed);
     raftlock_client::random::seed(settings.seed.wrapping_add(1));
     let mut faults_rng = StdRng::seed_from_u64(settings.seed ^ 0x5eed_fa17);
@@ -701,13 +721,13 @@ pub fn run(settings: &Settings) -> Outcome {
         .tick_duration(Duration::from_millis(1))
         .simulation_duration(total + Duration::from_secs(10))
         .min_message_latency(Duration::from_micros(200))
-        .max_message_latency(Duration::from_millis(5))
+        .max_message_latency(MAX_LATENCY)
         .tcp_capacity(1 << 16)
         .build();
     let record: Shared = Rc::default();
     let mut disks = BTreeMap::new();
     let mut incarnations: BTreeMap<u64, Rc<RefCell<u64>>> = BTreeMap::new();
-    for id in 1..=NODES {
+    for id in 1..=nodes() {
         let disk = MemDisk::new();
         if settings.lying_disks {
             disk.lie_about_syncs();
@@ -736,7 +756,7 @@ pub fn run(settings: &Settings) -> Outcome {
             session_opener(n, stop_ms, record.clone()),
         );
     }
-    for id in 1..=NODES {
+    for id in 1..=nodes() {
         sim.client(
             format!("asker{id}"),
             keepalive_asker(id, stop_ms, record.clone()),
@@ -920,6 +940,14 @@ fn apply_undo(
             sim.bounce(host(id));
             down.crashed.remove(&id);
         }
+        Undo::RepairOneway(a, b) => {
+            note(record, format!("repair {a} -> {b}"));
+            sim.repair_oneway(a.as_str(), b.as_str());
+        }
+        Undo::Calm(a, b) => {
+            note(record, format!("calm {a} <-> {b}"));
+            sim.set_link_max_message_latency(a.as_str(), b.as_str(), MAX_LATENCY);
+        }
         Undo::Heal(id) => {
             note(record, format!("node {id}'s disk works again"));
             disks[&id].heal();
@@ -958,8 +986,8 @@ fn crash(
     undo.push((now + after, Undo::Bounce(id)));
 }
 
-/// One fault, drawn from `rng`: a partition of a node from the others, a
-/// held link, a crash (losing a random prefix of the disk's unsynced
+/// One fault, drawn from `rng`: a partition between two nodes (both ways
+/// or one way), a held link, a latency spike on a link, a crash (losing a random prefix of the disk's unsynced
 /// writes; the leader half the time) with a restart after 0-300 ms or
 /// after a long downtime, or a faulty disk: every sync fails (a full or
 /// dying disk) or syncs are slow, for a while.
@@ -974,10 +1002,36 @@ fn inject(
     leader: Option<u64>,
     now: u64,
 ) {
-    let id = rng.random_range(1..=NODES);
-    match rng.random_range(0..4) {
+    let id = rng.random_range(1..=nodes());
+    match rng.random_range(0..6) {
+        4 => {
+            let other = (id % nodes()) + 1;
+            let (a, b) = (host(id), host(other));
+            let to = rng.random_range(20..300);
+            let lasts = rng.random_range(500..3_000);
+            note(
+                record,
+                format!("latency spike {a} <-> {b}: up to {to} ms for {lasts} ms"),
+            );
+            sim.set_link_max_message_latency(a.as_str(), b.as_str(), Duration::from_millis(to));
+            undo.push((now + lasts, Undo::Calm(a, b)));
+        }
+        5 => {
+            let other = rng.random_range(1..=nodes());
+            if other == id {
+                return;
+            }
+            let (a, b) = (host(id), host(other));
+            let lasts = rng.random_range(100..3_000);
+            note(
+                record,
+                format!("partition {a} -> {b} (one way) for {lasts} ms"),
+            );
+            sim.partition_oneway(a.as_str(), b.as_str());
+            undo.push((now + lasts, Undo::RepairOneway(a, b)));
+        }
         0 => {
-            let other = (id % NODES) + 1;
+            let other = (id % nodes()) + 1;
             let (a, b) = (host(id), host(other));
             let lasts = rng.random_range(100..3_000);
             note(record, format!("partition {a} <-> {b} for {lasts} ms"));
@@ -985,7 +1039,7 @@ fn inject(
             undo.push((now + lasts, Undo::Repair(a, b)));
         }
         1 => {
-            let other = (id % NODES) + 1;
+            let other = (id % nodes()) + 1;
             let (a, b) = (host(id), host(other));
             let lasts = rng.random_range(50..1_500);
             note(record, format!("hold {a} <-> {b} for {lasts} ms"));
