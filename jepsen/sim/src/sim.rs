@@ -193,7 +193,18 @@ pub fn echo_trace() {
     ECHO.with(|e| e.set(true));
 }
 
+/// Where the nodes' data directories are (they hold nothing: the log is on
+/// a `MemDisk`, but a node makes its directory and looks for a restore
+/// there). Named by the process, so that runs in parallel do not share
+/// it; the trace names it `<data>`, so that two runs of a seed compare
+/// equal.
+fn data_root() -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("raftlock-sim-{}", std::process::id()))
+}
+
 fn note(record: &Shared, line: String) {
+    let root = data_root();
+    let line = line.replace(&*root.to_string_lossy(), "<data>");
     let line = format!("{:>7} {line}", now_ms());
     if ECHO.with(|e| e.get()) {
         println!("{line}");
@@ -241,7 +252,7 @@ async fn run_node(id: u64, disk: MemDisk, record: Shared, incarnation: u64) -> t
         id,
         advertise: addr(id),
         peer_advertise: None,
-        data_dir: std::env::temp_dir().join(format!("raftlock-sim-{}/n{id}", std::process::id())),
+        data_dir: data_root().join(format!("n{id}")),
         peers,
         init: id == 1,
         timing: RaftTiming {
@@ -892,6 +903,7 @@ pub fn run(settings: &Settings) -> Outcome {
     // Let go of the nodes (and their tasks) before the next run.
     record.borrow_mut().nodes.clear();
     drop(sim);
+    let _ = std::fs::remove_dir_all(data_root());
     CURRENT.with(|c| *c.borrow_mut() = None);
     Outcome {
         verdict,
