@@ -5,10 +5,12 @@
 
 // Every decision reads tokio's clock (see clippy.toml).
 #![deny(clippy::disallowed_types)]
+#![deny(clippy::disallowed_methods)]
 
 pub mod api;
 pub mod apply;
 pub mod auth;
+pub mod blocking;
 pub mod config;
 pub mod console;
 pub mod error;

@@ -254,7 +254,7 @@ impl Cluster for Api {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
-        let response = tokio::task::spawn_blocking(move || {
+        let response = crate::blocking::spawn(move || {
             let _gate = gate;
             shared.read(|applied| pb::BackupResponse {
                 snapshot: super::backup::write(&applied.table, applied.index(), cluster_id, now),

@@ -146,7 +146,7 @@ impl Api {
         // checks the table and the bump again). Checking a large backup
         // takes a while: not on a runtime thread.
         let copy = file.to_vec();
-        let (checked, copy) = tokio::task::spawn_blocking(move || (backup::check(&copy), copy))
+        let (checked, copy) = crate::blocking::spawn(move || (backup::check(&copy), copy))
             .await
             .map_err(|e| Error::Internal(format!("backup check failed: {e}")))?;
         let checked =

@@ -380,7 +380,7 @@ impl RaftRpc for RaftService {
             }
             data.extend_from_slice(&chunk.data);
         }
-        let (meta, data) = tokio::task::spawn_blocking(move || {
+        let (meta, data) = crate::blocking::spawn(move || {
             crate::apply::state_machine::check_snapshot(&meta, &data).map(|()| (meta, data))
         })
         .await

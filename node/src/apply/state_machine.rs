@@ -250,7 +250,7 @@ async fn persist(
     if covers < snap.persisted.load(Ordering::SeqCst) {
         return Ok(bytes);
     }
-    let bytes = tokio::task::spawn_blocking(move || write_durably(&path, &bytes).map(|()| bytes))
+    let bytes = crate::blocking::spawn(move || write_durably(&path, &bytes).map(|()| bytes))
         .await
         .map_err(io::Error::other)??;
     snap.persisted.store(covers, Ordering::SeqCst);
@@ -282,7 +282,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         let gate = self.shared.snapshot_gate.clone().write_owned().await;
         let shared = self.shared.clone();
         let capacity = self.snap.last_len.load(Ordering::Relaxed);
-        let (meta, bytes) = tokio::task::spawn_blocking(move || {
+        let (meta, bytes) = crate::blocking::spawn(move || {
             let _gate = gate;
             shared.read(|applied| {
                 let meta = SnapshotMeta {
@@ -368,7 +368,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         // Decoding and checking a large table takes a while (seconds at 1M
         // held locks): not on a runtime thread, where it would hold up
         // heartbeats and requests.
-        let (table, bytes) = tokio::task::spawn_blocking(move || {
+        let (table, bytes) = crate::blocking::spawn(move || {
             let table = decode_snapshot(&bytes)
                 .and_then(|file| LockTable::from_snapshot(&file.table).map_err(|e| e.to_string()));
             (table, bytes)
@@ -390,7 +390,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let bytes = match &self.snapshot_path {
             Some(path) => {
                 let path = path.clone();
-                let read = tokio::task::spawn_blocking(move || match std::fs::read(&path) {
+                let read = crate::blocking::spawn(move || match std::fs::read(&path) {
                     Ok(bytes) => Ok(Some(bytes)),
                     Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
                     Err(e) => Err(e),

@@ -433,7 +433,7 @@ impl LogStore {
     async fn flush(&self) -> io::Result<()> {
         let (db, files) = (self.db.clone(), self.files.clone());
         let metrics = self.metrics.lock().expect("metrics lock poisoned").clone();
-        tokio::task::spawn_blocking(move || {
+        crate::blocking::spawn(move || {
             let start = Instant::now();
             let result = files.durable(&db);
             if result.is_ok() {
