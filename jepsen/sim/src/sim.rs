@@ -724,6 +724,9 @@ pub fn run(settings: &Settings) -> Outcome {
     CURRENT.with(|c| *c.borrow_mut() = Some(settings.clone()));
     NODES.with(|n| n.set(settings.nodes));
     raftlock_node::random::seed(settings.seed);
+    // Blocking work (checking a snapshot sent in, say) inline: a pool
+    // thread would finish at a time no seed decides.
+    raftlock_node::blocking::run_inline();
     raftlock_client::random::seed(settings.seed.wrapping_add(1));
     let mut faults_rng = StdRng::seed_from_u64(settings.seed ^ 0x5eed_fa17);
     let total = Duration::from_millis(settings.duration_ms) + LIVENESS_BOUND * 2;
