@@ -42,6 +42,7 @@ failed=0
 for name in "${names[@]}"; do
   patch="proof/$name.patch"
   [ -f "$patch" ] || { echo "no $patch"; exit 2; }
+  grep -q 'PLANTED DEFECT' "$patch" || { echo "$patch marks no PLANTED DEFECT"; exit 2; }
   echo "== $name: $patch"
   git -C "$scratch/tree" checkout -q -- node client proto
   git -C "$scratch/tree" apply "$here/$patch"
