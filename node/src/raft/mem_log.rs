@@ -445,7 +445,8 @@ mod tests {
 
     struct SuiteBuilder;
 
-    impl openraft::testing::log::StoreBuilder<
+    impl
+        openraft::testing::log::StoreBuilder<
             TypeConfig,
             MemLogStore,
             crate::apply::state_machine::StateMachineStore,
@@ -455,7 +456,11 @@ mod tests {
         async fn build(
             &self,
         ) -> Result<
-            ((), MemLogStore, crate::apply::state_machine::StateMachineStore),
+            (
+                (),
+                MemLogStore,
+                crate::apply::state_machine::StateMachineStore,
+            ),
             openraft::StorageError<TypeConfig>,
         > {
             let log = MemLogStore::open(MemDisk::new()).expect("open");
