@@ -448,6 +448,7 @@ impl Client {
 }
 
 #[cfg(test)]
+#[allow(clippy::disallowed_types)] // the public `address_map`'s type
 mod tests {
     use std::collections::HashMap;
 

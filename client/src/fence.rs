@@ -27,7 +27,7 @@
 //! assert_eq!((stale.fence, stale.latest), (old, new));
 //! ```
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use crate::types::Fence;
@@ -45,7 +45,7 @@ pub struct StaleFence {
 /// The largest fence accepted per resource. Thread-safe.
 #[derive(Debug, Default)]
 pub struct FenceChecker {
-    latest: Mutex<HashMap<String, Fence>>,
+    latest: Mutex<BTreeMap<String, Fence>>,
 }
 
 impl FenceChecker {

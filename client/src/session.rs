@@ -3,7 +3,7 @@
 //! When the lease may be gone, [`Session::lost`] fires; work already
 //! running is not cancelled, only told.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -76,7 +76,7 @@ pub(crate) struct SessionInner {
     /// acquire, or an explicit `release` in another task). Without it a
     /// re-acquire could reach the cluster before the release of the old
     /// grant and be refused as "already held".
-    in_flight: std::sync::Mutex<HashMap<String, watch::Receiver<bool>>>,
+    in_flight: std::sync::Mutex<BTreeMap<String, watch::Receiver<bool>>>,
 }
 
 /// Marks work on a name as in flight until dropped (see

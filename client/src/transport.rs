@@ -3,7 +3,7 @@
 //! with retries, backoff and a deadline. It knows nothing of sessions,
 //! locks or keep-alives; everything else in the crate sends through it.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -46,7 +46,8 @@ pub struct ClientOptions {
     /// announced address (its `--advertise`, as leader hints and `Status`
     /// name it) maps to the address this client can reach it at. An
     /// address not in the map, endpoints included, is dialled as it is.
-    pub address_map: HashMap<String, String>,
+    #[allow(clippy::disallowed_types)] // public since 0.1; only looked up, never walked
+    pub address_map: std::collections::HashMap<String, String>,
     /// Dial nodes over this transport instead of TCP (`None`: TCP). For
     /// simulators and tests; see [`Connector`](crate::Connector).
     pub connector: Option<crate::connector::Connector>,
@@ -72,7 +73,7 @@ impl Default for ClientOptions {
             connect_timeout: Duration::from_millis(500),
             tls: None,
             token: None,
-            address_map: HashMap::new(),
+            address_map: Default::default(),
             connector: None,
         }
     }
@@ -135,10 +136,10 @@ struct Tried {
     nodes: Vec<(String, String)>,
     /// Hopeless attempts in a row, per address (reset by any other
     /// outcome anywhere), and the kind of the last one.
-    hopeless: HashMap<String, (u32, Hopeless)>,
+    hopeless: BTreeMap<String, (u32, Hopeless)>,
     /// What probing each address during this call found (`None`: no TLS
     /// trouble).
-    probed: HashMap<String, Option<String>>,
+    probed: BTreeMap<String, Option<String>>,
 }
 
 impl Tried {
@@ -423,7 +424,7 @@ struct State {
     endpoints: Vec<String>,
     options: ClientOptions,
     credentials: Credentials,
-    channels: Mutex<HashMap<String, Conn>>,
+    channels: Mutex<BTreeMap<String, Conn>>,
     /// Best guess of the leader's address.
     leader: Mutex<Option<String>>,
     /// Next endpoint to try when the leader is unknown.
@@ -467,7 +468,7 @@ impl Transport {
                 endpoints,
                 options,
                 credentials,
-                channels: Mutex::new(HashMap::new()),
+                channels: Mutex::new(BTreeMap::new()),
                 leader: Mutex::new(None),
                 next: Mutex::new(0),
             }),

@@ -3,8 +3,7 @@
 //! not fill the log (on 6bd3e3c a node of another cluster caused 38,657
 //! ERROR lines in about 10 s).
 
-use std::collections::HashMap;
-use std::hash::Hash;
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -18,15 +17,15 @@ pub const MAX_KEYS: usize = 1024;
 #[derive(Debug)]
 pub struct Throttle<K> {
     every: Duration,
-    seen: Mutex<HashMap<K, (Instant, u64)>>,
+    seen: Mutex<BTreeMap<K, (Instant, u64)>>,
 }
 
-impl<K: Hash + Eq> Throttle<K> {
+impl<K: Ord> Throttle<K> {
     /// A throttle that lets one line per key through every `every`.
     pub fn new(every: Duration) -> Self {
         Throttle {
             every,
-            seen: Mutex::new(HashMap::new()),
+            seen: Mutex::new(BTreeMap::new()),
         }
     }
 

@@ -1,6 +1,6 @@
 //! The ACL file: tokens and their identities, rules, peer credentials.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -94,7 +94,7 @@ pub struct AclError {
 #[derive(Debug)]
 pub struct Acl {
     /// SHA-256 of each token → its identity.
-    tokens: HashMap<[u8; 32], String>,
+    tokens: BTreeMap<[u8; 32], String>,
     rules: Vec<Rule>,
     /// The token this node sends its peers.
     peer_token: String,
@@ -184,7 +184,7 @@ impl Acl {
             }
             peer_tokens.push(sha256(accepted.as_bytes()));
         }
-        let mut tokens = HashMap::new();
+        let mut tokens = BTreeMap::new();
         for (i, t) in file.token.iter().enumerate() {
             valid_identity(&t.identity).map_err(|e| format!("token #{}: {e}", i + 1))?;
             let hash = match (&t.token, &t.sha256) {

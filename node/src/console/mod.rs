@@ -27,7 +27,7 @@
 //! what was live when this side table fell behind the applied events (a
 //! lagged broadcast), has no time (`null`).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -101,9 +101,9 @@ type Noted = (u64, Instant);
 #[derive(Default)]
 struct NotesInner {
     /// (name, fence) of a grant → when it was applied here.
-    grants: HashMap<(String, u64), Noted>,
+    grants: BTreeMap<(String, u64), Noted>,
     /// (session, name, seq) of a queued request → when it was applied here.
-    waits: HashMap<(u64, String, u64), Noted>,
+    waits: BTreeMap<(u64, String, u64), Noted>,
     /// The latest events, oldest first.
     tail: VecDeque<TailEvent>,
 }
@@ -250,7 +250,7 @@ impl Notes {
     /// the metrics; zero when there is none).
     pub fn oldest(&self) -> (std::time::Duration, std::time::Duration) {
         let n = self.inner.lock().expect("console notes poisoned");
-        fn age<K>(m: &HashMap<K, Noted>) -> std::time::Duration {
+        fn age<K>(m: &BTreeMap<K, Noted>) -> std::time::Duration {
             m.values()
                 .map(|(_, since)| since.elapsed())
                 .max()

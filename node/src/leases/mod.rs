@@ -14,7 +14,7 @@
 //! leader's memory, after the leader has confirmed with a quorum that it is
 //! still the leader (see `api::locks`).
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -67,14 +67,14 @@ struct Timers {
     /// The term the timers were armed for.
     term: Option<u64>,
     /// Deadline of each timer.
-    deadlines: HashMap<TimerKey, Instant>,
+    deadlines: BTreeMap<TimerKey, Instant>,
     /// The same, ordered by deadline, so the next one is found in O(log n).
     queue: BTreeSet<(Instant, TimerKey)>,
     /// Session ttls, for keep-alives.
-    ttls: HashMap<SessionId, Duration>,
+    ttls: BTreeMap<SessionId, Duration>,
     /// The lock-delay in force per name (its `since`); a name has at most
     /// one, and a newer one replaces the older.
-    delays: HashMap<LockName, u64>,
+    delays: BTreeMap<LockName, u64>,
     /// True while this leader has lost touch with a quorum within its term:
     /// deadlines are kept (if a quorum acknowledges it again in this term,
     /// no other leader was elected meanwhile: nodes that voted for one
@@ -83,14 +83,14 @@ struct Timers {
     paused: bool,
     /// Sessions whose expiry has been proposed: no keep-alive is
     /// acknowledged for them any more (the expiry may commit any moment).
-    expiring: HashSet<SessionId>,
+    expiring: BTreeSet<SessionId>,
     /// Sessions that end with their process: the grace after their last
     /// keep-alive stream on this leader ends.
-    graces: HashMap<SessionId, Duration>,
+    graces: BTreeMap<SessionId, Duration>,
     /// Keep-alive streams on this leader that carry each session (have
     /// renewed it); a session with a grace whose count drops to 0 expires
     /// after the grace unless a stream carries it again.
-    streams: HashMap<SessionId, u32>,
+    streams: BTreeMap<SessionId, u32>,
 }
 
 impl Timers {
@@ -341,10 +341,10 @@ impl Leases {
     /// lease was last restarted (a keep-alive, its open, a ttl change, or
     /// this leader taking over), by this node's monotonic clock. Empty
     /// elsewhere. Information for the console only; nothing decides by it.
-    pub fn since_renewal(&self) -> HashMap<SessionId, Duration> {
+    pub fn since_renewal(&self) -> BTreeMap<SessionId, Duration> {
         let t = self.timers.lock().expect("timers lock poisoned");
         if !t.active {
-            return HashMap::new();
+            return BTreeMap::new();
         }
         let now = Instant::now();
         t.ttls

@@ -1,6 +1,6 @@
 //! Outgoing Raft RPCs over gRPC, one reused HTTP/2 channel per peer.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -33,7 +33,7 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 /// replication stream that restarts reuses its connection.
 #[derive(Clone, Default)]
 pub struct Network {
-    channels: Arc<Mutex<HashMap<String, Channel>>>,
+    channels: Arc<Mutex<BTreeMap<String, Channel>>>,
     /// Addresses to dial instead of the membership's, per peer (used to
     /// route node-to-node links through a fault-injection proxy).
     dial: Arc<BTreeMap<NodeId, String>>,

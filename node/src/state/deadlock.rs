@@ -22,7 +22,7 @@
 //! a queue already walked is remembered), so the cost is linear in the part
 //! of the graph reachable from the request.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::command::{LockName, Mode, SessionId, WaitEdge};
 use super::table::{Lock, LockTable};
@@ -62,7 +62,7 @@ impl LockTable {
         if !blocks_someone {
             return None;
         }
-        let mut scanned = HashMap::new();
+        let mut scanned = BTreeMap::new();
         let first = blockers(
             lock,
             lock.queue.len(),
@@ -83,7 +83,7 @@ impl LockTable {
     ) -> Option<Vec<WaitEdge>> {
         let lock = self.locks.get(name)?;
         let first = others(lock, requester);
-        self.search(requester, name, first, HashMap::new())
+        self.search(requester, name, first, BTreeMap::new())
     }
 
     /// If `holder`'s shared grant on `name` becoming exclusive now (an
@@ -104,12 +104,12 @@ impl LockTable {
             return None;
         }
         let lock = self.locks.get(name)?;
-        let mut tried = HashSet::new();
+        let mut tried = BTreeSet::new();
         for w in lock.queue.iter().filter(|w| w.session != holder) {
             if !tried.insert(w.session) {
                 continue;
             }
-            if let Some(mut cycle) = self.search(w.session, name, vec![holder], HashMap::new()) {
+            if let Some(mut cycle) = self.search(w.session, name, vec![holder], BTreeMap::new()) {
                 let at = cycle.iter().position(|e| e.session == holder).unwrap_or(0);
                 cycle.rotate_left(at);
                 return Some(cycle);
@@ -145,7 +145,7 @@ impl LockTable {
     /// need. Every thinned edge is a real one, so a cycle found is real, and
     /// every real edge is a thinned path, so none is missed.
     pub(super) fn wait_cycle(&self) -> Option<Vec<WaitEdge>> {
-        let needs: HashMap<&LockName, Vec<Vec<SessionId>>> = self
+        let needs: BTreeMap<&LockName, Vec<Vec<SessionId>>> = self
             .locks
             .iter()
             .filter(|(_, l)| !l.queue.is_empty())
@@ -177,7 +177,7 @@ impl LockTable {
             out
         };
         // false: on the current path; true: finished, on no cycle.
-        let mut done: HashMap<SessionId, bool> = HashMap::new();
+        let mut done: BTreeMap<SessionId, bool> = BTreeMap::new();
         // Only a waiting session can be on a cycle; idle ones cost nothing.
         let waiting = self
             .locks
@@ -232,11 +232,11 @@ impl LockTable {
         requester: SessionId,
         name: &'a LockName,
         first: Vec<SessionId>,
-        mut scanned: HashMap<&'a LockName, Scanned>,
+        mut scanned: BTreeMap<&'a LockName, Scanned>,
     ) -> Option<Vec<WaitEdge>> {
-        let mut visited: HashSet<SessionId> = HashSet::new();
+        let mut visited: BTreeSet<SessionId> = BTreeSet::new();
         // How each visited session was reached: (waiter, name it waits for).
-        let mut parent: HashMap<SessionId, (SessionId, &LockName)> = HashMap::new();
+        let mut parent: BTreeMap<SessionId, (SessionId, &LockName)> = BTreeMap::new();
         let mut stack: Vec<SessionId> = Vec::new();
         let mut found: Option<(SessionId, &LockName)> = None;
 

@@ -1,6 +1,6 @@
 //! The Raft log, vote and commit markers in sled.
 
-use std::collections::HashSet;
+use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::fmt::Debug;
 use std::io;
@@ -52,7 +52,7 @@ struct DurableFiles {
 #[derive(Default)]
 struct SyncState {
     /// Blob files synced already (pruned of those sled has deleted).
-    synced_blobs: HashSet<OsString>,
+    synced_blobs: BTreeSet<OsString>,
     /// The first sync error, if any. It is sticky: once a sync has failed,
     /// every later one fails too. The kernel reports a writeback error
     /// once per open file, so a second `fdatasync` could return 0 although
@@ -125,11 +125,11 @@ impl DurableFiles {
 
     /// Makes everything sled has written so far durable: blobs first, then
     /// the file that points at them.
-    fn sync(&self, synced: &mut HashSet<OsString>) -> std::io::Result<()> {
+    fn sync(&self, synced: &mut BTreeSet<OsString>) -> std::io::Result<()> {
         if let Some(e) = self.faults.sync_error() {
             return Err(e);
         }
-        let mut present = HashSet::new();
+        let mut present = BTreeSet::new();
         let mut new = false;
         match std::fs::read_dir(&self.blobs) {
             Ok(entries) => {
