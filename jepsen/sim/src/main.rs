@@ -10,6 +10,7 @@ compile_error!(
 
 mod oracle;
 mod sim;
+mod wall_clock;
 
 use std::process::{Command, ExitCode};
 
@@ -24,11 +25,13 @@ usage: raftlock-sim [OPTIONS]
   --keep-going             with --seeds or --seeds-file: run every seed, list the failed ones at the end
   --reproduce S            run seed S and print its whole trace
   --check-determinism N    run seeds 1..=N twice each, in fresh processes, and compare trace hashes
+                           (the second run with --stall-real-time)
   --duration-ms MS         simulated milliseconds of faults and load (default 20000)
   --workers N              lock workers (default 3)
   --nodes N                nodes in the cluster: 3 (default) or 5
   --no-faults              no faults (a baseline)
   --lying-disks            plant a defect: disks acknowledge syncs and keep nothing
+  --stall-real-time        sleep 0-3 ms of real time between some steps (the run must not change)
   --hash-only              print only the trace hash (used by --check-determinism)";
 
 fn main() -> ExitCode {
@@ -76,6 +79,7 @@ fn main() -> ExitCode {
                 }
                 "--no-faults" => settings.faults = false,
                 "--lying-disks" => settings.lying_disks = true,
+                "--stall-real-time" => settings.stall_real_time = true,
                 "--hash-only" => hash_only = true,
                 "--seeds-file" => listed = Some(seeds_file(&value(arg)?)?),
                 "--for-seconds" => for_seconds = Some(num(&value(arg)?)?),
@@ -290,8 +294,11 @@ fn check_determinism(n: u64, settings: &Settings) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let hash = |seed: u64| -> Result<String, String> {
+    // The second run of each seed stalls for real time at random moments:
+    // a result that depends on the machine's clock (or its load) differs.
+    let hash = |seed: u64, stall: bool| -> Result<String, String> {
         let out = Command::new(&exe)
+            .args(stall.then_some("--stall-real-time"))
             .arg("--seed")
             .arg(seed.to_string())
             .arg("--hash-only")
@@ -311,7 +318,7 @@ fn check_determinism(n: u64, settings: &Settings) -> ExitCode {
     };
     let mut differ = 0;
     for seed in 1..=n {
-        match (hash(seed), hash(seed)) {
+        match (hash(seed, false), hash(seed, true)) {
             (Ok(a), Ok(b)) if a == b => println!("seed {seed}: {a} twice"),
             (Ok(a), Ok(b)) => {
                 println!("seed {seed}: NOT DETERMINISTIC: {a} then {b}");

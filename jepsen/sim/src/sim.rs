@@ -77,6 +77,13 @@ pub struct Settings {
     /// The nodes' disks acknowledge syncs without keeping anything (a
     /// planted defect: the oracles must catch what crashes then lose).
     pub lying_disks: bool,
+    /// Stall the driver's thread for short stretches of real time between
+    /// steps, at moments no seed decides. A run of a seed must not change:
+    /// the determinism check runs its second copy this way, so a read of
+    /// the machine's clock somewhere in the stack shows up on an idle
+    /// machine, not only under load. (Not a setting of the run: `flags`
+    /// leaves it out.)
+    pub stall_real_time: bool,
 }
 
 impl Default for Settings {
@@ -88,6 +95,7 @@ impl Default for Settings {
             nodes: 3,
             faults: true,
             lying_disks: false,
+            stall_real_time: false,
         }
     }
 }
@@ -718,6 +726,8 @@ impl Watch {
 
 /// Runs one simulation.
 pub fn run(settings: &Settings) -> Outcome {
+    // Every run's wall clock starts at the same instant.
+    crate::wall_clock::set_ms(0);
     // Every random choice of the node and client code on this thread (ids,
     // nonces, jitter), of turmoil (latencies, tokio's scheduler), and of
     // the faults below, comes from the seed.
@@ -796,8 +806,12 @@ pub fn run(settings: &Settings) -> Outcome {
             Ok(false) => {}
             Err(e) => break Err(format!("a simulated host or client failed: {e}")),
         }
+        if settings.stall_real_time {
+            stall_real_time();
+        }
         let now = now_ms_of(&sim);
         DRIVER_NOW.with(|n| n.set(now));
+        crate::wall_clock::set_ms(now);
         let ended_on_leader = match watch.tick(&record, &disks, now) {
             Ok(e) => e,
             Err(e) => break Err(e),
@@ -913,6 +927,19 @@ pub fn run(settings: &Settings) -> Outcome {
         hash,
         grants: grants.len(),
         faults,
+    }
+}
+
+/// Now and then (about one step in 40) sleeps 0-3 ms of real time, both
+/// drawn from std's per-process random hash keys, never from the seed (and
+/// not from the wall clock, which is the simulated one here).
+fn stall_real_time() {
+    use std::hash::{BuildHasher, Hasher};
+    let draw = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    if draw % 40 == 0 {
+        std::thread::sleep(Duration::from_micros(draw / 40 % 3_000));
     }
 }
 
