@@ -7,7 +7,10 @@
 //! of the pending writes of the caller's choosing (the kernel may have
 //! written back some of them on its own, in order) and drops the rest, as a
 //! power loss does. A sync error sticks: once one sync has failed, every
-//! later one fails too (as sled's store does; see `log_store`).
+//! later one fails too (as sled's store does; see `log_store`). A full
+//! disk ([`MemDisk::fill`]) refuses writes with `ENOSPC` and changes
+//! nothing, until [`MemDisk::heal`]: space comes back, and the next process
+//! (or the same, if nothing stopped it) writes again.
 //!
 //! The store over it acknowledges an append only after a sync that covers
 //! it (one task takes every append queued meanwhile, waits the disk's sync
@@ -87,6 +90,8 @@ struct DiskState {
     failed: Option<String>,
     /// Every sync fails from now on (a dying disk).
     fail_syncs: bool,
+    /// Every write fails with `ENOSPC` (a full disk).
+    full: bool,
     /// How long a sync takes.
     sync_latency: Duration,
     /// Syncs report success and make nothing durable (a broken disk).
@@ -120,9 +125,18 @@ impl MemDisk {
         self.state().fail_syncs = true;
     }
 
-    /// Syncs may succeed again (for the store opened after the next crash).
+    /// From now on every write fails with `ENOSPC` and changes nothing,
+    /// until [`heal`](Self::heal). Syncs still work (of what was written).
+    pub fn fill(&self) {
+        self.state().full = true;
+    }
+
+    /// Syncs may succeed again (for the store opened after the next crash)
+    /// and writes find space again.
     pub fn heal(&self) {
-        self.state().fail_syncs = false;
+        let mut s = self.state();
+        s.fail_syncs = false;
+        s.full = false;
     }
 
     /// The bytes of the entry at `index` as reads see them now (for a
@@ -157,10 +171,14 @@ impl MemDisk {
         s.failed = None;
     }
 
-    fn write(&self, write: Write) {
+    fn write(&self, write: Write) -> io::Result<()> {
         let mut s = self.state();
+        if s.full {
+            return Err(io::Error::from_raw_os_error(28));
+        }
         s.live.apply(&write);
         s.pending.push(write);
+        Ok(())
     }
 
     /// Waits the sync latency, then makes every write so far durable.
@@ -280,7 +298,7 @@ impl MemLogStore {
             Some(own) if own == id => Ok(()),
             Some(own) => anyhow::bail!("this disk belongs to node {own}, not to node {id}"),
             None => {
-                self.disk.write(Write::Meta(KEY_NODE_ID, encode(&id)));
+                self.disk.write(Write::Meta(KEY_NODE_ID, encode(&id)))?;
                 self.disk.sync().await?;
                 Ok(())
             }
@@ -294,7 +312,7 @@ impl MemLogStore {
 
     /// Records (durably) that this node belongs to cluster `id`.
     pub async fn set_cluster_id(&self, id: u64) -> io::Result<()> {
-        self.disk.write(Write::Meta(KEY_CLUSTER_ID, encode(&id)));
+        self.disk.write(Write::Meta(KEY_CLUSTER_ID, encode(&id)))?;
         self.disk.sync().await
     }
 
@@ -357,14 +375,14 @@ impl RaftLogStorage<TypeConfig> for MemLogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote) -> Result<(), io::Error> {
-        self.disk.write(Write::Meta(KEY_VOTE, encode(vote)));
+        self.disk.write(Write::Meta(KEY_VOTE, encode(vote)))?;
         self.disk.sync().await
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), io::Error> {
         // Not synced on its own, as in the sled store.
         self.disk
-            .write(Write::Meta(KEY_COMMITTED, encode(&committed)));
+            .write(Write::Meta(KEY_COMMITTED, encode(&committed)))?;
         self.committed
             .store(committed.map_or(0, |c| c.index), Ordering::Relaxed);
         Ok(())
@@ -394,7 +412,7 @@ impl RaftLogStorage<TypeConfig> for MemLogStore {
             callback.io_completed(Ok(()));
             return Ok(());
         }
-        self.disk.write(Write::Log(encoded));
+        self.disk.write(Write::Log(encoded))?;
         self.queue
             .send(callback)
             .map_err(|_| io::Error::other("the log's sync task stopped"))
@@ -402,7 +420,7 @@ impl RaftLogStorage<TypeConfig> for MemLogStore {
 
     async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> Result<(), io::Error> {
         let from = last_log_id.map_or(0, |l| l.index + 1);
-        self.disk.write(Write::Remove { from, to: u64::MAX });
+        self.disk.write(Write::Remove { from, to: u64::MAX })?;
         self.disk.sync().await
     }
 
@@ -426,12 +444,12 @@ impl RaftLogStorage<TypeConfig> for MemLogStore {
             }
         };
         self.disk
-            .write(Write::Meta(KEY_LAST_PURGED, encode(&log_id)));
+            .write(Write::Meta(KEY_LAST_PURGED, encode(&log_id)))?;
         self.disk.sync().await?;
         self.disk.write(Write::Remove {
             from: 0,
             to: log_id.index,
-        });
+        })?;
         self.disk.sync().await
     }
 }
@@ -524,8 +542,10 @@ mod tests {
         assert_eq!(disk.pending_writes(), 1, "the commit marker waits");
         // Two more writes, never synced: a commit marker and a vote-less
         // log write straight onto the disk.
-        disk.write(Write::Log(vec![(4, encode(&blank(4)))]));
-        disk.write(Write::Log(vec![(5, encode(&blank(5)))]));
+        disk.write(Write::Log(vec![(4, encode(&blank(4)))]))
+            .expect("room");
+        disk.write(Write::Log(vec![(5, encode(&blank(5)))]))
+            .expect("room");
         disk.crash(2);
         let mut store = MemLogStore::open(disk.clone()).expect("reopen");
         assert_eq!(
@@ -541,7 +561,8 @@ mod tests {
             Some(4),
             "nothing pending: no loss"
         );
-        disk.write(Write::Log(vec![(5, encode(&blank(5)))]));
+        disk.write(Write::Log(vec![(5, encode(&blank(5)))]))
+            .expect("room");
         disk.crash(0);
         let mut store = MemLogStore::open(disk).expect("reopen");
         assert_eq!(last_index(&mut store).await, Some(4));
@@ -575,6 +596,40 @@ mod tests {
             .await
             .expect("a new process syncs again");
         assert_eq!(store.read_vote().await.expect("vote"), Some(vote));
+    }
+
+    /// A full disk refuses every write with ENOSPC and changes nothing;
+    /// once healed, the same store writes again.
+    #[tokio::test]
+    async fn a_full_disk_refuses_writes_and_changes_nothing() {
+        let disk = MemDisk::new();
+        let mut store = MemLogStore::open(disk.clone()).expect("open");
+        append(&mut store, 1..=2).await;
+        disk.fill();
+        let (tx, _rx) = TypeConfig::oneshot();
+        let refused = store
+            .append([blank(3)], IOFlushed::<TypeConfig>::signal(tx))
+            .await
+            .expect_err("no room");
+        assert_eq!(refused.raw_os_error(), Some(28));
+        let vote = Vote::new(1, 1);
+        assert_eq!(
+            store
+                .save_vote(&vote)
+                .await
+                .expect_err("no room")
+                .raw_os_error(),
+            Some(28)
+        );
+        assert!(store.save_committed(Some(log_id(1, 1, 2))).await.is_err());
+        assert!(store.truncate_after(None).await.is_err());
+        assert_eq!(disk.pending_writes(), 0, "nothing was written");
+        assert_eq!(last_index(&mut store).await, Some(2));
+        assert_eq!(store.read_vote().await.expect("vote"), None);
+        disk.heal();
+        append(&mut store, 3..=3).await;
+        store.save_vote(&vote).await.expect("room again");
+        assert_eq!(last_index(&mut store).await, Some(3));
     }
 
     /// A lying disk acknowledges syncs and keeps nothing: a crash then
