@@ -1031,8 +1031,9 @@ fn crash(
 /// One fault, drawn from `rng`: a partition between two nodes (both ways
 /// or one way), a held link, a latency spike on a link, a crash (losing a random prefix of the disk's unsynced
 /// writes; the leader half the time) with a restart after 0-300 ms or
-/// after a long downtime, or a faulty disk: every sync fails (a full or
-/// dying disk) or syncs are slow, for a while.
+/// after a long downtime, or a faulty disk for a while: every sync fails
+/// with EIO (a dying disk), every write fails with ENOSPC (a full one), or
+/// syncs are slow.
 #[allow(clippy::too_many_arguments)]
 fn inject(
     sim: &mut turmoil::Sim<'_>,
@@ -1110,11 +1111,24 @@ fn inject(
             let disk = &disks[&id];
             let lasts = rng.random_range(200..3_000);
             if rng.random_bool(0.6) {
-                note(
-                    record,
-                    format!("node {id}'s syncs fail (a full disk) for {lasts} ms"),
-                );
-                disk.fail_syncs();
+                // Which of the two: from the parity of the draws already
+                // made, not a new draw (seeds recorded before the full disk
+                // came in keep every later fault they had).
+                if (lasts + now) % 2 == 0 {
+                    note(
+                        record,
+                        format!("node {id}'s syncs fail (EIO, a dying disk) for {lasts} ms"),
+                    );
+                    disk.fail_syncs();
+                } else {
+                    note(
+                        record,
+                        format!(
+                            "node {id}'s disk is full (writes fail with ENOSPC) for {lasts} ms"
+                        ),
+                    );
+                    disk.fill();
+                }
             } else {
                 let latency = rng.random_range(2..30);
                 note(
