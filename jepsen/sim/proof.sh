@@ -4,7 +4,7 @@
 # builds the simulator against the patched node in a scratch worktree of
 # HEAD, runs the seed recorded for it in proof/seeds and expects that run
 # to fail with the recorded violation; then it runs the same seed on the
-# code as it is (target/debug/raftlock-sim, built first) and expects a
+# code as it is (target/release/raftlock-sim, built first) and expects a
 # pass.
 #
 #   ./proof.sh                 every patch in proof/seeds
@@ -25,8 +25,8 @@ if [ ${#names[@]} -eq 0 ]; then
 fi
 
 echo "== the simulator on the code as it is"
-cargo build -q
-fixed="$here/target/debug/raftlock-sim"
+cargo build --release -q
+fixed="$here/target/release/raftlock-sim"
 
 scratch="$(mktemp -d)"
 cleanup() {
@@ -46,8 +46,8 @@ for name in "${names[@]}"; do
   echo "== $name: $patch"
   git -C "$scratch/tree" checkout -q -- node client proto
   git -C "$scratch/tree" apply "$here/$patch"
-  (cd "$scratch/tree/jepsen/sim" && CARGO_TARGET_DIR="$here/target/proof" cargo build -q)
-  planted="$here/target/proof/debug/raftlock-sim"
+  (cd "$scratch/tree/jepsen/sim" && CARGO_TARGET_DIR="$here/target/proof" cargo build --release -q)
+  planted="$here/target/proof/release/raftlock-sim"
   while read -r pname seed expect; do
     [ "$pname" = "$name" ] || continue
     out="$("$planted" --seed "$seed" 2>&1 || true)"
