@@ -675,7 +675,7 @@ impl Watch {
                 );
             }
             if m.state == openraft::ServerState::Leader {
-                self.leaders.observe(m.current_term, id)?;
+                self.leaders.observe(m.current_term, id, now)?;
                 self.leader = Some(id);
                 record.borrow_mut().leader = Some(id);
             }

@@ -37,8 +37,10 @@ pub type NodeId = u64;
 
 openraft::declare_raft_types!(
     /// raftlock's openraft type configuration: terms and leader ids as
-    /// openraft's defaults (`u64`, the "advanced" leader id of term and node,
-    /// several leaders per term impossible by election), entries carrying a
+    /// openraft's defaults (`u64`, and the "advanced" leader id of term and
+    /// node, totally ordered: a term may have several leaders one after
+    /// another, each with a larger node id, as a node that voted for
+    /// (term, 1) may still vote for (term, 2)), entries carrying a
     /// [`Batch`], members with [`NodeAddrs`], tokio with the node's random
     /// source ([`runtime::NodeRuntime`]).
     pub TypeConfig:
