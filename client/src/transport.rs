@@ -46,7 +46,8 @@ pub struct ClientOptions {
     /// announced address (its `--advertise`, as leader hints and `Status`
     /// name it) maps to the address this client can reach it at. An
     /// address not in the map, endpoints included, is dialled as it is.
-    #[allow(clippy::disallowed_types)] // public since 0.1; only looked up, never walked
+    #[allow(clippy::disallowed_types)]
+    // public since 0.1; looked up (and printed by Debug), never walked to decide
     pub address_map: std::collections::HashMap<String, String>,
     /// Dial nodes over this transport instead of TCP (`None`: TCP). For
     /// simulators and tests; see [`Connector`](crate::Connector).

@@ -1112,8 +1112,9 @@ fn inject(
             let lasts = rng.random_range(200..3_000);
             if rng.random_bool(0.6) {
                 // Which of the two: from the parity of the draws already
-                // made, not a new draw (seeds recorded before the full disk
-                // came in keep every later fault they had).
+                // made, not a new draw (the random stream of seeds recorded
+                // before the full disk came in stays as it was; their runs
+                // still differ from the first ENOSPC on).
                 if (lasts + now) % 2 == 0 {
                     note(
                         record,
