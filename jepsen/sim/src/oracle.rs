@@ -77,38 +77,6 @@ pub fn fence_order(grants: &[Grant]) -> Result<(), String> {
     Ok(())
 }
 
-/// Election safety as openraft's leader ids have it. raftlock uses the
-/// "advanced" leader id, (term, node), totally ordered: a node that voted
-/// for (4, node 1) may vote again in term 4 for (4, node 2), so one term
-/// can have several leaders, one after another, each with a larger node id
-/// than the last (a quorum that elected one refuses any smaller id in that
-/// term). What must never happen: a node becoming leader of a term after a
-/// node with a larger id was seen leading it.
-#[derive(Debug, Default)]
-pub struct Leaders {
-    /// Per term, the leaders seen so far and when each was first seen.
-    by_term: BTreeMap<u64, BTreeMap<u64, u64>>,
-}
-
-impl Leaders {
-    /// Node `node` says, at `at` ms, that it leads `term`.
-    pub fn observe(&mut self, term: u64, node: u64, at: u64) -> Result<(), String> {
-        let seen = self.by_term.entry(term).or_default();
-        if seen.contains_key(&node) {
-            return Ok(());
-        }
-        // Seen in the same millisecond: either may have been elected first.
-        if let Some((&larger, &since)) = seen.range(node + 1..).find(|(_, &t)| t < at) {
-            return Err(format!(
-                "node {node} became leader of term {term} at {at} ms, after node {larger} \
-                 (a larger id) had led it since {since} ms"
-            ));
-        }
-        seen.insert(node, at);
-        Ok(())
-    }
-}
-
 /// A committed entry never changes: the first entry seen committed at an
 /// index is the only one any node may ever have committed there.
 #[derive(Debug, Default)]
@@ -318,25 +286,6 @@ mod tests {
         assert!(fence_order(&twice)
             .expect_err("dup")
             .contains("granted twice"));
-    }
-
-    #[test]
-    fn a_smaller_leader_after_a_larger_one_in_a_term_is_caught() {
-        let mut l = Leaders::default();
-        assert_eq!(l.observe(3, 1, 10), Ok(()));
-        assert_eq!(l.observe(3, 1, 11), Ok(()));
-        // A larger id later in the same term: legal with advanced ids.
-        assert_eq!(l.observe(3, 2, 20), Ok(()));
-        assert_eq!(l.observe(4, 1, 30), Ok(()));
-        // Two seen in one millisecond: either order.
-        assert_eq!(l.observe(5, 3, 40), Ok(()));
-        assert_eq!(l.observe(5, 2, 40), Ok(()));
-        // Node 1 leading term 3 again after node 2 did is fine (it was
-        // seen before node 2); node 1 first seen in a term after node 3: not.
-        assert_eq!(l.observe(3, 1, 50), Ok(()));
-        assert_eq!(l.observe(6, 3, 60), Ok(()));
-        let e = l.observe(6, 1, 61).expect_err("smaller after larger");
-        assert!(e.contains("term 6") && e.contains("node 3"), "{e}");
     }
 
     #[test]

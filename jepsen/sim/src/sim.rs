@@ -613,7 +613,6 @@ const FNV_START: u64 = 0xcbf2_9ce4_8422_2325;
 /// Oracles checked every tick on the running nodes.
 #[derive(Default)]
 struct Watch {
-    leaders: oracle::Leaders,
     committed: oracle::Committed,
     fences: oracle::Fences,
     ended: oracle::Ended,
@@ -675,7 +674,6 @@ impl Watch {
                 );
             }
             if m.state == openraft::ServerState::Leader {
-                self.leaders.observe(m.current_term, id, now)?;
                 self.leader = Some(id);
                 record.borrow_mut().leader = Some(id);
             }
