@@ -36,7 +36,7 @@ cleanup() {
 trap cleanup EXIT
 git -C "$repo" worktree add -q --detach "$scratch/tree" HEAD
 # The simulator itself as it is here (uncommitted changes included).
-cp -r "$here/src" "$here/Cargo.toml" "$here/Cargo.lock" "$scratch/tree/jepsen/sim/"
+cp -r "$here/src" "$here/build.rs" "$here/Cargo.toml" "$here/Cargo.lock" "$scratch/tree/jepsen/sim/"
 
 failed=0
 for name in "${names[@]}"; do

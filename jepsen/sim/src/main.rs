@@ -254,35 +254,10 @@ fn num(s: &str) -> Result<u64, String> {
     s.trim().parse().map_err(|_| format!("not a number: {s:?}"))
 }
 
-/// The commit this binary was built from, for failure reports.
+/// The commit this binary was built from, for failure reports (recorded
+/// by build.rs).
 fn commit() -> String {
-    let dir = env!("CARGO_MANIFEST_DIR");
-    let out = Command::new("git")
-        .args(["-C", dir, "rev-parse", "HEAD"])
-        .output();
-    let head = match out {
-        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).trim().to_string(),
-        _ => return "unknown".into(),
-    };
-    let dirty = Command::new("git")
-        .args([
-            "-C",
-            dir,
-            "status",
-            "--porcelain",
-            "--",
-            "../../node",
-            "../../client",
-            ".",
-        ])
-        .output()
-        .map(|o| !o.stdout.is_empty())
-        .unwrap_or(false);
-    if dirty {
-        format!("{head} (with uncommitted changes)")
-    } else {
-        head
-    }
+    env!("RAFTLOCK_SIM_COMMIT").to_string()
 }
 
 /// Runs seeds 1..=n twice each, every run in a fresh process, and compares
