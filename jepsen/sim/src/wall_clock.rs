@@ -86,23 +86,27 @@ fn kernel(clock: libc::clockid_t) -> libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
+    // SAFETY: a valid pointer to one timespec.
+    unsafe { kernel_into(clock, &mut t) };
+    t
+}
+
+/// libc's `clock_gettime` if [`init`] found it, else the system call.
+///
+/// # Safety
+///
+/// `tp` must be valid for a write of one `timespec`.
+unsafe fn kernel_into(clock: libc::clockid_t, tp: *mut libc::timespec) -> i32 {
     let f = LIBC_CLOCK_GETTIME.load(Ordering::Relaxed);
     if f.is_null() {
-        // SAFETY: the system call writes one timespec to a valid pointer.
-        unsafe {
-            libc::syscall(
-                libc::SYS_clock_gettime,
-                clock,
-                &mut t as *mut libc::timespec,
-            )
-        };
+        // SAFETY: the system call takes the function's arguments.
+        unsafe { libc::syscall(libc::SYS_clock_gettime, clock, tp) as i32 }
     } else {
         // SAFETY: `f` is libc's clock_gettime, of this signature.
         let f = unsafe { std::mem::transmute::<*mut libc::c_void, ClockGettime>(f) };
-        // SAFETY: a valid pointer to one timespec.
-        unsafe { f(clock, &mut t) };
+        // SAFETY: the caller's pointer.
+        unsafe { f(clock, tp) }
     }
-    t
 }
 
 fn monotonic_base_ns() -> u64 {
@@ -145,17 +149,8 @@ pub unsafe extern "C" fn clock_gettime(clock: libc::clockid_t, tp: *mut libc::ti
             }
             0
         }
-        _ => {
-            let f = LIBC_CLOCK_GETTIME.load(Ordering::Relaxed);
-            if f.is_null() {
-                // SAFETY: the system call takes the function's arguments.
-                unsafe { libc::syscall(libc::SYS_clock_gettime, clock, tp) as i32 }
-            } else {
-                // SAFETY: libc's clock_gettime; the caller's arguments.
-                let f = unsafe { std::mem::transmute::<*mut libc::c_void, ClockGettime>(f) };
-                unsafe { f(clock, tp) }
-            }
-        }
+        // SAFETY: the caller's pointer, valid as for libc's.
+        _ => unsafe { kernel_into(clock, tp) },
     }
 }
 
