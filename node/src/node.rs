@@ -20,6 +20,7 @@ use tonic::service::interceptor::InterceptedService;
 
 use crate::api::raft_service::RaftService;
 use crate::api::Api;
+use crate::apply::snapshot_location::SnapshotLocation;
 use crate::apply::state_machine::StateMachineStore;
 use crate::apply::Raft;
 use crate::apply::Shared;
@@ -319,11 +320,11 @@ impl Node {
             console_notes.clone(),
             shared.watch.subscribe(),
         ));
-        let snapshot_file = match &opts.storage {
-            Storage::Sled => Some(opts.data_dir.join("snapshot.bin")),
-            Storage::Memory(_) => None,
+        let snapshot_location = match &opts.storage {
+            Storage::Sled => SnapshotLocation::File(opts.data_dir.join("snapshot.bin")),
+            Storage::Memory(disk) => SnapshotLocation::Simulated(disk.clone()),
         };
-        let sm = StateMachineStore::open(shared.clone(), snapshot_file)?;
+        let sm = StateMachineStore::open(shared.clone(), snapshot_location)?;
         let log_store = log_store
             .with_snapshot_floor(sm.persisted_snapshot())
             .with_metrics(shared.metrics.clone());

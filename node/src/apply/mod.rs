@@ -12,6 +12,7 @@
 //! * [`Leases`]: the leader's timers (they only track while leader);
 //! * the watch broadcast, which feeds `Watch` streams.
 
+pub mod snapshot_location;
 pub mod state_machine;
 pub mod waiters;
 

@@ -5,8 +5,7 @@
 //! log plus snapshots: at start-up the latest snapshot is loaded and openraft
 //! re-applies the committed log after it.
 
-use std::io::{self, Write};
-use std::path::{Path, PathBuf};
+use std::io;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -15,6 +14,7 @@ use openraft::storage::{EntryResponder, RaftStateMachine};
 use openraft::{OptionalSend, RaftSnapshotBuilder};
 use serde::{Deserialize, Serialize};
 
+use super::snapshot_location::SnapshotLocation;
 use super::Shared;
 use crate::raft::{
     Applied, EntryPayload, LogId, Snapshot, SnapshotData, SnapshotMeta, StoredMembership,
@@ -40,8 +40,8 @@ const CHECKSUM_LEN: usize = 4;
 /// The state-machine store handed to openraft.
 pub struct StateMachineStore {
     shared: Arc<Shared>,
-    /// Where the latest snapshot is kept (`None`: memory only, for tests).
-    snapshot_path: Option<PathBuf>,
+    /// Where the latest snapshot is kept.
+    location: SnapshotLocation,
     /// What snapshot building and this store share.
     snap: Arc<SnapshotShared>,
 }
@@ -134,9 +134,6 @@ pub fn check_snapshot(meta: &SnapshotMeta, bytes: &[u8]) -> Result<(), String> {
         .map_err(|e| e.to_string())
 }
 
-/// Bytes of snapshot written between two `fdatasync`s.
-const SYNC_CHUNK: usize = 4 << 20;
-
 /// The meta of a snapshot file, without copying out the table's bytes.
 fn decode_snapshot_meta(bytes: &[u8]) -> Result<SnapshotMeta, String> {
     let bytes = checked(bytes)?;
@@ -151,61 +148,35 @@ fn decode_snapshot_meta(bytes: &[u8]) -> Result<SnapshotMeta, String> {
     }
 }
 
-/// Writes `bytes` to `path` atomically and durably (temp file, fsync,
-/// rename, fsync of the directory).
-///
-/// A large snapshot is synced in chunks of [`SYNC_CHUNK`]: one fsync at the
-/// end would leave ~100 MB (1M held locks) of dirty pages, and the log's own
-/// fsyncs, which every write waits for, would queue behind their writeback.
-fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    {
-        let mut f = std::fs::File::create(&tmp)?;
-        for chunk in bytes.chunks(SYNC_CHUNK) {
-            f.write_all(chunk)?;
-            f.sync_data()?;
-        }
-        f.sync_all()?;
-    }
-    std::fs::rename(&tmp, path)?;
-    if let Some(dir) = path.parent() {
-        std::fs::File::open(dir)?.sync_all()?;
-    }
-    Ok(())
-}
-
 impl StateMachineStore {
-    /// A store over `shared`, loading the snapshot at `snapshot_path` (if it
-    /// exists) into the shared table.
-    pub fn open(shared: Arc<Shared>, snapshot_path: Option<PathBuf>) -> anyhow::Result<Self> {
+    /// A store over `shared`, loading the snapshot kept at `location` (if
+    /// there is one) into the shared table. A file that fails its checksum
+    /// or does not decode is refused: the node does not start.
+    pub fn open(shared: Arc<Shared>, location: SnapshotLocation) -> anyhow::Result<Self> {
         let snap = Arc::new(SnapshotShared::default());
-        if let Some(path) = &snapshot_path {
-            if path.exists() {
-                let bytes = std::fs::read(path)?;
-                let refuse = |e: String| {
-                    anyhow::anyhow!(
-                        "{}: {e}. This node's data cannot be trusted: remove it from the \
-                         cluster (`raftlock members remove ID`), empty its data directory and \
-                         add it back as a new node (`raftlock members add`)",
-                        path.display()
-                    )
-                };
-                let file = decode_snapshot(&bytes).map_err(refuse)?;
-                let table =
-                    LockTable::from_snapshot(&file.table).map_err(|e| refuse(e.to_string()))?;
-                snap.persisted.store(covered(&file.meta), Ordering::SeqCst);
-                shared.install(
-                    table,
-                    file.meta.last_log_id,
-                    file.meta.last_membership.clone(),
-                );
-                // The bytes stay on disk only: `get_current_snapshot` reads
-                // the file when a follower needs it.
-            }
+        if let Some(bytes) = location.read()? {
+            let refuse = |e: String| {
+                anyhow::anyhow!(
+                    "{}: {e}. This node's data cannot be trusted: remove it from the \
+                     cluster (`raftlock members remove ID`), empty its data directory and \
+                     add it back as a new node (`raftlock members add`)",
+                    location.describe()
+                )
+            };
+            let file = decode_snapshot(&bytes).map_err(refuse)?;
+            let table = LockTable::from_snapshot(&file.table).map_err(|e| refuse(e.to_string()))?;
+            snap.persisted.store(covered(&file.meta), Ordering::SeqCst);
+            shared.install(
+                table,
+                file.meta.last_log_id,
+                file.meta.last_membership.clone(),
+            );
+            // The bytes stay on disk only: `get_current_snapshot` reads
+            // the file when a follower needs it.
         }
         Ok(StateMachineStore {
             shared,
-            snapshot_path,
+            location,
             snap,
         })
     }
@@ -219,30 +190,30 @@ impl StateMachineStore {
     /// A store with no snapshot file, for unit tests.
     #[cfg(test)]
     pub fn new(_db: sled::Db, shared: Arc<Shared>) -> anyhow::Result<Self> {
-        Self::open(shared, None)
+        Self::open(shared, SnapshotLocation::Memory)
     }
 
     async fn persist(&mut self, bytes: Vec<u8>) -> io::Result<Vec<u8>> {
-        persist(&self.shared, &self.snap, self.snapshot_path.clone(), bytes).await
+        persist(&self.shared, &self.snap, &self.location, bytes).await
     }
 }
 
-/// Makes `bytes` the latest snapshot: written durably to `path`, or, with
-/// no path (unit tests), kept in memory. Hands the bytes back.
+/// Makes `bytes` the latest snapshot: written durably at `location`, or,
+/// kept in memory (unit tests). Hands the bytes back.
 async fn persist(
     shared: &Shared,
     snap: &SnapshotShared,
-    path: Option<PathBuf>,
+    location: &SnapshotLocation,
     bytes: Vec<u8>,
 ) -> io::Result<Vec<u8>> {
     let covers = decode_snapshot_meta(&bytes)
         .map(|m| covered(&m))
         .map_err(io::Error::other)?;
-    let Some(path) = path else {
+    if let SnapshotLocation::Memory = location {
         shared.set_snapshot(Arc::new(bytes.clone()));
         snap.persisted.fetch_max(covers, Ordering::SeqCst);
         return Ok(bytes);
-    };
+    }
     let _file = snap.file.lock().await;
     // The builder encodes from the table while an install may persist a
     // newer snapshot meanwhile: the newer file stays (the log behind it may
@@ -250,9 +221,7 @@ async fn persist(
     if covers < snap.persisted.load(Ordering::SeqCst) {
         return Ok(bytes);
     }
-    let bytes = crate::blocking::spawn(move || write_durably(&path, &bytes).map(|()| bytes))
-        .await
-        .map_err(io::Error::other)??;
+    let bytes = location.replace(bytes).await?;
     snap.persisted.store(covers, Ordering::SeqCst);
     Ok(bytes)
 }
@@ -265,7 +234,7 @@ fn covered(meta: &SnapshotMeta) -> u64 {
 /// Builds a snapshot of the table at one applied index.
 pub struct SnapshotBuilder {
     shared: Arc<Shared>,
-    snapshot_path: Option<PathBuf>,
+    location: SnapshotLocation,
     snap: Arc<SnapshotShared>,
 }
 
@@ -298,7 +267,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         .await
         .map_err(io::Error::other)?;
         self.snap.last_len.store(bytes.len(), Ordering::Relaxed);
-        let bytes = persist(&self.shared, &self.snap, self.snapshot_path.clone(), bytes).await?;
+        let bytes = persist(&self.shared, &self.snap, &self.location, bytes).await?;
         Ok(Snapshot {
             meta,
             snapshot: bytes,
@@ -353,7 +322,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
         SnapshotBuilder {
             shared: self.shared.clone(),
-            snapshot_path: self.snapshot_path.clone(),
+            location: self.location.clone(),
             snap: self.snap.clone(),
         }
     }
@@ -387,25 +356,21 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         // The latest snapshot is its file (read when a follower needs it,
         // not kept in memory), or, without a file (unit tests), the bytes in
         // memory.
-        let bytes = match &self.snapshot_path {
-            Some(path) => {
-                let path = path.clone();
-                let read = crate::blocking::spawn(move || match std::fs::read(&path) {
-                    Ok(bytes) => Ok(Some(bytes)),
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-                    Err(e) => Err(e),
-                })
-                .await
-                .map_err(io::Error::other)??;
-                match read {
+        let bytes = match &self.location {
+            SnapshotLocation::Memory => match self.shared.snapshot() {
+                Some(bytes) => bytes.as_ref().clone(),
+                None => return Ok(None),
+            },
+            location => {
+                let location = location.clone();
+                match crate::blocking::spawn(move || location.read())
+                    .await
+                    .map_err(io::Error::other)??
+                {
                     Some(bytes) => bytes,
                     None => return Ok(None),
                 }
             }
-            None => match self.shared.snapshot() {
-                Some(bytes) => bytes.as_ref().clone(),
-                None => return Ok(None),
-            },
         };
         let meta = decode_snapshot_meta(&bytes).map_err(io::Error::other)?;
         Ok(Some(Snapshot {
@@ -498,7 +463,11 @@ mod file_tests {
         };
         let bytes = encode_snapshot_file(&meta, &table_with_a_grant(), 0);
         std::fs::write(&path, &bytes).expect("write");
-        assert!(StateMachineStore::open(Shared::new_for_tests(), Some(path.clone())).is_ok());
+        assert!(StateMachineStore::open(
+            Shared::new_for_tests(),
+            SnapshotLocation::File(path.clone())
+        )
+        .is_ok());
         // Flip one bit of the ttl (10_000 → 10_016): still a valid table.
         let ttl_at = bytes
             .windows(8)
@@ -507,11 +476,114 @@ mod file_tests {
         let mut bad = bytes.clone();
         bad[ttl_at] ^= 0x10;
         std::fs::write(&path, &bad).expect("write");
-        let err = match StateMachineStore::open(Shared::new_for_tests(), Some(path.clone())) {
+        let err = match StateMachineStore::open(
+            Shared::new_for_tests(),
+            SnapshotLocation::File(path.clone()),
+        ) {
             Ok(_) => panic!("a corrupt snapshot file was loaded"),
             Err(e) => e.to_string(),
         };
         assert!(err.contains("snapshot.bin"), "{err}");
+    }
+
+    /// The simulator's snapshot file: replaced whole, kept as it was when
+    /// a replacement fails (a full disk at the write or at the sync, a
+    /// dying disk) or is cut short by a crash, and refused at start when
+    /// torn or corrupted, as a real file is.
+    #[tokio::test(start_paused = true)]
+    async fn a_simulated_snapshot_file_is_replaced_whole_and_refused_when_damaged() {
+        use crate::raft::mem_log::MemDisk;
+        let disk = MemDisk::new();
+        let location = SnapshotLocation::Simulated(disk.clone());
+        let shared = Shared::new_for_tests();
+        let snap = SnapshotShared::default();
+        let file_at = |index| {
+            let meta = SnapshotMeta {
+                last_log_id: Some(crate::raft::log_id(3, 1, index)),
+                last_membership: StoredMembership::default(),
+            };
+            encode_snapshot_file(&meta, &table_with_a_grant(), 0)
+        };
+        let covers = |disk: &MemDisk| {
+            disk.snapshot_file().map(|b| {
+                decode_snapshot_meta(&b)
+                    .expect("meta")
+                    .last_log_id
+                    .map(|l| l.index)
+            })
+        };
+        assert!(StateMachineStore::open(Shared::new_for_tests(), location.clone()).is_ok());
+        persist(&shared, &snap, &location, file_at(5))
+            .await
+            .expect("persist");
+        assert_eq!(covers(&disk), Some(Some(5)));
+
+        for (fault, errno) in [
+            (MemDisk::fill as fn(&MemDisk), 28),
+            (MemDisk::fill_at_sync, 28),
+            (MemDisk::fail_syncs, 5),
+        ] {
+            fault(&disk);
+            let err = persist(&shared, &snap, &location, file_at(9))
+                .await
+                .expect_err("the disk fails");
+            assert_eq!(err.raw_os_error(), Some(errno));
+            assert_eq!(covers(&disk), Some(Some(5)), "the old file stays");
+            disk.heal();
+        }
+
+        // A crash while the file is being written and synced.
+        disk.set_sync_latency(std::time::Duration::from_millis(10));
+        let writing = {
+            let (location, bytes) = (location.clone(), file_at(9));
+            tokio::spawn(async move { location.replace(bytes).await })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        writing.abort();
+        assert!(writing.await.expect_err("cut short").is_cancelled());
+        assert_eq!(covers(&disk), Some(Some(5)), "the old file stays");
+        disk.set_sync_latency(std::time::Duration::ZERO);
+
+        let loaded = StateMachineStore::open(Shared::new_for_tests(), location.clone())
+            .expect("a whole file loads");
+        assert_eq!(loaded.persisted_snapshot().load(Ordering::SeqCst), 6);
+
+        let whole = disk.snapshot_file().expect("file");
+        for (damage, what) in [
+            (disk.tear_snapshot_file(whole.len() - 1), "torn by one byte"),
+            (disk.tear_snapshot_file(whole.len() / 2), "torn in half"),
+        ] {
+            assert!(damage);
+            let err = match StateMachineStore::open(Shared::new_for_tests(), location.clone()) {
+                Ok(_) => panic!("a snapshot file {what} was loaded"),
+                Err(e) => e.to_string(),
+            };
+            assert!(
+                err.contains("simulated disk's snapshot file"),
+                "{what}: {err}"
+            );
+        }
+        assert!(!disk.tear_snapshot_file(whole.len()), "nothing to tear");
+        for at in [0, 1, whole.len() / 2, whole.len() - 1] {
+            disk.heal();
+            persist(
+                &shared,
+                &SnapshotShared::default(),
+                &location,
+                whole.clone(),
+            )
+            .await
+            .expect("whole again");
+            assert!(disk.corrupt_snapshot_file(at, 0x01));
+            assert!(
+                StateMachineStore::open(Shared::new_for_tests(), location.clone()).is_err(),
+                "a file with byte {at} flipped was loaded"
+            );
+        }
+        assert!(
+            !disk.corrupt_snapshot_file(whole.len(), 0x01),
+            "no such byte"
+        );
     }
 }
 
@@ -536,12 +608,22 @@ mod persist_tests {
         let path = dir.path().join("snapshot.bin");
         let shared = Shared::new_for_tests();
         let snap = SnapshotShared::default();
-        persist(&shared, &snap, Some(path.clone()), file_at(5000))
-            .await
-            .expect("persist 5000");
-        persist(&shared, &snap, Some(path.clone()), file_at(1000))
-            .await
-            .expect("persist 1000");
+        persist(
+            &shared,
+            &snap,
+            &SnapshotLocation::File(path.clone()),
+            file_at(5000),
+        )
+        .await
+        .expect("persist 5000");
+        persist(
+            &shared,
+            &snap,
+            &SnapshotLocation::File(path.clone()),
+            file_at(1000),
+        )
+        .await
+        .expect("persist 1000");
         let on_disk = decode_snapshot_meta(&std::fs::read(&path).expect("read")).expect("meta");
         assert_eq!(on_disk.last_log_id.map(|l| l.index), Some(5000));
     }
@@ -552,6 +634,8 @@ mod persist_tests {
 /// disk (review finding 7).
 #[cfg(test)]
 mod install_crash_tests {
+    use std::path::Path;
+
     use openraft::storage::{RaftLogReader, RaftLogStorage};
 
     use super::*;
@@ -582,8 +666,11 @@ mod install_crash_tests {
     }
 
     fn stores(dir: &Path) -> (LogStore, StateMachineStore) {
-        let sm = StateMachineStore::open(Shared::new_for_tests(), Some(dir.join("snapshot.bin")))
-            .expect("state machine opens");
+        let sm = StateMachineStore::open(
+            Shared::new_for_tests(),
+            SnapshotLocation::File(dir.join("snapshot.bin")),
+        )
+        .expect("state machine opens");
         let sled = dir.join("sled");
         let log = LogStore::new(open_db(&sled).expect("db"), &sled)
             .expect("log")
@@ -636,7 +723,7 @@ mod install_crash_tests {
                 // Before: a snapshot at 5 on disk, entries 1..=8, committed 8.
                 {
                     let (mut log, sm) = stores(dir.path());
-                    persist(&sm.shared, &sm.snap, sm.snapshot_path.clone(), file_at(5))
+                    persist(&sm.shared, &sm.snap, &sm.location, file_at(5))
                         .await
                         .expect("old snapshot");
                     for i in 1..=8u64 {
@@ -661,14 +748,9 @@ mod install_crash_tests {
                                 .expect("tmp");
                             }
                             Persisted => {
-                                persist(
-                                    &sm.shared,
-                                    &sm.snap,
-                                    sm.snapshot_path.clone(),
-                                    file_at(20),
-                                )
-                                .await
-                                .expect("persist");
+                                persist(&sm.shared, &sm.snap, &sm.location, file_at(20))
+                                    .await
+                                    .expect("persist");
                             }
                         }
                     }

@@ -24,7 +24,8 @@ pub enum Storage {
     Sled,
     /// The in-memory store over this simulated disk (for simulators: it
     /// survives the node's process, and loses what a crash takes). The
-    /// snapshot is kept in memory only, and lost with the process.
+    /// snapshot file is kept on the same disk
+    /// ([`SnapshotLocation::Simulated`](crate::apply::snapshot_location::SnapshotLocation::Simulated)).
     Memory(MemDisk),
 }
 

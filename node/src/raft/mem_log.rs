@@ -10,7 +10,12 @@
 //! later one fails too (as sled's store does; see `log_store`). A full
 //! disk ([`MemDisk::fill`]) refuses writes with `ENOSPC` and changes
 //! nothing, until [`MemDisk::heal`]: space comes back, and the next process
-//! (or the same, if nothing stopped it) writes again.
+//! (or the same, if nothing stopped it) writes again; one that says so only
+//! at the sync ([`MemDisk::fill_at_sync`]) fails the sync, and that error
+//! sticks as any other. The disk also holds the node's snapshot file,
+//! replaced whole or not at all, which a simulator may tear or corrupt
+//! while the node is down ([`MemDisk::tear_snapshot_file`],
+//! [`MemDisk::corrupt_snapshot_file`]): the checksum must refuse it.
 //!
 //! The store over it acknowledges an append only after a sync that covers
 //! it (one task takes every append queued meanwhile, waits the disk's sync
@@ -96,6 +101,13 @@ struct DiskState {
     sync_latency: Duration,
     /// Syncs report success and make nothing durable (a broken disk).
     lying: bool,
+    /// Writes succeed and every sync fails with `ENOSPC` (a full disk that
+    /// says so only at the sync, as thin-provisioned volumes and
+    /// delayed-allocation file systems do).
+    full_at_sync: bool,
+    /// The snapshot file (replaced whole; see
+    /// [`MemDisk::replace_snapshot_file`]).
+    snapshot: Option<Vec<u8>>,
 }
 
 /// A simulated disk holding one node's log. Clones share it; it outlives
@@ -131,12 +143,75 @@ impl MemDisk {
         self.state().full = true;
     }
 
+    /// From now on writes succeed and every sync fails with `ENOSPC`, until
+    /// [`heal`](Self::heal); like any failed sync, the error sticks for the
+    /// store that saw it (the kernel may have dropped the unsynced pages).
+    pub fn fill_at_sync(&self) {
+        self.state().full_at_sync = true;
+    }
+
     /// Syncs may succeed again (for the store opened after the next crash)
     /// and writes find space again.
     pub fn heal(&self) {
         let mut s = self.state();
         s.fail_syncs = false;
         s.full = false;
+        s.full_at_sync = false;
+    }
+
+    /// The snapshot file's bytes, if there is one.
+    pub fn snapshot_file(&self) -> Option<Vec<u8>> {
+        self.state().snapshot.clone()
+    }
+
+    /// Replaces the snapshot file as a real node does (temporary file,
+    /// syncs, rename, sync of the directory): after the disk's sync
+    /// latency, the new file whole, or, on an error (`ENOSPC` from a full
+    /// disk at the write or the sync, `EIO` from a dying one) or a crash
+    /// meanwhile, the old one as it was. A lying disk's syncs do not
+    /// reach this file: only the log's do.
+    pub async fn replace_snapshot_file(&self, bytes: &[u8]) -> io::Result<()> {
+        if self.state().full {
+            return Err(io::Error::from_raw_os_error(28));
+        }
+        let latency = self.state().sync_latency;
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
+        let mut s = self.state();
+        if s.full_at_sync {
+            return Err(io::Error::from_raw_os_error(28));
+        }
+        if s.fail_syncs {
+            return Err(io::Error::from_raw_os_error(5));
+        }
+        s.snapshot = Some(bytes.to_vec());
+        Ok(())
+    }
+
+    /// Keeps only the first `keep` bytes of the snapshot file (a torn
+    /// write: the disk lost its tail). False if there is no file, or it is
+    /// no longer than `keep`.
+    pub fn tear_snapshot_file(&self, keep: usize) -> bool {
+        match &mut self.state().snapshot {
+            Some(bytes) if bytes.len() > keep => {
+                bytes.truncate(keep);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Flips the bits `mask` of the snapshot file's byte `at` (rot at
+    /// rest). False if there is no such byte or `mask` is 0.
+    pub fn corrupt_snapshot_file(&self, at: usize, mask: u8) -> bool {
+        match self.state().snapshot.as_mut().and_then(|b| b.get_mut(at)) {
+            Some(byte) if mask != 0 => {
+                *byte ^= mask;
+                true
+            }
+            _ => false,
+        }
     }
 
     /// The bytes of the entry at `index` as reads see them now (for a
@@ -194,8 +269,8 @@ impl MemDisk {
                  trusted to reach the disk"
             )));
         }
-        if s.fail_syncs {
-            let e = io::Error::from_raw_os_error(5);
+        if s.fail_syncs || s.full_at_sync {
+            let e = io::Error::from_raw_os_error(if s.fail_syncs { 5 } else { 28 });
             s.failed = Some(e.to_string());
             return Err(e);
         }
@@ -481,10 +556,11 @@ mod tests {
             ),
             openraft::StorageError<TypeConfig>,
         > {
-            let log = MemLogStore::open(MemDisk::new()).expect("open");
+            let disk = MemDisk::new();
+            let log = MemLogStore::open(disk.clone()).expect("open");
             let sm = crate::apply::state_machine::StateMachineStore::open(
                 crate::apply::Shared::new_for_tests(),
-                None,
+                crate::apply::snapshot_location::SnapshotLocation::Simulated(disk),
             )
             .expect("state machine");
             Ok(((), log, sm))
@@ -630,6 +706,32 @@ mod tests {
         append(&mut store, 3..=3).await;
         store.save_vote(&vote).await.expect("room again");
         assert_eq!(last_index(&mut store).await, Some(3));
+    }
+
+    /// A disk that runs out of space only at the sync: the writes go in,
+    /// the sync fails with ENOSPC, and, as any failed sync, the error
+    /// sticks for this store even once space is back; a crash keeps a
+    /// prefix of the unsynced writes, as ever.
+    #[tokio::test]
+    async fn a_full_disk_at_the_sync_fails_the_sync_and_sticks() {
+        let disk = MemDisk::new();
+        let mut store = MemLogStore::open(disk.clone()).expect("open");
+        append(&mut store, 1..=2).await;
+        disk.fill_at_sync();
+        let (tx, rx) = TypeConfig::oneshot();
+        store
+            .append([blank(3)], IOFlushed::<TypeConfig>::signal(tx))
+            .await
+            .expect("the write goes in");
+        let err = rx.await.expect("callback").expect_err("the sync fails");
+        assert!(err.to_string().contains("No space left"), "{err}");
+        assert_eq!(disk.pending_writes(), 1);
+        disk.heal();
+        assert!(store.save_vote(&Vote::new(1, 1)).await.is_err(), "sticky");
+        disk.crash(0);
+        let mut store = MemLogStore::open(disk).expect("reopen");
+        assert_eq!(last_index(&mut store).await, Some(2));
+        append(&mut store, 3..=3).await;
     }
 
     /// A lying disk acknowledges syncs and keeps nothing: a crash then
