@@ -3,8 +3,8 @@
 //!
 //! On 6bd3e3c removed nodes kept running, `NOT_SERVING`, and campaigned
 //! forever (term 2 → 13 in 20 s; operator review 2026-11-25, §2), as etcd's
-//! do not. Two ways to be removed are covered: while running, and while
-//! down (it learns when it comes back).
+//! do not. Three ways to be removed are covered: while running, while
+//! down (it learns when it comes back), and as the leader, by itself.
 
 mod procs;
 
@@ -66,4 +66,16 @@ async fn a_removed_node_exits_with_status_0_whether_it_ran_or_was_down() {
     // The two left still grant.
     let leader = procs.leader().await;
     assert!(lock_cycle(&procs.addr(leader), "after", 7).await.is_some());
+
+    // The leader removes itself: it steps down, no peer ever refuses it a
+    // vote (it no longer campaigns), and it must still exit. Found by the
+    // simulator (jepsen/sim, seed 3 of its first run with membership
+    // changes): the removed leader stayed up as a learner that named
+    // itself the leader.
+    let members = remove(&procs, leader, leader).await;
+    assert!(!members.contains(&leader), "{members:?}");
+    assert_exits_cleanly(&mut procs, leader).await;
+    let last = procs.leader().await;
+    assert_ne!(last, leader);
+    assert!(lock_cycle(&procs.addr(last), "alone", 8).await.is_some());
 }
