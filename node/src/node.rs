@@ -139,6 +139,10 @@ pub struct RaftTiming {
     /// Build a snapshot (and purge the log behind it) every this many
     /// applied entries.
     pub snapshot_every: u64,
+    /// Entries kept in the log behind a snapshot: a follower that lags by
+    /// fewer catches up from the log, one further behind is sent the
+    /// snapshot.
+    pub logs_to_keep: u64,
 }
 
 impl Default for RaftTiming {
@@ -147,6 +151,7 @@ impl Default for RaftTiming {
             heartbeat: Duration::from_millis(100),
             election_timeout: (Duration::from_millis(300), Duration::from_millis(500)),
             snapshot_every: 10_000,
+            logs_to_keep: 1_000,
         }
     }
 }
@@ -335,7 +340,7 @@ impl Node {
             election_timeout_min: opts.timing.election_timeout.0.as_millis() as u64,
             election_timeout_max: opts.timing.election_timeout.1.as_millis() as u64,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(opts.timing.snapshot_every),
-            max_in_snapshot_log_to_keep: 1_000,
+            max_in_snapshot_log_to_keep: opts.timing.logs_to_keep,
             max_payload_entries: MAX_PAYLOAD_ENTRIES,
             install_snapshot_timeout: 10_000,
             // A node campaigns only after a quorum says it could win: one
@@ -610,13 +615,53 @@ impl Node {
     /// membership), with a line saying so. The process should exit with
     /// status 0 (see `raftlockd run`), so that its supervisor does not
     /// start it again into a cluster that removed it.
+    ///
+    /// A node that applies a membership without itself, after one with it,
+    /// knows by itself: a leader that removes itself steps down and no
+    /// longer campaigns, so no peer ever refuses it a vote.
     pub async fn removed(&self) -> String {
-        let (by, at) = self.links.removed().await;
-        format!(
-            "node {} was removed from the cluster (node {by}'s membership at log index {at} \
-             does not have it)",
-            self.id
-        )
+        tokio::select! {
+            (by, at) = self.links.removed() => format!(
+                "node {} was removed from the cluster (node {by}'s membership at log index {at} \
+                 does not have it)",
+                self.id
+            ),
+            at = self.left_in_own_log() => format!(
+                "node {} was removed from the cluster (the membership it applied at log index \
+                 {at} does not have it)",
+                self.id
+            ),
+        }
+    }
+
+    /// Resolves with the log index of the first membership this node
+    /// applies without itself after applying one with itself (a node not
+    /// added yet applies older memberships without itself as it catches
+    /// up: those do not count). Never, if Raft stops first.
+    async fn left_in_own_log(&self) -> u64 {
+        let id = self.id;
+        let mut was_member = false;
+        let mut left_at = None;
+        let mut metrics = self.raft.metrics();
+        let left = crate::raft::wait_metrics(&mut metrics, |_| {
+            let (member, at) = self.shared.read(|a| {
+                (
+                    a.membership.membership().get_node(&id).is_some(),
+                    a.membership.log_id().map(|l| l.index),
+                )
+            });
+            if member {
+                was_member = true;
+            } else if was_member {
+                left_at = at;
+            }
+            left_at.is_some()
+        })
+        .await;
+        match (left, left_at) {
+            (Some(_), Some(at)) => at,
+            _ => std::future::pending().await,
+        }
     }
 
     /// Before a planned stop: if this node is the working leader of a
