@@ -103,7 +103,8 @@ impl Committed {
 }
 
 /// A node's last issued fence never goes back while its process runs
-/// (each restart is a new incarnation: it replays its log from zero), and
+/// (each restart is a new incarnation: it loads its snapshot and replays
+/// its log after it), and
 /// never passes the bound that stores compare fences within
 /// (`MAX_FENCE`, 2^63 - 1).
 #[derive(Debug)]
@@ -145,6 +146,11 @@ impl Fences {
         }
         *last = fence;
         Ok(())
+    }
+
+    /// The largest last fence seen on any node.
+    pub fn highest(&self) -> u64 {
+        self.last.values().copied().max().unwrap_or(0)
     }
 }
 

@@ -21,6 +21,7 @@ use rand::{RngExt as _, SeedableRng as _};
 
 use raftlock_node::state::SessionId;
 use raftlock_proto::v1 as pb;
+use raftlock_proto::v1::cluster_client::ClusterClient;
 use raftlock_proto::v1::locks_client::LocksClient;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
@@ -29,6 +30,10 @@ use crate::oracle::{self, Grant, Renewal, Serving};
 
 /// The port every node serves on (each node is its own simulated host).
 const PORT: u16 = 7001;
+/// Nodes build a snapshot every this many applied entries.
+const SNAPSHOT_EVERY: u64 = 100;
+/// Entries kept behind a snapshot.
+const LOGS_TO_KEEP: u64 = 20;
 /// The lock every worker contends for.
 const LOCK: &str = "L";
 /// Sessions' lease.
@@ -158,6 +163,30 @@ struct Record {
     servings: Vec<Serving>,
     /// The leader the driver saw last.
     leader: Option<u64>,
+    /// The cluster's members as the operator left them (node ids; each
+    /// runs on host `n<id>`): the first nodes, less those removed, plus
+    /// those added.
+    members: Vec<u64>,
+    /// Nodes whose snapshot file the driver tore or corrupted while they
+    /// were down: they must refuse to start.
+    damaged: BTreeMap<u64, String>,
+    /// Nodes that refused their damaged snapshot file at start (the
+    /// operator replaces them).
+    refused: Vec<u64>,
+    /// Nodes removed from the cluster: never started again.
+    retired: std::collections::BTreeSet<u64>,
+    /// The operator's replacements finished: (removed, added).
+    replaced: Vec<(u64, u64)>,
+    /// A violation found inside a host (a node that loaded a damaged
+    /// snapshot file).
+    violation: Option<String>,
+    /// The workers may start: the cluster is up, and restored if the run
+    /// restores a backup first.
+    ready: bool,
+    /// The run restored a backup with this fence counter after it.
+    restored_fence: Option<u64>,
+    /// The liveness probe was refused because fences ran out.
+    probe_exhausted: bool,
 }
 
 impl Record {
@@ -253,9 +282,15 @@ async fn run_node(id: u64, disk: MemDisk, record: Shared, incarnation: u64) -> t
         Some((next, l))
     })
     .boxed();
-    let peers = (1..=nodes())
-        .map(|n| (n, NodeAddrs::shared(addr(n))))
-        .collect();
+    // The first nodes bootstrap from each other; one the operator adds
+    // later knows only itself until it is added.
+    let peers = if id <= nodes() {
+        (1..=nodes())
+            .map(|n| (n, NodeAddrs::shared(addr(n))))
+            .collect()
+    } else {
+        BTreeMap::from([(id, NodeAddrs::shared(addr(id)))])
+    };
     let opts = NodeOptions {
         id,
         advertise: addr(id),
@@ -266,9 +301,11 @@ async fn run_node(id: u64, disk: MemDisk, record: Shared, incarnation: u64) -> t
         timing: RaftTiming {
             heartbeat: Duration::from_millis(100),
             election_timeout: (Duration::from_millis(300), Duration::from_millis(500)),
-            // Snapshots are not simulated yet (kept in memory, lost with
-            // the process): never take one.
-            snapshot_every: u64::MAX / 2,
+            // Snapshots often, and a short log behind them: a node back
+            // from a long downtime is sent a snapshot, and a crash may find
+            // one half written.
+            snapshot_every: SNAPSHOT_EVERY,
+            logs_to_keep: LOGS_TO_KEEP,
         },
         dial: BTreeMap::new(),
         tls: None,
@@ -281,12 +318,28 @@ async fn run_node(id: u64, disk: MemDisk, record: Shared, incarnation: u64) -> t
     let node = match Node::start_with(opts, Listeners::client(Listener::Custom(conns))).await {
         Ok(node) => Rc::new(node),
         Err(e) => {
-            // As a process that exits at start: the supervisor restarts it.
+            let e = e.to_string();
             note(&record, format!("node {id} failed to start: {e}"));
-            record.borrow_mut().exited.push(id);
+            let mut r = record.borrow_mut();
+            if r.damaged.contains_key(&id) && e.contains("snapshot file") {
+                // The refusal a damaged snapshot file must meet: the
+                // operator replaces the node.
+                r.refused.push(id);
+            } else {
+                // As a process that exits at start: the supervisor
+                // restarts it.
+                r.exited.push(id);
+            }
             return Ok(());
         }
     };
+    if let Some(how) = record.borrow().damaged.get(&id) {
+        let v = format!(
+            "snapshot file: node {id} started (process {incarnation}) from a snapshot file the \
+             driver had {how}; the checksum must refuse it"
+        );
+        record.borrow_mut().violation.get_or_insert(v);
+    }
     note(
         &record,
         format!("node {id} started (incarnation {incarnation})"),
@@ -295,14 +348,39 @@ async fn run_node(id: u64, disk: MemDisk, record: Shared, incarnation: u64) -> t
         .borrow_mut()
         .nodes
         .insert(id, (node.clone(), incarnation));
-    let why = node.failed().await;
-    // Fail-stop: the process exits; the simulated supervisor (the driver)
-    // restarts it, as systemd's `Restart=always` would.
-    note(&record, format!("node {id} failed: {why}"));
-    let mut r = record.borrow_mut();
-    r.nodes.remove(&id);
-    r.exited.push(id);
+    tokio::select! {
+        why = node.failed() => {
+            // Fail-stop: the process exits; the simulated supervisor (the
+            // driver) restarts it, as systemd's `Restart=always` would.
+            note(&record, format!("node {id} failed: {why}"));
+            let mut r = record.borrow_mut();
+            r.nodes.remove(&id);
+            r.exited.push(id);
+        }
+        why = node.removed() => {
+            // Exits 0, as `raftlockd run` does: not restarted.
+            note(&record, format!("node {id} exits: {why}"));
+            let mut r = record.borrow_mut();
+            r.nodes.remove(&id);
+            r.retired.insert(id);
+        }
+    }
     Ok(())
+}
+
+/// Channels to the members, made as they join.
+#[derive(Default)]
+struct Channels(BTreeMap<u64, tonic::transport::Channel>);
+
+impl Channels {
+    /// A channel to each member now.
+    fn of_members(&mut self, record: &Shared) -> Vec<(u64, tonic::transport::Channel)> {
+        let members = record.borrow().members.clone();
+        members
+            .into_iter()
+            .map(|id| (id, self.0.entry(id).or_insert_with(|| channel(id)).clone()))
+            .collect()
+    }
 }
 
 /// A gRPC channel to node `id` over the simulated network.
@@ -318,11 +396,11 @@ fn channel(id: u64) -> tonic::transport::Channel {
 /// at once (as a crashed holder would); the askers then ask every node to
 /// renew it.
 async fn session_opener(n: usize, stop_ms: u64, record: Shared) -> turmoil::Result {
-    let chans: Vec<(u64, tonic::transport::Channel)> =
-        (1..=nodes()).map(|id| (id, channel(id))).collect();
+    until_ready(&record).await;
+    let mut chans = Channels::default();
     while now_ms() < stop_ms {
         let mut opened = None;
-        for (id, ch) in &chans {
+        for (id, ch) in chans.of_members(&record) {
             let req = pb::OpenSessionRequest {
                 ttl_ms: PROBE_TTL_MS,
                 ..Default::default()
@@ -331,7 +409,7 @@ async fn session_opener(n: usize, stop_ms: u64, record: Shared) -> turmoil::Resu
             if let Ok(Ok(r)) =
                 tokio::time::timeout(Duration::from_millis(300), c.open_session(req)).await
             {
-                opened = Some((*id, r.into_inner().session_id));
+                opened = Some((id, r.into_inner().session_id));
                 break;
             }
         }
@@ -415,15 +493,15 @@ async fn keepalive_asker(id: u64, stop_ms: u64, record: Shared) -> turmoil::Resu
 /// nodes, the leader half the time. The nodes must refuse them and live:
 /// a panic ends the run, a stopped core is the health oracle's.
 async fn hostile_peer(stop_ms: u64, mut rng: StdRng, record: Shared) -> turmoil::Result {
-    let nodes: BTreeMap<u64, String> = (1..=nodes()).map(|id| (id, addr(id))).collect();
-    let members: Vec<u64> = nodes.keys().copied().collect();
     loop {
         let pause = rng.random_range(2_000..6_000);
         tokio::time::sleep(Duration::from_millis(pause)).await;
         if now_ms() >= stop_ms {
             return Ok(());
         }
-        let leader = record.borrow().leader;
+        let members = record.borrow().members.clone();
+        let nodes: BTreeMap<u64, String> = members.iter().map(|id| (*id, addr(*id))).collect();
+        let leader = record.borrow().leader.filter(|l| members.contains(l));
         for (kind, node, other) in raftlock_testkit::hostile::pick(&mut rng, &members, leader) {
             let answer =
                 raftlock_testkit::hostile::send(&kind, channel(node), &nodes, other, &mut rng)
@@ -453,8 +531,7 @@ async fn hostile_peer(stop_ms: u64, mut rng: StdRng, record: Shared) -> turmoil:
 /// when asked and when answered; the oracle judges them against the times
 /// the driver saw each process's Raft core stopped.
 async fn health_prober(stop_ms: u64, record: Shared) -> turmoil::Result {
-    let chans: Vec<(u64, tonic::transport::Channel)> =
-        (1..=nodes()).map(|id| (id, channel(id))).collect();
+    let mut chans = Channels::default();
     let mut round = 0u64;
     while now_ms() < stop_ms {
         round += 1;
@@ -463,8 +540,8 @@ async fn health_prober(stop_ms: u64, record: Shared) -> turmoil::Result {
         } else {
             raftlock_node::leader::LIVENESS_SERVICE.to_string()
         };
-        let asks = chans.iter().map(|(id, ch)| {
-            let (id, record, service) = (*id, record.clone(), service.clone());
+        let asks = chans.of_members(&record).into_iter().map(|(id, ch)| {
+            let (record, service) = (record.clone(), service.clone());
             let mut c = HealthClient::new(ch.clone());
             async move {
                 let Some(incarnation_sent) = record.borrow().incarnation(id) else {
@@ -494,6 +571,7 @@ async fn health_prober(stop_ms: u64, record: Shared) -> turmoil::Result {
 
 /// A worker: sessions, and in each, lock / hold / release until `stop_ms`.
 async fn worker(n: usize, stop_ms: u64, mut rng: StdRng, record: Shared) -> turmoil::Result {
+    until_ready(&record).await;
     let endpoints: Vec<String> = (1..=nodes()).map(addr).collect();
     let client = Client::with_options(endpoints, client_options())?;
     while now_ms() < stop_ms {
@@ -549,11 +627,195 @@ async fn worker(n: usize, stop_ms: u64, mut rng: StdRng, record: Shared) -> turm
     Ok(())
 }
 
+/// The operator replacing node `old` with node `new` (a fresh node on a
+/// fresh disk, already started by the driver), as `deploy/README.md` tells
+/// an operator to replace a node whose data cannot be trusted: `raftlock
+/// members remove OLD` on the leader, then `raftlock members add NEW`
+/// (learner, caught up, promoted). Each step is retried on every member
+/// until one takes it.
+async fn operator(old: u64, new: u64, stop_ms: u64, record: Shared) -> turmoil::Result {
+    let mut chans = Channels::default();
+    // Once faults are off, each step must be done within the liveness
+    // bound.
+    let overdue = |step: &str| -> turmoil::Result {
+        if now_ms() > stop_ms + LIVENESS_BOUND.as_millis() as u64 {
+            return Err(format!(
+                "liveness: the operator could not {step} within {LIVENESS_BOUND:?} of the end of \
+                 the faults"
+            )
+            .into());
+        }
+        Ok(())
+    };
+    'remove: loop {
+        overdue(&format!("remove node {old}"))?;
+        // The node itself too: a leader removes itself (and steps down).
+        for (id, ch) in chans.of_members(&record) {
+            let mut c = ClusterClient::new(ch.clone());
+            let req = pb::RemoveNodeRequest { id: old };
+            match tokio::time::timeout(Duration::from_secs(3), c.remove_node(req)).await {
+                Ok(Ok(_)) => {
+                    note(&record, format!("operator: node {id} removed node {old}"));
+                    break 'remove;
+                }
+                // An earlier attempt whose answer was lost may have done it:
+                // the leader's word counts.
+                Ok(Err(e)) if e.code() != tonic::Code::NotFound => {
+                    note(
+                        &record,
+                        format!(
+                            "operator: remove node {old} on node {id}: {:?} {}",
+                            e.code(),
+                            e.message()
+                        ),
+                    );
+                }
+                Ok(Err(_)) => {
+                    let status = tokio::time::timeout(
+                        Duration::from_secs(1),
+                        c.status(pb::StatusRequest {}),
+                    )
+                    .await;
+                    if let Ok(Ok(s)) = status {
+                        if s.into_inner().leader_id == id {
+                            note(
+                                &record,
+                                format!("operator: node {old} is no member (node {id})"),
+                            );
+                            break 'remove;
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    {
+        let mut r = record.borrow_mut();
+        r.retired.insert(old);
+        r.members.retain(|m| *m != old);
+    }
+    'add: loop {
+        overdue(&format!("add node {new}"))?;
+        // The new node too: promoted before an answer was lost, it may
+        // lead by now.
+        let mut to = chans.of_members(&record);
+        to.push((
+            new,
+            chans.0.entry(new).or_insert_with(|| channel(new)).clone(),
+        ));
+        for (id, ch) in to {
+            let mut c = ClusterClient::new(ch.clone());
+            let req = pb::AddNodeRequest {
+                id: new,
+                addr: addr(new),
+                catch_up_timeout_ms: 10_000,
+                ..Default::default()
+            };
+            match tokio::time::timeout(Duration::from_secs(12), c.add_node(req)).await {
+                Ok(Ok(_)) => {
+                    note(&record, format!("operator: node {id} added node {new}"));
+                    break 'add;
+                }
+                Ok(Err(e)) => note(
+                    &record,
+                    format!(
+                        "operator: add node {new} on node {id}: {:?} {}",
+                        e.code(),
+                        e.message()
+                    ),
+                ),
+                Err(_) => note(
+                    &record,
+                    format!("operator: add node {new} on node {id}: no answer"),
+                ),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut r = record.borrow_mut();
+    r.members.push(new);
+    r.replaced.push((old, new));
+    Ok(())
+}
+
+/// The operator restoring a backup into the new cluster before any load,
+/// with a fence bump that leaves `left` fences before the bound
+/// (`MAX_FENCE`): `Cluster.Backup` of the empty cluster on the leader,
+/// then `Cluster.Restore` of it with that bump. The workers wait for it.
+async fn restorer(left: u64, stop_ms: u64, record: Shared) -> turmoil::Result {
+    use raftlock_node::state::limits::MAX_FENCE;
+    let mut chans = Channels::default();
+    loop {
+        if now_ms() > stop_ms + LIVENESS_BOUND.as_millis() as u64 {
+            return Err("liveness: the restore was not done by the end of the run".into());
+        }
+        for (id, ch) in chans.of_members(&record) {
+            let mut c = ClusterClient::new(ch);
+            let Ok(Ok(backup)) =
+                tokio::time::timeout(Duration::from_secs(2), c.backup(pb::BackupRequest {})).await
+            else {
+                continue;
+            };
+            let backup = backup.into_inner();
+            let target = MAX_FENCE - left;
+            if backup.last_fence >= target {
+                // An earlier attempt whose answer was lost.
+                record.borrow_mut().restored_fence = Some(backup.last_fence);
+                note(
+                    &record,
+                    format!(
+                        "restorer: node {id}'s fence counter is {}",
+                        backup.last_fence
+                    ),
+                );
+                record.borrow_mut().ready = true;
+                return Ok(());
+            }
+            let req = pb::RestoreRequest {
+                snapshot: backup.snapshot,
+                fence_bump: Some(target - backup.last_fence),
+            };
+            match tokio::time::timeout(Duration::from_secs(2), c.restore(req)).await {
+                Ok(Ok(r)) => {
+                    let r = r.into_inner();
+                    note(
+                        &record,
+                        format!(
+                            "restorer: node {id} restored the backup, fence counter {} ({left} \
+                             before the bound)",
+                            r.last_fence
+                        ),
+                    );
+                    let mut rec = record.borrow_mut();
+                    rec.restored_fence = Some(r.last_fence);
+                    rec.ready = true;
+                    return Ok(());
+                }
+                Ok(Err(e)) => note(
+                    &record,
+                    format!("restorer: node {id}: {:?} {}", e.code(), e.message()),
+                ),
+                Err(_) => {}
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until the workers may start.
+async fn until_ready(record: &Shared) {
+    while !record.borrow().ready {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// The liveness probe: once faults are off, a fresh session gets the lock
 /// within [`LIVENESS_BOUND`].
 async fn probe(start_ms: u64, record: Shared) -> turmoil::Result {
     tokio::time::sleep(Duration::from_millis(start_ms.saturating_sub(now_ms()))).await;
-    let endpoints: Vec<String> = (1..=nodes()).map(addr).collect();
+    let endpoints: Vec<String> = record.borrow().members.iter().copied().map(addr).collect();
     let client = Client::with_options(endpoints, client_options())?;
     let started = now_ms();
     let deadline = tokio::time::Instant::now() + LIVENESS_BOUND;
@@ -574,6 +836,17 @@ async fn probe(start_ms: u64, record: Shared) -> turmoil::Result {
                     format!("probe: fence {fence} after {} ms", now_ms() - started),
                 );
                 record.borrow_mut().probe_granted = Some(fence);
+                return Ok(());
+            }
+            Ok(Err(raftlock_client::Error::ResourceExhausted(e)))
+                if record.borrow().restored_fence.is_some() && e.contains("largest fence") =>
+            {
+                // The refusal owed once fences have run out (the driver
+                // checks that they had).
+                note(&record, format!("probe: refused, fences ran out: {e}"));
+                let mut r = record.borrow_mut();
+                r.probe_exhausted = true;
+                r.probe_granted = Some(0);
                 return Ok(());
             }
             Ok(Err(e)) => {
@@ -747,26 +1020,38 @@ pub fn run(settings: &Settings) -> Outcome {
         .tcp_capacity(1 << 16)
         .build();
     let record: Shared = Rc::default();
+    record.borrow_mut().members = (1..=nodes()).collect();
     let mut disks = BTreeMap::new();
-    let mut incarnations: BTreeMap<u64, Rc<RefCell<u64>>> = BTreeMap::new();
     for id in 1..=nodes() {
         let disk = MemDisk::new();
         if settings.lying_disks {
             disk.lie_about_syncs();
         }
         disks.insert(id, disk.clone());
-        let incarnation = Rc::new(RefCell::new(0u64));
-        incarnations.insert(id, incarnation.clone());
-        let record = record.clone();
-        sim.host(host(id), move || {
-            let inc = {
-                let mut i = incarnation.borrow_mut();
-                *i += 1;
-                *i
-            };
-            run_node(id, disk.clone(), record.clone(), inc)
-        });
+        start_host(&mut sim, id, disk, &record);
     }
+    // Membership changes, snapshot damage and full disks on every node
+    // draw from a stream of their own.
+    let mut ops_rng = StdRng::seed_from_u64(settings.seed ^ 0x0e7a_70b5);
+    // A quarter of the runs start from a restored backup whose fence
+    // counter is near the bound: a few hundred fences left (the run may
+    // use them all: grants must then be refused, never wrap or pass it),
+    // or up to a few hundred thousand.
+    if settings.faults && ops_rng.random_bool(0.25) {
+        let left = if ops_rng.random_bool(0.5) {
+            ops_rng.random_range(1..400)
+        } else {
+            ops_rng.random_range(400..300_000)
+        };
+        sim.client(
+            "restorer",
+            restorer(left, settings.duration_ms, record.clone()),
+        );
+    } else {
+        record.borrow_mut().ready = true;
+    }
+    let mut replacing: Option<(u64, u64)> = None;
+    let mut next_id = nodes() + 1;
     let stop_ms = settings.duration_ms;
     for n in 0..settings.workers {
         let rng = StdRng::seed_from_u64(settings.seed.wrapping_mul(31).wrapping_add(n as u64));
@@ -820,10 +1105,51 @@ pub fn run(settings: &Settings) -> Outcome {
         if let Err(e) = watch.judge_answers(&record) {
             break Err(e);
         }
+        if let Some(v) = record.borrow_mut().violation.take() {
+            break Err(v);
+        }
+        // A node that refused its damaged snapshot file is replaced.
+        let refused: Vec<u64> = record.borrow_mut().refused.drain(..).collect();
+        for old in refused {
+            if record.borrow().retired.contains(&old) {
+                continue;
+            }
+            if replacing.is_some() {
+                // One replacement at a time: this one waits its turn.
+                record.borrow_mut().refused.push(old);
+                continue;
+            }
+            let new = next_id;
+            next_id += 1;
+            replacing = Some((old, new));
+            replace(
+                &mut sim,
+                &record,
+                &mut disks,
+                old,
+                new,
+                stop_ms,
+                "its data cannot be trusted",
+            );
+        }
+        let replaced: Vec<(u64, u64)> = record.borrow_mut().replaced.drain(..).collect();
+        for (old, new) in replaced {
+            note(&record, format!("operator: node {new} replaced node {old}"));
+            down.crashed.remove(&old);
+            replacing = None;
+        }
         // The supervisor: a node whose process ended is restarted after
         // 100-1000 ms (it may fail again at once if its disk still fails).
         let exited: Vec<u64> = record.borrow_mut().exited.drain(..).collect();
         for id in exited {
+            if record.borrow().retired.contains(&id) {
+                note(
+                    &record,
+                    format!("node {id} exited; it was removed: not restarted"),
+                );
+                sim.crash(host(id));
+                continue;
+            }
             let disk = &disks[&id];
             let pending = disk.pending_writes();
             let keep = faults_rng.random_range(0..=pending);
@@ -849,6 +1175,7 @@ pub fn run(settings: &Settings) -> Outcome {
                 crash(
                     &mut sim,
                     &mut faults_rng,
+                    &mut ops_rng,
                     &record,
                     &disks[&leader],
                     leader,
@@ -882,6 +1209,7 @@ pub fn run(settings: &Settings) -> Outcome {
             inject(
                 &mut sim,
                 &mut faults_rng,
+                &mut ops_rng,
                 &record,
                 &disks,
                 &mut undo,
@@ -889,6 +1217,45 @@ pub fn run(settings: &Settings) -> Outcome {
                 watch.leader,
                 now,
             );
+        }
+        // About once in 10 s: a member (the leader a third of the time)
+        // replaced by a fresh node while it runs; about once in 20 s: every
+        // node's disk full at once (the same workload fills every
+        // replica).
+        if settings.faults && !probing && down.is_empty() && replacing.is_none() {
+            if ops_rng.random_bool(0.000_1) {
+                faults += 1;
+                let members = record.borrow().members.clone();
+                let old = match watch.leader {
+                    Some(l) if ops_rng.random_bool(0.33) => l,
+                    _ => members[ops_rng.random_range(0..members.len())],
+                };
+                let new = next_id;
+                next_id += 1;
+                replacing = Some((old, new));
+                down.crashed.insert(old);
+                replace(
+                    &mut sim,
+                    &record,
+                    &mut disks,
+                    old,
+                    new,
+                    stop_ms,
+                    "a planned replacement",
+                );
+            } else if ops_rng.random_bool(0.000_05) {
+                faults += 1;
+                let lasts = ops_rng.random_range(200..1_500);
+                note(
+                    &record,
+                    format!("every node's disk is full (writes fail with ENOSPC) for {lasts} ms"),
+                );
+                for id in record.borrow().members.clone() {
+                    disks[&id].fill();
+                    down.sick_disks.insert(id);
+                    undo.push((now + lasts, Undo::Heal(id)));
+                }
+            }
         }
     };
     // The answers of the last tick, if the run ended before they were
@@ -899,10 +1266,29 @@ pub fn run(settings: &Settings) -> Outcome {
         Err(e) => Err(e),
         Ok(()) => verdict,
     };
-    let (trace, grants, probe_granted) = {
+    let (trace, grants, probe_granted, probe_exhausted) = {
         let r = record.borrow();
-        (r.trace.clone(), r.grants.clone(), r.probe_granted)
+        (
+            r.trace.clone(),
+            r.grants.clone(),
+            r.probe_granted,
+            r.probe_exhausted,
+        )
     };
+    // A probe refused for want of fences is right only if they had run
+    // out.
+    let verdict = verdict.and_then(|()| {
+        let highest = watch.fences.highest();
+        let max = raftlock_node::state::limits::MAX_FENCE;
+        if probe_exhausted && highest != max {
+            Err(format!(
+                "liveness: the probe was refused for want of fences, but the highest fence seen \
+                 is {highest}, below the bound {max}"
+            ))
+        } else {
+            Ok(())
+        }
+    });
     let verdict = verdict
         .and_then(|()| oracle::mutual_exclusion(&grants))
         .and_then(|()| oracle::fence_order(&grants))
@@ -928,6 +1314,51 @@ pub fn run(settings: &Settings) -> Outcome {
     }
 }
 
+/// Registers node `id`'s host over `disk`: its process starts now, and again
+/// at each bounce.
+fn start_host(sim: &mut turmoil::Sim<'_>, id: u64, disk: MemDisk, record: &Shared) {
+    let incarnation = Rc::new(RefCell::new(0u64));
+    let record = record.clone();
+    sim.host(host(id), move || {
+        let inc = {
+            let mut i = incarnation.borrow_mut();
+            *i += 1;
+            *i
+        };
+        run_node(id, disk.clone(), record.clone(), inc)
+    });
+}
+
+/// Starts replacing member `old` with a fresh node `new` (its host and
+/// disk, its keep-alive asker, and the operator who removes `old` and adds
+/// `new`).
+#[allow(clippy::too_many_arguments)]
+fn replace(
+    sim: &mut turmoil::Sim<'_>,
+    record: &Shared,
+    disks: &mut BTreeMap<u64, MemDisk>,
+    old: u64,
+    new: u64,
+    stop_ms: u64,
+    why: &str,
+) {
+    note(
+        record,
+        format!("operator: replace node {old} with node {new} ({why})"),
+    );
+    let disk = MemDisk::new();
+    disks.insert(new, disk.clone());
+    start_host(sim, new, disk, record);
+    sim.client(
+        format!("asker{new}"),
+        keepalive_asker(new, stop_ms, record.clone()),
+    );
+    sim.client(
+        format!("operator{new}"),
+        operator(old, new, stop_ms, record.clone()),
+    );
+}
+
 /// Now and then (about one step in 40) sleeps 0-3 ms of real time, both
 /// drawn from std's per-process random hash keys, never from the seed (and
 /// not from the wall clock, which is the simulated one here).
@@ -950,12 +1381,12 @@ fn now_ms_of(sim: &turmoil::Sim<'_>) -> u64 {
 #[derive(Default)]
 struct Down {
     crashed: std::collections::BTreeSet<u64>,
-    sick_disk: Option<u64>,
+    sick_disks: std::collections::BTreeSet<u64>,
 }
 
 impl Down {
     fn is_empty(&self) -> bool {
-        self.crashed.is_empty() && self.sick_disk.is_none()
+        self.crashed.is_empty() && self.sick_disks.is_empty()
     }
 }
 
@@ -976,9 +1407,17 @@ fn apply_undo(
             sim.release(a.as_str(), b.as_str());
         }
         Undo::Bounce(id) => {
+            if record.borrow().retired.contains(&id) {
+                note(record, format!("node {id} was removed: not restarted"));
+                return;
+            }
             note(record, format!("restart node {id}"));
             sim.bounce(host(id));
-            down.crashed.remove(&id);
+            // A node that refuses its damaged snapshot file stays down
+            // until the operator has replaced it.
+            if !record.borrow().damaged.contains_key(&id) {
+                down.crashed.remove(&id);
+            }
         }
         Undo::RepairOneway(a, b) => {
             note(record, format!("repair {a} -> {b}"));
@@ -992,7 +1431,7 @@ fn apply_undo(
             note(record, format!("node {id}'s disk works again"));
             disks[&id].heal();
             disks[&id].set_sync_latency(Duration::ZERO);
-            down.sick_disk = None;
+            down.sick_disks.remove(&id);
         }
     }
 }
@@ -1003,6 +1442,7 @@ fn apply_undo(
 fn crash(
     sim: &mut turmoil::Sim<'_>,
     rng: &mut StdRng,
+    ops: &mut StdRng,
     record: &Shared,
     disk: &MemDisk,
     id: u64,
@@ -1022,6 +1462,24 @@ fn crash(
     record.borrow_mut().nodes.remove(&id);
     sim.crash(host(id));
     disk.crash(keep);
+    // While a node is down for long, its snapshot file may rot: torn (the
+    // disk lost its tail) or a byte's bits flipped.
+    if after >= 1_000 && ops.random_bool(0.3) {
+        if let Some(len) = disk.snapshot_file().map(|f| f.len()) {
+            let how = if ops.random_bool(0.5) {
+                let keep = ops.random_range(0..len);
+                disk.tear_snapshot_file(keep);
+                format!("torn to {keep} of {len} bytes")
+            } else {
+                let at = ops.random_range(0..len);
+                let mask = ops.random_range(1..=255u8);
+                disk.corrupt_snapshot_file(at, mask);
+                format!("corrupted (byte {at} of {len} xor {mask:#04x})")
+            };
+            note(record, format!("node {id}'s snapshot file is {how}"));
+            record.borrow_mut().damaged.insert(id, how);
+        }
+    }
     down.crashed.insert(id);
     undo.push((now + after, Undo::Bounce(id)));
 }
@@ -1036,6 +1494,7 @@ fn crash(
 fn inject(
     sim: &mut turmoil::Sim<'_>,
     rng: &mut StdRng,
+    ops: &mut StdRng,
     record: &Shared,
     disks: &BTreeMap<u64, MemDisk>,
     undo: &mut Vec<(u64, Undo)>,
@@ -1043,10 +1502,14 @@ fn inject(
     leader: Option<u64>,
     now: u64,
 ) {
-    let id = rng.random_range(1..=nodes());
+    let members = record.borrow().members.clone();
+    let pick = rng.random_range(0..members.len());
+    let id = members[pick];
+    // The member after `id` (in id order, cyclically).
+    let next = members[(pick + 1) % members.len()];
     match rng.random_range(0..6) {
         4 => {
-            let other = (id % nodes()) + 1;
+            let other = next;
             let (a, b) = (host(id), host(other));
             let to = rng.random_range(20..300);
             let lasts = rng.random_range(500..3_000);
@@ -1058,7 +1521,7 @@ fn inject(
             undo.push((now + lasts, Undo::Calm(a, b)));
         }
         5 => {
-            let other = rng.random_range(1..=nodes());
+            let other = members[rng.random_range(0..members.len())];
             if other == id {
                 return;
             }
@@ -1072,7 +1535,7 @@ fn inject(
             undo.push((now + lasts, Undo::RepairOneway(a, b)));
         }
         0 => {
-            let other = (id % nodes()) + 1;
+            let other = next;
             let (a, b) = (host(id), host(other));
             let lasts = rng.random_range(100..3_000);
             note(record, format!("partition {a} <-> {b} for {lasts} ms"));
@@ -1080,7 +1543,7 @@ fn inject(
             undo.push((now + lasts, Undo::Repair(a, b)));
         }
         1 => {
-            let other = (id % nodes()) + 1;
+            let other = next;
             let (a, b) = (host(id), host(other));
             let lasts = rng.random_range(50..1_500);
             note(record, format!("hold {a} <-> {b} for {lasts} ms"));
@@ -1100,7 +1563,18 @@ fn inject(
             } else {
                 rng.random_range(1_000..8_000)
             };
-            crash(sim, rng, record, &disks[&id], id, after, undo, down, now);
+            crash(
+                sim,
+                rng,
+                ops,
+                record,
+                &disks[&id],
+                id,
+                after,
+                undo,
+                down,
+                now,
+            );
         }
         _ => {
             if !down.is_empty() {
@@ -1113,12 +1587,21 @@ fn inject(
                 // made, not a new draw (the random stream of seeds recorded
                 // before the full disk came in stays as it was; their runs
                 // still differ from the first ENOSPC on).
-                if (lasts + now) % 2 == 0 {
+                if (lasts + now) % 3 == 0 {
                     note(
                         record,
                         format!("node {id}'s syncs fail (EIO, a dying disk) for {lasts} ms"),
                     );
                     disk.fail_syncs();
+                } else if (lasts + now) % 3 == 1 {
+                    note(
+                        record,
+                        format!(
+                            "node {id}'s disk is full, said at the sync (ENOSPC from fsync) for \
+                             {lasts} ms"
+                        ),
+                    );
+                    disk.fill_at_sync();
                 } else {
                     note(
                         record,
@@ -1136,7 +1619,7 @@ fn inject(
                 );
                 disk.set_sync_latency(Duration::from_millis(latency));
             }
-            down.sick_disk = Some(id);
+            down.sick_disks.insert(id);
             undo.push((now + lasts, Undo::Heal(id)));
         }
     }
