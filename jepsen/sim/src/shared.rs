@@ -113,7 +113,8 @@ fn verdict(name: &str, (result, anomalies): (Value, Vec<Value>)) -> Result<(), S
         m.retain(|_, v| !v.is_null());
     }
     Err(format!(
-        "{name} (raftlock-check): {message}; {rest} ({} anomalies; times in ns of simulated time)",
+        "{name} (raftlock-check): {message}; {rest} (anomalies found: {}; times in ns of simulated \
+         time)",
         anomalies.len()
     ))
 }

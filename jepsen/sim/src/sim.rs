@@ -1015,7 +1015,7 @@ fn stall_real_time() {
     let draw = std::collections::hash_map::RandomState::new()
         .build_hasher()
         .finish();
-    if draw % 40 == 0 {
+    if draw.is_multiple_of(40) {
         std::thread::sleep(Duration::from_micros(draw / 40 % 3_000));
     }
 }
