@@ -22,7 +22,7 @@ pub mod dbstore;
 pub mod history;
 pub mod lazyfs;
 pub mod leases;
-pub mod linear;
+pub use raftlock_check::linear;
 pub mod nemesis;
 pub mod netns;
 pub mod raw;

@@ -9,6 +9,7 @@ compile_error!(
 );
 
 mod oracle;
+mod shared;
 mod sim;
 mod wall_clock;
 

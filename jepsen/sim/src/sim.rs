@@ -26,7 +26,11 @@ use raftlock_proto::v1::locks_client::LocksClient;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
+use raftlock_check::history::Type;
+use serde_json::json;
+
 use crate::oracle::{self, Grant, Renewal, Serving};
+use crate::shared;
 
 /// The port every node serves on (each node is its own simulated host).
 const PORT: u16 = 7001;
@@ -147,6 +151,8 @@ pub struct Outcome {
 struct Record {
     trace: Vec<String>,
     grants: Vec<Grant>,
+    /// The workers' operations, for the harness's checkers (`shared`).
+    history: shared::History,
     /// Running nodes, by id: the node and its incarnation.
     nodes: BTreeMap<u64, (Rc<Node>, u64)>,
     /// The liveness probe got the lock.
@@ -570,25 +576,58 @@ async fn health_prober(stop_ms: u64, record: Shared) -> turmoil::Result {
 }
 
 /// A worker: sessions, and in each, lock / hold / release until `stop_ms`.
-async fn worker(n: usize, stop_ms: u64, mut rng: StdRng, record: Shared) -> turmoil::Result {
+/// Every operation goes into the shared history too (`shared::History`),
+/// as process `n`, then `n + workers`, `n + 2 * workers`, ... (a new one
+/// after each operation of unknown outcome, as in the harness).
+async fn worker(
+    n: usize,
+    workers: usize,
+    stop_ms: u64,
+    mut rng: StdRng,
+    record: Shared,
+) -> turmoil::Result {
     until_ready(&record).await;
     let endpoints: Vec<String> = (1..=nodes()).map(addr).collect();
     let client = Client::with_options(endpoints, client_options())?;
+    let mut process = n as u64;
+    // Records an event of the current process; after an `info`, the
+    // worker goes on as a new one.
+    let mut history = |kind: Type, f: &str, value: serde_json::Value| {
+        record
+            .borrow_mut()
+            .history
+            .record(process, kind, f, value, now_ms());
+        if kind == Type::Info {
+            process += workers as u64;
+        }
+    };
+    let error = |e: &raftlock_client::Error| json!({ "error": e.to_string() });
     while now_ms() < stop_ms {
+        history(Type::Invoke, "open", json!({}));
         let session = match client.session(SESSION_TTL).await {
-            Ok(s) => s,
+            Ok(s) => {
+                history(Type::Ok, "open", json!({ "session": u64::from(s.id()) }));
+                s
+            }
             Err(e) => {
+                history(shared::classify(&e), "open", error(&e));
                 note(&record, format!("worker {n}: no session: {e}"));
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
         };
+        let sid = u64::from(session.id());
         while now_ms() < stop_ms && session.is_valid() {
             let invoked = now_ms();
+            let acquire = json!({"lock": LOCK, "mode": "exclusive", "session": sid});
+            history(Type::Invoke, "acquire", acquire.clone());
             match session.lock_timeout(LOCK, Duration::from_secs(3)).await {
                 Ok(guard) => {
                     let granted = now_ms();
                     let fence = u64::from(guard.fence());
+                    let mut answer = acquire;
+                    answer["fence"] = json!(fence);
+                    history(Type::Ok, "acquire", answer);
                     let hold = rng.random_range(1..60);
                     tokio::time::sleep(Duration::from_millis(hold)).await;
                     let until = now_ms();
@@ -608,15 +647,32 @@ async fn worker(n: usize, stop_ms: u64, mut rng: StdRng, record: Shared) -> turm
                         until,
                         valid,
                     });
-                    let _ = guard.release().await;
+                    history(
+                        Type::Invoke,
+                        "release",
+                        json!({"lock": LOCK, "fence": fence, "session": sid,
+                               "lease_until_ns": lease_until_ns(&session)}),
+                    );
+                    match guard.release().await {
+                        Ok(released) => {
+                            history(Type::Ok, "release", json!({ "released": released }))
+                        }
+                        Err(e) => history(shared::classify(&e), "release", error(&e)),
+                    }
                 }
                 Err(e) => {
+                    history(shared::classify(&e), "acquire", error(&e));
                     note(&record, format!("worker {n}: lock failed: {e}"));
                     tokio::time::sleep(Duration::from_millis(rng.random_range(5..50))).await;
                 }
             }
         }
-        let _ = session.close().await;
+        history(Type::Invoke, "close", json!({ "session": sid }));
+        match session.close().await {
+            Ok(()) => history(Type::Ok, "close", json!({ "session": sid })),
+            // It ends at some unknown time (it expires: nobody renews it).
+            Err(e) => history(Type::Info, "close", error(&e)),
+        }
     }
     // Keep the client (and its connections) until the probe is done: a
     // client torn down meanwhile closed its connections at times that
@@ -808,6 +864,19 @@ async fn restorer(left: u64, stop_ms: u64, record: Shared) -> turmoil::Result {
 async fn until_ready(record: &Shared) {
     while !record.borrow().ready {
         tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The client's own view of when its session's lease ends, in simulated
+/// nanoseconds since the start of the run (0: it believes the lease gone),
+/// as the harness records it on a release.
+fn lease_until_ns(session: &raftlock_client::Session) -> u64 {
+    match *session.lease().borrow() {
+        raftlock_client::LeaseState::Valid(until) => {
+            let left = until.saturating_duration_since(tokio::time::Instant::now());
+            now_ms() * 1_000_000 + left.as_nanos() as u64
+        }
+        _ => 0,
     }
 }
 
@@ -1055,7 +1124,10 @@ pub fn run(settings: &Settings) -> Outcome {
     let stop_ms = settings.duration_ms;
     for n in 0..settings.workers {
         let rng = StdRng::seed_from_u64(settings.seed.wrapping_mul(31).wrapping_add(n as u64));
-        sim.client(format!("w{n}"), worker(n, stop_ms, rng, record.clone()));
+        sim.client(
+            format!("w{n}"),
+            worker(n, settings.workers, stop_ms, rng, record.clone()),
+        );
     }
     for n in 0..PROBERS {
         sim.client(
@@ -1266,13 +1338,14 @@ pub fn run(settings: &Settings) -> Outcome {
         Err(e) => Err(e),
         Ok(()) => verdict,
     };
-    let (trace, grants, probe_granted, probe_exhausted) = {
-        let r = record.borrow();
+    let (trace, grants, probe_granted, probe_exhausted, history) = {
+        let mut r = record.borrow_mut();
         (
             r.trace.clone(),
             r.grants.clone(),
             r.probe_granted,
             r.probe_exhausted,
+            std::mem::take(&mut r.history),
         )
     };
     // A probe refused for want of fences is right only if they had run
@@ -1289,9 +1362,11 @@ pub fn run(settings: &Settings) -> Outcome {
             Ok(())
         }
     });
+    // The harness's checkers on the workers' history (not in the trace
+    // or its hash).
     let verdict = verdict
         .and_then(|()| oracle::mutual_exclusion(&grants))
-        .and_then(|()| oracle::fence_order(&grants))
+        .and_then(|()| shared::check(history.events(), shared::LINEARIZABILITY_BUDGET))
         .and_then(|()| match probe_granted {
             Some(_) => Ok(()),
             None => Err("liveness: the probe never got the lock".into()),
@@ -1367,7 +1442,7 @@ fn stall_real_time() {
     let draw = std::collections::hash_map::RandomState::new()
         .build_hasher()
         .finish();
-    if draw % 40 == 0 {
+    if draw.is_multiple_of(40) {
         std::thread::sleep(Duration::from_micros(draw / 40 % 3_000));
     }
 }

@@ -465,37 +465,70 @@ pub fn lock_histories(ops: &[Op]) -> BTreeMap<String, Vec<Operation<LockModel>>>
     by_lock
 }
 
-/// Checks every lock; returns the checker's JSON result and anomalies.
-/// Writes porcupine's visualization of a failing lock to `viz_dir`.
+/// Checks every lock with porcupine's search bounded by `timeout` per lock
+/// (measured on `std::time::Instant`: the harness's real clock); returns
+/// the checker's JSON result and anomalies. Writes porcupine's
+/// visualization of a failing lock to `viz_dir`.
 pub fn check(ops: &[Op], timeout: Duration, viz_dir: &std::path::Path) -> (Value, Vec<Value>) {
-    let mut per_lock = serde_json::Map::new();
-    let mut anomalies = Vec::new();
-    let mut valid = true;
-    let mut unknown = false;
-    for (lock, history) in lock_histories(ops) {
+    check_by(ops, |lock, history| {
         let started = std::time::Instant::now();
-        let result = porcupine_rs::check_operations_timeout::<LockModel>(&history, timeout);
-        let verdict = match result {
-            CheckResult::Ok => "linearizable",
-            CheckResult::Illegal => "not linearizable",
-            CheckResult::Unknown => "unknown (search timed out)",
-        };
-        let mut entry = json!({
-            "ops": history.len(),
-            "result": verdict,
-            "ms": started.elapsed().as_millis() as u64,
-        });
+        let result = porcupine_rs::check_operations_timeout::<LockModel>(history, timeout);
+        let mut entry = json!({"ms": started.elapsed().as_millis() as u64});
         if result == CheckResult::Illegal {
-            valid = false;
             let file = viz_dir.join(format!(
                 "linearizability-{}.html",
                 lock.replace(|c: char| !c.is_ascii_alphanumeric(), "_")
             ));
             let (_, info) =
-                porcupine_rs::check_operations_info_timeout::<LockModel>(&history, timeout);
+                porcupine_rs::check_operations_info_timeout::<LockModel>(history, timeout);
             if porcupine_rs::visualize_path::<LockModel>(&info, &file).is_ok() {
                 entry["visualization"] = json!(file.display().to_string());
             }
+        }
+        (result, entry)
+    })
+}
+
+/// Checks every lock with porcupine's search run to its end, reading no
+/// clock: the verdict is the search's, never "unknown". For a caller that
+/// bounds the time itself (the simulator, whose `Instant` is simulated and
+/// stands still while it checks, so porcupine's own timeout would never
+/// fire).
+pub fn check_unbounded(ops: &[Op]) -> (Value, Vec<Value>) {
+    check_by(ops, |_, history| {
+        let result = if porcupine_rs::check_operations::<LockModel>(history) {
+            CheckResult::Ok
+        } else {
+            CheckResult::Illegal
+        };
+        (result, json!({}))
+    })
+}
+
+/// Checks every lock's history with `search`, which answers the verdict
+/// and fields for that lock's entry in the result (`visualization`, if it
+/// has one, is repeated in the anomaly).
+fn check_by(
+    ops: &[Op],
+    mut search: impl FnMut(&str, &[Operation<LockModel>]) -> (CheckResult, Value),
+) -> (Value, Vec<Value>) {
+    let mut per_lock = serde_json::Map::new();
+    let mut anomalies = Vec::new();
+    let mut valid = true;
+    let mut unknown = false;
+    for (lock, history) in lock_histories(ops) {
+        let (result, found) = search(&lock, &history);
+        let verdict = match result {
+            CheckResult::Ok => "linearizable",
+            CheckResult::Illegal => "not linearizable",
+            CheckResult::Unknown => "unknown (search timed out)",
+        };
+        let mut entry = json!({"ops": history.len(), "result": verdict});
+        if let (Some(entry), Value::Object(found)) = (entry.as_object_mut(), found) {
+            entry.extend(found);
+        }
+        if result == CheckResult::Illegal {
+            valid = false;
             anomalies.push(json!({
                 "checker": "linearizability",
                 "lock": lock,
@@ -753,6 +786,40 @@ mod tests {
             json!([{"session": 11, "fence": 9, "mode": "exclusive"}]),
         ));
         assert!(verdict(h));
+    }
+
+    #[test]
+    fn both_checks_give_the_search_verdict_per_lock() {
+        let mut bad = acquire(0, 10, 0, 1, 5, "exclusive");
+        bad.extend(acquire(1, 11, 2, 3, 6, "exclusive"));
+        bad.extend(release(0, 10, 4, 5, 5, true));
+        let dir = std::env::temp_dir().join(format!("raftlock-check-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (r, a) in [
+            check_unbounded(&pair_ops(&bad)),
+            check(&pair_ops(&bad), Duration::from_secs(5), &dir),
+        ] {
+            assert_eq!(r["valid"], json!(false), "{r}");
+            assert_eq!(r["locks"]["a"]["result"], json!("not linearizable"));
+            assert_eq!(
+                r["locks"]["a"]["ops"],
+                json!(5),
+                "3 operations, 2 session ends"
+            );
+            assert_eq!(a.len(), 1);
+            assert_eq!(a[0]["lock"], json!("a"));
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut fine = acquire(0, 10, 0, 1, 5, "exclusive");
+        fine.extend(release(0, 10, 2, 3, 5, true));
+        fine.extend(acquire(1, 11, 4, 5, 6, "exclusive"));
+        let (r, a) = check_unbounded(&pair_ops(&fine));
+        assert_eq!(
+            (r["valid"].clone(), r["unknown"].clone()),
+            (json!(true), json!(false))
+        );
+        assert_eq!(r["locks"]["a"]["result"], json!("linearizable"));
+        assert!(a.is_empty());
     }
 
     #[test]
