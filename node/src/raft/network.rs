@@ -115,6 +115,20 @@ impl Network {
         channels.insert(addr.to_string(), channel.clone());
         Ok(channel)
     }
+
+    /// Drops the connection to `addr`: the next RPC dials a new one. For a
+    /// peer that stopped answering in time: its connection may be wedged
+    /// (a segment lost for good, state a middlebox forgot) while the socket
+    /// stays open, and HTTP/2 keep-alive would notice only after its
+    /// interval and timeout (30 s), stalling replication to that peer (and
+    /// every membership change, whose joint quorum needs it) meanwhile.
+    /// RPCs already under way keep the old connection until they end.
+    fn forget(&self, addr: &str) {
+        self.channels
+            .lock()
+            .expect("channels lock poisoned")
+            .remove(addr);
+    }
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -162,6 +176,13 @@ impl Peer {
         network
             .channel(addr)
             .map_err(|e| RPCError::Unreachable(Unreachable::new(&Msg(e))))
+    }
+
+    /// The peer did not answer in time: its next RPC dials anew (see
+    /// [`Network::forget`]).
+    fn redial(&self) {
+        let (network, addr) = &self.channel;
+        network.forget(addr);
     }
 
     fn client(&self) -> Result<RaftClient<Channel>, RpcError> {
@@ -284,11 +305,12 @@ impl Peer {
         };
         let resp = match tokio::time::timeout(option.hard_ttl(), fut).await {
             Err(_) => {
+                self.redial();
                 return Err(RPCError::Network(NetworkError::new(&Msg(format!(
                     "rpc to node {} timed out after {:?}",
                     self.target,
                     option.hard_ttl()
-                )))))
+                )))));
             }
             Ok(Err(status)) => {
                 if let Some(at) = status
@@ -513,9 +535,10 @@ impl Peer {
         let ttl = option.hard_ttl();
         let inbound = match tokio::time::timeout(ttl, client.stream_append(request)).await {
             Err(_) => {
+                self.redial();
                 return Err(RPCError::Unreachable(Unreachable::new(&Msg(format!(
                     "replication stream to node {target}: not opened within {ttl:?}"
-                )))))
+                )))));
             }
             Ok(Err(status)) => return Err(self.failed(&status)),
             Ok(Ok(resp)) => resp.into_inner(),
@@ -523,6 +546,7 @@ impl Peer {
         let metrics = self.metrics.clone();
         let links = self.links.clone();
         let node = self.node.peer_addr.clone();
+        let channel = self.channel.clone();
         // A failure in the middle of the stream counts as a failed RPC, as
         // one at its start does.
         let failure = move |links: &Links, metrics: &Metrics, e: RpcError| {
@@ -533,6 +557,7 @@ impl Peer {
         let answers = futures::stream::unfold(Some((inbound, in_flight, metrics)), move |state| {
             let node = node.clone();
             let links = links.clone();
+            let channel = channel.clone();
             async move {
                 let (mut inbound, in_flight, metrics) = state?;
                 let next = loop {
@@ -545,6 +570,7 @@ impl Peer {
                                 .front()
                                 .map(|(at, _)| at.elapsed());
                             if oldest.is_some_and(|waited| waited >= ttl) {
+                                channel.0.forget(&channel.1);
                                 let e = Unreachable::new(&Msg(format!(
                                     "replication stream to node {target}: no answer within {ttl:?}"
                                 )));
