@@ -9,6 +9,11 @@
 #
 #   ./proof.sh                 every patch in proof/seeds
 #   ./proof.sh NAME...         only these (e.g. disk-full-zombie)
+#   ./proof.sh --find NAME...  instead, run seeds 1, 2, 3, ... (up to 300)
+#                              on each patched build until one shows the
+#                              expected violation, and print it (for
+#                              proof/seeds, after the simulator's course
+#                              changed)
 #
 # Run from anywhere; needs git and the Rust toolchain. The patched builds
 # share target/proof/ (the first one builds every dependency again, about
@@ -19,6 +24,8 @@ here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(git -C "$here" rev-parse --show-toplevel)"
 cd "$here"
 
+find=0
+if [ "${1:-}" = "--find" ]; then find=1; shift; fi
 names=("$@")
 if [ ${#names[@]} -eq 0 ]; then
   mapfile -t names < <(grep -v '^#' proof/seeds | awk 'NF {print $1}' | sort -u)
@@ -48,6 +55,16 @@ for name in "${names[@]}"; do
   git -C "$scratch/tree" apply "$here/$patch"
   (cd "$scratch/tree/jepsen/sim" && CARGO_TARGET_DIR="$here/target/proof" cargo build --release -q)
   planted="$here/target/proof/release/raftlock-sim"
+  if [ $find = 1 ]; then
+    expect="$(awk -v n="$name" '$1 == n {$1 = ""; $2 = ""; sub(/^ +/, ""); print; exit}' proof/seeds)"
+    found=""
+    for seed in $(seq 1 300); do
+      if "$planted" --seed "$seed" 2>&1 | grep -q "^FAILED: .*$expect"; then found=$seed; break; fi
+    done
+    echo "   first seed that finds it: ${found:-none in 1..300}"
+    [ -n "$found" ] || failed=1
+    continue
+  fi
   while read -r pname seed expect; do
     [ "$pname" = "$name" ] || continue
     out="$("$planted" --seed "$seed" 2>&1 || true)"

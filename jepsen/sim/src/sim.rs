@@ -1662,7 +1662,7 @@ fn inject(
                 // made, not a new draw (the random stream of seeds recorded
                 // before the full disk came in stays as it was; their runs
                 // still differ from the first ENOSPC on).
-                if (lasts + now) % 3 == 0 {
+                if (lasts + now).is_multiple_of(3) {
                     note(
                         record,
                         format!("node {id}'s syncs fail (EIO, a dying disk) for {lasts} ms"),
