@@ -394,6 +394,7 @@ impl Config {
                     heartbeat,
                     election_timeout: (emin, emax),
                     snapshot_every,
+                    ..RaftTiming::default()
                 },
                 dial,
                 tls,
