@@ -79,3 +79,54 @@ async fn a_removed_node_exits_with_status_0_whether_it_ran_or_was_down() {
     assert_ne!(last, leader);
     assert!(lock_cycle(&procs.addr(last), "alone", 8).await.is_some());
 }
+
+/// A node removed, emptied and added back under the same id (the
+/// procedure deploy/README.md gives for Kubernetes, where the id is the
+/// pod's ordinal) replays the log from the start, its removal included:
+/// it must not take that old removal for its own and exit, as the first
+/// version of "a node that applies a membership without itself exits"
+/// did (its node ran 2 s, then exited 0 while a member).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_added_back_under_its_id_stays_up() {
+    let mut procs = Procs::start(3, &[]);
+    let leader = procs.leader().await;
+    let back = (1..=3).find(|id| *id != leader).expect("a follower");
+    assert!(lock_cycle(&procs.addr(leader), "before", 1).await.is_some());
+    let members = remove(&procs, leader, back).await;
+    assert!(!members.contains(&back), "{members:?}");
+    assert_exits_cleanly(&mut procs, back).await;
+    // Enough entries after the removal that the node, catching up, applies
+    // its removal in an apply batch of its own, well before it applies
+    // its return.
+    for nonce in 10..400 {
+        assert!(lock_cycle(&procs.addr(leader), "between", nonce)
+            .await
+            .is_some());
+    }
+    std::fs::remove_dir_all(procs.data_dir(back)).expect("empty its data directory");
+    procs.spawn(back, false);
+    let mut c = ClusterClient::new(channel(&procs.addr(leader)));
+    let added = c
+        .add_node(pb::AddNodeRequest {
+            id: back,
+            addr: procs.addr(back),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("add node {back} back: {e}"))
+        .into_inner()
+        .members;
+    assert!(added.iter().any(|m| m.id == back && m.voter), "{added:?}");
+    // It has replayed its old removal by now; it must still run, and
+    // the cluster grant with it.
+    let still = procs.exited(back, Duration::from_secs(3)).await;
+    let log = procs.read_log(back);
+    assert!(
+        still.is_none(),
+        "node {back} exited ({still:?}) after it was added back:\n{}",
+        &log[log.len().saturating_sub(3000)..]
+    );
+    procs.kill(leader).await;
+    let next = procs.leader().await;
+    assert!(lock_cycle(&procs.addr(next), "after", 2).await.is_some());
+}
