@@ -616,9 +616,9 @@ impl Node {
     /// status 0 (see `raftlockd run`), so that its supervisor does not
     /// start it again into a cluster that removed it.
     ///
-    /// A node that applies a membership without itself, after one with it,
-    /// knows by itself: a leader that removes itself steps down and no
-    /// longer campaigns, so no peer ever refuses it a vote.
+    /// A leader that removes itself knows by itself (it applies the
+    /// membership it proposed without itself): it steps down and no longer
+    /// campaigns, so no peer would ever refuse it a vote.
     pub async fn removed(&self) -> String {
         tokio::select! {
             (by, at) = self.links.removed() => format!(
@@ -634,26 +634,33 @@ impl Node {
         }
     }
 
-    /// Resolves with the log index of the first membership this node
-    /// applies without itself after applying one with itself (a node not
-    /// added yet applies older memberships without itself as it catches
-    /// up: those do not count). Never, if Raft stops first.
+    /// Resolves with the log index of the membership by which this node,
+    /// as leader, removed itself: one it proposed in its current term and
+    /// has applied, without itself, after one with itself. Only that case:
+    /// a node added back under its id (after its data was emptied) replays
+    /// its old removal as it catches up, proposed by another leader or in
+    /// an earlier term, and must not take it for a new one; a follower
+    /// learns of its removal from the vote its peers refuse. Never, if
+    /// Raft stops first.
     async fn left_in_own_log(&self) -> u64 {
         let id = self.id;
         let mut was_member = false;
         let mut left_at = None;
         let mut metrics = self.raft.metrics();
-        let left = crate::raft::wait_metrics(&mut metrics, |_| {
+        let left = crate::raft::wait_metrics(&mut metrics, |m| {
             let (member, at) = self.shared.read(|a| {
                 (
                     a.membership.membership().get_node(&id).is_some(),
-                    a.membership.log_id().map(|l| l.index),
+                    *a.membership.log_id(),
                 )
             });
             if member {
                 was_member = true;
-            } else if was_member {
-                left_at = at;
+            } else if let Some(at) = at.filter(|_| was_member) {
+                let ours = at.leader_id.node_id == id && at.leader_id.term == m.current_term;
+                if ours {
+                    left_at = Some(at.index);
+                }
             }
             left_at.is_some()
         })
