@@ -34,6 +34,8 @@ use crate::shared;
 
 /// The port every node serves on (each node is its own simulated host).
 const PORT: u16 = 7001;
+/// How long a removed node may run on after its removal was answered.
+const REMOVED_EXIT_MS: u64 = 15_000;
 /// Nodes build a snapshot every this many applied entries.
 const SNAPSHOT_EVERY: u64 = 100;
 /// Entries kept behind a snapshot.
@@ -183,6 +185,8 @@ struct Record {
     retired: std::collections::BTreeSet<u64>,
     /// The operator's replacements finished: (removed, added).
     replaced: Vec<(u64, u64)>,
+    /// When the operator's removal of each node was answered.
+    removed_at: BTreeMap<u64, u64>,
     /// A violation found inside a host (a node that loaded a damaged
     /// snapshot file).
     violation: Option<String>,
@@ -751,6 +755,7 @@ async fn operator(old: u64, new: u64, stop_ms: u64, record: Shared) -> turmoil::
         let mut r = record.borrow_mut();
         r.retired.insert(old);
         r.members.retain(|m| *m != old);
+        r.removed_at.insert(old, now_ms());
     }
     'add: loop {
         overdue(&format!("add node {new}"))?;
@@ -790,6 +795,7 @@ async fn operator(old: u64, new: u64, stop_ms: u64, record: Shared) -> turmoil::
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    overdue(&format!("add node {new}"))?;
     let mut r = record.borrow_mut();
     r.members.push(new);
     r.replaced.push((old, new));
@@ -1180,6 +1186,22 @@ pub fn run(settings: &Settings) -> Outcome {
         if let Some(v) = record.borrow_mut().violation.take() {
             break Err(v);
         }
+        // A removed node exits by itself (README), within the bound
+        // node/tests/removed_node.rs gives it.
+        let lingering = {
+            let r = record.borrow();
+            r.removed_at
+                .iter()
+                .find(|(id, at)| now > *at + REMOVED_EXIT_MS && r.nodes.contains_key(id))
+                .map(|(id, at)| (*id, *at))
+        };
+        if let Some((id, at)) = lingering {
+            break Err(format!(
+                "removed node: node {id} still runs {} ms after its removal was answered at {at} \
+                 ms",
+                now - at
+            ));
+        }
         // A node that refused its damaged snapshot file is replaced.
         let refused: Vec<u64> = record.borrow_mut().refused.drain(..).collect();
         for old in refused {
@@ -1241,7 +1263,12 @@ pub fn run(settings: &Settings) -> Outcome {
         // A moment worth a crash: the leader has just applied the end of a
         // session a prober is about to ask it to renew.
         if settings.faults && !probing && !ended_on_leader.is_empty() && down.is_empty() {
-            if let Some(leader) = watch.leader.filter(|_| faults_rng.random_bool(0.5)) {
+            let member = |l: &u64| record.borrow().members.contains(l);
+            if let Some(leader) = watch
+                .leader
+                .filter(|_| faults_rng.random_bool(0.5))
+                .filter(member)
+            {
                 faults += 1;
                 let after = faults_rng.random_range(0..=300);
                 crash(
@@ -1348,6 +1375,19 @@ pub fn run(settings: &Settings) -> Outcome {
             std::mem::take(&mut r.history),
         )
     };
+    // A restore's fence bump holds: every grant after it (the workers
+    // start once it is done) has a larger fence.
+    let verdict = verdict.and_then(|()| {
+        let restored = record.borrow().restored_fence;
+        match (restored, grants.iter().find(|g| Some(g.fence) <= restored)) {
+            (Some(r), Some(g)) => Err(format!(
+                "restore: worker {} was granted fence {} after a restore that left the counter at \
+                 {r}",
+                g.worker, g.fence
+            )),
+            _ => Ok(()),
+        }
+    });
     // A probe refused for want of fences is right only if they had run
     // out.
     let verdict = verdict.and_then(|()| {
@@ -1484,6 +1524,7 @@ fn apply_undo(
         Undo::Bounce(id) => {
             if record.borrow().retired.contains(&id) {
                 note(record, format!("node {id} was removed: not restarted"));
+                down.crashed.remove(&id);
                 return;
             }
             note(record, format!("restart node {id}"));
@@ -1658,10 +1699,9 @@ fn inject(
             let disk = &disks[&id];
             let lasts = rng.random_range(200..3_000);
             if rng.random_bool(0.6) {
-                // Which of the two: from the parity of the draws already
-                // made, not a new draw (the random stream of seeds recorded
-                // before the full disk came in stays as it was; their runs
-                // still differ from the first ENOSPC on).
+                // Which of the three: from the draws already made (their
+                // sum modulo 3), not a new draw, so that adding a kind does
+                // not shift the stream of every later fault.
                 if (lasts + now).is_multiple_of(3) {
                     note(
                         record,
