@@ -1218,18 +1218,15 @@ pub fn run(settings: &Settings) -> Outcome {
                 record.borrow_mut().refused.push(old);
                 continue;
             }
-            let new = next_id;
-            next_id += 1;
-            replacing = Some((old, new));
-            replace(
+            replacing = Some(replace(
                 &mut sim,
                 &record,
                 &mut disks,
                 old,
-                new,
+                &mut next_id,
                 stop_ms,
                 "its data cannot be trusted",
-            );
+            ));
         }
         let replaced: Vec<(u64, u64)> = record.borrow_mut().replaced.drain(..).collect();
         for (old, new) in replaced {
@@ -1334,19 +1331,16 @@ pub fn run(settings: &Settings) -> Outcome {
                     Some(l) if ops_rng.random_bool(0.33) => l,
                     _ => members[ops_rng.random_range(0..members.len())],
                 };
-                let new = next_id;
-                next_id += 1;
-                replacing = Some((old, new));
                 down.crashed.insert(old);
-                replace(
+                replacing = Some(replace(
                     &mut sim,
                     &record,
                     &mut disks,
                     old,
-                    new,
+                    &mut next_id,
                     stop_ms,
                     "a planned replacement",
-                );
+                ));
             } else if ops_rng.random_bool(0.000_05) {
                 faults += 1;
                 let lasts = ops_rng.random_range(200..1_500);
@@ -1449,19 +1443,21 @@ fn start_host(sim: &mut turmoil::Sim<'_>, id: u64, disk: MemDisk, record: &Share
     });
 }
 
-/// Starts replacing member `old` with a fresh node `new` (its host and
-/// disk, its keep-alive asker, and the operator who removes `old` and adds
-/// `new`).
+/// Starts replacing member `old` with a fresh node under the next unused
+/// id (its host and disk, its keep-alive asker, and the operator who
+/// removes `old` and adds it); returns (old, new).
 #[allow(clippy::too_many_arguments)]
 fn replace(
     sim: &mut turmoil::Sim<'_>,
     record: &Shared,
     disks: &mut BTreeMap<u64, MemDisk>,
     old: u64,
-    new: u64,
+    next_id: &mut u64,
     stop_ms: u64,
     why: &str,
-) {
+) -> (u64, u64) {
+    let new = *next_id;
+    *next_id += 1;
     note(
         record,
         format!("operator: replace node {old} with node {new} ({why})"),
@@ -1477,6 +1473,7 @@ fn replace(
         format!("operator{new}"),
         operator(old, new, stop_ms, record.clone()),
     );
+    (old, new)
 }
 
 /// Now and then (about one step in 40) sleeps 0-3 ms of real time, both
