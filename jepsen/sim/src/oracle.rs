@@ -129,6 +129,18 @@ impl Fences {
     }
 }
 
+/// The log index of the entry that opened `session` (a session is named by
+/// the command index of its open), on a table whose command indexes a
+/// restore lifted by `index_floor` (0 before a restore). A table that has
+/// not applied the restore yet has floor 0 and gets an index far beyond
+/// its log; a session below the floor predates the restore, which no
+/// restored table holds: None.
+pub fn open_entry(session: u64, index_floor: u64) -> Option<u64> {
+    session
+        .checked_sub(index_floor)
+        .map(raftlock_node::raft::log_index_of)
+}
+
 /// A `KeepAlive` answered "renewed": the session, the node that answered,
 /// and when the ask was sent (simulated milliseconds).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -236,6 +248,23 @@ mod tests {
             until,
             valid: true,
         }
+    }
+
+    #[test]
+    fn a_session_opened_after_a_restore_is_found_in_its_entry() {
+        let slots = raftlock_node::raft::BATCH_SLOTS;
+        // Before any restore: the command index is the log index times the
+        // slots, plus the position.
+        assert_eq!(open_entry(7 * slots + 3, 0), Some(7));
+        // After a restore that set the floor F, the same entry's command
+        // index is F + 7 * slots + 3 (found at 7, not past the log).
+        let floor = (1 << 48) + 12_345;
+        assert_eq!(open_entry(floor + 7 * slots + 3, floor), Some(7));
+        // A table that has not applied the restore cannot have applied
+        // the entry either.
+        assert!(open_entry(floor + 7 * slots + 3, 0).unwrap() > 1 << 37);
+        // A session below the floor predates the restore.
+        assert_eq!(open_entry(floor - 1, floor), None);
     }
 
     #[test]

@@ -1037,14 +1037,15 @@ impl Watch {
                 );
             }
             // A session is named by the command index of its open (within
-            // the log entry `log_index_of` gives): a table that has applied
+            // the log entry `open_entry` gives): a table that has applied
             // that entry and lacks the session has applied its end.
             let ended: Vec<u64> = node.shared.read(|a| {
                 abandoned
                     .iter()
                     .copied()
                     .filter(|s| {
-                        a.index() >= raftlock_node::raft::log_index_of(*s)
+                        oracle::open_entry(*s, a.table.index_floor())
+                            .is_some_and(|e| a.index() >= e)
                             && a.table.session(SessionId(*s)).is_none()
                     })
                     .collect()
