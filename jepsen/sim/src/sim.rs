@@ -348,7 +348,8 @@ async fn run_node(id: u64, disk: MemDisk, record: Shared, incarnation: u64) -> t
             return Ok(());
         }
     };
-    if let Some(how) = record.borrow().damaged.get(&id) {
+    let damaged = record.borrow().damaged.get(&id).cloned();
+    if let Some(how) = damaged {
         let v = format!(
             "snapshot file: node {id} started (process {incarnation}) from a snapshot file the \
              driver had {how}; the checksum must refuse it"
