@@ -239,7 +239,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             // Kubernetes' OnFailure leave it stopped).
             tracing::warn!(
                 "{removed}; exiting. Delete its data directory; to bring the machine back, \
-                 add it as a new node with a new id"
+                 add it again as deploy/README.md's \"Replace a dead node\" says (a new id; \
+                 under Kubernetes, its own id)"
             );
         }
     }
