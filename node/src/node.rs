@@ -31,7 +31,7 @@ use crate::raft::log_store::{open_db, LogStore};
 use crate::raft::mem_log::MemLogStore;
 use crate::raft::network::Network;
 use crate::raft::WatchReceiver as _;
-use crate::raft::{NodeAddrs, NodeId};
+use crate::raft::{LogId, NodeAddrs, NodeId, Vote};
 use crate::transport::Listener;
 
 /// Most concurrent gRPC streams (requests, keep-alive and watch streams) on
@@ -656,11 +656,9 @@ impl Node {
             });
             if member {
                 was_member = true;
-            } else if let Some(at) = at.filter(|_| was_member) {
-                let ours = at.leader_id.node_id == id && at.leader_id.term == m.current_term;
-                if ours {
-                    left_at = Some(at.index);
-                }
+            } else if was_member {
+                let effective = m.membership_config.membership().get_node(&id).is_some();
+                left_at = removed_itself(id, at, effective, &m.vote);
             }
             left_at.is_some()
         })
@@ -1057,11 +1055,68 @@ fn peer_gauges(m: &crate::raft::RaftMetrics) -> Vec<crate::metrics::PeerGauges> 
         .collect()
 }
 
+/// Whether node `id`, which was a member and has applied a membership
+/// without itself (logged at `applied_at`), removed itself as leader; if
+/// so, that membership's log index. `effective`: whether the membership it
+/// uses (the latest in its log) has it; `vote`: its vote. Only a leader
+/// removing itself counts: it proposed the membership in its current term
+/// and has applied it.
+fn removed_itself(
+    id: NodeId,
+    applied_at: Option<LogId>,
+    effective: bool,
+    vote: &Vote,
+) -> Option<u64> {
+    let _ = effective;
+    let at = applied_at?;
+    (at.leader_id.node_id == id && at.leader_id.term == vote.leader_id().term).then_some(at.index)
+}
+
 #[cfg(test)]
 mod tests {
     use futures::StreamExt;
 
     use super::*;
+
+    /// Node 1 removing itself as leader; the membership without it at
+    /// index 40, logged in term `proposed` by node 1.
+    fn removal(proposed: u64) -> Option<LogId> {
+        Some(crate::raft::log_id(proposed, 1, 40))
+    }
+
+    #[test]
+    fn a_leader_that_removed_itself_in_its_term_has_left() {
+        let vote = Vote::new_committed(3, 1);
+        assert_eq!(removed_itself(1, removal(3), false, &vote), Some(40));
+    }
+
+    /// Simulator seed 300213: node 1 proposed its removal in one term, lost
+    /// the leadership (a far-future vote) before it committed, was elected
+    /// again and committed it in the next term, with the blank entry of
+    /// that term. It had removed itself all the same.
+    #[test]
+    fn a_leader_that_committed_its_removal_of_an_earlier_term_has_left() {
+        let vote = Vote::new_committed(4, 1);
+        assert_eq!(removed_itself(1, removal(3), false, &vote), Some(40));
+    }
+
+    /// A node added back under its id (data emptied) replays its old
+    /// removal while it follows another leader: not a new removal.
+    #[test]
+    fn a_follower_replaying_its_old_removal_has_not_left() {
+        let vote = Vote::new_committed(7, 2);
+        assert_eq!(removed_itself(1, removal(3), false, &vote), None);
+        // Nor while it campaigns (a vote for itself not granted yet).
+        assert_eq!(removed_itself(1, removal(3), false, &Vote::new(8, 1)), None);
+    }
+
+    /// Added back, then elected while its state machine still applies the
+    /// old removal: its log has the membership that added it back.
+    #[test]
+    fn a_leader_still_applying_its_old_removal_has_not_left() {
+        let vote = Vote::new_committed(9, 1);
+        assert_eq!(removed_itself(1, removal(3), true, &vote), None);
+    }
 
     /// Accepted connections have Nagle's algorithm off (tonic sets it only
     /// on listeners it binds itself): with it on, every second frame of a
