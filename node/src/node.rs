@@ -635,13 +635,12 @@ impl Node {
     }
 
     /// Resolves with the log index of the membership by which this node,
-    /// as leader, removed itself: one it proposed in its current term and
-    /// has applied, without itself, after one with itself. Only that case:
-    /// a node added back under its id (after its data was emptied) replays
-    /// its old removal as it catches up, proposed by another leader or in
-    /// an earlier term, and must not take it for a new one; a follower
-    /// learns of its removal from the vote its peers refuse. Never, if
-    /// Raft stops first.
+    /// as leader, removed itself: it has applied, after one with itself, a
+    /// membership without itself while it leads the current term (see
+    /// [`removed_itself`]). Only that case: a node added back under its id
+    /// (after its data was emptied) replays its old removal as it catches
+    /// up and must not take it for a new one; a follower learns of its
+    /// removal from the vote its peers refuse. Never, if Raft stops first.
     async fn left_in_own_log(&self) -> u64 {
         let id = self.id;
         let mut was_member = false;
@@ -1058,18 +1057,24 @@ fn peer_gauges(m: &crate::raft::RaftMetrics) -> Vec<crate::metrics::PeerGauges> 
 /// Whether node `id`, which was a member and has applied a membership
 /// without itself (logged at `applied_at`), removed itself as leader; if
 /// so, that membership's log index. `effective`: whether the membership it
-/// uses (the latest in its log) has it; `vote`: its vote. Only a leader
-/// removing itself counts: it proposed the membership in its current term
-/// and has applied it.
+/// uses (the latest in its log) has it; `vote`: its vote.
+///
+/// It did if it leads the current term (its own vote, granted by a
+/// quorum) and the latest membership in its log leaves it out too: it
+/// committed that membership, whichever of its terms proposed it (one it
+/// proposed, lost the leadership before it committed, and committed once
+/// elected again counts as well). Not a node added back under its id that
+/// replays its old removal: it follows another leader while it catches
+/// up, and if it leads before it has applied that far, its log already
+/// has the membership that added it back.
 fn removed_itself(
     id: NodeId,
     applied_at: Option<LogId>,
     effective: bool,
     vote: &Vote,
 ) -> Option<u64> {
-    let _ = effective;
-    let at = applied_at?;
-    (at.leader_id.node_id == id && at.leader_id.term == vote.leader_id().term).then_some(at.index)
+    let leads = vote.is_committed() && vote.leader_id().node_id == id;
+    (leads && !effective).then_some(applied_at?.index)
 }
 
 #[cfg(test)]

@@ -113,7 +113,13 @@ async fn a_node_added_back_under_its_id_stays_up() {
             ..Default::default()
         })
         .await
-        .unwrap_or_else(|e| panic!("add node {back} back: {e}"))
+        .unwrap_or_else(|e| {
+            let log = procs.read_log(back);
+            panic!(
+                "add node {back} back: {e}; its log:\n{}",
+                &log[log.len().saturating_sub(3000)..]
+            )
+        })
         .into_inner()
         .members;
     assert!(added.iter().any(|m| m.id == back && m.voter), "{added:?}");
