@@ -57,6 +57,8 @@ for name in "${names[@]}"; do
   planted="$here/target/proof/release/raftlock-sim"
   if [ $find = 1 ]; then
     expect="$(awk -v n="$name" '$1 == n {$1 = ""; $2 = ""; sub(/^ +/, ""); print; exit}' proof/seeds)"
+    # Without an expectation any failure would do: refuse.
+    [ -n "$expect" ] || { echo "   no line for $name in proof/seeds (the violation to look for)"; failed=1; continue; }
     found=""
     for seed in $(seq 1 300); do
       if "$planted" --seed "$seed" 2>&1 | grep -q "^FAILED: .*$expect"; then found=$seed; break; fi

@@ -129,12 +129,54 @@ impl Fences {
     }
 }
 
+/// How long a removed node may run on after its removal was answered
+/// (simulated milliseconds; the bound `node/tests/removed_node.rs` gives).
+pub const REMOVED_EXIT_MS: u64 = 15_000;
+
+/// A removed node exits by itself: none of `removed_at` (node, when its
+/// removal was answered) may still be `running` more than
+/// [`REMOVED_EXIT_MS`] after. The first that is, by id, is the violation.
+pub fn removed_nodes_exit(
+    removed_at: &BTreeMap<u64, u64>,
+    running: impl Fn(u64) -> bool,
+    now: u64,
+) -> Result<(), String> {
+    match removed_at
+        .iter()
+        .find(|(id, at)| now > *at + REMOVED_EXIT_MS && running(**id))
+    {
+        Some((id, at)) => Err(format!(
+            "removed node: node {id} still runs {} ms after its removal was answered at {at} ms",
+            now - at
+        )),
+        None => Ok(()),
+    }
+}
+
+/// A node whose snapshot file the driver damaged (`damaged`: how) must
+/// refuse to start; `Err` if process `incarnation` of node `id` started
+/// all the same.
+pub fn no_start_from_damaged(
+    id: u64,
+    incarnation: u64,
+    damaged: Option<&str>,
+) -> Result<(), String> {
+    match damaged {
+        Some(how) => Err(format!(
+            "snapshot file: node {id} started (process {incarnation}) from a snapshot file the \
+             driver had {how}; the checksum must refuse it"
+        )),
+        None => Ok(()),
+    }
+}
+
 /// The log index of the entry that opened `session` (a session is named by
 /// the command index of its open), on a table whose command indexes a
 /// restore lifted by `index_floor` (0 before a restore). A table that has
 /// not applied the restore yet has floor 0 and gets an index far beyond
-/// its log; a session below the floor predates the restore, which no
-/// restored table holds: None.
+/// its log. None for a session below the floor: its open is in the backup
+/// cluster's log, not judged here (the simulator restores a backup of an
+/// empty cluster, so no probed session is there).
 pub fn open_entry(session: u64, index_floor: u64) -> Option<u64> {
     session
         .checked_sub(index_floor)
@@ -251,6 +293,35 @@ mod tests {
     }
 
     #[test]
+    fn a_removed_node_running_past_the_bound_is_caught() {
+        let removed = BTreeMap::from([(2, 1_000), (4, 3_000)]);
+        let running = |id: u64| id == 2 || id == 4;
+        // At the bound itself: still allowed.
+        assert_eq!(
+            removed_nodes_exit(&removed, running, 1_000 + REMOVED_EXIT_MS),
+            Ok(())
+        );
+        // One millisecond past it, node 2 (still running) is caught.
+        let e = removed_nodes_exit(&removed, running, 1_001 + REMOVED_EXIT_MS).unwrap_err();
+        assert!(e.contains("node 2 still runs 15001 ms"), "{e}");
+        // A removed node that has exited is fine however late it is.
+        assert_eq!(removed_nodes_exit(&removed, |id| id == 4, 17_000), Ok(()));
+        // Node 4, removed later, is caught past its own bound.
+        let e = removed_nodes_exit(&removed, |id| id == 4, 18_001).unwrap_err();
+        assert!(e.contains("node 4"), "{e}");
+    }
+
+    #[test]
+    fn a_node_started_from_a_damaged_snapshot_file_is_caught() {
+        assert_eq!(no_start_from_damaged(3, 2, None), Ok(()));
+        let e = no_start_from_damaged(3, 2, Some("torn to 10 of 6366 bytes")).unwrap_err();
+        assert!(
+            e.starts_with("snapshot file: node 3 started (process 2)") && e.contains("torn to 10"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn a_session_opened_after_a_restore_is_found_in_its_entry() {
         let slots = raftlock_node::raft::BATCH_SLOTS;
         // Before any restore: the command index is the log index times the
@@ -263,7 +334,7 @@ mod tests {
         // A table that has not applied the restore cannot have applied
         // the entry either.
         assert!(open_entry(floor + 7 * slots + 3, 0).unwrap() > 1 << 37);
-        // A session below the floor predates the restore.
+        // A session below the floor was opened in the backup's cluster.
         assert_eq!(open_entry(floor - 1, floor), None);
     }
 

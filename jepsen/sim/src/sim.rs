@@ -34,8 +34,6 @@ use crate::shared;
 
 /// The port every node serves on (each node is its own simulated host).
 const PORT: u16 = 7001;
-/// How long a removed node may run on after its removal was answered.
-const REMOVED_EXIT_MS: u64 = 15_000;
 /// Nodes build a snapshot every this many applied entries.
 const SNAPSHOT_EVERY: u64 = 100;
 /// Entries kept behind a snapshot: more than a node lags in most
@@ -349,11 +347,7 @@ async fn run_node(id: u64, disk: MemDisk, record: Shared, incarnation: u64) -> t
         }
     };
     let damaged = record.borrow().damaged.get(&id).cloned();
-    if let Some(how) = damaged {
-        let v = format!(
-            "snapshot file: node {id} started (process {incarnation}) from a snapshot file the \
-             driver had {how}; the checksum must refuse it"
-        );
+    if let Err(v) = oracle::no_start_from_damaged(id, incarnation, damaged.as_deref()) {
         record.borrow_mut().violation.get_or_insert(v);
     }
     note(
@@ -738,8 +732,6 @@ async fn operator(old: u64, new: u64, stop_ms: u64, record: Shared) -> turmoil::
                     note(&record, format!("operator: node {id} removed node {old}"));
                     break 'remove;
                 }
-                // An earlier attempt whose answer was lost may have done it:
-                // the leader's word counts.
                 Ok(Err(e)) if e.code() != tonic::Code::NotFound => {
                     note(
                         &record,
@@ -750,8 +742,9 @@ async fn operator(old: u64, new: u64, stop_ms: u64, record: Shared) -> turmoil::
                         ),
                     );
                 }
-                // NotFound: not in the membership node `id` uses, which
-                // may be the earlier attempt's, not committed yet (and a
+                // NotFound: not in the membership node `id` uses. An
+                // earlier attempt whose answer was lost may have removed
+                // it, but that membership may not be committed yet (and a
                 // leader elected next may not have it): done once a leader
                 // has applied a membership without it.
                 Ok(Err(_)) => {
@@ -1211,17 +1204,10 @@ pub fn run(settings: &Settings) -> Outcome {
         // node/tests/removed_node.rs gives it.
         let lingering = {
             let r = record.borrow();
-            r.removed_at
-                .iter()
-                .find(|(id, at)| now > *at + REMOVED_EXIT_MS && r.nodes.contains_key(id))
-                .map(|(id, at)| (*id, *at))
+            oracle::removed_nodes_exit(&r.removed_at, |id| r.nodes.contains_key(&id), now)
         };
-        if let Some((id, at)) = lingering {
-            break Err(format!(
-                "removed node: node {id} still runs {} ms after its removal was answered at {at} \
-                 ms",
-                now - at
-            ));
+        if let Err(e) = lingering {
+            break Err(e);
         }
         // A node that refused its damaged snapshot file is replaced.
         let refused: Vec<u64> = record.borrow_mut().refused.drain(..).collect();
