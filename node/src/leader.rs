@@ -50,6 +50,7 @@ use tokio::sync::{oneshot, watch};
 
 use crate::apply::{Raft, Shared};
 use crate::error::Error;
+use crate::raft::backend::Log;
 use crate::raft::WatchReceiver as _;
 use crate::raft::{Batch, NodeId, RaftMetrics, TypeConfig};
 
@@ -202,12 +203,15 @@ pub struct Leadership {
     leader_silence: Duration,
     /// When this node last took a message of the leader.
     leader_contact: Mutex<Option<Instant>>,
+    /// The log's store: once a sync of it has failed, for whatever write,
+    /// the node stops (fail-stop), as when its Raft core stops.
+    store: Log,
 }
 
 impl Leadership {
     /// The owner for node `id`; `heartbeat` is the leader's heartbeat
     /// interval (a follower that misses [`READY_MISSED_HEARTBEATS`] of them
-    /// is not ready).
+    /// is not ready); `store` is its log's store.
     pub fn new(
         id: NodeId,
         raft: Raft,
@@ -215,6 +219,7 @@ impl Leadership {
         quorum_timeout: Duration,
         heartbeat: Duration,
         data_dir: PathBuf,
+        store: Log,
     ) -> Arc<Leadership> {
         Arc::new(Leadership {
             id,
@@ -230,6 +235,7 @@ impl Leadership {
             fatal: watch::channel(None).0,
             leader_silence: heartbeat * READY_MISSED_HEARTBEATS,
             leader_contact: Mutex::new(None),
+            store,
         })
     }
 
@@ -709,6 +715,20 @@ impl Leadership {
                         tokio::time::sleep(BARRIER_RETRY).await;
                     }
                 });
+            }
+            // A failed sync outside openraft's own writes (recording the
+            // cluster id, say) leaves its core running, but nothing this
+            // process writes can be trusted any more, and every later write
+            // fails: without this, such a node answered every peer
+            // `UNAVAILABLE` and never restarted (simulator seed 304475).
+            if let Some(first) = self.store.failed_sync() {
+                let cause = format!(
+                    "a sync of the log failed ({first}); nothing written since can be trusted to \
+                     reach the disk"
+                );
+                tracing::error!(cause = %cause, "fatal: this node's log cannot be written");
+                self.fatal.send_replace(Some(cause));
+                return;
             }
             if view.role == Role::Stopped {
                 if let Some(cause) = &view.fatal {

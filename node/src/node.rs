@@ -333,6 +333,9 @@ impl Node {
         let log_store = log_store
             .with_snapshot_floor(sm.persisted_snapshot())
             .with_metrics(shared.metrics.clone());
+        // Clones share the store's sync state: the owner of liveness sees
+        // a failed sync of any write.
+        let synced_store = log_store.clone();
 
         let config = openraft::Config {
             cluster_name: "raftlock".into(),
@@ -401,6 +404,7 @@ impl Node {
             opts.timing.election_timeout.1,
             opts.timing.heartbeat,
             opts.data_dir.clone(),
+            synced_store,
         );
         let api = Api::new(
             opts.id,

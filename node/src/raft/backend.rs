@@ -91,6 +91,15 @@ impl Log {
         }
     }
 
+    /// The first failed sync's error, once one has failed: the process
+    /// must stop (fail-stop), whichever write the sync was for.
+    pub fn failed_sync(&self) -> Option<String> {
+        match self {
+            Log::Sled(s) => s.failed_sync(),
+            Log::Memory(s) => s.failed_sync(),
+        }
+    }
+
     /// True if this node has never voted or logged.
     pub fn is_fresh(&self) -> bool {
         match self {

@@ -391,6 +391,12 @@ impl MemLogStore {
         self.disk.sync().await
     }
 
+    /// The first failed sync's error, once one has failed (see
+    /// `LogStore::failed_sync`).
+    pub fn failed_sync(&self) -> Option<String> {
+        self.disk.state().failed.clone()
+    }
+
     /// True if this node has never voted or logged.
     pub fn is_fresh(&self) -> bool {
         let s = self.disk.state();
@@ -642,6 +648,26 @@ mod tests {
         disk.crash(0);
         let mut store = MemLogStore::open(disk).expect("reopen");
         assert_eq!(last_index(&mut store).await, Some(4));
+    }
+
+    /// The first failed sync is reported by `failed_sync`, whichever write
+    /// it was for (here the cluster id's, outside openraft's writes): the
+    /// node's owner of liveness stops the process on it.
+    #[tokio::test]
+    async fn a_failed_sync_of_any_write_is_reported() {
+        let disk = MemDisk::new();
+        let store = MemLogStore::open(disk.clone()).expect("open");
+        assert_eq!(store.failed_sync(), None);
+        store.set_cluster_id(7).await.expect("recorded");
+        assert_eq!(store.failed_sync(), None);
+        disk.fill_at_sync();
+        assert!(store.set_cluster_id(8).await.is_err());
+        let first = store.failed_sync().expect("the failed sync is reported");
+        assert!(first.contains("os error 28"), "{first}");
+        // Space back: the error still sticks for this process.
+        disk.heal();
+        assert!(store.set_cluster_id(9).await.is_err());
+        assert_eq!(store.failed_sync(), Some(first));
     }
 
     /// A failed sync fails the append's callback and every sync after it,

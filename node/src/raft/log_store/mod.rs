@@ -495,6 +495,18 @@ impl LogStore {
     pub fn is_fresh(&self) -> bool {
         self.log.is_empty() && matches!(self.meta.get(KEY_VOTE), Ok(None))
     }
+
+    /// The first failed sync's error, once one has failed (whichever write
+    /// it was for): from then on nothing this process writes can be
+    /// trusted to reach the disk.
+    pub fn failed_sync(&self) -> Option<String> {
+        self.files
+            .state
+            .lock()
+            .expect("sync state lock poisoned")
+            .failed
+            .clone()
+    }
 }
 
 /// The sync thread: waits for an append, takes every append queued by
