@@ -984,6 +984,9 @@ struct Watch {
     checked: BTreeMap<(u64, u64), u64>,
     /// The last (term, leader) each node reported, to trace changes.
     seen: BTreeMap<u64, (u64, Option<u64>)>,
+    /// The nodes seen to have themselves among the voters of the
+    /// membership they use (in any process).
+    knew_voter: std::collections::BTreeSet<u64>,
 }
 
 impl Watch {
@@ -1037,6 +1040,9 @@ impl Watch {
             if m.state == openraft::ServerState::Leader {
                 self.leader = Some(id);
                 record.borrow_mut().leader = Some(id);
+            }
+            if m.membership_config.voter_ids().any(|v| v == id) {
+                self.knew_voter.insert(id);
             }
             if m.running_state.is_err() && self.cores.observe_dead(id, incarnation, now) {
                 note(
@@ -1199,6 +1205,31 @@ pub fn run(settings: &Settings) -> Outcome {
         }
         if let Some(v) = record.borrow_mut().violation.take() {
             break Err(v);
+        }
+        // A removed node that never had itself among the voters of the
+        // membership it uses (cut off since its first start, it never
+        // received the cluster's membership) never asks for a vote, so it
+        // cannot learn of its removal: deploy/README.md ("Remove a node")
+        // has the operator stop it by hand, as a learner that never
+        // caught up.
+        let unaware: Vec<u64> = {
+            let r = record.borrow();
+            r.removed_at
+                .keys()
+                .copied()
+                .filter(|id| r.nodes.contains_key(id) && !watch.knew_voter.contains(id))
+                .collect()
+        };
+        for id in unaware {
+            note(
+                &record,
+                format!(
+                    "operator: node {id} never had the cluster's membership, so it cannot learn \
+                     of its removal: stopped by hand"
+                ),
+            );
+            record.borrow_mut().nodes.remove(&id);
+            sim.crash(host(id));
         }
         // A removed node exits by itself (README), within the bound
         // node/tests/removed_node.rs gives it.
