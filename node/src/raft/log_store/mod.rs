@@ -44,6 +44,10 @@ struct DurableFiles {
     /// What syncs share; held for a whole flush and sync, so syncs never
     /// overlap and none can miss the error of the one before it.
     state: Mutex<SyncState>,
+    /// The first failed sync's error, as `state` has it, for readers that
+    /// must not wait out a sync in progress (the node's liveness owner
+    /// looks at it on every change of its metrics).
+    first_failure: std::sync::OnceLock<String>,
     /// Faults a test injects (none in production).
     faults: StorageFaults,
 }
@@ -98,6 +102,7 @@ impl DurableFiles {
             db,
             blobs: dir.join("blobs"),
             state: Mutex::default(),
+            first_failure: std::sync::OnceLock::new(),
             faults,
         })
     }
@@ -119,6 +124,7 @@ impl DurableFiles {
             .and_then(|_| self.sync(&mut state.synced_blobs));
         if let Err(e) = &result {
             state.failed = Some(e.to_string());
+            let _ = self.first_failure.set(e.to_string());
         }
         result
     }
@@ -500,12 +506,8 @@ impl LogStore {
     /// it was for): from then on nothing this process writes can be
     /// trusted to reach the disk.
     pub fn failed_sync(&self) -> Option<String> {
-        self.files
-            .state
-            .lock()
-            .expect("sync state lock poisoned")
-            .failed
-            .clone()
+        // Not through `state`: its lock is held for a whole flush and sync.
+        self.files.first_failure.get().cloned()
     }
 }
 

@@ -187,9 +187,13 @@ async fn a_failed_sync_fails_every_later_sync_of_the_store() {
     )
     .expect("log");
     store.flush().await.expect("a healthy disk syncs");
+    assert_eq!(store.failed_sync(), None);
     faults.fail_syncs();
     let first = store.flush().await.expect_err("the disk fails");
     assert_eq!(first.raw_os_error(), Some(5), "{first}");
+    // Reported to the node's liveness owner, which stops the process.
+    let reported = store.failed_sync().expect("the failed sync is reported");
+    assert!(reported.contains("os error 5"), "{reported}");
     // The disk answers again, as one whose error was reported once does.
     faults.heal();
     for (i, again) in [store.flush().await, store.flush().await]
@@ -207,4 +211,5 @@ async fn a_failed_sync_fails_every_later_sync_of_the_store() {
     drop(store);
     let reopened = LogStore::new(open_db(dir.path()).expect("reopen"), dir.path()).expect("log");
     reopened.flush().await.expect("a new store starts clean");
+    assert_eq!(reopened.failed_sync(), None);
 }
