@@ -50,7 +50,7 @@ use tokio::sync::{oneshot, watch};
 
 use crate::apply::{Raft, Shared};
 use crate::error::Error;
-use crate::raft::backend::Log;
+use crate::raft::backend::SyncFailure;
 use crate::raft::WatchReceiver as _;
 use crate::raft::{Batch, NodeId, RaftMetrics, TypeConfig};
 
@@ -203,15 +203,17 @@ pub struct Leadership {
     leader_silence: Duration,
     /// When this node last took a message of the leader.
     leader_contact: Mutex<Option<Instant>>,
-    /// The log's store: once a sync of it has failed, for whatever write,
-    /// the node stops (fail-stop), as when its Raft core stops.
-    store: Log,
+    /// The log's store's first failed sync: once one has failed, for
+    /// whatever write, the node stops (fail-stop), as when its Raft core
+    /// stops. Not the store itself, which this would keep open.
+    store: SyncFailure,
 }
 
 impl Leadership {
     /// The owner for node `id`; `heartbeat` is the leader's heartbeat
     /// interval (a follower that misses [`READY_MISSED_HEARTBEATS`] of them
-    /// is not ready); `store` is its log's store.
+    /// is not ready); `store` is where its log's store keeps a failed
+    /// sync.
     pub fn new(
         id: NodeId,
         raft: Raft,
@@ -219,7 +221,7 @@ impl Leadership {
         quorum_timeout: Duration,
         heartbeat: Duration,
         data_dir: PathBuf,
-        store: Log,
+        store: SyncFailure,
     ) -> Arc<Leadership> {
         Arc::new(Leadership {
             id,
@@ -721,7 +723,7 @@ impl Leadership {
             // process writes can be trusted any more, and every later write
             // fails: without this, such a node answered every peer
             // `UNAVAILABLE` and never restarted (simulator seed 304475).
-            if let Some(first) = self.store.failed_sync() {
+            if let Some(first) = self.store.get() {
                 let cause = format!(
                     "a sync of the log failed ({first}); nothing written since can be trusted to \
                      reach the disk"

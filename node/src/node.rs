@@ -333,9 +333,9 @@ impl Node {
         let log_store = log_store
             .with_snapshot_floor(sm.persisted_snapshot())
             .with_metrics(shared.metrics.clone());
-        // Clones share the store's sync state: the owner of liveness sees
-        // a failed sync of any write.
-        let synced_store = log_store.clone();
+        // The owner of liveness sees a failed sync of any write (without a
+        // handle of the store, which shutdown waits to see closed).
+        let sync_failure = log_store.sync_failure();
 
         let config = openraft::Config {
             cluster_name: "raftlock".into(),
@@ -404,7 +404,7 @@ impl Node {
             opts.timing.election_timeout.1,
             opts.timing.heartbeat,
             opts.data_dir.clone(),
-            synced_store,
+            sync_failure,
         );
         let api = Api::new(
             opts.id,

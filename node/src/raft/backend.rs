@@ -100,6 +100,15 @@ impl Log {
         }
     }
 
+    /// A handle on [`failed_sync`](Self::failed_sync) that does not keep
+    /// the store open.
+    pub fn sync_failure(&self) -> SyncFailure {
+        match self {
+            Log::Sled(s) => SyncFailure::Sled(s.sync_failure()),
+            Log::Memory(s) => SyncFailure::Memory(s.disk()),
+        }
+    }
+
     /// True if this node has never voted or logged.
     pub fn is_fresh(&self) -> bool {
         match self {
@@ -203,6 +212,26 @@ impl RaftLogStorage<TypeConfig> for Log {
         match self {
             Log::Sled(s) => s.purge(log_id).await,
             Log::Memory(s) => s.purge(log_id).await,
+        }
+    }
+}
+
+/// Where a log store keeps its first failed sync's error, apart from the
+/// store (see [`Log::sync_failure`]).
+#[derive(Clone)]
+pub enum SyncFailure {
+    /// The sled store's copy.
+    Sled(Arc<std::sync::OnceLock<String>>),
+    /// The simulated disk's state.
+    Memory(crate::raft::mem_log::MemDisk),
+}
+
+impl SyncFailure {
+    /// The first failed sync's error, if one has failed.
+    pub fn get(&self) -> Option<String> {
+        match self {
+            SyncFailure::Sled(first) => first.get().cloned(),
+            SyncFailure::Memory(disk) => disk.failed_sync(),
         }
     }
 }

@@ -228,6 +228,12 @@ impl MemDisk {
         self.state().lying = true;
     }
 
+    /// The first failed sync's error since the last crash, if one has
+    /// failed.
+    pub fn failed_sync(&self) -> Option<String> {
+        self.state().failed.clone()
+    }
+
     /// Writes not yet synced.
     pub fn pending_writes(&self) -> usize {
         self.state().pending.len()
@@ -394,7 +400,12 @@ impl MemLogStore {
     /// The first failed sync's error, once one has failed (see
     /// `LogStore::failed_sync`).
     pub fn failed_sync(&self) -> Option<String> {
-        self.disk.state().failed.clone()
+        self.disk.failed_sync()
+    }
+
+    /// Its disk (a handle that does not keep the store open).
+    pub fn disk(&self) -> MemDisk {
+        self.disk.clone()
     }
 
     /// True if this node has never voted or logged.

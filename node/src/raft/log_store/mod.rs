@@ -47,7 +47,7 @@ struct DurableFiles {
     /// The first failed sync's error, as `state` has it, for readers that
     /// must not wait out a sync in progress (the node's liveness owner
     /// looks at it on every change of its metrics).
-    first_failure: std::sync::OnceLock<String>,
+    first_failure: Arc<std::sync::OnceLock<String>>,
     /// Faults a test injects (none in production).
     faults: StorageFaults,
 }
@@ -102,7 +102,7 @@ impl DurableFiles {
             db,
             blobs: dir.join("blobs"),
             state: Mutex::default(),
-            first_failure: std::sync::OnceLock::new(),
+            first_failure: Arc::default(),
             faults,
         })
     }
@@ -508,6 +508,13 @@ impl LogStore {
     pub fn failed_sync(&self) -> Option<String> {
         // Not through `state`: its lock is held for a whole flush and sync.
         self.files.first_failure.get().cloned()
+    }
+
+    /// Where the first failed sync's error is kept, for a watcher that
+    /// must not keep the store open (a node's shutdown waits until every
+    /// handle of its store is gone).
+    pub fn sync_failure(&self) -> Arc<std::sync::OnceLock<String>> {
+        self.files.first_failure.clone()
     }
 }
 
