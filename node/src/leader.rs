@@ -660,18 +660,23 @@ impl Leadership {
 
     /// One line an operator can act on, for a fatal error of the core.
     fn cause(&self, fatal: &Fatal<TypeConfig>) -> String {
-        let dir = self.data_dir.display();
-        let text = fatal.to_string();
         match fatal {
             Fatal::Panicked => "the Raft core panicked (see the panic message above)".into(),
             Fatal::Stopped => "the Raft core stopped".into(),
-            _ if text.contains("os error 28") || text.contains("No space left") => {
-                format!("disk full in {dir}: {text}")
-            }
-            _ if text.contains("os error 5") || text.contains("Input/output error") => {
-                format!("I/O error in {dir}: {text}")
-            }
-            _ => format!("storage error in {dir}: {text}"),
+            _ => self.storage_cause(&fatal.to_string()),
+        }
+    }
+
+    /// One line an operator can act on, for a storage error `text`: what
+    /// kind, and in which data directory.
+    fn storage_cause(&self, text: &str) -> String {
+        let dir = self.data_dir.display();
+        if text.contains("os error 28") || text.contains("No space left") {
+            format!("disk full in {dir}: {text}")
+        } else if text.contains("os error 5") || text.contains("Input/output error") {
+            format!("I/O error in {dir}: {text}")
+        } else {
+            format!("storage error in {dir}: {text}")
         }
     }
 
@@ -724,10 +729,10 @@ impl Leadership {
             // fails: without this, such a node answered every peer
             // `UNAVAILABLE` and never restarted (simulator seed 304475).
             if let Some(first) = self.store.get() {
-                let cause = format!(
+                let cause = self.storage_cause(&format!(
                     "a sync of the log failed ({first}); nothing written since can be trusted to \
                      reach the disk"
-                );
+                ));
                 tracing::error!(cause = %cause, "fatal: this node's log cannot be written");
                 self.fatal.send_replace(Some(cause));
                 return;
