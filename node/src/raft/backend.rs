@@ -91,17 +91,9 @@ impl Log {
         }
     }
 
-    /// The first failed sync's error, once one has failed: the process
-    /// must stop (fail-stop), whichever write the sync was for.
-    pub fn failed_sync(&self) -> Option<String> {
-        match self {
-            Log::Sled(s) => s.failed_sync(),
-            Log::Memory(s) => s.failed_sync(),
-        }
-    }
-
-    /// A handle on [`failed_sync`](Self::failed_sync) that does not keep
-    /// the store open.
+    /// Where the store keeps its first failed sync's error (once one has
+    /// failed, the process must stop, whichever write the sync was for),
+    /// as a handle that does not keep the store open.
     pub fn sync_failure(&self) -> SyncFailure {
         match self {
             Log::Sled(s) => SyncFailure::Sled(s.sync_failure()),
