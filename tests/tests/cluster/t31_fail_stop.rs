@@ -99,6 +99,61 @@ async fn a_leader_whose_syncs_fail_stops_and_the_others_go_on() {
     cluster.shutdown().await;
 }
 
+/// A sync that fails outside the core's own writes (here: a new node
+/// records the cluster id of the leader's first message) leaves the core
+/// running, yet the node must stop as when its core stops: health
+/// `NOT_SERVING`, the liveness service too, before `failed` resolves. On
+/// 4faffa8 `failed` resolved while both still said `SERVING` (CI failed on
+/// the race in `a_leader_whose_syncs_fail_stops...`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_whose_sync_fails_outside_the_cores_writes_stops_serving_first() {
+    let mut cluster = TestCluster::start(3).await;
+    let admin = cluster.client().await;
+    let (id, addr) = cluster.spawn_new_node().await;
+    assert_eq!(
+        health(&addr, "liveness").await,
+        Some(ServingStatus::Serving as i32)
+    );
+    cluster.storage_faults(id).fail_syncs();
+    // The leader's first message makes the new node record the cluster id;
+    // that sync fails. (AddNode itself cannot finish.)
+    let adding = tokio::spawn(async move { admin.add_node(id, &addr, true).await });
+    let cause = tokio::time::timeout(Duration::from_secs(20), cluster.node(id).failed())
+        .await
+        .expect("the node reports that it cannot write");
+    assert!(
+        cause.contains("I/O error") && cause.contains(&cluster.data_dir(id).display().to_string()),
+        "the cause names the error and the data directory: {cause}"
+    );
+    let addr = cluster.addr(id);
+    for service in ["", "raftlock.v1.Locks", "liveness"] {
+        assert_eq!(
+            health(&addr, service).await,
+            Some(ServingStatus::NotServing as i32),
+            "health of {service:?} once the node has failed"
+        );
+    }
+    // It says it is stopping, as a node whose core stopped does.
+    let status = raftlock_testkit::status_at(&addr).await;
+    assert_eq!(status.role, "shutdown", "{status:?}");
+    adding.abort();
+    cluster.kill(id).await;
+    // The others go on.
+    let client = cluster.client().await;
+    let session = client
+        .session(Duration::from_secs(30))
+        .await
+        .expect("session");
+    session
+        .lock("fail-stop/outside")
+        .await
+        .expect("lock")
+        .release()
+        .await
+        .expect("release");
+    cluster.shutdown().await;
+}
+
 /// systemd's watchdog (issue 31, item 10): a node feeds it while its Raft
 /// core runs and answers, and stops once the core has stopped, so that
 /// systemd restarts a node whose core is gone even if the process would
