@@ -90,7 +90,8 @@ pub enum Role {
     Candidate,
     /// A non-voting member catching up.
     Learner,
-    /// The Raft core has stopped (shutdown or a fatal error).
+    /// The Raft core has stopped (shutdown or a fatal error), or a sync of
+    /// the log has failed.
     Stopped,
 }
 
@@ -306,9 +307,9 @@ impl Leadership {
         )
     }
 
-    /// Resolves with the cause once the Raft core has stopped on its own
-    /// (never for a shutdown the node asked for), after health has been
-    /// set to `NOT_SERVING`.
+    /// Resolves with the cause once the Raft core has stopped on its own,
+    /// or a sync of the log has failed (never for a shutdown the node asked
+    /// for), after health has been set to `NOT_SERVING`.
     pub async fn failed(&self) -> String {
         let mut rx = self.fatal.subscribe();
         let cause = match rx.wait_for(Option::is_some).await {
@@ -329,7 +330,7 @@ impl Leadership {
         }
         if let Some(cause) = &self.view.borrow().fatal {
             return Err(Error::Unavailable(format!(
-                "this node's Raft core has stopped ({cause}); it is exiting"
+                "this node has stopped ({cause}); it is exiting"
             )));
         }
         Ok(())
@@ -571,7 +572,18 @@ impl Leadership {
                 (Ok(()), true) => {
                     Some("the Raft core ended unexpectedly (a panic: see the message above)".into())
                 }
-                (Ok(()), false) => None,
+                // A failed sync outside openraft's own writes (recording
+                // the cluster id, say) leaves the core running, but nothing
+                // this process writes can be trusted any more, and every
+                // later write fails: the node stops as if its core had
+                // (without this, simulator seed 304475: a node answered
+                // every peer `UNAVAILABLE` and never restarted).
+                (Ok(()), false) => self.store.get().map(|first| {
+                    self.storage_cause(&format!(
+                        "a sync of the log failed ({first}); nothing written since can be \
+                         trusted to reach the disk"
+                    ))
+                }),
             };
         }
         let stopped = f.fatal.is_some()
@@ -723,23 +735,9 @@ impl Leadership {
                     }
                 });
             }
-            // A failed sync outside openraft's own writes (recording the
-            // cluster id, say) leaves its core running, but nothing this
-            // process writes can be trusted any more, and every later write
-            // fails: without this, such a node answered every peer
-            // `UNAVAILABLE` and never restarted (simulator seed 304475).
-            if let Some(first) = self.store.get() {
-                let cause = self.storage_cause(&format!(
-                    "a sync of the log failed ({first}); nothing written since can be trusted to \
-                     reach the disk"
-                ));
-                tracing::error!(cause = %cause, "fatal: this node's log cannot be written");
-                self.fatal.send_replace(Some(cause));
-                return;
-            }
             if view.role == Role::Stopped {
                 if let Some(cause) = &view.fatal {
-                    tracing::error!(cause = %cause, "fatal: this node's Raft core has stopped");
+                    tracing::error!(cause = %cause, "fatal: this node has stopped");
                     self.fatal.send_replace(Some(cause.clone()));
                 }
                 return;
@@ -767,7 +765,7 @@ pub fn readiness(
 ) -> Result<(), String> {
     if !view.alive() {
         return Err(match &view.fatal {
-            Some(cause) => format!("the Raft core has stopped: {cause}"),
+            Some(cause) => format!("this node has stopped: {cause}"),
             None => "the Raft core has stopped".into(),
         });
     }
@@ -998,6 +996,6 @@ mod tests {
             ..view(Role::Follower)
         };
         let err = readiness(&dead, 2, Some(ms(1)), silence, 5, 5).unwrap_err();
-        assert!(err.contains("core has stopped: disk full"), "{err}");
+        assert!(err.contains("node has stopped: disk full"), "{err}");
     }
 }

@@ -606,7 +606,8 @@ impl Node {
     }
 
     /// Resolves with the cause once this node's Raft core has stopped on
-    /// its own (a storage error, a panic): health is `NOT_SERVING` by then
+    /// its own (a storage error, a panic) or a sync of its log has failed
+    /// (even outside the core's writes): health is `NOT_SERVING` by then
     /// and every request is refused. The process should exit non-zero so
     /// that its supervisor restarts it (see `raftlockd run`).
     pub async fn failed(&self) -> String {
