@@ -156,7 +156,10 @@ async fn a_node_whose_core_stopped_is_neither_live_nor_ready() {
     let addr = cluster.addr(follower);
     let (live, ready, body) = probes(&cluster, follower).await;
     assert_eq!((live, ready), (503, 503), "{body}");
-    assert!(body.contains("core"), "{body}");
+    assert!(
+        body.contains("has stopped") && body.contains("I/O error"),
+        "{body}"
+    );
     assert_eq!(health(&addr, "liveness").await, NOT_SERVING);
     assert_eq!(health(&addr, "").await, NOT_SERVING);
 }
