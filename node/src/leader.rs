@@ -248,6 +248,15 @@ impl Leadership {
         *self.leader_contact.lock().expect("contact lock poisoned") = Some(Instant::now());
     }
 
+    /// Whether no message of a leader has been taken for `quiet` (or none
+    /// ever since this node started).
+    pub fn no_leader_contact_for(&self, quiet: Duration) -> bool {
+        self.leader_contact
+            .lock()
+            .expect("contact lock poisoned")
+            .is_none_or(|at| at.elapsed() >= quiet)
+    }
+
     /// `Ok` while the process works: it is not stopping and its Raft core
     /// runs. Else why not (for `/livez`).
     pub fn live(&self) -> Result<(), String> {

@@ -46,6 +46,12 @@ pub const RESTORE_FILE: &str = "restore.bin";
 /// restore, in decimal (absent: the default bump).
 pub const RESTORE_BUMP_FILE: &str = "restore.fence_bump";
 
+/// A node that holds a membership without itself asks its peers whether it
+/// was removed after hearing from no leader for this many of its longest
+/// election timeouts, and again as often while that lasts (see
+/// `Node::ask_if_removed`).
+pub const ASK_AFTER_ELECTION_TIMEOUTS: u32 = 4;
+
 /// Proposes the backup at `path` to the new cluster once this node leads it,
 /// then renames the file so it is never applied twice.
 async fn seed_from_backup(api: Api, path: PathBuf) {
@@ -235,6 +241,10 @@ pub struct Node {
     tls: Option<Arc<crate::tls::NodeTls>>,
     /// The health of its links to its peers.
     links: Arc<crate::raft::links::Links>,
+    /// Its connections to its peers (openraft's, shared).
+    network: Network,
+    /// The longest election timeout (see [`Node::ask_if_removed`]).
+    election_timeout: Duration,
     stop: watch::Sender<bool>,
     /// Serves the client listener and, if any, the peer listener.
     server: JoinHandle<Result<(), tonic::transport::Error>>,
@@ -366,22 +376,16 @@ impl Node {
         // backoff for them is reset, so they catch up at once.
         let (peer_back, mut peers_back) = tokio::sync::mpsc::unbounded_channel();
         let links = Arc::new(crate::raft::links::Links::new(peer_back));
-        let raft = Raft::new(
-            opts.id,
-            Arc::new(config),
-            Network::new(
-                opts.dial.clone(),
-                shared.metrics.clone(),
-                tls.clone(),
-                opts.auth.clone(),
-                cluster.clone(),
-                links.clone(),
-            )
-            .with_connector(opts.connector.clone()),
-            log_store,
-            sm,
+        let network = Network::new(
+            opts.dial.clone(),
+            shared.metrics.clone(),
+            tls.clone(),
+            opts.auth.clone(),
+            cluster.clone(),
+            links.clone(),
         )
-        .await?;
+        .with_connector(opts.connector.clone());
+        let raft = Raft::new(opts.id, Arc::new(config), network.clone(), log_store, sm).await?;
 
         if opts.init && fresh {
             let members = opts.peers.clone();
@@ -581,6 +585,8 @@ impl Node {
             shared,
             leadership,
             links,
+            network,
+            election_timeout: opts.timing.election_timeout.1,
             stop,
             server,
             tasks,
@@ -636,6 +642,65 @@ impl Node {
                  {at} does not have it)",
                 self.id
             ),
+            never = self.ask_if_removed() => match never {},
+        }
+    }
+
+    /// Asks the peers, every [`ASK_AFTER_ELECTION_TIMEOUTS`] election
+    /// timeouts, whether this node was removed, while it holds a membership
+    /// without itself (after one with itself as a voter) and hears from no
+    /// leader. Such a node received the entry that removed it but not the
+    /// word that it committed (the leader stops replicating to it): openraft
+    /// makes it a learner, which never campaigns, so no peer would refuse
+    /// it a vote (seed 404727 of the simulator). A peer whose committed
+    /// membership leaves it out and is no older than its own answers with
+    /// the removal marker (see `removed_at` in the `Raft` service), which
+    /// [`Links`](crate::raft::links::Links) passes on to
+    /// [`removed`](Self::removed). A node that still hears from a leader
+    /// (one catching up through an old removal after it was added back,
+    /// say) does not ask. Never resolves.
+    async fn ask_if_removed(&self) -> std::convert::Infallible {
+        use openraft::network::RaftNetworkFactory as _;
+        let id = self.id;
+        let quiet = self.election_timeout * ASK_AFTER_ELECTION_TIMEOUTS;
+        let mut metrics = self.raft.metrics();
+        let mut was_voter = false;
+        loop {
+            let left = crate::raft::wait_metrics(&mut metrics, |m| {
+                let members = m.membership_config.membership();
+                was_voter |= members.voter_ids().any(|v| v == id);
+                was_voter && members.get_node(&id).is_none()
+            })
+            .await;
+            if left.is_none() {
+                // Raft stopped: nothing to ask any more.
+                return std::future::pending().await;
+            }
+            tokio::time::sleep(quiet).await;
+            let m = metrics.borrow_watched().clone();
+            let members = m.membership_config.membership();
+            let Some(left) = *m.membership_config.log_id() else {
+                continue;
+            };
+            if members.get_node(&id).is_some() || !self.leadership.no_leader_contact_for(quiet) {
+                continue;
+            }
+            // Its last log id as far as it matters here: the membership's
+            // (the metrics give only the last index).
+            let rpc =
+                openraft::raft::VoteRequest::new(Vote::new(m.vote.leader_id.term, id), Some(left));
+            let asks = members
+                .nodes()
+                .filter(|(n, _)| **n != id)
+                .map(|(n, addrs)| {
+                    let mut network = self.network.clone();
+                    let rpc = &rpc;
+                    async move {
+                        let peer = network.new_client(*n, addrs).await;
+                        peer.ask_if_removed(rpc, left.index, quiet).await;
+                    }
+                });
+            futures::future::join_all(asks).await;
         }
     }
 

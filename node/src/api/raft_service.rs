@@ -19,10 +19,12 @@ use crate::leader::Leadership;
 use crate::metrics::stages::{between, Stage};
 use crate::metrics::Metrics;
 use crate::raft::identity::ClusterIdentity;
-use crate::raft::links::REMOVED_KEY;
+use crate::raft::links::{LEFT_KEY, REMOVED_KEY};
 use crate::raft::peer_input::{self, Local};
 use crate::raft::WatchReceiver as _;
-use crate::raft::{Snapshot, SnapshotMeta, TypeConfig, Vote, MAX_SNAPSHOT_BYTES};
+use crate::raft::{
+    NodeId, Snapshot, SnapshotMeta, StoredMembership, TypeConfig, Vote, MAX_SNAPSHOT_BYTES,
+};
 use openraft::raft::{AppendEntriesResponse, StreamAppendError, VoteRequest};
 
 /// Serves the node-to-node RPCs of one node.
@@ -85,32 +87,26 @@ impl RaftService {
     }
 
     /// Refuses a (pre-)vote from a node that this node's committed
-    /// membership does not have, when the candidate's log ends before that
-    /// membership: the candidate was removed (and never saw the entry that
-    /// removed it, as the leader stops replicating to a node when it
-    /// removes it). The refusal says so in [`REMOVED_KEY`], and the
-    /// candidate exits. A candidate whose log reaches the membership is
-    /// left to openraft (it knows the membership; a newer one may have
-    /// added it back).
-    fn refuse_removed(&self, rpc: &VoteRequest<TypeConfig>) -> Result<(), Status> {
+    /// membership shows removed (see [`removed_at`]); the refusal says so
+    /// in [`REMOVED_KEY`], and the candidate exits. `left_at`: the
+    /// [`LEFT_KEY`] a pre-vote was marked with.
+    fn refuse_removed(
+        &self,
+        rpc: &VoteRequest<TypeConfig>,
+        left_at: Option<u64>,
+    ) -> Result<(), Status> {
         let metrics = self.raft.metrics();
-        let m = metrics.borrow_watched();
-        let members = &m.committed_membership_config;
-        let Some(at) = members.log_id() else {
+        let committed = metrics.borrow_watched().committed_membership_config.clone();
+        let candidate = rpc.vote.leader_id.node_id;
+        let last = rpc.last_log_id.map(|l| l.index);
+        let Some(at) = removed_at(&committed, candidate, last, left_at) else {
             return Ok(());
         };
-        let candidate = rpc.vote.leader_id.node_id;
-        if members.membership().get_node(&candidate).is_some()
-            || rpc.last_log_id.is_some_and(|last| last.index >= at.index)
-        {
-            return Ok(());
-        }
         let mut status = Status::failed_precondition(format!(
             "node {candidate} is not a member of this cluster: it was removed (membership at log \
-             index {})",
-            at.index
+             index {at})"
         ));
-        if let Ok(value) = at.index.to_string().parse() {
+        if let Ok(value) = at.to_string().parse() {
             status.metadata_mut().insert(REMOVED_KEY, value);
         }
         Err(status)
@@ -129,6 +125,39 @@ fn local_of(raft: &Raft) -> Local {
         id: m.id,
         committed: m.local_committed,
     }
+}
+
+/// The log index of `committed` (this node's committed membership) if it
+/// shows that `candidate` has been removed: it leaves the candidate out,
+/// and either
+///
+/// - the candidate's log ends before it (`last`: the index of its last
+///   entry): the candidate never saw the entry that removed it, as the
+///   leader stops replicating to a node once it removes it; or
+/// - the candidate asks, its own latest membership (at log index
+///   `left_at`) leaving it out too, and that membership is no newer than
+///   `committed`: the candidate holds its removal, but not the word that it
+///   committed, and so (a learner in its own eyes) never campaigns.
+///
+/// Else `None`: a candidate whose log reaches the membership is left to
+/// openraft (it knows the membership; a newer one may have added it back),
+/// and one whose own latest membership is newer than this node's committed
+/// one is not shown removed here.
+fn removed_at(
+    committed: &StoredMembership,
+    candidate: NodeId,
+    last: Option<u64>,
+    left_at: Option<u64>,
+) -> Option<u64> {
+    let at = committed.log_id().as_ref()?.index;
+    if committed.membership().get_node(&candidate).is_some() {
+        return None;
+    }
+    let shown = match left_at {
+        Some(left_at) => left_at <= at,
+        None => last.is_none_or(|last| last < at),
+    };
+    shown.then_some(at)
 }
 
 /// A message refused by the peer-input checks (see [`peer_input`]).
@@ -332,7 +361,7 @@ impl RaftRpc for RaftService {
         self.admit(&req).await?;
         let rpc = decode(req.get_ref())?;
         peer_input::check_vote_request(&rpc, &self.local()).map_err(refuse)?;
-        self.refuse_removed(&rpc)?;
+        self.refuse_removed(&rpc, None)?;
         reply(self.raft.vote(rpc).await)
     }
 
@@ -343,7 +372,21 @@ impl RaftRpc for RaftService {
         self.admit(&req).await?;
         let rpc = decode(req.get_ref())?;
         peer_input::check_vote_request(&rpc, &self.local()).map_err(refuse)?;
-        self.refuse_removed(&rpc)?;
+        // A node asking whether it was removed gets its answer here and
+        // nothing reaches openraft: it is no candidate.
+        let left_at = req
+            .metadata()
+            .get(LEFT_KEY)
+            .map(|v| v.to_str().ok().and_then(|v| v.parse().ok()))
+            .map(|v| v.ok_or_else(|| refuse(format!("{LEFT_KEY} is not a log index"))))
+            .transpose()?;
+        self.refuse_removed(&rpc, left_at)?;
+        if left_at.is_some() {
+            return Err(Status::failed_precondition(format!(
+                "node {}'s removal is not committed as far as this node knows",
+                rpc.vote.leader_id.node_id
+            )));
+        }
         reply(self.raft.pre_vote(rpc).await)
     }
 
@@ -401,6 +444,52 @@ impl RaftRpc for RaftService {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The committed membership at log index 40 (term 3): voters 1, 3
+    /// and 4, node 2 removed.
+    fn without_two() -> StoredMembership {
+        let voters: std::collections::BTreeSet<NodeId> = [1, 3, 4].into();
+        let nodes = voters
+            .iter()
+            .map(|&n| {
+                (
+                    n,
+                    crate::raft::NodeAddrs::shared(format!("127.0.0.1:{}", 7100 + n)),
+                )
+            })
+            .collect::<std::collections::BTreeMap<_, _>>();
+        let m = openraft::Membership::new(vec![voters], nodes).expect("membership");
+        StoredMembership::new(Some(crate::raft::log_id(3, 1, 40)), m)
+    }
+
+    /// A candidate whose log ends before the membership that left it out
+    /// was removed; one whose log reaches it is left to openraft (a newer
+    /// membership may have added it back), and a member never is.
+    #[test]
+    fn a_candidate_short_of_its_removal_is_refused() {
+        let c = without_two();
+        assert_eq!(removed_at(&c, 2, Some(39), None), Some(40));
+        assert_eq!(removed_at(&c, 2, None, None), Some(40));
+        assert_eq!(removed_at(&c, 2, Some(40), None), None);
+        assert_eq!(removed_at(&c, 2, Some(41), None), None);
+        assert_eq!(removed_at(&c, 3, Some(10), None), None, "a member");
+        let none = StoredMembership::default();
+        assert_eq!(removed_at(&none, 2, None, None), None, "no membership yet");
+    }
+
+    /// A node that asks, holding a membership without itself, is shown
+    /// removed when that membership is no newer than the committed one
+    /// without it (404727: it holds the removal at 40 but not its
+    /// commit); not when its own is newer (this node may lag behind a
+    /// membership that added it back), nor when the committed one has it.
+    #[test]
+    fn a_node_that_holds_its_removal_and_asks_is_refused() {
+        let c = without_two();
+        assert_eq!(removed_at(&c, 2, Some(45), Some(40)), Some(40));
+        assert_eq!(removed_at(&c, 2, Some(45), Some(30)), Some(40));
+        assert_eq!(removed_at(&c, 2, Some(45), Some(41)), None);
+        assert_eq!(removed_at(&c, 3, Some(45), Some(40)), None, "a member");
+    }
 
     #[test]
     fn a_snapshot_may_be_exactly_the_limit_and_not_a_byte_more() {

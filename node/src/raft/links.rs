@@ -19,7 +19,8 @@
 //!
 //! Peers also tell this node when it has been removed from the cluster:
 //! they refuse its (pre-)vote requests with [`REMOVED_KEY`] set (see
-//! [`Links::removed_by`]).
+//! [`Links::removed_by`]), including the pre-vote marked [`LEFT_KEY`] by
+//! which a node that holds its own removal asks.
 //!
 //! The log says when a peer becomes unreachable (after [`DOWN_AFTER`]
 //! failures in a row, with the error), every [`REPORT_EVERY`] while it
@@ -53,9 +54,18 @@ pub const REPORT_EVERY: Duration = Duration::from_secs(60);
 
 /// Metadata key on a refused vote or pre-vote: the log index of the
 /// responder's committed membership, which does not have the candidate,
-/// while the candidate's log ends before it. The candidate has been removed
-/// from the cluster.
+/// while the candidate's log ends before it (or, for a pre-vote marked with
+/// [`LEFT_KEY`], while the candidate's latest membership is no newer). The
+/// candidate has been removed from the cluster.
 pub const REMOVED_KEY: &str = "raftlock-removed-at";
+
+/// Metadata key on a pre-vote by which a node asks whether it has been
+/// removed: the log index of its own latest membership, which leaves it
+/// out. It sends one when it has heard from no leader for a while (it
+/// holds the membership that removed it, but not that membership's
+/// commit, so openraft made it a learner that never campaigns; see
+/// `Node::removed`). The peer answers it without openraft.
+pub const LEFT_KEY: &str = "raftlock-left-at";
 
 /// How long to wait before attempt number `failures + 1` at a peer that
 /// has failed `failures` times in a row, with `jitter` in `[0.5, 1]`.

@@ -221,6 +221,54 @@ impl Peer {
         )
     }
 
+    /// A refusal that says this node was removed (see
+    /// [`REMOVED_KEY`](super::links::REMOVED_KEY)) is told to [`Links`].
+    fn note_removal(&self, status: &tonic::Status) {
+        if let Some(at) = status
+            .metadata()
+            .get(super::links::REMOVED_KEY)
+            .and_then(|v| v.to_str().ok()?.parse().ok())
+        {
+            self.links.removed_by(self.target, at);
+        }
+    }
+
+    /// Asks the peer whether this node, whose own latest membership (at
+    /// log index `left_at`) leaves it out, has been removed: a pre-vote
+    /// marked with [`LEFT_KEY`](super::links::LEFT_KEY), which the peer
+    /// answers without openraft. A refusal with the removal marker is
+    /// told to [`Links`]; any other outcome (no answer within `within`,
+    /// an older peer's pre-vote answer) proves nothing and is dropped.
+    /// Not counted in the link's health: this is no Raft traffic.
+    pub async fn ask_if_removed(
+        &self,
+        rpc: &VoteRequest<TypeConfig>,
+        left_at: u64,
+        within: Duration,
+    ) {
+        let Ok(data) = bincode::serialize(rpc) else {
+            return;
+        };
+        let (Ok(mut client), Ok(mut request)) = (
+            self.client(),
+            self.request(pb::RaftMessage {
+                data,
+                error: Vec::new(),
+            }),
+        ) else {
+            return;
+        };
+        let Ok(left_at) = left_at.to_string().parse() else {
+            return;
+        };
+        request
+            .metadata_mut()
+            .insert(super::links::LEFT_KEY, left_at);
+        if let Ok(Err(status)) = tokio::time::timeout(within, client.pre_vote(request)).await {
+            self.note_removal(&status);
+        }
+    }
+
     /// Sends one unary RPC, unless the peer is failing and not due for
     /// another attempt (see [`Links`]), and records the outcome.
     async fn call<Req, Resp>(
@@ -313,13 +361,7 @@ impl Peer {
                 )))));
             }
             Ok(Err(status)) => {
-                if let Some(at) = status
-                    .metadata()
-                    .get(super::links::REMOVED_KEY)
-                    .and_then(|v| v.to_str().ok()?.parse().ok())
-                {
-                    self.links.removed_by(self.target, at);
-                }
+                self.note_removal(&status);
                 return match fallback(&status) {
                     Some(answer) => Ok(answer),
                     None => Err(self.failed(&status)),
