@@ -7,6 +7,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use raftlock_client::{Client, Error, LockInfo};
 use tokio::task::JoinHandle;
 
@@ -20,6 +22,14 @@ pub struct Contenders {
     acked: Arc<Mutex<Vec<(String, u64)>>>,
     stop: Arc<AtomicBool>,
     workers: Vec<JoinHandle<()>>,
+    /// What each worker is doing, and since when (said when progress
+    /// stalls).
+    doing: Arc<Mutex<Vec<(Instant, String)>>>,
+}
+
+/// Records that worker `w` now does `what`.
+fn doing(at: &Mutex<Vec<(Instant, String)>>, w: usize, what: String) {
+    at.lock().expect("lock")[w] = (Instant::now(), what);
 }
 
 impl Contenders {
@@ -35,12 +45,18 @@ impl Contenders {
     ) -> Contenders {
         let acked: Arc<Mutex<Vec<(String, u64)>>> = Arc::default();
         let stop = Arc::new(AtomicBool::new(false));
+        let states = Arc::new(Mutex::new(vec![
+            (Instant::now(), "starting".to_string());
+            workers
+        ]));
         let mut handles = Vec::new();
         for w in 0..workers {
             let client = cluster.client().await;
             let acked = acked.clone();
             let stop = stop.clone();
+            let states = states.clone();
             handles.push(tokio::spawn(async move {
+                doing(&states, w, "opening its session".into());
                 let session = client
                     .session(Duration::from_secs(10))
                     .await
@@ -49,28 +65,40 @@ impl Contenders {
                 while !stop.load(Ordering::SeqCst) {
                     let name = names[i % names.len()];
                     i += 1;
+                    doing(&states, w, format!("acquiring {name}"));
                     let g = match session.lock_timeout(name, wait).await {
                         Ok(g) => g,
-                        Err(Error::NotAcquired(_)) => continue,
+                        Err(Error::NotAcquired(_)) => {
+                            doing(&states, w, format!("timed out acquiring {name}"));
+                            continue;
+                        }
                         Err(e) => panic!("worker acquire of {name} failed: {e:?}"),
                     };
                     acked
                         .lock()
                         .expect("lock")
                         .push((name.to_string(), g.fence().get()));
+                    doing(
+                        &states,
+                        w,
+                        format!("releasing {name} (fence {})", g.fence()),
+                    );
                     assert!(
                         g.release().await.expect("worker releases"),
                         "grant {} on {name} was lost before its release",
                         g.fence()
                     );
                 }
+                doing(&states, w, "closing its session".into());
                 session.close().await.expect("close");
+                doing(&states, w, "done".into());
             }));
         }
         Contenders {
             acked,
             stop,
             workers: handles,
+            doing: states,
         }
     }
 
@@ -79,15 +107,33 @@ impl Contenders {
         self.acked.lock().expect("lock").len()
     }
 
-    /// Waits (20 s at most) for `more` grants after the ones so far.
+    /// Waits (20 s at most) for `more` grants after the ones so far; if
+    /// they do not come, panics saying what each worker is doing.
     pub async fn progress(&self, more: usize, phase: &str) {
         let start = self.count();
-        eventually(
-            &format!("{more} more grants ({phase})"),
-            Duration::from_secs(20),
-            || async { (self.count() >= start + more).then_some(()) },
-        )
-        .await;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.count() < start + more {
+            if Instant::now() >= deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if self.count() < start + more {
+            let now = Instant::now();
+            let workers: Vec<String> = self
+                .doing
+                .lock()
+                .expect("lock")
+                .iter()
+                .enumerate()
+                .map(|(w, (since, what))| format!("worker {w}: {what} for {:?}", now - *since))
+                .collect();
+            panic!(
+                "timed out after 20s waiting for {more} more grants ({phase}): {} of them came; {}",
+                self.count() - start,
+                workers.join("; ")
+            );
+        }
     }
 
     /// Stops the workers, checks they ended cleanly, and returns every
