@@ -792,7 +792,7 @@ impl Node {
             tracing::warn!("requests still open 5 s after shutdown; cutting them off");
             server.abort();
         }
-        Self::closed(self.raft, self.log_closed).await;
+        Self::closed(self.raft, self.network, self.log_closed).await;
     }
 
     /// Stops abruptly, as close to a crash as a node inside a process can
@@ -811,13 +811,16 @@ impl Node {
             t.abort();
         }
         let _ = self.raft.shutdown().await;
-        Self::closed(self.raft, self.log_closed).await;
+        Self::closed(self.raft, self.network, self.log_closed).await;
     }
 
     /// Drops this handle of `raft` and waits (a few seconds at most) until
     /// openraft's tasks have let go of the log store.
-    async fn closed(raft: Raft, log: crate::raft::log_store::StoreClosed) {
+    /// `network` goes too: it holds the cluster identity, and with it the
+    /// log store.
+    async fn closed(raft: Raft, network: Network, log: crate::raft::log_store::StoreClosed) {
         drop(raft);
+        drop(network);
         if !log.wait(Duration::from_secs(5)).await {
             tracing::warn!("the log store is still open 5 s after shutdown");
         }
