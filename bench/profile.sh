@@ -2,8 +2,9 @@
 # Where a raftlock node's CPU goes: starts a 3-node raftlock (bench/lib/
 # cluster.sh), drives one workload with raftlock-bench, records all three
 # nodes with `perf record` for the measured window, and prints the samples
-# grouped by node, by crate (kernel, tokio, h2, malloc/free, raftlock, …)
-# and the top kernel and user symbols. See bench/README.md, "Profiling".
+# grouped by node, by crate (kernel, tokio, h2, malloc/free, raftlock, …),
+# the top kernel and user symbols, and every node thread's context
+# switches per 1,000 operations. See bench/README.md, "Profiling".
 #
 #   bench/profile.sh [--workload uncontended|contended|semaphore|sessions|oneshot|multi]
 #                    [--clients N] [--duration S] [--freq HZ] [--out DIR]
@@ -80,9 +81,68 @@ LOAD=$!
 sleep $((WARMUP + 1))
 # cpu-clock: a software event, so it works where hardware counters are not
 # exposed (VMs, containers); -g keeps the call chains for `perf report`.
+# Every node thread's context switches (voluntary: it slept, mostly to be
+# woken again; involuntary: preempted) at both ends of the recording.
+switches() {
+  local pid t
+  for pid in "${NODE_PIDS[@]}"; do
+    for t in /proc/"$pid"/task/*; do
+      printf '%s\t%s\t%s\t%s\n' "$pid" "$(cat "$t/comm" 2>/dev/null)" \
+        "$(awk '/^voluntary_ctxt_switches/ { print $2 }' "$t/status" 2>/dev/null)" \
+        "$(awk '/^nonvoluntary_ctxt_switches/ { print $2 }' "$t/status" 2>/dev/null)"
+    done
+  done
+}
+switches >"$OUT/switches-start.tsv"
+SWITCH_START=$(date +%s.%N)
 perf record -q -e cpu-clock -F "$FREQ" -g -p "$PIDLIST" -o "$OUT/perf.data" -- sleep "$DURATION" 2>"$OUT/perf-record.log"
+SWITCH_SECS=$(python3 -c "import time; print(time.time() - $SWITCH_START)")
+switches >"$OUT/switches-end.tsv"
 wait "$LOAD" || echo "profile.sh: the load generator failed (see $OUT/run.txt)" >&2
 cat "$OUT/run.txt"
+
+# Context switches per 1,000 operations, by thread name (threads that
+# started or ended within the window count from zero or not at all).
+python3 - "$OUT/switches-start.tsv" "$OUT/switches-end.tsv" "$SWITCH_SECS" "$OUT/run.json" <<'PY'
+import json, re, sys
+from collections import defaultdict
+
+def load(path):
+    rows = {}
+    for line in open(path):
+        pid, comm, vol, invol = (line.rstrip("\n").split("\t") + ["", "", "", ""])[:4]
+        if vol.isdigit() and invol.isdigit():
+            rows.setdefault((pid, comm), []).append((int(vol), int(invol)))
+    return rows
+
+start, end = load(sys.argv[1]), load(sys.argv[2])
+secs = float(sys.argv[3])
+try:
+    ops = float(json.load(open(sys.argv[4]))["ops_per_sec"]) * secs
+except (OSError, KeyError, ValueError):
+    ops = 0.0
+vol, invol, threads = defaultdict(int), defaultdict(int), defaultdict(dict)
+for key, after in end.items():
+    before = start.get(key, [])
+    name = re.sub(r"[-_]?\d+$", "", key[1])
+    # Threads of one name in one process, in /proc's (tid) order.
+    for i, (v, n) in enumerate(after):
+        v0, n0 = before[i] if i < len(before) else (0, 0)
+        vol[name] += v - v0
+        invol[name] += n - n0
+    threads[name][key[0]] = threads[name].get(key[0], 0) + len(after)
+if ops <= 0:
+    print("\ncontext switches: no operation count in run.json")
+    sys.exit(0)
+print(f"\ncontext switches of the three nodes per 1,000 operations ({secs:.1f} s, {ops:,.0f} operations)")
+print(f"  {'thread':<22}{'threads':>8}{'voluntary':>12}{'involuntary':>13}")
+rows = sorted(vol, key=lambda k: -(vol[k] + invol[k]))
+for k in rows:
+    n = sum(threads[k].values())
+    print(f"  {k:<22}{n:>8}{vol[k] * 1000 / ops:>12.1f}{invol[k] * 1000 / ops:>13.1f}")
+tv, ti = sum(vol.values()), sum(invol.values())
+print(f"  {'all':<22}{'':>8}{tv * 1000 / ops:>12.1f}{ti * 1000 / ops:>13.1f}")
+PY
 
 # Self time per (pid, dso, symbol), then grouped.
 perf report -i "$OUT/perf.data" --stdio --no-children -g none --sort pid,dso,sym \

@@ -663,18 +663,24 @@ impl Node {
         use openraft::network::RaftNetworkFactory as _;
         let id = self.id;
         let quiet = self.election_timeout * ASK_AFTER_ELECTION_TIMEOUTS;
-        let mut metrics = self.raft.metrics();
+        // openraft's server metrics change with the vote, the role and the
+        // membership only, not at every append, commit and apply.
+        let mut metrics = self.raft.server_metrics();
         let mut was_voter = false;
         loop {
-            let left = crate::raft::wait_metrics(&mut metrics, |m| {
-                let members = m.membership_config.membership();
-                was_voter |= members.voter_ids().any(|v| v == id);
-                was_voter && members.get_node(&id).is_none()
-            })
-            .await;
-            if left.is_none() {
-                // Raft stopped: nothing to ask any more.
-                return std::future::pending().await;
+            loop {
+                {
+                    let m = metrics.borrow_and_update();
+                    let members = m.membership_config.membership();
+                    was_voter |= members.voter_ids().any(|v| v == id);
+                    if was_voter && members.get_node(&id).is_none() {
+                        break;
+                    }
+                }
+                if metrics.changed().await.is_err() {
+                    // Raft stopped: nothing to ask any more.
+                    return std::future::pending().await;
+                }
             }
             tokio::time::sleep(quiet).await;
             let m = metrics.borrow_watched().clone();
@@ -711,12 +717,18 @@ impl Node {
     /// (after its data was emptied) replays its old removal as it catches
     /// up and must not take it for a new one; a follower learns of its
     /// removal from the vote its peers refuse. Never, if Raft stops first.
+    ///
+    /// It looks again only when what it looks at changes: the applied
+    /// membership, or openraft's server metrics (vote, role, effective
+    /// membership), not at every append, commit and apply (this future is
+    /// polled by `raftlockd`'s main thread, which each look would wake).
     async fn left_in_own_log(&self) -> u64 {
         let id = self.id;
         let mut was_member = false;
-        let mut left_at = None;
-        let mut metrics = self.raft.metrics();
-        let left = crate::raft::wait_metrics(&mut metrics, |m| {
+        let mut server = self.raft.server_metrics();
+        let mut applied = self.shared.membership_changes();
+        loop {
+            applied.borrow_and_update();
             let (member, at) = self.shared.read(|a| {
                 (
                     a.membership.membership().get_node(&id).is_some(),
@@ -726,15 +738,21 @@ impl Node {
             if member {
                 was_member = true;
             } else if was_member {
+                let m = server.borrow_and_update();
                 let effective = m.membership_config.membership().get_node(&id).is_some();
-                left_at = removed_itself(id, at, effective, &m.vote);
+                if let Some(at) = removed_itself(id, at, effective, &m.vote) {
+                    return at;
+                }
             }
-            left_at.is_some()
-        })
-        .await;
-        match (left, left_at) {
-            (Some(_), Some(at)) => at,
-            _ => std::future::pending().await,
+            tokio::select! {
+                changed = server.changed() => if changed.is_err() {
+                    // Raft stopped.
+                    return std::future::pending().await;
+                },
+                changed = applied.changed() => if changed.is_err() {
+                    return std::future::pending().await;
+                },
+            }
         }
     }
 

@@ -97,6 +97,10 @@ pub struct Shared {
     /// Raft heartbeats, reads, keep-alives. Behind the gate the apply waits
     /// as a parked task, and only applies wait.
     pub snapshot_gate: Arc<tokio::sync::RwLock<()>>,
+    /// Counts the changes of the applied membership (a membership entry
+    /// applied, a snapshot installed), so that whoever waits on it is
+    /// woken by those alone and not by every apply.
+    memberships: tokio::sync::watch::Sender<u64>,
 }
 
 impl Shared {
@@ -116,7 +120,14 @@ impl Shared {
             committed,
             stopping: std::sync::atomic::AtomicBool::new(false),
             snapshot_gate: Arc::default(),
+            memberships: tokio::sync::watch::Sender::new(0),
         })
+    }
+
+    /// A receiver that sees a change each time the applied membership
+    /// changes (read it with [`Shared::read`]).
+    pub fn membership_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.memberships.subscribe()
     }
 
     /// An empty state for unit tests.
@@ -178,6 +189,8 @@ impl Shared {
         applied.last_applied = Some(log_id);
         if let Some(m) = membership {
             applied.membership = m;
+            drop(applied);
+            self.memberships.send_modify(|n| *n += 1);
         }
     }
 
@@ -193,6 +206,8 @@ impl Shared {
         applied.last_applied = last_applied;
         applied.membership = membership;
         self.waiters.recheck(&applied.table);
+        drop(applied);
+        self.memberships.send_modify(|n| *n += 1);
         let _ = self.watch.send(Arc::new(WatchItem::Reset));
     }
 
