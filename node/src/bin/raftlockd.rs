@@ -128,6 +128,10 @@ fn init_logging(format: LogFormat) {
     }
 }
 
+/// The allocator (see bench/README.md, "Cuts tried").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() {
     let cli = Cli::parse();
