@@ -30,7 +30,7 @@ while [ $# -gt 0 ]; do
     --duration) DURATION=$2; shift ;;
     --freq) FREQ=$2; shift ;;
     --out) OUT=$2; shift ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "profile.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
