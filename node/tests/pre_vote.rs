@@ -27,11 +27,13 @@ async fn a_follower_paused_past_the_election_timeout_returns_without_raising_the
     let leader = procs.leader().await;
     let follower = (1..=3).find(|id| *id != leader).expect("a follower");
     let term = status(&procs.addr(leader)).await.expect("status").term;
-    let probe = Probe::start(
+    let mut probe = Probe::start(
         (1..=3).map(|id| procs.addr(id)).collect(),
         "probe",
         Duration::from_millis(20),
     );
+    // Gaps count from the first grant to the end (see graceful_leader.rs).
+    probe.first_grant(Duration::from_secs(10)).await;
     let start = std::time::Instant::now();
     for round in 0..3 {
         procs.signal(follower, "STOP");
@@ -54,10 +56,9 @@ async fn a_follower_paused_past_the_election_timeout_returns_without_raising_the
     for (at, gap) in &report.long_gaps {
         eprintln!("{:?}: grants resumed after {gap:?}", *at - start);
     }
-    assert!(report.grants > 100, "the probe granted: {report:?}");
     assert!(
         report.longest_gap <= MAX_STALL,
-        "grants stalled for {:?}",
+        "grants stalled for {:?}: {report:?}",
         report.longest_gap
     );
 }

@@ -362,6 +362,18 @@ pub async fn lock_cycle(addr: &str, name: &str, nonce: u64) -> Option<u64> {
 
 /// [`lock_cycle`] on the connection `c`.
 pub async fn lock_cycle_with(c: &mut LocksClient<Channel>, name: &str, nonce: u64) -> Option<u64> {
+    lock_cycle_leaving(c, name, nonce).await.0
+}
+
+/// [`lock_cycle_with`], which also returns the session it opened if it
+/// could not close it (e.g. the node stepped down in between): it may
+/// still hold the lock, until it is closed elsewhere or expires.
+async fn lock_cycle_leaving(
+    c: &mut LocksClient<Channel>,
+    name: &str,
+    nonce: u64,
+) -> (Option<u64>, Option<u64>) {
+    let mut opened = None;
     let cycle = async {
         let session = c
             .open_session(pb::OpenSessionRequest {
@@ -373,6 +385,7 @@ pub async fn lock_cycle_with(c: &mut LocksClient<Channel>, name: &str, nonce: u6
             .ok()?
             .into_inner()
             .session_id;
+        opened = Some(session);
         let grant = c
             .acquire(pb::AcquireRequest {
                 session_id: session,
@@ -384,18 +397,33 @@ pub async fn lock_cycle_with(c: &mut LocksClient<Channel>, name: &str, nonce: u6
             .await
             .ok()?
             .into_inner();
-        c.close_session(pb::CloseSessionRequest {
+        close_session(c, session).await.then_some(())?;
+        opened = None;
+        grant.acquired.then_some(grant.fence)
+    };
+    let fence = tokio::time::timeout(Duration::from_secs(2), cycle)
+        .await
+        .ok()
+        .flatten();
+    (fence, opened)
+}
+
+/// Closes `session` (as the second request of a [`lock_cycle`]'s session,
+/// so closing it again is harmless): true once it is closed or gone.
+async fn close_session(c: &mut LocksClient<Channel>, session: u64) -> bool {
+    let closed = c
+        .close_session(pb::CloseSessionRequest {
             session_id: session,
             seq: 2,
         })
-        .await
-        .ok()?;
-        grant.acquired.then_some(grant.fence)
-    };
-    tokio::time::timeout(Duration::from_secs(2), cycle)
-        .await
-        .ok()
-        .flatten()
+        .await;
+    match closed {
+        Ok(_) => true,
+        // Not the leader, or not reachable: try again elsewhere.
+        Err(s) if s.code() == tonic::Code::Unavailable => false,
+        // Expired or closed already.
+        Err(_) => true,
+    }
 }
 
 /// Grants in a loop against whichever node leads, until stopped: measures
@@ -403,6 +431,8 @@ pub async fn lock_cycle_with(c: &mut LocksClient<Channel>, name: &str, nonce: u6
 pub struct Probe {
     stop: tokio::sync::watch::Sender<bool>,
     task: tokio::task::JoinHandle<ProbeReport>,
+    /// The grants so far.
+    granted: tokio::sync::watch::Receiver<u64>,
 }
 
 /// What a [`Probe`] saw.
@@ -410,7 +440,8 @@ pub struct Probe {
 pub struct ProbeReport {
     /// Lock cycles that went through.
     pub grants: u64,
-    /// The longest time between two grants.
+    /// The longest time between two grants, or from the last grant to
+    /// the probe's end.
     pub longest_gap: Duration,
     /// When the longest gap ended.
     pub gap_ended: Option<Instant>,
@@ -418,11 +449,25 @@ pub struct ProbeReport {
     pub long_gaps: Vec<(Instant, Duration)>,
 }
 
+impl ProbeReport {
+    /// Counts `gap`, which ended at `now`.
+    fn gap(&mut self, now: Instant, gap: Duration) {
+        if gap > Duration::from_millis(100) {
+            self.long_gaps.push((now, gap));
+        }
+        if gap > self.longest_gap {
+            self.longest_gap = gap;
+            self.gap_ended = Some(now);
+        }
+    }
+}
+
 impl Probe {
     /// Starts granting `name` on the cluster whose client addresses are
     /// `addrs`, one cycle at a time, `pace` apart.
     pub fn start(addrs: Vec<String>, name: &str, pace: Duration) -> Probe {
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let (grants, granted) = tokio::sync::watch::channel(0);
         let name = name.to_string();
         let task = tokio::spawn(async move {
             let mut last: Option<Instant> = None;
@@ -435,6 +480,7 @@ impl Probe {
             let mut leader: Option<String> = None;
             let mut nonce = 1_000_000;
             let mut clients = std::collections::HashMap::new();
+            let mut unclosed: Vec<u64> = Vec::new();
             while !*stopped.borrow() {
                 let target = match &leader {
                     Some(l) => l.clone(),
@@ -450,19 +496,27 @@ impl Probe {
                 let client = clients
                     .entry(target.clone())
                     .or_insert_with(|| locks(&target));
-                match lock_cycle_with(client, &name, nonce).await {
+                // A session a cycle could not close (its node stepped down
+                // between the acquire and the close) may hold the lock: a
+                // client closes it at the next leader, as a real one would,
+                // rather than let every later cycle find the lock taken
+                // until it expires.
+                let mut still_open = Vec::new();
+                for session in unclosed.drain(..) {
+                    if !close_session(client, session).await {
+                        still_open.push(session);
+                    }
+                }
+                unclosed = still_open;
+                let (fence, left) = lock_cycle_leaving(client, &name, nonce).await;
+                unclosed.extend(left);
+                match fence {
                     Some(_) => {
                         let now = Instant::now();
-                        let gap = now - last.unwrap_or(now);
-                        if gap > Duration::from_millis(100) {
-                            report.long_gaps.push((now, gap));
-                        }
-                        if gap > report.longest_gap {
-                            report.longest_gap = gap;
-                            report.gap_ended = Some(now);
-                        }
+                        report.gap(now, now - last.unwrap_or(now));
                         last = Some(now);
                         report.grants += 1;
+                        grants.send_replace(report.grants);
                         leader = Some(target);
                     }
                     None => leader = None,
@@ -472,9 +526,31 @@ impl Probe {
                     _ = stopped.changed() => {}
                 }
             }
+            // The time since the last grant is a gap too: a probe that
+            // stopped granting for good must not look like one that never
+            // paused.
+            if let Some(last) = last {
+                let now = Instant::now();
+                report.gap(now, now - last);
+            }
             report
         });
-        Probe { stop, task }
+        Probe {
+            stop,
+            task,
+            granted,
+        }
+    }
+
+    /// Waits until the probe has had its first grant, or panics after
+    /// `deadline`. Gaps count from the first grant to [`finish`](Self::finish):
+    /// a test waits for it before the fault it measures.
+    pub async fn first_grant(&mut self, deadline: Duration) {
+        let first = tokio::time::timeout(deadline, self.granted.wait_for(|n| *n > 0)).await;
+        assert!(
+            matches!(first, Ok(Ok(_))),
+            "the probe had no grant within {deadline:?}"
+        );
     }
 
     /// Stops the probe and returns what it saw.
