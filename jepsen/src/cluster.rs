@@ -180,6 +180,9 @@ pub struct ExitReport {
     /// The last line of its log, which for an exit of its own names the
     /// cause (`FATAL: ...`).
     pub last_log_line: String,
+    /// For an exit with status 0: the line in which the node said it was
+    /// removed from the cluster (see [`removal_line`]).
+    pub removed: Option<String>,
 }
 
 /// A node as the samplers see it, without taking the cluster's lock.
@@ -274,6 +277,27 @@ pub fn last_log_line(log: &Path) -> String {
     strip_ansi(line)
 }
 
+/// What `raftlockd` says when it exits because the cluster removed it
+/// (status 0, so that a supervisor leaves it stopped).
+pub const REMOVED_TEXT: &str = "was removed from the cluster";
+
+/// The line of `log` in which the node, since it last started, said it
+/// was removed from the cluster and is exiting, if it did.
+pub fn removal_line(log: &Path) -> Option<String> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(log).ok()?;
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let _ = f.seek(SeekFrom::Start(len.saturating_sub(64 * 1024)));
+    let mut tail = Vec::new();
+    let _ = f.read_to_end(&mut tail);
+    let text = String::from_utf8_lossy(&tail);
+    text.lines()
+        .rev()
+        .take_while(|l| !l.contains("raftlockd serving"))
+        .find(|l| l.contains(REMOVED_TEXT) && l.contains("exiting"))
+        .map(strip_ansi)
+}
+
 fn strip_ansi(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     let mut chars = s.chars().peekable();
@@ -329,6 +353,10 @@ async fn reap(
             signal: status.and_then(|s| s.signal()),
             by_harness: by_harness.load(Ordering::SeqCst),
             last_log_line: last_log_line(&log),
+            removed: status
+                .and_then(|s| s.code())
+                .filter(|c| *c == 0)
+                .and_then(|_| removal_line(&log)),
         });
     }
 }
@@ -726,6 +754,22 @@ impl Cluster {
         Ok(true)
     }
 
+    /// Decommissions node `id` of the cluster in `dir` after it exited
+    /// because the cluster removed it (as its log tells an operator to do):
+    /// wipes its data and starts it empty, a spare for a later add. False
+    /// if the cluster was replaced, the node is running again (the
+    /// membership nemesis wiped it itself), or it is held down.
+    pub async fn decommission(&mut self, dir: &Path, id: u64) -> anyhow::Result<bool> {
+        if dir != self.opts.dir || !self.nodes.contains_key(&id) {
+            return Ok(false);
+        }
+        if self.is_up(id) || self.nodes[&id].held_down {
+            return Ok(false);
+        }
+        self.wipe(id).await?;
+        Ok(true)
+    }
+
     /// Waits until node `id` answers `Status`.
     pub async fn wait_serving(&self, id: u64, timeout: Duration) -> anyhow::Result<()> {
         let deadline = Instant::now() + timeout;
@@ -1068,5 +1112,30 @@ mod tests {
         assert!(taken.is_err(), "a held port could be bound again");
         drop(held);
         std::net::TcpListener::bind(("127.0.0.1", ports[0])).expect("released on drop");
+    }
+
+    /// A removal counts only when the node said it after its last start:
+    /// a node started again after an old removal (and added back) that
+    /// then exits for another reason is not "removed".
+    #[test]
+    fn a_removal_line_counts_only_after_the_last_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("raftlockd.log");
+        let removed = "2026-11-27T03:23:26Z  WARN raftlockd: node 3 was removed from the \
+                       cluster (node 1's membership at log index 9 does not have it); exiting. \
+                       Delete its data directory";
+        let serving = "2026-11-27T03:23:20Z  INFO raftlockd: raftlockd serving id=3";
+        let shutting = "2026-11-27T03:23:26Z  INFO raftlockd: shutting down";
+        std::fs::write(&log, format!("{serving}\n{removed}\n{shutting}\n")).unwrap();
+        assert_eq!(removal_line(&log).as_deref(), Some(removed));
+        std::fs::write(
+            &log,
+            format!("{serving}\n{removed}\n{serving}\n{shutting}\n"),
+        )
+        .unwrap();
+        assert_eq!(removal_line(&log), None);
+        std::fs::write(&log, format!("{serving}\n{shutting}\n")).unwrap();
+        assert_eq!(removal_line(&log), None);
+        assert_eq!(removal_line(&dir.path().join("missing.log")), None);
     }
 }

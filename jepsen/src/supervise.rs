@@ -1,16 +1,22 @@
 //! What runs beside the nemesis and the workers for the whole run: the
 //! supervisor, which starts again a node that exited on its own (as
 //! systemd's `Restart=on-failure` would, after the shipped unit's
-//! `RestartSec`) and records why it exited; and the sampler, which asks
+//! `RestartSec`; a node the cluster removed is wiped and started empty
+//! instead) and records why it exited; and the sampler, which asks
 //! every node how it is doing (gRPC health and `Status`) twice a second,
 //! for the no-zombie check ([`crate::zombie`]).
 //!
 //! History events (process `"nemesis"`, type `info`):
 //!
-//! * `node-exit` `{node, pid, code, signal, last_log_line, cluster_dir}`:
-//!   a node process ended without the harness stopping it;
+//! * `node-exit` `{node, pid, code, signal, last_log_line, removed,
+//!   cluster_dir}`: a node process ended without the harness stopping it
+//!   (`removed`: the line in which a node that exited with status 0 said
+//!   the cluster had removed it, else `null`);
 //! * `node-restart` `{node, cluster_dir}` (or `{..., error}`): the
 //!   supervisor started it again;
+//! * `node-decommission` `{node, cluster_dir}` (or `{..., error}`): a
+//!   node that exited because it was removed was wiped and started empty
+//!   instead (a spare for a later add), as its log tells an operator;
 //! * `sample` `{cluster_dir, nodes: [{id, alive, paused, health, role,
 //!   term, leader, applied, members, error}]}`: one round of the sampler
 //!   (`health` is `"serving"`, `"not-serving"` or `null` when it did not
@@ -55,7 +61,8 @@ pub async fn supervisor(
             Type::Info,
             "node-exit",
             json!({"node": exit.node, "pid": exit.pid, "code": exit.code, "signal": exit.signal,
-                   "last_log_line": exit.last_log_line, "cluster_dir": exit.cluster_dir}),
+                   "last_log_line": exit.last_log_line, "removed": exit.removed,
+                   "cluster_dir": exit.cluster_dir}),
         );
         eprintln!(
             "raftlock-jepsen: node {} exited on its own (status {:?}, signal {:?}): {}",
@@ -63,6 +70,28 @@ pub async fn supervisor(
         );
         let cluster = cluster.clone();
         let rec = rec.clone();
+        if exit.removed.is_some() {
+            // Removed from the cluster: status 0, which Restart=on-failure
+            // leaves stopped. Decommission it as its log says (wipe, and
+            // start it empty as a spare), unless the membership nemesis
+            // already has.
+            tokio::spawn(async move {
+                tokio::time::sleep(RESTART_DELAY).await;
+                let wiped = cluster
+                    .lock()
+                    .await
+                    .decommission(&exit.cluster_dir, exit.node)
+                    .await;
+                let value = match wiped {
+                    Ok(false) => return,
+                    Ok(true) => json!({"node": exit.node, "cluster_dir": exit.cluster_dir}),
+                    Err(e) => json!({"node": exit.node, "cluster_dir": exit.cluster_dir,
+                                     "error": format!("{e:#}")}),
+                };
+                rec.record(Process::NEMESIS, Type::Info, "node-decommission", value);
+            });
+            continue;
+        }
         tokio::spawn(async move {
             tokio::time::sleep(RESTART_DELAY).await;
             let revived = cluster.lock().await.revive(&exit.cluster_dir, exit.node);

@@ -26,7 +26,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde_json::{json, Value};
 
-use crate::history::{Event, Process};
+use crate::history::{Event, Process, Type};
 use crate::nemesis::{NemesisKind, Window};
 
 /// How far behind the most advanced node a serving node may be: it must
@@ -247,14 +247,22 @@ pub fn no_zombie(events: &[Event]) -> (Value, Vec<Value>) {
     )
 }
 
-/// The `node-exits` check: exits only while a disk fails.
+/// The `node-exits` check: exits only while a disk fails, or, with
+/// status 0 and a line saying so, after the node was removed from the
+/// cluster (a removal the membership nemesis asked for before the exit).
 pub fn node_exits(events: &[Event], windows: &[Window]) -> (Value, Vec<Value>) {
     let disk: Vec<&Window> = windows
         .iter()
         .filter(|w| w.kind == NemesisKind::DiskError)
         .collect();
+    let removals: Vec<(u64, u64)> = events
+        .iter()
+        .filter(|e| e.process == Process::NEMESIS && e.f == "remove-node")
+        .filter(|e| e.kind == Type::Invoke)
+        .filter_map(|e| Some((e.value["node"].as_u64()?, e.time_ns)))
+        .collect();
     let mut anomalies = Vec::new();
-    let (mut exits, mut expected) = (0, 0);
+    let (mut exits, mut expected, mut removed) = (0, 0, 0);
     for e in events
         .iter()
         .filter(|e| e.process == Process::NEMESIS && e.f == "node-exit")
@@ -270,6 +278,11 @@ pub fn node_exits(events: &[Event], windows: &[Window]) -> (Value, Vec<Value>) {
             expected += 1;
             continue;
         }
+        let said_removed = e.value["code"] == json!(0) && e.value["removed"].is_string();
+        if said_removed && removals.iter().any(|(n, t)| *n == node && *t <= e.time_ns) {
+            removed += 1;
+            continue;
+        }
         anomalies.push(json!({
             "checker": "node-exits",
             "message": format!(
@@ -282,7 +295,8 @@ pub fn node_exits(events: &[Event], windows: &[Window]) -> (Value, Vec<Value>) {
         }));
     }
     (
-        json!({"valid": anomalies.is_empty(), "exits": exits, "during_disk_faults": expected}),
+        json!({"valid": anomalies.is_empty(), "exits": exits, "during_disk_faults": expected,
+               "after_removal": removed}),
         anomalies,
     )
 }
@@ -422,5 +436,51 @@ mod tests {
             .as_str()
             .unwrap()
             .contains("FATAL: disk full"));
+    }
+
+    #[test]
+    fn an_exit_is_explained_by_a_removal_only_with_status_0_its_line_and_a_removal_before_it() {
+        let exit = |t: u64, node: u64, code: i32, removed: Value| Event {
+            process: Process::NEMESIS,
+            kind: Type::Info,
+            f: "node-exit".into(),
+            value: json!({"node": node, "code": code, "signal": null,
+                          "last_log_line": "shutting down", "removed": removed}),
+            time_ns: t,
+        };
+        let line = json!("WARN raftlockd: node 3 was removed from the cluster (...); exiting.");
+        let remove = |t: u64, node: u64| Event {
+            process: Process::NEMESIS,
+            kind: Type::Invoke,
+            f: "remove-node".into(),
+            value: json!({"node": node}),
+            time_ns: t,
+        };
+        let events = vec![
+            remove(10 * S, 3),
+            // Explained: status 0, the line, after node 3's removal.
+            exit(11 * S, 3, 0, line.clone()),
+            // Not: before its removal was asked for.
+            exit(9 * S, 3, 0, line.clone()),
+            // Not: another node.
+            exit(12 * S, 4, 0, line.clone()),
+            // Not: no line saying so.
+            exit(13 * S, 3, 0, Value::Null),
+            // Not: a failure status.
+            exit(14 * S, 3, 70, line),
+        ];
+        let (r, found) = node_exits(&events, &[]);
+        assert_eq!(r["valid"], json!(false));
+        assert_eq!(r["after_removal"], json!(1));
+        let named: Vec<(u64, u64)> = found
+            .iter()
+            .map(|a| {
+                (
+                    a["node"].as_u64().unwrap(),
+                    a["time_ns"].as_u64().unwrap() / S,
+                )
+            })
+            .collect();
+        assert_eq!(named, vec![(3, 9), (4, 12), (3, 13), (3, 14)]);
     }
 }
