@@ -18,9 +18,11 @@
 //! * `node-exits`: a node may exit on its own only while its disk fails
 //!   (the `disk-error` nemesis, up to [`EXIT_GRACE`] after it heals, and
 //!   the restarts in between): that is the fail-stop the design asks for.
-//!   Any other exit is an anomaly: something a node should have survived
-//!   (a message from a hostile peer, a restart after a power loss) ended
-//!   it.
+//!   Or after the membership nemesis asked to remove it, with status 0
+//!   and the line saying the cluster removed it: raftlockd leaves a
+//!   cluster that removed it. Any other exit is an anomaly: something a
+//!   node should have survived (a message from a hostile peer, a restart
+//!   after a power loss) ended it.
 
 use std::collections::{BTreeMap, HashMap};
 
