@@ -236,3 +236,77 @@ async fn a_follower_that_cannot_answer_the_leader_stops_saying_serving() {
     assert!(cluster.applied(lagging) < cluster.max_applied());
     cluster.heal();
 }
+
+/// A follower beside a leader that has lost its quorum stops saying
+/// SERVING. It still hears the leader: openraft's leader keeps its term
+/// and sends heartbeats to whoever it reaches. But the leader cannot commit
+/// and refuses every request, and the follower can only send clients to
+/// it. Found by the harness's no-zombie check in issue 28's 5-node runs
+/// (`semaphore`, seed 1, `partition halves` with the leader and node 2
+/// on the side of two): node 2 said SERVING for 6 s, applied index stuck,
+/// beside a leader that said NOT_SERVING.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_follower_of_a_leader_without_a_quorum_stops_saying_serving() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::HealthCheckRequest;
+
+    let cluster = TestCluster::start_partitionable(4).await;
+    let leader = cluster.leader().await;
+    let ids = cluster.running();
+    let follower = ids
+        .iter()
+        .copied()
+        .find(|&id| id != leader)
+        .expect("a follower");
+    let rest: Vec<u64> = ids
+        .iter()
+        .copied()
+        .filter(|&id| id != leader && id != follower)
+        .collect();
+    let serving = |id: u64| {
+        let addr = cluster.addr(id);
+        async move {
+            let r = HealthClient::new(raftlock_testkit::channel(&addr))
+                .check(HealthCheckRequest {
+                    service: String::new(),
+                })
+                .await
+                .ok()?;
+            Some(r.into_inner().status == ServingStatus::Serving as i32)
+        }
+    };
+    for id in [leader, follower] {
+        eventually("the node to say SERVING", WAIT, || {
+            let s = serving(id);
+            async move { (s.await == Some(true)).then_some(()) }
+        })
+        .await;
+    }
+    // Two of four on each side: nobody has a quorum.
+    cluster.partition(&[&[leader, follower], &rest]);
+    for (who, id) in [("leader", leader), ("follower", follower)] {
+        eventually(
+            &format!("the {who} to stop saying SERVING"),
+            Duration::from_secs(5),
+            || {
+                let s = serving(id);
+                async move { (s.await == Some(false)).then_some(()) }
+            },
+        )
+        .await;
+    }
+    // Because its leader said so, not because the leader fell silent.
+    let why = cluster
+        .node(follower)
+        .leadership
+        .ready()
+        .expect_err("the follower is not ready");
+    assert!(why.contains("heard from no quorum"), "{why}");
+    cluster.heal();
+    eventually("the follower to say SERVING again", WAIT, || {
+        let s = serving(follower);
+        async move { (s.await == Some(true)).then_some(()) }
+    })
+    .await;
+}
