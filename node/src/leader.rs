@@ -25,11 +25,17 @@
 //! Readiness ("can this node serve now", for `/readyz` and gRPC health):
 //! its core runs, it knows a leader and, as a follower, has heard from it
 //! within the last few heartbeats (a follower of a dead leader still
-//! "knows" it until its election timeout, and writes fail meanwhile), or,
-//! as the leader, from a quorum within the election timeout; and it has
+//! "knows" it until its election timeout, and writes fail meanwhile) and
+//! the leader's last message did not say it had lost its quorum, or, as
+//! the leader, from a quorum within the election timeout; and it has
 //! applied all but [`READY_MAX_APPLY_LAG`] of the entries it knows are
 //! committed. The Raft service tells [`Leadership::heard_from_leader`]
-//! of every message of the leader that openraft takes.
+//! of every message of the leader that openraft takes. A leader cut off
+//! from its quorum keeps its term and its heartbeats to whoever it still
+//! reaches (openraft does not step it down), so it says so on every
+//! AppendEntries (`RaftMessage.leader_quorum_lost`, set from this view),
+//! or its followers on the same side of a partition would call themselves
+//! ready beside a leader that can commit nothing.
 //!
 //! Fail-stop: when the Raft core stops on its own (a storage error such as
 //! a full disk, or a panic inside openraft), the view says so, health turns
@@ -202,8 +208,13 @@ pub struct Leadership {
     /// A follower that has not heard from its leader for longer is not
     /// ready.
     leader_silence: Duration,
-    /// When this node last took a message of the leader.
-    leader_contact: Mutex<Option<Instant>>,
+    /// When this node last took a message of the leader, and whether
+    /// that message said the leader had lost its quorum.
+    leader_contact: Mutex<Option<(Instant, bool)>>,
+    /// Set while this node leads without word from a quorum
+    /// (`View::quorum_lost`); the network tells followers with every
+    /// AppendEntries.
+    quorum_flag: Arc<std::sync::atomic::AtomicBool>,
     /// The log's store's first failed sync: once one has failed, for
     /// whatever write, the node stops (fail-stop), as when its Raft core
     /// stops. Not the store itself, which this would keep open.
@@ -214,7 +225,9 @@ impl Leadership {
     /// The owner for node `id`; `heartbeat` is the leader's heartbeat
     /// interval (a follower that misses [`READY_MISSED_HEARTBEATS`] of them
     /// is not ready); `store` is where its log's store keeps a failed
-    /// sync.
+    /// sync; `quorum_flag` is set while this node leads without a quorum
+    /// (the network sends it to followers).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         id: NodeId,
         raft: Raft,
@@ -223,6 +236,7 @@ impl Leadership {
         heartbeat: Duration,
         data_dir: PathBuf,
         store: SyncFailure,
+        quorum_flag: Arc<std::sync::atomic::AtomicBool>,
     ) -> Arc<Leadership> {
         Arc::new(Leadership {
             id,
@@ -238,14 +252,17 @@ impl Leadership {
             fatal: watch::channel(None).0,
             leader_silence: heartbeat * READY_MISSED_HEARTBEATS,
             leader_contact: Mutex::new(None),
+            quorum_flag,
             store,
         })
     }
 
     /// This node has just taken a message of its leader (an append, a
-    /// heartbeat, a snapshot).
-    pub fn heard_from_leader(&self) {
-        *self.leader_contact.lock().expect("contact lock poisoned") = Some(Instant::now());
+    /// heartbeat, a snapshot); `quorum_lost` if the message said the
+    /// leader has heard from no quorum for over its quorum timeout.
+    pub fn heard_from_leader(&self, quorum_lost: bool) {
+        *self.leader_contact.lock().expect("contact lock poisoned") =
+            Some((Instant::now(), quorum_lost));
     }
 
     /// Whether no message of a leader has been taken for `quiet` (or none
@@ -254,7 +271,7 @@ impl Leadership {
         self.leader_contact
             .lock()
             .expect("contact lock poisoned")
-            .is_none_or(|at| at.elapsed() >= quiet)
+            .is_none_or(|(at, _)| at.elapsed() >= quiet)
     }
 
     /// `Ok` while the process works: it is not stopping and its Raft core
@@ -276,7 +293,10 @@ impl Leadership {
             .leader_contact
             .lock()
             .expect("contact lock poisoned")
-            .map(|at| at.elapsed());
+            .map(|(at, quorum_lost)| Contact {
+                silent: at.elapsed(),
+                quorum_lost,
+            });
         let applied = m.last_applied.map_or(0, |l| l.index);
         let committed = m
             .cluster_committed
@@ -631,6 +651,7 @@ impl Leadership {
             quorum_lost: leading && voters > 1 && silent > self.quorum_timeout,
             fatal: f.fatal.clone(),
         };
+        self.quorum_flag.store(view.quorum_lost, Ordering::Relaxed);
         self.steer_leases(&view);
         self.view.send_if_modified(|old| {
             let changed = *old != view;
@@ -759,15 +780,27 @@ impl Leadership {
     }
 }
 
+/// A follower's last word from its leader.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Contact {
+    /// How long ago it came.
+    pub silent: Duration,
+    /// It said the leader has heard from no quorum for over its quorum
+    /// timeout: the leader cannot commit, and neither side of the
+    /// partition it is on has this node's leader working.
+    pub quorum_lost: bool,
+}
+
 /// Whether node `me`, whose view is `view`, can serve now: `Ok`, or why
-/// not. `contact` is how long ago it last heard from its leader (`None`:
-/// never since it started); a follower silent for over `max_silence` is
-/// not ready; nor is a node that has applied `applied` of `committed`
-/// entries with more than [`READY_MAX_APPLY_LAG`] to go.
+/// not. `contact` is its last word from its leader (`None`: none since it
+/// started); a follower silent for over `max_silence`, or whose leader
+/// said it has lost its quorum, is not ready; nor is a node that has
+/// applied `applied` of `committed` entries with more than
+/// [`READY_MAX_APPLY_LAG`] to go.
 pub fn readiness(
     view: &View,
     me: NodeId,
-    contact: Option<Duration>,
+    contact: Option<Contact>,
     max_silence: Duration,
     applied: u64,
     committed: u64,
@@ -802,10 +835,16 @@ pub fn readiness(
                     "no word from leader {leader} since this node started"
                 ))
             }
-            Some(silent) if silent > max_silence => {
+            Some(c) if c.silent > max_silence => {
                 return Err(format!(
                     "no word from leader {leader} for {} ms",
-                    silent.as_millis()
+                    c.silent.as_millis()
+                ))
+            }
+            Some(c) if c.quorum_lost => {
+                return Err(format!(
+                    "leader {leader} says it has heard from no quorum for over its election \
+                     timeout"
                 ))
             }
             Some(_) => {}
@@ -964,32 +1003,45 @@ mod tests {
             ..view(Role::Follower)
         };
         let silence = ms(300);
+        let heard = |silent| {
+            Some(Contact {
+                silent,
+                quorum_lost: false,
+            })
+        };
         assert_eq!(
-            readiness(&follower, 2, Some(ms(10)), silence, 50, 50),
+            readiness(&follower, 2, heard(ms(10)), silence, 50, 50),
             Ok(())
         );
         // Silence, at the edge and past it.
         assert_eq!(
-            readiness(&follower, 2, Some(silence), silence, 50, 50),
+            readiness(&follower, 2, heard(silence), silence, 50, 50),
             Ok(())
         );
-        let err = readiness(&follower, 2, Some(ms(301)), silence, 50, 50).unwrap_err();
+        let err = readiness(&follower, 2, heard(ms(301)), silence, 50, 50).unwrap_err();
         assert!(err.contains("no word from leader 1"), "{err}");
         assert!(readiness(&follower, 2, None, silence, 50, 50).is_err());
+        // A leader heard from lately that says it has lost its quorum.
+        let cut_off_leader = Some(Contact {
+            silent: ms(10),
+            quorum_lost: true,
+        });
+        let err = readiness(&follower, 2, cut_off_leader, silence, 50, 50).unwrap_err();
+        assert!(err.contains("heard from no quorum"), "{err}");
         // Apply lag, at the edge and past it.
         let edge = READY_MAX_APPLY_LAG;
         assert_eq!(
-            readiness(&follower, 2, Some(ms(1)), silence, 7, 7 + edge),
+            readiness(&follower, 2, heard(ms(1)), silence, 7, 7 + edge),
             Ok(())
         );
-        let err = readiness(&follower, 2, Some(ms(1)), silence, 7, 8 + edge).unwrap_err();
+        let err = readiness(&follower, 2, heard(ms(1)), silence, 7, 8 + edge).unwrap_err();
         assert!(err.contains("entries behind"), "{err}");
         // No leader.
         let leaderless = View {
             leader: None,
             ..view(Role::Candidate)
         };
-        let err = readiness(&leaderless, 2, Some(ms(1)), silence, 5, 5).unwrap_err();
+        let err = readiness(&leaderless, 2, heard(ms(1)), silence, 5, 5).unwrap_err();
         assert!(err.contains("no leader"), "{err}");
         // The leader counts its quorum, not its own silence.
         let leader = view(Role::Leader);
@@ -1004,7 +1056,7 @@ mod tests {
             fatal: Some("disk full in /data".into()),
             ..view(Role::Follower)
         };
-        let err = readiness(&dead, 2, Some(ms(1)), silence, 5, 5).unwrap_err();
+        let err = readiness(&dead, 2, heard(ms(1)), silence, 5, 5).unwrap_err();
         assert!(err.contains("node has stopped: disk full"), "{err}");
     }
 }

@@ -374,6 +374,9 @@ impl Node {
         .validate()?;
         // Peers that answer again after failing: openraft's replication
         // backoff for them is reset, so they catch up at once.
+        // Set by the owner of leadership while this node leads without a
+        // quorum; sent to followers with every AppendEntries.
+        let quorum_flag = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (peer_back, mut peers_back) = tokio::sync::mpsc::unbounded_channel();
         let links = Arc::new(crate::raft::links::Links::new(peer_back));
         let network = Network::new(
@@ -384,7 +387,8 @@ impl Node {
             cluster.clone(),
             links.clone(),
         )
-        .with_connector(opts.connector.clone());
+        .with_connector(opts.connector.clone())
+        .with_quorum_flag(quorum_flag.clone());
         let raft = Raft::new(opts.id, Arc::new(config), network.clone(), log_store, sm).await?;
 
         if opts.init && fresh {
@@ -409,6 +413,7 @@ impl Node {
             opts.timing.heartbeat,
             opts.data_dir.clone(),
             sync_failure,
+            quorum_flag,
         );
         let api = Api::new(
             opts.id,

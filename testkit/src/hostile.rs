@@ -79,6 +79,7 @@ fn msg(data: Vec<u8>) -> pb::RaftMessage {
     pb::RaftMessage {
         data,
         error: Vec::new(),
+        ..Default::default()
     }
 }
 

@@ -184,10 +184,12 @@ fn reply<T: Serialize, E: Serialize>(
         Ok(v) => pb::RaftMessage {
             data: bincode::serialize(&v).map_err(internal)?,
             error: Vec::new(),
+            ..Default::default()
         },
         Err(e) => pb::RaftMessage {
             data: Vec::new(),
             error: bincode::serialize(&e).map_err(internal)?,
+            ..Default::default()
         },
     };
     Ok(Response::new(msg))
@@ -221,7 +223,7 @@ impl RaftRpc for RaftService {
         let inbound = req.into_inner();
         // Which entries each request carried and when it arrived, oldest
         // first, to time this follower's share of them.
-        let received: Arc<Mutex<VecDeque<(Instant, Option<(u64, u64)>)>>> = Arc::default();
+        let received: Arc<Mutex<VecDeque<(Instant, Option<(u64, u64)>, bool)>>> = Arc::default();
         let refused: Arc<Mutex<Option<Status>>> = Arc::default();
         let requests = {
             let (received, refused) = (received.clone(), refused.clone());
@@ -281,10 +283,11 @@ impl RaftRpc for RaftService {
                                     (Some(f), Some(l)) => Some((f.log_id.index, l.log_id.index)),
                                     _ => None,
                                 };
-                                received
-                                    .lock()
-                                    .expect("received lock poisoned")
-                                    .push_back((at, carried));
+                                received.lock().expect("received lock poisoned").push_back((
+                                    at,
+                                    carried,
+                                    msg.leader_quorum_lost,
+                                ));
                                 Some((rpc, (Some(inbound), changes)))
                             }
                             Err(status) => {
@@ -302,16 +305,18 @@ impl RaftRpc for RaftService {
             .stream_append(Box::pin(requests))
             .map(move |result| {
                 let arrived = received.lock().expect("received lock poisoned").pop_front();
-                if let (Ok(Ok(_)), Some((at, Some((first, last))))) = (&result, arrived) {
+                if let (Ok(Ok(_)), Some((at, Some((first, last)), _))) = (&result, arrived) {
                     this.time_follower_append(at, first, last);
                 }
                 if matches!(result, Ok(Ok(_) | Err(StreamAppendError::Conflict(_)))) {
-                    this.leadership.heard_from_leader();
+                    let quorum_lost = arrived.is_some_and(|(_, _, lost)| lost);
+                    this.leadership.heard_from_leader(quorum_lost);
                 }
                 let msg = match result {
                     Ok(answer) => bincode::serialize(&answer).map(|data| pb::RaftMessage {
                         data,
                         error: Vec::new(),
+                        ..Default::default()
                     }),
                     Err(fatal) => bincode::serialize(&openraft::error::RaftError::<
                         crate::raft::TypeConfig,
@@ -319,6 +324,7 @@ impl RaftRpc for RaftService {
                     .map(|error| pb::RaftMessage {
                         data: Vec::new(),
                         error,
+                        ..Default::default()
                     }),
                 };
                 msg.map_err(internal)
@@ -337,6 +343,7 @@ impl RaftRpc for RaftService {
     ) -> Result<Response<pb::RaftMessage>, Status> {
         let received = Instant::now();
         self.admit(&req).await?;
+        let quorum_lost = req.get_ref().leader_quorum_lost;
         let rpc: openraft::raft::AppendEntriesRequest<crate::raft::TypeConfig> =
             decode(req.get_ref())?;
         peer_input::check_append(&rpc, &self.local()).map_err(refuse)?;
@@ -349,7 +356,7 @@ impl RaftRpc for RaftService {
             self.time_follower_append(received, first, last);
         }
         if matches!(&result, Ok(r) if !matches!(r, AppendEntriesResponse::HigherVote(_))) {
-            self.leadership.heard_from_leader();
+            self.leadership.heard_from_leader(quorum_lost);
         }
         reply(result)
     }
@@ -435,7 +442,9 @@ impl RaftRpc for RaftService {
         };
         let result = self.raft.install_full_snapshot(vote, snapshot).await;
         if result.is_ok() {
-            self.leadership.heard_from_leader();
+            // A snapshot says nothing of the leader's quorum; the next
+            // append does.
+            self.leadership.heard_from_leader(false);
         }
         reply(result.map_err(openraft::error::RaftError::<crate::raft::TypeConfig>::Fatal))
     }

@@ -52,6 +52,10 @@ pub struct Network {
     links: Arc<Links>,
     /// Dials peers over a custom transport instead of TCP (`None`: TCP).
     connector: Option<crate::transport::Connector>,
+    /// Set while this node leads without word from a quorum (the owner of
+    /// leadership keeps it); every AppendEntries it sends says so, so its
+    /// followers stop calling themselves ready.
+    quorum_lost: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Network {
@@ -81,6 +85,18 @@ impl Network {
     pub fn with_connector(mut self, connector: Option<crate::transport::Connector>) -> Self {
         self.connector = connector;
         self
+    }
+
+    /// Tells followers, on every AppendEntries, whether `quorum_lost` is
+    /// set (see `RaftMessage.leader_quorum_lost`).
+    pub fn with_quorum_flag(mut self, quorum_lost: Arc<std::sync::atomic::AtomicBool>) -> Self {
+        self.quorum_lost = quorum_lost;
+        self
+    }
+
+    /// Whether this node, as leader, has lost its quorum now.
+    fn quorum_lost(&self) -> bool {
+        self.quorum_lost.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn channel(&self, addr: &str) -> Result<Channel, String> {
@@ -254,6 +270,7 @@ impl Peer {
             self.request(pb::RaftMessage {
                 data,
                 error: Vec::new(),
+                ..Default::default()
             }),
         ) else {
             return;
@@ -341,6 +358,7 @@ impl Peer {
         let request = self.request(pb::RaftMessage {
             data,
             error: Vec::new(),
+            leader_quorum_lost: matches!(rpc, Rpc::AppendEntries) && self.channel.0.quorum_lost(),
         })?;
         let fut = async {
             match rpc {
@@ -548,6 +566,7 @@ impl Peer {
         let target = self.target;
         let outbound = {
             let (in_flight, metrics) = (in_flight.clone(), self.metrics.clone());
+            let network = self.channel.0.clone();
             input.map(move |rpc| {
                 let carried = match (rpc.entries.first(), rpc.entries.last()) {
                     (Some(first), Some(last)) => Some((first.log_id.index, last.log_id.index)),
@@ -566,6 +585,7 @@ impl Peer {
                 pb::RaftMessage {
                     data: bincode::serialize(&rpc).unwrap_or_default(),
                     error: Vec::new(),
+                    leader_quorum_lost: network.quorum_lost(),
                 }
             })
         };
@@ -672,6 +692,7 @@ impl Peer {
             .map(|data| pb::RaftMessage {
                 data,
                 error: Vec::new(),
+                ..Default::default()
             });
         let mut client = self.client().map_err(|e| net(&e))?;
         let request = self

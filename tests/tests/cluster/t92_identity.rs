@@ -64,6 +64,7 @@ async fn a_peer_from_another_cluster_is_refused() {
     let mut req = Request::new(pb::RaftMessage {
         data: vec![0; 64],
         error: Vec::new(),
+        ..Default::default()
     });
     req.metadata_mut().insert(
         "raftlock-cluster-id",

@@ -36,11 +36,13 @@ async fn install_snapshot(addr: &str, head: Vec<u8>, data: Vec<u8>) -> Result<()
     let mut msgs = vec![pb::RaftMessage {
         data: head,
         error: Vec::new(),
+        ..Default::default()
     }];
     if !data.is_empty() {
         msgs.push(pb::RaftMessage {
             data,
             error: Vec::new(),
+            ..Default::default()
         });
     }
     RaftClient::new(channel(addr))
@@ -342,6 +344,7 @@ fn msg(data: Vec<u8>) -> pb::RaftMessage {
     pb::RaftMessage {
         data,
         error: Vec::new(),
+        ..Default::default()
     }
 }
 

@@ -389,6 +389,7 @@ async fn the_raft_service_is_only_for_peers() {
     let garbage = pb::RaftMessage {
         data: vec![0xff; 16],
         error: Vec::new(),
+        ..Default::default()
     };
     let mut raft = RaftClient::new(channel(&leader));
     for token in [None, Some("tok-ops"), Some("tok-wrong")] {

@@ -108,6 +108,7 @@ async fn a_raft_message_larger_than_replication_needs_is_refused() {
     let huge = pb::RaftMessage {
         data: vec![0; raftlock_node::raft::MAX_RAFT_MESSAGE_BYTES + 1],
         error: Vec::new(),
+        ..Default::default()
     };
     let status = raft
         .append_entries(with_token(huge, PEER_TOKEN))
@@ -143,6 +144,7 @@ async fn malformed_streamed_raft_messages_are_refused() {
     let garbage = || pb::RaftMessage {
         data: vec![0xff; 7],
         error: Vec::new(),
+        ..Default::default()
     };
     let mut answers = raft
         .stream_append(with_token(tokio_stream::iter([garbage()]), PEER_TOKEN))
