@@ -172,10 +172,6 @@ async fn a_minority_side_cannot_elect_or_grant_until_the_heal() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "issue 24 finding, for the lead: a follower that cannot answer lags and still says SERVING"]
 async fn a_follower_that_cannot_answer_the_leader_stops_saying_serving() {
-    use tonic_health::pb::health_check_response::ServingStatus;
-    use tonic_health::pb::health_client::HealthClient;
-    use tonic_health::pb::HealthCheckRequest;
-
     let cluster = TestCluster::start_partitionable(3).await;
     let leader = cluster.leader().await;
     let lagging = cluster
@@ -210,18 +206,7 @@ async fn a_follower_that_cannot_answer_the_leader_stops_saying_serving() {
         "the majority went on"
     );
     let addr = cluster.addr(lagging);
-    let serving = || {
-        let addr = addr.clone();
-        async move {
-            let r = HealthClient::new(raftlock_testkit::channel(&addr))
-                .check(HealthCheckRequest {
-                    service: String::new(),
-                })
-                .await
-                .ok()?;
-            Some(r.into_inner().status == ServingStatus::Serving as i32)
-        }
-    };
+    let serving = || serving(addr.clone());
     // Behind by more than 40 entries, and it stays so; within 5 s its
     // health must say so.
     eventually(
@@ -247,10 +232,6 @@ async fn a_follower_that_cannot_answer_the_leader_stops_saying_serving() {
 /// beside a leader that said NOT_SERVING.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_follower_of_a_leader_without_a_quorum_stops_saying_serving() {
-    use tonic_health::pb::health_check_response::ServingStatus;
-    use tonic_health::pb::health_client::HealthClient;
-    use tonic_health::pb::HealthCheckRequest;
-
     let cluster = TestCluster::start_partitionable(4).await;
     let leader = cluster.leader().await;
     let ids = cluster.running();
@@ -264,18 +245,7 @@ async fn a_follower_of_a_leader_without_a_quorum_stops_saying_serving() {
         .copied()
         .filter(|&id| id != leader && id != follower)
         .collect();
-    let serving = |id: u64| {
-        let addr = cluster.addr(id);
-        async move {
-            let r = HealthClient::new(raftlock_testkit::channel(&addr))
-                .check(HealthCheckRequest {
-                    service: String::new(),
-                })
-                .await
-                .ok()?;
-            Some(r.into_inner().status == ServingStatus::Serving as i32)
-        }
-    };
+    let serving = |id: u64| serving(cluster.addr(id));
     for id in [leader, follower] {
         eventually("the node to say SERVING", WAIT, || {
             let s = serving(id);
@@ -309,4 +279,20 @@ async fn a_follower_of_a_leader_without_a_quorum_stops_saying_serving() {
         async move { (s.await == Some(true)).then_some(()) }
     })
     .await;
+}
+
+/// Whether the node at `addr` says SERVING to gRPC health (service `""`);
+/// `None` if it does not answer.
+async fn serving(addr: String) -> Option<bool> {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::HealthCheckRequest;
+
+    let r = HealthClient::new(raftlock_testkit::channel(&addr))
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .ok()?;
+    Some(r.into_inner().status == ServingStatus::Serving as i32)
 }
