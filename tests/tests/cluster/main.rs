@@ -22,6 +22,7 @@ mod t85_upgrade;
 mod t86_multi;
 mod t87_revoke;
 mod t88_console;
+mod t89_lease_paths;
 mod t90_observability;
 mod t91_reflection;
 mod t92_identity;

@@ -541,3 +541,54 @@ async fn bad_requests_get_documented_codes_and_change_nothing() {
     );
     cluster.shutdown().await;
 }
+
+/// A client deadline that passes during a blocking call is answered
+/// `DEADLINE_EXCEEDED`, as the .proto documents, never `CANCELLED`
+/// "Timeout expired" (review 2026-11-29: 6 of 16), which a client takes
+/// for its own cancel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_passing_deadline_is_answered_deadline_exceeded() {
+    use raftlock_proto::v1 as pb;
+    let cluster = TestCluster::start(1).await;
+    let addr = cluster.leader_addr().await;
+    let mut locks = locks_at(&addr);
+    let held = locks
+        .lock(pb::LockRequest {
+            name: "deadline/x".into(),
+            ttl_ms: 30_000,
+            nonce: 1,
+            ..Default::default()
+        })
+        .await
+        .expect("lock")
+        .into_inner();
+    assert!(held.acquired);
+    let tries = (0..16u64).map(|i| {
+        let mut locks = locks.clone();
+        async move {
+            // The server's deadline only (`grpc-timeout`); the channel's
+            // own timeout is far longer.
+            let mut req = tonic::Request::new(pb::LockRequest {
+                name: "deadline/x".into(),
+                ttl_ms: 30_000,
+                nonce: 100 + i,
+                wait: true,
+                ..Default::default()
+            });
+            req.set_timeout(Duration::from_millis(50 + 25 * i));
+            locks
+                .lock(req)
+                .await
+                .map(|_| ())
+                .map_err(|s| (s.code(), s.message().to_string()))
+        }
+    });
+    let answers = futures::future::join_all(tries).await;
+    for answer in &answers {
+        assert!(
+            matches!(answer, Err((tonic::Code::DeadlineExceeded, _))),
+            "{answer:?}"
+        );
+    }
+    cluster.shutdown().await;
+}
