@@ -405,17 +405,21 @@ impl Client {
         Ok(members(resp.into_inner().members))
     }
 
-    /// Revokes session `id` (needs `admin`): the cluster ends it now, as if
-    /// its lease had run out. Its grants end (lock-delay applies), its
+    /// Revokes session `id` (needs `admin`): from now on nothing renews
+    /// it (its owner learns at its next keep-alive:
+    /// [`Session::lost`](crate::Session::lost) fires,
+    /// [`Guard::is_held`](crate::Guard::is_held) turns false), and the
+    /// cluster ends it, as if its lease had run out, when the lease its
+    /// last keep-alive earned runs out (at most its ttl from now: its owner
+    /// may count that lease). Its grants end then (lock-delay applies), its
     /// waits are withdrawn, and the next waiters are granted with larger
-    /// fences; its owner learns it at its next keep-alive
-    /// ([`Session::lost`](crate::Session::lost) fires,
-    /// [`Guard::is_held`](crate::Guard::is_held) turns false). Returns the
-    /// number of grants that ended. [`Error::SessionNotFound`] if no such
-    /// session is open (never opened, ended, or revoked already),
-    /// [`Error::InvalidArgument`] for id 0.
+    /// fences. Returns, once it has ended, the number of grants that ended.
+    /// [`Error::SessionNotFound`] if no such session is open (never opened,
+    /// ended, or revoked already), [`Error::InvalidArgument`] for id 0.
     pub async fn revoke_session(&self, id: u64) -> Result<u32> {
-        let timeout = Duration::from_secs(10);
+        // The call lasts as long as the session's lease has left: at most
+        // the longest ttl (one hour).
+        let timeout = Duration::from_secs(3_600 + 30);
         let resp = self
             .transport
             .cluster_call(Kind::Write, timeout, |mut c| async move {

@@ -4,7 +4,11 @@
 //!
 //! **The lease view.** A session counts its lease conservatively: from the
 //! moment it *sent* the last keep-alive the leader acknowledged, minus a
-//! safety margin. The leader counts from when it processed that keep-alive
+//! safety margin. A session that ends with its process counts the smaller
+//! of its ttl and its grace (README, "The lease rule"): the leader ends it
+//! a grace after the stream that renewed it closes, and a paused process
+//! cannot tell when that happened; such a session renews every third of
+//! that length. The leader counts from when it processed that keep-alive
 //! (later), and a new leader restarts the count at full length, so as long
 //! as clocks tick at roughly the same rate the client always believes its
 //! lease ends before the cluster does. The count runs on this process's
@@ -64,27 +68,52 @@ pub(crate) struct Lease {
     id: u64,
     /// Its lease length.
     ttl: Duration,
-    /// How much of the ttl the view leaves out.
-    margin: Duration,
+    /// The grace of a session that ends with its process: the view counts
+    /// at most this much from an answered send.
+    grace: Option<Duration>,
+    /// How much of the counted length the view leaves out (a fraction).
+    margin: f64,
     /// The view; `Lost` and `Closed` are final.
     state: watch::Sender<LeaseState>,
 }
 
 impl Lease {
-    /// The view of session `id` whose lease (`ttl`, less `margin`) was
-    /// started by a request sent at `sent_at`.
-    pub(crate) fn new(id: u64, ttl: Duration, margin: Duration, sent_at: Instant) -> Lease {
-        Lease {
+    /// The view of session `id` whose lease (`ttl`; at most `grace` for a
+    /// session that ends with its process; less the `margin` fraction of
+    /// that) was started by a request sent at `sent_at`.
+    pub(crate) fn new(
+        id: u64,
+        ttl: Duration,
+        grace: Option<Duration>,
+        margin: f64,
+        sent_at: Instant,
+    ) -> Lease {
+        let mut lease = Lease {
             id,
             ttl,
-            margin,
-            state: watch::channel(LeaseState::Valid(sent_at + ttl - margin)).0,
-        }
+            grace,
+            margin: margin.clamp(0.0, 0.5),
+            state: watch::channel(LeaseState::Closed).0,
+        };
+        lease.state = watch::channel(LeaseState::Valid(sent_at + lease.counted(ttl))).0;
+        lease
     }
 
     /// The lease length.
     pub(crate) fn ttl(&self) -> Duration {
         self.ttl
+    }
+
+    /// How long after an answered send the view runs, for a lease of
+    /// `ttl`: the ttl (at most the grace), less the margin.
+    fn counted(&self, ttl: Duration) -> Duration {
+        let length = self.grace.map_or(ttl, |g| g.min(ttl));
+        length - length.mul_f64(self.margin)
+    }
+
+    /// How often the session renews: a third of the length it counts.
+    pub(crate) fn every(&self) -> Duration {
+        self.grace.map_or(self.ttl, |g| g.min(self.ttl)) / 3
     }
 
     /// True while the view says the lease is held.
@@ -119,9 +148,9 @@ impl Lease {
     }
 
     /// A keep-alive sent at `sent_at` was answered with `ttl`: the view
-    /// runs until `sent_at + ttl - margin`, if that is later.
+    /// runs until `sent_at` + the counted length, if that is later.
     fn extend(&self, sent_at: Instant, ttl: Duration) {
-        let new_until = sent_at + ttl - self.margin;
+        let new_until = sent_at + self.counted(ttl);
         self.state.send_if_modified(|s| match s {
             LeaseState::Valid(old) if *old < new_until => {
                 *old = new_until;
@@ -200,9 +229,10 @@ pub(crate) async fn keep_alive_loop(mux: Mux, lease: Arc<Lease>, first: Instant)
             LeaseState::Valid(u) => u,
             _ => return,
         };
-        // Next keep-alive a third of the ttl after this one was sent, or
-        // soon if this one failed; never later than the lease's end.
-        let next = (sent_at + lease.ttl / 3).max(Instant::now() + Duration::from_millis(50));
+        // Next keep-alive a third of the counted length after this one was
+        // sent, or soon if this one failed; never later than the lease's
+        // end.
+        let next = (sent_at + lease.every()).max(Instant::now() + Duration::from_millis(50));
         tokio::time::sleep_until(next.min(until)).await;
     }
 }
@@ -210,8 +240,9 @@ pub(crate) async fn keep_alive_loop(mux: Mux, lease: Arc<Lease>, first: Instant)
 /// One keep-alive of `lease`'s session: the ttl the leader renewed it for.
 async fn renew(mux: &Mux, lease: &Lease) -> Result<Duration> {
     let id = lease.id;
-    // A keep-alive that takes longer than a third of the ttl is useless.
-    let attempt = (lease.ttl / 3).max(Duration::from_millis(200));
+    // A keep-alive that takes longer than a third of the counted length
+    // is useless.
+    let attempt = lease.every().max(Duration::from_millis(200));
     let resp = mux.ask(id, Instant::now() + attempt).await?;
     if resp.expired {
         return Err(Error::SessionNotFound(format!("session {id} expired")));

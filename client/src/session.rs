@@ -234,8 +234,13 @@ impl Session {
             .await?
             .into_inner();
         let ttl = Duration::from_millis(resp.ttl_ms);
-        let margin = ttl.mul_f64(options.margin.clamp(0.0, 0.5));
-        let lease = Arc::new(Lease::new(resp.session_id, ttl, margin, sent_at));
+        let lease = Arc::new(Lease::new(
+            resp.session_id,
+            ttl,
+            options.end_on_disconnect,
+            options.margin,
+            sent_at,
+        ));
         let mux = client.keep_alives.clone();
         let inner = Arc::new(SessionInner {
             client,
@@ -255,7 +260,7 @@ impl Session {
         let first = if options.end_on_disconnect.is_some() {
             Instant::now()
         } else {
-            sent_at + ttl / 3
+            sent_at + lease.every()
         };
         let keeper = tokio::spawn(keep_alive_loop(mux, lease, first));
         *inner.keeper.lock().expect("keeper lock poisoned") = Some(keeper);

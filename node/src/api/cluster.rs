@@ -70,6 +70,7 @@ impl Api {
     /// Revokes `session` for `by` (an identity already checked for
     /// `admin`): the one implementation behind the RPC and the console.
     pub async fn revoke(&self, session: u64, by: String) -> Result<u32, Error> {
+        use crate::leases::KeepAliveError;
         if session == 0 {
             return Err(Error::InvalidArgument(
                 "session_id must be non-zero (session ids are log indexes)".into(),
@@ -78,13 +79,45 @@ impl Api {
         let at_unix_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
-        tracing::info!(session, by = %by, "revoke asked");
-        self.write(crate::state::cmd::RevokeSession {
-            session: crate::state::SessionId(session),
-            by,
-            at_unix_ms,
-        })
-        .await
+        let id = crate::state::SessionId(session);
+        // The lease rule: the session's client may count its lease until
+        // the deadline its last renewal earned. From now on nothing renews
+        // it (its next keep-alive is answered `expired`), and it ends at
+        // that deadline, not before.
+        let leases = self.0.shared.leases.clone();
+        let deadline = leases.begin_revoke(id).map_err(|e| match e {
+            KeepAliveError::NotLeader => self.not_leader(),
+            KeepAliveError::UnknownSession | KeepAliveError::Expiring => {
+                Error::NotFound(format!("{id} is not open"))
+            }
+        })?;
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        tracing::info!(session, by = %by, left_ms = left.as_millis() as u64, "revoke asked: no more renewals; it ends when its lease runs out");
+        // In a task of its own, so that the revoke is carried out even if
+        // its caller goes away meanwhile.
+        let api = self.clone();
+        let revoke = tokio::spawn(async move {
+            struct Revoking(
+                std::sync::Arc<crate::leases::Leases>,
+                crate::state::SessionId,
+            );
+            impl Drop for Revoking {
+                fn drop(&mut self) {
+                    self.0.end_revoke(self.1);
+                }
+            }
+            let _revoking = Revoking(leases, id);
+            tokio::time::sleep_until(deadline).await;
+            api.write(crate::state::cmd::RevokeSession {
+                session: id,
+                by,
+                at_unix_ms,
+            })
+            .await
+        });
+        revoke
+            .await
+            .map_err(|e| Error::Internal(format!("the revoke stopped: {e}")))?
     }
 }
 

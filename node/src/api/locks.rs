@@ -73,22 +73,30 @@ impl Drop for WatchSlot {
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
-/// The sessions one keep-alive stream has renewed; tells the lease keeper
-/// when the stream ends, however it ends.
-struct Carried {
-    api: Api,
-    /// Ordered, so that the lease keeper hears of them in the same order on
-    /// every run (the simulator's determinism).
-    sessions: std::collections::BTreeSet<SessionId>,
+/// One stream that carries sessions (a keep-alive stream, or a `Lock`
+/// call while it runs); tells the lease keeper when it ends, however it
+/// ends.
+pub(super) struct Carrier {
+    leases: std::sync::Arc<crate::leases::Leases>,
+    stream: crate::leases::StreamId,
 }
 
-impl Drop for Carried {
+impl Carrier {
+    pub(super) fn open(api: &Api) -> Carrier {
+        let leases = api.0.shared.leases.clone();
+        let stream = leases.open_stream();
+        Carrier { leases, stream }
+    }
+
+    /// This stream has just renewed (or opened) `session`.
+    pub(super) fn carries(&self, session: SessionId) {
+        self.leases.carries(self.stream, session);
+    }
+}
+
+impl Drop for Carrier {
     fn drop(&mut self) {
-        self.api
-            .0
-            .shared
-            .leases
-            .stream_ended(std::mem::take(&mut self.sessions));
+        self.leases.stream_ended(self.stream);
     }
 }
 
@@ -221,12 +229,9 @@ impl Locks for Api {
         let api = self.clone();
         tokio::spawn(async move {
             let _ended = StreamEnded(api.0.shared.metrics.clone());
-            // The sessions this stream has renewed: when it ends, those that
-            // end with their process start their grace (see `leases`).
-            let mut carried = Carried {
-                api: api.clone(),
-                sessions: std::collections::BTreeSet::new(),
-            };
+            // The sessions this stream renews: when it ends, those that end
+            // with their process start their grace (see `leases`).
+            let carrier = Carrier::open(&api);
             // One client multiplexes all its sessions on one stream: take
             // every keep-alive already waiting, confirm leadership once for
             // them all (each arrived before the round starts), answer each
@@ -283,9 +288,10 @@ impl Locks for Api {
                     // A session that is gone gets its own answer and the
                     // stream goes on for the others on it; anything else
                     // (not the leader, no quorum) ends the stream, to be
-                    // retried at the leader.
-                    if result.is_ok() && carried.sessions.insert(session) {
-                        api.0.shared.leases.stream_carries(session);
+                    // retried at the leader. Every renewal counts the
+                    // stream as a carrier in the term it happens in.
+                    if result.is_ok() {
+                        carrier.carries(session);
                     }
                     let item = match result {
                         Ok(ttl) => Ok(pb::KeepAliveResponse {

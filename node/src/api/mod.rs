@@ -11,6 +11,7 @@ pub mod backup;
 pub mod batcher;
 pub mod cluster;
 pub mod convert;
+pub mod deadline;
 pub mod http;
 pub mod locks;
 mod oneshot;
@@ -88,17 +89,24 @@ impl Api {
     /// answer (refusals as errors). A reply of a kind the command never
     /// gets is a bug, answered `INTERNAL` from here.
     pub async fn write<C: Request>(&self, command: C) -> Result<C::Answer, Error> {
-        let reply = self.write_command(command.into()).await?;
-        C::answer(reply).map_err(|other| {
+        Ok(self.write_indexed(command).await?.0)
+    }
+
+    /// As [`write`](Self::write), with the log index of the entry the
+    /// command was applied in.
+    pub async fn write_indexed<C: Request>(&self, command: C) -> Result<(C::Answer, u64), Error> {
+        let (reply, index) = self.write_command(command.into()).await?;
+        let answer = C::answer(reply).map_err(|other| {
             Error::Internal(format!(
                 "a command was answered with {other:?}, which its kind never gets"
             ))
-        })
+        })?;
+        Ok((answer, index))
     }
 
     /// Proposes `command` and waits until it is applied here; returns the
-    /// table's reply (refusals as errors).
-    async fn write_command(&self, command: Command) -> Result<Reply, Error> {
+    /// table's reply (refusals as errors) and the entry's log index.
+    async fn write_command(&self, command: Command) -> Result<(Reply, u64), Error> {
         let received = tokio::time::Instant::now();
         // A leader cut off from its quorum proposes nothing: it could not
         // commit, and another node may lead by now. Not proposed, so surely
@@ -109,7 +117,7 @@ impl Api {
             stages.record(Stage::Receive, received.elapsed(), 1);
             self.0.batcher.submit(command).await
         };
-        let (_index, response, responded) = tokio::select! {
+        let (index, response, responded) = tokio::select! {
             done = submit => done?,
             _ = self.0.leadership.quorum_lost() => {
                 return Err(Error::Timeout(
@@ -124,7 +132,7 @@ impl Api {
         stages.record(Stage::Server, between(received, replied), 1);
         match response.reply {
             Reply::Refused(refusal) => Err(refusal.into()),
-            reply => Ok(reply),
+            reply => Ok((reply, index)),
         }
     }
 

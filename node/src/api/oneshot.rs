@@ -50,6 +50,19 @@ impl Drop for CloseIfAbandoned {
 
 impl Api {
     /// `Lock`: see the .proto.
+    ///
+    /// The lease rule on this path: a client counts the session's lease
+    /// from the send of the `Lock` it was answered for (the first send, or
+    /// a retry with the same nonce). The leader's lease started when the
+    /// open applied, after the first send; a grant that waited, or a retry
+    /// answered from the session's remembered outcome, restarts it as it
+    /// answers, after a quorum round, so the leader's count never ends
+    /// before the client's. Until the answer is on its way, the session is
+    /// closed if the call goes away (a caller killed just before its grant
+    /// must not keep the lock for its ttl), and a session that ends with
+    /// its process is carried by the call like a keep-alive stream: its
+    /// grace starts when the call ends, and its client renews it on a
+    /// stream before that grace is out.
     pub(super) async fn lock_call(
         &self,
         caller: Caller,
@@ -74,23 +87,29 @@ impl Api {
         };
         command.validate()?;
         // The write runs in a task of its own, which hands its outcome over
-        // with the guard of a queued session already armed: if this call
-        // goes away while the command is being written (a worker killed
-        // right after sending), the guard is dropped unread (with the
-        // channel, or when the send fails) and closes the session, instead
-        // of leaving its wait queued for the whole ttl.
+        // with the guard of the session already armed (granted or queued):
+        // if this call goes away while the command is being written (a
+        // worker killed right after sending), the guard is dropped unread
+        // (with the channel, or when the send fails) and closes the
+        // session, instead of leaving its wait queued or its grant held
+        // for the whole ttl. The carrier counts the call as a stream of a
+        // session that ends with its process.
+        let carrier = super::locks::Carrier::open(self);
         let (tx, rx) = tokio::sync::oneshot::channel();
         tokio::spawn({
             let api = self.clone();
             let caller = caller.identity.clone();
             async move {
-                let written = api.write(command).await;
+                let written = api.write_indexed(command).await;
                 let guard = match &written {
-                    Ok(cmd::Locked {
-                        session,
-                        outcome: Acquired::Queued,
-                        ..
-                    }) => Some(CloseIfAbandoned {
+                    Ok((
+                        cmd::Locked {
+                            session,
+                            outcome: Acquired::Queued | Acquired::Granted { .. },
+                            ..
+                        },
+                        _,
+                    )) => Some(CloseIfAbandoned {
                         api: api.clone(),
                         session: *session,
                         caller,
@@ -104,19 +123,25 @@ impl Api {
         let (written, guard) = rx
             .await
             .map_err(|_| Error::Internal("a lock's write ended without an answer".into()))?;
-        let cmd::Locked {
-            session,
-            ttl_ms,
-            outcome,
-        } = written?;
-        let (outcome, waited) = match outcome {
+        let (
+            cmd::Locked {
+                session,
+                ttl_ms,
+                outcome,
+            },
+            entry,
+        ) = written?;
+        let Some(mut guard) = guard else {
+            // Not granted: the table left no session (or ended it with the
+            // wait).
+            return Ok(pb::LockResponse {
+                ttl_ms,
+                ..Default::default()
+            });
+        };
+        carrier.carries(session);
+        let (outcome, restart) = match outcome {
             Acquired::Queued => {
-                let mut guard = guard.unwrap_or_else(|| CloseIfAbandoned {
-                    api: self.clone(),
-                    session,
-                    caller: caller.identity.clone(),
-                    armed: true,
-                });
                 let keeper = tokio::spawn(keep_alive_while_parked(
                     self.clone(),
                     session,
@@ -124,36 +149,54 @@ impl Api {
                 ));
                 let parked = self.park(session, name, timeout_ms).await;
                 keeper.abort();
-                let outcome = parked?;
-                guard.armed = false;
-                (outcome, true)
+                (parked?, true)
             }
-            outcome => (outcome, false),
+            // Granted by this very entry: the lease started when it
+            // applied, after this request was sent. Granted earlier: a
+            // retry answered from what the session remembers.
+            granted @ Acquired::Granted { index, .. } => {
+                (granted, crate::raft::log_index_of(index) != entry)
+            }
+            Acquired::NotAcquired => (Acquired::NotAcquired, false),
         };
-        match outcome {
-            Acquired::Granted { fence, .. } => {
-                if waited {
-                    // The client counts its lease from when it sent the
-                    // request; restart it now, after a quorum round, so the
-                    // leader's count ends no sooner.
-                    self.0.leadership.confirm().await?;
-                    self.renew_session(session)?;
-                }
-                Ok(pb::LockResponse {
-                    acquired: true,
-                    fence: fence.0,
-                    session_id: session.0,
-                    ttl_ms,
-                    next_seq: LOCK_SEQ + 1,
-                })
-            }
-            // Not granted: the table left no session (or ended it with the
-            // wait).
-            Acquired::NotAcquired | Acquired::Queued => Ok(pb::LockResponse {
+        let Acquired::Granted { fence, .. } = outcome else {
+            // The wait ended without a grant, and the session with it.
+            guard.armed = false;
+            return Ok(pb::LockResponse {
                 ttl_ms,
                 ..Default::default()
-            }),
+            });
+        };
+        if restart {
+            // The client counts its lease from when it sent this request;
+            // restart it now, after a quorum round, so the leader's count
+            // ends no sooner. If that fails, the grant stands but its lease
+            // is not known to reach the client's count: the guard closes
+            // the session, and the answer says the outcome is unknown.
+            let restarted = match self.0.leadership.confirm().await {
+                Ok(()) => self.renew_session(session).map(|_| ()),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = restarted {
+                return Err(Error::Unavailable(format!(
+                    "the lock was granted but its lease could not be restarted ({e}); the \
+                     outcome is unknown: retry with the same nonce"
+                )));
+            }
+        } else {
+            // Let the connection's task run once: a caller that went away
+            // just before its grant is noticed here, and the guard closes
+            // its session.
+            tokio::task::yield_now().await;
         }
+        guard.armed = false;
+        Ok(pb::LockResponse {
+            acquired: true,
+            fence: fence.0,
+            session_id: session.0,
+            ttl_ms,
+            next_seq: LOCK_SEQ + 1,
+        })
     }
 
     /// `Unlock`: a close under [`UNLOCK_SEQ`].
@@ -180,15 +223,45 @@ impl Api {
         r: pb::SetSessionTtlRequest,
     ) -> Result<pb::SetSessionTtlResponse, Error> {
         caller.require_any(Permission::Lock)?;
+        let session = SessionId(r.session_id);
         let command = cmd::SetTtl {
-            session: SessionId(r.session_id),
+            session,
             seq: r.seq,
             ttl_ms: r.ttl_ms,
             caller: caller.identity,
         };
         command.validate()?;
+        // The lease rule on this path: the client counts the new lease from
+        // the send of the change it was answered for. So no expiry of the
+        // session is decided while the change is in flight (one decided
+        // meanwhile would undo the lease the answer promises), a session
+        // whose end is under way is refused, and once the change applied
+        // (or was found applied: a retry) the lease restarts after a quorum
+        // round, as a keep-alive's does.
+        let leases = &self.0.shared.leases;
+        leases
+            .begin_ttl_change(session)
+            .map_err(|_| Error::NotFound(format!("{session} expired")))?;
+        struct Changing<'a>(&'a crate::leases::Leases, SessionId);
+        impl Drop for Changing<'_> {
+            fn drop(&mut self) {
+                self.0.end_ttl_change(self.1);
+            }
+        }
+        let _changing = Changing(leases, session);
         let ttl_ms = self.write(command).await?;
-        Ok(pb::SetSessionTtlResponse { ttl_ms })
+        let restarted = match self.0.leadership.confirm().await {
+            Ok(()) => self.renew_session(session).map(|_| ()),
+            Err(e) => Err(e),
+        };
+        match restarted {
+            Ok(()) => Ok(pb::SetSessionTtlResponse { ttl_ms }),
+            Err(e @ Error::NotFound(_)) => Err(e),
+            Err(e) => Err(Error::Unavailable(format!(
+                "the ttl change applied but the lease could not be restarted ({e}); retry with \
+                 the same seq"
+            ))),
+        }
     }
 }
 

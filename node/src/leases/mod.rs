@@ -13,6 +13,18 @@
 //! Keep-alives are not written to the log: they move a deadline in this
 //! leader's memory, after the leader has confirmed with a quorum that it is
 //! still the leader (see `api::locks`).
+//!
+//! **The lease rule** (README, "The lease rule"): a client believes its
+//! lease until the send time of its last answered renewal plus the lease
+//! length (the ttl, or the smaller of the ttl and the grace of a session
+//! that ends with its process) less a margin. So this keeper never ends a
+//! lease before that: a renewal, a ttl change and a new leader only ever
+//! push a deadline later (never earlier); the grace of a session that ends
+//! with its process is counted from the end of the last stream that
+//! renewed it in this term (each renewal's send came before that end); a
+//! ttl change in flight holds its session's expiry back until it has
+//! applied; a revoke stops the renewals at once and ends the session only
+//! at the deadline its last renewal earned.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -87,10 +99,21 @@ struct Timers {
     /// Sessions that end with their process: the grace after their last
     /// keep-alive stream on this leader ends.
     graces: BTreeMap<SessionId, Duration>,
-    /// Keep-alive streams on this leader that carry each session (have
-    /// renewed it); a session with a grace whose count drops to 0 expires
-    /// after the grace unless a stream carries it again.
-    streams: BTreeMap<SessionId, u32>,
+    /// The streams (keep-alive streams, and `Lock` calls while they run)
+    /// that have renewed each session with a grace in this term; when the
+    /// last one ends, the session expires after its grace unless a stream
+    /// renews it again.
+    carriers: BTreeMap<SessionId, BTreeSet<u64>>,
+    /// The same, by stream: the sessions each one carries.
+    carried: BTreeMap<u64, BTreeSet<SessionId>>,
+    /// Sessions with a `SetSessionTtl` in flight on this leader (how
+    /// many): their expiry is not decided until it has applied, which
+    /// restarts the lease (see [`Leases::begin_ttl_change`]).
+    ttl_changes: BTreeMap<SessionId, u32>,
+    /// Sessions an administrator is revoking (by how many revokes): no
+    /// renewal is acknowledged and no expiry proposed; the revoke ends them
+    /// at their deadline (see [`Leases::begin_revoke`]).
+    revoking: BTreeMap<SessionId, u32>,
 }
 
 impl Timers {
@@ -107,6 +130,14 @@ impl Timers {
         }
     }
 
+    /// Moves `key`'s deadline to `at` if that is later (a lease is never
+    /// cut short by a renewal); arms it if it had none.
+    fn extend(&mut self, key: TimerKey, at: Instant) {
+        if self.deadlines.get(&key).is_none_or(|d| *d < at) {
+            self.arm(key, at);
+        }
+    }
+
     fn clear(&mut self) {
         self.active = false;
         self.paused = false;
@@ -117,7 +148,32 @@ impl Timers {
         self.delays.clear();
         self.expiring.clear();
         self.graces.clear();
-        self.streams.clear();
+        self.carriers.clear();
+        self.carried.clear();
+        self.ttl_changes.clear();
+        self.revoking.clear();
+    }
+
+    /// Forgets everything about `session` but its timer.
+    fn forget(&mut self, session: SessionId) {
+        self.ttls.remove(&session);
+        self.expiring.remove(&session);
+        self.graces.remove(&session);
+        self.ttl_changes.remove(&session);
+        self.revoking.remove(&session);
+        if let Some(streams) = self.carriers.remove(&session) {
+            for stream in streams {
+                if let Some(sessions) = self.carried.get_mut(&stream) {
+                    sessions.remove(&session);
+                }
+            }
+        }
+    }
+
+    /// Whether a renewal of `session` must be refused: its expiry has been
+    /// proposed, or it is being revoked.
+    fn ending(&self, session: SessionId) -> bool {
+        self.expiring.contains(&session) || self.revoking.contains_key(&session)
     }
 
     /// Times the lock-delay on `name` that started at `since`, replacing an
@@ -137,7 +193,14 @@ pub struct Leases {
     timers: Mutex<Timers>,
     /// Wakes the timer task when the earliest deadline may have changed.
     changed: Notify,
+    /// The last stream id handed out ([`Leases::open_stream`]).
+    streams: std::sync::atomic::AtomicU64,
 }
+
+/// One keep-alive stream (or one `Lock` call) on this node: what carries
+/// sessions that end with their process. Ids are never reused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct StreamId(u64);
 
 /// Why a keep-alive was refused.
 #[derive(Debug, PartialEq, Eq)]
@@ -146,7 +209,8 @@ pub enum KeepAliveError {
     NotLeader,
     /// No such open session.
     UnknownSession,
-    /// The session's lease ran out and its expiry has been proposed.
+    /// The session's lease ran out and its expiry has been proposed, or an
+    /// administrator is revoking it.
     Expiring,
 }
 
@@ -276,21 +340,22 @@ impl Leases {
                     changed = true;
                 }
                 Event::SessionTtlChanged { session, ttl_ms } => {
-                    // The lease restarts at the new length.
-                    if t.ttls.contains_key(session) && !t.expiring.contains(session) {
+                    // Renewals from now on are at the new length, and the
+                    // lease restarts at it, unless that would end it
+                    // sooner than the lease in force (a client may count
+                    // that one). A session whose end is under way stays
+                    // ending (its `SetSessionTtl` answers `NOT_FOUND`).
+                    if t.ttls.contains_key(session) && !t.ending(*session) {
                         let ttl = Duration::from_millis(*ttl_ms);
                         t.ttls.insert(*session, ttl);
-                        t.arm(TimerKey::Session(*session), now + ttl);
+                        t.extend(TimerKey::Session(*session), now + ttl);
                         changed = true;
                     }
                 }
                 // A SessionEnded follows.
                 Event::SessionRevoked { .. } => {}
                 Event::SessionEnded { session, .. } => {
-                    t.ttls.remove(session);
-                    t.expiring.remove(session);
-                    t.graces.remove(session);
-                    t.streams.remove(session);
+                    t.forget(*session);
                     t.disarm(&TimerKey::Session(*session));
                 }
                 Event::Queued {
@@ -357,53 +422,68 @@ impl Leases {
             .collect()
     }
 
-    /// Restarts `session`'s lease from now. The caller has confirmed
-    /// leadership with a quorum *after* the keep-alive arrived.
+    /// Restarts `session`'s lease from now (never to end sooner than it
+    /// would have). The caller has confirmed leadership with a quorum
+    /// *after* the keep-alive arrived.
     pub fn keep_alive(&self, session: SessionId) -> Result<Duration, KeepAliveError> {
         let mut t = self.timers.lock().expect("timers lock poisoned");
         if !t.active || t.paused {
             return Err(KeepAliveError::NotLeader);
         }
         let ttl = *t.ttls.get(&session).ok_or(KeepAliveError::UnknownSession)?;
-        if t.expiring.contains(&session) {
-            // Its expiry is proposed: acknowledging now would tell the
-            // client its lease goes on while its grants are being handed
-            // over.
+        if t.ending(session) {
+            // Its expiry is proposed (or a revoke waits for its deadline):
+            // acknowledging now would tell the client its lease goes on
+            // while its grants are being handed over.
             return Err(KeepAliveError::Expiring);
         }
-        t.arm(TimerKey::Session(session), Instant::now() + ttl);
+        t.extend(TimerKey::Session(session), Instant::now() + ttl);
         Ok(ttl)
     }
 
-    /// A keep-alive stream on this leader has renewed `session` for the
-    /// first time: it carries the session until it ends.
-    pub fn stream_carries(&self, session: SessionId) {
+    /// A new stream id, for a keep-alive stream (or a `Lock` call) that may
+    /// carry sessions.
+    pub fn open_stream(&self) -> StreamId {
+        StreamId(
+            self.streams
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                + 1,
+        )
+    }
+
+    /// `stream` has just renewed `session` (or opened it, for a `Lock`
+    /// call): in this term it carries the session until it ends. Cheap
+    /// to call at every renewal; only sessions with a grace are tracked.
+    pub fn carries(&self, stream: StreamId, session: SessionId) {
         let mut t = self.timers.lock().expect("timers lock poisoned");
-        if t.active && t.ttls.contains_key(&session) {
-            *t.streams.entry(session).or_default() += 1;
+        if !t.active || !t.graces.contains_key(&session) {
+            return;
+        }
+        if t.carriers.entry(session).or_default().insert(stream.0) {
+            t.carried.entry(stream.0).or_default().insert(session);
         }
     }
 
-    /// A keep-alive stream that carried `sessions` ended (its client closed
-    /// it, or the connection dropped). A session with a grace that no
-    /// stream carries any more expires after the grace, unless a stream
-    /// renews it before.
-    pub fn stream_ended(&self, sessions: impl IntoIterator<Item = SessionId>) {
+    /// `stream` ended (its client closed it, the connection dropped, the
+    /// `Lock` call answered or went away). A session it carried that no
+    /// other stream carries in this term expires after its grace, unless a
+    /// stream renews it before.
+    pub fn stream_ended(&self, stream: StreamId) {
         let mut t = self.timers.lock().expect("timers lock poisoned");
-        if !t.active {
+        let Some(sessions) = t.carried.remove(&stream.0) else {
             return;
-        }
+        };
         let now = Instant::now();
         let mut changed = false;
         for session in sessions {
-            let Some(count) = t.streams.get_mut(&session) else {
+            let Some(carriers) = t.carriers.get_mut(&session) else {
                 continue;
             };
-            *count = count.saturating_sub(1);
-            if *count > 0 {
+            carriers.remove(&stream.0);
+            if !carriers.is_empty() {
                 continue;
             }
-            t.streams.remove(&session);
+            t.carriers.remove(&session);
             let Some(grace) = t.graces.get(&session).copied() else {
                 continue;
             };
@@ -418,6 +498,76 @@ impl Leases {
         if changed {
             self.changed.notify_one();
         }
+    }
+
+    /// A `SetSessionTtl` of `session` is about to be written on this
+    /// node. Refused if its end is under way (the expiry proposed, or a
+    /// revoke waiting); otherwise no expiry of the session is decided until
+    /// [`end_ttl_change`](Self::end_ttl_change): the change restarts the
+    /// lease when it applies, and an expiry decided meanwhile would undo
+    /// the lease its answer promises. Not leading: nothing to hold back
+    /// (the write is refused).
+    pub fn begin_ttl_change(&self, session: SessionId) -> Result<(), KeepAliveError> {
+        let mut t = self.timers.lock().expect("timers lock poisoned");
+        if !t.active {
+            return Ok(());
+        }
+        if t.ending(session) {
+            return Err(KeepAliveError::Expiring);
+        }
+        *t.ttl_changes.entry(session).or_default() += 1;
+        Ok(())
+    }
+
+    /// The `SetSessionTtl` begun with [`begin_ttl_change`] has ended
+    /// (answered or failed).
+    ///
+    /// [`begin_ttl_change`]: Self::begin_ttl_change
+    pub fn end_ttl_change(&self, session: SessionId) {
+        let mut t = self.timers.lock().expect("timers lock poisoned");
+        if let Some(n) = t.ttl_changes.get_mut(&session) {
+            *n -= 1;
+            if *n == 0 {
+                t.ttl_changes.remove(&session);
+            }
+        }
+        drop(t);
+        self.changed.notify_one();
+    }
+
+    /// An administrator revokes `session`: from now on no renewal of it is
+    /// acknowledged (its client learns at its next keep-alive) and no
+    /// expiry is proposed for it; the revoke ends it at the returned
+    /// deadline, the end of the lease its last renewal earned, which its
+    /// client may count until. `NotLeader` unless this node counts leases.
+    pub fn begin_revoke(&self, session: SessionId) -> Result<Instant, KeepAliveError> {
+        let mut t = self.timers.lock().expect("timers lock poisoned");
+        if !t.active || t.paused {
+            return Err(KeepAliveError::NotLeader);
+        }
+        if !t.ttls.contains_key(&session) {
+            return Err(KeepAliveError::UnknownSession);
+        }
+        *t.revoking.entry(session).or_default() += 1;
+        Ok(t.deadlines
+            .get(&TimerKey::Session(session))
+            .copied()
+            .unwrap_or_else(Instant::now))
+    }
+
+    /// The revoke begun with [`begin_revoke`](Self::begin_revoke) has
+    /// ended (applied or failed): if the session is still open, its timer
+    /// works as before (a lease that ran out meanwhile expires at once).
+    pub fn end_revoke(&self, session: SessionId) {
+        let mut t = self.timers.lock().expect("timers lock poisoned");
+        if let Some(n) = t.revoking.get_mut(&session) {
+            *n -= 1;
+            if *n == 0 {
+                t.revoking.remove(&session);
+            }
+        }
+        drop(t);
+        self.changed.notify_one();
     }
 
     /// Timers due at `now`; each is pushed back by [`RETRY_AFTER`] so it
@@ -437,10 +587,20 @@ impl Leases {
         }
         for key in &due {
             t.arm(key.clone(), now + RETRY_AFTER);
-            if let TimerKey::Session(session) = key {
-                t.expiring.insert(*session);
-            }
         }
+        // A session with a ttl change in flight, or being revoked, is looked
+        // at again later; the others' expiry is proposed now.
+        due.retain(|key| match key {
+            TimerKey::Session(session) => {
+                let held_back =
+                    t.ttl_changes.contains_key(session) || t.revoking.contains_key(session);
+                if !held_back {
+                    t.expiring.insert(*session);
+                }
+                !held_back
+            }
+            _ => true,
+        });
         due
     }
 
@@ -737,17 +897,20 @@ mod tests {
         leases.activate_for_term(1, &LockTable::new());
         leases.on_events(&[bound_session(30_000, 300)]);
         // Before any stream carried it, a stream's end changes nothing.
-        leases.stream_ended([SessionId(1)]);
+        let (a, b) = (leases.open_stream(), leases.open_stream());
+        leases.stream_ended(a);
         tokio::time::advance(Duration::from_millis(301)).await;
         assert!(leases.take_due(Instant::now()).is_empty());
-        // Two streams carry it; one ends: the other still does.
-        leases.stream_carries(SessionId(1));
-        leases.stream_carries(SessionId(1));
-        leases.stream_ended([SessionId(1)]);
+        // Two streams carry it (renewing again counts once); one ends: the
+        // other still does.
+        leases.carries(a, SessionId(1));
+        leases.carries(a, SessionId(1));
+        leases.carries(b, SessionId(1));
+        leases.stream_ended(a);
         tokio::time::advance(Duration::from_millis(301)).await;
         assert!(leases.take_due(Instant::now()).is_empty());
         // The last one ends: expiry after the grace, not the ttl.
-        leases.stream_ended([SessionId(1)]);
+        leases.stream_ended(b);
         tokio::time::advance(Duration::from_millis(299)).await;
         assert!(leases.take_due(Instant::now()).is_empty());
         tokio::time::advance(Duration::from_millis(1)).await;
@@ -762,15 +925,17 @@ mod tests {
         let leases = Leases::default();
         leases.activate_for_term(1, &LockTable::new());
         leases.on_events(&[bound_session(30_000, 300)]);
-        leases.stream_carries(SessionId(1));
-        leases.stream_ended([SessionId(1)]);
+        let a = leases.open_stream();
+        leases.carries(a, SessionId(1));
+        leases.stream_ended(a);
         tokio::time::advance(Duration::from_millis(200)).await;
         // A new stream renews it: the ttl counts again.
         assert_eq!(
             leases.keep_alive(SessionId(1)),
             Ok(Duration::from_millis(30_000))
         );
-        leases.stream_carries(SessionId(1));
+        let b = leases.open_stream();
+        leases.carries(b, SessionId(1));
         tokio::time::advance(Duration::from_millis(29_999)).await;
         assert!(leases.take_due(Instant::now()).is_empty());
         // An unbound session ignores streams altogether.
@@ -779,31 +944,184 @@ mod tests {
             ttl_ms: 10_000,
             end_on_disconnect_ms: 0,
         }]);
-        leases.stream_carries(SessionId(2));
-        leases.stream_ended([SessionId(2)]);
+        let c = leases.open_stream();
+        leases.carries(c, SessionId(2));
+        leases.stream_ended(c);
         tokio::time::advance(Duration::from_millis(9_999)).await;
         assert!(!leases
             .take_due(Instant::now())
             .contains(&TimerKey::Session(SessionId(2))));
     }
 
+    /// Review 2026-11-29 #4: a stream that renewed a session in an earlier
+    /// term is counted again when it renews in this one, and a second
+    /// stream keeps the session when the first ends.
     #[tokio::test(start_paused = true)]
-    async fn a_new_ttl_restarts_the_lease_at_its_length() {
+    async fn streams_are_counted_in_every_term_they_renew_in() {
+        let leases = Leases::default();
+        let table = LockTable::new();
+        leases.activate_for_term(1, &table);
+        leases.on_events(&[bound_session(30_000, 300)]);
+        let a = leases.open_stream();
+        leases.carries(a, SessionId(1));
+        // The leadership leaves and comes back: a new term.
+        leases.deactivate();
+        let mut table = LockTable::new();
+        table.apply(
+            1,
+            Command::OpenSession(cmd::OpenSession {
+                ttl_ms: 30_000,
+                lock_delay_ms: 0,
+                nonce: 0,
+                owner: String::new(),
+                end_on_disconnect_ms: 300,
+            }),
+        );
+        let session = table.sessions().next().expect("a session").session;
+        leases.activate_for_term(3, &table);
+        // Stream A renews it again, and stream B too.
+        leases.carries(a, session);
+        let b = leases.open_stream();
+        leases.carries(b, session);
+        leases.stream_ended(a);
+        tokio::time::advance(Duration::from_millis(301)).await;
+        assert!(
+            leases.take_due(Instant::now()).is_empty(),
+            "B still carries it"
+        );
+        leases.stream_ended(b);
+        tokio::time::advance(Duration::from_millis(300)).await;
+        assert_eq!(
+            leases.take_due(Instant::now()),
+            vec![TimerKey::Session(session)]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_new_ttl_applies_to_renewals_and_never_cuts_the_lease_short() {
         let leases = Leases::default();
         leases.activate_for_term(1, &table_with_session(30_000));
         tokio::time::advance(Duration::from_millis(1_000)).await;
-        // Keep-alives renew at the new length too.
+        // A longer ttl restarts the lease at its length.
+        leases.on_events(&[Event::SessionTtlChanged {
+            session: SessionId(1),
+            ttl_ms: 60_000,
+        }]);
+        // A shorter one at once does not end the lease in force sooner: a
+        // client counts the renewal it had.
         leases.on_events(&[Event::SessionTtlChanged {
             session: SessionId(1),
             ttl_ms: 2_000,
         }]);
+        tokio::time::advance(Duration::from_millis(59_999)).await;
+        assert!(leases.take_due(Instant::now()).is_empty());
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(leases.take_due(Instant::now()).len(), 1);
+        // Keep-alives renew at the new length.
+        leases.on_events(&[Event::SessionEnded {
+            session: SessionId(1),
+            expired: true,
+        }]);
+        leases.on_events(&[Event::SessionOpened {
+            session: SessionId(2),
+            ttl_ms: 30_000,
+            end_on_disconnect_ms: 0,
+        }]);
+        tokio::time::advance(Duration::from_millis(29_000)).await;
+        leases.on_events(&[Event::SessionTtlChanged {
+            session: SessionId(2),
+            ttl_ms: 2_000,
+        }]);
+        tokio::time::advance(Duration::from_millis(1_000)).await;
         assert_eq!(
-            leases.keep_alive(SessionId(1)),
+            leases.keep_alive(SessionId(2)),
             Ok(Duration::from_millis(2_000))
         );
         tokio::time::advance(Duration::from_millis(1_999)).await;
         assert!(leases.take_due(Instant::now()).is_empty());
         tokio::time::advance(Duration::from_millis(1)).await;
         assert_eq!(leases.take_due(Instant::now()).len(), 1);
+    }
+
+    /// Review 2026-11-29 #2: while a ttl change is in flight, the session's
+    /// expiry is not decided (it would undo the lease the change's answer
+    /// promises); once its end is under way, a change is refused.
+    #[tokio::test(start_paused = true)]
+    async fn a_ttl_change_in_flight_holds_the_expiry_back() {
+        let leases = Leases::default();
+        leases.activate_for_term(1, &table_with_session(1_000));
+        tokio::time::advance(Duration::from_millis(999)).await;
+        assert_eq!(leases.begin_ttl_change(SessionId(1)), Ok(()));
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(
+            leases.take_due(Instant::now()).is_empty(),
+            "held back while the change is in flight"
+        );
+        // The change applies and restarts the lease.
+        leases.on_events(&[Event::SessionTtlChanged {
+            session: SessionId(1),
+            ttl_ms: 30_000,
+        }]);
+        leases.end_ttl_change(SessionId(1));
+        tokio::time::advance(Duration::from_millis(29_999)).await;
+        assert!(leases.take_due(Instant::now()).is_empty());
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(leases.take_due(Instant::now()).len(), 1);
+        // Its expiry is proposed now: a change is refused, and one that
+        // applies anyway (written elsewhere) does not restart it.
+        assert_eq!(
+            leases.begin_ttl_change(SessionId(1)),
+            Err(KeepAliveError::Expiring)
+        );
+        leases.on_events(&[Event::SessionTtlChanged {
+            session: SessionId(1),
+            ttl_ms: 30_000,
+        }]);
+        assert_eq!(
+            leases.keep_alive(SessionId(1)),
+            Err(KeepAliveError::Expiring)
+        );
+    }
+
+    /// A revoke refuses renewals at once and proposes nothing itself: the
+    /// revoker ends the session at the deadline the last renewal earned.
+    #[tokio::test(start_paused = true)]
+    async fn a_revoke_stops_renewals_and_keeps_the_deadline() {
+        let leases = Leases::default();
+        leases.activate_for_term(1, &table_with_session(3_000));
+        tokio::time::advance(Duration::from_millis(1_000)).await;
+        assert_eq!(
+            leases.keep_alive(SessionId(1)),
+            Ok(Duration::from_millis(3_000))
+        );
+        let renewed = Instant::now();
+        assert_eq!(
+            leases.begin_revoke(SessionId(1)),
+            Ok(renewed + Duration::from_millis(3_000))
+        );
+        assert_eq!(
+            leases.keep_alive(SessionId(1)),
+            Err(KeepAliveError::Expiring)
+        );
+        assert_eq!(
+            leases.begin_ttl_change(SessionId(1)),
+            Err(KeepAliveError::Expiring)
+        );
+        tokio::time::advance(Duration::from_millis(3_000)).await;
+        assert!(
+            leases.take_due(Instant::now()).is_empty(),
+            "the revoker ends it"
+        );
+        // A revoke that failed leaves the timer to expire it.
+        leases.end_revoke(SessionId(1));
+        tokio::time::advance(RETRY_AFTER).await;
+        assert_eq!(
+            leases.take_due(Instant::now()),
+            vec![TimerKey::Session(SessionId(1))]
+        );
+        assert_eq!(
+            leases.begin_revoke(SessionId(9)),
+            Err(KeepAliveError::UnknownSession)
+        );
     }
 }

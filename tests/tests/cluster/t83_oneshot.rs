@@ -215,8 +215,13 @@ async fn a_lock_whose_caller_goes_away_while_waiting_leaves_nothing_queued() {
 async fn set_session_ttl_restarts_the_lease_at_the_new_length() {
     let cluster = TestCluster::start(3).await;
     let mut locks = locks_at(&cluster.leader_addr().await);
+    // A 2 s lease: a shorter ttl takes over when the lease in force ends
+    // (it is never cut short), and renewals are at the new length.
     let held = locks
-        .lock(lock_req("os/t", 30))
+        .lock(pb::LockRequest {
+            ttl_ms: 2_000,
+            ..lock_req("os/t", 30)
+        })
         .await
         .expect("lock")
         .into_inner();
@@ -255,7 +260,8 @@ async fn set_session_ttl_restarts_the_lease_at_the_new_length() {
         .await
         .expect_err("bad ttl");
     assert_eq!(bad.code(), Code::InvalidArgument);
-    // Nobody keeps it alive: it expires after about a second, not ten.
+    // Nobody keeps it alive: it expires when the 2 s lease (restarted at
+    // 1 s by the change, which ends no sooner) runs out, not ten.
     let started = std::time::Instant::now();
     wait_for(&cluster, "os/t", 0, 0).await;
     assert!(
