@@ -446,11 +446,21 @@ impl Node {
                 let _ = stop_rx.wait_for(|s| *s).await;
             }
         };
-        let builder = || -> anyhow::Result<tonic::transport::Server> {
+        let builder = || -> anyhow::Result<
+            tonic::transport::Server<
+                tower::layer::util::Stack<
+                    crate::api::deadline::DeadlineLayer,
+                    tower::layer::util::Identity,
+                >,
+            >,
+        > {
             // TLS is terminated by `serve` (per connection, so that a
             // reload applies to the next connection), not by tonic.
             let builder = tonic::transport::Server::builder();
             Ok(builder
+                // A passing client deadline is answered DEADLINE_EXCEEDED
+                // (see `api::deadline`), not tonic's CANCELLED.
+                .layer(crate::api::deadline::DeadlineLayer)
                 .tcp_nodelay(true)
                 .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
                 // A client whose host vanished without closing its
@@ -490,17 +500,20 @@ impl Node {
             let max = crate::MAX_MESSAGE_BYTES;
             // HTTP/JSON beside gRPC (see `api::http`): different paths,
             // and HTTP/1.1 accepted on the same port.
-            let http = tonic::service::Routes::from(crate::api::http::router(
-                api.clone(),
-                MAX_BACKUP_BYTES,
-            ));
+            let http = tonic::service::Routes::from(crate::api::http::router(api.clone()));
             let router = builder()?
                 .accept_http1(true)
                 .add_routes(http)
                 .add_service(health_service)
                 .add_service(reflection)
                 .add_service(reflection_alpha)
-                .add_service(LocksServer::new(api.clone()).max_decoding_message_size(max))
+                // Credentials are checked from the headers before a
+                // message is decoded here too (permissions, which need the
+                // message, are checked in each method).
+                .add_service(InterceptedService::new(
+                    LocksServer::new(api.clone()).max_decoding_message_size(max),
+                    authenticated(opts.auth.clone()),
+                ))
                 // Credentials are checked from the headers, before a body
                 // (up to a 1 GiB backup) is read: without them nothing is
                 // decoded.
@@ -873,8 +886,15 @@ fn advertised_hosts(opts: &NodeOptions) -> Vec<&str> {
 /// A custom transport's connections ([`Listener::Custom`]) are served
 /// as they come (plaintext: TLS needs a TCP listener, which `start_with`
 /// checks before anything is opened).
+/// What the node's servers are: tonic's router under [`DeadlineLayer`].
+///
+/// [`DeadlineLayer`]: crate::api::deadline::DeadlineLayer
+type Router = tonic::transport::server::Router<
+    tower::layer::util::Stack<crate::api::deadline::DeadlineLayer, tower::layer::util::Identity>,
+>;
+
 fn serve(
-    router: tonic::transport::server::Router,
+    router: Router,
     listener: Listener,
     tls: Option<Arc<crate::tls::NodeTls>>,
     shutdown: impl Future<Output = ()> + Send + 'static,

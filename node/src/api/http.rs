@@ -6,10 +6,16 @@
 //! calls the very same service method: one implementation of each request,
 //! two encodings.
 //!
-//! * Request bodies: JSON (`Content-Type: application/json`, or none or
-//!   another non-gRPC type: curl's `-d` calls JSON a form), at
-//!   most the gRPC limit of the service (64 KiB for `Locks`); an empty body
-//!   is the empty message. Field names in snake_case or lowerCamelCase;
+//! * Before a byte of the body is read: a browser's cross-site request
+//!   (an `Origin` that is not this node's, or `Sec-Fetch-Site` other than
+//!   `same-origin` or `none`) is refused `403`, whether or not access
+//!   control is on; the credentials are checked from the headers (`401`);
+//!   a body that is not labelled `Content-Type: application/json` (`415`:
+//!   a cross-site form or a "simple" `fetch` cannot send that label without
+//!   a preflight, which the node never answers yes to), or longer than the
+//!   route's messages need (64 KiB for every route), is refused.
+//! * Request bodies: JSON; an empty body (no `Content-Type` needed) is the
+//!   empty message. Field names in snake_case or lowerCamelCase;
 //!   64-bit integers as numbers or strings; enums by name or number.
 //! * Answers: `200` with the response message (field names as in the
 //!   .proto, 64-bit integers as strings, as proto3 JSON writes them), or
@@ -48,15 +54,51 @@ pub const JSON: &str = "application/json";
 pub const NDJSON: &str = "application/x-ndjson";
 
 /// The routes, to be merged beside the gRPC services.
-pub fn router(api: Api, max_cluster_body: usize) -> Router {
+pub fn router(api: Api) -> Router {
     Router::new()
         .route("/v1/locks/{rpc}", post(locks))
-        .route(
-            "/v1/cluster/{rpc}",
-            post(move |state, path, req| cluster(state, path, req, max_cluster_body)),
-        )
+        .route("/v1/cluster/{rpc}", post(cluster))
         .route("/v1/{*rest}", any(not_found))
         .with_state(api)
+}
+
+/// Why `headers` (of a request to `uri`) look like a browser's request
+/// from another site, which this node never acts on: an `Origin` other
+/// than the node's own address (its `Host`, or the authority of an HTTP/2
+/// request), or `Sec-Fetch-Site` other than `same-origin` or `none`.
+/// Clients that are not browsers (curl, the first-party clients) send
+/// neither header.
+pub(crate) fn cross_site(headers: &HeaderMap, uri: &axum::http::Uri) -> Option<String> {
+    if let Some(site) = headers.get("sec-fetch-site") {
+        let site = site.to_str().unwrap_or("?");
+        if !matches!(site, "same-origin" | "none") {
+            return Some(format!("Sec-Fetch-Site: {site}"));
+        }
+    }
+    let origin = headers.get(header::ORIGIN)?;
+    let origin = origin.to_str().unwrap_or("?");
+    let host = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .or_else(|| uri.authority().map(|a| a.as_str()))
+        .unwrap_or("");
+    let same = origin
+        .split_once("://")
+        .is_some_and(|(_, authority)| !host.is_empty() && authority.eq_ignore_ascii_case(host));
+    (!same).then(|| format!("Origin: {origin}"))
+}
+
+/// The answer refusing a cross-site request (see [`cross_site`]).
+pub(crate) fn cross_site_refused(why: &str) -> Response {
+    error(
+        StatusCode::FORBIDDEN,
+        "PERMISSION_DENIED",
+        &format!(
+            "a browser's cross-site request is refused ({why}): raftlock acts only on requests \
+             from its own pages or from clients that are not browsers"
+        ),
+        None,
+    )
 }
 
 async fn not_found(method: Method, uri: axum::http::Uri) -> Response {
@@ -140,25 +182,54 @@ fn json<T: Serialize>(message: &T) -> Response {
 }
 
 /// The request message of `req`, as a gRPC request with its headers and
-/// connection extensions, or the answer that refuses it.
+/// connection extensions, or the answer that refuses it. Everything that
+/// can be decided from the head (cross-site, credentials, media type,
+/// length) is, before a byte of the body is read.
 async fn decode<T: DeserializeOwned + Default>(
+    api: &Api,
     req: axum::http::Request<Body>,
     limit: usize,
 ) -> Result<tonic::Request<T>, Response> {
     let (parts, body) = req.into_parts();
-    if !json_content(&parts.headers) {
+    if let Some(why) = cross_site(&parts.headers, &parts.uri) {
+        return Err(cross_site_refused(&why));
+    }
+    // The credentials, from the headers and the connection (a client
+    // certificate) alone.
+    let mut head = axum::http::Request::new(());
+    *head.headers_mut() = parts.headers.clone();
+    *head.extensions_mut() = parts.extensions.clone();
+    if let Err(e) = api.caller(&tonic::Request::from_http(head)) {
+        return Err(status_response(&Status::from(e)));
+    }
+    let length = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let has_body = length.map_or_else(
+        || parts.headers.contains_key(header::TRANSFER_ENCODING),
+        |n| n > 0,
+    );
+    if !json_content(&parts.headers, has_body) {
         return Err(error(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "INVALID_ARGUMENT",
-            "the body must be JSON (Content-Type: application/json), not gRPC or protobuf",
+            "a request body must be JSON, labelled `Content-Type: application/json`",
             None,
         ));
     }
-    let bytes: Bytes = axum::body::to_bytes(body, limit).await.map_err(|_| {
+    let too_large = || {
         status_response(&Status::out_of_range(format!(
             "the request body is larger than the {limit} bytes this service accepts"
         )))
-    })?;
+    };
+    if length.is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    let bytes: Bytes = axum::body::to_bytes(body, limit)
+        .await
+        .map_err(|_| too_large())?;
     let message = if bytes.iter().all(u8::is_ascii_whitespace) {
         T::default()
     } else {
@@ -173,11 +244,11 @@ async fn decode<T: DeserializeOwned + Default>(
     )))
 }
 
-/// Whether the body may be read as JSON: anything but a gRPC or protobuf
-/// body (curl's `-d` labels JSON as a form; it is still read as JSON).
-fn json_content(headers: &HeaderMap) -> bool {
+/// Whether the body may be read as JSON: labelled `application/json` (or
+/// `+json`), or no label on an empty body.
+fn json_content(headers: &HeaderMap, has_body: bool) -> bool {
     match headers.get(header::CONTENT_TYPE) {
-        None => true,
+        None => !has_body,
         Some(v) => v.to_str().is_ok_and(|v| {
             let t = v
                 .split(';')
@@ -185,20 +256,25 @@ fn json_content(headers: &HeaderMap) -> bool {
                 .unwrap_or("")
                 .trim()
                 .to_ascii_lowercase();
-            !(t.starts_with("application/grpc") || t.contains("protobuf"))
+            t == JSON || (t.starts_with("application/") && t.ends_with("+json"))
         }),
     }
 }
 
 /// Decodes, calls `method` with the gRPC request, encodes its answer.
-async fn unary<T, R, F, Fut>(req: axum::http::Request<Body>, limit: usize, method: F) -> Response
+async fn unary<T, R, F, Fut>(
+    api: &Api,
+    req: axum::http::Request<Body>,
+    limit: usize,
+    method: F,
+) -> Response
 where
     T: DeserializeOwned + Default,
     R: Serialize,
     F: FnOnce(tonic::Request<T>) -> Fut,
     Fut: Future<Output = Result<tonic::Response<R>, Status>>,
 {
-    let request = match decode::<T>(req, limit).await {
+    let request = match decode::<T>(api, req, limit).await {
         Ok(r) => r,
         Err(refused) => return refused,
     };
@@ -216,21 +292,21 @@ async fn locks(
     let limit = crate::MAX_MESSAGE_BYTES;
     let api = &api;
     match rpc.as_str() {
-        "OpenSession" => unary(req, limit, |r| api.open_session(r)).await,
-        "KeepAlive" => unary(req, limit, |r| api.keep_alive_once(r)).await,
-        "CloseSession" => unary(req, limit, |r| api.close_session(r)).await,
-        "Acquire" => unary(req, limit, |r| api.acquire(r)).await,
-        "Release" => unary(req, limit, |r| api.release(r)).await,
-        "Cancel" => unary(req, limit, |r| api.cancel(r)).await,
-        "Describe" => unary(req, limit, |r| api.describe(r)).await,
-        "List" => unary(req, limit, |r| api.list(r)).await,
-        "CheckFence" => unary(req, limit, |r| api.check_fence(r)).await,
-        "Lock" => unary(req, limit, |r| api.lock(r)).await,
-        "Unlock" => unary(req, limit, |r| api.unlock(r)).await,
-        "SetSessionTtl" => unary(req, limit, |r| api.set_session_ttl(r)).await,
-        "Upgrade" => unary(req, limit, |r| api.upgrade(r)).await,
-        "Downgrade" => unary(req, limit, |r| api.downgrade(r)).await,
-        "AcquireAll" => unary(req, limit, |r| api.acquire_all(r)).await,
+        "OpenSession" => unary(api, req, limit, |r| api.open_session(r)).await,
+        "KeepAlive" => unary(api, req, limit, |r| api.keep_alive_once(r)).await,
+        "CloseSession" => unary(api, req, limit, |r| api.close_session(r)).await,
+        "Acquire" => unary(api, req, limit, |r| api.acquire(r)).await,
+        "Release" => unary(api, req, limit, |r| api.release(r)).await,
+        "Cancel" => unary(api, req, limit, |r| api.cancel(r)).await,
+        "Describe" => unary(api, req, limit, |r| api.describe(r)).await,
+        "List" => unary(api, req, limit, |r| api.list(r)).await,
+        "CheckFence" => unary(api, req, limit, |r| api.check_fence(r)).await,
+        "Lock" => unary(api, req, limit, |r| api.lock(r)).await,
+        "Unlock" => unary(api, req, limit, |r| api.unlock(r)).await,
+        "SetSessionTtl" => unary(api, req, limit, |r| api.set_session_ttl(r)).await,
+        "Upgrade" => unary(api, req, limit, |r| api.upgrade(r)).await,
+        "Downgrade" => unary(api, req, limit, |r| api.downgrade(r)).await,
+        "AcquireAll" => unary(api, req, limit, |r| api.acquire_all(r)).await,
         "Watch" => watch(api, req, limit).await,
         other => {
             not_found(
@@ -246,26 +322,31 @@ async fn cluster(
     State(api): State<Api>,
     Path(rpc): Path<String>,
     req: axum::http::Request<Body>,
-    limit: usize,
 ) -> Response {
+    // None of Status, Members and RevokeSession needs more than a few
+    // bytes; backups and restores are gRPC only.
+    let limit = crate::MAX_MESSAGE_BYTES;
     let api = &api;
     match rpc.as_str() {
         "Status" => {
-            unary(req, limit, |r: tonic::Request<pb::StatusRequest>| {
+            unary(api, req, limit, |r: tonic::Request<pb::StatusRequest>| {
                 api.status(r)
             })
             .await
         }
         "Members" => {
-            unary(req, limit, |r: tonic::Request<pb::MembersRequest>| {
+            unary(api, req, limit, |r: tonic::Request<pb::MembersRequest>| {
                 api.members(r)
             })
             .await
         }
         "RevokeSession" => {
-            unary(req, limit, |r: tonic::Request<pb::RevokeSessionRequest>| {
-                api.revoke_session(r)
-            })
+            unary(
+                api,
+                req,
+                limit,
+                |r: tonic::Request<pb::RevokeSessionRequest>| api.revoke_session(r),
+            )
             .await
         }
         other => {
@@ -280,7 +361,7 @@ async fn cluster(
 
 /// `Watch` as newline-delimited JSON.
 async fn watch(api: &Api, req: axum::http::Request<Body>, limit: usize) -> Response {
-    let request = match decode::<pb::WatchRequest>(req, limit).await {
+    let request = match decode::<pb::WatchRequest>(api, req, limit).await {
         Ok(r) => r,
         Err(refused) => return refused,
     };
@@ -339,28 +420,64 @@ mod tests {
     }
 
     #[test]
-    fn bodies_are_json_unless_labelled_grpc_or_protobuf() {
+    fn bodies_must_be_labelled_json() {
         let mut h = HeaderMap::new();
-        assert!(json_content(&h));
+        assert!(json_content(&h, false), "no body, no label");
+        assert!(!json_content(&h, true), "a body without a label");
+        for (label, ok) in [
+            ("application/json", true),
+            ("application/json; charset=utf-8", true),
+            ("Application/JSON", true),
+            ("application/merge-patch+json", true),
+            ("application/x-www-form-urlencoded", false),
+            ("text/plain", false),
+            ("multipart/form-data; boundary=x", false),
+            ("application/grpc", false),
+            ("application/x-protobuf", false),
+        ] {
+            h.insert(header::CONTENT_TYPE, HeaderValue::from_static(label));
+            assert_eq!(json_content(&h, true), ok, "{label}");
+        }
+    }
+
+    #[test]
+    fn cross_site_requests_are_told_apart_from_same_origin_and_non_browser_ones() {
+        let uri: axum::http::Uri = "/v1/locks/Lock".parse().expect("uri");
+        let mut h = HeaderMap::new();
+        assert_eq!(cross_site(&h, &uri), None, "curl: no Origin");
+        h.insert(header::HOST, HeaderValue::from_static("127.0.0.1:7101"));
         h.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json; charset=utf-8"),
+            header::ORIGIN,
+            HeaderValue::from_static("http://127.0.0.1:7101"),
         );
-        assert!(json_content(&h));
+        assert_eq!(cross_site(&h, &uri), None, "same origin");
         h.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/x-www-form-urlencoded"),
+            header::ORIGIN,
+            HeaderValue::from_static("http://127.0.0.1:9101"),
         );
-        assert!(json_content(&h), "curl -d");
+        assert!(
+            cross_site(&h, &uri).is_some(),
+            "another port is another origin"
+        );
+        h.insert(header::ORIGIN, HeaderValue::from_static("null"));
+        assert!(cross_site(&h, &uri).is_some(), "an opaque origin");
+        h.remove(header::ORIGIN);
+        for (site, ok) in [
+            ("same-origin", true),
+            ("none", true),
+            ("same-site", false),
+            ("cross-site", false),
+        ] {
+            h.insert("sec-fetch-site", HeaderValue::from_static(site));
+            assert_eq!(cross_site(&h, &uri).is_none(), ok, "{site}");
+        }
+        // HTTP/2: the authority instead of Host.
+        let h2: axum::http::Uri = "https://node1:7101/v1/locks/Lock".parse().expect("uri");
+        let mut h = HeaderMap::new();
         h.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/grpc"),
+            header::ORIGIN,
+            HeaderValue::from_static("https://node1:7101"),
         );
-        assert!(!json_content(&h));
-        h.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/x-protobuf"),
-        );
-        assert!(!json_content(&h));
+        assert_eq!(cross_site(&h, &h2), None);
     }
 }

@@ -60,6 +60,17 @@ pub const MAX_CONSOLE_EVENTS: usize = 200;
 /// The page.
 const PAGE: &str = include_str!("index.html");
 
+/// The value a link's `&confirm=` must carry for the page to confirm the
+/// revoke it asks about (`?revoke=ID`) without a click: random per
+/// process and written into the page it serves, so only the page itself
+/// (same-origin) and code in the node's process (scripted checks) know it.
+/// A link from another site cannot confirm a revoke in a tab that holds a
+/// token.
+pub fn confirm_token() -> &'static str {
+    static TOKEN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TOKEN.get_or_init(|| format!("{:016x}", crate::random::next_u64()))
+}
+
 /// The console's routes, to merge into the metrics listener's router.
 pub fn router(api: Api, notes: Arc<Notes>) -> Router {
     Router::new()
@@ -287,7 +298,7 @@ async fn page() -> Response {
             (header::CONTENT_TYPE, "text/html; charset=utf-8"),
             (header::CACHE_CONTROL, "no-store"),
         ],
-        PAGE,
+        PAGE.replace("__RAFTLOCK_CONFIRM_TOKEN__", confirm_token()),
     )
         .into_response()
 }
@@ -686,9 +697,16 @@ fn lock_view(notes: &Notes, l: LockInfo, now: u64) -> LockView {
 
 async fn revoke(
     State(c): State<Console>,
+    uri: axum::http::Uri,
     headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Response {
+    // The page's own `fetch` is same-origin; a page of another site (a
+    // form, a "simple" request) is refused, with or without access
+    // control.
+    if let Some(why) = crate::api::http::cross_site(&headers, &uri) {
+        return crate::api::http::cross_site_refused(&why);
+    }
     let asked = query_param(query.as_deref(), "session");
     let who = match caller(&c.api, &headers) {
         Ok(who) => who,

@@ -17,11 +17,12 @@ struct Queue {
     waiting: JoinHandle<(Session, raftlock_client::Result<Guard>)>,
 }
 
+/// The holder's ttl: a revoke ends its session when the lease its last
+/// keep-alive earned runs out, at most this long after the revoke.
+const HOLDER_TTL: Duration = Duration::from_secs(3);
+
 async fn holder_and_waiter(client: &Client, name: &'static str) -> Queue {
-    let holder = client
-        .session(Duration::from_secs(30))
-        .await
-        .expect("holder session");
+    let holder = client.session(HOLDER_TTL).await.expect("holder session");
     let held = holder.lock(name).await.expect("holder locks");
     let waiter = client
         .session(Duration::from_secs(30))
@@ -118,10 +119,10 @@ async fn the_console_shows_holders_waiters_sessions_and_events_and_revokes() {
         .expect("the holder's session")
         .clone();
     assert_eq!(holder_row["holds"], serde_json::json!(["con/x"]));
-    assert_eq!(holder_row["ttl_ms"], 30_000);
+    assert_eq!(holder_row["ttl_ms"], HOLDER_TTL.as_millis() as u64);
     assert!(holder_row["since_keepalive_ms"]
         .as_u64()
-        .is_some_and(|ms| ms <= 30_000));
+        .is_some_and(|ms| ms <= HOLDER_TTL.as_millis() as u64));
     let kinds: Vec<_> = s["events"]
         .as_array()
         .expect("events")
@@ -277,7 +278,8 @@ async fn the_console_needs_read_to_look_and_admin_to_revoke() {
         },
     )
     .expect("client");
-    let s = app.session(Duration::from_secs(30)).await.expect("session");
+    // Short: a revoke answers when the lease of its last keep-alive ends.
+    let s = app.session(HOLDER_TTL).await.expect("session");
     let g = s.lock("con/acl").await.expect("lock");
     let metrics = cluster.metrics_addr(cluster.leader().await);
     let bearer = |t: &str| format!("Bearer {t}");
@@ -444,7 +446,10 @@ async fn the_console_page_in_chromium_shows_the_queue_and_revokes_after_confirma
     // Confirming revokes: the waiter gets the lock with a larger fence.
     let dom = chromium(
         &bin,
-        &format!("http://{metrics}/ui?prefix=web%2F&revoke={holder}&confirm=yes"),
+        &format!(
+            "http://{metrics}/ui?prefix=web%2F&revoke={holder}&confirm={}",
+            raftlock_node::console::confirm_token()
+        ),
         None,
     )
     .await;
