@@ -108,6 +108,8 @@ impl From<Refusal> for Error {
             Refusal::TooManyWaiters { .. }
             | Refusal::TooManyLocks { .. }
             | Refusal::TooManySessions
+            | Refusal::TooManyEntries
+            | Refusal::IdentityLimit { .. }
             | Refusal::FencesExhausted => Error::ResourceExhausted(msg),
             Refusal::RestoreIntoNonEmpty | Refusal::InvalidRestorePart { .. } => {
                 Error::FailedPrecondition(msg)
@@ -245,6 +247,15 @@ mod tests {
                 tonic::Code::NotFound,
             ),
             (Refusal::TooManySessions, tonic::Code::ResourceExhausted),
+            (Refusal::TooManyEntries, tonic::Code::ResourceExhausted),
+            (
+                Refusal::IdentityLimit {
+                    identity: "app".into(),
+                    what: "open sessions".into(),
+                    max: 1,
+                },
+                tonic::Code::ResourceExhausted,
+            ),
         ];
         for (refusal, code) in cases {
             let status: Status = Error::from(refusal.clone()).into();

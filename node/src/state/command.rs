@@ -575,6 +575,22 @@ pub enum Refusal {
         /// to downgrade.
         mode: String,
     },
+    /// The table holds `MAX_ENTRIES` grants and queued requests.
+    #[error("the cluster holds the maximum of {max} grants and queued requests", max = super::limits::MAX_ENTRIES)]
+    TooManyEntries,
+    /// An identity reached one of its limits: `MAX_SESSIONS_PER_IDENTITY`
+    /// open sessions, or `MAX_ENTRIES_PER_IDENTITY` grants and queued
+    /// requests.
+    #[error("identity {identity:?} has the maximum of {max} {what}")]
+    IdentityLimit {
+        /// The identity.
+        identity: String,
+        /// What it has the most of: "open sessions", or "grants and
+        /// queued requests".
+        what: String,
+        /// The limit.
+        max: usize,
+    },
 }
 
 /// One edge of a wait-for cycle: `session` waits for `name`, which `blocker`

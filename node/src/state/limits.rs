@@ -46,6 +46,23 @@ pub const MAX_NAMES_PER_REQUEST: usize = 64;
 /// Most open sessions in the cluster.
 pub const MAX_SESSIONS: usize = 250_000;
 
+/// Most open sessions of one identity (with access control on; without
+/// it, every session is the one anonymous caller's and only the cluster's
+/// limits apply).
+pub const MAX_SESSIONS_PER_IDENTITY: usize = 50_000;
+
+/// Most entries in the table: grants held plus requests queued, over
+/// every session. Each costs a node's memory on every replica (about
+/// 0.7 KiB with a short name and no value, up to about 12.5 KiB with a
+/// 512-byte name and a 4 KiB value): this is the bound on the table's
+/// size that no caller can push past.
+pub const MAX_ENTRIES: usize = 2_000_000;
+
+/// Most entries (grants held plus requests queued) of one identity's
+/// sessions together (with access control on, as
+/// [`MAX_SESSIONS_PER_IDENTITY`]).
+pub const MAX_ENTRIES_PER_IDENTITY: usize = 500_000;
+
 /// How many settled replies each session remembers for exactly-once
 /// retries: the newest this many by sequence number, plus every queued
 /// acquire's until it is granted or cancelled. A retry of a request older

@@ -323,6 +323,7 @@ impl LockTable {
             None => return Err(SnapshotError::Corrupt("empty".into())),
         };
         table.closed_order = table.closed.iter().map(|(id, c)| (c.index, *id)).collect();
+        table.usage = super::table::Usage::of(&table);
         table.check_invariants().map_err(SnapshotError::Corrupt)?;
         Ok(table)
     }
@@ -330,6 +331,13 @@ impl LockTable {
     /// Checks invariants 1–7 of the [module docs](super); the first broken
     /// one is described in the error. Linear in the table's size.
     pub fn check_invariants(&self) -> Result<(), String> {
+        if self.usage != super::table::Usage::of(self) {
+            return Err(format!(
+                "the counted use {:?} is not the table's, {:?}",
+                self.usage.total,
+                super::table::Usage::of(self).total
+            ));
+        }
         if self.last_fence > super::limits::MAX_FENCE {
             return Err(format!(
                 "fence counter {} is past the largest fence, {}",
@@ -639,6 +647,7 @@ mod v2 {
                 closed_order: Default::default(),
                 upgrades: BTreeMap::new(),
                 groups: BTreeMap::new(),
+                usage: Default::default(),
             }
         }
     }
@@ -679,6 +688,7 @@ mod v4 {
                 closed_order: Default::default(),
                 upgrades: BTreeMap::new(),
                 groups: BTreeMap::new(),
+                usage: Default::default(),
             }
         }
     }
@@ -770,6 +780,7 @@ mod v3 {
                 closed_order: Default::default(),
                 upgrades: BTreeMap::new(),
                 groups: BTreeMap::new(),
+                usage: Default::default(),
             }
         }
     }

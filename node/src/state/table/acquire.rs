@@ -38,6 +38,8 @@ impl LockTable {
         if s.held.len() + s.waiting.len() >= MAX_LOCKS_PER_SESSION {
             return Err(Refusal::TooManyLocks { session });
         }
+        // A new entry (held now or queued): the table's size limits.
+        self.usage.admit_entries(&s.owner, 1)?;
         // No fence left: neither a grant now nor one later is possible.
         if self.last_fence >= MAX_FENCE {
             return Err(Refusal::FencesExhausted);

@@ -18,6 +18,7 @@ mod replies;
 mod restore;
 mod sessions;
 mod upgrade;
+mod usage;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -29,6 +30,9 @@ pub(in crate::state) use records::{
 };
 pub(in crate::state) use replies::{Remembered, Replies};
 use sessions::Ending;
+#[cfg(test)]
+pub(in crate::state) use usage::Counts;
+pub(in crate::state) use usage::Usage;
 
 /// What every handler of a command is given besides the command: the
 /// position it is applied at and where to tell what changed.
@@ -82,6 +86,10 @@ pub struct LockTable {
     /// whose queues each has a place in, in the request's order (snapshot
     /// format 5 on).
     pub(super) groups: BTreeMap<(SessionId, u64), Vec<LockName>>,
+    /// Sessions and entries, in all and per identity, for the limits.
+    /// Derived: not in the snapshot (see [`Usage`]).
+    #[serde(skip)]
+    pub(super) usage: Usage,
 }
 
 impl LockTable {
@@ -119,6 +127,7 @@ impl LockTable {
             index,
             events: &mut events,
         };
+        let restore = matches!(command, Command::RestorePart(_));
         let reply = match command {
             Command::OpenSessionV0(c) => self.open_session(cx, c.into()),
             Command::OpenSession(c) => self.open_session(cx, c),
@@ -141,6 +150,11 @@ impl LockTable {
             Command::Downgrade(c) => self.downgrade(cx, c),
             Command::AcquireAll(c) => self.acquire_all(cx, c),
         };
+        if restore {
+            self.usage = Usage::of(self);
+        } else {
+            self.usage.follow(&self.sessions, &events);
+        }
         Response {
             reply: reply.unwrap_or_else(Reply::Refused),
             events,

@@ -55,6 +55,7 @@ impl LockTable {
         if s.held.len() + s.waiting.len() + locks.len() > MAX_LOCKS_PER_SESSION {
             return Err(Refusal::TooManyLocks { session });
         }
+        self.usage.admit_entries(&s.owner, locks.len() as u64)?;
         // Every grant needs a fence of its own.
         if self.last_fence > MAX_FENCE - locks.len() as u64 {
             return Err(Refusal::FencesExhausted);

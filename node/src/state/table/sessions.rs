@@ -7,7 +7,7 @@ use crate::state::cmd;
 use crate::state::command::{
     Acquired, CancelCause, EndCause, Event, LockName, Refusal, Reply, SessionId, LOCK_SEQ,
 };
-use crate::state::limits::{MAX_REMEMBERED_CLOSES, MAX_SESSIONS};
+use crate::state::limits::MAX_REMEMBERED_CLOSES;
 
 /// How a session ends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,9 +53,7 @@ impl LockTable {
                 });
             }
         }
-        if self.sessions.len() >= MAX_SESSIONS {
-            return Err(Refusal::TooManySessions);
-        }
+        self.usage.admit_session(&owner)?;
         let session = SessionId(index);
         if self.sessions.contains_key(&session) {
             // Ids come from command indexes, which only grow (and a restore

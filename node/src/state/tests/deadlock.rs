@@ -229,6 +229,7 @@ fn cycle_if_queued(h: &Harness, session: SessionId, n: &str, mode: Mode) -> bool
     });
     let waits = &mut t.sessions.get_mut(&session).unwrap().waiting;
     waits.insert(name(n), WaitRef { seq: index, index });
+    t.usage = Usage::of(&t);
     match t.check_invariants() {
         Ok(()) => false,
         Err(e) => {

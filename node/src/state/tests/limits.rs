@@ -170,6 +170,7 @@ fn insert_sessions(table: &mut LockTable, ids: impl Iterator<Item = u64>) {
     table
         .sessions
         .extend(ids.map(|id| (SessionId(id), template.clone())));
+    table.usage = Usage::of(table);
 }
 
 #[test]
@@ -196,6 +197,7 @@ fn waiters_per_name_edge() {
         });
     }
     h.index = last;
+    h.table.usage = Usage::of(&h.table);
     assert_eq!(h.table.stats().waiters, MAX_WAITERS_PER_NAME as u64 - 1);
 
     let p = match h.apply_unchecked(open_cmd(10_000, 0, 0)).reply {
@@ -320,4 +322,190 @@ fn sessions_edge() {
         }
     );
     h.table.check_invariants().unwrap();
+}
+
+/// A session opened by identity `owner`.
+fn open_as(h: &mut Harness, owner: &str) -> Result<SessionId, Refusal> {
+    let r = h.apply_unchecked(Command::OpenSession(cmd::OpenSession {
+        ttl_ms: 10_000,
+        lock_delay_ms: 0,
+        nonce: 0,
+        owner: owner.into(),
+        end_on_disconnect_ms: 0,
+    }));
+    match r.reply {
+        Reply::Opened { session, .. } => Ok(session),
+        Reply::Refused(refusal) => {
+            assert!(r.events.is_empty());
+            Err(refusal)
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// An acquire of `name` by `owner`'s `session`: granted, or refused.
+fn acq_as(h: &mut Harness, owner: &str, session: SessionId, name: &str) -> Result<(), Refusal> {
+    let seq = h.next_seq();
+    let r = h.apply_unchecked(Command::Acquire(cmd::Acquire {
+        session,
+        seq,
+        name: LockName::new(name).expect("a name"),
+        mode: X,
+        timeout_ms: TRY,
+        value: Vec::new(),
+        caller: owner.into(),
+    }));
+    match r.reply {
+        Reply::Acquire(Acquired::Granted { .. }) => Ok(()),
+        Reply::Refused(refusal) => {
+            assert!(r.events.is_empty());
+            Err(refusal)
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn sessions_per_identity_edge() {
+    let mut h = Harness::new();
+    // One identity has MAX_SESSIONS_PER_IDENTITY - 1 sessions.
+    for _ in 1..MAX_SESSIONS_PER_IDENTITY {
+        open_as(&mut h, "app").expect("within the limit");
+    }
+    // The last one is given, the next refused; another identity, and the
+    // anonymous caller of a cluster without access control, still open.
+    open_as(&mut h, "app").expect("the last one");
+    assert_eq!(
+        open_as(&mut h, "app"),
+        Err(Refusal::IdentityLimit {
+            identity: "app".into(),
+            what: "open sessions".into(),
+            max: MAX_SESSIONS_PER_IDENTITY,
+        })
+    );
+    let other = open_as(&mut h, "billing").expect("another identity");
+    open_as(&mut h, "").expect("no access control: only the cluster's limit");
+    h.table.check_invariants().unwrap();
+    // A one-call Lock opens a session too.
+    let r = h.apply_unchecked(Command::Lock(cmd::Lock {
+        open: cmd::OpenSession {
+            ttl_ms: 10_000,
+            lock_delay_ms: 0,
+            nonce: 5,
+            owner: "app".into(),
+            end_on_disconnect_ms: 0,
+        },
+        name: name("free"),
+        mode: X,
+        timeout_ms: TRY,
+        value: Vec::new(),
+    }));
+    assert!(
+        matches!(r.reply, Reply::Refused(Refusal::IdentityLimit { .. })),
+        "{r:?}"
+    );
+    assert!(h.table.describe(&name("free")).is_none());
+    // Ending one of its sessions makes room.
+    let first = h.table.sessions.keys().next().copied().expect("a session");
+    h.apply_unchecked(Command::ExpireSession(cmd::ExpireSession {
+        session: first,
+    }));
+    open_as(&mut h, "app").expect("room again");
+    acq_as(&mut h, "billing", other, "b").expect("unaffected");
+    h.table.check_invariants().unwrap();
+}
+
+#[test]
+fn entries_edge() {
+    let mut h = Harness::new();
+    let a = open_as(&mut h, "").expect("a");
+    let b = open_as(&mut h, "").expect("b");
+    acq_as(&mut h, "", b, "busy").expect("held");
+    // Pretend the rest of the table holds all but two of MAX_ENTRIES (the
+    // count is what the limit reads; building two million entries is not
+    // what this test is about).
+    let have = h.table.usage.total.entries;
+    h.table.usage.pretend(
+        "",
+        Counts {
+            sessions: 0,
+            entries: MAX_ENTRIES as u64 - 2 - have,
+        },
+    );
+    // A grant, then a queued wait, take the last two entries...
+    acq_as(&mut h, "", a, "x").expect("the second to last");
+    let seq = h.next_seq();
+    assert_eq!(
+        h.apply_unchecked(acq(a, seq, "busy", X, WAIT)).reply,
+        Reply::Acquire(Acquired::Queued)
+    );
+    assert_eq!(h.table.usage.total.entries, MAX_ENTRIES as u64);
+    // ... the next is refused, a try and a wait alike, and an atomic
+    // request of any size.
+    assert_eq!(acq_as(&mut h, "", a, "y"), Err(Refusal::TooManyEntries));
+    let seq = h.next_seq();
+    assert_eq!(
+        h.refuse_unchecked(acq(b, seq, "x", X, WAIT)),
+        Refusal::TooManyEntries
+    );
+    let seq = h.next_seq();
+    assert_eq!(
+        h.refuse_unchecked(Command::AcquireAll(cmd::AcquireAll {
+            session: b,
+            seq,
+            locks: vec![(name("p"), X), (name("q"), X)],
+            timeout_ms: TRY,
+            value: Vec::new(),
+            caller: String::new(),
+        })),
+        Refusal::TooManyEntries
+    );
+    // A release makes room, and a grant to a waiter needs none (its wait
+    // was an entry already).
+    let seq = h.next_seq();
+    let released = h.apply_unchecked(Command::Release(cmd::Release {
+        session: a,
+        seq,
+        name: name("x"),
+        fence: h.table.describe(&name("x")).expect("held").holders[0].fence,
+        caller: String::new(),
+    }));
+    assert_eq!(released.reply, Reply::Released { released: true });
+    acq_as(&mut h, "", a, "y").expect("room again");
+    h.apply_unchecked(Command::CloseSession(cmd::CloseSession {
+        session: b,
+        seq: 999,
+        caller: String::new(),
+    }));
+    // B's grant ended; A's wait for it became a grant.
+    assert_eq!(h.table.usage.total.entries, MAX_ENTRIES as u64 - 1);
+    assert!(matches!(
+        h.table.standing(a, &name("busy")),
+        Acquired::Granted { .. }
+    ));
+}
+
+#[test]
+fn entries_per_identity_edge() {
+    let mut h = Harness::new();
+    let a = open_as(&mut h, "app").expect("a");
+    let other = open_as(&mut h, "billing").expect("other");
+    // Pretend another session of the identity holds all but one.
+    h.table.usage.pretend(
+        "app",
+        Counts {
+            sessions: 1,
+            entries: MAX_ENTRIES_PER_IDENTITY as u64 - 1,
+        },
+    );
+    acq_as(&mut h, "app", a, "x").expect("the last one");
+    assert_eq!(
+        acq_as(&mut h, "app", a, "y"),
+        Err(Refusal::IdentityLimit {
+            identity: "app".into(),
+            what: "grants and queued requests".into(),
+            max: MAX_ENTRIES_PER_IDENTITY,
+        })
+    );
+    acq_as(&mut h, "billing", other, "y").expect("another identity");
 }

@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 
 use super::limits::*;
-use super::table::{PendingRestore, Session, WaitRef, Waiter};
+use super::table::{Counts, PendingRestore, Session, Usage, WaitRef, Waiter};
 use super::view::SNAPSHOT_VERSION;
 use super::*;
 
