@@ -85,7 +85,7 @@ impl Api {
         // it (its next keep-alive is answered `expired`), and it ends at
         // that deadline, not before.
         let leases = self.0.shared.leases.clone();
-        let deadline = leases.begin_revoke(id).map_err(|e| match e {
+        let (deadline, term) = leases.begin_revoke(id).map_err(|e| match e {
             KeepAliveError::NotLeader => self.not_leader(),
             KeepAliveError::UnknownSession | KeepAliveError::Expiring => {
                 Error::NotFound(format!("{id} is not open"))
@@ -106,8 +106,17 @@ impl Api {
                     self.0.end_revoke(self.1);
                 }
             }
-            let _revoking = Revoking(leases, id);
+            let _revoking = Revoking(leases.clone(), id);
             tokio::time::sleep_until(deadline).await;
+            // The deadline was this term's: if the leadership left and came
+            // back meanwhile, every lease restarted and may have been
+            // renewed since.
+            if !leases.still_revoking(id, term) {
+                return Err(Error::Unavailable(format!(
+                    "the leadership changed while the revoke of {id} waited for its lease; it \
+                     was not applied: ask again"
+                )));
+            }
             api.write(crate::state::cmd::RevokeSession {
                 session: id,
                 by,

@@ -87,12 +87,15 @@ impl Api {
         };
         command.validate()?;
         // The write runs in a task of its own, which hands its outcome over
-        // with the guard of the session already armed (granted or queued):
-        // if this call goes away while the command is being written (a
-        // worker killed right after sending), the guard is dropped unread
-        // (with the channel, or when the send fails) and closes the
-        // session, instead of leaving its wait queued or its grant held
-        // for the whole ttl. The carrier counts the call as a stream of a
+        // with the guard of the session already armed (granted by this
+        // very entry, or queued): if this call goes away while the command
+        // is being written (a worker killed right after sending), the
+        // guard is dropped unread (with the channel, or when the send
+        // fails) and closes the session, instead of leaving its wait
+        // queued or its grant held for the whole ttl. A retry that finds a
+        // grant made earlier gets no guard: its client may count a lease
+        // from the earlier answer, and closing the session would end it
+        // under that count. The carrier counts the call as a stream of a
         // session that ends with its process.
         let carrier = super::locks::Carrier::open(self);
         let (tx, rx) = tokio::sync::oneshot::channel();
@@ -101,15 +104,18 @@ impl Api {
             let caller = caller.identity.clone();
             async move {
                 let written = api.write_indexed(command).await;
+                let fresh = match &written {
+                    Ok((cmd::Locked { outcome, .. }, entry)) => match outcome {
+                        Acquired::Queued => true,
+                        Acquired::Granted { index, .. } => {
+                            crate::raft::log_index_of(*index) == *entry
+                        }
+                        Acquired::NotAcquired => false,
+                    },
+                    Err(_) => false,
+                };
                 let guard = match &written {
-                    Ok((
-                        cmd::Locked {
-                            session,
-                            outcome: Acquired::Queued | Acquired::Granted { .. },
-                            ..
-                        },
-                        _,
-                    )) => Some(CloseIfAbandoned {
+                    Ok((cmd::Locked { session, .. }, _)) if fresh => Some(CloseIfAbandoned {
                         api: api.clone(),
                         session: *session,
                         caller,
@@ -129,16 +135,16 @@ impl Api {
                 ttl_ms,
                 outcome,
             },
-            entry,
+            _entry,
         ) = written?;
-        let Some(mut guard) = guard else {
+        if matches!(outcome, Acquired::NotAcquired) {
             // Not granted: the table left no session (or ended it with the
             // wait).
             return Ok(pb::LockResponse {
                 ttl_ms,
                 ..Default::default()
             });
-        };
+        }
         carrier.carries(session);
         let (outcome, restart) = match outcome {
             Acquired::Queued => {
@@ -154,14 +160,14 @@ impl Api {
             // Granted by this very entry: the lease started when it
             // applied, after this request was sent. Granted earlier: a
             // retry answered from what the session remembers.
-            granted @ Acquired::Granted { index, .. } => {
-                (granted, crate::raft::log_index_of(index) != entry)
-            }
+            granted @ Acquired::Granted { .. } => (granted, guard.is_none()),
             Acquired::NotAcquired => (Acquired::NotAcquired, false),
         };
         let Acquired::Granted { fence, .. } = outcome else {
             // The wait ended without a grant, and the session with it.
-            guard.armed = false;
+            if let Some(mut guard) = guard {
+                guard.armed = false;
+            }
             return Ok(pb::LockResponse {
                 ttl_ms,
                 ..Default::default()
@@ -170,9 +176,10 @@ impl Api {
         if restart {
             // The client counts its lease from when it sent this request;
             // restart it now, after a quorum round, so the leader's count
-            // ends no sooner. If that fails, the grant stands but its lease
-            // is not known to reach the client's count: the guard closes
-            // the session, and the answer says the outcome is unknown.
+            // ends no sooner. If that fails, the answer says the outcome is
+            // unknown: a grant that waited in this call is closed by its
+            // guard (its client never had an answer to count from), a
+            // retry's is left to the lease its earlier answer started.
             let restarted = match self.0.leadership.confirm().await {
                 Ok(()) => self.renew_session(session).map(|_| ()),
                 Err(e) => Err(e),
@@ -189,7 +196,9 @@ impl Api {
             // its session.
             tokio::task::yield_now().await;
         }
-        guard.armed = false;
+        if let Some(mut guard) = guard {
+            guard.armed = false;
+        }
         Ok(pb::LockResponse {
             acquired: true,
             fence: fence.0,

@@ -540,19 +540,36 @@ impl Leases {
     /// expiry is proposed for it; the revoke ends it at the returned
     /// deadline, the end of the lease its last renewal earned, which its
     /// client may count until. `NotLeader` unless this node counts leases.
-    pub fn begin_revoke(&self, session: SessionId) -> Result<Instant, KeepAliveError> {
+    ///
+    /// Also returns the term this keeper counts for: the deadline holds
+    /// only while it still counts for that term (see
+    /// [`still_revoking`](Self::still_revoking)); a later term restarted
+    /// every lease at full length, and its renewals count.
+    pub fn begin_revoke(&self, session: SessionId) -> Result<(Instant, u64), KeepAliveError> {
         let mut t = self.timers.lock().expect("timers lock poisoned");
-        if !t.active || t.paused {
-            return Err(KeepAliveError::NotLeader);
-        }
+        let term = match (t.active, t.paused, t.term) {
+            (true, false, Some(term)) => term,
+            _ => return Err(KeepAliveError::NotLeader),
+        };
         if !t.ttls.contains_key(&session) {
             return Err(KeepAliveError::UnknownSession);
         }
         *t.revoking.entry(session).or_default() += 1;
-        Ok(t.deadlines
+        let deadline = t
+            .deadlines
             .get(&TimerKey::Session(session))
             .copied()
-            .unwrap_or_else(Instant::now))
+            .unwrap_or_else(Instant::now);
+        Ok((deadline, term))
+    }
+
+    /// Whether the revoke of `session` begun in `term` still stands: this
+    /// keeper still counts for that term (the leadership did not leave and
+    /// come back meanwhile, restarting every lease) and has not lost its
+    /// quorum, and the session is still being revoked.
+    pub fn still_revoking(&self, session: SessionId, term: u64) -> bool {
+        let t = self.timers.lock().expect("timers lock poisoned");
+        t.active && !t.paused && t.term == Some(term) && t.revoking.contains_key(&session)
     }
 
     /// The revoke begun with [`begin_revoke`](Self::begin_revoke) has
@@ -1097,8 +1114,10 @@ mod tests {
         let renewed = Instant::now();
         assert_eq!(
             leases.begin_revoke(SessionId(1)),
-            Ok(renewed + Duration::from_millis(3_000))
+            Ok((renewed + Duration::from_millis(3_000), 1))
         );
+        assert!(leases.still_revoking(SessionId(1), 1));
+        assert!(!leases.still_revoking(SessionId(1), 2));
         assert_eq!(
             leases.keep_alive(SessionId(1)),
             Err(KeepAliveError::Expiring)
@@ -1114,6 +1133,7 @@ mod tests {
         );
         // A revoke that failed leaves the timer to expire it.
         leases.end_revoke(SessionId(1));
+        assert!(!leases.still_revoking(SessionId(1), 1));
         tokio::time::advance(RETRY_AFTER).await;
         assert_eq!(
             leases.take_due(Instant::now()),

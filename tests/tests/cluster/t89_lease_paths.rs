@@ -558,3 +558,124 @@ async fn a_session_ending_with_its_process_is_believed_for_its_grace_only() {
     assert!(session.is_valid(), "a healthy holder's lease lapsed");
     cluster.shutdown().await;
 }
+
+/// A `Lock` retry that finds its grant but cannot restart the lease (here:
+/// its session is being revoked) answers "outcome unknown" and leaves the
+/// session alone: the client may count the lease its first answer
+/// started, and closing the session would hand the lock over under that
+/// count (found by the simulator's belief oracle, seed 23 of its first
+/// belief workload).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failed_lock_retry_leaves_the_first_answers_lease() {
+    let cluster = TestCluster::start(3).await;
+    let addr = cluster.leader_addr().await;
+    let mut locks = locks_at(&addr);
+    let req = pb::LockRequest {
+        name: "retry-revoked/a".into(),
+        ttl_ms: 3_000,
+        nonce: 9_001,
+        ..Default::default()
+    };
+    let sent = Instant::now();
+    let first = locks.lock(req.clone()).await.expect("lock").into_inner();
+    assert!(first.acquired);
+    let revoking = tokio::spawn({
+        let addr = addr.clone();
+        async move {
+            cluster_at(&addr)
+                .revoke_session(pb::RevokeSessionRequest {
+                    session_id: first.session_id,
+                })
+                .await
+        }
+    });
+    // The revoke has begun (renewals refused) once a keep-alive says so.
+    eventually("the revoke to begin", Duration::from_secs(5), || {
+        let addr = addr.clone();
+        async move {
+            let (tx, mut answers) = keep_alive_stream(&addr).await;
+            tx.send(pb::KeepAliveRequest {
+                session_id: first.session_id,
+                ask_id: 1,
+            })
+            .await
+            .ok()?;
+            let a = answers.message().await.ok()??;
+            a.expired.then_some(())
+        }
+    })
+    .await;
+    let retried = locks.lock(req).await.expect_err("the lease cannot restart");
+    assert_eq!(retried.code(), tonic::Code::Unavailable, "{retried:?}");
+    assert!(
+        retried.metadata().get("raftlock-not-leader").is_none(),
+        "an applied Lock's retry is never 'not the leader'"
+    );
+    // The first answer's count: sent + 3 s - 10 %.
+    let believed = sent + Duration::from_millis(2_700);
+    still_holds_for(
+        &addr,
+        "retry-revoked/a",
+        first.session_id,
+        believed.saturating_duration_since(Instant::now()),
+    )
+    .await;
+    let released = revoking.await.expect("task").expect("revoke").into_inner();
+    assert_eq!(released.released, 1);
+    cluster.shutdown().await;
+}
+
+/// A revoke waits for the deadline its session's lease had in the term
+/// it began in; if the leadership leaves and comes back meanwhile, every
+/// lease restarted at full length and may have been renewed since: the
+/// revoke answers UNAVAILABLE, not applied, and the session lives on
+/// (found by the simulator's belief oracle, seed 1 of its first belief
+/// workload).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_revoke_across_a_leadership_round_trip_is_not_applied() {
+    let cluster = TestCluster::start(3).await;
+    let leader = cluster.leader().await;
+    let other = cluster
+        .running()
+        .into_iter()
+        .find(|&id| id != leader)
+        .expect("a follower");
+    let addr = cluster.addr(leader);
+    let session = holding_session(&addr, "rv-trip/a", 4_000, 0).await;
+    let revoking = tokio::spawn({
+        let addr = addr.clone();
+        async move {
+            cluster_at(&addr)
+                .revoke_session(pb::RevokeSessionRequest {
+                    session_id: session,
+                })
+                .await
+        }
+    });
+    eventually("the revoke to begin", Duration::from_secs(5), || {
+        let addr = addr.clone();
+        async move {
+            let (tx, mut answers) = keep_alive_stream(&addr).await;
+            tx.send(pb::KeepAliveRequest {
+                session_id: session,
+                ask_id: 1,
+            })
+            .await
+            .ok()?;
+            let a = answers.message().await.ok()??;
+            a.expired.then_some(())
+        }
+    })
+    .await;
+    transfer(&cluster, leader, other).await;
+    transfer(&cluster, other, leader).await;
+    // The new term counts the session afresh, and its client renews it.
+    let (tx, mut answers) = keep_alive_stream(&addr).await;
+    renew_on(&tx, &mut answers, session, 2).await;
+    let answer = revoking.await.expect("task");
+    let status = answer.expect_err("the revoke of an earlier term is not applied");
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    renew_on(&tx, &mut answers, session, 3).await;
+    assert!(holds(&addr, "rv-trip/a", session).await);
+    cluster.shutdown().await;
+}
