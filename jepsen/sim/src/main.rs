@@ -8,6 +8,7 @@ compile_error!(
      it from jepsen/sim, whose .cargo/config.toml sets it"
 );
 
+mod belief;
 mod oracle;
 mod shared;
 mod sim;
@@ -21,7 +22,8 @@ const USAGE: &str = "\
 usage: raftlock-sim [OPTIONS]
   --seed S                 run one seed (default 1)
   --seeds A..B             run seeds A to B-1, stop at the first failure
-  --seeds-file FILE        run every seed FILE lists (one per line, `#` starts a comment)
+  --seeds-file FILE        run every seed FILE lists (one per line, maybe with flags of its own
+                           after it; `#` starts a comment)
   --for-seconds S          with --seeds: start no seed after S seconds of real time
   --keep-going             with --seeds or --seeds-file: run every seed, list the failed ones at the end
   --reproduce S            run seed S and print its whole trace
@@ -32,6 +34,8 @@ usage: raftlock-sim [OPTIONS]
   --nodes N                nodes in the cluster: 3 (default) or 5
   --no-faults              no faults (a baseline)
   --lying-disks            plant a defect: disks acknowledge syncs and keep nothing
+  --paths P,Q,...          the lease paths the belief clients drive (default all: ttl, retry,
+                           streams, renewals, ghost, revoke, transfer, bound, library)
   --stall-real-time        sleep 0-3 ms of real time between some steps (the run must not change)
   --hash-only              print only the trace hash (used by --check-determinism)";
 
@@ -51,7 +55,7 @@ fn main() -> ExitCode {
     let mut reproduce = false;
     let mut hash_only = false;
     let mut determinism = None;
-    let mut listed: Option<Vec<u64>> = None;
+    let mut listed: Option<Vec<(u64, Vec<String>)>> = None;
     let mut for_seconds: Option<u64> = None;
     let mut keep_going = false;
     let mut it = args.iter();
@@ -82,6 +86,17 @@ fn main() -> ExitCode {
                 }
                 "--no-faults" => settings.faults = false,
                 "--lying-disks" => settings.lying_disks = true,
+                "--paths" => {
+                    let v = value(arg)?;
+                    let paths: Vec<String> = v.split(',').map(|p| p.trim().to_string()).collect();
+                    if let Some(bad) = paths.iter().find(|p| !sim::PATHS.contains(&p.as_str())) {
+                        return Err(format!(
+                            "--paths: unknown path {bad:?} (known: {})",
+                            sim::PATHS.join(",")
+                        ));
+                    }
+                    settings.paths = paths;
+                }
                 "--stall-real-time" => settings.stall_real_time = true,
                 "--hash-only" => hash_only = true,
                 "--seeds-file" => listed = Some(seeds_file(&value(arg)?)?),
@@ -133,6 +148,7 @@ fn main() -> ExitCode {
         return sweep(list.into_iter(), &settings, started, None, keep_going);
     }
     if seeds.end > seeds.start + 1 {
+        let seeds = seeds.map(|s| (s, Vec::new()));
         return sweep(seeds, &settings, started, for_seconds, keep_going);
     }
     for seed in seeds {
@@ -175,7 +191,7 @@ fn main() -> ExitCode {
 /// leaves in the process changed the next run: seed 3 gave another hash
 /// after seeds 1 and 2 in one process); stops at the first failure.
 fn sweep(
-    seeds: impl Iterator<Item = u64>,
+    seeds: impl Iterator<Item = (u64, Vec<String>)>,
     settings: &Settings,
     started: std::time::Duration,
     for_seconds: Option<u64>,
@@ -190,7 +206,7 @@ fn sweep(
     };
     let mut runs = 0u64;
     let mut failed = Vec::new();
-    for seed in seeds {
+    for (seed, flags) in seeds {
         if for_seconds.is_some_and(|limit| (wall_clock::real_time() - started).as_secs() >= limit) {
             break;
         }
@@ -198,6 +214,7 @@ fn sweep(
             .arg("--seed")
             .arg(seed.to_string())
             .args(settings.flags().split_whitespace())
+            .args(&flags)
             .status();
         runs += 1;
         match status {
@@ -235,14 +252,16 @@ fn sweep(
     }
 }
 
-/// The seeds a file lists: one per line, `#` starts a comment.
-fn seeds_file(path: &str) -> Result<Vec<u64>, String> {
+/// The seeds a file lists: one per line, optionally followed by the flags
+/// of its run (`21 --paths bound`); `#` starts a comment.
+fn seeds_file(path: &str) -> Result<Vec<(u64, Vec<String>)>, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
     let mut seeds = Vec::new();
     for line in text.lines() {
         let line = line.split('#').next().unwrap_or("").trim();
-        if !line.is_empty() {
-            seeds.push(num(line)?);
+        let mut words = line.split_whitespace();
+        if let Some(seed) = words.next() {
+            seeds.push((num(seed)?, words.map(str::to_string).collect()));
         }
     }
     if seeds.is_empty() {

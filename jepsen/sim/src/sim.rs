@@ -29,8 +29,12 @@ use tonic_health::pb::health_client::HealthClient;
 use raftlock_check::history::Type;
 use serde_json::json;
 
+use crate::belief::{self, Held};
 use crate::oracle::{self, Grant, Renewal, Serving};
 use crate::shared;
+
+mod believers;
+mod holders;
 
 /// The port every node serves on (each node is its own simulated host).
 const PORT: u16 = 7001;
@@ -74,6 +78,13 @@ const PROBE_GRACE_MS: u64 = 30;
 const PROBE_ASKS_FOR_MS: u64 = 2_500;
 /// How often an asker asks its node, and the health prober every node.
 const PROBE_EVERY_MS: u64 = 20;
+/// Believers (`believers`): raw protocol clients on every lease path.
+const BELIEVERS: usize = 2;
+/// The host of the holder whose session ends with its process.
+const BOUND_HOLDER: &str = "e0";
+/// The names clients record beliefs on; the driver records every grant
+/// of them.
+const BELIEF_NAMES: [&str; 7] = [LOCK, "B0", "B1", "E", "M1", "M2", "U"];
 
 /// What a run is made of.
 #[derive(Clone, Debug)]
@@ -91,6 +102,9 @@ pub struct Settings {
     /// The nodes' disks acknowledge syncs without keeping anything (a
     /// planted defect: the oracles must catch what crashes then lose).
     pub lying_disks: bool,
+    /// The paths of the lease rule the belief clients drive (see
+    /// [`PATHS`]): all of them unless told otherwise.
+    pub paths: Vec<String>,
     /// Stall the driver's thread for short stretches of real time between
     /// steps, at moments no seed decides. A run of a seed must not change:
     /// the determinism check runs its second copy this way, so a read of
@@ -109,8 +123,29 @@ impl Default for Settings {
             nodes: 3,
             faults: true,
             lying_disks: false,
+            paths: PATHS.iter().map(|p| p.to_string()).collect(),
             stall_real_time: false,
         }
+    }
+}
+
+/// The paths of the lease rule the belief clients can drive:
+/// `ttl` (a `SetSessionTtl` at the end of a lease), `retry` (a `Lock`
+/// retried with its nonce), `streams` (sessions that end with their
+/// process, on one or two `KeepAlive` streams), `renewals` (one-shot
+/// `KeepAlive`s), `ghost` (a waiting `Lock` whose caller goes away just
+/// before the hand-off), `revoke` (an operator revoking holders),
+/// `transfer` (an operator moving the leadership away and back), `bound`
+/// (the Rust client's process-bound sessions, their links cut at times),
+/// `library` (the Rust client's atomic requests, upgrades and downgrades).
+pub const PATHS: [&str; 9] = [
+    "ttl", "retry", "streams", "renewals", "ghost", "revoke", "transfer", "bound", "library",
+];
+
+impl Settings {
+    /// Whether the belief clients drive `path`.
+    pub fn drives(&self, path: &str) -> bool {
+        self.paths.iter().any(|p| p == path)
     }
 }
 
@@ -133,6 +168,9 @@ impl Settings {
         }
         if self.lying_disks {
             flags += " --lying-disks";
+        }
+        if self.paths != d.paths {
+            flags += &format!(" --paths {}", self.paths.join(","));
         }
         flags
     }
@@ -200,6 +238,29 @@ struct Record {
     restored_fence: Option<u64>,
     /// The liveness probe was refused because fences ran out.
     probe_exhausted: bool,
+    /// What every client believed it held, and when (the belief oracle).
+    beliefs: Vec<belief::Belief>,
+    /// Every grant of the names clients record beliefs on, as first seen
+    /// applied on a node.
+    granted: belief::Grants,
+    /// The sessions believers hold grants in now (for the revoker).
+    holding: believers::Holdings,
+    /// Ghost waiters: the name each waited for and when its caller went
+    /// away (simulated microseconds), not judged yet.
+    ghosts: Vec<(String, u64)>,
+    /// Leadership round trips the operator completed.
+    round_trips: u64,
+    /// Sessions that end with their process whose process died: the
+    /// session, when its last stream ended (simulated microseconds) and
+    /// its grace (ms); not judged yet.
+    dead: Vec<(u64, u64, u64)>,
+    /// True while the operator is moving the leadership.
+    transferring: bool,
+    /// The operator's leadership round trips are part of this run
+    /// (`--paths` has `transfer`).
+    round_trips_allowed: bool,
+    /// True while the bound holder whose links get cut holds its name.
+    bound_holding: bool,
 }
 
 impl Record {
@@ -635,6 +696,7 @@ async fn worker(
             }
         };
         let sid = u64::from(session.id());
+        let view = holders::View::of(&session);
         while now_ms() < stop_ms && session.is_valid() {
             let invoked = now_ms();
             let acquire = json!({"lock": LOCK, "mode": "exclusive", "session": sid});
@@ -642,6 +704,7 @@ async fn worker(
             match session.lock_timeout(LOCK, Duration::from_secs(3)).await {
                 Ok(guard) => {
                     let granted = now_ms();
+                    let believed_from = believers::now_us();
                     let fence = u64::from(guard.fence());
                     let mut answer = acquire;
                     answer["fence"] = json!(fence);
@@ -650,6 +713,17 @@ async fn worker(
                     tokio::time::sleep(Duration::from_millis(hold)).await;
                     let until = now_ms();
                     let valid = session.is_valid();
+                    holders::believed(
+                        &record,
+                        &format!("worker {n}"),
+                        "Rust client",
+                        LOCK,
+                        sid,
+                        fence,
+                        Held::Exclusive,
+                        believed_from,
+                        view.until(believers::now_us()),
+                    );
                     note(
                         &record,
                         format!(
@@ -987,9 +1061,113 @@ struct Watch {
     /// The nodes seen to have themselves among the voters of the
     /// membership they use (in any process).
     knew_voter: std::collections::BTreeSet<u64>,
+    /// Per node: since when (ms) it has led in its current term, and that
+    /// term (the ghost check needs a leader that did not change).
+    terms_since: BTreeMap<u64, (u64, u64)>,
+    /// The last tick (ms) at which no node led with its leases counting
+    /// (no leader, or a leader that lost touch with its quorum): the
+    /// liveness checks of ghosts and dead processes judge only what
+    /// happened after (the leader must have been able to write).
+    unsteady_at: u64,
 }
 
 impl Watch {
+    /// Judges the ghost waiters gone 3 s ago or more: none of their
+    /// sessions (told apart by their ttl) may hold the name they waited
+    /// for on the node that leads, if it led in the same term throughout
+    /// (a leader change may leave the close of the ghost's session
+    /// undone, and then its ttl ends it).
+    fn judge_ghosts(&mut self, record: &Shared, now: u64) -> Result<(), String> {
+        let due: Vec<(String, u64)> = {
+            let mut r = record.borrow_mut();
+            let (due, later) = std::mem::take(&mut r.ghosts)
+                .into_iter()
+                .partition(|(_, gone)| now * 1_000 >= gone + 3_000_000);
+            r.ghosts = later;
+            due
+        };
+        if due.is_empty() {
+            return Ok(());
+        }
+        let Some(leader) = self.leader else {
+            return Ok(());
+        };
+        let node = record.borrow().nodes.get(&leader).map(|(n, _)| n.clone());
+        let Some(node) = node else {
+            return Ok(());
+        };
+        for (name, gone) in due {
+            let steady = self
+                .terms_since
+                .get(&leader)
+                .is_some_and(|(since, _)| since * 1_000 <= gone)
+                && self.unsteady_at * 1_000 < gone;
+            if !steady {
+                continue;
+            }
+            let kept = node.shared.read(|a| {
+                let name = raftlock_node::state::LockName::new(name.as_str()).ok()?;
+                let info = a.table.describe(&name)?;
+                info.holders.iter().find_map(|h| {
+                    a.table
+                        .session(h.session)
+                        .filter(|s| s.ttl_ms == believers::GHOST_TTL_MS)
+                        .map(|_| h.session.0)
+                })
+            });
+            if let Some(session) = kept {
+                return Err(format!(
+                    "ghost: a waiting Lock on {name:?} whose caller went away at {gone} us was \
+                     granted and its session {session} still holds it 3 s later on leader node \
+                     {leader} (same term throughout)"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Judges the sessions whose process died (every stream that renewed
+    /// them ended, nothing closed them) 2 s past their grace: none may be
+    /// open on the node that leads, if it led in the same term since
+    /// before the death (a new leader counts only its ttl).
+    fn judge_dead(&mut self, record: &Shared, now: u64) -> Result<(), String> {
+        let due: Vec<(u64, u64, u64)> = {
+            let mut r = record.borrow_mut();
+            let (due, later) = std::mem::take(&mut r.dead)
+                .into_iter()
+                .partition(|(_, gone, grace)| now * 1_000 >= gone + (grace + 2_000) * 1_000);
+            r.dead = later;
+            due
+        };
+        let Some(leader) = self.leader else {
+            return Ok(());
+        };
+        let node = record.borrow().nodes.get(&leader).map(|(n, _)| n.clone());
+        let Some(node) = node else {
+            return Ok(());
+        };
+        for (session, gone, grace) in due {
+            let steady = self
+                .terms_since
+                .get(&leader)
+                .is_some_and(|(since, _)| since * 1_000 <= gone)
+                && self.unsteady_at * 1_000 < gone;
+            if steady
+                && node
+                    .shared
+                    .read(|a| a.table.session(SessionId(session)).is_some())
+            {
+                return Err(format!(
+                    "process-bound session {session}: its last stream ended at {gone} us, its \
+                     grace is {grace} ms, and leader node {leader} (same term throughout) still \
+                     has it open at {} ms",
+                    now
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Judges the probers' answers not judged yet.
     fn judge_answers(&mut self, record: &Shared) -> Result<(), String> {
         let (renewals, servings) = {
@@ -1012,6 +1190,7 @@ impl Watch {
         now: u64,
     ) -> Result<Vec<u64>, String> {
         let mut ended_on_leader = Vec::new();
+        let mut counting = false;
         let abandoned: Vec<u64> = record
             .borrow()
             .abandoned
@@ -1040,6 +1219,17 @@ impl Watch {
             if m.state == openraft::ServerState::Leader {
                 self.leader = Some(id);
                 record.borrow_mut().leader = Some(id);
+                let leases = &node.shared.leases;
+                counting |= leases.is_active() && !leases.is_paused();
+                let same = self
+                    .terms_since
+                    .get(&id)
+                    .is_some_and(|(_, term)| *term == m.current_term);
+                if !same {
+                    self.terms_since.insert(id, (now, m.current_term));
+                }
+            } else {
+                self.terms_since.remove(&id);
             }
             if m.membership_config.voter_ids().any(|v| v == id) {
                 self.knew_voter.insert(id);
@@ -1085,6 +1275,37 @@ impl Watch {
                 .insert((id, incarnation), applied.max(from - 1));
             let fence = node.shared.read(|a| a.table.stats().last_fence);
             self.fences.observe(id, incarnation, fence)?;
+            // Every grant of the belief names, first seen applied (so
+            // committed) on any node.
+            let held: Vec<(String, u64, u64, Held)> = node.shared.read(|a| {
+                BELIEF_NAMES
+                    .iter()
+                    .filter_map(|n| raftlock_node::state::LockName::new(*n).ok())
+                    .filter_map(|n| a.table.describe(&n))
+                    .flat_map(|info| {
+                        let name = info.name.as_str().to_string();
+                        info.holders.into_iter().map(move |h| {
+                            let held = match h.mode {
+                                raftlock_node::state::Mode::Shared => Held::Shared,
+                                _ => Held::Exclusive,
+                            };
+                            (name.clone(), h.fence.0, h.session.0, held)
+                        })
+                    })
+                    .collect()
+            });
+            let mut r = record.borrow_mut();
+            for (name, fence, session, held) in held {
+                r.granted.entry((name, fence)).or_insert(belief::Granted {
+                    session,
+                    held,
+                    seen: now * 1_000,
+                });
+            }
+            drop(r);
+        }
+        if !counting {
+            self.unsteady_at = now;
         }
         Ok(ended_on_leader)
     }
@@ -1168,6 +1389,86 @@ pub fn run(settings: &Settings) -> Outcome {
         );
     }
     sim.client("health", health_prober(stop_ms, record.clone()));
+    // The clients of the belief oracle: every path of the lease rule.
+    let paths: Vec<&'static str> = PATHS
+        .iter()
+        .copied()
+        .filter(|p| settings.drives(p))
+        .collect();
+    let raw: Vec<&'static str> = paths
+        .iter()
+        .copied()
+        .filter(|p| believers::RAW_PATHS.contains(p))
+        .collect();
+    if !raw.is_empty() {
+        sim.client(
+            "contender",
+            believers::contender(
+                stop_ms,
+                StdRng::seed_from_u64(settings.seed ^ 0xc0_e7e4),
+                record.clone(),
+            ),
+        );
+        for n in 0..BELIEVERS {
+            let rng = StdRng::seed_from_u64(settings.seed ^ (0xbe11_e7e0 + n as u64));
+            sim.client(
+                format!("b{n}"),
+                believers::believer(n, stop_ms, raw.clone(), rng, record.clone()),
+            );
+        }
+    }
+    record.borrow_mut().round_trips_allowed = settings.drives("transfer");
+    if settings.drives("transfer") {
+        sim.client(
+            "transferer",
+            believers::transferer(
+                stop_ms,
+                StdRng::seed_from_u64(settings.seed ^ 0x7a45_fe7e),
+                record.clone(),
+            ),
+        );
+    }
+    if settings.drives("revoke") {
+        sim.client(
+            "revoker",
+            believers::revoker(
+                stop_ms,
+                StdRng::seed_from_u64(settings.seed ^ 0x7e70_6e7e),
+                record.clone(),
+            ),
+        );
+    }
+    if settings.drives("bound") {
+        // Two, so that one's session ending passes the name to the other;
+        // only the first one's links are cut.
+        for (n, name) in [BOUND_HOLDER, "e1"].into_iter().enumerate() {
+            sim.client(
+                name,
+                holders::bound_holder(
+                    name,
+                    stop_ms,
+                    StdRng::seed_from_u64(settings.seed ^ (0xb0_0d + n as u64)),
+                    record.clone(),
+                ),
+            );
+        }
+    }
+    if settings.drives("library") {
+        sim.client(
+            "p0",
+            holders::path_holder(
+                0,
+                stop_ms,
+                StdRng::seed_from_u64(settings.seed ^ 0x9a_7400),
+                record.clone(),
+            ),
+        );
+    }
+    // The bound holder's links to the nodes are held at times (a network
+    // cut between a client and the cluster), drawn from a stream of their
+    // own so that the other faults stay as they were.
+    let mut links_rng = StdRng::seed_from_u64(settings.seed ^ 0x11_4c5);
+    let mut links_held_until = 0u64;
     let hostile_rng = StdRng::seed_from_u64(settings.seed ^ 0x0bad_9ee4);
     sim.client(
         "hostile",
@@ -1201,6 +1502,12 @@ pub fn run(settings: &Settings) -> Outcome {
         // (an answer is judged by its ask's send time, and everything the
         // driver saw up to then is known by now).
         if let Err(e) = watch.judge_answers(&record) {
+            break Err(e);
+        }
+        if let Err(e) = watch.judge_ghosts(&record, now) {
+            break Err(e);
+        }
+        if let Err(e) = watch.judge_dead(&record, now) {
             break Err(e);
         }
         if let Some(v) = record.borrow_mut().violation.take() {
@@ -1338,6 +1645,29 @@ pub fn run(settings: &Settings) -> Outcome {
             note(&record, "faults off; the liveness probe starts".into());
             probing = true;
         }
+        // While the bound holder holds its name, its links to every node
+        // are sometimes cut (held) for 11-14 s, past the ~10 s in which a
+        // node's HTTP/2 pings give its connection up: the leader may then
+        // end the session a grace later, long before its ttl.
+        let bound_holding = record.borrow().bound_holding;
+        if settings.faults
+            && !probing
+            && bound_holding
+            && now >= links_held_until
+            && now + 14_000 < stop_ms
+            && links_rng.random_bool(0.005)
+        {
+            let lasts = links_rng.random_range(11_000..14_000);
+            links_held_until = now + lasts;
+            note(
+                &record,
+                format!("hold {BOUND_HOLDER} <-> every node for {lasts} ms"),
+            );
+            for id in record.borrow().members.clone() {
+                sim.hold(BOUND_HOLDER, host(id).as_str());
+                undo.push((now + lasts, Undo::Release(BOUND_HOLDER.into(), host(id))));
+            }
+        }
         if settings.faults && !probing && faults_rng.random_bool(0.002) {
             faults += 1;
             inject(
@@ -1436,8 +1766,14 @@ pub fn run(settings: &Settings) -> Outcome {
     });
     // The harness's checkers on the workers' history (not in the trace
     // or its hash).
+    let (beliefs, granted) = {
+        let r = record.borrow();
+        (r.beliefs.clone(), r.granted.clone())
+    };
     let verdict = verdict
         .and_then(|()| oracle::mutual_exclusion(&grants))
+        .and_then(|()| belief::no_overlap(&beliefs))
+        .and_then(|()| belief::none_past_a_grant(&beliefs, &granted))
         .and_then(|()| shared::check(history.events(), shared::LINEARIZABILITY_BUDGET))
         .and_then(|()| match probe_granted {
             Some(_) => Ok(()),
