@@ -43,7 +43,11 @@ pub struct SessionOptions {
     /// End the session with this process: once the client's keep-alive
     /// stream to the leader closes (the process died, the connection
     /// dropped) and no new one renews the session within this grace, the
-    /// leader expires it (`None`: only the ttl ends it; at most 60 s).
+    /// leader expires it (`None`: only the ttl ends it; at most 60 s). The
+    /// lease view then counts the smaller of the ttl and this grace from
+    /// each answered keep-alive (README, "The lease rule": a paused process
+    /// cannot tell when its stream was closed), and keep-alives go every
+    /// third of that.
     pub end_on_disconnect: Option<Duration>,
 }
 

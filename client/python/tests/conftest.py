@@ -110,7 +110,8 @@ class Cluster:
         while True:
             for a in self.addrs:
                 try:
-                    req = urllib.request.Request(f"http://{a}/v1/cluster/Status", data=b"{}", method="POST")
+                    req = urllib.request.Request(f"http://{a}/v1/cluster/Status", data=b"{}", method="POST",
+                                                 headers={"Content-Type": "application/json"})
                     with urllib.request.urlopen(req, timeout=2) as r:
                         leader = json.load(r).get("leader_addr")
                         if leader:

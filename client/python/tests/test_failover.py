@@ -16,7 +16,8 @@ from conftest import free_run, raftlockd, wait_for
 
 
 def status(addr):
-    req = urllib.request.Request(f"http://{addr}/v1/cluster/Status", data=b"{}", method="POST")
+    req = urllib.request.Request(f"http://{addr}/v1/cluster/Status", data=b"{}", method="POST",
+                                 headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=1) as r:
         return json.load(r)
 

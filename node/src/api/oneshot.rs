@@ -135,7 +135,7 @@ impl Api {
                 ttl_ms,
                 outcome,
             },
-            _entry,
+            _,
         ) = written?;
         if matches!(outcome, Acquired::NotAcquired) {
             // Not granted: the table left no session (or ended it with the

@@ -44,7 +44,9 @@ pub struct HoldArgs {
     /// If `raftlock` itself dies (SIGKILL, out of memory, a lost host
     /// connection), the cluster ends its session this many seconds after
     /// its keep-alive stream closes, instead of at the end of the ttl
-    /// (0 turns this off).
+    /// (0 turns this off). The lease is then counted, and renewed, by the
+    /// smaller of the ttl and this grace: a `raftlock` paused longer than
+    /// that sends CMD SIGTERM and exits 4.
     #[arg(long, default_value_t = 1.0)]
     pub end_on_disconnect: f64,
     /// The command to run while holding, after `--`.
