@@ -1014,8 +1014,12 @@ mod tests {
         );
     }
 
+    /// A ttl change restarts the lease at the new length when it applies,
+    /// longer or shorter (the client's duty caps its count at the change's
+    /// send + the new ttl, README "The lease rule"); keep-alives then renew
+    /// at the new length and never move the end earlier.
     #[tokio::test(start_paused = true)]
-    async fn a_new_ttl_applies_to_renewals_and_never_cuts_the_lease_short() {
+    async fn a_new_ttl_restarts_the_lease_at_its_length() {
         let leases = Leases::default();
         leases.activate_for_term(1, &table_with_session(30_000));
         tokio::time::advance(Duration::from_millis(1_000)).await;
@@ -1024,21 +1028,24 @@ mod tests {
             session: SessionId(1),
             ttl_ms: 60_000,
         }]);
-        // A shorter one at once does not end the lease in force sooner: a
-        // client counts the renewal it had.
+        tokio::time::advance(Duration::from_millis(40_000)).await;
+        assert!(leases.take_due(Instant::now()).is_empty(), "60 s, not 30");
+        // A shorter one ends it the new ttl after the change, sooner than
+        // the lease in force (Symfony's refresh($ttl) after its long
+        // initial ttl).
         leases.on_events(&[Event::SessionTtlChanged {
             session: SessionId(1),
             ttl_ms: 2_000,
         }]);
-        tokio::time::advance(Duration::from_millis(59_999)).await;
+        tokio::time::advance(Duration::from_millis(1_999)).await;
         assert!(leases.take_due(Instant::now()).is_empty());
         tokio::time::advance(Duration::from_millis(1)).await;
         assert_eq!(leases.take_due(Instant::now()).len(), 1);
-        // Keep-alives renew at the new length.
         leases.on_events(&[Event::SessionEnded {
             session: SessionId(1),
             expired: true,
         }]);
+        // Keep-alives renew at the new length.
         leases.on_events(&[Event::SessionOpened {
             session: SessionId(2),
             ttl_ms: 30_000,
