@@ -139,6 +139,12 @@ impl Count {
         self.until = self.until.max(sent + counted);
     }
 
+    /// A `SetSessionTtl` to a shorter ttl sent at `sent`: the count ends
+    /// at `sent + length_us` at the latest (README, "The lease rule").
+    pub fn cut(&mut self, sent: u64, length_us: u64) {
+        self.until = self.until.min(sent + length_us);
+    }
+
     /// Whether the count still runs at `now`.
     pub fn runs(&self, now: u64) -> bool {
         now < self.until

@@ -341,14 +341,17 @@ impl Leases {
                 }
                 Event::SessionTtlChanged { session, ttl_ms } => {
                     // Renewals from now on are at the new length, and the
-                    // lease restarts at it, unless that would end it
-                    // sooner than the lease in force (a client may count
-                    // that one). A session whose end is under way stays
-                    // ending (its `SetSessionTtl` answers `NOT_FOUND`).
+                    // lease restarts at it, shorter or longer: a client
+                    // that shortens its ttl counts every answer from the
+                    // change's send on with the new ttl, and cuts its
+                    // count to that send + the new ttl (README, "The lease
+                    // rule"), never later than this. A session whose end
+                    // is under way stays ending (its `SetSessionTtl`
+                    // answers `NOT_FOUND`).
                     if t.ttls.contains_key(session) && !t.ending(*session) {
                         let ttl = Duration::from_millis(*ttl_ms);
                         t.ttls.insert(*session, ttl);
-                        t.extend(TimerKey::Session(*session), now + ttl);
+                        t.arm(TimerKey::Session(*session), now + ttl);
                         changed = true;
                     }
                 }

@@ -215,8 +215,8 @@ async fn a_lock_whose_caller_goes_away_while_waiting_leaves_nothing_queued() {
 async fn set_session_ttl_restarts_the_lease_at_the_new_length() {
     let cluster = TestCluster::start(3).await;
     let mut locks = locks_at(&cluster.leader_addr().await);
-    // A 2 s lease: a shorter ttl takes over when the lease in force ends
-    // (it is never cut short), and renewals are at the new length.
+    // A 2 s lease, then a shorter ttl: the lease restarts at it, and
+    // renewals are at the new length.
     let held = locks
         .lock(pb::LockRequest {
             ttl_ms: 2_000,

@@ -620,6 +620,11 @@ async fn ttl_change(client: &str, name: &str, http: bool, rng: &mut StdRng, reco
     sleep_until_us(h.count.until + rng.random_range(0..20_000) - 8_000).await;
     let new_ttl = rng.random_range(1_000..3_000);
     let sent = now_us();
+    if new_ttl < ttl {
+        // A shorter ttl: the count so far is cut at its send, and the
+        // answer counts with it.
+        h.count.cut(sent, new_ttl * 1_000);
+    }
     let req = pb::SetSessionTtlRequest {
         session_id: h.session,
         seq: 2,
