@@ -125,6 +125,7 @@ fn run_args(args: &CampaignArgs, cell: &Cell, seed: u64, out: PathBuf) -> RunArg
         time_limit: args.time_limit,
         nemesis: cell.nemesis.clone(),
         workload: cell.workload,
+        lease_paths: "all".into(),
         concurrency: args.concurrency,
         seed,
         out,

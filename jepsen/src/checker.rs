@@ -15,6 +15,8 @@
 //! | `hold-windows` | never: reports where the windows clients *believed* they held overlapped |
 //! | `audit` | anything is still held or queued at the end of the run (see [`crate::audit`]) |
 //! | `keep-alive` | a keep-alive sent after its session's expiry was applied was answered `renewed`, or two sessions' lease views overlapped on one exclusive lock (see [`crate::leases`]) |
+//! | `beliefs` | two clients' beliefs (counted by the lease rule) in conflicting grants of one name overlapped, or a belief ran past the moment the cluster granted its name to another session (see [`crate::beliefs`]) |
+//! | `ghosts` | a waiter killed just before the hand-off kept the name: the next waiter was not granted it within 20 s while no fault was active (the `leases` workload's `ghost` path; see [`crate::beliefs::ghosts`]) |
 //! | `hostile-peer` | a node with peer authentication did not refuse a hostile Raft message with `UNAUTHENTICATED`, or one without it did not refuse another cluster's with `FAILED_PRECONDITION` (see [`crate::nemesis::hostile`]) |
 //! | `no-zombie` | a node said `SERVING` without following the cluster for too long, or was up at the end without serving (see [`crate::zombie`]) |
 //! | `node-exits` | a node exited on its own while its disk was not failing (see [`crate::zombie`]) |
@@ -202,7 +204,7 @@ pub fn check(input: &CheckInput) -> Checked {
         WorkloadKind::Semaphore => {
             add("semaphore", semaphore(input.ops, &grants, input.capacity));
         }
-        WorkloadKind::Clients => {
+        WorkloadKind::Clients | WorkloadKind::Leases => {
             add("mutual-exclusion", mutual_exclusion(&grants));
         }
     }
@@ -211,6 +213,8 @@ pub fn check(input: &CheckInput) -> Checked {
     }
     add("no-zombie", crate::zombie::no_zombie(input.events));
     add("keep-alive", crate::leases::check(input.ops, input.windows));
+    add("beliefs", crate::beliefs::check(input.ops, input.windows));
+    add("ghosts", crate::beliefs::ghosts(input.ops, input.windows));
     add("hostile-peer", crate::nemesis::hostile::check(input.events));
     add(
         "node-exits",

@@ -14,12 +14,14 @@
 
 pub mod audit;
 pub mod availability;
+pub mod beliefs;
 pub mod campaign;
 pub mod checker;
 pub mod clientlink;
 pub mod cluster;
 pub mod dbstore;
 pub mod history;
+pub mod http;
 pub mod lazyfs;
 pub mod leases;
 pub use raftlock_check::linear;

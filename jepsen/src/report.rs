@@ -148,10 +148,10 @@ fn shade_windows(
 }
 
 /// Operations drawn in the plots: the keep-alive probers' asks and the
-/// watch events are too many to draw one by one (the checkers' numbers
-/// and `history.jsonl` have them).
+/// watch events are too many to draw one by one, and `belief` records are
+/// no requests (the checkers' numbers and `history.jsonl` have them).
 fn drawn(o: &Op) -> bool {
-    !matches!(o.f.as_str(), "keepalive" | "watch")
+    !matches!(o.f.as_str(), "keepalive" | "watch" | "belief")
 }
 
 fn timeline(ops: &[Op], windows: &[Window], concurrency: u64, scale: &Scale) -> String {

@@ -34,9 +34,14 @@ pub struct RunArgs {
     /// kind but long-partition) / none.
     #[arg(long, default_value = "kill,pause,partition")]
     pub nemesis: String,
-    /// fenced-counter, lock, semaphore or clients.
+    /// fenced-counter, lock, semaphore, clients or leases.
     #[arg(long, value_enum, default_value = "fenced-counter")]
     pub workload: WorkloadKind,
+    /// The paths the leases workload drives: comma-separated ttl-end,
+    /// ttl-shorter, retry, retry-failover, streams, renewals, multi,
+    /// upgrade, revoke, or all.
+    #[arg(long, default_value = "all")]
+    pub lease_paths: String,
     /// Client workers.
     #[arg(long, default_value_t = 4)]
     pub concurrency: u64,
@@ -153,6 +158,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
         (0.0..=1.0).contains(&args.client_pauses),
         "--client-pauses is a fraction in 0..=1"
     );
+    let lease_paths = workload::leases::LeasePath::parse_list(&args.lease_paths)?;
     let mut kinds = NemesisKind::parse_list(&args.nemesis)?;
     if args.workload == WorkloadKind::Lock && kinds.contains(&NemesisKind::Restore) {
         // The lock model has no restore (holders from a backup reappear);
@@ -294,7 +300,28 @@ pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
         seed: args.seed,
         moved: moved.clone(),
     };
-    let mut workers = workload::spawn_workers(&wopts, &rec, stop.clone()).await?;
+    let (mut workers, lease_tasks) = if args.workload == WorkloadKind::Leases {
+        let running = workload::leases::spawn(
+            &rec,
+            workload::leases::LeaseOptions {
+                addrs: wopts.addrs.clone(),
+                links: links.clone(),
+                token: wopts.token.clone(),
+                seed: args.seed,
+                concurrency: args.concurrency,
+                paths: lease_paths.clone(),
+                moved: moved.clone(),
+            },
+            creds.clone(),
+            stop.clone(),
+        );
+        (running.workers, Some(running.others))
+    } else {
+        (
+            workload::spawn_workers(&wopts, &rec, stop.clone()).await?,
+            None,
+        )
+    };
     // The raw keep-alive probers of the clients workload.
     let probers = (args.workload == WorkloadKind::Clients).then(|| {
         tokio::spawn(workload::keepalive::run(
@@ -361,6 +388,18 @@ pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
     }
     for w in &workers {
         w.abort();
+    }
+    if let Some(others) = lease_tasks {
+        // The contenders finish their lock, the operator its revoke (which
+        // waits out its session's lease).
+        let abort = others.abort_handle();
+        if tokio::time::timeout(Duration::from_secs(20), others)
+            .await
+            .is_err()
+        {
+            eprintln!("raftlock-jepsen: the lease contenders and operator did not stop in time");
+            abort.abort();
+        }
     }
     if let Some(p) = probers {
         // They stop after probing what they abandoned last.
@@ -454,6 +493,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<Outcome> {
         "run": {
             "nodes": args.nodes,
             "workload": args.workload,
+            "lease_paths": (args.workload == WorkloadKind::Leases).then_some(&lease_paths),
             "nemesis": kinds,
             "time_limit_s": args.time_limit,
             "concurrency": args.concurrency,

@@ -25,6 +25,12 @@
 //!   dropped guards are `release` operations that end in `info` with
 //!   `{"dropped": true}`. What such abandoned work leaves behind is found by
 //!   the end-of-run audit (`crate::audit`).
+//! * `leases`: every path of the lease rule (`Lock` + `SetSessionTtl` at
+//!   the end of the count, `Lock` retried with its nonce, sessions that end
+//!   with their process on flapping `KeepAlive` streams, one-shot
+//!   keep-alives, revokes, the Rust client's multi-locks and upgrades),
+//!   over gRPC and HTTP/JSON, each client recording what it believed
+//!   (see [`leases`] and `crate::beliefs`).
 //!
 //! Operation values (history `value` field):
 //! `acquire` {lock, mode, weight, session} → ok {fence};
@@ -53,6 +59,7 @@ use serde_json::{json, Value};
 
 mod clients;
 pub mod keepalive;
+pub mod leases;
 
 use crate::clientlink::{ClientLinks, ClusterAddrs};
 use crate::dbstore::AnyClient;
@@ -72,6 +79,9 @@ pub enum WorkloadKind {
     /// Abandoned waits, dropped guards, shared sessions, resigned
     /// campaigns.
     Clients,
+    /// Every path of the lease rule, with what each client believed
+    /// (see [`leases`]).
+    Leases,
 }
 
 /// Lock names of the `lock` workload.
@@ -385,6 +395,8 @@ impl Worker {
                 WorkloadKind::Semaphore => self.semaphore_cycle(&session).await,
                 WorkloadKind::FencedCounter => self.counter_cycle(&session).await,
                 WorkloadKind::Clients => self.clients_cycle(&session).await,
+                // Its own tasks run it (`leases::spawn`).
+                WorkloadKind::Leases => break,
             }
         }
         Leftover {
@@ -701,15 +713,30 @@ async fn worker_client(
     slot: u64,
     addrs: &ClusterAddrs,
 ) -> anyhow::Result<Client> {
+    client_via(
+        &opts.links,
+        opts.token.clone(),
+        crate::clientlink::worker_end(slot),
+        addrs,
+    )
+    .await
+}
+
+/// A client of link end `end` for the cluster at `addrs` (see
+/// [`worker_client`]).
+async fn client_via(
+    links: &Option<Arc<ClientLinks>>,
+    token: Option<String>,
+    end: u64,
+    addrs: &ClusterAddrs,
+) -> anyhow::Result<Client> {
     let mut options = ClientOptions {
-        token: opts.token.clone(),
+        token,
         ..worker_client_options()
     };
-    let endpoints: Vec<String> = match &opts.links {
+    let endpoints: Vec<String> = match links {
         Some(links) => {
-            let via = links
-                .via(crate::clientlink::worker_end(slot), addrs)
-                .await?;
+            let via = links.via(end, addrs).await?;
             options.address_map = addrs
                 .nodes
                 .iter()
