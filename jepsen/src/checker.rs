@@ -16,7 +16,7 @@
 //! | `audit` | anything is still held or queued at the end of the run (see [`crate::audit`]) |
 //! | `keep-alive` | a keep-alive sent after its session's expiry was applied was answered `renewed`, or two sessions' lease views overlapped on one exclusive lock (see [`crate::leases`]) |
 //! | `beliefs` | two clients' beliefs (counted by the lease rule) in conflicting grants of one name overlapped, or a belief ran past the moment the cluster granted its name to another session (see [`crate::beliefs`]) |
-//! | `ghosts` | a waiter killed just before the hand-off kept the name: the next waiter was not granted it within 20 s while no fault was active (the `leases` workload's `ghost` path; see [`crate::beliefs::ghosts`]) |
+//! | `ghosts` | a waiter killed just before the hand-off kept the name: the next waiter was not granted it within 8 s while no fault was active (the `leases` workload's `ghost` path; see [`crate::beliefs::ghosts`]) |
 //! | `hostile-peer` | a node with peer authentication did not refuse a hostile Raft message with `UNAUTHENTICATED`, or one without it did not refuse another cluster's with `FAILED_PRECONDITION` (see [`crate::nemesis::hostile`]) |
 //! | `no-zombie` | a node said `SERVING` without following the cluster for too long, or was up at the end without serving (see [`crate::zombie`]) |
 //! | `node-exits` | a node exited on its own while its disk was not failing (see [`crate::zombie`]) |

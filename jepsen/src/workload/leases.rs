@@ -50,7 +50,7 @@
 //! * `ghost`: a waiter (a one-call `Lock` over HTTP) whose process dies
 //!   from 12 ms before to 12 ms after the holder lets go; when it died
 //!   unanswered, the worker then waits for the name
-//!   itself, and a round in which it is not granted it within 20 s while
+//!   itself, and a round in which it is not granted it within 8 s while
 //!   no fault was active fails the `ghosts` checker (a node that granted
 //!   the dead waiter the name and kept it, review 2026-11-29 #5).
 //!
@@ -123,8 +123,14 @@ const BELIEF_PROCESS_BASE: u64 = 3_600_000_000;
 /// Process numbers of the ghost waiters and the `ghost` round records.
 const GHOST_PROCESS_BASE: u64 = 3_800_000_000;
 /// How long the worker waits for a name after its ghost waiter died
-/// (milliseconds): the ghost's session would keep it 60 s.
-pub const GHOST_NEXT_WAIT_MS: u64 = 20_000;
+/// (milliseconds): less than [`GHOST_TTL_MS`], which a ghost's session
+/// that kept the name would hold it for, and far more than the
+/// milliseconds it takes when the node ends that session.
+pub const GHOST_NEXT_WAIT_MS: u64 = 8_000;
+/// The ttl of a ghost waiter's session (milliseconds): short enough that
+/// a session whose end the node could not write (a fault) is gone before
+/// the end-of-run audit gives up (twice the workers' ttl + 5 s).
+pub const GHOST_TTL_MS: u64 = 10_000;
 
 /// A path of the lease rule that a worker drives (see the module doc).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
@@ -973,7 +979,7 @@ impl Actor {
 
     /// A waiter that dies just before the hand-off: a holder takes a name
     /// of this round's own (ttl 10 s), a ghost waiter queues for it with a
-    /// one-call `Lock` over HTTP (ttl 60 s, waiting up to 20 s, on a
+    /// one-call `Lock` over HTTP (ttl [`GHOST_TTL_MS`], waiting up to 20 s, on a
     /// connection of its own, as a PHP worker sends it) and is killed (the
     /// connection half-closed: see [`crate::http::post_until_killed`]) from
     /// 12 ms before to 12 ms after the holder's `Unlock` is sent; a waiter
@@ -999,11 +1005,11 @@ impl Actor {
         );
         ghost_p.invoke(
             "acquire",
-            json!({"lock": name, "mode": "exclusive", "weight": 1, "ttl_ms": 60_000,
+            json!({"lock": name, "mode": "exclusive", "weight": 1, "ttl_ms": GHOST_TTL_MS,
                    "timeout_ms": 20_000, "nonce": nonce, "one_call": true, "http": true,
                    "path": "ghost", "ghost": true, "node": leader, "gen": self.conn.gen}),
         );
-        let body = json!({"name": name, "ttl_ms": 60_000, "timeout_ms": 20_000,
+        let body = json!({"name": name, "ttl_ms": GHOST_TTL_MS, "timeout_ms": 20_000,
                           "nonce": nonce.to_string()});
         let token = self.sh.opts.token.clone();
         let (kill, killed) = tokio::sync::oneshot::channel();
