@@ -248,7 +248,9 @@ async fn a_lost_lease_is_reported_and_the_command_gets_sigterm() {
     let cluster = TestCluster::start(3).await;
     let dir = tempfile::tempdir().expect("dir");
     let marker = dir.path().join("started");
-    let script = format!("touch {}; exec sleep 30", marker.display());
+    // A command that would run 5 minutes: stopped when the lease is lost
+    // (about the 2 s ttl after the cluster goes, on an idle machine).
+    let script = format!("touch {}; exec sleep 300", marker.display());
     let child = raftlock(&cluster.addrs().join(","))
         .args(["lock", "doomed", "--ttl", "2", "--", "sh", "-c", &script])
         .spawn()
@@ -264,10 +266,14 @@ async fn a_lost_lease_is_reported_and_the_command_gets_sigterm() {
     // The whole cluster goes away: keep-alives fail and the lease runs out.
     let started = tokio::time::Instant::now();
     cluster.shutdown().await;
-    let out = tokio::time::timeout(Duration::from_secs(15), child.wait_with_output())
+    let out = tokio::time::timeout(Duration::from_secs(120), child.wait_with_output())
         .await
         .expect("raftlock exits after the lease is lost")
         .expect("waits");
+    eprintln!(
+        "cli: raftlock exited {:?} after the cluster went (ttl 2 s)",
+        started.elapsed()
+    );
     assert_eq!(
         out.status.code(),
         Some(4),
@@ -276,8 +282,8 @@ async fn a_lost_lease_is_reported_and_the_command_gets_sigterm() {
     );
     assert!(String::from_utf8_lossy(&out.stderr).contains("may be lost"));
     assert!(
-        started.elapsed() < Duration::from_secs(10),
-        "the 30 s command was not stopped"
+        started.elapsed() < Duration::from_secs(120),
+        "the 300 s command was not stopped"
     );
 }
 
@@ -408,6 +414,11 @@ fn kill_leftover(pid: i32) {
 /// printed only "unavailable: retry deadline reached". It names every
 /// endpoint it tried with its last error, and gives up on refused
 /// connections everywhere much sooner.
+/// "At once", for a `raftlock` that must give up rather than wait out
+/// its client's 15 s retry deadline: far above the tenth of a second it
+/// takes on an idle machine, under that deadline.
+const AT_ONCE: Duration = Duration::from_secs(12);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_connections_everywhere_fail_fast_naming_each_endpoint() {
     let closed = || {
@@ -432,8 +443,9 @@ async fn refused_connections_everywhere_fail_fast_naming_each_endpoint() {
                 "{args:?}: the error names {addr} and why: {stderr}"
             );
         }
+        eprintln!("cli: {args:?} gave up after {took:?}");
         assert!(
-            took < Duration::from_secs(5),
+            took < AT_ONCE,
             "{args:?}: gave up after {took:?} on nodes that refuse connections: {stderr}"
         );
     }
@@ -506,8 +518,10 @@ async fn a_killed_holder_frees_its_lock_long_before_its_ttl() {
         .await
         .expect("the waiter got the lock");
     let took = killed.elapsed();
+    // About the 1 s grace on an idle machine; the ttl is 30 s.
+    eprintln!("cli: the waiter ran {took:?} after the holder was killed");
     assert!(
-        took < Duration::from_secs(5),
+        took < Duration::from_secs(20),
         "the waiter ran {took:?} after the holder was killed (ttl 30 s)"
     );
     let old: u64 = std::fs::read_to_string(&held)
@@ -576,8 +590,10 @@ async fn a_killed_waiter_does_not_hold_up_the_waiter_behind_it() {
         .expect("granted before the dead waiter's ttl")
         .expect("join")
         .expect("lock");
+    // Milliseconds on an idle machine; the dead waiter's ttl is 30 s.
+    eprintln!("cli: granted {:?} after the release", released.elapsed());
     assert!(
-        released.elapsed() < Duration::from_secs(5),
+        released.elapsed() < Duration::from_secs(20),
         "granted {:?} after the release (the dead waiter's ttl is 30 s)",
         released.elapsed()
     );
@@ -706,7 +722,8 @@ async fn the_cli_explains_tls_failures_quickly_and_never_dies_silently() {
         "status {:?}: {stderr}",
         out.status
     );
-    assert!(took < Duration::from_secs(5), "took {took:?}: {stderr}");
+    eprintln!("cli: status gave up after {took:?}");
+    assert!(took < AT_ONCE, "took {took:?}: {stderr}");
     assert!(stderr.contains("speaks TLS"), "{stderr}");
     assert!(stderr.contains(&cluster.addr(1)), "{stderr}");
 
@@ -728,7 +745,8 @@ async fn the_cli_explains_tls_failures_quickly_and_never_dies_silently() {
         "status {:?}: {stderr}",
         out.status
     );
-    assert!(took < Duration::from_secs(5), "took {took:?}: {stderr}");
+    eprintln!("cli: status gave up after {took:?}");
+    assert!(took < AT_ONCE, "took {took:?}: {stderr}");
     assert!(stderr.contains("TLS handshake"), "{stderr}");
     assert!(stderr.contains("not signed by the CA"), "{stderr}");
     assert!(stderr.contains(&cluster.addr(1)), "{stderr}");

@@ -5,7 +5,12 @@
 //! review 2026-11-25, §5). With pre-vote, a node first asks whether it
 //! could win; its peers, which hear from a working leader, say no, so it
 //! never raises the term. Here a follower is paused well past the election
-//! timeout, three times: the term never moves and grants never stall.
+//! timeout, three times: the term and the leader never move, and the
+//! cluster keeps granting while the follower is paused and after it
+//! resumes. How long grants paused is printed, not bounded: it is a
+//! performance figure (a few tens of ms on an idle machine, 349 ms seen
+//! at load 12 on 2 cores), and the election it used to stand for is what
+//! the term check catches.
 
 mod procs;
 
@@ -17,9 +22,10 @@ use procs::{status, Probe, Procs};
 /// 300-500 ms).
 const PAUSE: Duration = Duration::from_secs(3);
 
-/// Longest time the cluster may go without a grant meanwhile (the probe
-/// grants about every 30 ms).
-const MAX_STALL: Duration = Duration::from_millis(250);
+/// How long the cluster may take to grant again, at each step (a
+/// deadline, not a latency bound: the probe grants about every 30 ms on
+/// an idle machine).
+const GRANTS_WITHIN: Duration = Duration::from_secs(30);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_paused_past_the_election_timeout_returns_without_raising_the_term() {
@@ -37,8 +43,20 @@ async fn a_follower_paused_past_the_election_timeout_returns_without_raising_the
     let start = std::time::Instant::now();
     for round in 0..3 {
         procs.signal(follower, "STOP");
+        let stopped = std::time::Instant::now();
         eprintln!("{:?}: node {follower} stopped", start.elapsed());
-        tokio::time::sleep(PAUSE).await;
+        // The leader and the other follower are a quorum: grants go on
+        // while the follower is paused (two more: the second one's cycle
+        // began after the pause did).
+        let before = probe.grants();
+        probe
+            .more_than(
+                before + 1,
+                GRANTS_WITHIN,
+                &format!("round {round}: while node {follower} is paused"),
+            )
+            .await;
+        tokio::time::sleep(PAUSE.saturating_sub(stopped.elapsed())).await;
         procs.signal(follower, "CONT");
         eprintln!("{:?}: node {follower} resumed", start.elapsed());
         // Long enough for the resumed node to time out and campaign.
@@ -51,14 +69,23 @@ async fn a_follower_paused_past_the_election_timeout_returns_without_raising_the
                 "round {round}: node {id} after node {follower} resumed: {s:?}"
             );
         }
+        // And after it resumed.
+        let before = probe.grants();
+        probe
+            .more_than(
+                before,
+                GRANTS_WITHIN,
+                &format!("round {round}: after node {follower} resumed"),
+            )
+            .await;
     }
     let report = probe.finish().await;
     for (at, gap) in &report.long_gaps {
         eprintln!("{:?}: grants resumed after {gap:?}", *at - start);
     }
-    assert!(
-        report.longest_gap <= MAX_STALL,
-        "grants stalled for {:?}: {report:?}",
-        report.longest_gap
+    // The figure this test bounded at 250 ms before (see the module doc).
+    eprintln!(
+        "pre_vote: longest time without a grant: {:?} ({} grants)",
+        report.longest_gap, report.grants
     );
 }

@@ -179,7 +179,13 @@ impl TestCluster {
     /// [`heal`](Self::heal). (Links from the first nodes to one added later
     /// with [`spawn_new_node`](Self::spawn_new_node) are direct.)
     pub async fn start_partitionable(n: u64) -> TestCluster {
-        Self::start_inner(n, test_timing(), None, None, None, true).await
+        Self::start_partitionable_with(n, test_timing()).await
+    }
+
+    /// Like [`start_partitionable`](Self::start_partitionable) with the
+    /// given timing.
+    pub async fn start_partitionable_with(n: u64, timing: RaftTiming) -> TestCluster {
+        Self::start_inner(n, timing, None, None, None, true).await
     }
 
     /// Like [`start`](Self::start), every node with access control on

@@ -354,15 +354,26 @@ pub fn cpu_time(pid: u32) -> Duration {
     Duration::from_millis(ticks * 1000 / hz)
 }
 
+/// How long a single [`lock_cycle`] may take: a deadline for a cycle that
+/// hangs, not a latency bound (three writes take milliseconds on an idle
+/// machine, and can take seconds on a loaded one).
+pub const CYCLE_DEADLINE: Duration = Duration::from_secs(30);
+
+/// How long one of a [`Probe`]'s cycles may take before it gives up and
+/// looks for the leader again (it retries at once, so this only decides
+/// how soon a cycle at a node that stopped answering is abandoned).
+const PROBE_CYCLE_DEADLINE: Duration = Duration::from_secs(2);
+
 /// Opens a session at `addr`, takes lock `name` and closes the session
-/// (which releases it); the fence, if all three went through within 2 s.
+/// (which releases it); the fence, if all three went through within
+/// [`CYCLE_DEADLINE`].
 pub async fn lock_cycle(addr: &str, name: &str, nonce: u64) -> Option<u64> {
     lock_cycle_with(&mut locks(addr), name, nonce).await
 }
 
 /// [`lock_cycle`] on the connection `c`.
 pub async fn lock_cycle_with(c: &mut LocksClient<Channel>, name: &str, nonce: u64) -> Option<u64> {
-    lock_cycle_leaving(c, name, nonce).await.0
+    lock_cycle_leaving(c, name, nonce, CYCLE_DEADLINE).await.0
 }
 
 /// [`lock_cycle_with`], which also returns the session it opened if it
@@ -372,6 +383,7 @@ async fn lock_cycle_leaving(
     c: &mut LocksClient<Channel>,
     name: &str,
     nonce: u64,
+    deadline: Duration,
 ) -> (Option<u64>, Option<u64>) {
     let mut opened = None;
     let cycle = async {
@@ -401,10 +413,7 @@ async fn lock_cycle_leaving(
         opened = None;
         grant.acquired.then_some(grant.fence)
     };
-    let fence = tokio::time::timeout(Duration::from_secs(2), cycle)
-        .await
-        .ok()
-        .flatten();
+    let fence = tokio::time::timeout(deadline, cycle).await.ok().flatten();
     (fence, opened)
 }
 
@@ -508,7 +517,8 @@ impl Probe {
                     }
                 }
                 unclosed = still_open;
-                let (fence, left) = lock_cycle_leaving(client, &name, nonce).await;
+                let (fence, left) =
+                    lock_cycle_leaving(client, &name, nonce, PROBE_CYCLE_DEADLINE).await;
                 unclosed.extend(left);
                 match fence {
                     Some(_) => {
@@ -550,6 +560,22 @@ impl Probe {
         assert!(
             matches!(first, Ok(Ok(_))),
             "the probe had no grant within {deadline:?}"
+        );
+    }
+
+    /// The grants so far.
+    pub fn grants(&self) -> u64 {
+        *self.granted.borrow()
+    }
+
+    /// Waits until the probe has had more than `n` grants, or panics after
+    /// `deadline` saying `what`: the cluster grants again (or still), with
+    /// no bound on how soon beyond the deadline.
+    pub async fn more_than(&mut self, n: u64, deadline: Duration, what: &str) {
+        let more = tokio::time::timeout(deadline, self.granted.wait_for(|g| *g > n)).await;
+        assert!(
+            matches!(more, Ok(Ok(_))),
+            "no grant after the first {n} within {deadline:?}: {what}"
         );
     }
 

@@ -89,9 +89,20 @@ async fn queue_behind(client: &Client, name: &str) -> JoinHandle<raftlock_client
     waiter
 }
 
+/// How long after the ttl an expiry (or the grant it hands on) may take: a
+/// deadline for a session that never expires, not a latency bound (it
+/// takes well under a second beyond the ttl on an idle machine).
+const EXPIRY_SLACK: Duration = Duration::from_secs(60);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_silent_session_loses_its_locks_after_its_ttl_and_not_before() {
-    const TTL: Duration = Duration::from_secs(2);
+    // Long enough that the checks "still held" run well before it ends
+    // (see MARGIN) with the set-up (an open, two acquires, a queued
+    // waiter) done first, on a loaded machine too: at 2 s, with the checks
+    // 0.5 s before the end, the set-up and the checks overran it there.
+    const TTL: Duration = Duration::from_secs(10);
+    // How long before the ttl the "still held" checks start.
+    const MARGIN: Duration = Duration::from_secs(3);
     let cluster = TestCluster::start(3).await;
     let client = cluster.client().await;
     let mut raw = locks_at(&cluster.leader_addr().await);
@@ -104,7 +115,7 @@ async fn a_silent_session_loses_its_locks_after_its_ttl_and_not_before() {
     let waiter = queue_behind(&client, "ex/x").await;
 
     // Still held a margin before the ttl.
-    tokio::time::sleep_until(opened_at + TTL - Duration::from_millis(500)).await;
+    tokio::time::sleep_until(opened_at + TTL - MARGIN).await;
     for (name, fence) in [("ex/x", fx), ("ex/y", fy)] {
         let info = client
             .describe(name)
@@ -129,12 +140,17 @@ async fn a_silent_session_loses_its_locks_after_its_ttl_and_not_before() {
     );
 
     // Released some time after the ttl: the waiter gets ex/x, ex/y is free.
-    let granted = tokio::time::timeout(TTL + Duration::from_secs(3), waiter)
+    let granted = tokio::time::timeout(TTL + EXPIRY_SLACK, waiter)
         .await
-        .expect("the waiter is granted within ttl + 3 s")
+        .expect("the waiter is granted once the ttl has run out")
         .expect("join")
         .expect("the waiter gets ex/x");
     let granted_at = Instant::now();
+    // The figure this test bounded at ttl + 3 s before.
+    eprintln!(
+        "t40: the waiter was granted {:?} after the open (ttl {TTL:?})",
+        granted_at - opened_at
+    );
     assert!(
         granted_at >= opened_at + TTL,
         "expired after only {:?}",
@@ -148,7 +164,7 @@ async fn a_silent_session_loses_its_locks_after_its_ttl_and_not_before() {
         .expect("held by the waiter");
     assert_eq!(info.holders.len(), 1);
     assert_eq!(info.holders[0].session, granted.session().id());
-    eventually("ex/y to be free", Duration::from_secs(3), || {
+    eventually("ex/y to be free", Duration::from_secs(30), || {
         let client = client.clone();
         async move {
             client
@@ -193,8 +209,11 @@ async fn a_silent_session_loses_its_locks_after_its_ttl_and_not_before() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn lock_delay_keeps_an_expired_lock_unavailable() {
-    const TTL: Duration = Duration::from_secs(1);
-    const DELAY: Duration = Duration::from_millis(1500);
+    // Long enough for the set-up (an acquire after the open, a waiter
+    // queued behind it) to fit in the ttl, and for the check during the
+    // delay to run, on a loaded machine too (it ran at 1 s and 1.5 s).
+    const TTL: Duration = Duration::from_secs(3);
+    const DELAY: Duration = Duration::from_secs(5);
     let cluster = TestCluster::start(3).await;
     let client = cluster.client().await;
     let mut raw = locks_at(&cluster.leader_addr().await);
@@ -204,7 +223,7 @@ async fn lock_delay_keeps_an_expired_lock_unavailable() {
     let waiter = queue_behind(&client, "ld/x").await;
 
     // Poll until the expiry shows; remember when the holder was last seen.
-    let deadline = Instant::now() + TTL + Duration::from_secs(5);
+    let deadline = Instant::now() + TTL + EXPIRY_SLACK;
     let mut last_held = opened_at;
     let delayed = loop {
         let sent = Instant::now();
@@ -256,12 +275,17 @@ async fn lock_delay_keeps_an_expired_lock_unavailable() {
             "granted during lock-delay"
         );
     }
-    let granted = tokio::time::timeout(DELAY + Duration::from_secs(4), waiter)
+    let granted = tokio::time::timeout(DELAY + EXPIRY_SLACK, waiter)
         .await
         .expect("the waiter is granted after the delay")
         .expect("join")
         .expect("the waiter gets ld/x");
     let granted_at = Instant::now();
+    // The figure this test bounded at delay + 4 s before.
+    eprintln!(
+        "t40: the waiter was granted {:?} after the holder was last seen (delay {DELAY:?})",
+        granted_at - last_held
+    );
     // The delay started after the holder was last seen and lasts DELAY.
     assert!(
         granted_at >= last_held + DELAY,
@@ -283,7 +307,9 @@ async fn lock_delay_keeps_an_expired_lock_unavailable() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn keep_alives_keep_locks_for_many_ttls() {
-    const TTL: Duration = Duration::from_secs(2);
+    // Three times the recommended minimum ttl (three election timeouts),
+    // so that a renewal has seconds to get through on a loaded machine.
+    const TTL: Duration = Duration::from_secs(3);
     let cluster = TestCluster::start(3).await;
     let client = cluster.client().await;
 
@@ -293,7 +319,7 @@ async fn keep_alives_keep_locks_for_many_ttls() {
 
     // Over raw gRPC, with explicit keep-alives on one stream.
     let mut raw = locks_at(&cluster.leader_addr().await);
-    let silent_ttl = Duration::from_secs(1);
+    let silent_ttl = Duration::from_secs(3);
     let raw_session = open_raw(&mut raw, silent_ttl, Duration::ZERO).await;
     let raw_fence = lock_raw(&mut raw, raw_session, 1, "ka/raw").await;
     let (tx, rx) = futures::channel::mpsc::unbounded();
@@ -310,13 +336,20 @@ async fn keep_alives_keep_locks_for_many_ttls() {
 
     let start = Instant::now();
     let mut acked = 0;
-    while start.elapsed() < TTL * 3 {
-        let a = tokio::time::timeout(Duration::from_secs(2), answers.message())
+    // Three ttls, and at least six renewals of the raw session (a count,
+    // not a rate: it ran for a fixed time and wanted six in it before).
+    while start.elapsed() < TTL * 3 || acked < 6 {
+        // A late answer is caught below: the session would have expired.
+        let a = tokio::time::timeout(Duration::from_secs(30), answers.message())
             .await
-            .expect("keep-alive answered in time")
+            .expect("keep-alive answered")
             .expect("keep-alive ok")
             .expect("stream open");
-        assert_eq!((a.session_id, a.ttl_ms), (raw_session, 1000));
+        assert_eq!(
+            (a.session_id, a.ttl_ms),
+            (raw_session, silent_ttl.as_millis() as u64),
+            "{a:?}"
+        );
         acked += 1;
         assert!(
             guard.is_held(),
@@ -330,7 +363,7 @@ async fn keep_alives_keep_locks_for_many_ttls() {
         })
         .expect("send");
     }
-    assert!(acked >= 6, "only {acked} keep-alives answered");
+    eprintln!("t40: {acked} keep-alives answered in {:?}", start.elapsed());
     assert!(guard.is_held());
     assert!(client
         .check_fence("ka/client", guard.fence())
