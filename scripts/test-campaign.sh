@@ -12,8 +12,11 @@
 # Failed runs are kept in target/test-campaign/BINARY-RUN.log (passed runs
 # are not); the summary lists each binary's passes and failures, and the
 # failing tests of each failed run. Exit status 1 if anything failed.
-# HOGS=N sets the number of hogs (default: nproc).
+# HOGS=N sets the number of hogs (default: nproc). Tests that repeat a racy
+# window run RAFTLOCK_ROUNDS times their rounds (default here 4; plain
+# `cargo test` runs 1).
 set -euo pipefail
+export RAFTLOCK_ROUNDS="${RAFTLOCK_ROUNDS:-4}"
 cd "$(dirname "$0")/.."
 n=${1:?N (runs of each binary)}
 filter=${2:-}
