@@ -173,12 +173,17 @@ class Child:
         self.proc = subprocess.Popen([sys.executable, str(CHILD), *args], stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
         self.lines = []
-        self._t = threading.Thread(target=self._read, daemon=True)
+        # stderr is read as it comes too: a child that fills an unread pipe
+        # blocks on its next write (a log line) and never prints again.
+        self.errors = []
+        self._t = threading.Thread(target=self._read, args=(self.proc.stdout, self.lines), daemon=True)
         self._t.start()
+        threading.Thread(target=self._read, args=(self.proc.stderr, self.errors), daemon=True).start()
 
-    def _read(self):
-        for line in self.proc.stdout:
-            self.lines.append(line.strip())
+    @staticmethod
+    def _read(stream, into):
+        for line in stream:
+            into.append(line.rstrip("\n"))
 
     def expect(self, prefix: str, timeout: float = 20.0) -> str:
         def found():
@@ -187,10 +192,13 @@ class Child:
                     return line
             if self.proc.poll() is not None and not self._t.is_alive():
                 raise AssertionError(
-                    f"child exited ({self.proc.returncode}) before {prefix!r}: {self.lines} {self.proc.stderr.read()}")
+                    f"child exited ({self.proc.returncode}) before {prefix!r}: {self.lines} {self.errors}")
             return None
 
-        return wait_for(found, f"child line {prefix!r}", timeout)
+        try:
+            return wait_for(found, f"child line {prefix!r}", timeout)
+        except AssertionError as e:
+            raise AssertionError(f"{e}; the child printed {self.lines} and on stderr {self.errors}") from None
 
     def signal(self, sig) -> None:
         self.proc.send_signal(sig)

@@ -139,7 +139,9 @@ def test_an_interrupted_wait_is_withdrawn_and_the_session_kept(cluster, client, 
         session = int(child.expect("session").split()[1])
         wait_for(lambda: [w.session_id for w in waiters_of(client, name)] == [session], "the child to queue")
         child.signal(signal.SIGINT)
-        child.expect("interrupted")
+        # The child prints once its Cancel is answered (or has given up
+        # after the client's 15 s retry deadline): a deadline past that.
+        child.expect("interrupted", timeout=60)
         wait_for(lambda: not waiters_of(client, name), "the wait to be withdrawn")
     # The child's session lives on (it sleeps) and nothing was granted to it.
     assert not holders_of(client, name)
