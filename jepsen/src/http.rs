@@ -46,14 +46,7 @@ pub async fn post(
             .await
             .map_err(|e| format!("connect: {e}"))?;
         let _ = conn.set_nodelay(true);
-        let body = body.to_string();
-        let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
-        let request = format!(
-            "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-             Content-Length: {}\r\n{auth}Connection: close\r\n\r\n{body}",
-            body.len()
-        );
-        conn.write_all(request.as_bytes())
+        conn.write_all(request(addr, path, body, token).as_bytes())
             .await
             .map_err(|e| format!("write: {e}"))?;
         let mut raw = Vec::new();
@@ -76,6 +69,18 @@ pub async fn post(
     tokio::time::timeout(within, exchange)
         .await
         .map_err(|_| format!("no answer within {within:?}"))?
+}
+
+/// `POST path` with `body` as JSON (and the bearer token), on a connection
+/// that closes after the answer.
+fn request(addr: &str, path: &str, body: &Value, token: Option<&str>) -> String {
+    let body = body.to_string();
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n{auth}Connection: close\r\n\r\n{body}",
+        body.len()
+    )
 }
 
 /// How a [`post_until_killed`] exchange ended.
@@ -112,14 +117,10 @@ pub async fn post_until_killed(
         Err(e) => return Killed::Failed(format!("connect: {e}")),
     };
     let _ = conn.set_nodelay(true);
-    let body = body.to_string();
-    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
-    let request = format!(
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\n{auth}Connection: close\r\n\r\n{body}",
-        body.len()
-    );
-    if let Err(e) = conn.write_all(request.as_bytes()).await {
+    if let Err(e) = conn
+        .write_all(request(addr, path, body, token).as_bytes())
+        .await
+    {
         return Killed::Failed(format!("write: {e}"));
     }
     let mut raw = Vec::new();

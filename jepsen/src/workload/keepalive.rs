@@ -720,13 +720,7 @@ async fn watcher(
                 let next = tokio::time::timeout(Duration::from_millis(500), stream.message()).await;
                 match next {
                     Ok(Ok(Some(e))) => {
-                        let kind = pb::EventKind::try_from(e.kind)
-                            .map(|k| {
-                                k.as_str_name()
-                                    .trim_start_matches("EVENT_KIND_")
-                                    .to_lowercase()
-                            })
-                            .unwrap_or_else(|_| e.kind.to_string());
+                        let kind = event_kind_name(e.kind);
                         let (op, _) =
                             OneOp::start(&rec, &procs, "watch", json!({"node": node, "gen": gen}));
                         op.end(
@@ -846,4 +840,16 @@ pub async fn run(
             }
         }
     }
+}
+
+/// A watch event's kind as the history spells it (`granted`, `expired`,
+/// ...), or its number if this harness does not know it.
+pub fn event_kind_name(kind: i32) -> String {
+    pb::EventKind::try_from(kind)
+        .map(|k| {
+            k.as_str_name()
+                .trim_start_matches("EVENT_KIND_")
+                .to_lowercase()
+        })
+        .unwrap_or_else(|_| kind.to_string())
 }

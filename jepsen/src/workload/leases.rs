@@ -2167,13 +2167,7 @@ async fn watcher(
                 let next = tokio::time::timeout(Duration::from_millis(500), stream.message()).await;
                 match next {
                     Ok(Ok(Some(e))) => {
-                        let kind = pb::EventKind::try_from(e.kind)
-                            .map(|k| {
-                                k.as_str_name()
-                                    .trim_start_matches("EVENT_KIND_")
-                                    .to_lowercase()
-                            })
-                            .unwrap_or_else(|_| e.kind.to_string());
+                        let kind = super::keepalive::event_kind_name(e.kind);
                         let mode = match pb::Mode::try_from(e.mode) {
                             Ok(pb::Mode::Shared) => "shared",
                             Ok(pb::Mode::Semaphore) => "semaphore",
