@@ -76,7 +76,7 @@ class _Transport:
             addr = self.endpoints.target()
             fut = getattr(self.stub(addr), method).future(request, timeout=budget, metadata=self.metadata)
             try:
-                resp = _result(fut)
+                resp = fut.result()
             except grpc.RpcError as e:
                 pause = attempts.failed(addr, e)
             except BaseException:
@@ -261,24 +261,6 @@ class _KeepAlive:
             if err is not None:
                 log.debug("keep-alive stream to %s ended: %s", st.addr, core.status_of(err)[:2])
             self.cond.notify_all()
-
-
-def _result(fut):
-    """``fut.result()``, waited for on an event of our own.
-
-    A KeyboardInterrupt (Ctrl-C) lands wherever the main thread is. Landing
-    inside the future's own ``result()``, between grpc's acquiring its
-    internal lock and the ``with`` that releases it (CPython cannot make
-    that step atomic), it can leave that lock held, and the ``cancel()``
-    that withdraws the call then waits for it forever: a child interrupted
-    while it waited never printed again, under load. Here the wait is on
-    an event nobody else uses; grpc's lock is only taken once the call is
-    done."""
-    done = threading.Event()
-    fut.add_done_callback(lambda _: done.set())
-    while not done.wait(0.05):
-        pass
-    return fut.result()
 
 
 def _wait_budget(timeout: Optional[float], wait: bool) -> Tuple[float, float]:
