@@ -11,8 +11,15 @@ step (flushed) and runs until killed.
 """
 
 import asyncio
+import signal
 import sys
 import time
+
+# Ctrl-C raises KeyboardInterrupt here whatever this process inherited: a
+# shell that runs a job in the background without job control (a CI
+# script's `cmd &`) starts it with SIGINT ignored, and Python then keeps
+# it ignored, so the "interrupt" story's child never saw its Ctrl-C.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def out(*words):
