@@ -1111,7 +1111,18 @@ mod tests {
         let taken = std::net::TcpListener::bind(("127.0.0.1", ports[0]));
         assert!(taken.is_err(), "a held port could be bound again");
         drop(held);
-        std::net::TcpListener::bind(("127.0.0.1", ports[0])).expect("released on drop");
+        // Released on drop: they bind again. Not one named port, which a
+        // test running beside this one may take from the ephemeral range
+        // the moment it is free (one did, at four tests at a time); all
+        // but a few of the thousand.
+        let again = ports
+            .iter()
+            .filter(|p| std::net::TcpListener::bind(("127.0.0.1", **p)).is_ok())
+            .count();
+        assert!(
+            again >= 990,
+            "only {again} of 1000 ports bound again after the drop"
+        );
     }
 
     /// A removal counts only when the node said it after its last start:
