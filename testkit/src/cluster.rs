@@ -109,6 +109,29 @@ where
     }
 }
 
+/// Runs a leadership transfer until the leader stops refusing it because it
+/// "has not heard from" the target lately (its documented
+/// FAILED_PRECONDITION): on a loaded machine a heartbeat can be late by more
+/// than the second the leader allows. Gives up after 30 s and returns the
+/// last answer; any other answer is returned at once.
+pub async fn transfer_when_heard<T, E, F, Fut>(mut attempt: F) -> Result<T, E>
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match attempt().await {
+            Err(e) if e.to_string().contains("has not heard from") && Instant::now() < deadline => {
+                println!("transfer refused for now: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
 /// A channel to the node at `addr` (dialled lazily, so a stopped node only
 /// fails the calls made on it).
 pub fn channel(addr: &str) -> Channel {

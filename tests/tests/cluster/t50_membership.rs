@@ -8,31 +8,9 @@ use std::time::Duration;
 use raftlock_client::Error;
 use raftlock_node::raft::WatchReceiver as _;
 use raftlock_testkit::workload::{describe_until, Contenders};
-use raftlock_testkit::{cluster_at, eventually, status_at, TestCluster};
+use raftlock_testkit::{cluster_at, eventually, status_at, transfer_when_heard, TestCluster};
 
 const NAMES: [&str; 3] = ["mb/0", "mb/1", "mb/2"];
-
-/// `transfer_leader(to)`, tried again while the leader refuses because it
-/// has not heard from the target lately (FAILED_PRECONDITION): on a
-/// loaded machine a heartbeat can be late by more than the second the
-/// leader allows.
-async fn transfer_when_heard(
-    client: &raftlock_client::Client,
-    to: Option<u64>,
-) -> Option<(u64, String)> {
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        match client.transfer_leader(to).await {
-            Err(Error::FailedPrecondition(m))
-                if m.contains("has not heard from") && std::time::Instant::now() < deadline =>
-            {
-                println!("transfer refused for now: {m}");
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            other => return other.expect("transfer"),
-        }
-    }
-}
 
 fn voters(members: &[raftlock_client::Member]) -> BTreeSet<u64> {
     members.iter().filter(|m| m.voter).map(|m| m.id).collect()
@@ -282,7 +260,9 @@ async fn the_leadership_moves_on_request_to_a_reachable_voter() {
         .find(|id| *id != first)
         .expect("a follower");
 
-    let moved = transfer_when_heard(&client, Some(named)).await;
+    let moved = transfer_when_heard(|| client.transfer_leader(Some(named)))
+        .await
+        .expect("transfer");
     assert_eq!(moved, Some((named, cluster.addr(named))));
     assert_eq!(cluster.wait_for_leader().await, named);
     assert_eq!(status_at(&cluster.addr(named)).await.role, "leader");
@@ -295,8 +275,9 @@ async fn the_leadership_moves_on_request_to_a_reachable_voter() {
     let term = status_at(&cluster.addr(named)).await.term;
 
     // To the best voter: another node leads, in a later term.
-    let (best, _) = transfer_when_heard(&client, None)
+    let (best, _) = transfer_when_heard(|| client.transfer_leader(None))
         .await
+        .expect("transfer")
         .expect("the new leader is known");
     assert_ne!(best, named);
     assert_eq!(cluster.wait_for_leader().await, best);

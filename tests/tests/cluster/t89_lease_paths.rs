@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use raftlock_proto::v1 as pb;
-use raftlock_testkit::{cluster_at, eventually, locks_at, TestCluster};
+use raftlock_testkit::{cluster_at, eventually, locks_at, transfer_when_heard, TestCluster};
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -105,24 +105,13 @@ async fn renew_on(
 /// documented FAILED_PRECONDITION) is tried again: on a loaded machine a
 /// heartbeat can be late by more than the second the leader allows.
 async fn transfer(cluster: &TestCluster, from: u64, to: u64) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        match cluster_at(&cluster.addr(from))
+    transfer_when_heard(|| async {
+        cluster_at(&cluster.addr(from))
             .transfer_leader(pb::TransferLeaderRequest { to })
             .await
-        {
-            Ok(_) => break,
-            Err(e)
-                if e.code() == tonic::Code::FailedPrecondition
-                    && e.message().contains("has not heard from")
-                    && Instant::now() < deadline =>
-            {
-                println!("transfer to {to} refused for now: {}", e.message());
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            Err(e) => panic!("transfer: {e:?}"),
-        }
-    }
+    })
+    .await
+    .expect("transfer");
     eventually(
         &format!("node {to} to lead"),
         Duration::from_secs(20),
@@ -154,7 +143,17 @@ async fn a_ttl_change_at_the_end_of_a_lease_is_refused_or_kept() {
         let addr = addr.clone();
         async move {
             let mut locks = locks_at(&addr);
-            let held = locks
+            // On a busy machine the leader can lose its quorum for a
+            // moment: an outcome it cannot know is documented
+            // (DEADLINE_EXCEEDED, or UNAVAILABLE once it has stepped
+            // down) and promises nothing, so that call takes no part.
+            let unknown = |status: &tonic::Status| {
+                matches!(
+                    status.code(),
+                    tonic::Code::DeadlineExceeded | tonic::Code::Unavailable
+                )
+            };
+            let held = match locks
                 .lock(pb::LockRequest {
                     name: format!("ttl-race/{i}"),
                     ttl_ms: 1_000,
@@ -162,8 +161,14 @@ async fn a_ttl_change_at_the_end_of_a_lease_is_refused_or_kept() {
                     ..Default::default()
                 })
                 .await
-                .expect("lock")
-                .into_inner();
+            {
+                Ok(held) => held.into_inner(),
+                Err(status) if unknown(&status) => {
+                    println!("ttl-race/{i}: lock outcome unknown: {status:?}");
+                    return None;
+                }
+                Err(status) => panic!("lock: {status:?}"),
+            };
             assert!(held.acquired);
             // Each at its own moment from 970 to 1,010 ms after the
             // answer (the leader's count started a little before it).
@@ -181,6 +186,10 @@ async fn a_ttl_change_at_the_end_of_a_lease_is_refused_or_kept() {
                     assert_eq!(answer.into_inner().ttl_ms, 30_000);
                     Some((i, held.session_id))
                 }
+                Err(status) if unknown(&status) => {
+                    println!("ttl-race/{i}: ttl change outcome unknown: {status:?}");
+                    None
+                }
                 Err(status) => {
                     assert_eq!(status.code(), tonic::Code::NotFound, "{status:?}");
                     None
@@ -196,6 +205,10 @@ async fn a_ttl_change_at_the_end_of_a_lease_is_refused_or_kept() {
     // Every session told "changed" holds its lock a second later, well
     // within its new 30 s lease.
     tokio::time::sleep(Duration::from_millis(1_000)).await;
+    println!("{} of 100 sessions answered 'changed'", changed.len());
+    // Asked of whichever node leads now (a new leader restarts every lease
+    // at full length, so a move keeps them too).
+    let addr = cluster.leader_addr().await;
     let mut lost = Vec::new();
     for (i, session) in &changed {
         if !holds(&addr, &format!("ttl-race/{i}"), *session).await {
