@@ -5,12 +5,17 @@
 //! and logged nothing about it (operator review 2026-11-25, §5). Here one
 //! follower is killed for 20 s under a light write load: the leader's failed
 //! RPCs may rise by a few per second (a count a loaded machine only makes
-//! smaller; the spin sent thousands), and it writes a handful of lines,
-//! one saying the peer is unreachable (and why) and one saying it is back;
+//! smaller; the spin sent thousands), and it writes a handful of lines
+//! about that peer, one saying it is unreachable (and why) and one saying
+//! it is back;
 //! the follower catches up once it answers again. The leader's CPU with
 //! and without the dead peer, and how long the catch-up took, are printed:
 //! performance figures (a few percent and well under a second on an idle
-//! machine), which a busy machine moves, not bounds.
+//! machine), which a busy machine moves, not bounds. So is what the leader
+//! logs about its other peer: on a busy machine that follower's answers can
+//! be late (its stream is marked unreachable after 50 ms, and the lease
+//! clock pauses while no quorum answers), which is the load, not the dead
+//! peer; those lines are printed, not counted.
 
 mod procs;
 
@@ -21,10 +26,11 @@ use procs::{cpu_time, eventually, lock_cycle, status, sum_samples, Procs};
 /// How long the follower stays down.
 const DOWN: Duration = Duration::from_secs(20);
 
-/// Most failed Raft RPCs per second the leader may add while it is down.
+/// Most failed Raft RPCs per second the leader may send to it while it is
+/// down.
 const MAX_FAILED_RPCS_PER_SEC: f64 = 5.0;
 
-/// Most lines the leader may log while the peer is down.
+/// Most lines about the dead peer the leader may log while it is down.
 const MAX_LOG_LINES: usize = 6;
 
 /// Writes in the background, about ten lock cycles a second, at whichever
@@ -54,11 +60,17 @@ fn load(
     (stop, task)
 }
 
-/// The leader's failed Raft RPCs and CPU time now.
-async fn sample(procs: &Procs, leader: u64) -> (f64, Duration, Instant) {
+/// The leader's failed Raft RPCs to `peer` and its CPU time now.
+async fn sample(procs: &Procs, leader: u64, peer: u64) -> (f64, Duration, Instant) {
     let text = procs.scrape(leader).await.expect("leader metrics");
+    let label = format!("peer=\"{peer}\"");
+    let to_peer: String = text
+        .lines()
+        .filter(|l| l.contains(&label))
+        .map(|l| format!("{l}\n"))
+        .collect();
     (
-        sum_samples(&text, "raftlock_raft_rpc_errors_total"),
+        sum_samples(&to_peer, "raftlock_raft_rpc_errors_total"),
         cpu_time(procs.pid(leader)),
         Instant::now(),
     )
@@ -77,26 +89,44 @@ async fn a_dead_follower_costs_the_leader_little_is_logged_once_and_catches_up_a
     let (stop_load, load_task) = load(&procs);
 
     // Baseline: every node up, the same load.
-    let before = sample(&procs, leader).await;
+    let log_start = procs.read_log(leader).lines().count();
+    let before = sample(&procs, leader, follower).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let baseline = sample(&procs, leader).await;
+    let baseline = sample(&procs, leader, follower).await;
     let baseline_cpu = cpu_percent(&before, &baseline);
 
-    procs.kill(follower).await;
     let log_before = procs.read_log(leader).lines().count();
-    let down_from = sample(&procs, leader).await;
+    procs.kill(follower).await;
+    let down_from = sample(&procs, leader, follower).await;
     tokio::time::sleep(DOWN).await;
-    let down_to = sample(&procs, leader).await;
+    let down_to = sample(&procs, leader, follower).await;
     let log = procs.read_log(leader);
-    let new_lines: Vec<&str> = log.lines().skip(log_before).collect();
+    // Lines about the dead peer (its id in a `peer=` field or a message);
+    // the rest are printed.
+    let about = [
+        format!("peer={follower} "),
+        format!("peer {follower} "),
+        format!("node {follower} "),
+    ];
+    let (new_lines, other_lines): (Vec<&str>, Vec<&str>) = log
+        .lines()
+        .skip(log_before)
+        .partition(|l| about.iter().any(|a| l.contains(a.as_str())));
+    if !other_lines.is_empty() {
+        eprintln!(
+            "other lines the leader wrote meanwhile:\n{}",
+            other_lines.join("\n")
+        );
+    }
 
     let secs = (down_to.2 - down_from.2).as_secs_f64();
     let failed_per_sec = (down_to.0 - down_from.0) / secs;
     let down_cpu = cpu_percent(&down_from, &down_to);
     eprintln!(
         "leader {leader}, follower {follower} down {secs:.1} s: {failed_per_sec:.1} failed RPCs/s; \
-         CPU {baseline_cpu:.1} % -> {down_cpu:.1} %; {} log lines",
-        new_lines.len()
+         CPU {baseline_cpu:.1} % -> {down_cpu:.1} %; {} log lines about it, {} others",
+        new_lines.len(),
+        other_lines.len()
     );
     assert!(
         failed_per_sec <= MAX_FAILED_RPCS_PER_SEC,
@@ -104,24 +134,30 @@ async fn a_dead_follower_costs_the_leader_little_is_logged_once_and_catches_up_a
     );
     assert!(
         new_lines.len() <= MAX_LOG_LINES,
-        "the leader wrote {} lines while a peer was down:\n{}",
+        "the leader wrote {} lines about a peer while it was down:\n{}",
         new_lines.len(),
         new_lines.join("\n")
     );
-    let unreachable: Vec<&&str> = new_lines
-        .iter()
-        .filter(|l| l.contains(&format!("peer {follower} unreachable")))
-        .collect();
-    assert_eq!(
-        unreachable.len(),
-        1,
+    let down_line = format!("peer {follower} unreachable");
+    let up_line = format!("peer {follower} reachable again");
+    assert!(
+        new_lines.iter().filter(|l| l.contains(&down_line)).count() <= 1,
         "one line says the peer went down: {new_lines:#?}"
     );
+    // The leader says it is down: the last word on it is "unreachable" (on
+    // a busy machine that can come a moment before the kill, when a late
+    // answer already made the peer look away; it is not said again).
+    let last_word = log
+        .lines()
+        .skip(log_start)
+        .filter(|l| l.contains(&down_line) || l.contains(&up_line))
+        .last()
+        .unwrap_or_default();
     assert!(
-        unreachable[0].contains("reason="),
-        "and why: {}",
-        unreachable[0]
+        last_word.contains(&down_line),
+        "the leader's last word on peer {follower}: {last_word:?}"
     );
+    assert!(last_word.contains("reason="), "and why: {last_word}");
 
     // Back: it answers, then catches up (a deadline; well under a second
     // on an idle machine, printed).
