@@ -49,17 +49,70 @@ const SLOW_ELECTIONS: &[&str] = &[
     "2000",
 ];
 
-async fn open(addr: &str, ttl_ms: u64, nonce: u64) -> u64 {
-    locks(addr)
+/// A set-up write's answer, or `None` when a busy machine interrupted it:
+/// the leader lost its quorum while it was pending (`DEADLINE_EXCEEDED`,
+/// outcome unknown) or is no longer the leader (`UNAVAILABLE`), both
+/// documented answers. The try is then left and another one made, since
+/// the scenario needs its set-up to have happened at a known leader.
+fn settled<T>(what: &str, answer: Result<tonic::Response<T>, tonic::Status>) -> Option<T> {
+    match answer {
+        Ok(answer) => Some(answer.into_inner()),
+        Err(status)
+            if matches!(
+                status.code(),
+                tonic::Code::DeadlineExceeded | tonic::Code::Unavailable
+            ) =>
+        {
+            println!("leader_restore: {what} interrupted, another try: {status:?}");
+            None
+        }
+        Err(status) => panic!("{what}: {status:?}"),
+    }
+}
+
+async fn open(addr: &str, ttl_ms: u64, nonce: u64) -> Option<u64> {
+    let answer = locks(addr)
         .open_session(pb::OpenSessionRequest {
             ttl_ms,
             nonce,
             ..Default::default()
         })
-        .await
-        .expect("open session")
-        .into_inner()
-        .session_id
+        .await;
+    settled("open session", answer).map(|o| o.session_id)
+}
+
+/// Numbers the tries of a test: `wanted` tries must get through their
+/// set-up, in at most five times as many attempts.
+struct Tries {
+    wanted: u64,
+    done: u64,
+    attempt: u64,
+}
+
+impl Tries {
+    fn new(wanted: u64) -> Self {
+        Tries {
+            wanted,
+            done: 0,
+            attempt: 0,
+        }
+    }
+
+    /// The next attempt's number, or `None` once enough tries ran.
+    fn next(&mut self) -> Option<u64> {
+        if self.done >= self.wanted {
+            return None;
+        }
+        assert!(
+            self.attempt < 5 * self.wanted,
+            "only {} of {} tries got through their set-up in {} attempts",
+            self.done,
+            self.wanted,
+            self.attempt
+        );
+        self.attempt += 1;
+        Some(self.attempt - 1)
+    }
 }
 
 /// How long a keep-alive may go unanswered: a deadline for a node that
@@ -122,10 +175,14 @@ async fn restart_fast(procs: &mut Procs, leader: u64) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_leader_never_leads_its_old_term_again() {
     let mut procs = Procs::start(3, SLOW_ELECTIONS);
-    for i in 0..TRIES as u64 * rounds() {
+    let mut tries = Tries::new(TRIES as u64 * rounds());
+    while let Some(i) = tries.next() {
         let leader = procs.leader().await;
         let addr = procs.addr(leader);
-        open(&addr, 60_000, 1_000 + i).await;
+        if open(&addr, 60_000, 1_000 + i).await.is_none() {
+            continue;
+        }
+        tries.done += 1;
         assert!(
             !restart_fast(&mut procs, leader).await,
             "try {i}: node {leader} came back leading the term it led before its restart"
@@ -136,13 +193,16 @@ async fn a_restarted_leader_never_leads_its_old_term_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restored_leader_never_renews_a_session_whose_expiry_committed() {
     let mut procs = Procs::start(3, SLOW_ELECTIONS);
-    for i in 0..TRIES as u64 * rounds() {
+    let mut tries = Tries::new(TRIES as u64 * rounds());
+    while let Some(i) = tries.next() {
         let leader = procs.leader().await;
         let addr = procs.addr(leader);
         let name = format!("x{i}");
         // S's lease must outlast its own acquire on a busy machine (at
         // load 13 a 1 s lease ran out first), and then run out.
-        let s = open(&addr, 3_000, 2 * i + 1).await;
+        let Some(s) = open(&addr, 3_000, 2 * i + 1).await else {
+            continue;
+        };
         let acquire = |session, timeout_ms| pb::AcquireRequest {
             session_id: session,
             seq: 1,
@@ -151,21 +211,21 @@ async fn a_restored_leader_never_renews_a_session_whose_expiry_committed() {
             timeout_ms,
             ..Default::default()
         };
-        let held = locks(&addr)
-            .acquire(acquire(s, 0))
-            .await
-            .expect("s acquires")
-            .into_inner();
+        let Some(held) = settled("s acquires", locks(&addr).acquire(acquire(s, 0)).await) else {
+            continue;
+        };
         assert!(held.acquired);
-        let w = open(&addr, 60_000, 2 * i + 2).await;
+        let Some(w) = open(&addr, 60_000, 2 * i + 2).await else {
+            continue;
+        };
         // W waits behind S; S is never kept alive, so it expires and W is
         // granted: the expiry has committed by the time W is answered.
-        let granted = locks(&addr)
-            .acquire(acquire(w, 30_000))
-            .await
-            .expect("w acquires")
-            .into_inner();
+        let Some(granted) = settled("w acquires", locks(&addr).acquire(acquire(w, 30_000)).await)
+        else {
+            continue;
+        };
         assert!(granted.acquired, "w was granted once s expired");
+        tries.done += 1;
 
         restart_fast(&mut procs, leader).await;
         match keep_alive(&addr, s).await {
@@ -188,10 +248,14 @@ async fn a_restored_leader_never_renews_a_session_whose_expiry_committed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restored_leader_never_calls_an_acknowledged_session_expired() {
     let mut procs = Procs::start(3, SLOW_ELECTIONS);
-    for i in 0..OPEN_TRIES as u64 * rounds() {
+    let mut tries = Tries::new(OPEN_TRIES as u64 * rounds());
+    while let Some(i) = tries.next() {
         let leader = procs.leader().await;
         let addr = procs.addr(leader);
-        let s = open(&addr, 60_000, i + 1).await;
+        let Some(s) = open(&addr, 60_000, i + 1).await else {
+            continue;
+        };
+        tries.done += 1;
         restart_fast(&mut procs, leader).await;
         match keep_alive(&addr, s).await {
             Ok(answer) => assert!(
