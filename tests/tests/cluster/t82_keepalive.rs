@@ -13,8 +13,11 @@ use raftlock_testkit::{eventually, TestCluster};
 /// Sessions on one client.
 const SESSIONS: usize = 40;
 
-/// Their ttl: a keep-alive each ~330 ms.
-const TTL: Duration = Duration::from_secs(1);
+/// Their ttl: a keep-alive each ~1 s. (It was 1 s, a keep-alive each
+/// ~330 ms: on a busy machine an answer late by half a second made a
+/// client count a lease as lapsed, a figure of the machine rather than of
+/// the shared stream this test is about.)
+const TTL: Duration = Duration::from_secs(3);
 
 fn counter(cluster: &TestCluster, id: u64, c: Counter) -> u64 {
     cluster.node(id).shared.metrics.get(c)
@@ -35,7 +38,7 @@ async fn a_clients_sessions_share_one_keep_alive_stream() {
     let renewed = counter(&cluster, leader, Counter::KeepAlives);
     // Every session renewed at least four more times.
     let want = renewed + 4 * SESSIONS as u64;
-    eventually("keep-alives to flow", Duration::from_secs(20), || async {
+    eventually("keep-alives to flow", Duration::from_secs(60), || async {
         (counter(&cluster, leader, Counter::KeepAlives) >= want).then_some(())
     })
     .await;

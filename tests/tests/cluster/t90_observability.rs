@@ -288,9 +288,13 @@ async fn a_writes_stages_are_timed_on_the_leader_and_the_followers() {
         Stage::Reply,
         Stage::Server,
     ] {
+        // 23 writes; a busy machine can lower what a stage counts (writes
+        // that wait together are proposed as one batch, and a write
+        // retried after a late answer is answered from its session's
+        // record), so half of them is the bar: every stage times writes.
         assert!(
-            count(&on_leader, stage) >= 20,
-            "{stage:?}: {} writes timed, want at least 20",
+            count(&on_leader, stage) >= 10,
+            "{stage:?}: {} writes timed, want at least 10",
             count(&on_leader, stage)
         );
     }
