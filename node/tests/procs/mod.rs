@@ -263,11 +263,26 @@ impl Procs {
                     return l;
                 }
             }
-            assert!(
-                Instant::now() < deadline,
-                "timed out after 30s: a leader every running node agrees on (last answers: {})",
-                last
-            );
+            if Instant::now() >= deadline {
+                // The end of the log of each node that did not answer (a
+                // crash, a hang: the test's directory goes with the panic).
+                let silent: String = said
+                    .iter()
+                    .filter(|(_, s)| s.is_none())
+                    .map(|(id, _)| {
+                        let log = self.read_log(*id);
+                        let from = log.len().saturating_sub(3000);
+                        let from = (from..log.len())
+                            .find(|i| log.is_char_boundary(*i))
+                            .unwrap_or(log.len());
+                        format!("\n--- the end of node {id}'s log:\n{}", &log[from..])
+                    })
+                    .collect();
+                panic!(
+                    "timed out after 30s: a leader every running node agrees on (last answers: \
+                     {last}){silent}"
+                );
+            }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
