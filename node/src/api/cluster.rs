@@ -409,36 +409,19 @@ impl Cluster for Api {
             return Err(Error::FailedPrecondition("cannot remove the last voter".into()).into());
         }
         let is_voter = current.membership().voter_ids().any(|v| v == r.id);
-        let applied_had_it = self
-            .0
-            .shared
-            .read(|a| a.membership.membership().get_node(&r.id).is_some());
-        let changed = if is_voter {
-            self.0.raft.change_membership(voters, false).await
+        let resp = if is_voter {
+            self.0
+                .raft
+                .change_membership(voters, false)
+                .await
+                .map_err(Error::from)?
         } else {
             let remove: BTreeSet<NodeId> = [r.id].into();
             self.0
                 .raft
                 .change_membership(openraft::ChangeMembers::RemoveNodes(remove), false)
                 .await
-        };
-        let resp = match changed {
-            Ok(resp) => resp,
-            Err(e) => {
-                // A leader that removes itself exits once it has applied
-                // its removal, which can stop its Raft before this answer
-                // goes out ("raft stopped", found under load). A node in
-                // the applied membership before the change and not in the
-                // one applied now (applied, so committed) is removed, and
-                // the request is answered as done.
-                let applied = self.0.shared.read(|a| a.membership.clone());
-                if !applied_had_it || applied.membership().get_node(&r.id).is_some() {
-                    return Err(Error::from(e).into());
-                }
-                return Ok(Response::new(pb::RemoveNodeResponse {
-                    members: members(&applied),
-                }));
-            }
+                .map_err(Error::from)?
         };
         let latest = match resp.membership {
             Some(m) => StoredMembership::new(Some(resp.log_id), m),
