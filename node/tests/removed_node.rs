@@ -119,7 +119,14 @@ async fn a_node_added_back_under_its_id_stays_up() {
     }
     std::fs::remove_dir_all(procs.data_dir(back)).expect("empty its data directory");
     procs.spawn(back, false);
-    let mut c = ClusterClient::new(channel(&procs.addr(leader)));
+    // AddNode answers once the node has caught up: on a busy machine that
+    // took longer than the 10 s the other calls are given (1 of 10 runs
+    // of scripts/test-campaign.sh), so this one gets two minutes.
+    let slow = tonic::transport::Endpoint::from_shared(format!("http://{}", procs.addr(leader)))
+        .expect("endpoint")
+        .timeout(Duration::from_secs(120))
+        .connect_lazy();
+    let mut c = ClusterClient::new(slow);
     let added = c
         .add_node(pb::AddNodeRequest {
             id: back,
