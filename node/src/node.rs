@@ -665,18 +665,28 @@ impl Node {
     }
 
     /// Asks the peers, every [`ASK_AFTER_ELECTION_TIMEOUTS`] election
-    /// timeouts, whether this node was removed, while it holds a membership
-    /// without itself (after one with itself as a voter) and hears from no
-    /// leader. Such a node received the entry that removed it but not the
-    /// word that it committed (the leader stops replicating to it): openraft
-    /// makes it a learner, which never campaigns, so no peer would refuse
-    /// it a vote (seed 404727 of the simulator). A peer whose committed
-    /// membership leaves it out and is no older than its own answers with
-    /// the removal marker (see `removed_at` in the `Raft` service), which
+    /// timeouts, whether this node was removed, while it may have been
+    /// removed without a peer ever telling it so:
+    ///
+    /// - it holds a membership without itself (after one with itself as a
+    ///   voter) and hears from no leader. Such a node received the entry
+    ///   that removed it but not the word that it committed (the leader
+    ///   stops replicating to it): openraft makes it a learner, which never
+    ///   campaigns, so no peer would refuse it a vote (seed 404727 of the
+    ///   simulator). A node that still hears from a leader (one catching up
+    ///   through an old removal after it was added back, say) does not ask.
+    /// - it leads in openraft's eyes but no quorum has acknowledged it. A
+    ///   leader handing over its leadership sends nothing (openraft stops
+    ///   its heartbeats and refuses writes until a higher term reaches it);
+    ///   if the leader elected next removes it before any message of the
+    ///   new term reached it, none ever will, and it would neither
+    ///   campaign nor step down (seed 703904).
+    ///
+    /// A peer whose committed membership leaves it out and is no older
+    /// than this node's latest membership answers with the removal marker
+    /// (see `removed_at` in the `Raft` service), which
     /// [`Links`](crate::raft::links::Links) passes on to
-    /// [`removed`](Self::removed). A node that still hears from a leader
-    /// (one catching up through an old removal after it was added back,
-    /// say) does not ask. Never resolves.
+    /// [`removed`](Self::removed). Never resolves.
     async fn ask_if_removed(&self) -> std::convert::Infallible {
         use openraft::network::RaftNetworkFactory as _;
         let id = self.id;
@@ -691,7 +701,9 @@ impl Node {
                     let m = metrics.borrow_and_update();
                     let members = m.membership_config.membership();
                     was_voter |= members.voter_ids().any(|v| v == id);
-                    if was_voter && members.get_node(&id).is_none() {
+                    if (was_voter && members.get_node(&id).is_none())
+                        || m.state == openraft::ServerState::Leader
+                    {
                         break;
                     }
                 }
@@ -706,7 +718,15 @@ impl Node {
             let Some(left) = *m.membership_config.log_id() else {
                 continue;
             };
-            if members.get_node(&id).is_some() || !self.leadership.no_leader_contact_for(quiet) {
+            let unheard = if members.get_node(&id).is_none() {
+                self.leadership.no_leader_contact_for(quiet)
+            } else if m.state == openraft::ServerState::Leader {
+                let acked = self.raft.metrics().borrow_watched().last_quorum_acked;
+                acked.is_none_or(|at| openraft::Instant::elapsed(&*at) >= quiet)
+            } else {
+                false
+            };
+            if !unheard {
                 continue;
             }
             // Its last log id as far as it matters here: the membership's

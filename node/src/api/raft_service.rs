@@ -134,10 +134,12 @@ fn local_of(raft: &Raft) -> Local {
 /// - the candidate's log ends before it (`last`: the index of its last
 ///   entry): the candidate never saw the entry that removed it, as the
 ///   leader stops replicating to a node once it removes it; or
-/// - the candidate asks, its own latest membership (at log index
-///   `left_at`) leaving it out too, and that membership is no newer than
-///   `committed`: the candidate holds its removal, but not the word that it
-///   committed, and so (a learner in its own eyes) never campaigns.
+/// - the candidate asks (a pre-vote marked [`LEFT_KEY`]), its own latest
+///   membership (at log index `left_at`) no newer than `committed`: the
+///   candidate holds its removal but not the word that it committed, and
+///   so (a learner in its own eyes) never campaigns; or it still leads in
+///   its own eyes, a leader that handed its leadership over and was
+///   removed by the next before hearing from it.
 ///
 /// Else `None`: a candidate whose log reaches the membership is left to
 /// openraft (it knows the membership; a newer one may have added it back),
@@ -390,7 +392,7 @@ impl RaftRpc for RaftService {
         self.refuse_removed(&rpc, left_at)?;
         if left_at.is_some() {
             return Err(Status::failed_precondition(format!(
-                "node {}'s removal is not committed as far as this node knows",
+                "node {} is not shown removed by this node's committed membership",
                 rpc.vote.leader_id.node_id
             )));
         }

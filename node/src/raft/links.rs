@@ -20,7 +20,7 @@
 //! Peers also tell this node when it has been removed from the cluster:
 //! they refuse its (pre-)vote requests with [`REMOVED_KEY`] set (see
 //! [`Links::removed_by`]), including the pre-vote marked [`LEFT_KEY`] by
-//! which a node that holds its own removal asks.
+//! which a node that may have been removed unawares asks.
 //!
 //! The log says when a peer becomes unreachable (after [`DOWN_AFTER`]
 //! failures in a row, with the error), every [`REPORT_EVERY`] while it
@@ -60,11 +60,14 @@ pub const REPORT_EVERY: Duration = Duration::from_secs(60);
 pub const REMOVED_KEY: &str = "raftlock-removed-at";
 
 /// Metadata key on a pre-vote by which a node asks whether it has been
-/// removed: the log index of its own latest membership, which leaves it
-/// out. It sends one when it has heard from no leader for a while (it
-/// holds the membership that removed it, but not that membership's
-/// commit, so openraft made it a learner that never campaigns; see
-/// `Node::removed`). The peer answers it without openraft.
+/// removed: the log index of its own latest membership. It sends one when
+/// it may have been removed without any peer telling it so (see
+/// `Node::ask_if_removed`): it holds a membership that leaves it out but
+/// not that membership's commit, and has heard from no leader for a while
+/// (openraft made it a learner, which never campaigns); or it leads in
+/// openraft's eyes but no quorum has acknowledged it for a while (a leader
+/// handing over its leadership sends nothing, and a new leader that
+/// removed it never writes to it). The peer answers it without openraft.
 pub const LEFT_KEY: &str = "raftlock-left-at";
 
 /// How long to wait before attempt number `failures + 1` at a peer that

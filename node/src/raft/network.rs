@@ -249,8 +249,8 @@ impl Peer {
         }
     }
 
-    /// Asks the peer whether this node, whose own latest membership (at
-    /// log index `left_at`) leaves it out, has been removed: a pre-vote
+    /// Asks the peer whether this node, whose own latest membership is at
+    /// log index `left_at`, has been removed: a pre-vote
     /// marked with [`LEFT_KEY`](super::links::LEFT_KEY), which the peer
     /// answers without openraft. A refusal with the removal marker is
     /// told to [`Links`]; any other outcome (no answer within `within`,
