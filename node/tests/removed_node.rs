@@ -22,7 +22,11 @@ async fn remove(procs: &Procs, leader: u64, id: u64) -> Vec<u64> {
     let members = c
         .remove_node(pb::RemoveNodeRequest { id })
         .await
-        .unwrap_or_else(|e| panic!("remove node {id}: {e}"))
+        .unwrap_or_else(|e| {
+            let log = procs.read_log(leader);
+            let tail = &log[log.len().saturating_sub(6000)..];
+            panic!("remove node {id} at node {leader}: {e}\nnode {leader}'s log:\n{tail}")
+        })
         .into_inner()
         .members;
     members.iter().map(|m| m.id).collect()
