@@ -32,8 +32,12 @@ final class LockManagerService
      * Takes $name for at most $lifetime seconds (the lock ends by itself if
      * this process dies holding it; a process that dies waiting leaves
      * nothing queued) and returns its fence.
+     *
+     * The default is 30 s, not summit-api's 3600: a worker killed while it
+     * holds the lock blocks the name until its lifetime runs out. Pick one
+     * that covers the work.
      */
-    public function acquireLock(string $name, int $lifetime = 3600): int
+    public function acquireLock(string $name, int $lifetime = 30): int
     {
         $r = $this->client->lock($name, $lifetime * 1000, $this->maxWaitMs);
         if (!$r['acquired']) {
@@ -57,7 +61,7 @@ final class LockManagerService
      *
      * @return mixed what $callback returns
      */
-    public function lock(string $name, \Closure $callback, int $lifetime = 3600)
+    public function lock(string $name, \Closure $callback, int $lifetime = 30)
     {
         $fence = $this->acquireLock($name, $lifetime);
         try {

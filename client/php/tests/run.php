@@ -577,6 +577,30 @@ function test_readme_first_lock_and_client_example(Cluster $cl): void
     checkSame(['holders' => [], 'waiters' => []], queue($c, 'tickets/42'), 'tickets/42 after the example');
 }
 
+// The README's fence-from-a-Key block (indented under its bullet) runs as
+// written, after a $store of this cluster, and reads an int fence.
+function test_readme_fence_from_a_key(Cluster $cl): void
+{
+    preg_match_all('/^  ```php\n(.*?)^  ```$/ms', file_get_contents(__DIR__.'/../README.md'), $m);
+    $blocks = array_values(array_filter($m[1], fn ($b) => str_contains($b, 'createLockFromKey(')));
+    checkSame(1, \count($blocks), 'the README shows one createLockFromKey block');
+    $block = preg_replace('/^  /m', '', $blocks[0]);
+    $script = "<?php\nrequire ".var_export(\dirname(__DIR__).'/autoload.php', true).";\n"
+        .'$store = new Raftlock\Symfony\RaftlockStore('.var_export($cl->endpoints(), true).");\n"
+        .$block
+        .'echo json_encode($fence), "\n"; $lock->release();'."\n";
+    $file = tempnam(sys_get_temp_dir(), 'raftlock-readme-');
+    file_put_contents($file, $script);
+    try {
+        exec(escapeshellarg(\PHP_BINARY).' '.escapeshellarg($file).' 2>&1', $out, $status);
+    } finally {
+        unlink($file);
+    }
+    checkSame(0, $status, 'exit status of the README block ('.implode(' | ', $out).')');
+    check(1 === preg_match('/^[1-9][0-9]*$/', $out[0] ?? ''), 'an int fence: '.implode(' | ', $out));
+    checkSame(['holders' => [], 'waiters' => []], queue(new Client($cl->endpoints()), 'invoice-42'), 'invoice-42 after the block');
+}
+
 // ---- the runner ----
 
 $filter = $argv[1] ?? '';
