@@ -217,6 +217,30 @@ def test_refusals_of_every_endpoint_give_up_at_once():
     assert not at.sent
 
 
+def test_an_unresolvable_endpoint_gives_up_at_once_and_nothing_was_sent():
+    # grpcio's words for a name that does not resolve (seed-user walk,
+    # 2026-11-29: OutcomeUnknown after 14.8 s, although nothing left).
+    at = core.Attempts(core.Endpoints(["no-such-host.invalid:1"]), write=True, deadline=core.now() + 100)
+    unresolved = FakeStatus(
+        grpc.StatusCode.UNAVAILABLE,
+        "errors resolving no-such-host.invalid:1: [field:hostname lookup error:address lookup failed "
+        "for no-such-host.invalid:1: Domain name not found]",
+    )
+    for _ in range(core.REFUSED_ROUNDS - 1):
+        at.failed("no-such-host.invalid:1", unresolved)
+    with pytest.raises(raftlock.Unavailable, match="no node accepts connections"):
+        at.failed("no-such-host.invalid:1", unresolved)
+    assert not at.sent
+
+
+def test_names_follow_the_512_byte_rule_before_anything_is_sent():
+    assert core.check_name("n" * core.NAME_MAX_BYTES) == "n" * core.NAME_MAX_BYTES
+    assert core.check_name("é" * 256) == "é" * 256
+    for bad, size in (("", 0), ("n" * (core.NAME_MAX_BYTES + 1), 513), ("é" * 257, 514), ("n" * 100_000, 100_000)):
+        with pytest.raises(raftlock.InvalidArgument, match=f"a lock name of {size} bytes: must be 1..=512 bytes of UTF-8"):
+            core.check_name(bad)
+
+
 @pytest.mark.parametrize("code,cls", [
     (grpc.StatusCode.INVALID_ARGUMENT, raftlock.InvalidArgument),
     (grpc.StatusCode.OUT_OF_RANGE, raftlock.InvalidArgument),
