@@ -204,9 +204,16 @@ def check_margin(margin: object) -> float:
 
 
 def check_name(name: object) -> str:
-    """A lock name must be a string; its length the cluster checks."""
+    """A lock name is a str of 1..=NAME_MAX_BYTES bytes of UTF-8 (the
+    cluster's rule), checked before anything is sent."""
     if not isinstance(name, str):
         raise errors.InvalidArgument(f"a lock name must be a str, got {name!r}")
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError as e:
+        raise errors.InvalidArgument(f"a lock name must be valid UTF-8: {e}") from None
+    if not 1 <= size <= NAME_MAX_BYTES:
+        raise errors.InvalidArgument(f"a lock name of {size} bytes: must be 1..={NAME_MAX_BYTES} bytes of UTF-8")
     return name
 
 
@@ -369,10 +376,15 @@ class Endpoints:
 
 
 def refused(details: str) -> bool:
-    """Whether a transport failure is a connection nobody accepted (the
-    request never left)."""
+    """Whether a transport failure is a connection nobody accepted, or an
+    address that does not resolve (the request never left)."""
     d = details.lower()
-    return "connection refused" in d or "failed to connect to all addresses" in d
+    return (
+        "connection refused" in d
+        or "failed to connect to all addresses" in d
+        or "errors resolving" in d
+        or "dns resolution failed" in d
+    )
 
 
 class Attempts:
