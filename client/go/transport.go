@@ -161,7 +161,7 @@ func (c *Client) call(ctx context.Context, rpc string, in, out interface{}, atte
 		order       []string
 		failed      int // attempts in a row that found no leader
 		hints       int // leader hints followed in a row
-		backoff     = 50 * time.Millisecond
+		backoff     = firstBackoff
 	)
 	note := func(base, what string) {
 		if _, seen := failures[base]; !seen {
@@ -241,9 +241,7 @@ func (c *Client) call(ctx context.Context, rpc string, in, out interface{}, atte
 				return ctx.Err()
 			case <-t.C:
 			}
-			if backoff < time.Second {
-				backoff *= 2
-			}
+			backoff = nextBackoff(backoff)
 		}
 	}
 }
@@ -267,4 +265,19 @@ func schemeOf(base string) string {
 		return base[:i]
 	}
 	return "http"
+}
+
+// The pause after every node failed in a row: full jitter around a
+// backoff that starts at firstBackoff and doubles up to maxBackoff.
+const (
+	firstBackoff = 50 * time.Millisecond
+	maxBackoff   = time.Second
+)
+
+// nextBackoff is the backoff after b.
+func nextBackoff(b time.Duration) time.Duration {
+	if b*2 > maxBackoff {
+		return maxBackoff
+	}
+	return b * 2
 }

@@ -28,7 +28,7 @@ final class Client
     /** Largest semaphore capacity a node accepts. */
     public const MAX_CAPACITY = 1000000;
     /** Default for the `retry_timeout` option, in seconds. */
-    public const DEFAULT_RETRY_TIMEOUT = 10.0;
+    public const DEFAULT_RETRY_TIMEOUT = 15.0;
     /** One attempt of a request that does not wait in a queue, in seconds. */
     public const ATTEMPT_TIMEOUT = 5.0;
     /** Most names in one lockAll (the node's limit per AcquireAll). */
@@ -56,7 +56,7 @@ final class Client
      *                               "http://host:port" or "https://host:port"
      * @param string|null $token     sent as "Authorization: Bearer TOKEN"
      * @param array{retry_timeout?: float, connect_timeout?: float, curl?: array<int, mixed>} $options
-     *        retry_timeout: seconds a request keeps retrying without an answer (default 10);
+     *        retry_timeout: seconds a request keeps retrying without an answer (default 15, as in every raftlock client);
      *        connect_timeout: seconds to connect to one node (default 2);
      *        curl: extra CURLOPT_* settings, e.g. CURLOPT_CAINFO for https
      */
