@@ -270,8 +270,8 @@ func schemeOf(base string) string {
 // The pause after every node failed in a row: full jitter around a
 // backoff that starts at firstBackoff and doubles up to maxBackoff.
 const (
-	firstBackoff = 50 * time.Millisecond
-	maxBackoff   = time.Second
+	firstBackoff = 20 * time.Millisecond
+	maxBackoff   = 200 * time.Millisecond
 )
 
 // nextBackoff is the backoff after b.

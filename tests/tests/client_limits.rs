@@ -1,5 +1,6 @@
 //! The limits the Go, Python and PHP clients check before sending are the
-//! cluster's (`node/src/state/limits.rs`). Each client keeps its own copy
+//! cluster's (`node/src/state/limits.rs`), and they retry and back off as
+//! the Rust client does (README, "Follow the leader hint at once"). Each client keeps its own copy
 //! in its own language, so nothing else ties them together: a limit
 //! changed in the node and not in a client makes that client refuse what
 //! the cluster takes, or send what it refuses with a transport error
@@ -121,6 +122,42 @@ fn the_clients_check_the_clusters_limits() {
         limits::MAX_END_ON_DISCONNECT_MS as f64,
         "Python"
     );
+}
+
+#[test]
+fn the_clients_retry_and_back_off_as_the_rust_client() {
+    let rust = raftlock_client::ClientOptions::default();
+    let first = rust.initial_backoff.as_secs_f64() * 1_000.0;
+    let max = rust.max_backoff.as_secs_f64() * 1_000.0;
+    let deadline = rust.retry_deadline.as_secs_f64() * 1_000.0;
+
+    let php = Client::new("client/php/src/Client.php");
+    assert_eq!(number(&php.get("INITIAL_BACKOFF")) * 1_000.0, first, "PHP");
+    assert_eq!(number(&php.get("MAX_BACKOFF")) * 1_000.0, max, "PHP");
+    assert_eq!(
+        number(&php.get("DEFAULT_RETRY_TIMEOUT")) * 1_000.0,
+        deadline,
+        "PHP"
+    );
+
+    let py = Client::new("client/python/src/raftlock/_core.py");
+    assert_eq!(
+        number(&py.get("INITIAL_BACKOFF")) * 1_000.0,
+        first,
+        "Python"
+    );
+    assert_eq!(number(&py.get("MAX_BACKOFF")) * 1_000.0, max, "Python");
+    assert_eq!(
+        number(&py.get("RETRY_DEADLINE")) * 1_000.0,
+        deadline,
+        "Python"
+    );
+
+    let go = Client::new("client/go/transport.go");
+    assert_eq!(go_ms(&go.get("firstBackoff")), first, "Go");
+    assert_eq!(go_ms(&go.get("maxBackoff")), max, "Go");
+    let go = Client::new("client/go/raftlock.go");
+    assert_eq!(go_ms(&go.get("DefaultRetryTimeout")), deadline, "Go");
 }
 
 /// The parser itself, on each form it reads.

@@ -10,7 +10,7 @@ namespace Raftlock;
  * Requests go to the leader: a node that is not the leader answers 503
  * naming it, and the request is sent there at once; a node that cannot be
  * reached, or knows no leader, passes the request to the next node, with
- * a pause (jittered, growing to 1 s) once every node has failed in a row.
+ * a pause (jittered, 20 ms doubling to 200 ms) once every node has failed in a row.
  * A request gives up after the retry timeout without an answer. Every
  * request this class sends is safe to repeat: a Lock and an OpenSession
  * carry a nonce (a retry finds the session the first attempt opened),
@@ -27,6 +27,10 @@ final class Client
     public const MAX_NAME_BYTES = 512;
     /** Largest semaphore capacity a node accepts. */
     public const MAX_CAPACITY = 1000000;
+    /** First pause after every node failed in a row, in seconds; it doubles up to MAX_BACKOFF. */
+    public const INITIAL_BACKOFF = 0.02;
+    /** Longest pause between rounds of attempts, in seconds. */
+    public const MAX_BACKOFF = 0.2;
     /** Default for the `retry_timeout` option, in seconds. */
     public const DEFAULT_RETRY_TIMEOUT = 15.0;
     /** One attempt of a request that does not wait in a queue, in seconds. */
@@ -424,7 +428,7 @@ final class Client
         $failures = [];
         $failed = 0;
         $hints = 0;
-        $backoff = 0.05;
+        $backoff = self::INITIAL_BACKOFF;
         while (true) {
             $started = microtime(true);
             [$status, $headers, $answer, $error] = $this->post($target, $rpc, $json, $attemptTimeout);
@@ -482,7 +486,7 @@ final class Client
                 $pause = $backoff * (0.5 + mt_rand() / mt_getrandmax());
                 $pause = min($pause, max(0.0, $this->retryTimeout - (microtime(true) - $budgetStart)));
                 usleep((int) ($pause * 1e6));
-                $backoff = min(1.0, $backoff * 2);
+                $backoff = min(self::MAX_BACKOFF, $backoff * 2);
             }
         }
     }
