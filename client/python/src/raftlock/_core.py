@@ -32,7 +32,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import errors
 
@@ -201,6 +201,13 @@ def check_margin(margin: object) -> float:
     if not 0 <= m <= 0.5:
         raise errors.InvalidArgument(f"margin must be a fraction 0..=0.5 of the ttl, got {margin!r}")
     return m
+
+
+def check_on_lost(on_lost: object) -> Optional[Callable[[str, int], object]]:
+    """A client's ``on_lost``: None, or a callable taking (name, fence)."""
+    if on_lost is not None and not callable(on_lost):
+        raise errors.ConfigError(f"on_lost must be a callable taking (name, fence), got {on_lost!r}")
+    return on_lost
 
 
 def check_name(name: object) -> str:
@@ -528,6 +535,10 @@ class Lease:
         self.until = sent_at + ttl - self.margin
         self.grace_until = INF
         self.state = PENDING
+        #: Called (by the keep-alive driver, once) when the lease may have
+        #: lapsed; its session tells ``on_lost`` of each lock it holds.
+        self.on_lost: Optional[Callable[[], None]] = None
+        self.notified = False
 
     def deadline(self) -> float:
         """When the view runs out (on the monotonic clock)."""
@@ -607,6 +618,7 @@ class Renewals:
         self.streams = 0  # streams opened so far
         self.current = 0  # the open stream (0: none)
         self.proof: Dict[int, float] = {}
+        self.expired: List[Lease] = []  # answered expired, not yet taken by take_lost
 
     def add(self, lease: Lease, first: float) -> None:
         self.entries[lease.session_id] = _Entry(lease, first)
@@ -675,6 +687,7 @@ class Renewals:
         if expired:
             e.lease.mark_lost()
             del self.entries[session_id]
+            self.expired.append(e.lease)
             return e.lease
         e.lease.extend(ask.sent_at, ttl_ms / 1000.0)
         if ask.stream:
@@ -730,9 +743,23 @@ class Renewals:
             e.due = at
         return e.answers
 
+    def take_lost(self, at: float) -> List[Lease]:
+        """The leases that may have lapsed (answered expired, or their view
+        ran out) and were not taken before: each is taken once, for its
+        holders to be told (``Lease.on_lost``)."""
+        lost = [lz for lz in self.expired if not lz.notified]
+        self.expired.clear()
+        lost.extend(e.lease for e in self.entries.values() if not e.lease.notified and e.lease.is_lost(at))
+        for lz in lost:
+            lz.notified = True
+        return lost
+
     def next_wakeup(self, at: float) -> Optional[float]:
         """When the driver must look again (None: nothing scheduled)."""
         times = [e.due for e in self.entries.values() if e.due is not None]
+        # When a held lease's view runs out: its holders are told then.
+        times.extend(e.lease.deadline() for e in self.entries.values()
+                     if e.lease.state == VALID and not e.lease.notified and e.lease.on_lost is not None)
         times.extend(a.deadline for a in self.inflight.values())
         ping = self._ping_due()
         if ping is not None:

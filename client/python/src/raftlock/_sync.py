@@ -10,7 +10,7 @@ import queue
 import random
 import threading
 import time
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 import grpc
 
@@ -187,6 +187,9 @@ class _KeepAlive:
                     # may be gone with the connection still up.
                     self.t.endpoints.forget(self.stream.addr)
                     self._drop(self.stream)
+                for lease in self.r.take_lost(t):
+                    if lease.on_lost is not None:
+                        threading.Thread(target=lease.on_lost, name="raftlock-on-lost", daemon=True).start()
                 if not self.r.entries:
                     if self.stream is not None:
                         # No session left: end the stream politely.
@@ -445,6 +448,24 @@ class Session:
         self._seqs = itertools.count(1)
         self._closed = False
         self._mutex = threading.Lock()
+        self._granted: List[Lock] = []  # for on_lost: the grants handed out, pruned as they go
+        if client._on_lost is not None:
+            lease.on_lost = self._lost
+
+    def _granted_now(self, locks: Sequence[Lock]) -> None:
+        with self._mutex:
+            self._granted = [lk for lk in self._granted if lk.held] + list(locks)
+
+    def _lost(self) -> None:
+        """The lease may have lapsed: tells the client's on_lost of each
+        lock still held (in the keep-alive's thread for this)."""
+        with self._mutex:
+            held = [(lk.name, lk._fence) for lk in self._granted if lk.held]
+        for name, fence in held:
+            try:
+                self._client._on_lost(name, fence)
+            except Exception:  # noqa: BLE001 - a callback's failure is its own
+                log.exception("on_lost(%r, %d) raised", name, fence)
 
     @property
     def ttl(self) -> float:
@@ -516,6 +537,7 @@ class Session:
         for lk, g in zip(held, resp.grants):
             lk._used = True
             lk._fence, lk._seq = g.fence, seq
+        self._granted_now(held)
         if not self._lease.valid():
             self._client._ka.renew_now(self._lease, core.MIN_ASK_WAIT * 5)
         if not self._lease.valid():
@@ -573,6 +595,7 @@ class Session:
         if not resp.acquired:
             return False
         lock._fence, lock._seq = resp.fence, seq
+        self._granted_now([lock])
         if not self._lease.valid():
             # The view ran out while the acquire waited: a keep-alive
             # answered now proves the session (and the grant) alive.
@@ -646,10 +669,16 @@ class Client:
     certificates); ``cert`` and ``key`` add a client certificate (mTLS).
     Each of the three is a path, PEM text or PEM bytes. Nothing is dialled
     until the first request. Thread-safe; one client per process is
-    enough (all its sessions share one keep-alive stream)."""
+    enough (all its sessions share one keep-alive stream).
+
+    ``on_lost(name, fence)``, if given, is called once for each lock held
+    when its lease may have lapsed (the moment ``lock.lost`` turns True),
+    in a thread of its own; nothing is cancelled. An exception it raises
+    is logged."""
 
     def __init__(self, endpoints: Union[str, Sequence[str]], token: Optional[str] = None, ca=None, cert=None,
-                 key=None) -> None:
+                 key=None, on_lost: Optional[Callable[[str, int], object]] = None) -> None:
+        self._on_lost = core.check_on_lost(on_lost)
         self._t = _Transport(endpoints, token, ca, cert, key)
         self._ka = _KeepAlive(self._t)
 

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import collections.abc
+import inspect
 import itertools
 import logging
 import random
-from typing import List, Optional, Sequence, Set, Tuple, Union
+from typing import Callable, List, Optional, Sequence, Set, Tuple, Union
 
 import grpc
 import grpc.aio
@@ -194,6 +195,9 @@ class _KeepAlive:
                 # gone with the connection still up.
                 self.t.endpoints.forget(self.stream.addr)
                 self._drop(self.stream)
+            for lease in self.r.take_lost(t):
+                if lease.on_lost is not None:
+                    lease.on_lost()
             if not self.r.entries:
                 if self.stream is not None:
                     st, self.stream = self.stream, None
@@ -252,6 +256,8 @@ class _KeepAlive:
                 if resp is grpc.aio.EOF or self.stream is not st:
                     break
                 self.r.answer(resp.session_id, resp.ask_id, resp.ttl_ms, resp.expired, core.now())
+                if resp.expired:
+                    self._wake.set()  # its holders are told (on_lost)
                 self.backoff = core.INITIAL_BACKOFF
                 self.hops = 0
                 done, self._answered = self._answered, asyncio.Event()
@@ -468,6 +474,24 @@ class Session:
         self.end_on_disconnect = grace_ms / 1000.0
         self._seqs = itertools.count(1)
         self._closed = False
+        self._granted: List[Lock] = []  # for on_lost: the grants handed out, pruned as they go
+        if client._on_lost is not None:
+            lease.on_lost = self._lost
+
+    def _granted_now(self, locks: Sequence["Lock"]) -> None:
+        self._granted = [lk for lk in self._granted if lk.held] + list(locks)
+
+    def _lost(self) -> None:
+        """The lease may have lapsed: tells the client's on_lost of each
+        lock still held, in the event loop (an awaitable it returns runs
+        as a task)."""
+        for lk in [lk for lk in self._granted if lk.held]:
+            try:
+                result = self._client._on_lost(lk.name, lk._fence)
+                if inspect.isawaitable(result):
+                    self._client._spawn(result)
+            except Exception:  # noqa: BLE001 - a callback's failure is its own
+                log.exception("on_lost(%r, %d) raised", lk.name, lk._fence)
 
     @property
     def ttl(self) -> float:
@@ -533,6 +557,7 @@ class Session:
         for lk, g in zip(held, resp.grants):
             lk._used = True
             lk._fence, lk._seq = g.fence, seq
+        self._granted_now(held)
         if not self._lease.valid():
             await self._client._ka.renew_now(self._lease, core.MIN_ASK_WAIT * 5)
         if not self._lease.valid():
@@ -591,6 +616,7 @@ class Session:
         if not resp.acquired:
             return False
         lock._fence, lock._seq = resp.fence, seq
+        self._granted_now([lock])
         if not self._lease.valid():
             # The view ran out while the acquire waited: a keep-alive
             # answered now proves the session (and the grant) alive.
@@ -656,14 +682,25 @@ class Session:
 class Client:
     """A handle to a raftlock cluster, for asyncio. Arguments as
     :class:`raftlock.Client`. Nothing is dialled until the first request;
-    ``await client.close()`` (or ``async with``) at the end."""
+    ``await client.close()`` (or ``async with``) at the end.
+    ``on_lost(name, fence)`` is called in the event loop (it must not
+    block); a coroutine function's coroutine runs as a task."""
 
     def __init__(self, endpoints: Union[str, Sequence[str]], token: Optional[str] = None, ca=None, cert=None,
-                 key=None) -> None:
+                 key=None, on_lost: Optional[Callable[[str, int], object]] = None) -> None:
+        self._on_lost = core.check_on_lost(on_lost)
         self._t = _Transport(endpoints, token, ca, cert, key)
         self._ka = _KeepAlive(self._t)
         self._background: Set[asyncio.Task] = set()
         self._withdrawing = {}
+
+    def _spawn(self, awaitable) -> None:
+        """Runs ``awaitable`` as a task of this client's (kept until done)."""
+        task = asyncio.ensure_future(awaitable)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        task.add_done_callback(lambda t: t.cancelled() or t.exception() is None
+                               or log.error("on_lost raised", exc_info=t.exception()))
 
     @property
     def endpoints(self) -> Tuple[str, ...]:
