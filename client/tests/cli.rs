@@ -451,6 +451,35 @@ async fn refused_connections_everywhere_fail_fast_naming_each_endpoint() {
     }
 }
 
+/// Seed-user walk, 2026-11-29: an endpoint whose name does not resolve
+/// was retried for the whole deadline and, for a write, reported as an
+/// unknown outcome, although nothing can have been sent. Like a refused
+/// connection, it gives up at once with UNAVAILABLE, saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_that_does_not_resolve_fails_fast_and_says_so() {
+    let endpoints = "no-such-host.invalid:7101";
+    for args in [&["status"][..], &["lock", "x", "--", "true"][..]] {
+        let started = std::time::Instant::now();
+        let out = raftlock(endpoints).args(args).output().await.expect("runs");
+        let took = started.elapsed();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("no-such-host.invalid:7101: the name does not resolve"),
+            "{args:?}: the error names the endpoint and why: {stderr}"
+        );
+        assert!(
+            !stderr.contains("outcome unknown"),
+            "{args:?}: nothing was sent: {stderr}"
+        );
+        eprintln!("cli: {args:?} gave up after {took:?}");
+        assert!(
+            took < AT_ONCE,
+            "{args:?}: gave up after {took:?} on a name that does not resolve: {stderr}"
+        );
+    }
+}
+
 /// Waits (at most `limit`) until `path` exists; its contents.
 async fn file_appears(path: &std::path::Path, limit: Duration) -> Option<String> {
     let deadline = tokio::time::Instant::now() + limit;
