@@ -110,7 +110,8 @@ pub(crate) enum Kind {
 }
 
 /// How many times in a row every endpoint must refuse the connection (or
-/// fail the TLS handshake, or turn out to speak TLS to a plaintext client)
+/// not resolve, or fail the TLS handshake, or turn out to speak TLS to a
+/// plaintext client)
 /// before a call gives up without waiting for its deadline: nothing that
 /// can serve this client listens there (a node being restarted is back
 /// within a round or two of backoff).
@@ -203,6 +204,16 @@ fn connection_refused(status: &Status) -> bool {
     sources(status).iter().any(|e| {
         e.downcast_ref::<std::io::Error>()
             .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
+    })
+}
+
+/// Whether `status` is an address whose name did not resolve (hyper's
+/// connector says "dns error", over the resolver's io error): nothing was
+/// sent.
+fn name_unresolved(status: &Status) -> bool {
+    sources(status).iter().any(|e| {
+        let text = e.to_string();
+        text.starts_with("dns error") || text.contains("failed to lookup address information")
     })
 }
 
@@ -387,6 +398,10 @@ const CLIENT_HELLO: &[u8] = &[
 fn describe(status: &Status) -> String {
     if connection_refused(status) {
         return "connection refused".into();
+    }
+    if name_unresolved(status) {
+        let inner = sources(status).last().map(|e| e.to_string());
+        return format!("the name does not resolve ({})", inner.unwrap_or_default());
     }
     match sources(status).last() {
         Some(inner) => inner.to_string(),
@@ -648,7 +663,7 @@ impl Transport {
                     // request left; a "not the leader" answer never does,
                     // and neither does a refused connection.
                     let not_leader = status.metadata().get(NOT_LEADER_KEY).is_some();
-                    let refused = connection_refused(&status);
+                    let refused = connection_refused(&status) || name_unresolved(&status);
                     if !not_leader && !refused {
                         sent |= kind == Kind::Write;
                     }
@@ -761,7 +776,7 @@ impl Transport {
             )
         } else {
             format!(
-                "no node accepts connections ({each} refused every attempt): {}",
+                "no node accepts connections ({each} refused or did not resolve every attempt): {}",
                 tried.summary()
             )
         }))

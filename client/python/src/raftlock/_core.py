@@ -460,7 +460,7 @@ class Attempts:
             self.endpoints.forget(addr)
             if all(self.refusals.get(e, 0) >= REFUSED_ROUNDS for e in self.endpoints.all):
                 raise errors.Unavailable(
-                    "no node accepts connections (each refused every attempt): " + self.summary()
+                    "no node accepts connections (each refused or did not resolve every attempt): " + self.summary()
                 )
             return self.pause()
         if code in ("DEADLINE_EXCEEDED", "CANCELLED", "UNKNOWN"):
