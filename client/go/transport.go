@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"io"
 	mathrand "math/rand"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -162,6 +164,10 @@ func (c *Client) call(ctx context.Context, rpc string, in, out interface{}, atte
 		failed      int // attempts in a row that found no leader
 		hints       int // leader hints followed in a row
 		backoff     = firstBackoff
+		// Attempts in a row, per endpoint, that cannot have sent the
+		// request (refused, or the name did not resolve); any other
+		// outcome clears them.
+		hopeless = map[string]int{}
 	)
 	note := func(base, what string) {
 		if _, seen := failures[base]; !seen {
@@ -178,9 +184,26 @@ func (c *Client) call(ctx context.Context, rpc string, in, out interface{}, atte
 		if time.Since(started) > c.retryTimeout {
 			budgetStart = time.Now()
 		}
+		if why := unreachable(a.err); why != "" {
+			note(target, why)
+			hopeless[target]++
+			if c.hopelessEverywhere(hopeless) {
+				var parts []string
+				for _, base := range order {
+					parts = append(parts, base+": "+failures[base])
+				}
+				return &Error{Code: "UNAVAILABLE", Message: fmt.Sprintf("no node accepts connections (each refused or did not resolve every attempt): %s", strings.Join(parts, "; "))}
+			}
+		} else {
+			for k := range hopeless {
+				delete(hopeless, k)
+			}
+		}
 		switch {
 		case a.err != nil:
-			note(target, a.err.Error())
+			if unreachable(a.err) == "" {
+				note(target, a.err.Error())
+			}
 			target = c.forget(target)
 			failed++
 			hints = 0
@@ -280,4 +303,36 @@ func nextBackoff(b time.Duration) time.Duration {
 		return maxBackoff
 	}
 	return b * 2
+}
+
+// refusedRounds is how many times in a row every endpoint must refuse the
+// connection or fail to resolve before a request gives up without waiting
+// for its retry timeout, as every raftlock client does.
+const refusedRounds = 3
+
+// unreachable says why err means the request cannot have left (the
+// connection was refused, or the name did not resolve); "" otherwise.
+func unreachable(err error) string {
+	if err == nil {
+		return ""
+	}
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		return "connection refused"
+	}
+	var dns *net.DNSError
+	if errors.As(err, &dns) {
+		return "the name does not resolve (" + dns.Error() + ")"
+	}
+	return ""
+}
+
+// hopelessEverywhere reports whether every endpoint has failed
+// refusedRounds times in a row in a way that sent nothing.
+func (c *Client) hopelessEverywhere(hopeless map[string]int) bool {
+	for _, e := range c.endpoints {
+		if hopeless[e] < refusedRounds {
+			return false
+		}
+	}
+	return true
 }
