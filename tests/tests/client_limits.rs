@@ -156,6 +156,13 @@ fn the_clients_retry_and_back_off_as_the_rust_client() {
     let go = Client::new("client/go/transport.go");
     assert_eq!(go_ms(&go.get("firstBackoff")), first, "Go");
     assert_eq!(go_ms(&go.get("maxBackoff")), max, "Go");
+
+    // Every endpoint refused (or did not resolve) this many times in a
+    // row: the request gives up at once.
+    let rounds = f64::from(raftlock_client::REFUSED_ROUNDS);
+    assert_eq!(number(&go.get("refusedRounds")), rounds, "Go");
+    assert_eq!(number(&php.get("REFUSED_ROUNDS")), rounds, "PHP");
+    assert_eq!(number(&py.get("REFUSED_ROUNDS")), rounds, "Python");
     let go = Client::new("client/go/raftlock.go");
     assert_eq!(go_ms(&go.get("DefaultRetryTimeout")), deadline, "Go");
 }

@@ -31,6 +31,8 @@ final class Client
     public const INITIAL_BACKOFF = 0.02;
     /** Longest pause between rounds of attempts, in seconds. */
     public const MAX_BACKOFF = 0.2;
+    /** Attempts in a row at every endpoint, each refused or unresolved, after which a request gives up at once. */
+    public const REFUSED_ROUNDS = 3;
     /** Default for the `retry_timeout` option, in seconds. */
     public const DEFAULT_RETRY_TIMEOUT = 15.0;
     /** One attempt of a request that does not wait in a queue, in seconds. */
@@ -429,15 +431,29 @@ final class Client
         $failed = 0;
         $hints = 0;
         $backoff = self::INITIAL_BACKOFF;
+        // Attempts in a row, per endpoint, that cannot have sent the request.
+        $hopeless = [];
         while (true) {
             $started = microtime(true);
-            [$status, $headers, $answer, $error] = $this->post($target, $rpc, $json, $attemptTimeout);
+            [$status, $headers, $answer, $error, $unsent] = $this->post($target, $rpc, $json, $attemptTimeout);
+            if ($unsent) {
+                $hopeless[$target] = ($hopeless[$target] ?? 0) + 1;
+            } else {
+                $hopeless = [];
+            }
             if (microtime(true) - $started > $this->retryTimeout) {
                 // A request that waited long: the count starts again.
                 $budgetStart = microtime(true);
             }
             if (null !== $error) {
                 $failures[$target] = $error;
+                if (self::hopelessEverywhere($this->endpoints, $hopeless)) {
+                    $parts = [];
+                    foreach ($failures as $node => $what) {
+                        $parts[] = "$node: $what";
+                    }
+                    throw new RaftlockException('UNAVAILABLE', 'no node accepts connections (each refused or did not resolve every attempt): '.implode('; ', $parts));
+                }
                 $target = $this->forget($target);
                 ++$failed;
                 $hints = 0;
@@ -492,9 +508,28 @@ final class Client
     }
 
     /**
+     * Whether every endpoint failed REFUSED_ROUNDS times in a row in a way
+     * that sent nothing.
+     *
+     * @param list<string>       $endpoints
+     * @param array<string, int> $hopeless
+     */
+    private static function hopelessEverywhere(array $endpoints, array $hopeless): bool
+    {
+        foreach ($endpoints as $e) {
+            if (($hopeless[$e] ?? 0) < self::REFUSED_ROUNDS) {
+                return false;
+            }
+        }
+
+        return true;
+    }
+
+    /**
      * One HTTP exchange with one node.
      *
-     * @return array{0: int, 1: array<string, string>, 2: string, 3: string|null} status, headers, body, transport error
+     * @return array{0: int, 1: array<string, string>, 2: string, 3: string|null, 4: bool} status, headers, body,
+     *         transport error, and whether that error means nothing was sent (refused, or the name did not resolve)
      */
     private function post(string $base, string $rpc, string $json, float $timeout): array
     {
@@ -534,10 +569,20 @@ final class Client
         ] + $this->curlOptions);
         $answer = curl_exec($h);
         if (false === $answer) {
-            return [0, [], '', curl_error($h) ?: 'curl error '.curl_errno($h)];
+            $why = curl_error($h) ?: 'curl error '.curl_errno($h);
+            // Nothing can have been sent: say so, in the words of every
+            // raftlock client.
+            if (\CURLE_COULDNT_CONNECT === curl_errno($h)) {
+                return [0, [], '', 'connection refused', true];
+            }
+            if (\CURLE_COULDNT_RESOLVE_HOST === curl_errno($h)) {
+                return [0, [], '', "the name does not resolve ($why)", true];
+            }
+
+            return [0, [], '', $why, false];
         }
 
-        return [(int) curl_getinfo($h, \CURLINFO_RESPONSE_CODE), $headers, (string) $answer, null];
+        return [(int) curl_getinfo($h, \CURLINFO_RESPONSE_CODE), $headers, (string) $answer, null, false];
     }
 
     /**
