@@ -234,10 +234,17 @@ impl Procs {
     /// says what each node answered last.
     pub async fn leader(&self) -> u64 {
         let ids: Vec<u64> = self.children.keys().copied().collect();
+        self.leader_among(&ids).await
+    }
+
+    /// As [`leader`](Self::leader), asking only nodes `ids` (for a test
+    /// in which another node is about to exit); the leader may be any
+    /// node, and must call itself leader.
+    pub async fn leader_among(&self, ids: &[u64]) -> u64 {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let mut said = Vec::new();
-            for id in &ids {
+            for id in ids {
                 said.push(match status(&self.addrs[id]).await {
                     Some(s) => (*id, Some((s.leader_id, s.role, s.term))),
                     None => (*id, None),
@@ -256,9 +263,13 @@ impl Procs {
                 .map(|(_, s)| s.as_ref().map(|(l, _, _)| *l).filter(|l| *l != 0))
                 .collect();
             if let [Some(l)] = leaders.into_iter().collect::<Vec<_>>()[..] {
-                let leads = said.iter().any(|(id, s)| {
-                    *id == l && s.as_ref().is_some_and(|(_, role, _)| role == "leader")
-                });
+                let leads = match said.iter().find(|(id, _)| *id == l) {
+                    Some((_, s)) => s.as_ref().is_some_and(|(_, role, _)| role == "leader"),
+                    None => match self.addrs.get(&l) {
+                        Some(addr) => status(addr).await.is_some_and(|s| s.role == "leader"),
+                        None => false,
+                    },
+                };
                 if leads {
                     return l;
                 }
