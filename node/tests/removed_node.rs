@@ -139,10 +139,18 @@ async fn a_node_added_back_under_its_id_stays_up() {
         })
         .await
         .unwrap_or_else(|e| {
-            let log = procs.read_log(back);
+            let tail = |id: u64| {
+                let log = procs.read_log(id);
+                let from = log.len().saturating_sub(6000);
+                let from = (from..log.len())
+                    .find(|i| log.is_char_boundary(*i))
+                    .unwrap_or(log.len());
+                log[from..].to_string()
+            };
             panic!(
-                "add node {back} back: {e}; its log:\n{}",
-                &log[log.len().saturating_sub(3000)..]
+                "add node {back} back: {e}; its log:\n{}\n--- the leader's (node {leader}):\n{}",
+                tail(back),
+                tail(leader)
             )
         })
         .into_inner()
