@@ -608,14 +608,21 @@ impl Peer {
         let mut client = self.client()?;
         let request = self.request(outbound)?;
         // openraft's budget for one request and its answer (the heartbeat
-        // interval): to open the stream, and for the oldest request still
-        // unanswered.
+        // interval): for the oldest request still unanswered. Opening the
+        // stream may first have to connect, which may take CONNECT_TIMEOUT:
+        // with only the heartbeat interval for both, a peer whose new
+        // connection took longer on a busy machine was dialled anew at
+        // every attempt, each time from scratch, and never replicated to
+        // again (a node added back under load did not catch up in 30 s:
+        // node/tests/removed_node.rs, 3 of 10 runs of the test campaign).
         let ttl = option.hard_ttl();
-        let inbound = match tokio::time::timeout(ttl, client.stream_append(request)).await {
+        let open_within = ttl + CONNECT_TIMEOUT;
+        let opened = tokio::time::timeout(open_within, client.stream_append(request)).await;
+        let inbound = match opened {
             Err(_) => {
                 self.redial();
                 return Err(RPCError::Unreachable(Unreachable::new(&Msg(format!(
-                    "replication stream to node {target}: not opened within {ttl:?}"
+                    "replication stream to node {target}: not opened within {open_within:?}"
                 )))));
             }
             Ok(Err(status)) => return Err(self.failed(&status)),
