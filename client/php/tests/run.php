@@ -550,6 +550,24 @@ function readmeBlocks(string $lang): array
     return $m[1];
 }
 
+/**
+ * Runs $script in a PHP process of its own; its exit status and its output lines.
+ *
+ * @return array{0: int, 1: list<string>}
+ */
+function runPhp(string $script): array
+{
+    $file = tempnam(sys_get_temp_dir(), 'raftlock-readme-');
+    file_put_contents($file, $script);
+    try {
+        exec(escapeshellarg(\PHP_BINARY).' '.escapeshellarg($file).' 2>&1', $out, $status);
+    } finally {
+        unlink($file);
+    }
+
+    return [$status, $out];
+}
+
 // The README's "Install and a first lock" is under ten lines, and it and
 // the Client example run as written (in a process of their own, against
 // this cluster), take their locks and give them back.
@@ -566,13 +584,7 @@ function test_readme_first_lock_and_client_example(Cluster $cl): void
     $script = str_replace('/* work */', 'echo "locked\n";', $script);
     $script = preg_replace("/'http:\\/\\/10\\.0\\.0\\.[^']*'/", var_export($cl->endpoints(), true), $script, -1, $endpoints);
     checkSame(2, $endpoints, 'endpoint lists replaced');
-    $file = tempnam(sys_get_temp_dir(), 'raftlock-readme-');
-    file_put_contents($file, $script);
-    try {
-        exec(escapeshellarg(\PHP_BINARY).' '.escapeshellarg($file).' 2>&1', $out, $status);
-    } finally {
-        unlink($file);
-    }
+    [$status, $out] = runPhp($script);
     checkSame(0, $status, 'exit status of the README example ('.implode(' | ', $out).')');
     checkSame('locked', $out[0] ?? null, 'the first lock held');
     check(1 === preg_match('/^work [1-9][0-9]*$/', $out[1] ?? ''), 'the Client example worked under a fence: '.implode(' | ', $out));
@@ -596,13 +608,7 @@ function test_readme_fence_from_a_key(Cluster $cl): void
         .'$store = new Raftlock\Symfony\RaftlockStore('.var_export($cl->endpoints(), true).");\n"
         .$block
         .'echo json_encode($fence), "\n"; $lock->release();'."\n";
-    $file = tempnam(sys_get_temp_dir(), 'raftlock-readme-');
-    file_put_contents($file, $script);
-    try {
-        exec(escapeshellarg(\PHP_BINARY).' '.escapeshellarg($file).' 2>&1', $out, $status);
-    } finally {
-        unlink($file);
-    }
+    [$status, $out] = runPhp($script);
     checkSame(0, $status, 'exit status of the README block ('.implode(' | ', $out).')');
     check(1 === preg_match('/^[1-9][0-9]*$/', $out[0] ?? ''), 'an int fence: '.implode(' | ', $out));
     checkSame(['holders' => [], 'waiters' => []], queue(new Client($cl->endpoints()), 'invoice-42'), 'invoice-42 after the block');
