@@ -140,10 +140,10 @@ func waitFields(ctx context.Context, try bool) (timeoutMs u64, wait bool, reqCtx
 // granted), or ends with its TTL if the cluster cannot be reached.
 func (c *Client) AcquireAll(ctx context.Context, specs []Spec, o AcquireOptions) (*MultiGuard, error) {
 	if len(specs) == 0 || len(specs) > MaxKeysPerAcquireAll {
-		return nil, fmt.Errorf("raftlock: AcquireAll of %d keys: must be 1..=%d", len(specs), MaxKeysPerAcquireAll)
+		return nil, invalidArgument("AcquireAll of %d keys: must be 1..=%d", len(specs), MaxKeysPerAcquireAll)
 	}
 	if o.Shared {
-		return nil, errors.New("raftlock: AcquireAll: say Shared in each Spec, not in the options")
+		return nil, invalidArgument("AcquireAll: say Shared in each Spec, not in the options")
 	}
 	seen := make(map[string]bool, len(specs))
 	req := acquireAllRequest{Seq: 1}
@@ -152,7 +152,7 @@ func (c *Client) AcquireAll(ctx context.Context, specs []Spec, o AcquireOptions)
 			return nil, err
 		}
 		if seen[s.Key] {
-			return nil, fmt.Errorf("raftlock: AcquireAll names key %q twice", s.Key)
+			return nil, invalidArgument("AcquireAll names key %q twice", s.Key)
 		}
 		seen[s.Key] = true
 		req.Locks = append(req.Locks, lockSpec{Name: s.Key, Mode: modeName(s.Shared)})

@@ -40,7 +40,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -143,7 +142,7 @@ func New(endpoints string, opts Options) (*Client, error) {
 		bases = append(bases, base)
 	}
 	if len(bases) == 0 {
-		return nil, fmt.Errorf("raftlock: no endpoints in %q", endpoints)
+		return nil, invalidArgument("no endpoints in %q", endpoints)
 	}
 	ttl := opts.TTL
 	if ttl == 0 {
@@ -157,7 +156,7 @@ func New(endpoints string, opts Options) (*Client, error) {
 		retry = DefaultRetryTimeout
 	}
 	if retry < 0 {
-		return nil, fmt.Errorf("raftlock: RetryTimeout %v is negative", retry)
+		return nil, invalidArgument("RetryTimeout %v is negative", retry)
 	}
 	hc := opts.HTTPClient
 	if hc == nil {
@@ -168,7 +167,7 @@ func New(endpoints string, opts Options) (*Client, error) {
 			IdleConnTimeout:     90 * time.Second,
 		}}
 	} else if hc.Timeout != 0 {
-		return nil, errors.New("raftlock: Options.HTTPClient.Timeout must be 0 (a Lock waits in one long request; use contexts)")
+		return nil, invalidArgument("Options.HTTPClient.Timeout must be 0 (a Lock waits in one long request; use contexts)")
 	}
 	return &Client{
 		endpoints:    bases,
@@ -187,27 +186,33 @@ func endpointURL(e string) (string, error) {
 	}
 	u, err := url.Parse(raw)
 	if err != nil {
-		return "", fmt.Errorf("raftlock: endpoint %q: %v", e, err)
+		return "", invalidArgument("endpoint %q: %v", e, err)
 	}
 	if u.Scheme != "http" && u.Scheme != "https" {
-		return "", fmt.Errorf("raftlock: endpoint %q: the scheme must be http or https", e)
+		return "", invalidArgument("endpoint %q: the scheme must be http or https", e)
 	}
 	if u.Host == "" || u.Port() == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.User != nil {
-		return "", fmt.Errorf("raftlock: endpoint %q: want host:port or http(s)://host:port", e)
+		return "", invalidArgument("endpoint %q: want host:port or http(s)://host:port", e)
 	}
 	return u.Scheme + "://" + u.Host, nil
 }
 
 func checkTTL(ttl time.Duration) error {
 	if ttl < MinTTL || ttl > MaxTTL || ttl%time.Millisecond != 0 {
-		return fmt.Errorf("raftlock: TTL %v: must be whole milliseconds in %v..=%v", ttl, MinTTL, MaxTTL)
+		return invalidArgument("TTL %v: must be whole milliseconds in %v..=%v", ttl, MinTTL, MaxTTL)
 	}
 	return nil
 }
 
+// invalidArgument is the error of bad input the client refuses before
+// sending anything: the node's code for it, with no HTTP status.
+func invalidArgument(format string, args ...interface{}) *Error {
+	return &Error{Code: "INVALID_ARGUMENT", Message: fmt.Sprintf(format, args...)}
+}
+
 func checkKey(key string) error {
 	if len(key) == 0 || len(key) > MaxKeyBytes || !utf8.ValidString(key) {
-		return fmt.Errorf("raftlock: key of %d bytes: must be 1..=%d bytes of UTF-8", len(key), MaxKeyBytes)
+		return invalidArgument("key of %d bytes: must be 1..=%d bytes of UTF-8", len(key), MaxKeyBytes)
 	}
 	return nil
 }

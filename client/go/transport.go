@@ -21,6 +21,9 @@ import (
 // message, and the HTTP status it came with. A request that found no
 // leader within Options.RetryTimeout ends with Code "UNAVAILABLE" and
 // HTTPStatus 0, its Message naming each node tried and its last error.
+// Bad input the client refuses before sending anything (a bad key, TTL or
+// endpoint) is an Error too, with Code "INVALID_ARGUMENT" and HTTPStatus
+// 0, as the node would have refused it.
 type Error struct {
 	Code       string
 	Message    string
