@@ -18,12 +18,26 @@ var ErrNotAcquired = errors.New("raftlock: not acquired: the key is held")
 // connection instead.
 const deadlineSlack = 2 * time.Second
 
+// MaxCapacity is the largest semaphore capacity a node accepts.
+const MaxCapacity = 1_000_000
+
 // AcquireOptions say how Acquire takes a key. The zero value waits for an
 // exclusive lock with the client's TTL.
 type AcquireOptions struct {
 	// Shared takes a shared (read) lock: held together with other shared
 	// holders, never with an exclusive one.
 	Shared bool
+	// Capacity, when not 0, makes the key a semaphore of that many permits
+	// (1..=MaxCapacity) and takes Weight of them: holders' weights add up
+	// to at most Capacity, and a request that does not fit waits (or, with
+	// Try, is not acquired) as a lock's does. Every holder and waiter of
+	// one semaphore must give the same capacity (the node refuses another
+	// with FAILED_PRECONDITION), and a key is either a lock or a
+	// semaphore. Not with Shared.
+	Capacity uint32
+	// Weight is how many permits of the semaphore to take, 1..=Capacity (0
+	// means 1). Only with Capacity.
+	Weight uint32
 	// Try answers ErrNotAcquired at once if the key is not free, instead
 	// of waiting in the queue.
 	Try bool
@@ -38,6 +52,8 @@ type lockRequest struct {
 	TimeoutMs u64    `json:"timeout_ms,omitempty"`
 	Wait      bool   `json:"wait,omitempty"`
 	Mode      string `json:"mode,omitempty"`
+	Weight    uint32 `json:"weight,omitempty"`
+	Capacity  uint32 `json:"capacity,omitempty"`
 	Nonce     u64    `json:"nonce"`
 }
 
@@ -87,7 +103,14 @@ func (c *Client) Acquire(ctx context.Context, key string, o AcquireOptions) (*Gu
 		return nil, err
 	}
 	req := lockRequest{Name: key, TTLMs: u64(ttl.Milliseconds())}
-	if o.Shared {
+	weight, err := checkPermits(o)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case o.Capacity != 0:
+		req.Mode, req.Weight, req.Capacity = "MODE_SEMAPHORE", weight, o.Capacity
+	case o.Shared:
 		req.Mode = "MODE_SHARED"
 	}
 	reqCtx := ctx
@@ -165,15 +188,17 @@ func (c *Client) Acquire(ctx context.Context, key string, o AcquireOptions) (*Gu
 		ttl = time.Duration(resp.TTLMs) * time.Millisecond
 	}
 	g := &Guard{
-		c:       c,
-		key:     key,
-		fence:   uint64(resp.Fence),
-		session: uint64(resp.SessionID),
-		ttl:     ttl,
-		shared:  o.Shared,
-		nextSeq: uint64(resp.NextSeq),
-		lost:    make(chan struct{}),
-		done:    make(chan struct{}),
+		c:        c,
+		key:      key,
+		fence:    uint64(resp.Fence),
+		session:  uint64(resp.SessionID),
+		ttl:      ttl,
+		shared:   o.Shared,
+		weight:   req.Weight,
+		capacity: req.Capacity,
+		nextSeq:  uint64(resp.NextSeq),
+		lost:     make(chan struct{}),
+		done:     make(chan struct{}),
 	}
 	g.credit(sent)
 	g.stopCtx, g.stop = context.WithCancel(context.Background())
@@ -190,6 +215,31 @@ func (c *Client) Acquire(ctx context.Context, key string, o AcquireOptions) (*Gu
 	}
 	go g.keepAlive()
 	return g, nil
+}
+
+// checkPermits checks the semaphore fields of o as the node would, and
+// returns the weight to send (0 for a lock).
+func checkPermits(o AcquireOptions) (uint32, error) {
+	if o.Capacity == 0 {
+		if o.Weight != 0 {
+			return 0, invalidArgument("Weight %d without a Capacity: weights are for semaphores", o.Weight)
+		}
+		return 0, nil
+	}
+	if o.Shared {
+		return 0, invalidArgument("a semaphore has no shared mode: set Capacity or Shared, not both")
+	}
+	if o.Capacity > MaxCapacity {
+		return 0, invalidArgument("semaphore capacity must be 1..=%d, got %d", MaxCapacity, o.Capacity)
+	}
+	weight := o.Weight
+	if weight == 0 {
+		weight = 1
+	}
+	if weight > o.Capacity {
+		return 0, invalidArgument("semaphore weight must be 1..=%d, got %d", o.Capacity, weight)
+	}
+	return weight, nil
 }
 
 // untilDeadline is a context that ends at deadline, or when parent is
@@ -289,6 +339,8 @@ type Guard struct {
 	fence   uint64
 	session uint64
 	ttl     time.Duration
+	// weight and capacity of semaphore permits (0 for a lock).
+	weight, capacity uint32
 
 	stopCtx context.Context    // ends the keep-alive loop and its requests
 	stop    context.CancelFunc //
@@ -326,6 +378,14 @@ func (g *Guard) Shared() bool {
 	defer g.mu.Unlock()
 	return g.shared
 }
+
+// Weight is how many permits of a semaphore the guard holds (0 for a
+// lock).
+func (g *Guard) Weight() uint32 { return g.weight }
+
+// Capacity is the capacity of the semaphore whose permits the guard holds
+// (0 for a lock).
+func (g *Guard) Capacity() uint32 { return g.capacity }
 
 // SessionID is the session that holds the grant.
 func (g *Guard) SessionID() uint64 { return g.session }

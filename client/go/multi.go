@@ -145,6 +145,9 @@ func (c *Client) AcquireAll(ctx context.Context, specs []Spec, o AcquireOptions)
 	if o.Shared {
 		return nil, invalidArgument("AcquireAll: say Shared in each Spec, not in the options")
 	}
+	if o.Capacity != 0 || o.Weight != 0 {
+		return nil, invalidArgument("AcquireAll takes locks: take semaphore permits with Acquire")
+	}
 	seen := make(map[string]bool, len(specs))
 	req := acquireAllRequest{Seq: 1}
 	for _, s := range specs {
@@ -354,7 +357,7 @@ func (g *Guard) Downgrade(ctx context.Context) error {
 	shared, fence, seq := g.shared, g.fence, g.nextSeq
 	g.nextSeq++
 	g.mu.Unlock()
-	if shared {
+	if shared || g.capacity != 0 {
 		return fmt.Errorf("raftlock: downgrade %q: only an exclusive lock can be downgraded", g.key)
 	}
 	if seq == 0 {
