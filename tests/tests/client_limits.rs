@@ -87,6 +87,7 @@ fn the_clients_check_the_clusters_limits() {
     let py = Client::new("client/python/src/raftlock/_core.py");
     let go = Client::new("client/go/raftlock.go");
     let go_multi = Client::new("client/go/multi.go");
+    let go_lock = Client::new("client/go/lock.go");
 
     let name = limits::MAX_NAME_LEN as f64;
     assert_eq!(number(&php.get("MAX_NAME_BYTES")), name, "PHP");
@@ -106,6 +107,7 @@ fn the_clients_check_the_clusters_limits() {
     let capacity = f64::from(limits::MAX_CAPACITY);
     assert_eq!(number(&php.get("MAX_CAPACITY")), capacity, "PHP");
     assert_eq!(number(&py.get("CAPACITY_MAX")), capacity, "Python");
+    assert_eq!(number(&go_lock.get("MaxCapacity")), capacity, "Go");
 
     let names = limits::MAX_NAMES_PER_REQUEST as f64;
     assert_eq!(number(&php.get("MAX_NAMES_PER_LOCK_ALL")), names, "PHP");
