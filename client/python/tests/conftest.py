@@ -5,6 +5,7 @@ ports in a temporary directory, stopped at the end. The binary comes from
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -129,6 +131,59 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def status(addr):
+    req = urllib.request.Request(f"http://{addr}/v1/cluster/Status", data=b"{}", method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=1) as r:
+        return json.load(r)
+
+
+class RunCluster:
+    """Three ``raftlockd run`` processes (one per node) on loopback, so that
+    one node can be killed alone."""
+
+    def __init__(self, dir):
+        self.dir = dir
+        base = free_run(3)
+        self.addrs = [f"127.0.0.1:{base + i}" for i in range(3)]
+        peers = ",".join(f"{i + 1}={a}" for i, a in enumerate(self.addrs))
+        self.procs = {}
+        for i, addr in enumerate(self.addrs):
+            args = [raftlockd(), "run", "--id", str(i + 1), "--listen", addr, "--data-dir", str(dir / f"node-{i + 1}"),
+                    "--insecure-peers"]
+            if i == 0:
+                args += ["--peers", peers, "--init"]
+            log = open(dir / f"node-{i + 1}.log", "w")
+            self.procs[addr] = subprocess.Popen(args, stdout=log, stderr=log)
+
+    def leader(self, among=None):
+        for a in among or self.addrs:
+            try:
+                s = status(a)
+            except OSError:
+                continue
+            if s.get("leader_addr") and s.get("leader_addr") in (among or self.addrs):
+                return s["leader_addr"]
+        return None
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """Waits until a leader is elected and every node knows it."""
+
+        def ready():
+            try:
+                return self.leader() and all(status(a).get("leader_addr") for a in self.addrs)
+            except OSError:
+                return False  # a node not listening yet
+
+        wait_for(ready, "a leader known to every node", timeout=timeout, every=0.1)
+
+    def stop(self):
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.kill()
+            p.wait()
 
 
 @pytest.fixture(scope="session")

@@ -1,65 +1,21 @@
 """A leader killed with SIGKILL under a held lock and a waiting acquire:
 three ``raftlockd run`` processes, so one can die."""
 
-import json
 import signal
-import subprocess
 import threading
-import time
-import urllib.request
 
 import pytest
 
 import raftlock
 
-from conftest import free_run, raftlockd, wait_for
-
-
-def status(addr):
-    req = urllib.request.Request(f"http://{addr}/v1/cluster/Status", data=b"{}", method="POST",
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=1) as r:
-        return json.load(r)
-
-
-class RunCluster:
-    def __init__(self, dir):
-        self.dir = dir
-        base = free_run(3)
-        self.addrs = [f"127.0.0.1:{base + i}" for i in range(3)]
-        peers = ",".join(f"{i + 1}={a}" for i, a in enumerate(self.addrs))
-        self.procs = {}
-        for i, addr in enumerate(self.addrs):
-            args = [raftlockd(), "run", "--id", str(i + 1), "--listen", addr, "--data-dir", str(dir / f"node-{i + 1}"),
-                    "--insecure-peers"]
-            if i == 0:
-                args += ["--peers", peers, "--init"]
-            log = open(dir / f"node-{i + 1}.log", "w")
-            self.procs[addr] = subprocess.Popen(args, stdout=log, stderr=log)
-
-    def leader(self, among=None):
-        for a in among or self.addrs:
-            try:
-                s = status(a)
-            except OSError:
-                continue
-            if s.get("leader_addr") and s.get("leader_addr") in (among or self.addrs):
-                return s["leader_addr"]
-        return None
-
-    def stop(self):
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.kill()
-            p.wait()
+from conftest import RunCluster, wait_for
 
 
 @pytest.fixture
 def run_cluster(tmp_path):
     c = RunCluster(tmp_path)
     try:
-        wait_for(lambda: c.leader() and all(status(a).get("leader_addr") for a in c.addrs), "a leader", timeout=30,
-                 every=0.1)
+        c.wait_ready()
         yield c
     finally:
         c.stop()
