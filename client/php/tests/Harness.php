@@ -117,7 +117,7 @@ final class Cluster
     }
 
     /** A base port with $n free ports from it. */
-    private static function freeBase(int $n): int
+    public static function freeBase(int $n): int
     {
         while (true) {
             $base = random_int(20000, 60000);
@@ -173,6 +173,143 @@ final class Cluster
             proc_close($this->proc);
         }
         exec('rm -rf '.escapeshellarg($this->dir));
+    }
+}
+
+/** What node $addr's Status answers, or null if it does not answer. */
+function nodeStatus(string $addr): ?array
+{
+    $ctx = stream_context_create(['http' => ['method' => 'POST', 'header' => "Content-Type: application/json\r\n", 'content' => '{}', 'ignore_errors' => true, 'timeout' => 2]]);
+    $s = json_decode((string) @file_get_contents("http://$addr/v1/cluster/Status", false, $ctx), true);
+
+    return \is_array($s) ? $s : null;
+}
+
+/**
+ * A three-node cluster of `raftlockd run` processes, one per node (on free
+ * loopback ports, in a temporary directory), so that one node can be
+ * killed alone and started again.
+ */
+final class NodeProcesses
+{
+    /** @var array<int, string> node id => address */
+    public array $nodes = [];
+    /** @var array<int, resource> node id => its process, while it runs */
+    private array $procs = [];
+    private string $dir = '';
+
+    public function __construct(int $n = 3)
+    {
+        $bin = raftlockd();
+        if (!is_executable($bin)) {
+            throw new \RuntimeException("no raftlockd at $bin (build it with `cargo build -p raftlock-node --bin raftlockd`, or set RAFTLOCKD)");
+        }
+        $last = '';
+        for ($try = 0; $try < 5; ++$try) {
+            $this->dir = sys_get_temp_dir().'/raftlock-php-nodes-'.bin2hex(random_bytes(6));
+            mkdir($this->dir);
+            $base = Cluster::freeBase($n);
+            $this->nodes = [];
+            foreach (range(1, $n) as $id) {
+                $this->nodes[$id] = '127.0.0.1:'.($base + $id - 1);
+            }
+            // Node 1 bootstraps: start it last, so that its first election
+            // finds its peers listening.
+            foreach (array_reverse(array_keys($this->nodes)) as $id) {
+                $this->start($id);
+            }
+            try {
+                $this->leaderId(30);
+
+                return;
+            } catch (TestFailure $e) {
+                // A port taken meanwhile, or a slow start: say why, try again.
+                $last = $e->getMessage().': '.$this->logs();
+                $this->stop();
+            }
+        }
+        throw new \RuntimeException("raftlockd run did not make a cluster: $last");
+    }
+
+    private function start(int $id): void
+    {
+        $peers = implode(',', array_map(fn ($i, $a) => "$i=$a", array_keys($this->nodes), $this->nodes));
+        $cmd = [raftlockd(), 'run', '--id', (string) $id, '--listen', $this->nodes[$id], '--data-dir', $this->dir."/node-$id",
+            '--peers', $peers, '--insecure-peers'];
+        if (1 === $id) {
+            $cmd[] = '--init';
+        }
+        $log = $this->dir."/node-$id.log";
+        $this->procs[$id] = proc_open($cmd, [0 => ['file', '/dev/null', 'r'], 1 => ['file', $log, 'a'], 2 => ['file', $log, 'a']], $pipes, null, ['RUST_LOG' => 'warn'] + getenv());
+    }
+
+    public function endpoints(): string
+    {
+        return implode(',', array_map(fn ($a) => "http://$a", $this->nodes));
+    }
+
+    /** The id of the node that says it is a working leader, polling the running nodes until one does. */
+    public function leaderId(float $within = 10): int
+    {
+        $leader = 0;
+        eventually($within, 'a node that leads', function () use (&$leader) {
+            foreach (array_keys($this->procs) as $id) {
+                if ('leader' === (nodeStatus($this->nodes[$id])['role'] ?? '')) {
+                    $leader = $id;
+
+                    return true;
+                }
+            }
+
+            return false;
+        });
+
+        return $leader;
+    }
+
+    /** Kills node $id's process (SIGKILL) and waits for it to end. */
+    public function kill(int $id): void
+    {
+        $proc = $this->procs[$id];
+        unset($this->procs[$id]);
+        proc_terminate($proc, 9);
+        eventually(10, "node $id's process to end", fn () => !proc_get_status($proc)['running']);
+        proc_close($proc);
+    }
+
+    /** Starts again every node that was killed, and waits for a leader. */
+    public function restartKilled(): void
+    {
+        $dead = array_diff(array_keys($this->nodes), array_keys($this->procs));
+        foreach ($dead as $id) {
+            $this->start($id);
+        }
+        if ($dead) {
+            $this->leaderId(30);
+        }
+    }
+
+    /** The tail of every node's log, for a failure's message. */
+    public function logs(): string
+    {
+        $out = [];
+        foreach (array_keys($this->nodes) as $id) {
+            $log = (string) @file_get_contents($this->dir."/node-$id.log");
+            $out[] = "node $id: ".substr($log, -2000);
+        }
+
+        return implode(' | ', $out);
+    }
+
+    /** Ends every node (SIGKILL: the cluster and its data are thrown away). */
+    public function stop(): void
+    {
+        foreach (array_keys($this->procs) as $id) {
+            $this->kill($id);
+        }
+        if ('' !== $this->dir) {
+            exec('rm -rf '.escapeshellarg($this->dir));
+        }
     }
 }
 
