@@ -11,6 +11,7 @@ namespace Raftlock\Tests;
 
 require __DIR__.'/../autoload.php';
 require __DIR__.'/Harness.php';
+require __DIR__.'/Scenarios.php';
 require_once __DIR__.'/../examples/LockManagerService.php';
 
 use Raftlock\Client;
@@ -612,6 +613,23 @@ function test_readme_fence_from_a_key(Cluster $cl): void
     checkSame(0, $status, 'exit status of the README block ('.implode(' | ', $out).')');
     check(1 === preg_match('/^[1-9][0-9]*$/', $out[0] ?? ''), 'an int fence: '.implode(' | ', $out));
     checkSame(['holders' => [], 'waiters' => []], queue(new Client($cl->endpoints()), 'invoice-42'), 'invoice-42 after the block');
+}
+
+// ---- client/scenarios.json, as client/scenarios.md says ----
+
+// Every scenario of the file the four clients share, in order, against a
+// cluster of its own: three `raftlockd run` processes (kill_leader kills
+// one of them).
+function test_scenarios(Cluster $unused): void
+{
+    $nodes = new NodeProcesses();
+    try {
+        (new ScenarioRunner($nodes))->runFile(\dirname(__DIR__, 2).'/scenarios.json', function (string $name, float $took): void {
+            printf("     scenario %s (%.2f s)\n", $name, $took);
+        });
+    } finally {
+        $nodes->stop();
+    }
 }
 
 // ---- the runner ----

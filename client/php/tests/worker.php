@@ -12,6 +12,7 @@ require_once __DIR__.'/../examples/LockManagerService.php';
 use Raftlock\Client;
 use Raftlock\Examples\LockManagerService;
 use Raftlock\Examples\UnacquiredLockException;
+use Raftlock\RaftlockException;
 use Raftlock\Symfony\RaftlockStore;
 use Symfony\Component\Lock\Key;
 use Symfony\Component\Lock\Lock;
@@ -70,6 +71,88 @@ switch ($mode) {
             $out('DONE');
         } catch (UnacquiredLockException $e) {
             $out('UNACQUIRED '.$e->getMessage());
+        }
+        break;
+    case 'scenario-lock':
+        // A lock of client/scenarios.json taken in the background
+        // (tests/Scenarios.php): ARG is {name, ttl_ms, timeout_ms (null:
+        // no timeout), mode, weight, capacity}. Prints its outcome as one
+        // JSON line; once granted it holds the lock, renewing it every
+        // third of its ttl (a renewal that answers false is the lost-lock
+        // notice, printed once), and answers the lines "keepalive" and
+        // "release" on stdin. At the end of stdin it releases and ends.
+        $s = json_decode($argv[3], true, 16, \JSON_THROW_ON_ERROR);
+        $say = static fn (array $m) => $out(json_encode($m, \JSON_THROW_ON_ERROR | \JSON_UNESCAPED_SLASHES | \JSON_UNESCAPED_UNICODE));
+        $error = static fn (\Throwable $e) => ['class' => \get_class($e), 'status' => $e instanceof RaftlockException ? $e->getStatus() : '', 'message' => $e->getMessage()];
+        $sent = microtime(true);
+        try {
+            $client = new Client($endpoints);
+            $r = $client->lock($s['name'], $s['ttl_ms'], $s['timeout_ms'], $s['mode'], $s['weight'], $s['capacity']);
+        } catch (\Throwable $e) {
+            $say(['event' => 'outcome', 'outcome' => 'error', 'elapsed_ms' => (int) round((microtime(true) - $sent) * 1000), 'error' => $error($e)]);
+            break;
+        }
+        $elapsed = (int) round((microtime(true) - $sent) * 1000);
+        if (!$r['acquired']) {
+            $say(['event' => 'outcome', 'outcome' => 'not_acquired', 'elapsed_ms' => $elapsed]);
+            break;
+        }
+        $session = $r['session_id'];
+        $say(['event' => 'outcome', 'outcome' => 'granted', 'elapsed_ms' => $elapsed, 'fence' => $r['fence'], 'session_id' => $session, 'ttl_ms' => $r['ttl_ms']]);
+        $every = ($r['ttl_ms'] ?: $s['ttl_ms']) / 3000;
+        $renewAt = $sent + $every;
+        $lost = false;
+        $renew = static function () use ($client, $session, &$lost, &$renewAt, $every): void {
+            $renewAt = microtime(true) + $every;
+            if (!$client->keepAlive($session)) {
+                $lost = true;
+            }
+        };
+        while (true) {
+            $read = [\STDIN];
+            $w = $x = null;
+            $left = $lost ? null : max(0.0, $renewAt - microtime(true));
+            if (0 === stream_select($read, $w, $x, null === $left ? null : (int) $left, null === $left ? null : (int) (fmod($left, 1.0) * 1e6))) {
+                try {
+                    $renew();
+                    if ($lost) {
+                        $say(['event' => 'lost']);
+                    }
+                } catch (\Throwable $e) {
+                    // A renewal that failed: the next one tries again.
+                }
+                continue;
+            }
+            $line = fgets(\STDIN);
+            if (false === $line) {
+                try {
+                    $client->unlock($session);
+                } catch (\Throwable $e) {
+                    // Its ttl ends it then.
+                }
+                break;
+            }
+            try {
+                switch (trim($line)) {
+                    case 'keepalive':
+                        $was = $lost;
+                        if (!$lost) {
+                            $renew();
+                        }
+                        $say(['event' => 'held', 'held' => !$lost]);
+                        if ($lost && !$was) {
+                            $say(['event' => 'lost']);
+                        }
+                        break;
+                    case 'release':
+                        $say(['event' => 'released', 'released' => $client->unlock($session)]);
+                        break 2;
+                    default:
+                        $say(['event' => 'error', 'error' => ['class' => '', 'status' => '', 'message' => 'unknown command: '.trim($line)]]);
+                }
+            } catch (\Throwable $e) {
+                $say(['event' => 'error', 'error' => $error($e)]);
+            }
         }
         break;
     default:
