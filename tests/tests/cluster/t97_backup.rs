@@ -208,3 +208,76 @@ async fn every_flipped_bit_of_a_backup_is_refused_as_corrupt() {
     old.shutdown().await;
     new.shutdown().await;
 }
+
+/// A backup larger than gRPC's default 4 MiB message (the node allows
+/// `MAX_BACKUP_BYTES`, 1 GiB) is taken by the client and restored whole:
+/// 1,200 held locks with 4 KiB values each (bytes that do not compress).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_backup_above_four_mebibytes_is_taken_and_restored() {
+    const LOCKS: usize = 1_200;
+    let old = TestCluster::start(3).await;
+    let client = old.client().await;
+    let session = client
+        .session(Duration::from_secs(600))
+        .await
+        .expect("session");
+    // A value of its own per lock, from a xorshift: the backup is
+    // compressed, and repeated bytes would shrink it far below 4 MiB.
+    let value = |i: usize| {
+        let mut x = 0x9e37_79b9_7f4a_7c15_u64 ^ (i as u64 + 1);
+        (0..raftlock_node::state::limits::MAX_VALUE_LEN)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect::<Vec<u8>>()
+    };
+    let mut tasks = tokio::task::JoinSet::new();
+    for worker in 0..8 {
+        let session = session.clone();
+        tasks.spawn(async move {
+            let mut guards = Vec::new();
+            for i in (worker..LOCKS).step_by(8) {
+                let name = format!("big/{i:05}");
+                guards.push(
+                    session
+                        .lock_with(&name, false, None, value(i))
+                        .await
+                        .expect("lock"),
+                );
+            }
+            guards
+        });
+    }
+    // Dropping a guard releases it: they are kept until the backup is taken.
+    let mut held = Vec::new();
+    while let Some(guards) = tasks.join_next().await {
+        held.extend(guards.expect("task"));
+    }
+    assert_eq!(held.len(), LOCKS);
+
+    let backup = client.backup().await.expect("a backup above 4 MiB");
+    println!("backup of {LOCKS} locks: {} bytes", backup.snapshot.len());
+    assert!(
+        backup.snapshot.len() > 4 << 20,
+        "{} bytes",
+        backup.snapshot.len()
+    );
+
+    let new = TestCluster::start(3).await;
+    let fresh = new.client().await;
+    fresh.restore(backup.snapshot).await.expect("restore");
+    let names = fresh
+        .list("big/")
+        .await
+        .expect("list")
+        .iter()
+        .filter(|l| {
+            let i: usize = l.name["big/".len()..].parse().expect("a number");
+            l.holders.len() == 1 && l.holders[0].value == value(i)
+        })
+        .count();
+    assert_eq!(names, LOCKS, "every held lock restored");
+}
