@@ -5,8 +5,6 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use raftlock_proto::v1 as pb;
-use raftlock_proto::v1::cluster_client::ClusterClient;
-use raftlock_proto::v1::locks_client::LocksClient;
 
 use crate::error::{Error, Result};
 use crate::keepalive;
@@ -156,7 +154,7 @@ impl Client {
             .transport
             .call(Kind::Write, attempt, deadline, |c| {
                 let req = req.clone();
-                async move { LocksClient::new(c).lock(req).await }
+                async move { crate::transport::locks_client(c).lock(req).await }
             })
             .await?
             .into_inner();
@@ -274,7 +272,7 @@ impl Client {
 
     /// The status of the node at `addr` (not necessarily the leader).
     pub async fn node_status(&self, addr: &str) -> Result<NodeStatus> {
-        let mut c = ClusterClient::new(self.transport.channel(addr)?);
+        let mut c = crate::transport::cluster_client(self.transport.channel(addr)?);
         let resp = tokio::time::timeout(
             self.options().request_timeout,
             c.status(pb::StatusRequest {}),

@@ -41,7 +41,6 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use raftlock_proto::v1 as pb;
-use raftlock_proto::v1::locks_client::LocksClient;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 use tokio_stream::wrappers::UnboundedReceiverStream;
@@ -467,7 +466,7 @@ async fn open(transport: &crate::transport::Transport, first: &Ask) -> Result<Op
         .call(Kind::Read, attempt, deadline, move |c: Conn| async move {
             let (out, rx) = mpsc::unbounded_channel();
             out.send(ask).expect("receiver held");
-            let mut inbound = LocksClient::new(c)
+            let mut inbound = crate::transport::locks_client(c)
                 .keep_alive(UnboundedReceiverStream::new(rx))
                 .await?
                 .into_inner();

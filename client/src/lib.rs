@@ -66,7 +66,7 @@ pub use keepalive::LeaseState;
 pub use raftlock_proto::backup;
 pub use raftlock_proto::v1 as proto;
 pub use session::{Semaphore, Session, SessionOptions, WAIT_FOREVER_MS};
-pub use transport::REFUSED_ROUNDS;
+pub use transport::{MAX_MESSAGE_BYTES, REFUSED_ROUNDS};
 pub use types::{
     Backup, EventKind, Fence, Holder, LockInfo, LockKind, LockMode, Member, NodeStatus, Restored,
     Role, SessionId, Waiter, WatchEvent, WatchStream,

@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use raftlock_proto::v1 as pb;
-use raftlock_proto::v1::locks_client::LocksClient;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -432,7 +431,7 @@ impl Session {
             .transport
             .call(Kind::Write, attempt, deadline, |c| {
                 let req = req.clone();
-                async move { LocksClient::new(c).acquire(req).await }
+                async move { crate::transport::locks_client(c).acquire(req).await }
             })
             .await;
         let resp = match result {
@@ -505,7 +504,7 @@ impl Session {
             .transport
             .call(Kind::Write, attempt, deadline, |c| {
                 let req = req.clone();
-                async move { LocksClient::new(c).upgrade(req).await }
+                async move { crate::transport::locks_client(c).upgrade(req).await }
             })
             .await;
         let resp = match result {
@@ -689,7 +688,7 @@ impl Session {
             .transport
             .call(Kind::Write, attempt, deadline, |c| {
                 let req = req.clone();
-                async move { LocksClient::new(c).acquire_all(req).await }
+                async move { crate::transport::locks_client(c).acquire_all(req).await }
             })
             .await;
         let resp = match result {

@@ -20,6 +20,26 @@ use tonic::{Code, Status};
 
 use crate::error::{Error, Result};
 
+/// The largest message the client sends or takes, either way: a node's own
+/// limit for its largest answer, a backup (`MAX_BACKUP_BYTES` in
+/// `raftlock-node`, 1 GiB). gRPC's default of 4 MiB would refuse a backup
+/// of about 29,000 held locks, or a `List` page of many large values.
+pub const MAX_MESSAGE_BYTES: usize = 1 << 30;
+
+/// A `Locks` stub on `c` with the client's message limits.
+pub(crate) fn locks_client(c: Conn) -> LocksClient<Conn> {
+    LocksClient::new(c)
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES)
+}
+
+/// A `Cluster` stub on `c` with the client's message limits.
+pub(crate) fn cluster_client(c: Conn) -> ClusterClient<Conn> {
+    ClusterClient::new(c)
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES)
+}
+
 /// Tuning for a [`Client`].
 #[derive(Clone, Debug)]
 pub struct ClientOptions {
@@ -812,7 +832,7 @@ impl Transport {
         let deadline = after(opts.retry_deadline);
         let mut f = f;
         self.call(kind, opts.request_timeout, deadline, move |c| {
-            f(LocksClient::new(c))
+            f(locks_client(c))
         })
         .await
     }
@@ -830,7 +850,7 @@ impl Transport {
     {
         let deadline = after(self.state.options.retry_deadline.max(timeout));
         let mut f = f;
-        self.call(kind, timeout, deadline, move |c| f(ClusterClient::new(c)))
+        self.call(kind, timeout, deadline, move |c| f(cluster_client(c)))
             .await
     }
 }

@@ -178,3 +178,13 @@ fn constants_are_read_in_each_language_form() {
     assert_eq!(go_ms(&declared(src, "t", "C")), 60_000.0);
     assert_eq!(go_ms(&declared(src, "t", "D")), 3_600_000.0);
 }
+
+/// The Rust client takes the largest answer a node sends: a backup of
+/// `MAX_BACKUP_BYTES`.
+#[test]
+fn the_rust_client_takes_the_largest_backup_a_node_sends() {
+    assert_eq!(
+        raftlock_client::MAX_MESSAGE_BYTES,
+        raftlock_node::node::MAX_BACKUP_BYTES
+    );
+}
