@@ -852,6 +852,50 @@ async fn members_transfer_leader_moves_the_leadership() {
     cluster.shutdown().await;
 }
 
+/// `raftlock members add --timeout SECS` waits that long for the new node
+/// to catch up: a node nothing answers for stays a learner, and the error
+/// says it replicated nothing and how long it was given.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn members_add_waits_as_long_as_its_timeout() {
+    let cluster = TestCluster::start(3).await;
+    let endpoints = cluster.addrs().join(",");
+    // A loopback port nothing listens on any more.
+    let silent = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").to_string()
+    };
+    let started = std::time::Instant::now();
+    let out = raftlock(&endpoints)
+        .args(["members", "add", "4", &silent, "--timeout", "2"])
+        .output()
+        .await
+        .expect("runs");
+    let took = started.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("did not catch up within 2.0 s") && stderr.contains("replicated nothing"),
+        "{stderr}"
+    );
+    println!("members add --timeout 2 gave up after {took:?}");
+    // Not the default 30 s catch-up wait.
+    assert!(took < Duration::from_secs(25), "{took:?}");
+    let out = raftlock(&endpoints)
+        .args(["members", "--json"])
+        .output()
+        .await
+        .expect("runs");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let four = v
+        .as_array()
+        .expect("members")
+        .iter()
+        .find(|m| m["id"] == 4)
+        .unwrap_or_else(|| panic!("node 4 stays a learner: {v}"));
+    assert_eq!(four["voter"], false, "{v}");
+    cluster.shutdown().await;
+}
+
 /// `raftlock session revoke ID` ends a holder's session: the next waiter
 /// gets the lock; a second revoke (and a bad id) exits non-zero saying why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
