@@ -331,14 +331,33 @@ impl Client {
         peer_addr: Option<&str>,
         learner_only: bool,
     ) -> Result<Vec<Member>> {
+        self.add_node_with(id, addr, peer_addr, learner_only, None)
+            .await
+    }
+
+    /// Like [`add_node_with_peer_addr`](Self::add_node_with_peer_addr),
+    /// with the time the leader gives the new node to catch up before it
+    /// promotes it (`None`: the node's default, 30 s). A node that has not
+    /// caught up by then stays a learner, and the call fails with
+    /// [`Error::FailedPrecondition`] saying how far it got.
+    pub async fn add_node_with(
+        &self,
+        id: u64,
+        addr: &str,
+        peer_addr: Option<&str>,
+        learner_only: bool,
+        catch_up: Option<Duration>,
+    ) -> Result<Vec<Member>> {
+        let catch_up_ms = catch_up.map_or(0, |d| (d.as_millis() as u64).max(1));
         let req = pb::AddNodeRequest {
             id,
             addr: addr.to_string(),
             peer_addr: peer_addr.unwrap_or_default().to_string(),
             learner_only,
-            catch_up_timeout_ms: 0,
+            catch_up_timeout_ms: catch_up_ms,
         };
-        let timeout = Duration::from_secs(60);
+        // The catch-up wait, then the promotion's commit.
+        let timeout = catch_up.unwrap_or(Duration::from_secs(30)) + Duration::from_secs(30);
         let resp = self
             .transport
             .cluster_call(Kind::Write, timeout, |mut c| {

@@ -864,6 +864,17 @@ async fn members_add_waits_as_long_as_its_timeout() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         l.local_addr().expect("addr").to_string()
     };
+    // Bad waits are refused before anything is sent.
+    for bad in ["0", "-1", "NaN", "inf", "86401", "soon"] {
+        let out = raftlock(&endpoints)
+            .args(["members", "add", "4", &silent, &format!("--timeout={bad}")])
+            .output()
+            .await
+            .expect("runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "--timeout {bad}: {stderr}");
+        assert!(stderr.contains("--timeout"), "--timeout {bad}: {stderr}");
+    }
     let started = std::time::Instant::now();
     let out = raftlock(&endpoints)
         .args(["members", "add", "4", &silent, "--timeout", "2"])
@@ -893,6 +904,16 @@ async fn members_add_waits_as_long_as_its_timeout() {
         .find(|m| m["id"] == 4)
         .unwrap_or_else(|| panic!("node 4 stays a learner: {v}"));
     assert_eq!(four["voter"], false, "{v}");
+    // The same add again waits again (the guide's way to promote a learner
+    // that was still catching up), rather than refusing a known member.
+    let out = raftlock(&endpoints)
+        .args(["members", "add", "4", &silent, "--timeout", "1"])
+        .output()
+        .await
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("did not catch up within 1.0 s"), "{stderr}");
     cluster.shutdown().await;
 }
 

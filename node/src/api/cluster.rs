@@ -57,12 +57,48 @@ impl Api {
         match outcome {
             Ok(true) => Ok(()),
             Ok(false) => Err(self.not_leader()),
-            Err(_) => Err(Error::FailedPrecondition(format!(
-                "node {id} at {addr} did not catch up within {:.1} s; it stays a learner \
-                 (not a voter): check that it runs and is reachable, then add it again or remove it",
-                timeout.as_secs_f64()
-            ))),
+            Err(_) => {
+                let matched = self
+                    .0
+                    .raft
+                    .metrics()
+                    .borrow_watched()
+                    .replication
+                    .as_ref()
+                    .and_then(|r| r.get(&id).copied().flatten())
+                    .map(|l| l.index);
+                Err(Error::FailedPrecondition(catch_up_refusal(
+                    id, addr, timeout, matched, index,
+                )))
+            }
         }
+    }
+}
+
+/// Why an added node was not promoted: it did not replicate the log up to
+/// `index` (its own addition) within `timeout`. A node that replicated
+/// nothing is likely down or unreachable; one that did is still catching
+/// up and may only need longer.
+fn catch_up_refusal(
+    id: NodeId,
+    addr: &str,
+    timeout: std::time::Duration,
+    matched: Option<u64>,
+    index: u64,
+) -> String {
+    let waited = timeout.as_secs_f64();
+    match matched {
+        None | Some(0) => format!(
+            "node {id} at {addr} did not catch up within {waited:.1} s and replicated nothing; \
+             it stays a learner (not a voter): check that it runs and is reachable, then add it \
+             again or remove it"
+        ),
+        Some(m) => format!(
+            "node {id} at {addr} did not catch up within {waited:.1} s: it is still catching up \
+             (it has the log up to index {m} of {index}); it stays a learner (not a voter) and \
+             goes on catching up: add it again with a longer wait (`raftlock members add \
+             --timeout SECS`) to promote it, or remove it"
+        ),
     }
 }
 
@@ -473,8 +509,28 @@ fn removal_committed(before: &StoredMembership, committed: &StoredMembership, id
 
 #[cfg(test)]
 mod tests {
-    use super::{removal_committed, valid_addr};
+    use super::{catch_up_refusal, removal_committed, valid_addr};
     use crate::raft::{log_id, NodeAddrs, StoredMembership};
+
+    /// The refusal says whether the node replicated anything: nothing
+    /// points at a dead or unreachable node, some at a slow catch-up that a
+    /// longer wait (`members add --timeout`) would finish.
+    #[test]
+    fn a_catch_up_refusal_tells_a_silent_node_from_a_slow_one() {
+        let wait = std::time::Duration::from_millis(2_500);
+        for silent in [None, Some(0)] {
+            let m = catch_up_refusal(4, "10.0.0.4:7101", wait, silent, 90);
+            assert!(m.contains("within 2.5 s and replicated nothing"), "{m}");
+            assert!(m.contains("check that it runs and is reachable"), "{m}");
+        }
+        let m = catch_up_refusal(4, "10.0.0.4:7101", wait, Some(40), 90);
+        assert!(
+            m.contains("still catching up (it has the log up to index 40 of 90)"),
+            "{m}"
+        );
+        assert!(m.contains("--timeout"), "{m}");
+        assert!(!m.contains("reachable"), "{m}");
+    }
 
     fn membership(index: u64, voters: &[u64]) -> StoredMembership {
         let nodes = voters

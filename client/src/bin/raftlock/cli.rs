@@ -202,6 +202,12 @@ pub enum MembersCmd {
         /// Its peer address host:port, if it runs with --peer-listen.
         #[arg(long)]
         peer_addr: Option<String>,
+        /// How many seconds the leader waits for the new node to catch up
+        /// (replicate the log up to its own addition) before promoting it
+        /// (default 30; a node joining a large cluster may need more). If
+        /// it has not caught up by then it stays a learner.
+        #[arg(long, value_parser = catch_up_secs)]
+        timeout: Option<std::time::Duration>,
     },
     /// Remove node ID.
     Remove {
@@ -248,4 +254,20 @@ pub fn tls_options(cli: &Cli) -> Result<Option<raftlock_client::ClientTls>, Erro
             }))
         }
     }
+}
+
+/// The longest catch-up wait `members add --timeout` takes: a day.
+pub const MAX_CATCH_UP_SECS: f64 = 86_400.0;
+
+/// A catch-up wait in seconds: more than 0, at most [`MAX_CATCH_UP_SECS`].
+fn catch_up_secs(s: &str) -> Result<std::time::Duration, String> {
+    let secs: f64 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    if !(secs > 0.0 && secs <= MAX_CATCH_UP_SECS) {
+        return Err(format!(
+            "the catch-up wait must be more than 0 and at most {MAX_CATCH_UP_SECS} s, got {s}"
+        ));
+    }
+    Ok(std::time::Duration::from_secs_f64(secs))
 }

@@ -257,9 +257,10 @@ async fn run(client: Client, cmd: Cmd) -> Result<u8, Error> {
                     id,
                     addr,
                     peer_addr,
+                    timeout,
                 } => {
                     client
-                        .add_node_with_peer_addr(id, &addr, peer_addr.as_deref(), false)
+                        .add_node_with(id, &addr, peer_addr.as_deref(), false, timeout)
                         .await?
                 }
                 MembersCmd::Remove { id } => client.remove_node(id).await?,
