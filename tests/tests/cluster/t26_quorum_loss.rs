@@ -82,3 +82,63 @@ async fn a_write_fails_fast_when_the_leader_loses_its_quorum() {
     }
     cluster.shutdown().await;
 }
+
+/// A leader that has lost its quorum exports no leader
+/// (`raftlock_leader_id 0`, `raftlock_is_leader 0`), so the
+/// `RaftlockNodeWithoutLeader` alert fires on it as on an isolated
+/// follower; with its quorum back it exports itself again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_leader_without_its_quorum_exports_no_leader() {
+    let mut cluster = TestCluster::start(3).await;
+    let leader = cluster.wait_for_leader().await;
+    let metrics = cluster.metrics_addr(leader);
+    let gauges = |text: &str| {
+        let value = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        };
+        (value("raftlock_is_leader"), value("raftlock_leader_id"))
+    };
+    let scrape = || {
+        let metrics = metrics.clone();
+        async move {
+            raftlock_testkit::http(&metrics, "GET", "/metrics", &[])
+                .await
+                .map(|(_, text)| text)
+        }
+    };
+    let text = scrape().await.expect("metrics");
+    assert_eq!(gauges(&text), (Some(1), Some(leader)), "{text}");
+    let followers: Vec<u64> = cluster
+        .running()
+        .into_iter()
+        .filter(|id| *id != leader)
+        .collect();
+    for id in &followers {
+        cluster.kill(*id).await;
+    }
+    raftlock_testkit::eventually(
+        "the leader without its quorum to export no leader",
+        Duration::from_secs(30),
+        || async {
+            let text = scrape().await?;
+            (gauges(&text) == (Some(0), Some(0))).then_some(())
+        },
+    )
+    .await;
+    for id in &followers {
+        cluster.restart(*id).await;
+    }
+    raftlock_testkit::eventually(
+        "a leader to be exported again",
+        Duration::from_secs(60),
+        || async {
+            let text = scrape().await?;
+            let (_, id) = gauges(&text);
+            id.filter(|id| *id != 0).map(|_| ())
+        },
+    )
+    .await;
+    cluster.shutdown().await;
+}
