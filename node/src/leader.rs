@@ -265,6 +265,27 @@ impl Leadership {
             Some((Instant::now(), quorum_lost));
     }
 
+    /// The leader `/metrics` exports (`raftlock_leader_id`; 0: none): the
+    /// one `view` knows, unless it cannot commit: this node leads without
+    /// its quorum, or its leader's last message said that leader had lost
+    /// its own (see `RaftMessage.leader_quorum_lost`).
+    pub fn exported_leader(&self, view: &View) -> u64 {
+        let leader_lost_quorum = self
+            .leader_contact
+            .lock()
+            .expect("contact lock poisoned")
+            .is_some_and(|(_, lost)| lost);
+        let without_quorum = match view.role {
+            Role::Leader => view.quorum_lost,
+            _ => leader_lost_quorum,
+        };
+        if without_quorum {
+            0
+        } else {
+            view.leader.unwrap_or(0)
+        }
+    }
+
     /// Whether no message of a leader has been taken for `quiet` (or none
     /// ever since this node started).
     pub fn no_leader_contact_for(&self, quiet: Duration) -> bool {

@@ -1148,7 +1148,7 @@ fn gauges(raft: &Raft, shared: &Shared, leadership: &Leadership) -> crate::metri
     crate::metrics::Gauges {
         term: view.term,
         is_leader: view.working_leader(),
-        leader_id: view.leader.unwrap_or(0),
+        leader_id: leadership.exported_leader(&view),
         commit_index: shared.committed.load(std::sync::atomic::Ordering::Relaxed),
         applied_index: m.last_applied.map_or(0, |l| l.index),
         last_log_index: m.last_log_index.unwrap_or(0),

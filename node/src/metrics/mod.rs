@@ -607,7 +607,7 @@ impl Metrics {
         );
         gauge(
             "raftlock_leader_id",
-            "Id of the leader this node knows (0: none).",
+            "Id of the leader this node knows (0: none, or one without its quorum).",
             g.leader_id,
         );
         gauge(
