@@ -273,10 +273,26 @@ async fn a_follower_of_a_leader_without_a_quorum_stops_saying_serving() {
         .ready()
         .expect_err("the follower is not ready");
     assert!(why.contains("heard from no quorum"), "{why}");
+    // Both export no leader (`raftlock_leader_id` 0), though the follower
+    // still knows the leader it hears.
+    let exported = |id: u64| {
+        let l = &cluster.node(id).leadership;
+        (l.view().leader, l.exported_leader(&l.view()))
+    };
+    eventually("the minority to export no leader", WAIT, || {
+        let both = (exported(leader), exported(follower));
+        async move { (both.0 .1 == 0 && both.1 == (Some(leader), 0)).then_some(()) }
+    })
+    .await;
     cluster.heal();
     eventually("the follower to say SERVING again", WAIT, || {
         let s = serving(follower);
         async move { (s.await == Some(true)).then_some(()) }
+    })
+    .await;
+    eventually("the follower to export a leader again", WAIT, || {
+        let (_, id) = exported(follower);
+        async move { (id != 0).then_some(()) }
     })
     .await;
 }
