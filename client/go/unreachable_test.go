@@ -2,6 +2,7 @@ package raftlock
 
 import (
 	"context"
+	"errors"
 	"net"
 	"strings"
 	"testing"
@@ -32,6 +33,9 @@ func TestRefusedAndUnresolvableEndpointsFailFast(t *testing.T) {
 		t.Logf("%s: gave up after %v: %v", eps, took, err)
 		if !IsCode(err, "UNAVAILABLE") || !strings.Contains(err.Error(), "no node accepts connections") {
 			t.Fatalf("%s: want UNAVAILABLE, no node accepts connections; got %v", eps, err)
+		}
+		if !errors.Is(err, ErrUnreachable) {
+			t.Fatalf("%s: want an error that is ErrUnreachable; got %v", eps, err)
 		}
 		if strings.Contains(eps, "invalid") && !strings.Contains(err.Error(), "no-such-host.invalid:7101: the name does not resolve") {
 			t.Fatalf("%s: the error names the endpoint and why: %v", eps, err)
