@@ -581,7 +581,6 @@ func acquire(ctx context.Context, a *scenarioActorState, key string, o AcquireOp
 // when it is none of them.
 func lockOutcome(res lockResult, timed, cancelled bool) string {
 	err := res.err
-	var e *Error
 	switch {
 	case res.safety:
 		return ""
@@ -595,7 +594,7 @@ func lockOutcome(res lockResult, timed, cancelled bool) string {
 		return "cancelled"
 	case IsCode(err, "INVALID_ARGUMENT"):
 		return "invalid_argument"
-	case errors.As(err, &e) && e.Code == "UNAVAILABLE" && e.HTTPStatus == 0 && strings.Contains(e.Message, "no node accepts connections"):
+	case errors.Is(err, ErrUnreachable):
 		return "unreachable"
 	}
 	return ""

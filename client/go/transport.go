@@ -28,10 +28,26 @@ type Error struct {
 	Code       string
 	Message    string
 	HTTPStatus int
+	// unreachable: every endpoint refused the connection or did not
+	// resolve, round after round; nothing was sent (see ErrUnreachable).
+	unreachable bool
 }
+
+// ErrUnreachable is what errors.Is finds in the UNAVAILABLE error of a
+// request that no node could be asked: every endpoint refused the
+// connection or its name did not resolve, three rounds in a row. Nothing
+// was sent, so nothing changed; the endpoints or the cluster are down or
+// wrong. A request that reached nodes but found no leader within
+// RetryTimeout is UNAVAILABLE without it.
+var ErrUnreachable = errors.New("raftlock: no node accepts connections")
 
 func (e *Error) Error() string {
 	return "raftlock: " + e.Code + ": " + e.Message
+}
+
+// Is reports whether e is ErrUnreachable's case (for errors.Is).
+func (e *Error) Is(target error) bool {
+	return target == ErrUnreachable && e.unreachable
 }
 
 // IsCode reports whether err is an *Error with the given code.
@@ -195,7 +211,7 @@ func (c *Client) call(ctx context.Context, rpc string, in, out interface{}, atte
 				for _, base := range order {
 					parts = append(parts, base+": "+failures[base])
 				}
-				return &Error{Code: "UNAVAILABLE", Message: fmt.Sprintf("no node accepts connections (each refused or did not resolve every attempt): %s", strings.Join(parts, "; "))}
+				return &Error{Code: "UNAVAILABLE", Message: fmt.Sprintf("no node accepts connections (each refused or did not resolve every attempt): %s", strings.Join(parts, "; ")), unreachable: true}
 			}
 		} else {
 			for k := range hopeless {

@@ -45,3 +45,15 @@ func TestRefusedAndUnresolvableEndpointsFailFast(t *testing.T) {
 		}
 	}
 }
+
+// Only the client's own "nothing was sent" error is ErrUnreachable: a
+// node's UNAVAILABLE answer (no leader, a leader without its quorum) is not.
+func TestOnlyTheUnsentErrorIsUnreachable(t *testing.T) {
+	answered := &Error{Code: "UNAVAILABLE", Message: "no leader", HTTPStatus: 503}
+	if errors.Is(answered, ErrUnreachable) {
+		t.Fatalf("a node's answer is not ErrUnreachable: %v", answered)
+	}
+	if errors.Is(errors.New("raftlock: no node accepts connections"), ErrUnreachable) {
+		t.Fatal("an error with the same text is not ErrUnreachable")
+	}
+}
