@@ -201,8 +201,10 @@ def test_a_read_that_times_out_is_unavailable_not_unknown():
 
 def test_the_backoff_never_sleeps_past_the_deadline():
     at = core.Attempts(core.Endpoints(["a:1"]), write=False, deadline=core.now() + 0.001)
-    with pytest.raises(raftlock.Unavailable):
+    with pytest.raises(raftlock.Unavailable) as raised:
         at.failed("a:1", FakeStatus(grpc.StatusCode.UNAVAILABLE, "no leader"))
+    # Nodes answered: not the "no node could be asked" error.
+    assert not isinstance(raised.value, raftlock.Unreachable)
 
 
 def test_refusals_of_every_endpoint_give_up_at_once():
@@ -212,7 +214,7 @@ def test_refusals_of_every_endpoint_give_up_at_once():
         at.failed("a:1", refused)
         at.failed("b:1", refused)
     at.failed("a:1", refused)
-    with pytest.raises(raftlock.Unavailable, match="no node accepts connections"):
+    with pytest.raises(raftlock.Unreachable, match="no node accepts connections"):
         at.failed("b:1", refused)
     assert not at.sent
 
@@ -228,7 +230,7 @@ def test_an_unresolvable_endpoint_gives_up_at_once_and_nothing_was_sent():
     )
     for _ in range(core.REFUSED_ROUNDS - 1):
         at.failed("no-such-host.invalid:1", unresolved)
-    with pytest.raises(raftlock.Unavailable, match="no node accepts connections"):
+    with pytest.raises(raftlock.Unreachable, match="no node accepts connections"):
         at.failed("no-such-host.invalid:1", unresolved)
     assert not at.sent
 

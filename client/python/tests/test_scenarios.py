@@ -135,7 +135,7 @@ def outcome_of(error: BaseException) -> str:
         return "not_acquired"
     if isinstance(error, raftlock.InvalidArgument):
         return "invalid_argument"
-    if isinstance(error, raftlock.Unavailable):
+    if isinstance(error, raftlock.Unreachable):
         return "unreachable"
     if isinstance(error, asyncio.CancelledError):
         return "cancelled"
