@@ -42,6 +42,7 @@ from .errors import (
     SessionNotFound,
     Unauthenticated,
     Unavailable,
+    Unreachable,
 )
 
 __all__ = [
@@ -73,5 +74,6 @@ __all__ = [
     "SessionNotFound",
     "Unauthenticated",
     "Unavailable",
+    "Unreachable",
     "Waiter",
 ]

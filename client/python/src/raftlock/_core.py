@@ -459,7 +459,7 @@ class Attempts:
             self.hops = 0
             self.endpoints.forget(addr)
             if all(self.refusals.get(e, 0) >= REFUSED_ROUNDS for e in self.endpoints.all):
-                raise errors.Unavailable(
+                raise errors.Unreachable(
                     "no node accepts connections (each refused or did not resolve every attempt): " + self.summary()
                 )
             return self.pause()

@@ -96,6 +96,13 @@ class Unavailable(RaftlockError):
     code = "UNAVAILABLE"
 
 
+class Unreachable(Unavailable):
+    """No node could be asked: every endpoint refused the connection or its
+    name did not resolve, three rounds in a row. Nothing was sent; the
+    endpoints or the cluster are down or wrong. (Nodes that answered but had
+    no leader give :class:`Unavailable` itself.)"""
+
+
 class OutcomeUnknown(RaftlockError):
     """A write was sent but its answer never came (a timeout, a dropped
     connection, a leader change): it may or may not have been applied. An
