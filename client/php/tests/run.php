@@ -474,6 +474,9 @@ function test_no_node_answering_gives_up_naming_the_nodes(Cluster $cl): void
     $took = microtime(true) - $started;
     check($took < 12.0, "gave up after $took s, not at once");
     checkSame('UNAVAILABLE', $e->getStatus(), 'status');
+    check($e->isUnreachable(), 'nothing was sent: isUnreachable()');
+    // A node's own UNAVAILABLE (no leader) is not.
+    check(!(new RaftlockException('UNAVAILABLE', 'no leader', 503))->isUnreachable(), 'an answer is not unreachable');
     $lock = (new LockFactory(new RaftlockStore($c)))->createLock(name('down'));
     checkThrows(LockAcquiringException::class, 'Failed to acquire', fn () => $lock->acquire());
 }
