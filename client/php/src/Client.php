@@ -452,7 +452,7 @@ final class Client
                     foreach ($failures as $node => $what) {
                         $parts[] = "$node: $what";
                     }
-                    throw new RaftlockException('UNAVAILABLE', 'no node accepts connections (each refused or did not resolve every attempt): '.implode('; ', $parts));
+                    throw new RaftlockException('UNAVAILABLE', 'no node accepts connections (each refused or did not resolve every attempt): '.implode('; ', $parts), 0, null, true);
                 }
                 $target = $this->forget($target);
                 ++$failed;

@@ -17,12 +17,25 @@ final class RaftlockException extends \RuntimeException
 {
     private string $status;
     private int $httpStatus;
+    private bool $unreachable;
 
-    public function __construct(string $status, string $message, int $httpStatus = 0, ?\Throwable $previous = null)
+    public function __construct(string $status, string $message, int $httpStatus = 0, ?\Throwable $previous = null, bool $unreachable = false)
     {
         parent::__construct("raftlock: $status: $message", 0, $previous);
         $this->status = $status;
         $this->httpStatus = $httpStatus;
+        $this->unreachable = $unreachable;
+    }
+
+    /**
+     * True only for the client's UNAVAILABLE when no node could be asked:
+     * every endpoint refused the connection or did not resolve, round after
+     * round, so nothing was sent. A node's own UNAVAILABLE answer (no
+     * leader) is false.
+     */
+    public function isUnreachable(): bool
+    {
+        return $this->unreachable;
     }
 
     public function getStatus(): string

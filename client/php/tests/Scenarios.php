@@ -166,7 +166,7 @@ final class LockChild
             return ['outcome' => 'cancelled'];
         }
         if ($this->ended) {
-            return ['outcome' => 'error', 'error' => ['class' => '', 'status' => '', 'message' => 'the child process ended without an outcome']];
+            return ['outcome' => 'error', 'error' => ['class' => '', 'status' => '', 'message' => 'the child process ended without an outcome', 'unreachable' => false]];
         }
 
         return null;
@@ -306,10 +306,10 @@ final class Grant
 /** An error as the child reports it: class, status (a RaftlockException's) and message. */
 function errorOf(\Throwable $e): array
 {
-    return ['class' => \get_class($e), 'status' => $e instanceof RaftlockException ? $e->getStatus() : '', 'message' => $e->getMessage()];
+    return ['class' => \get_class($e), 'status' => $e instanceof RaftlockException ? $e->getStatus() : '', 'message' => $e->getMessage(), 'unreachable' => $e instanceof RaftlockException && $e->isUnreachable()];
 }
 
-/** @param array{class: string, status: string, message: string} $e */
+/** @param array{class: string, status: string, message: string, unreachable: bool} $e */
 function describeError(array $e): string
 {
     return trim($e['class'].('' !== $e['status'] ? ' '.$e['status'] : '').': '.$e['message']);
@@ -322,7 +322,7 @@ function describeError(array $e): string
  * accepted a connection: each refused or did not resolve), or null for
  * any other error.
  *
- * @param array{class: string, status: string, message: string} $e
+ * @param array{class: string, status: string, message: string, unreachable: bool} $e
  */
 function outcomeOfError(array $e): ?string
 {
@@ -330,7 +330,7 @@ function outcomeOfError(array $e): ?string
     if (is_a($e['class'], \InvalidArgumentException::class, true) || ($raftlock && 'INVALID_ARGUMENT' === $e['status'])) {
         return 'invalid_argument';
     }
-    if ($raftlock && 'UNAVAILABLE' === $e['status'] && str_contains($e['message'], 'no node accepts connections')) {
+    if ($raftlock && ($e['unreachable'] ?? false)) {
         return 'unreachable';
     }
 

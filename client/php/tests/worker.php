@@ -83,7 +83,7 @@ switch ($mode) {
         // "release" on stdin. At the end of stdin it releases and ends.
         $s = json_decode($argv[3], true, 16, \JSON_THROW_ON_ERROR);
         $say = static fn (array $m) => $out(json_encode($m, \JSON_THROW_ON_ERROR | \JSON_UNESCAPED_SLASHES | \JSON_UNESCAPED_UNICODE));
-        $error = static fn (\Throwable $e) => ['class' => \get_class($e), 'status' => $e instanceof RaftlockException ? $e->getStatus() : '', 'message' => $e->getMessage()];
+        $error = static fn (\Throwable $e) => ['class' => \get_class($e), 'status' => $e instanceof RaftlockException ? $e->getStatus() : '', 'message' => $e->getMessage(), 'unreachable' => $e instanceof RaftlockException && $e->isUnreachable()];
         $sent = microtime(true);
         try {
             $client = new Client($endpoints);
@@ -148,7 +148,7 @@ switch ($mode) {
                         $say(['event' => 'released', 'released' => $client->unlock($session)]);
                         break 2;
                     default:
-                        $say(['event' => 'error', 'error' => ['class' => '', 'status' => '', 'message' => 'unknown command: '.trim($line)]]);
+                        $say(['event' => 'error', 'error' => ['class' => '', 'status' => '', 'message' => 'unknown command: '.trim($line), 'unreachable' => false]]);
                 }
             } catch (\Throwable $e) {
                 $say(['event' => 'error', 'error' => $error($e)]);
