@@ -100,6 +100,20 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 mod tests {
     use super::*;
 
+    /// Only the client's own "no node could be asked" is unreachable: a
+    /// node's UNAVAILABLE answer (no leader, no quorum) is not, whatever
+    /// it says.
+    #[test]
+    fn only_the_unsent_unavailable_is_unreachable() {
+        for answered in [
+            Error::from_status(&Status::unavailable("not the leader"), true),
+            Error::from_status(&Status::unavailable("no node accepts connections"), false),
+            Error::Unavailable("no leader within 15 s".into()),
+        ] {
+            assert!(!answered.is_unreachable(), "{answered:?}");
+        }
+    }
+
     #[test]
     fn statuses_map_to_meaningful_errors() {
         assert_eq!(

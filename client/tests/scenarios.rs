@@ -56,9 +56,7 @@ fn outcome(r: Result<Guard, Error>) -> Outcome {
         Err(Error::InvalidArgument(m)) => Outcome::InvalidArgument(m),
         // Nothing was sent: every node refused the connection or its name
         // did not resolve.
-        Err(Error::Unavailable(m)) if m.contains("refused") || m.contains("does not resolve") => {
-            Outcome::Unreachable(m)
-        }
+        Err(e) if e.is_unreachable() => Outcome::Unreachable(e.to_string()),
         Err(e) => Outcome::Other(e),
     }
 }
