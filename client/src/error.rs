@@ -36,6 +36,15 @@ pub enum Error {
     /// not applied.
     #[error("unavailable: {0}")]
     Unavailable(String),
+    /// No node could be asked: every endpoint refused the connection, did
+    /// not resolve, or failed the TLS handshake, [`REFUSED_ROUNDS`] times in
+    /// a row. Nothing was sent, so nothing changed; the endpoints, the
+    /// network or the cluster are down or wrong. (Nodes that answered but
+    /// could not serve give [`Error::Unavailable`].)
+    ///
+    /// [`REFUSED_ROUNDS`]: crate::REFUSED_ROUNDS
+    #[error("unreachable: {0}")]
+    Unreachable(String),
     /// The request may or may not have been applied (the deadline passed
     /// after it was sent). Retrying with the same session and sequence
     /// number is safe and tells which.
@@ -63,8 +72,17 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            Error::Unavailable(_) | Error::Unknown(_) | Error::ResourceExhausted(_)
+            Error::Unavailable(_)
+                | Error::Unreachable(_)
+                | Error::Unknown(_)
+                | Error::ResourceExhausted(_)
         )
+    }
+
+    /// True for [`Error::Unreachable`]: no node could be asked, nothing was
+    /// sent.
+    pub fn is_unreachable(&self) -> bool {
+        matches!(self, Error::Unreachable(_))
     }
 
     /// Maps a status to an error. `sent` says whether a mutating request

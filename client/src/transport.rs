@@ -789,7 +789,7 @@ impl Transport {
         } else {
             "each"
         };
-        Some(Error::Unavailable(if tls {
+        Some(Error::Unreachable(if tls {
             format!(
                 "no node could be used: TLS stands in the way ({each} failed every attempt): {}",
                 tried.summary()
