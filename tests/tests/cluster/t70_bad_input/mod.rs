@@ -378,29 +378,44 @@ async fn bad_requests_get_documented_codes_and_change_nothing() {
     // 299 writes at once: on a busy machine the leader can lose its quorum
     // for a moment while some are pending; those are answered
     // DEADLINE_EXCEEDED (outcome unknown) and retried with the same seq,
-    // as the proto says.
+    // as the proto says. By the time such a retry arrives, the later
+    // sequence numbers may have pushed it out of the remembered window:
+    // then it is refused as too old, the very rule checked below.
     let window: Vec<_> = (2..=300)
         .map(|seq| {
             let mut locks = locks.clone();
             async move {
                 let deadline = std::time::Instant::now() + Duration::from_secs(30);
+                let mut retried = false;
                 loop {
                     match locks.release(release(u, seq, "bad/nothing", 1)).await {
                         Err(s)
                             if s.code() == Code::DeadlineExceeded
                                 && std::time::Instant::now() < deadline =>
                         {
+                            retried = true;
                             tokio::time::sleep(Duration::from_millis(50)).await;
                         }
-                        answer => break answer,
+                        answer => break (retried, answer),
                     }
                 }
             }
         })
         .collect();
-    for r in futures::future::join_all(window).await {
-        assert!(!r.expect("release").into_inner().released);
+    let mut too_old = 0;
+    for (retried, r) in futures::future::join_all(window).await {
+        match r {
+            Err(s)
+                if retried
+                    && s.code() == Code::FailedPrecondition
+                    && s.message().contains("older than the remembered window") =>
+            {
+                too_old += 1;
+            }
+            r => assert!(!r.expect("release").into_inner().released),
+        }
     }
+    println!("{too_old} of 299 retried writes came back after the window had moved on");
     let replay = locks
         .release(release(u, 300, "bad/nothing", 1))
         .await
