@@ -640,3 +640,30 @@ func TestLeaderKilledWhileHoldingAndWaiting(t *testing.T) {
 	}
 	g.Release()
 }
+
+// A released guard is not valid: the holder stops believing when it sends
+// the release (README, the lease rule), not when the lease it counted runs
+// out.
+func TestAReleasedGuardIsNotValid(t *testing.T) {
+	cl := shared(t)
+	c := newClient(t, cl.endpoints(), Options{})
+	ctx := ctxFor(t, 30*time.Second)
+	g, err := c.Acquire(ctx, key(t), AcquireOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !g.Valid() {
+		t.Fatal("a fresh grant is valid")
+	}
+	if err := g.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if g.Valid() {
+		t.Fatalf("valid after Unlock (the count ran to %v)", g.LeaseEnd())
+	}
+	select {
+	case <-g.Lost():
+		t.Fatal("Lost is never closed by a release")
+	default:
+	}
+}
