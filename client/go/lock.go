@@ -353,6 +353,7 @@ type Guard struct {
 	leaseEnd time.Time // lastSent + ttl - margin
 	isLost   bool
 	lost     chan struct{} // closed when isLost becomes true
+	released bool          // Unlock or Release was called: the holder no longer believes
 
 	release    sync.Once
 	releaseErr error
@@ -400,11 +401,12 @@ func (g *Guard) Lost() <-chan struct{} { return g.lost }
 
 // Valid reports, at the moment it is called, whether the lease still
 // holds by the client's conservative count (it never lags a pause: a
-// process resumed after its lease ran out sees false at once).
+// process resumed after its lease ran out sees false at once). It is false
+// from the moment Unlock or Release is called.
 func (g *Guard) Valid() bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return !g.isLost && time.Now().Before(g.leaseEnd)
+	return !g.isLost && !g.released && time.Now().Before(g.leaseEnd)
 }
 
 // LeaseEnd is when the client's count of the lease ends (the send time of
@@ -539,6 +541,10 @@ func (g *Guard) Release() {
 // does anything; later ones return its error.
 func (g *Guard) Unlock(ctx context.Context) error {
 	g.release.Do(func() {
+		// The holder stops believing before the release is sent.
+		g.mu.Lock()
+		g.released = true
+		g.mu.Unlock()
 		g.stop()
 		<-g.done
 		g.releaseErr = g.unlock(ctx)

@@ -461,7 +461,8 @@ func (r *scenarioRun) step(st scenarioStep) error {
 			lost = true
 		default:
 		}
-		held := !g.released && !lost && g.guard.Valid()
+		// What the client believes: Valid() is false once lost or released.
+		held := g.guard.Valid()
 		if held != st.want {
 			return fmt.Errorf("held %v (released %v, Lost closed %v, Valid %v, lease end in %v)",
 				held, g.released, lost, g.guard.Valid(), time.Until(g.guard.LeaseEnd()).Round(time.Millisecond))
