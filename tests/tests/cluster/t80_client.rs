@@ -275,3 +275,56 @@ async fn election_campaign_observe_resign() {
     b.resign().await.expect("resign");
     cluster.shutdown().await;
 }
+
+/// A holder stops believing when it sends the release: a release that
+/// failed (here: no node reachable) leaves `is_held()` false, though the
+/// guard can still be released again, and the retry releases it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failed_release_ends_the_holders_belief_and_can_be_retried() {
+    let mut cluster = TestCluster::start(3).await;
+    let client = raftlock_client::Client::with_options(
+        cluster.addrs(),
+        raftlock_client::ClientOptions {
+            retry_deadline: Duration::from_secs(1),
+            ..Default::default()
+        },
+    )
+    .expect("client");
+    let session = client
+        .session(Duration::from_secs(60))
+        .await
+        .expect("session");
+    let g = session.lock("release/fails").await.expect("lock");
+    assert!(g.is_held());
+    let ids = cluster.running();
+    for id in &ids {
+        cluster.kill(*id).await;
+    }
+    let failed = g.release().await.expect_err("no node to release at");
+    println!("the release failed: {failed}");
+    assert!(session.is_valid(), "the lease view outlives the attempt");
+    assert!(
+        !g.is_held(),
+        "still believed held after its release was sent"
+    );
+    for id in &ids {
+        cluster.restart(*id).await;
+    }
+    cluster.wait_for_leader().await;
+    let released = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            match g.release().await {
+                Ok(r) => break r,
+                Err(e) => {
+                    println!("release again: {e}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+    })
+    .await
+    .expect("the retried release is answered");
+    assert!(released, "the retry released the grant");
+    assert!(!g.is_held());
+    cluster.shutdown().await;
+}
