@@ -33,6 +33,11 @@ struct GuardInner {
     mode: Mode,
     value: Vec<u8>,
     released: AtomicBool,
+    /// A release was sent (or tried): from then on the holder does not
+    /// believe it holds, even if that release failed and `released` was
+    /// reset for a retry (its outcome may be unknown: applied, and the
+    /// name granted to another).
+    release_started: AtomicBool,
 }
 
 /// A held lock or set of semaphore permits. Released by
@@ -69,6 +74,7 @@ impl Guard {
                 mode,
                 value,
                 released: AtomicBool::new(false),
+                release_started: AtomicBool::new(false),
             }),
         }
     }
@@ -99,10 +105,17 @@ impl Guard {
         &self.inner.session
     }
 
-    /// True while the session's lease view is valid and the grant was not
-    /// released.
+    /// True while the session's lease view is valid and no release of the
+    /// grant was sent (a release that failed still ends it: the holder
+    /// stops believing when it sends the release, whatever the answer).
     pub fn is_held(&self) -> bool {
-        !self.inner.released.load(Ordering::SeqCst) && self.inner.session.is_valid()
+        !self.given_up() && self.inner.session.is_valid()
+    }
+
+    /// Released, replaced by an upgrade or downgrade, or a release was sent.
+    fn given_up(&self) -> bool {
+        self.inner.released.load(Ordering::SeqCst)
+            || self.inner.release_started.load(Ordering::SeqCst)
     }
 
     /// Upgrades this shared lock to exclusive, waiting without a timeout
@@ -136,7 +149,7 @@ impl Guard {
                 self.inner.name, self.inner.mode
             )));
         }
-        if self.inner.released.load(Ordering::SeqCst) {
+        if self.given_up() {
             return Err(Error::InvalidArgument(format!(
                 "the grant on {} was released",
                 self.inner.name
@@ -161,7 +174,7 @@ impl Guard {
                 self.inner.name, self.inner.mode
             )));
         }
-        if self.inner.released.load(Ordering::SeqCst) {
+        if self.given_up() {
             return Err(Error::InvalidArgument(format!(
                 "the grant on {} was released",
                 self.inner.name
@@ -191,6 +204,7 @@ impl Guard {
     /// already released, or ended with its session). Safe to call any number
     /// of times; if it fails (cluster unreachable), calling it again retries.
     pub async fn release(&self) -> Result<bool> {
+        self.inner.release_started.store(true, Ordering::SeqCst);
         if self.inner.released.swap(true, Ordering::SeqCst) {
             return Ok(false);
         }
