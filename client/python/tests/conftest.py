@@ -150,13 +150,26 @@ class RunCluster:
         self.addrs = [f"127.0.0.1:{base + i}" for i in range(3)]
         peers = ",".join(f"{i + 1}={a}" for i, a in enumerate(self.addrs))
         self.procs = {}
+        self.args = {}
         for i, addr in enumerate(self.addrs):
             args = [raftlockd(), "run", "--id", str(i + 1), "--listen", addr, "--data-dir", str(dir / f"node-{i + 1}"),
                     "--insecure-peers"]
             if i == 0:
                 args += ["--peers", peers, "--init"]
-            log = open(dir / f"node-{i + 1}.log", "w")
-            self.procs[addr] = subprocess.Popen(args, stdout=log, stderr=log)
+            self.args[addr] = args
+            self.start(addr)
+
+    def start(self, addr):
+        """Starts (again) the node at ``addr``, on its data directory."""
+        log = open(self.dir / f"node-{self.addrs.index(addr) + 1}.log", "a")
+        self.procs[addr] = subprocess.Popen(self.args[addr], stdout=log, stderr=log)
+
+    def kill(self, addr):
+        """SIGKILLs the node at ``addr`` and waits for it to end."""
+        p = self.procs[addr]
+        if p.poll() is None:
+            p.kill()
+        p.wait()
 
     def leader(self, among=None):
         for a in among or self.addrs:

@@ -60,3 +60,54 @@ def test_a_lock_and_a_wait_survive_the_leaders_death(run_cluster):
     assert not got["lock"].lost
     waiter_session.close()
     client.close()
+
+
+
+def test_a_failed_release_can_be_retried(run_cluster):
+    """A release that failed (no node reachable) ends the holder's belief
+    (``held`` is False), and calling ``release()`` again retries it: the
+    grant does not stay held for as long as its session lives."""
+    c = run_cluster
+    client = raftlock.Client(c.addrs)
+    session = client.session(ttl=60)
+    lock = session.acquire("failover/release-retry")
+    assert lock.held
+    for a in c.addrs:
+        c.kill(a)
+    with pytest.raises(raftlock.Unavailable):
+        lock.release()
+    assert not lock.held
+    for a in c.addrs:
+        c.start(a)
+    c.wait_ready()
+    assert lock.release() is True, "the retry released the grant"
+    assert client.describe("failover/release-retry") is None
+    session.close()
+
+
+def test_a_failed_release_can_be_retried_aio(run_cluster):
+    import asyncio
+
+    from raftlock import aio
+
+    c = run_cluster
+
+    async def run():
+        client = aio.Client(c.addrs)
+        session = await client.session(ttl=60)
+        lock = await session.acquire("failover/release-retry-aio")
+        assert lock.held
+        for a in c.addrs:
+            c.kill(a)
+        with pytest.raises(raftlock.Unavailable):
+            await lock.release()
+        assert not lock.held
+        for a in c.addrs:
+            c.start(a)
+        await asyncio.to_thread(c.wait_ready)
+        assert await lock.release() is True, "the retry released the grant"
+        assert await client.describe("failover/release-retry-aio") is None
+        await session.close()
+        await client.close()
+
+    asyncio.run(run())
