@@ -355,6 +355,7 @@ class Lock:
         self._fence: Optional[int] = None
         self._seq = 0
         self._released = False
+        self._release_done = False
         self._lost_at_release = False
         self._used = False
 
@@ -439,14 +440,23 @@ class Lock:
 
     async def release(self) -> bool:
         """Releases the grant (and ends the lock's own session). True if
-        this call released it."""
-        if self._fence is None or self._released:
+        this call released it. ``held`` is False from the call on, whatever
+        the outcome; if it raises (no node answered), calling it again
+        sends the release again."""
+        if self._fence is None or self._release_done:
             return False
-        self._released = True
-        self._lost_at_release = self._session._lease.is_lost()
+        if not self._released:
+            # The holder stops believing as it sends the release, whatever
+            # comes back.
+            self._released = True
+            self._lost_at_release = self._session._lease.is_lost()
         if self._own:
-            return await self._session.close() > 0
-        return await self._session._release(self.name, self._fence)
+            released = await self._session.close() > 0
+        else:
+            # Raises if no node answered; a later release() tries again.
+            released = await self._session._release(self.name, self._fence)
+        self._release_done = True
+        return released
 
     async def __aenter__(self) -> "Lock":
         if not self.held:
