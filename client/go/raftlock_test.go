@@ -667,3 +667,53 @@ func TestAReleasedGuardIsNotValid(t *testing.T) {
 	default:
 	}
 }
+
+// An Unlock that failed (no node reachable) can be called again and sends
+// the release again, as in the Rust and Python clients: the key is free at
+// once after the retry instead of after the session's TTL.
+func TestAFailedUnlockCanBeRetried(t *testing.T) {
+	cl, err := startCluster(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.stop()
+	c := newClient(t, cl.endpoints(), Options{TTL: 60 * time.Second, RetryTimeout: time.Second})
+	k := key(t)
+	ctx := ctxFor(t, 60*time.Second)
+	g, err := c.Acquire(ctx, k, AcquireOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range cl.nodes {
+		cl.kill(n)
+	}
+	if err := g.Unlock(ctx); err == nil {
+		t.Fatal("Unlock with every node down answered nil")
+	}
+	if g.Valid() {
+		t.Fatal("valid after a failed Unlock")
+	}
+	for _, n := range cl.nodes {
+		if err := cl.startNode(n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := cl.waitLeader(30*time.Second, 0); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := g.Unlock(ctx)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Unlock again: %v", err)
+		}
+		t.Logf("Unlock again: %v", err)
+		time.Sleep(200 * time.Millisecond)
+	}
+	if d := describe(t, c, k); d.Exists {
+		t.Fatalf("after the retried Unlock the key is still held: %+v", d)
+	}
+}
