@@ -355,8 +355,8 @@ type Guard struct {
 	lost     chan struct{} // closed when isLost becomes true
 	released bool          // Unlock or Release was called: the holder no longer believes
 
-	release    sync.Once
-	releaseErr error
+	releaseMu   sync.Mutex // one Unlock at a time
+	releaseDone bool       // an Unlock succeeded: later ones do nothing
 }
 
 // Key is the locked key.
@@ -528,8 +528,9 @@ func (g *Guard) sleepUntil(t time.Time) bool {
 
 // Release gives the lock back (Unlock: releases the grant and ends the
 // session, one write), waiting at most Options.RetryTimeout for the
-// cluster. Calling it again does nothing. If the cluster cannot be
-// reached, the session ends with its TTL (it is no longer renewed).
+// cluster. Calling it again after it worked does nothing; after it failed
+// it tries again. If the cluster cannot be reached and nobody tries again,
+// the session ends with its TTL (it is no longer renewed).
 func (g *Guard) Release() {
 	ctx, cancel := context.WithTimeout(context.Background(), g.c.retryTimeout)
 	defer cancel()
@@ -537,19 +538,28 @@ func (g *Guard) Release() {
 }
 
 // Unlock is Release with a context and the error: nil also when the
-// session had already ended. Only the first call (of Unlock or Release)
-// does anything; later ones return its error.
+// session had already ended. The guard stops being Valid at the first call,
+// whatever its outcome. After a call that succeeded, later ones do nothing
+// and return nil; after one that failed (no node answered in time), the
+// next call sends the release again.
 func (g *Guard) Unlock(ctx context.Context) error {
-	g.release.Do(func() {
-		// The holder stops believing before the release is sent.
-		g.mu.Lock()
-		g.released = true
-		g.mu.Unlock()
-		g.stop()
-		<-g.done
-		g.releaseErr = g.unlock(ctx)
-	})
-	return g.releaseErr
+	g.releaseMu.Lock()
+	defer g.releaseMu.Unlock()
+	if g.releaseDone {
+		return nil
+	}
+	// The holder stops believing before the release is sent, and renews
+	// no more.
+	g.mu.Lock()
+	g.released = true
+	g.mu.Unlock()
+	g.stop()
+	<-g.done
+	if err := g.unlock(ctx); err != nil {
+		return err
+	}
+	g.releaseDone = true
+	return nil
 }
 
 func (g *Guard) unlock(ctx context.Context) error {

@@ -296,9 +296,12 @@ func (m *MultiGuard) Unlock(ctx context.Context) error { return m.g.Unlock(ctx) 
 // the Guard and start over.
 func (g *Guard) Upgrade(ctx context.Context, try bool) error {
 	g.mu.Lock()
-	shared, fence, seq := g.shared, g.fence, g.nextSeq
+	shared, fence, seq, released := g.shared, g.fence, g.nextSeq, g.released
 	g.nextSeq++
 	g.mu.Unlock()
+	if released {
+		return fmt.Errorf("raftlock: upgrade %q: the guard was released", g.key)
+	}
 	if !shared {
 		return fmt.Errorf("raftlock: upgrade %q: only a shared lock can be upgraded", g.key)
 	}
@@ -354,9 +357,12 @@ func (g *Guard) Upgrade(ctx context.Context, try bool) error {
 // keeping its Fence (it only weakens); readers queued behind it come in.
 func (g *Guard) Downgrade(ctx context.Context) error {
 	g.mu.Lock()
-	shared, fence, seq := g.shared, g.fence, g.nextSeq
+	shared, fence, seq, released := g.shared, g.fence, g.nextSeq, g.released
 	g.nextSeq++
 	g.mu.Unlock()
+	if released {
+		return fmt.Errorf("raftlock: downgrade %q: the guard was released", g.key)
+	}
 	if shared || g.capacity != 0 {
 		return fmt.Errorf("raftlock: downgrade %q: only an exclusive lock can be downgraded", g.key)
 	}

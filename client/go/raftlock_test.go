@@ -661,6 +661,9 @@ func TestAReleasedGuardIsNotValid(t *testing.T) {
 	if g.Valid() {
 		t.Fatalf("valid after Unlock (the count ran to %v)", g.LeaseEnd())
 	}
+	if err := g.Downgrade(ctx); err == nil || !strings.Contains(err.Error(), "released") {
+		t.Fatalf("Downgrade of a released guard: %v", err)
+	}
 	select {
 	case <-g.Lost():
 		t.Fatal("Lost is never closed by a release")
