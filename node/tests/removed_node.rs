@@ -125,16 +125,21 @@ async fn a_node_added_back_under_its_id_stays_up() {
     procs.spawn(back, false);
     // AddNode answers once the node has caught up: on a busy machine that
     // took longer than the 10 s the other calls are given (1 of 10 runs
-    // of scripts/test-campaign.sh), so this one gets two minutes.
+    // of scripts/test-campaign.sh), so this one gets two minutes, and the
+    // leader's catch-up wait (30 s by default, which a campaign run under
+    // load also ran out: "it has the log up to index 7 of 1178") nearly as
+    // much. How long it took is printed.
     let slow = tonic::transport::Endpoint::from_shared(format!("http://{}", procs.addr(leader)))
         .expect("endpoint")
         .timeout(Duration::from_secs(120))
         .connect_lazy();
     let mut c = ClusterClient::new(slow);
+    let adding = std::time::Instant::now();
     let added = c
         .add_node(pb::AddNodeRequest {
             id: back,
             addr: procs.addr(back),
+            catch_up_timeout_ms: 110_000,
             ..Default::default()
         })
         .await
@@ -155,6 +160,10 @@ async fn a_node_added_back_under_its_id_stays_up() {
         })
         .into_inner()
         .members;
+    println!(
+        "node {back} caught up and was added back in {:?}",
+        adding.elapsed()
+    );
     assert!(added.iter().any(|m| m.id == back && m.voter), "{added:?}");
     // It has replayed its old removal by now; it must still run, and
     // the cluster grant with it.
