@@ -25,6 +25,10 @@ fn members(m: &StoredMembership) -> Vec<pb::Member> {
         .collect()
 }
 
+/// How often a revoke whose write's outcome is unknown looks whether its
+/// leader has its quorum back, to propose it again.
+const REVOKE_RETRY: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// How long `AddNode` waits for a new node to catch up before giving up
 /// (the node then stays a learner).
 pub const ADD_NODE_CATCH_UP: std::time::Duration = std::time::Duration::from_secs(30);
@@ -153,12 +157,35 @@ impl Api {
                      was not applied: ask again"
                 )));
             }
-            api.write(crate::state::cmd::RevokeSession {
-                session: id,
-                by,
-                at_unix_ms,
-            })
-            .await
+            // Renewals stay refused until the outcome is known: a write
+            // whose outcome is unknown (the quorum went while it was
+            // pending) may still commit, and a renewal acknowledged
+            // meanwhile would let the client count a lease its session no
+            // longer has (sim seed 705670). So it is proposed again once
+            // the quorum is back, as long as this term lasts.
+            let mut retry = false;
+            loop {
+                let written = api
+                    .write(crate::state::cmd::RevokeSession {
+                        session: id,
+                        by: by.clone(),
+                        at_unix_ms,
+                    })
+                    .await;
+                match written {
+                    Err(Error::Timeout(why)) => loop {
+                        match leases.revoke_pending(id, term) {
+                            None => return Err(Error::Timeout(why)),
+                            Some(true) => tokio::time::sleep(REVOKE_RETRY).await,
+                            Some(false) => break,
+                        }
+                    },
+                    // An earlier attempt was applied after all.
+                    Err(Error::NotFound(_)) if retry => return Ok(0),
+                    other => return other,
+                }
+                retry = true;
+            }
         });
         revoke
             .await

@@ -575,6 +575,16 @@ impl Leases {
         t.active && !t.paused && t.term == Some(term) && t.revoking.contains_key(&session)
     }
 
+    /// Where the revoke of `session` begun in `term` stands while its
+    /// write's outcome is unknown: `None` once this keeper no longer counts
+    /// for that term (a later leader restarts every lease after applying
+    /// what this one proposed) or the session is no longer being revoked;
+    /// else whether the keeper is paused (its quorum is lost for now).
+    pub fn revoke_pending(&self, session: SessionId, term: u64) -> Option<bool> {
+        let t = self.timers.lock().expect("timers lock poisoned");
+        (t.active && t.term == Some(term) && t.revoking.contains_key(&session)).then_some(t.paused)
+    }
+
     /// The revoke begun with [`begin_revoke`](Self::begin_revoke) has
     /// ended (applied or failed): if the session is still open, its timer
     /// works as before (a lease that ran out meanwhile expires at once).
