@@ -1164,4 +1164,36 @@ mod tests {
             Err(KeepAliveError::UnknownSession)
         );
     }
+
+    /// While a revoke's write has an unknown outcome, the revoker asks where
+    /// it stands: paused (the quorum is lost: renewals stay refused, wait),
+    /// counting again in the same term (propose it again), or gone (another
+    /// term, or the revoke ended): sim seed 705670.
+    #[tokio::test(start_paused = true)]
+    async fn a_pending_revoke_holds_through_a_pause_and_ends_with_its_term() {
+        let leases = Leases::default();
+        let table = table_with_session(3_000);
+        leases.activate_for_term(1, &table);
+        let (_, term) = leases.begin_revoke(SessionId(1)).expect("revoke");
+        assert_eq!(leases.revoke_pending(SessionId(1), term), Some(false));
+        leases.pause();
+        assert_eq!(leases.revoke_pending(SessionId(1), term), Some(true));
+        assert_eq!(
+            leases.keep_alive(SessionId(1)),
+            Err(KeepAliveError::NotLeader)
+        );
+        // The quorum is back in the same term: still revoking, renewals
+        // still refused.
+        leases.activate_for_term(1, &table);
+        assert_eq!(leases.revoke_pending(SessionId(1), term), Some(false));
+        assert_eq!(
+            leases.keep_alive(SessionId(1)),
+            Err(KeepAliveError::Expiring)
+        );
+        assert_eq!(leases.revoke_pending(SessionId(1), term + 1), None);
+        // A later term restarts every lease (after applying what this one
+        // proposed): the revoke no longer stands.
+        leases.activate_for_term(2, &table);
+        assert_eq!(leases.revoke_pending(SessionId(1), term), None);
+    }
 }
