@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
@@ -289,3 +290,30 @@ def children():
     yield start
     for c in made:
         c.stop()
+
+
+def revoke_session(leader, session_id: int, within: float = 30.0) -> None:
+    """Revokes ``session_id`` as an operator would: ``POST
+    /v1/cluster/RevokeSession`` at ``leader()`` (a callable giving the
+    leader's address), again while the answer is 503 (the leadership moved
+    meanwhile) or no node answers. The call answers once the session has
+    ended (up to its ttl). Another HTTP error, or no success within
+    ``within`` seconds, raises AssertionError saying what came back."""
+    body = json.dumps({"session_id": str(session_id)}).encode()
+    deadline = time.monotonic() + within
+    while True:
+        req = urllib.request.Request(f"http://{leader()}/v1/cluster/RevokeSession", data=body,
+                                     method="POST", headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=5) as r:
+                json.load(r)
+                return
+        except urllib.error.HTTPError as e:
+            why = f"HTTP {e.code}: {e.read()[:500]!r}"
+            if e.code != 503:
+                raise AssertionError(f"RevokeSession of {session_id} answered {why}") from None
+        except OSError as e:
+            why = repr(e)
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"RevokeSession of {session_id} did not succeed within {within:.0f} s: {why}")
+        time.sleep(0.05)

@@ -4,33 +4,19 @@ called once for each lock held when its lease may have lapsed (as Go's
 from outside, by the operator's ``RevokeSession`` over HTTP/JSON."""
 
 import asyncio
-import json
 import queue
 import threading
-import urllib.error
-import urllib.request
 
 import pytest
 
 import raftlock
 import raftlock.aio
-from conftest import wait_for
+from conftest import revoke_session, wait_for
 
 
 def revoke(cluster, session_id: int) -> None:
     """Ends ``session_id`` as an operator would (at the leader)."""
-    body = json.dumps({"session_id": session_id}).encode()
-    for _ in range(50):
-        req = urllib.request.Request(f"http://{cluster.leader()}/v1/cluster/RevokeSession", data=body,
-                                     method="POST", headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=5) as r:
-                json.load(r)
-                return
-        except urllib.error.HTTPError as e:
-            if e.code != 503:  # 503: the leadership moved meanwhile
-                raise
-    raise AssertionError(f"session {session_id} not revoked")
+    revoke_session(cluster.leader, session_id)
 
 
 def test_on_lost_is_called_once_for_each_lock_held_when_the_lease_lapses(cluster, name):

@@ -37,8 +37,6 @@ import json
 import signal
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -46,7 +44,7 @@ import pytest
 import raftlock
 import raftlock.aio
 
-from conftest import RunCluster
+from conftest import RunCluster, revoke_session
 
 SCENARIOS_FILE = Path(__file__).resolve().parents[2] / "scenarios.json"
 #: How long a blocking call may take beyond its own timeout before the step fails.
@@ -483,24 +481,10 @@ class Runner:
 
     def op_revoke(self, step) -> None:
         g = self.grant(step["grant"])
-        body = json.dumps({"session_id": str(g.session_id)}).encode()
-        deadline = time.monotonic() + SAFETY
-        while True:
-            req = urllib.request.Request(f"http://{self.leader()}/v1/cluster/RevokeSession", data=body,
-                                         method="POST", headers={"Content-Type": "application/json"})
-            try:
-                with urllib.request.urlopen(req, timeout=5) as r:
-                    json.load(r)
-                    return
-            except urllib.error.HTTPError as e:
-                why = f"HTTP {e.code}: {e.read()[:500]!r}"
-                if e.code != 503:  # 503: the leadership moved meanwhile
-                    self.fail(f"RevokeSession answered {why}")
-            except OSError as e:
-                why = repr(e)
-            if time.monotonic() >= deadline:
-                self.fail(f"RevokeSession did not succeed within {SAFETY:.0f} s: {why}")
-            time.sleep(POLL)
+        try:
+            revoke_session(self.leader, g.session_id, within=SAFETY)
+        except AssertionError as e:
+            self.fail(str(e))
 
     def op_kill_leader(self, step) -> None:
         leader = self.leader()
