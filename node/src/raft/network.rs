@@ -70,14 +70,13 @@ fn answer_overdue(
     now: Instant,
     budget: Duration,
 ) -> bool {
-    let _ = last_answer;
-    oldest_sent.is_some_and(|sent| now.saturating_duration_since(sent) >= budget)
+    oldest_sent.is_some_and(|sent| now.saturating_duration_since(sent.max(last_answer)) >= budget)
 }
 
 /// The budget for one answer on a replication stream whose openraft
-/// budget is `ttl`.
+/// budget is `ttl`: [`STREAM_ANSWER_BUDGET`], or `ttl` when longer.
 fn answer_budget(ttl: Duration) -> Duration {
-    ttl
+    ttl.max(STREAM_ANSWER_BUDGET)
 }
 
 /// Hands openraft a client per peer; channels are cached by address so a
@@ -644,7 +643,8 @@ impl Peer {
         let mut client = self.client()?;
         let request = self.request(outbound)?;
         // openraft's budget for one request and its answer (the heartbeat
-        // interval): for the oldest request still unanswered. Opening the
+        // interval): for opening the stream; each answer then has
+        // `answer_budget` (STREAM_ANSWER_BUDGET at the least). Opening the
         // stream may first have to connect, which may take CONNECT_TIMEOUT:
         // with only the heartbeat interval for both, a peer whose new
         // connection took longer on a busy machine was dialled anew at
