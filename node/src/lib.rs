@@ -14,6 +14,7 @@ pub mod blocking;
 pub mod config;
 pub mod console;
 pub mod error;
+pub mod export;
 pub mod leader;
 pub mod leases;
 pub mod metrics;

@@ -64,6 +64,19 @@ enum Command {
         #[arg(long)]
         fence_bump: Option<u64>,
     },
+    /// Make a backup offline from a stopped node's data directory, for a
+    /// cluster that has lost its majority: everything the node has (its
+    /// snapshot and every log entry after it), in the format of `raftlock
+    /// snapshot save` (`raftlock snapshot inspect FILE` checks it; `raftlockd
+    /// restore FILE` seeds a new cluster with it).
+    Export {
+        /// The stopped node's data directory.
+        #[arg(long)]
+        data_dir: PathBuf,
+        /// The backup file to write (refused if it exists).
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Print the SHA-256 of a token read from stdin, for an ACL file's
     /// `sha256 = "..."` (so the file need not hold the token itself).
     HashToken,
@@ -90,6 +103,15 @@ struct RunArgs {
     /// TOML file with any of the settings below (flags and env override it).
     #[arg(long, env = "RAFTLOCK_CONFIG")]
     config: Option<PathBuf>,
+    /// After losing a majority: start this node from its own data as the
+    /// only voter of a new cluster (a new cluster id), keeping everything
+    /// it has, with fences continuing above every fence it knew; grow it
+    /// again with `raftlock members add`. Its old data is kept aside in
+    /// DATA_DIR/before-force-new-cluster-UNIX_SECS. Does nothing on a node
+    /// that is already its cluster's only voter; remove the flag once the
+    /// node runs (deploy/README.md, "Losing a majority").
+    #[arg(long)]
+    force_new_cluster: bool,
     #[command(flatten)]
     settings: Config,
 }
@@ -144,6 +166,7 @@ async fn main() {
             data_dir,
             fence_bump,
         } => restore(&file, &data_dir, fence_bump),
+        Command::Export { data_dir, out } => export(&data_dir, &out).await,
         Command::HashToken => hash_token(),
         Command::Probe { check, addr } => probe(check, &addr).await,
     };
@@ -160,7 +183,10 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         None => Config::default(),
     };
     let merged = flags.or(file);
-    let (opts, listen) = merged.validate()?;
+    let (mut opts, listen) = merged.validate()?;
+    if args.force_new_cluster {
+        force_new_cluster(&mut opts).await?;
+    }
     // Under systemd (`Type=notify`): checked before anything else happens,
     // so a bad variable stops the node at once, named.
     #[cfg(unix)]
@@ -318,6 +344,137 @@ fn restore(
         );
     }
     Ok(())
+}
+
+/// `raftlockd export`: the backup of a stopped node's data directory.
+async fn export(data_dir: &std::path::Path, out: &std::path::Path) -> anyhow::Result<()> {
+    anyhow::ensure!(!out.exists(), "{} exists; not overwritten", out.display());
+    let exported = raftlock_node::export::export(data_dir).await?;
+    write_private(out, &exported.backup)?;
+    sync_parent(out)?;
+    let s = exported.stats;
+    println!(
+        "exported {} (cluster {:016x}, log index {}, of which committed as far as this node knew: {}) with {} sessions, {} grants, last fence {}: {} bytes",
+        out.display(),
+        exported.cluster_id,
+        exported.index,
+        exported
+            .committed
+            .map_or_else(|| "none".to_string(), |c| c.to_string()),
+        s.sessions,
+        s.grants,
+        s.last_fence,
+        exported.backup.len()
+    );
+    Ok(())
+}
+
+/// `run --force-new-cluster`: turns the data directory of a survivor of a
+/// lost majority into the seed of a new cluster of this node alone (its
+/// data exported, set aside, and placed as the backup `--init` restores).
+async fn force_new_cluster(opts: &mut NodeOptions) -> anyhow::Result<()> {
+    let dir = opts.data_dir.clone();
+    let own = raftlock_node::raft::NodeAddrs::new(
+        opts.advertise.clone(),
+        opts.peer_advertise
+            .clone()
+            .unwrap_or_else(|| opts.advertise.clone()),
+    );
+    if dir.join(raftlock_node::node::RESTORE_FILE).exists() {
+        // Stopped after setting the old data aside, before the new cluster
+        // took the backup: this start finishes it.
+        tracing::warn!(
+            "--force-new-cluster: the new cluster's backup is still waiting in {}; bootstrapping \
+             with it",
+            dir.display()
+        );
+        opts.init = true;
+        opts.peers = [(opts.id, own)].into_iter().collect();
+        return Ok(());
+    }
+    let exported = raftlock_node::export::export(&dir).await?;
+    anyhow::ensure!(
+        !exported.voters.is_empty(),
+        "--force-new-cluster: {} holds no membership (the node never joined a cluster); \
+         nothing to start from",
+        dir.display()
+    );
+    if exported.voters.keys().eq([&opts.id]) {
+        tracing::warn!(
+            "--force-new-cluster: node {} is already the only voter of its cluster; starting              as usual. Remove the flag",
+            opts.id
+        );
+        return Ok(());
+    }
+    // A voter that still listens may be part of a majority that still
+    // works (or the flag was left on after the cluster grew again): two
+    // clusters would then grant the same locks. Refused.
+    for (id, addrs) in exported.voters.iter().filter(|(id, _)| **id != opts.id) {
+        let addr = &addrs.peer_addr;
+        let connect = tokio::net::TcpStream::connect(addr.as_str());
+        if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(1), connect).await {
+            anyhow::bail!(
+                "--force-new-cluster refused: node {id} of this node's cluster answers at {addr}, \
+                 so its majority may still work and two clusters would grant the same locks. \
+                 Stop every other node of the old cluster first (and remove the flag once this \
+                 node runs a cluster again)"
+            );
+        }
+    }
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let aside = dir.join(format!("{FORCED_ASIDE_PREFIX}{secs}"));
+    std::fs::create_dir(&aside)
+        .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", aside.display()))?;
+    for entry in std::fs::read_dir(&dir)? {
+        let name = entry?.file_name();
+        if name.to_string_lossy().starts_with(FORCED_ASIDE_PREFIX) {
+            continue;
+        }
+        std::fs::rename(dir.join(&name), aside.join(&name))
+            .map_err(|e| anyhow::anyhow!("cannot move {:?} aside: {e}", name))?;
+    }
+    std::fs::File::open(&aside)?.sync_all()?;
+    write_private(
+        &dir.join(raftlock_node::node::RESTORE_FILE),
+        &exported.backup,
+    )?;
+    std::fs::File::open(&dir)?.sync_all()?;
+    opts.init = true;
+    opts.peers = [(opts.id, own)].into_iter().collect();
+    let s = exported.stats;
+    tracing::warn!(
+        node = opts.id,
+        old_cluster = format!("{:016x}", exported.cluster_id),
+        old_voters = ?exported.voters.keys().collect::<Vec<_>>(),
+        index = exported.index,
+        committed = ?exported.committed,
+        sessions = s.sessions,
+        grants = s.grants,
+        last_fence = s.last_fence,
+        aside = %aside.display(),
+        "--force-new-cluster: starting a new cluster of this node alone from its own data \
+         (fences continue above the last one it knew); grow it with `raftlock members add`, \
+         and remove the flag"
+    );
+    Ok(())
+}
+
+/// The name of the directory `--force-new-cluster` moves a data
+/// directory's old contents into (followed by the time in Unix seconds).
+const FORCED_ASIDE_PREFIX: &str = "before-force-new-cluster-";
+
+/// Syncs the directory `path` is in, so that a file just created there
+/// stays after a crash.
+fn sync_parent(path: &std::path::Path) -> anyhow::Result<()> {
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => std::path::Path::new("."),
+    };
+    std::fs::File::open(parent)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| anyhow::anyhow!("cannot sync {}: {e}", parent.display()))
 }
 
 /// Writes `bytes` to `path`, readable and writable by this user only

@@ -166,6 +166,20 @@ impl Procs {
 
     /// Starts node `id` from its data directory.
     pub fn spawn(&mut self, id: u64, init: bool) {
+        self.spawn_with(id, init, &[]);
+    }
+
+    /// Gives the cluster's processes a node `id` more (its own ports and
+    /// data directory; not a member until it is added) and starts it.
+    pub fn add(&mut self, id: u64) {
+        self.addrs.insert(id, format!("127.0.0.1:{}", free_port()));
+        self.metrics
+            .insert(id, format!("127.0.0.1:{}", free_port()));
+        self.spawn(id, false);
+    }
+
+    /// [`spawn`](Self::spawn), with `more` arguments for this start only.
+    pub fn spawn_with(&mut self, id: u64, init: bool, more: &[&str]) {
         let data_dir = self.data_dir(id);
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -198,6 +212,7 @@ impl Procs {
             // Loopback only; these tests are not about peer authentication.
             .arg("--insecure-peers")
             .args(&self.extra)
+            .args(more)
             .stdout(Stdio::null())
             .stderr(log)
             .kill_on_drop(true);

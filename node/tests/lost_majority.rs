@@ -1,0 +1,209 @@
+//! Losing a majority (issue 45, item 1), with real processes: a three-node
+//! cluster loses two nodes with their disks. The survivor, stopped, is
+//! exported offline (`raftlockd export`), then started with
+//! `raftlockd run --force-new-cluster` as the only voter of a new cluster:
+//! every lock it had committed is still held by the same session with the
+//! same fence, new fences are above every old one, and two new nodes make
+//! it three voters again. Along the way: export refuses a data directory a
+//! node runs on and a file that exists, and the flag refuses to act while
+//! another voter of the node's cluster still answers.
+
+mod procs;
+
+use std::time::Duration;
+
+use procs::{eventually, locks, status, Procs};
+use raftlock_proto::v1 as pb;
+use raftlock_proto::v1::cluster_client::ClusterClient;
+
+const HELD: usize = 12;
+
+fn export(data_dir: &std::path::Path, out: &std::path::Path) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_raftlockd"))
+        .arg("export")
+        .arg("--data-dir")
+        .arg(data_dir)
+        .arg("--out")
+        .arg(out)
+        .output()
+        .expect("raftlockd runs")
+}
+
+/// The holders of `name` at `addr`: (session, fence) pairs.
+async fn holders(addr: &str, name: &str) -> Option<Vec<(u64, u64)>> {
+    let d = locks(addr)
+        .describe(pb::DescribeRequest {
+            name: name.into(),
+            stale: false,
+        })
+        .await
+        .ok()?
+        .into_inner();
+    Some(
+        d.info
+            .map(|i| i.holders.iter().map(|h| (h.session_id, h.fence)).collect())
+            .unwrap_or_default(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_survivor_of_a_lost_majority_restarts_the_cluster_with_everything_it_had() {
+    let mut procs = Procs::start(3, &[]);
+    let leader = procs.leader().await;
+    let addr = procs.addr(leader);
+    let mut c = locks(&addr);
+    let session = c
+        .open_session(pb::OpenSessionRequest {
+            ttl_ms: 60_000,
+            nonce: 1,
+            ..Default::default()
+        })
+        .await
+        .expect("session")
+        .into_inner()
+        .session_id;
+    let mut held = Vec::new();
+    for i in 0..HELD {
+        let name = format!("held/{i}");
+        let g = c
+            .acquire(pb::AcquireRequest {
+                session_id: session,
+                seq: 1 + i as u64,
+                name: name.clone(),
+                mode: pb::Mode::Exclusive as i32,
+                ..Default::default()
+            })
+            .await
+            .expect("acquire")
+            .into_inner();
+        assert!(g.acquired, "{name}");
+        held.push((name, g.fence));
+    }
+    // Grants released since, so the fence counter is past the held ones.
+    let mut last_fence = 0;
+    for n in 0..20 {
+        last_fence = procs::lock_cycle(&addr, "cycled", 100 + n)
+            .await
+            .expect("a lock cycle");
+    }
+    // The survivor: a follower, once it has applied everything.
+    let survivor = (1..=3).find(|id| *id != leader).expect("a follower");
+    let committed = status(&addr).await.expect("status").applied_index;
+    eventually(
+        "the survivor applies everything",
+        Duration::from_secs(60),
+        || {
+            let a = procs.addr(survivor);
+            async move { (status(&a).await?.applied_index >= committed).then_some(()) }
+        },
+    )
+    .await;
+    let dir = tempfile::tempdir().expect("dir");
+    let backup = dir.path().join("survivor.backup");
+    // Refused while the node runs on its data.
+    let out = export(&procs.data_dir(survivor), &backup);
+    assert!(!out.status.success(), "export of a running node's data");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("stop it first"), "{stderr}");
+    assert!(!backup.exists());
+
+    // The majority goes, with its disks.
+    for id in (1..=3).filter(|id| *id != survivor) {
+        procs.kill(id).await;
+        std::fs::remove_dir_all(procs.data_dir(id)).expect("delete its data");
+    }
+    procs.kill(survivor).await;
+
+    // The offline backup holds every held lock and the last fence.
+    let out = export(&procs.data_dir(survivor), &backup);
+    assert!(
+        out.status.success(),
+        "export: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!("{}", String::from_utf8_lossy(&out.stdout).trim());
+    let bytes = std::fs::read(&backup).expect("backup");
+    let checked = raftlock_node::api::backup::check(&bytes).expect("a checksummed backup");
+    let stats = checked.table.stats();
+    assert_eq!(stats.grants, HELD as u64, "{stats:?}");
+    assert_eq!(stats.last_fence, last_fence, "{stats:?}");
+    // Never overwritten.
+    let again = export(&procs.data_dir(survivor), &backup);
+    assert!(!again.status.success(), "export over an existing file");
+
+    // The survivor starts a new cluster of itself alone.
+    procs.spawn_with(survivor, false, &["--force-new-cluster"]);
+    let at = procs.addr(survivor);
+    eventually("the survivor leads alone", Duration::from_secs(60), || {
+        let a = at.clone();
+        async move {
+            let s = status(&a).await?;
+            (s.leader_id == survivor && s.role == "leader").then_some(())
+        }
+    })
+    .await;
+    for (name, fence) in &held {
+        let h = eventually("the restored table", Duration::from_secs(60), || {
+            let (a, n) = (at.clone(), name.clone());
+            async move { holders(&a, &n).await.filter(|h| !h.is_empty()) }
+        })
+        .await;
+        assert_eq!(h, vec![(session, *fence)], "{name}");
+    }
+    let fresh = procs::lock_cycle(&at, "after", 500)
+        .await
+        .expect("a grant in the new cluster");
+    assert!(fresh > last_fence, "new fence {fresh} <= old {last_fence}");
+    let aside = std::fs::read_dir(procs.data_dir(survivor))
+        .expect("data dir")
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("before-force-new-cluster-")
+        })
+        .count();
+    assert_eq!(aside, 1, "the old data is kept aside");
+
+    // Three voters again: two new nodes.
+    let mut admin = ClusterClient::new(procs::channel(&at));
+    for id in [4, 5] {
+        procs.add(id);
+        admin
+            .add_node(pb::AddNodeRequest {
+                id,
+                addr: procs.addr(id),
+                catch_up_timeout_ms: 110_000,
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("add node {id}: {e}"));
+    }
+    let members = admin
+        .members(pb::MembersRequest {})
+        .await
+        .expect("members")
+        .into_inner()
+        .members;
+    let mut voters: Vec<u64> = members.iter().filter(|m| m.voter).map(|m| m.id).collect();
+    voters.sort();
+    assert_eq!(voters, vec![survivor, 4, 5], "{members:?}");
+
+    // The flag left on: refused while the other voters answer; the node
+    // does not start a second cluster.
+    procs.kill(survivor).await;
+    procs.spawn_with(survivor, false, &["--force-new-cluster"]);
+    let exit = procs
+        .exited(survivor, Duration::from_secs(60))
+        .await
+        .expect("refused, it exits");
+    assert!(!exit.success());
+    let log = procs.read_log(survivor);
+    assert!(log.contains("--force-new-cluster refused"), "{log}");
+    // Without the flag it rejoins its (new) cluster.
+    procs.spawn(survivor, false);
+    let leader = procs.leader().await;
+    assert!(procs::lock_cycle(&procs.addr(leader), "rejoined", 600)
+        .await
+        .is_some());
+}
