@@ -24,9 +24,14 @@
 //!   of a "not the leader" answer come as headers (`raftlock-leader`,
 //!   `raftlock-leader-id`, `raftlock-not-leader`) and as `"leader"` in the
 //!   body.
-//! * `KeepAlive` is one ask and one answer; `Watch` answers with
-//!   newline-delimited JSON, one event per line, until the client goes
-//!   away (an error ends it with one error object line).
+//! * `KeepAlive` with a JSON body is one ask and one answer; with a body
+//!   labelled `Content-Type: application/x-ndjson` it is a stream, as the
+//!   gRPC one: asks, one per line, as the client writes them, answered one
+//!   line each as they are made, for as long as the request lasts, and
+//!   counted by `end_on_disconnect` (see [`keep_alive_stream`]). `Watch`
+//!   answers with newline-delimited JSON, one event per line, until the
+//!   client goes away. An error ends either stream with one error object
+//!   line.
 
 use std::future::Future;
 
@@ -293,6 +298,7 @@ async fn locks(
     let api = &api;
     match rpc.as_str() {
         "OpenSession" => unary(api, req, limit, |r| api.open_session(r)).await,
+        "KeepAlive" if is_ndjson(req.headers()) => keep_alive_stream(api, req).await,
         "KeepAlive" => unary(api, req, limit, |r| api.keep_alive_once(r)).await,
         "CloseSession" => unary(api, req, limit, |r| api.close_session(r)).await,
         "Acquire" => unary(api, req, limit, |r| api.acquire(r)).await,
@@ -359,25 +365,111 @@ async fn cluster(
     }
 }
 
-/// `Watch` as newline-delimited JSON.
-async fn watch(api: &Api, req: axum::http::Request<Body>, limit: usize) -> Response {
-    let request = match decode::<pb::WatchRequest>(api, req, limit).await {
-        Ok(r) => r,
-        Err(refused) => return refused,
+/// The longest line of a KeepAlive stream's request body (an ask is a few
+/// dozen bytes); a longer one ends the stream with `INVALID_ARGUMENT`.
+pub const MAX_KEEP_ALIVE_LINE: usize = 1024;
+
+/// Whether the request body is labelled newline-delimited JSON.
+fn is_ndjson(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .eq_ignore_ascii_case(NDJSON)
+        })
+}
+
+/// `KeepAlive` as a stream: asks as newline-delimited JSON in the request
+/// body, as they come, and the answers, one line each, in the response
+/// body as they are made, for as long as the request lasts. It carries the
+/// sessions it renews as the gRPC stream does (`end_on_disconnect`): the
+/// end of the request body, or of its connection, ends it. The credentials
+/// are checked from the headers before a byte of the body is read.
+async fn keep_alive_stream(api: &Api, req: axum::http::Request<Body>) -> Response {
+    let (parts, body) = req.into_parts();
+    if let Some(why) = cross_site(&parts.headers, &parts.uri) {
+        return cross_site_refused(&why);
+    }
+    let acl_changes = api.0.auth.changes();
+    let mut head = axum::http::Request::new(());
+    *head.headers_mut() = parts.headers.clone();
+    *head.extensions_mut() = parts.extensions.clone();
+    let caller = match api.caller(&tonic::Request::from_http(head)) {
+        Ok(caller) => caller,
+        Err(e) => return status_response(&Status::from(e)),
     };
-    let events = match api.watch(request).await {
-        Ok(stream) => stream.into_inner(),
-        Err(status) => return status_response(&status),
-    };
-    let lines = events.map(|item| {
+    let asks = Box::pin(ndjson_lines(body, MAX_KEEP_ALIVE_LINE).map(|line| {
+        let line = line?;
+        serde_json::from_slice::<pb::KeepAliveRequest>(&line).map_err(|e| {
+            Status::invalid_argument(format!("a line is not a valid KeepAliveRequest: {e}"))
+        })
+    }));
+    ndjson_response(api.keep_alive_stream(caller, acl_changes, asks))
+}
+
+/// The non-blank lines of `body`, as they arrive: `INVALID_ARGUMENT` for a
+/// line longer than `max` (and nothing after it), `CANCELLED` if the body
+/// fails (its connection dropped).
+fn ndjson_lines(
+    body: Body,
+    max: usize,
+) -> impl futures::Stream<Item = Result<Bytes, Status>> + Send + 'static {
+    let state = (body.into_data_stream(), Vec::<u8>::new(), false);
+    futures::stream::unfold(state, move |(mut data, mut buf, done)| async move {
+        if done {
+            return None;
+        }
+        loop {
+            if let Some(end) = buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = buf.drain(..=end).collect();
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                return Some((Ok(Bytes::from(line)), (data, buf, false)));
+            }
+            if buf.len() > max {
+                let e = Status::invalid_argument(format!(
+                    "a line of the request body is longer than {max} bytes"
+                ));
+                return Some((Err(e), (data, buf, true)));
+            }
+            match data.next().await {
+                Some(Ok(chunk)) => buf.extend_from_slice(&chunk),
+                Some(Err(e)) => {
+                    let e = Status::cancelled(format!("the request body failed: {e}"));
+                    return Some((Err(e), (data, buf, true)));
+                }
+                None if buf.iter().all(u8::is_ascii_whitespace) => return None,
+                None => {
+                    let line = Bytes::from(std::mem::take(&mut buf));
+                    return Some((Ok(line), (data, buf, true)));
+                }
+            }
+        }
+    })
+}
+
+/// A stream of answers as a newline-delimited JSON response: one message
+/// per line; an error is the last line, as an error object.
+fn ndjson_response<T: Serialize + Send + 'static>(
+    answers: impl futures::Stream<Item = Result<T, Status>> + Send + 'static,
+) -> Response {
+    let lines = answers.map(|item| {
         let mut line = match item {
-            Ok(event) => serde_json::to_vec(&event),
+            Ok(message) => serde_json::to_vec(&message),
             Err(status) => {
                 let (_, code) = http_status(status.code());
                 serde_json::to_vec(&ErrorBody {
                     code,
                     message: status.message(),
-                    leader: None,
+                    leader: status
+                        .metadata()
+                        .get(LEADER_ADDR_KEY)
+                        .and_then(|v| v.to_str().ok()),
                 })
             }
         }
@@ -391,6 +483,18 @@ async fn watch(api: &Api, req: axum::http::Request<Body>, limit: usize) -> Respo
         Body::from_stream(lines),
     )
         .into_response()
+}
+
+/// `Watch` as newline-delimited JSON.
+async fn watch(api: &Api, req: axum::http::Request<Body>, limit: usize) -> Response {
+    let request = match decode::<pb::WatchRequest>(api, req, limit).await {
+        Ok(r) => r,
+        Err(refused) => return refused,
+    };
+    match api.watch(request).await {
+        Ok(stream) => ndjson_response(stream.into_inner()),
+        Err(status) => status_response(&status),
+    }
 }
 
 #[cfg(test)]

@@ -105,6 +105,132 @@ fn name(s: impl Into<String>) -> Result<LockName, Error> {
 }
 
 impl Api {
+    /// A KeepAlive stream (gRPC, or HTTP's newline-delimited JSON) of
+    /// `caller`'s asks `inbound`: the answers, in order. The stream carries
+    /// the sessions it renews (`end_on_disconnect`) until `inbound` ends or
+    /// fails, or the answers are no longer read. `acl_changes` was
+    /// subscribed before `caller` was checked.
+    pub(super) fn keep_alive_stream<S>(
+        &self,
+        mut caller: Caller,
+        mut acl_changes: tokio::sync::watch::Receiver<u64>,
+        mut inbound: S,
+    ) -> BoxStream<pb::KeepAliveResponse>
+    where
+        S: Stream<Item = Result<pb::KeepAliveRequest, Status>> + Send + Unpin + 'static,
+    {
+        use futures::StreamExt as _;
+        let _timer = self
+            .0
+            .shared
+            .metrics
+            .timer(crate::metrics::Method::KeepAlive);
+        self.0
+            .shared
+            .metrics
+            .count(crate::metrics::Counter::KeepAliveStreams);
+        let (tx, rx) = mpsc::channel(KEEP_ALIVE_BATCH);
+        let api = self.clone();
+        tokio::spawn(async move {
+            let _ended = StreamEnded(api.0.shared.metrics.clone());
+            // The sessions this stream renews: when it ends, those that end
+            // with their process start their grace (see `leases`).
+            let carrier = Carrier::open(&api);
+            // One client multiplexes all its sessions on one stream: take
+            // every keep-alive already waiting, confirm leadership once for
+            // them all (each arrived before the round starts), answer each
+            // in arrival order.
+            let mut batch = Vec::with_capacity(KEEP_ALIVE_BATCH);
+            let mut ended = false;
+            while !ended {
+                let next = tokio::select! {
+                    next = inbound.next() => next,
+                    // The ACL was reloaded: the stream goes on only while
+                    // the credentials it was opened with still hold. Its
+                    // sessions are not closed: no longer renewed here,
+                    // they expire one ttl after their last keep-alive.
+                    Ok(()) = acl_changes.changed() => {
+                        match api.0.auth.recheck(&caller) {
+                            Ok(again) => caller = again,
+                            Err(e) => {
+                                tracing::info!(
+                                    identity = %caller.identity,
+                                    "ended a KeepAlive stream whose credentials were revoked; its \
+                                     sessions expire one ttl after their last keep-alive"
+                                );
+                                let _ = tx.send(Err(Status::from(Error::from(e)))).await;
+                                return;
+                            }
+                        }
+                        continue;
+                    }
+                };
+                match next {
+                    Some(Ok(msg)) => batch.push((SessionId(msg.session_id), msg.ask_id)),
+                    Some(Err(status)) => {
+                        // A malformed ask (HTTP) is answered; a broken
+                        // transport has nobody left to answer.
+                        if status.code() == tonic::Code::InvalidArgument {
+                            let _ = tx.send(Err(status)).await;
+                        }
+                        return;
+                    }
+                    None => return,
+                }
+                let asked = tokio::time::Instant::now();
+                while batch.len() < KEEP_ALIVE_BATCH {
+                    match inbound.next().now_or_never() {
+                        Some(Some(Ok(msg))) => batch.push((SessionId(msg.session_id), msg.ask_id)),
+                        Some(Some(Err(_)) | None) => {
+                            ended = true;
+                            break;
+                        }
+                        None => break,
+                    }
+                }
+                let confirmed = api.0.leadership.confirm().await;
+                for (session, ask_id) in batch.drain(..) {
+                    let result = match &confirmed {
+                        Err(e) => Err(e.clone()),
+                        Ok(()) if !api.owns(&caller, session) => {
+                            Err(Refusal::NotOwner { session }.into())
+                        }
+                        Ok(()) => api.renew_session(session),
+                    };
+                    // A session that is gone gets its own answer and the
+                    // stream goes on for the others on it; anything else
+                    // (not the leader, no quorum) ends the stream, to be
+                    // retried at the leader. Every renewal counts the
+                    // stream as a carrier in the term it happens in.
+                    if result.is_ok() {
+                        carrier.carries(session);
+                    }
+                    let item = match result {
+                        Ok(ttl) => Ok(pb::KeepAliveResponse {
+                            session_id: session.0,
+                            ttl_ms: ttl.as_millis() as u64,
+                            expired: false,
+                            ask_id,
+                        }),
+                        Err(Error::NotFound(_)) => Ok(pb::KeepAliveResponse {
+                            session_id: session.0,
+                            ttl_ms: 0,
+                            expired: true,
+                            ask_id,
+                        }),
+                        Err(e) => Err(Status::from(e)),
+                    };
+                    let failed = item.is_err();
+                    api.0.shared.metrics.keepalive_answer(asked.elapsed());
+                    if tx.send(item).await.is_err() || failed {
+                        return;
+                    }
+                }
+            }
+        });
+        Box::pin(ReceiverStream::new(rx))
+    }
+
     /// Waits for a queued acquire's grant or cancellation.
     pub(super) async fn park(
         &self,
@@ -211,112 +337,15 @@ impl Locks for Api {
         &self,
         req: Request<Streaming<pb::KeepAliveRequest>>,
     ) -> Result<Response<Self::KeepAliveStream>, Status> {
-        let _timer = self
-            .0
-            .shared
-            .metrics
-            .timer(crate::metrics::Method::KeepAlive);
         // Subscribed before the credentials are checked, so a reload
         // between the two is seen.
-        let mut acl_changes = self.0.auth.changes();
-        let mut caller = self.caller(&req)?;
-        let mut inbound = req.into_inner();
-        self.0
-            .shared
-            .metrics
-            .count(crate::metrics::Counter::KeepAliveStreams);
-        let (tx, rx) = mpsc::channel(KEEP_ALIVE_BATCH);
-        let api = self.clone();
-        tokio::spawn(async move {
-            let _ended = StreamEnded(api.0.shared.metrics.clone());
-            // The sessions this stream renews: when it ends, those that end
-            // with their process start their grace (see `leases`).
-            let carrier = Carrier::open(&api);
-            // One client multiplexes all its sessions on one stream: take
-            // every keep-alive already waiting, confirm leadership once for
-            // them all (each arrived before the round starts), answer each
-            // in arrival order.
-            let mut batch = Vec::with_capacity(KEEP_ALIVE_BATCH);
-            let mut ended = false;
-            while !ended {
-                let next = tokio::select! {
-                    next = inbound.message() => next,
-                    // The ACL was reloaded: the stream goes on only while
-                    // the credentials it was opened with still hold. Its
-                    // sessions are not closed: no longer renewed here,
-                    // they expire one ttl after their last keep-alive.
-                    Ok(()) = acl_changes.changed() => {
-                        match api.0.auth.recheck(&caller) {
-                            Ok(again) => caller = again,
-                            Err(e) => {
-                                tracing::info!(
-                                    identity = %caller.identity,
-                                    "ended a KeepAlive stream whose credentials were revoked; its \
-                                     sessions expire one ttl after their last keep-alive"
-                                );
-                                let _ = tx.send(Err(Status::from(Error::from(e)))).await;
-                                return;
-                            }
-                        }
-                        continue;
-                    }
-                };
-                match next {
-                    Ok(Some(msg)) => batch.push((SessionId(msg.session_id), msg.ask_id)),
-                    Ok(None) | Err(_) => return,
-                }
-                let asked = tokio::time::Instant::now();
-                while batch.len() < KEEP_ALIVE_BATCH {
-                    match inbound.message().now_or_never() {
-                        Some(Ok(Some(msg))) => batch.push((SessionId(msg.session_id), msg.ask_id)),
-                        Some(Ok(None) | Err(_)) => {
-                            ended = true;
-                            break;
-                        }
-                        None => break,
-                    }
-                }
-                let confirmed = api.0.leadership.confirm().await;
-                for (session, ask_id) in batch.drain(..) {
-                    let result = match &confirmed {
-                        Err(e) => Err(e.clone()),
-                        Ok(()) if !api.owns(&caller, session) => {
-                            Err(Refusal::NotOwner { session }.into())
-                        }
-                        Ok(()) => api.renew_session(session),
-                    };
-                    // A session that is gone gets its own answer and the
-                    // stream goes on for the others on it; anything else
-                    // (not the leader, no quorum) ends the stream, to be
-                    // retried at the leader. Every renewal counts the
-                    // stream as a carrier in the term it happens in.
-                    if result.is_ok() {
-                        carrier.carries(session);
-                    }
-                    let item = match result {
-                        Ok(ttl) => Ok(pb::KeepAliveResponse {
-                            session_id: session.0,
-                            ttl_ms: ttl.as_millis() as u64,
-                            expired: false,
-                            ask_id,
-                        }),
-                        Err(Error::NotFound(_)) => Ok(pb::KeepAliveResponse {
-                            session_id: session.0,
-                            ttl_ms: 0,
-                            expired: true,
-                            ask_id,
-                        }),
-                        Err(e) => Err(Status::from(e)),
-                    };
-                    let failed = item.is_err();
-                    api.0.shared.metrics.keepalive_answer(asked.elapsed());
-                    if tx.send(item).await.is_err() || failed {
-                        return;
-                    }
-                }
-            }
-        });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        let acl_changes = self.0.auth.changes();
+        let caller = self.caller(&req)?;
+        Ok(Response::new(self.keep_alive_stream(
+            caller,
+            acl_changes,
+            req.into_inner(),
+        )))
     }
 
     #[tracing::instrument(skip_all, fields(session = req.get_ref().session_id))]

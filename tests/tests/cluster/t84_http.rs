@@ -592,6 +592,13 @@ prefix = "app/"
             "{path}: an unauthenticated request with a 256 MiB body is refused from its head"
         );
     }
+    // The streaming KeepAlive too (its body is a stream, bounded per line).
+    let ndjson = ("Content-Type", "application/x-ndjson");
+    assert_eq!(
+        answer_to_head(&leader, "/v1/locks/KeepAlive", &[ndjson], 256 << 20).await,
+        Some(401),
+        "an unauthenticated KeepAlive stream is refused from its head"
+    );
     // With credentials, a body past what the route's messages need is
     // refused from its length, before it is read (64 KiB for both).
     let auth = ("Authorization", "Bearer tok-app");
@@ -689,5 +696,139 @@ async fn cross_site_requests_are_refused_without_an_acl_too() {
     )
     .await;
     assert_eq!(ok.status, 200, "{}", ok.body);
+    cluster.shutdown().await;
+}
+
+/// Opens a streaming `KeepAlive` (`application/x-ndjson`, chunked) at
+/// `addr`; the connection, past the answer's head.
+async fn open_keep_alive_stream(addr: &str) -> BufReader<TcpStream> {
+    let mut conn = TcpStream::connect(addr).await.expect("connect");
+    conn.write_all(
+        b"POST /v1/locks/KeepAlive HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n",
+    )
+    .await
+    .expect("write");
+    let mut reader = BufReader::new(conn);
+    let mut line = String::new();
+    reader.read_line(&mut line).await.expect("status");
+    assert!(line.starts_with("HTTP/1.1 200"), "{line}");
+    loop {
+        line.clear();
+        reader.read_line(&mut line).await.expect("header");
+        if line == "\r\n" {
+            break;
+        }
+    }
+    reader
+}
+
+/// Writes `text` as one chunk of the request body.
+async fn send_chunk(conn: &mut BufReader<TcpStream>, text: &str) {
+    let chunk = format!("{:x}\r\n{text}\r\n", text.len());
+    conn.get_mut()
+        .write_all(chunk.as_bytes())
+        .await
+        .expect("write a chunk");
+}
+
+/// Reads the next line of the streamed answer (a chunk of one line).
+async fn next_line(conn: &mut BufReader<TcpStream>) -> serde_json::Value {
+    let read = async {
+        loop {
+            let mut size = String::new();
+            conn.read_line(&mut size).await.expect("chunk size");
+            if size.trim().is_empty() {
+                continue;
+            }
+            let mut text = String::new();
+            conn.read_line(&mut text).await.expect("line");
+            return serde_json::from_str(text.trim()).expect("json");
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), read)
+        .await
+        .expect("an answer line within 10 s")
+}
+
+/// Issue 44, item 1: `KeepAlive` over HTTP as a stream (newline-delimited
+/// JSON both ways) renews a session that ends with its process and carries
+/// it as a gRPC stream does: the session lives on past its grace while the
+/// stream renews it, and ends a grace after the connection drops, long
+/// before its ttl. A line that is no ask ends the stream with an error
+/// line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_keep_alive_stream_over_http_carries_a_session_that_ends_with_its_process() {
+    let cluster = TestCluster::start(3).await;
+    let leader = cluster.leader_addr().await;
+    let lock = post(
+        &leader,
+        "/v1/locks/Lock",
+        r#"{"name": "http/ka", "ttl_ms": 30000, "end_on_disconnect_ms": 500}"#,
+    )
+    .await;
+    assert_eq!(lock.status, 200, "{}", lock.body);
+    assert_eq!(lock.body["acquired"], true);
+    let session = n(&lock.body["session_id"]);
+    let mut stream = open_keep_alive_stream(&leader).await;
+    // Four graces of renewals, every 150 ms: without the stream the
+    // session would have ended 500 ms after the Lock answered.
+    let until = std::time::Instant::now() + Duration::from_secs(2);
+    let mut ask = 0;
+    while std::time::Instant::now() < until {
+        ask += 1;
+        send_chunk(
+            &mut stream,
+            &format!("{{\"session_id\": \"{session}\", \"ask_id\": {ask}}}\n"),
+        )
+        .await;
+        let answer = next_line(&mut stream).await;
+        assert_eq!(n(&answer["session_id"]), session, "{answer}");
+        assert_eq!(n(&answer["ask_id"]), ask, "{answer}");
+        assert_eq!(n(&answer["ttl_ms"]), 30_000, "{answer}");
+        assert_ne!(answer["expired"], true, "{answer}");
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    let held = post(&leader, "/v1/locks/Describe", r#"{"name": "http/ka"}"#).await;
+    assert_eq!(
+        n(&held.body["info"]["holders"][0]["session_id"]),
+        session,
+        "still held by the streamed session: {}",
+        held.body
+    );
+    // The process dies: its connection closes. The next waiter gets the
+    // lock a grace later, not a ttl later.
+    drop(stream);
+    let dropped = std::time::Instant::now();
+    let next = post(
+        &leader,
+        "/v1/locks/Lock",
+        r#"{"name": "http/ka", "ttl_ms": 30000, "timeout_ms": 20000}"#,
+    )
+    .await;
+    assert_eq!(next.body["acquired"], true, "{}", next.body);
+    let waited = dropped.elapsed();
+    println!("granted to the next waiter {waited:?} after the stream's connection closed");
+    assert!(
+        waited < Duration::from_secs(20),
+        "the session outlived its stream: {waited:?}"
+    );
+
+    // A line that is no ask: an error line, and the stream ends.
+    let mut bad = open_keep_alive_stream(&leader).await;
+    send_chunk(&mut bad, "{\"session_id\": [1]}\n").await;
+    let answer = next_line(&mut bad).await;
+    assert_eq!(answer["code"], "INVALID_ARGUMENT", "{answer}");
+    // The last chunk (size 0) ends the answer.
+    let end = async {
+        loop {
+            let mut line = String::new();
+            if bad.read_line(&mut line).await.expect("read") == 0 || line.trim() == "0" {
+                return;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), end)
+        .await
+        .expect("the stream ends after its error line");
     cluster.shutdown().await;
 }
