@@ -25,7 +25,14 @@ func childMain(mode string) int {
 		fmt.Println("ERROR ttl:", err)
 		return 2
 	}
-	c, err := New(os.Getenv("RAFTLOCK_ENDPOINTS"), Options{TTL: ttl})
+	opts := Options{TTL: ttl}
+	if g := os.Getenv("RAFTLOCK_GRACE"); g != "" {
+		if opts.EndOnDisconnect, err = time.ParseDuration(g); err != nil {
+			fmt.Println("ERROR grace:", err)
+			return 2
+		}
+	}
+	c, err := New(os.Getenv("RAFTLOCK_ENDPOINTS"), opts)
 	if err != nil {
 		fmt.Println("ERROR new:", err)
 		return 2
@@ -70,8 +77,16 @@ type child struct {
 	lines chan string
 }
 
-// spawn runs a worker process in mode on key.
+// spawn runs a worker process in mode on key, with the client's default
+// EndOnDisconnect.
 func spawn(t *testing.T, mode, endpoints, key string, ttl time.Duration) *child {
+	t.Helper()
+	return spawnWith(t, mode, endpoints, key, ttl, 0)
+}
+
+// spawnWith is spawn with Options.EndOnDisconnect = grace (0: the
+// default).
+func spawnWith(t *testing.T, mode, endpoints, key string, ttl, grace time.Duration) *child {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(),
@@ -80,6 +95,9 @@ func spawn(t *testing.T, mode, endpoints, key string, ttl time.Duration) *child 
 		"RAFTLOCK_KEY="+key,
 		"RAFTLOCK_TTL="+ttl.String(),
 	)
+	if grace != 0 {
+		cmd.Env = append(cmd.Env, "RAFTLOCK_GRACE="+grace.String())
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	cmd.Stderr = os.Stderr
 	stdout, err := cmd.StdoutPipe()

@@ -55,6 +55,8 @@ type lockRequest struct {
 	Weight    uint32 `json:"weight,omitempty"`
 	Capacity  uint32 `json:"capacity,omitempty"`
 	Nonce     u64    `json:"nonce"`
+	// The session ends a grace after its last stream (0: off).
+	EndOnDisconnectMs u64 `json:"end_on_disconnect_ms,omitempty"`
 }
 
 type lockResponse struct {
@@ -102,7 +104,7 @@ func (c *Client) Acquire(ctx context.Context, key string, o AcquireOptions) (*Gu
 	if err := checkTTL(ttl); err != nil {
 		return nil, err
 	}
-	req := lockRequest{Name: key, TTLMs: u64(ttl.Milliseconds())}
+	req := lockRequest{Name: key, TTLMs: u64(ttl.Milliseconds()), EndOnDisconnectMs: u64(c.grace.Milliseconds())}
 	weight, err := checkPermits(o)
 	if err != nil {
 		return nil, err
@@ -193,6 +195,7 @@ func (c *Client) Acquire(ctx context.Context, key string, o AcquireOptions) (*Gu
 		fence:    uint64(resp.Fence),
 		session:  uint64(resp.SessionID),
 		ttl:      ttl,
+		grace:    c.grace,
 		shared:   o.Shared,
 		weight:   req.Weight,
 		capacity: req.Capacity,
@@ -202,11 +205,11 @@ func (c *Client) Acquire(ctx context.Context, key string, o AcquireOptions) (*Gu
 	}
 	g.credit(sent)
 	g.stopCtx, g.stop = context.WithCancel(context.Background())
-	if time.Since(sent) > ttl/3 {
+	if time.Since(sent) > g.span()/3 {
 		// The call waited: the node restarted the lease as it answered,
 		// but the count from the send has mostly run out. Renew now and
 		// count from this renewal.
-		if expired := g.renew(ctx, time.Now().Add(ttl/3)); expired {
+		if expired := g.renew(ctx, time.Now().Add(g.span()/3)); expired {
 			g.stop()
 			close(g.done)
 			_ = g.unlock(context.Background())
@@ -339,6 +342,7 @@ type Guard struct {
 	fence   uint64
 	session uint64
 	ttl     time.Duration
+	grace   time.Duration // end_on_disconnect (0: off): renewed over a stream
 	// weight and capacity of semaphore permits (0 for a lock).
 	weight, capacity uint32
 
@@ -409,15 +413,28 @@ func (g *Guard) Valid() bool {
 	return !g.isLost && !g.released && time.Now().Before(g.leaseEnd)
 }
 
-// LeaseEnd is when the client's count of the lease ends (the send time of
-// the last confirmed renewal + TTL - 10 % of TTL).
+// LeaseEnd is when the client's count of the lease ends: the send time of
+// the last confirmed renewal + the span - 10 % of it, the span being the
+// TTL, or the smaller of the TTL and Options.EndOnDisconnect when that is
+// on.
 func (g *Guard) LeaseEnd() time.Time {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.leaseEnd
 }
 
-func (g *Guard) margin() time.Duration { return g.ttl / 10 }
+// span is how long after a confirmed renewal's send the lease is
+// believed (before the margin): the TTL, or the grace if shorter (the
+// leader ends the session a grace after its stream closes, which a paused
+// process cannot see).
+func (g *Guard) span() time.Duration {
+	if g.grace > 0 && g.grace < g.ttl {
+		return g.grace
+	}
+	return g.ttl
+}
+
+func (g *Guard) margin() time.Duration { return g.span() / 10 }
 
 // credit counts the lease from sent (the send time of a renewal the
 // leader confirmed), unless the lease is already lost.
@@ -428,7 +445,7 @@ func (g *Guard) credit(sent time.Time) {
 		return
 	}
 	g.lastSent = sent
-	g.leaseEnd = sent.Add(g.ttl - g.margin())
+	g.leaseEnd = sent.Add(g.span() - g.margin())
 }
 
 func (g *Guard) markLost() {
@@ -454,7 +471,7 @@ func (g *Guard) renew(ctx context.Context, giveUp time.Time) (expired bool) {
 	ask := g.c.asks.Add(1)
 	sent := time.Now()
 	var r keepAliveResponse
-	timeout := g.ttl / 6
+	timeout := g.span() / 6
 	if timeout > MaxAttemptTimeout {
 		timeout = MaxAttemptTimeout
 	}
@@ -477,6 +494,10 @@ func (g *Guard) renew(ctx context.Context, giveUp time.Time) (expired bool) {
 // attempt, so a process resumed from a pause never renews a lapsed lease)
 // or when the node answers that the session is gone.
 func (g *Guard) keepAlive() {
+	if g.grace > 0 {
+		g.keepAliveStreamed()
+		return
+	}
 	defer close(g.done)
 	for {
 		g.mu.Lock()

@@ -34,8 +34,9 @@ type Grant struct {
 }
 
 type openSessionRequest struct {
-	TTLMs u64 `json:"ttl_ms"`
-	Nonce u64 `json:"nonce"`
+	TTLMs             u64 `json:"ttl_ms"`
+	Nonce             u64 `json:"nonce"`
+	EndOnDisconnectMs u64 `json:"end_on_disconnect_ms,omitempty"`
 }
 
 type openSessionResponse struct {
@@ -179,7 +180,7 @@ func (c *Client) AcquireAll(ctx context.Context, specs []Spec, o AcquireOptions)
 	}
 	sent := time.Now()
 	var open openSessionResponse
-	if err := c.call(ctx, "locks/OpenSession", openSessionRequest{TTLMs: u64(ttl.Milliseconds()), Nonce: u64(nonce())}, &open, c.attemptTimeout()); err != nil {
+	if err := c.call(ctx, "locks/OpenSession", openSessionRequest{TTLMs: u64(ttl.Milliseconds()), Nonce: u64(nonce()), EndOnDisconnectMs: u64(c.grace.Milliseconds())}, &open, c.attemptTimeout()); err != nil {
 		return nil, err
 	}
 	if open.TTLMs != 0 {
@@ -190,6 +191,7 @@ func (c *Client) AcquireAll(ctx context.Context, specs []Spec, o AcquireOptions)
 		key:     specs[0].Key,
 		session: uint64(open.SessionID),
 		ttl:     ttl,
+		grace:   c.grace,
 		lost:    make(chan struct{}),
 		done:    make(chan struct{}),
 	}

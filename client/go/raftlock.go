@@ -67,6 +67,10 @@ const (
 	// in a queue: an attempt that gets no answer by then is retried on the
 	// next node.
 	MaxAttemptTimeout = 5 * time.Second
+	// DefaultEndOnDisconnect is Options.EndOnDisconnect when it is 0.
+	DefaultEndOnDisconnect = 2 * time.Second
+	// MaxEndOnDisconnect is the longest grace a node accepts.
+	MaxEndOnDisconnect = time.Minute
 )
 
 // Locker is gitea's globallock.Locker; *Client implements it.
@@ -96,6 +100,17 @@ type Options struct {
 	// answers or no leader is known (DefaultRetryTimeout when 0). It does
 	// not bound a Lock's wait in the queue: the context does that.
 	RetryTimeout time.Duration
+	// EndOnDisconnect is the grace after which a lock's session ends once
+	// its keep-alive stream is gone, when the process holding it dies (its
+	// connection closes): the next holder gets the lock then, not a TTL
+	// later. DefaultEndOnDisconnect when 0; negative: off (only the TTL
+	// ends a dead holder's session); at most MaxEndOnDisconnect, whole
+	// milliseconds. Each held lock keeps one streaming KeepAlive open
+	// (HTTP, newline-delimited JSON) and renews over it every third of the
+	// smaller of the grace and the TTL; the lease is believed for that
+	// smaller span (less 10 %) after the last renewal's send, since a
+	// paused process cannot tell when its stream closed.
+	EndOnDisconnect time.Duration
 	// OnLost, when set, is called once, in a goroutine of its own, for each
 	// held lock whose lease may have lapsed (see Guard.Lost). Nothing is
 	// cancelled.
@@ -113,6 +128,7 @@ type Client struct {
 	token        string
 	ttl          time.Duration
 	retryTimeout time.Duration
+	grace        time.Duration // end_on_disconnect (0: off)
 	onLost       func(key string, fence uint64)
 	http         *http.Client
 
@@ -158,6 +174,15 @@ func New(endpoints string, opts Options) (*Client, error) {
 	if retry < 0 {
 		return nil, invalidArgument("RetryTimeout %v is negative", retry)
 	}
+	grace := opts.EndOnDisconnect
+	switch {
+	case grace == 0:
+		grace = DefaultEndOnDisconnect
+	case grace < 0:
+		grace = 0
+	case grace > MaxEndOnDisconnect || grace%time.Millisecond != 0:
+		return nil, invalidArgument("EndOnDisconnect %v: must be whole milliseconds, at most %v (negative: off)", grace, MaxEndOnDisconnect)
+	}
 	hc := opts.HTTPClient
 	if hc == nil {
 		hc = &http.Client{Transport: &http.Transport{
@@ -174,6 +199,7 @@ func New(endpoints string, opts Options) (*Client, error) {
 		token:        opts.Token,
 		ttl:          ttl,
 		retryTimeout: retry,
+		grace:        grace,
 		onLost:       opts.OnLost,
 		http:         hc,
 	}, nil

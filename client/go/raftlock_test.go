@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sort"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -416,14 +417,42 @@ func TestKilledWaiterLeavesNothingQueued(t *testing.T) {
 	g.Release()
 }
 
-// A holder process killed (SIGKILL) holds the lock until its session's
-// ttl runs out (HTTP has no stream whose end could end it sooner), then
-// the next waiter gets it.
+// A holder process killed (SIGKILL) at the client's defaults: its
+// keep-alive stream's connection closes, and the next waiter gets the
+// lock a grace (DefaultEndOnDisconnect) later, not a TTL (30 s) later.
+// Three rounds; the median is printed.
+func TestKilledHolderFreedWithinItsGrace(t *testing.T) {
+	cl := shared(t)
+	ttl := 30 * time.Second
+	var took []time.Duration
+	for round := 0; round < 3; round++ {
+		k := key(t) + fmt.Sprint(round)
+		w := spawn(t, "hold", cl.endpoints(), k, ttl)
+		w.expect("HOLD fence ", 15*time.Second)
+		// A few renewals over the stream first, so the Lock call's own end
+		// is long past.
+		time.Sleep(2 * DefaultEndOnDisconnect)
+		w.signal(syscall.SIGKILL)
+		killed := time.Now()
+		c := newClient(t, cl.endpoints(), Options{})
+		g, err := c.Acquire(ctxFor(t, ttl/2), k, AcquireOptions{})
+		if err != nil {
+			t.Fatalf("round %d: the killed holder's lock was not freed within half its ttl: %v", round, err)
+		}
+		took = append(took, time.Since(killed))
+		g.Release()
+	}
+	sort.Slice(took, func(i, j int) bool { return took[i] < took[j] })
+	t.Logf("killed holder (ttl %v, grace %v): next grant after %v (median of %v)", ttl, DefaultEndOnDisconnect, took[1].Round(time.Millisecond), took)
+}
+
+// With EndOnDisconnect off, a killed holder holds the lock until its
+// session's ttl runs out, then the next waiter gets it.
 func TestKilledHolderFreedByItsTTL(t *testing.T) {
 	cl := shared(t)
 	k := key(t)
 	ttl := 2 * time.Second
-	w := spawn(t, "hold", cl.endpoints(), k, ttl)
+	w := spawnWith(t, "hold", cl.endpoints(), k, ttl, -1)
 	w.expect("HOLD fence ", 15*time.Second)
 	w.signal(syscall.SIGKILL)
 	killed := time.Now()
