@@ -124,6 +124,17 @@ fn the_clients_check_the_clusters_limits() {
         limits::MAX_END_ON_DISCONNECT_MS as f64,
         "Python"
     );
+    assert_eq!(
+        go_ms(&go.get("MaxEndOnDisconnect")),
+        limits::MAX_END_ON_DISCONNECT_MS as f64,
+        "Go"
+    );
+    // The default grace is the same in the clients that have one.
+    assert_eq!(
+        go_ms(&go.get("DefaultEndOnDisconnect")),
+        number(&py.get("DEFAULT_END_ON_DISCONNECT")) * 1_000.0,
+        "Go and Python"
+    );
 }
 
 #[test]
