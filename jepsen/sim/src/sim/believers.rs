@@ -12,7 +12,8 @@
 //!   runs out (over gRPC or HTTP);
 //! * a one-call `Lock` retried with its nonce while held (gRPC or HTTP);
 //! * a session that ends with its process, kept alive on one or two
-//!   `KeepAlive` streams, one of which may end (a flap) while the other
+//!   `KeepAlive` streams (gRPC, or HTTP's newline-delimited JSON), one of
+//!   which may end (a flap) while the other
 //!   goes on, across the operator's leadership round trips;
 //! * a session kept alive by one-shot `KeepAlive`s (HTTP's way);
 //!
@@ -786,7 +787,8 @@ async fn streams(client: &str, name: &str, rng: &mut StdRng, record: &Shared) {
         count,
     };
     // Up to two streams, each on a connection of its own to `id`.
-    let mut streams: Vec<Stream> = vec![Stream::open(id).await];
+    let mut opened = 0u64;
+    let mut streams: Vec<Stream> = vec![open_noted(record, client, id, session, &mut opened).await];
     if rng.random_bool(0.5) {
         // Across a leadership round trip: the first stream renews, the
         // leadership goes from this node to another and back (the
@@ -833,7 +835,7 @@ async fn streams(client: &str, name: &str, rng: &mut StdRng, record: &Shared) {
                             return;
                         }
                     }
-                    streams.push(Stream::open(id).await);
+                    streams.push(open_noted(record, client, id, session, &mut opened).await);
                     for which in [0, 1] {
                         ask += 1;
                         let sent = now_us();
@@ -850,7 +852,7 @@ async fn streams(client: &str, name: &str, rng: &mut StdRng, record: &Shared) {
             }
         }
     } else if rng.random_bool(0.6) {
-        streams.push(Stream::open(id).await);
+        streams.push(open_noted(record, client, id, session, &mut opened).await);
     }
     let hold = rng.random_range(300..4_000) * 1_000;
     let mut ask = 0u64;
@@ -866,7 +868,7 @@ async fn streams(client: &str, name: &str, rng: &mut StdRng, record: &Shared) {
                 format!("{client}: a KeepAlive stream of session {session} ends"),
             );
         } else if streams.len() < 2 && rng.random_bool(0.03) {
-            streams.push(Stream::open(id).await);
+            streams.push(open_noted(record, client, id, session, &mut opened).await);
         }
         let which = rng.random_range(0..streams.len());
         ask += 1;
@@ -881,7 +883,7 @@ async fn streams(client: &str, name: &str, rng: &mut StdRng, record: &Shared) {
                 // Not the leader any more, or the stream broke: a new
                 // stream next time (at the same node; the session is
                 // counted by its ttl until a stream renews it there).
-                streams[which] = Stream::open(id).await;
+                streams[which] = open_noted(record, client, id, session, &mut opened).await;
             }
         }
         tokio::time::sleep(Duration::from_millis(grace / 3)).await;
@@ -899,14 +901,32 @@ async fn streams(client: &str, name: &str, rng: &mut StdRng, record: &Shared) {
     .await;
 }
 
-/// One open `KeepAlive` stream.
-struct Stream {
-    asks: tokio::sync::mpsc::Sender<pb::KeepAliveRequest>,
-    answers: Option<tonic::Streaming<pb::KeepAliveResponse>>,
+/// One open `KeepAlive` stream: gRPC, or HTTP's newline-delimited JSON
+/// (chunked HTTP/1.1 both ways, as the Go client's).
+enum Stream {
+    Grpc {
+        asks: tokio::sync::mpsc::Sender<pb::KeepAliveRequest>,
+        answers: Option<tonic::Streaming<pb::KeepAliveResponse>>,
+    },
+    /// The connection past the answer's head (`None`: it did not open),
+    /// and what was read of the body and not yet used.
+    Http {
+        conn: Option<turmoil::net::TcpStream>,
+        read: Vec<u8>,
+    },
 }
 
 impl Stream {
-    async fn open(id: u64) -> Stream {
+    /// The `nth` stream of `session` to node `id`: over HTTP for two in
+    /// five (decided from the session id, not the believer's random
+    /// numbers, so that every seed's other choices stay what they were).
+    async fn open(id: u64, session: u64, nth: &mut u64) -> Stream {
+        *nth += 1;
+        let h =
+            (session ^ nth.wrapping_mul(0x9e37_79b9_7f4a_7c15)).wrapping_mul(0xff51_afd7_ed55_8ccd);
+        if (h >> 33) % 5 < 2 {
+            return Stream::open_http(id).await;
+        }
         let (asks, rx) = tokio::sync::mpsc::channel(4);
         let answers = tokio::time::timeout(CALL, async {
             LocksClient::new(channel(id))
@@ -917,26 +937,140 @@ impl Stream {
         .ok()
         .and_then(Result::ok)
         .map(tonic::Response::into_inner);
-        Stream { asks, answers }
+        Stream::Grpc { asks, answers }
+    }
+
+    async fn open_http(id: u64) -> Stream {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let open = async {
+            let mut conn = turmoil::net::TcpStream::connect(addr(id)).await.ok()?;
+            let head = format!(
+                "POST /v1/locks/KeepAlive HTTP/1.1\r\nHost: {}\r\n\
+                 Content-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n",
+                addr(id)
+            );
+            conn.write_all(head.as_bytes()).await.ok()?;
+            let mut read = Vec::new();
+            let mut buf = [0u8; 1024];
+            let end = loop {
+                if let Some(end) = find(&read, b"\r\n\r\n") {
+                    break end;
+                }
+                let n = conn.read(&mut buf).await.ok()?;
+                if n == 0 {
+                    return None;
+                }
+                read.extend_from_slice(&buf[..n]);
+            };
+            let ok = read.starts_with(b"HTTP/1.1 200");
+            read.drain(..end + 4);
+            ok.then_some((conn, read))
+        };
+        match tokio::time::timeout(CALL, open).await.ok().flatten() {
+            Some((conn, read)) => Stream::Http {
+                conn: Some(conn),
+                read,
+            },
+            None => Stream::Http {
+                conn: None,
+                read: Vec::new(),
+            },
+        }
     }
 
     /// One renewal: `Some(true)` renewed, `Some(false)` expired, `None`
     /// no answer (the stream is then useless).
     async fn renew(&mut self, session: u64, ask: u64) -> Option<bool> {
-        let answers = self.answers.as_mut()?;
-        self.asks
-            .send(pb::KeepAliveRequest {
-                session_id: session,
-                ask_id: ask,
-            })
-            .await
-            .ok()?;
-        let a = tokio::time::timeout(CALL, answers.message())
-            .await
-            .ok()?
-            .ok()??;
-        (a.ask_id == ask).then_some(!a.expired)
+        match self {
+            Stream::Grpc { asks, answers } => {
+                let answers = answers.as_mut()?;
+                asks.send(pb::KeepAliveRequest {
+                    session_id: session,
+                    ask_id: ask,
+                })
+                .await
+                .ok()?;
+                let a = tokio::time::timeout(CALL, answers.message())
+                    .await
+                    .ok()?
+                    .ok()??;
+                (a.ask_id == ask).then_some(!a.expired)
+            }
+            Stream::Http { conn, read } => {
+                let answer =
+                    tokio::time::timeout(CALL, http_renew(conn.as_mut()?, read, session, ask))
+                        .await
+                        .ok()
+                        .flatten();
+                if answer.is_none() {
+                    // Broken or late: never read from it again.
+                    *conn = None;
+                }
+                answer
+            }
+        }
     }
+}
+
+/// One ask on an HTTP `KeepAlive` stream and its answer line (chunked:
+/// each answer line comes in a chunk of its own).
+async fn http_renew(
+    conn: &mut turmoil::net::TcpStream,
+    read: &mut Vec<u8>,
+    session: u64,
+    ask: u64,
+) -> Option<bool> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let line = format!("{{\"session_id\": \"{session}\", \"ask_id\": {ask}}}\n");
+    let chunk = format!("{:x}\r\n{line}\r\n", line.len());
+    conn.write_all(chunk.as_bytes()).await.ok()?;
+    let mut buf = [0u8; 1024];
+    loop {
+        // A chunk: its size line, then that many bytes and CRLF.
+        if let Some(size_end) = find(read, b"\r\n") {
+            let size = usize::from_str_radix(String::from_utf8_lossy(&read[..size_end]).trim(), 16)
+                .ok()?;
+            if size == 0 {
+                return None;
+            }
+            if read.len() >= size_end + 2 + size + 2 {
+                let body: Vec<u8> = read[size_end + 2..size_end + 2 + size].to_vec();
+                read.drain(..size_end + 2 + size + 2);
+                let v: serde_json::Value = serde_json::from_slice(&body).ok()?;
+                if v.get("code").is_some() {
+                    return None;
+                }
+                return (n(&v["ask_id"]) == ask && n(&v["session_id"]) == session)
+                    .then_some(v["expired"] != serde_json::Value::Bool(true));
+            }
+        }
+        let got = conn.read(&mut buf).await.ok()?;
+        if got == 0 {
+            return None;
+        }
+        read.extend_from_slice(&buf[..got]);
+    }
+}
+
+/// [`Stream::open`], noted in the trace with its kind and whether it
+/// opened.
+async fn open_noted(
+    record: &Shared,
+    client: &str,
+    id: u64,
+    session: u64,
+    opened: &mut u64,
+) -> Stream {
+    let stream = Stream::open(id, session, opened).await;
+    let (kind, up) = match &stream {
+        Stream::Grpc { answers, .. } => ("gRPC", answers.is_some()),
+        Stream::Http { conn, .. } => ("HTTP", conn.is_some()),
+    };
+    note(
+        record,
+        format!("{client}: session {session}: a {kind} KeepAlive stream to node {id} (open: {up})"),
+    );
+    stream
 }
 
 /// The asks of a stream as the body of a `KeepAlive` call.
