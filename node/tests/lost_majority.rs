@@ -207,3 +207,51 @@ async fn a_survivor_of_a_lost_majority_restarts_the_cluster_with_everything_it_h
         .await
         .is_some());
 }
+
+/// A node stopped after it bootstrapped its new cluster but before it
+/// proposed the backup waiting in its data directory (`raftlockd restore`
+/// + `--init`, or `--force-new-cluster`) proposes it on its next start:
+/// the cluster is empty and the backup still waits, so it is not done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_left_pending_by_a_stop_after_bootstrap_is_applied_on_the_next_start() {
+    use raftlock_node::state::{cmd, Command, LockName, LockTable, Mode, SessionId};
+    let mut procs = Procs::start(1, &[]);
+    procs.leader().await;
+    procs.kill(1).await;
+    // The state such a stop leaves: a bootstrapped, empty cluster and the
+    // backup still in place.
+    let mut table = LockTable::new();
+    table.apply(
+        1,
+        Command::OpenSessionV0(cmd::OpenSessionV0 {
+            ttl_ms: 60_000,
+            lock_delay_ms: 0,
+            nonce: 7,
+            owner: String::new(),
+        }),
+    );
+    table.apply(
+        2,
+        Command::Acquire(cmd::Acquire {
+            session: SessionId(1),
+            seq: 1,
+            name: LockName::new("pending/restore").expect("a name"),
+            mode: Mode::Exclusive,
+            timeout_ms: 0,
+            value: Vec::new(),
+            caller: String::new(),
+        }),
+    );
+    let backup = raftlock_node::api::backup::write(&table, 2, 0xfeed, 1_764_000_000);
+    let dir = procs.data_dir(1);
+    std::fs::write(dir.join(raftlock_node::node::RESTORE_FILE), backup).expect("place it");
+    procs.spawn(1, true);
+    let at = procs.addr(1);
+    let h = eventually("the pending backup restored", Duration::from_secs(60), || {
+        let a = at.clone();
+        async move { holders(&a, "pending/restore").await.filter(|h| !h.is_empty()) }
+    })
+    .await;
+    assert_eq!(h.len(), 1, "{h:?}");
+    assert!(dir.join("restore.applied").exists());
+}
