@@ -114,8 +114,8 @@ async fn seed_from_backup(api: Api, path: PathBuf) {
 }
 
 /// Most log entries the leader sends a follower in one `AppendEntries`.
-/// openraft gives every `AppendEntries` one heartbeat interval to
-/// complete; an entry carries at most `MAX_BATCH` commands or one
+/// Each answer on a replication stream has `STREAM_ANSWER_BUDGET` (1 s) at
+/// the least; an entry carries at most `MAX_BATCH` commands or one
 /// `MAX_RESTORE_PART` of a backup, so this keeps a catching-up follower's
 /// RPCs to a few MB that it can take within that time (openraft's default
 /// of 300 entries could reach tens of MB and then time out every retry).
@@ -401,8 +401,13 @@ impl Node {
             tracing::info!(?members, "bootstrapping a new cluster");
             raft.initialize(members).await?;
         }
+        // A backup still waiting is proposed whether or not this start is
+        // the first: a node stopped after it bootstrapped but before it
+        // proposed the backup finishes the restore now. (The file is
+        // renamed once the cluster took or refused it; a cluster that holds
+        // anything refuses a restore.)
         let seed = opts.data_dir.join(RESTORE_FILE);
-        let seed = (opts.init && fresh && seed.exists()).then_some(seed);
+        let seed = seed.exists().then_some(seed);
 
         let (stop, stop_rx) = watch::channel(false);
         let leadership = Leadership::new(

@@ -247,10 +247,18 @@ async fn a_restore_left_pending_by_a_stop_after_bootstrap_is_applied_on_the_next
     std::fs::write(dir.join(raftlock_node::node::RESTORE_FILE), backup).expect("place it");
     procs.spawn(1, true);
     let at = procs.addr(1);
-    let h = eventually("the pending backup restored", Duration::from_secs(60), || {
-        let a = at.clone();
-        async move { holders(&a, "pending/restore").await.filter(|h| !h.is_empty()) }
-    })
+    let h = eventually(
+        "the pending backup restored",
+        Duration::from_secs(60),
+        || {
+            let a = at.clone();
+            async move {
+                holders(&a, "pending/restore")
+                    .await
+                    .filter(|h| !h.is_empty())
+            }
+        },
+    )
     .await;
     assert_eq!(h.len(), 1, "{h:?}");
     assert!(dir.join("restore.applied").exists());
