@@ -196,17 +196,7 @@ async fn decode<T: DeserializeOwned + Default>(
     limit: usize,
 ) -> Result<tonic::Request<T>, Response> {
     let (parts, body) = req.into_parts();
-    if let Some(why) = cross_site(&parts.headers, &parts.uri) {
-        return Err(cross_site_refused(&why));
-    }
-    // The credentials, from the headers and the connection (a client
-    // certificate) alone.
-    let mut head = axum::http::Request::new(());
-    *head.headers_mut() = parts.headers.clone();
-    *head.extensions_mut() = parts.extensions.clone();
-    if let Err(e) = api.caller(&tonic::Request::from_http(head)) {
-        return Err(status_response(&Status::from(e)));
-    }
+    caller_from_head(api, &parts)?;
     let length = parts
         .headers
         .get(header::CONTENT_LENGTH)
@@ -247,6 +237,25 @@ async fn decode<T: DeserializeOwned + Default>(
     Ok(tonic::Request::from_http(axum::http::Request::from_parts(
         parts, message,
     )))
+}
+
+/// The caller of a request, from its head alone (the headers and the
+/// connection's client certificate), or the answer that refuses it: a
+/// browser's cross-site request, or credentials that do not hold.
+// The error is the answer itself, handed straight back to axum.
+#[allow(clippy::result_large_err)]
+fn caller_from_head(
+    api: &Api,
+    parts: &axum::http::request::Parts,
+) -> Result<crate::auth::Caller, Response> {
+    if let Some(why) = cross_site(&parts.headers, &parts.uri) {
+        return Err(cross_site_refused(&why));
+    }
+    let mut head = axum::http::Request::new(());
+    *head.headers_mut() = parts.headers.clone();
+    *head.extensions_mut() = parts.extensions.clone();
+    api.caller(&tonic::Request::from_http(head))
+        .map_err(|e| status_response(&Status::from(e)))
 }
 
 /// Whether the body may be read as JSON: labelled `application/json` (or
@@ -391,16 +400,12 @@ fn is_ndjson(headers: &HeaderMap) -> bool {
 /// are checked from the headers before a byte of the body is read.
 async fn keep_alive_stream(api: &Api, req: axum::http::Request<Body>) -> Response {
     let (parts, body) = req.into_parts();
-    if let Some(why) = cross_site(&parts.headers, &parts.uri) {
-        return cross_site_refused(&why);
-    }
+    // Subscribed before the credentials are checked, so a reload between
+    // the two is seen.
     let acl_changes = api.0.auth.changes();
-    let mut head = axum::http::Request::new(());
-    *head.headers_mut() = parts.headers.clone();
-    *head.extensions_mut() = parts.extensions.clone();
-    let caller = match api.caller(&tonic::Request::from_http(head)) {
+    let caller = match caller_from_head(api, &parts) {
         Ok(caller) => caller,
-        Err(e) => return status_response(&Status::from(e)),
+        Err(refused) => return refused,
     };
     let asks = Box::pin(ndjson_lines(body, MAX_KEEP_ALIVE_LINE).map(|line| {
         let line = line?;
