@@ -123,13 +123,23 @@ async fn the_console_shows_holders_waiters_sessions_and_events_and_revokes() {
     assert!(holder_row["since_keepalive_ms"]
         .as_u64()
         .is_some_and(|ms| ms <= HOLDER_TTL.as_millis() as u64));
-    let kinds: Vec<_> = s["events"]
-        .as_array()
-        .expect("events")
-        .iter()
-        .filter(|e| e["name"] == "con/x")
-        .map(|e| e["kind"].as_str().unwrap_or("").to_string())
-        .collect();
+    // The events come from the console's side table, a moment behind the
+    // applied state: polled until both are there.
+    let kinds = eventually(
+        "the console's events show the grant and the wait",
+        Duration::from_secs(10),
+        || async {
+            let (_, s) = get_json(&metrics, "/ui/api/state", &[]).await;
+            let kinds: Vec<_> = s["events"]
+                .as_array()?
+                .iter()
+                .filter(|e| e["name"] == "con/x")
+                .map(|e| e["kind"].as_str().unwrap_or("").to_string())
+                .collect();
+            (kinds.len() >= 2).then_some(kinds)
+        },
+    )
+    .await;
     assert_eq!(kinds, vec!["granted", "queued"]);
 
     // The metrics see the same queue: the longest queue is 1, the oldest
@@ -228,11 +238,23 @@ async fn the_console_shows_holders_waiters_sessions_and_events_and_revokes() {
     );
     assert_eq!(metric(&text, "raftlock_longest_queue"), Some(0.0));
     assert!(got.is_held());
-    assert!(s["events"]
-        .as_array()
-        .expect("events")
-        .iter()
-        .any(|e| e["kind"] == "revoked" && e["session"] == q.holder.id().get()));
+    // The events come from the console's side table, which follows the
+    // applied events a moment behind (CI on a loaded machine read the
+    // state before it had the revoke): polled.
+    let holder = q.holder.id().get();
+    eventually(
+        "the console's events show the revoke",
+        Duration::from_secs(10),
+        || async {
+            let (_, s) = get_json(&metrics, "/ui/api/state?prefix=con%2F", &[]).await;
+            s["events"]
+                .as_array()?
+                .iter()
+                .any(|e| e["kind"] == "revoked" && e["session"] == holder)
+                .then_some(())
+        },
+    )
+    .await;
     cluster.shutdown().await;
 }
 
