@@ -2,6 +2,12 @@
 //! simulated time and network and an in-memory simulated disk, every run
 //! decided by one seed. See README.md.
 
+// The unit tests are the checkers' (belief, oracle, shared) and the
+// clock's. The simulation and its driver stay out of the test build: with
+// them, `cargo test --release` compiled the whole simulation a second time
+// (about 2 minutes of one core, on CI's critical path).
+#![cfg_attr(test, allow(dead_code))]
+
 #[cfg(not(tokio_unstable))]
 compile_error!(
     "raftlock-sim needs `--cfg tokio_unstable` (turmoil seeds tokio's scheduler with it): build \
@@ -11,13 +17,17 @@ compile_error!(
 mod belief;
 mod oracle;
 mod shared;
+#[cfg(not(test))]
 mod sim;
 mod wall_clock;
 
+#[cfg(not(test))]
 use std::process::{Command, ExitCode};
 
+#[cfg(not(test))]
 use sim::Settings;
 
+#[cfg(not(test))]
 const USAGE: &str = "\
 usage: raftlock-sim [OPTIONS]
   --seed S                 run one seed (default 1)
@@ -39,6 +49,7 @@ usage: raftlock-sim [OPTIONS]
   --stall-real-time        sleep 0-3 ms of real time between some steps (the run must not change)
   --hash-only              print only the trace hash (used by --check-determinism)";
 
+#[cfg(not(test))]
 fn main() -> ExitCode {
     // Before anything reads a clock: see wall_clock.
     wall_clock::init();
@@ -190,6 +201,7 @@ fn main() -> ExitCode {
 /// seed's run is the same as `--reproduce S` gives (some state a run
 /// leaves in the process changed the next run: seed 3 gave another hash
 /// after seeds 1 and 2 in one process); stops at the first failure.
+#[cfg(not(test))]
 fn sweep(
     seeds: impl Iterator<Item = (u64, Vec<String>)>,
     settings: &Settings,
@@ -254,6 +266,7 @@ fn sweep(
 
 /// The seeds a file lists: one per line, optionally followed by the flags
 /// of its run (`21 --paths bound`); `#` starts a comment.
+#[cfg(not(test))]
 fn seeds_file(path: &str) -> Result<Vec<(u64, Vec<String>)>, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
     let mut seeds = Vec::new();
@@ -270,18 +283,21 @@ fn seeds_file(path: &str) -> Result<Vec<(u64, Vec<String>)>, String> {
     Ok(seeds)
 }
 
+#[cfg(not(test))]
 fn num(s: &str) -> Result<u64, String> {
     s.trim().parse().map_err(|_| format!("not a number: {s:?}"))
 }
 
 /// The commit this binary was built from, for failure reports (recorded
 /// by build.rs).
+#[cfg(not(test))]
 fn commit() -> String {
     env!("RAFTLOCK_SIM_COMMIT").to_string()
 }
 
 /// Runs seeds 1..=n twice each, every run in a fresh process, and compares
 /// their trace hashes.
+#[cfg(not(test))]
 fn check_determinism(n: u64, settings: &Settings) -> ExitCode {
     let exe = match std::env::current_exe() {
         Ok(exe) => exe,
