@@ -401,7 +401,8 @@ async fn force_new_cluster(opts: &mut NodeOptions) -> anyhow::Result<()> {
     );
     if exported.voters.keys().eq([&opts.id]) {
         tracing::warn!(
-            "--force-new-cluster: node {} is already the only voter of its cluster; starting              as usual. Remove the flag",
+            "--force-new-cluster: node {} is already the only voter of its cluster; \
+             starting as usual. Remove the flag",
             opts.id
         );
         return Ok(());

@@ -388,31 +388,22 @@ prefix = "app/"
 async fn watch_streams_newline_delimited_json() {
     let cluster = TestCluster::start(3).await;
     let leader = cluster.leader_addr().await;
-    let mut conn = TcpStream::connect(&leader).await.expect("connect");
     let body = r#"{"prefix": "http/w"}"#;
-    conn.write_all(
+    let (mut reader, headers) = open_ndjson(
+        &leader,
         format!(
             "POST /v1/locks/Watch HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
             body.len()
         )
         .as_bytes(),
     )
-    .await
-    .expect("write");
-    let mut reader = BufReader::new(conn);
-    let mut line = String::new();
-    reader.read_line(&mut line).await.expect("status");
-    assert!(line.starts_with("HTTP/1.1 200"), "{line}");
-    loop {
-        line.clear();
-        reader.read_line(&mut line).await.expect("header");
-        if line == "\r\n" {
-            break;
-        }
-        if line.to_ascii_lowercase().starts_with("content-type") {
-            assert!(line.contains("application/x-ndjson"), "{line}");
-        }
-    }
+    .await;
+    assert!(
+        headers
+            .iter()
+            .any(|h| h.starts_with("content-type") && h.contains("application/x-ndjson")),
+        "{headers:?}"
+    );
     let lock = post(
         &leader,
         "/v1/locks/Lock",
@@ -420,14 +411,9 @@ async fn watch_streams_newline_delimited_json() {
     )
     .await;
     assert_eq!(lock.status, 200);
-    // Chunked framing: a size line, then the event's line.
     let next_event = async {
         loop {
-            let mut size = String::new();
-            reader.read_line(&mut size).await.expect("chunk size");
-            let mut text = String::new();
-            reader.read_line(&mut text).await.expect("event line");
-            let v: serde_json::Value = serde_json::from_str(text.trim()).expect("json");
+            let v = next_ndjson(&mut reader).await;
             if v["kind"] == "EVENT_KIND_GRANTED" {
                 return v;
             }
@@ -699,27 +685,51 @@ async fn cross_site_requests_are_refused_without_an_acl_too() {
     cluster.shutdown().await;
 }
 
-/// Opens a streaming `KeepAlive` (`application/x-ndjson`, chunked) at
-/// `addr`; the connection, past the answer's head.
-async fn open_keep_alive_stream(addr: &str) -> BufReader<TcpStream> {
+/// Sends `request` (a head, and a body if it has one) on a new connection
+/// and reads the answer's head, which must be a 200: the connection past
+/// the head, and the head's header lines in lower case.
+async fn open_ndjson(addr: &str, request: &[u8]) -> (BufReader<TcpStream>, Vec<String>) {
     let mut conn = TcpStream::connect(addr).await.expect("connect");
-    conn.write_all(
-        b"POST /v1/locks/KeepAlive HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n",
-    )
-    .await
-    .expect("write");
+    conn.write_all(request).await.expect("write");
     let mut reader = BufReader::new(conn);
     let mut line = String::new();
     reader.read_line(&mut line).await.expect("status");
     assert!(line.starts_with("HTTP/1.1 200"), "{line}");
+    let mut headers = Vec::new();
     loop {
         line.clear();
         reader.read_line(&mut line).await.expect("header");
         if line == "\r\n" {
-            break;
+            return (reader, headers);
         }
+        headers.push(line.trim_end().to_ascii_lowercase());
     }
-    reader
+}
+
+/// The next line of a chunked newline-delimited JSON answer: a size line,
+/// then the line.
+async fn next_ndjson(conn: &mut BufReader<TcpStream>) -> serde_json::Value {
+    loop {
+        let mut size = String::new();
+        conn.read_line(&mut size).await.expect("chunk size");
+        if size.trim().is_empty() {
+            continue;
+        }
+        let mut text = String::new();
+        conn.read_line(&mut text).await.expect("line");
+        return serde_json::from_str(text.trim()).expect("json");
+    }
+}
+
+/// Opens a streaming `KeepAlive` (`application/x-ndjson`, chunked) at
+/// `addr`; the connection, past the answer's head.
+async fn open_keep_alive_stream(addr: &str) -> BufReader<TcpStream> {
+    open_ndjson(
+        addr,
+        b"POST /v1/locks/KeepAlive HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n",
+    )
+    .await
+    .0
 }
 
 /// Writes `text` as one chunk of the request body.
@@ -733,19 +743,7 @@ async fn send_chunk(conn: &mut BufReader<TcpStream>, text: &str) {
 
 /// Reads the next line of the streamed answer (a chunk of one line).
 async fn next_line(conn: &mut BufReader<TcpStream>) -> serde_json::Value {
-    let read = async {
-        loop {
-            let mut size = String::new();
-            conn.read_line(&mut size).await.expect("chunk size");
-            if size.trim().is_empty() {
-                continue;
-            }
-            let mut text = String::new();
-            conn.read_line(&mut text).await.expect("line");
-            return serde_json::from_str(text.trim()).expect("json");
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(10), read)
+    tokio::time::timeout(Duration::from_secs(10), next_ndjson(conn))
         .await
         .expect("an answer line within 10 s")
 }
