@@ -2,6 +2,12 @@
 //! test binary (linked once) with a module per area, numbered in the order
 //! they build on each other (as in openraft's own test suites).
 
+// Two suites that start clusters too, in this binary so that they are
+// linked once with it (each binary of their own took about 20 s to build):
+// the alerting rules against a real Prometheus, README's curl cycle.
+mod alert_rules;
+mod readme_http;
+
 mod t10_basic;
 mod t20_failover;
 mod t25_five_nodes;

@@ -9,7 +9,7 @@ use std::process::Command;
 use raftlock_testkit::servers::{self, Unavailable};
 use raftlock_testkit::TestCluster;
 
-const README: &str = include_str!("../../README.md");
+const README: &str = include_str!("../../../README.md");
 
 /// The first ```sh block after `heading`.
 fn block_after(heading: &str) -> String {
