@@ -136,6 +136,71 @@ async fn a_backup_restores_into_an_empty_cluster_only() {
     seeded.shutdown().await;
 }
 
+/// Issue 45, item 3: one backup restored twice (two clusters seeded from
+/// one file, one after the other, or one file restored again after a
+/// first restore was given up) never hands out a fence twice: the default
+/// bump grows with the backup's age, one fence per microsecond, so a later
+/// restore starts above every fence an earlier one can have reached since
+/// (no cluster grants a million locks a second). On the old default (a
+/// flat 2^32) both clusters handed out the same fences.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_backup_restored_twice_never_hands_out_a_fence_twice() {
+    let old = TestCluster::start(1).await;
+    let client = old.client().await;
+    let s = client
+        .session(Duration::from_secs(60))
+        .await
+        .expect("session");
+    let held = s.lock("twice/x").await.expect("lock");
+    let backup = client.backup().await.expect("backup");
+    let taken = std::time::SystemTime::now();
+    old.shutdown().await;
+
+    // The first restore, and grants in it.
+    let first = TestCluster::start(1).await;
+    let a = first.client().await;
+    let ra = a.restore(backup.snapshot.clone()).await.expect("restore");
+    let bump = ra.last_fence.get() - held.fence().get();
+    let age = taken.elapsed().expect("clock").as_micros() as u64;
+    assert!(
+        bump >= BUMP && bump <= BUMP + age + 1_000_000,
+        "the default bump is 2^32 plus the backup's age in microseconds (its \
+         creation time is in whole seconds): {bump} after {age} us"
+    );
+    let sa = a.session(Duration::from_secs(60)).await.expect("session");
+    let mut fences = Vec::new();
+    for i in 0..20 {
+        let g = sa.lock(&format!("twice/a{i}")).await.expect("lock");
+        fences.push(g.fence().get());
+    }
+    let highest_a = *fences.iter().max().expect("grants");
+
+    // The second restore of the same file, into another cluster, later.
+    let second = TestCluster::start(1).await;
+    let b = second.client().await;
+    let rb = b.restore(backup.snapshot.clone()).await.expect("restore");
+    assert!(
+        rb.last_fence.get() > highest_a,
+        "the second restore starts at {}, not above the first's fences (up to {highest_a})",
+        rb.last_fence.get()
+    );
+    let sb = b.session(Duration::from_secs(60)).await.expect("session");
+    let gb = sb.lock("twice/b").await.expect("lock");
+    assert!(gb.fence().get() > highest_a);
+
+    // A bump given explicitly is taken as given.
+    let third = TestCluster::start(1).await;
+    let c = third.client().await;
+    let rc = c
+        .restore_with(backup.snapshot.clone(), Some(5))
+        .await
+        .expect("restore");
+    assert_eq!(rc.last_fence.get(), held.fence().get() + 5);
+    first.shutdown().await;
+    second.shutdown().await;
+    third.shutdown().await;
+}
+
 /// Review finding 13: `Backup` encodes behind the snapshot gate (on a
 /// blocking thread), like a snapshot, so applies arriving meanwhile wait as
 /// parked tasks instead of blocking runtime threads on the table's lock.
