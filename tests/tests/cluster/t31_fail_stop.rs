@@ -23,6 +23,19 @@ async fn health(addr: &str, service: &str) -> Option<i32> {
     Some(r.into_inner().status)
 }
 
+/// The first answer of the node at `addr` to a health check of `service`,
+/// asking again while the call itself fails (a connection not made within
+/// its timeout on a loaded machine: the campaign saw one, 2026-11-30) for
+/// up to 30 s.
+async fn health_answer(addr: &str, service: &str) -> i32 {
+    eventually(
+        &format!("an answer to a health check of {service:?} at {addr}"),
+        Duration::from_secs(30),
+        || health(addr, service),
+    )
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_leader_whose_syncs_fail_stops_and_the_others_go_on() {
     let mut cluster = TestCluster::start(3).await;
@@ -37,7 +50,10 @@ async fn a_leader_whose_syncs_fail_stops_and_the_others_go_on() {
 
     let leader = cluster.leader().await;
     let addr = cluster.addr(leader);
-    assert_eq!(health(&addr, "").await, Some(ServingStatus::Serving as i32));
+    assert_eq!(
+        health_answer(&addr, "").await,
+        ServingStatus::Serving as i32
+    );
     cluster.storage_faults(leader).fail_syncs();
     // The next write makes the leader append, and its sync fails. (The
     // call itself may fail or be retried at the next leader.)
@@ -56,8 +72,8 @@ async fn a_leader_whose_syncs_fail_stops_and_the_others_go_on() {
     // Health was turned off before the failure was reported.
     for service in ["", "raftlock.v1.Locks", "liveness"] {
         assert_eq!(
-            health(&addr, service).await,
-            Some(ServingStatus::NotServing as i32),
+            health_answer(&addr, service).await,
+            ServingStatus::NotServing as i32,
             "health of {service:?} after a fatal error"
         );
     }
@@ -111,8 +127,8 @@ async fn a_node_whose_sync_fails_outside_the_cores_writes_stops_serving_first() 
     let admin = cluster.client().await;
     let (id, addr) = cluster.spawn_new_node().await;
     assert_eq!(
-        health(&addr, "liveness").await,
-        Some(ServingStatus::Serving as i32)
+        health_answer(&addr, "liveness").await,
+        ServingStatus::Serving as i32
     );
     cluster.storage_faults(id).fail_syncs();
     // The leader's first message makes the new node record the cluster id;
@@ -128,8 +144,8 @@ async fn a_node_whose_sync_fails_outside_the_cores_writes_stops_serving_first() 
     let addr = cluster.addr(id);
     for service in ["", "raftlock.v1.Locks", "liveness"] {
         assert_eq!(
-            health(&addr, service).await,
-            Some(ServingStatus::NotServing as i32),
+            health_answer(&addr, service).await,
+            ServingStatus::NotServing as i32,
             "health of {service:?} once the node has failed"
         );
     }
