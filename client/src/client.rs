@@ -381,15 +381,18 @@ impl Client {
     }
 
     /// Restores a backup into an empty cluster, raising its fence counter
-    /// by the default bump (2^32; see [`restore_with`](Self::restore_with)).
+    /// by the default bump (see [`restore_with`](Self::restore_with)).
     pub async fn restore(&self, snapshot: Vec<u8>) -> Result<Restored> {
         self.restore_with(snapshot, None).await
     }
 
     /// Restores a backup into an empty cluster, raising its fence counter
-    /// by `fence_bump` (`None`: the server's default, 2^32). The bump must
+    /// by `fence_bump` (`None`: the server's default, which puts the counter
+    /// 2^32 above the larger of the backup's and the restore's time in
+    /// microseconds since 1970, by the leader's clock). A bump given must
     /// exceed the number of grants the backup's cluster made after the
-    /// backup was taken, or stores may see a fence twice.
+    /// backup was taken, and reach above every fence of an earlier restore
+    /// of it, or stores may see a fence twice.
     pub async fn restore_with(
         &self,
         snapshot: Vec<u8>,

@@ -1028,13 +1028,14 @@ impl Cluster {
 
     /// Disaster recovery: starts a fresh cluster of the same shape in
     /// `dir` (new ports, empty data), restores `backup` into it with
-    /// `fence_bump`, and puts it in this one's place; the old
+    /// `fence_bump` (`None`: the server's default), and puts it in this
+    /// one's place; the old
     /// cluster's nodes and proxies are stopped. Returns the restore's
     /// answer.
     pub async fn replace_by_restore(
         &mut self,
         backup: Vec<u8>,
-        fence_bump: u64,
+        fence_bump: Option<u64>,
         dir: PathBuf,
     ) -> anyhow::Result<raftlock_client::Restored> {
         let opts = ClusterOptions {
@@ -1044,7 +1045,7 @@ impl Cluster {
         let mut fresh = Cluster::start(opts).await?;
         let restored = fresh
             .admin
-            .restore_with(backup, Some(fence_bump))
+            .restore_with(backup, fence_bump)
             .await
             .context("restore into the fresh cluster")?;
         std::mem::swap(self, &mut fresh);

@@ -43,7 +43,8 @@ pub const MAX_STREAMS_PER_CONNECTION: u32 = 1024;
 pub const RESTORE_FILE: &str = "restore.bin";
 
 /// Name of the file beside [`RESTORE_FILE`] holding the fence bump for that
-/// restore, in decimal (absent: the default bump).
+/// restore, in decimal (absent: the default bump, counted when the backup
+/// is applied).
 pub const RESTORE_BUMP_FILE: &str = "restore.fence_bump";
 
 /// A node that holds a membership without itself asks its peers whether it
@@ -59,13 +60,14 @@ async fn seed_from_backup(api: Api, path: PathBuf) {
     let bump_path = path.with_file_name(RESTORE_BUMP_FILE);
     let fence_bump = match std::fs::read_to_string(&bump_path) {
         Ok(text) => match text.trim().parse::<u64>() {
-            Ok(bump) => bump,
+            Ok(bump) => Some(bump),
             Err(e) => {
                 tracing::error!(path = %bump_path.display(), error = %e, "restore: bad fence bump; nothing restored");
                 return;
             }
         },
-        Err(_) => crate::state::limits::DEFAULT_RESTORE_FENCE_BUMP,
+        // The default, by the backup's age when it is applied.
+        Err(_) => None,
     };
     let snapshot = match std::fs::read(&path) {
         Ok(snapshot) => snapshot,

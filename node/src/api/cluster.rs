@@ -380,10 +380,7 @@ impl Cluster for Api {
         let _timer = self.0.shared.metrics.timer(crate::metrics::Method::Restore);
         self.caller(&req)?.require_admin()?;
         let r = req.into_inner();
-        let fence_bump = r
-            .fence_bump
-            .unwrap_or(crate::state::limits::DEFAULT_RESTORE_FENCE_BUMP);
-        let (sessions, last_fence) = self.restore_backup(&r.snapshot, fence_bump).await?;
+        let (sessions, last_fence) = self.restore_backup(&r.snapshot, r.fence_bump).await?;
         Ok(Response::new(pb::RestoreResponse {
             sessions,
             last_fence,

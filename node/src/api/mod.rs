@@ -139,9 +139,17 @@ impl Api {
     /// Restores `backup` (a backup file, see [`backup::check`]) into the
     /// (empty) cluster: checks it, then proposes its lock table in parts of
     /// at most `MAX_RESTORE_PART` bytes, one after the other; the last part
-    /// installs it, with its fence counter raised by `fence_bump`. Returns
-    /// the sessions restored and the fence counter.
-    pub async fn restore_backup(&self, file: &[u8], fence_bump: u64) -> Result<(u64, u64), Error> {
+    /// installs it, with its fence counter raised by `fence_bump` (`None`:
+    /// the default, above the time of the restore by this node's clock,
+    /// see [`default_restore_fence_bump`]). Returns the sessions
+    /// restored and the fence counter.
+    ///
+    /// [`default_restore_fence_bump`]: crate::state::limits::default_restore_fence_bump
+    pub async fn restore_backup(
+        &self,
+        file: &[u8],
+        fence_bump: Option<u64>,
+    ) -> Result<(u64, u64), Error> {
         use crate::state::limits::{MAX_RESTORE_BYTES, MAX_RESTORE_PART};
         if file.len() > MAX_RESTORE_BYTES {
             return Err(Error::InvalidArgument(format!(
@@ -159,6 +167,15 @@ impl Api {
             .map_err(|e| Error::Internal(format!("backup check failed: {e}")))?;
         let checked =
             checked.map_err(|e| Error::InvalidArgument(format!("invalid backup: {e}")))?;
+        let fence_bump = fence_bump.unwrap_or_else(|| {
+            let now_unix_micros = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+            crate::state::limits::default_restore_fence_bump(
+                checked.table.last_fence().0,
+                now_unix_micros,
+            )
+        });
         checked.table.fence_after_restore(fence_bump)?;
         // The parts carry the lock table alone, as the state machine reads
         // it; the checksum has done its work.

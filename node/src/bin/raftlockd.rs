@@ -58,9 +58,12 @@ enum Command {
         /// The (empty) data directory of the node that will bootstrap.
         #[arg(long)]
         data_dir: PathBuf,
-        /// Added to the backup's fence counter (default 2^32): more than
-        /// the old cluster can have granted after the backup was taken.
-        /// 0 only if FILE is the old cluster's final state.
+        /// Added to the backup's fence counter. Default: enough that new
+        /// fences start 2^32 above the larger of the backup's last fence and
+        /// the time the cluster applies it, in microseconds since 1970,
+        /// which no fence of an earlier cluster (restored or not) can have
+        /// reached. 0 only if FILE is the old cluster's final state and is
+        /// restored once.
         #[arg(long)]
         fence_bump: Option<u64>,
     },
@@ -311,17 +314,29 @@ fn restore(
             data_dir.display()
         );
     }
-    let fence_bump = fence_bump.unwrap_or(raftlock_node::state::limits::DEFAULT_RESTORE_FENCE_BUMP);
+    // Without --fence-bump the bump is counted when the cluster applies the
+    // backup (above the time it does so); checked here as of now.
+    let bump_now = fence_bump.unwrap_or_else(|| {
+        let now_unix_micros = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+        raftlock_node::state::limits::default_restore_fence_bump(
+            checked.table.last_fence().0,
+            now_unix_micros,
+        )
+    });
     let first_fence = checked
         .table
-        .fence_after_restore(fence_bump)
-        .map_err(|e| anyhow::anyhow!("--fence-bump {fence_bump}: {e}"))?;
+        .fence_after_restore(bump_now)
+        .map_err(|e| anyhow::anyhow!("--fence-bump {bump_now}: {e}"))?;
     std::fs::create_dir_all(data_dir)?;
     write_private(&data_dir.join(raftlock_node::node::RESTORE_FILE), &bytes)?;
-    write_private(
-        &data_dir.join(raftlock_node::node::RESTORE_BUMP_FILE),
-        fence_bump.to_string().as_bytes(),
-    )?;
+    if let Some(bump) = fence_bump {
+        write_private(
+            &data_dir.join(raftlock_node::node::RESTORE_BUMP_FILE),
+            bump.to_string().as_bytes(),
+        )?;
+    }
     let stats = checked.table.stats();
     let checksum = match &checked.header {
         Some(h) => format!(
@@ -331,11 +346,16 @@ fn restore(
         None => "written before backup format 1: no checksum to check".into(),
     };
     println!(
-        "backup ({checksum}) with {} sessions, {} grants, last fence {} (new fences start above {}) placed in {}; start this node with `raftlockd run --init ...`",
+        "backup ({checksum}) with {} sessions, {} grants, last fence {} (new fences start above {}{}) placed in {}; start this node with `raftlockd run --init ...`",
         stats.sessions,
         stats.grants,
         stats.last_fence,
         first_fence,
+        if fence_bump.is_none() {
+            ", or above the time the cluster applies it in microseconds since 1970 plus 2^32 if that is larger"
+        } else {
+            ""
+        },
         data_dir.display()
     );
     if first_fence == raftlock_node::state::limits::MAX_FENCE {

@@ -103,10 +103,35 @@ pub const RESTORE_INDEX_BUMP: u64 = 1 << 48;
 /// it near.)
 pub const MAX_FENCE: u64 = i64::MAX as u64;
 
-/// Fences a restore skips by default above the backup's counter (2^32):
+/// The least a restore skips by default above the backup's counter (2^32):
 /// grants the backup's cluster made after the backup was taken had fences
 /// above the backup's counter, and stores may have accepted them. Restored
 /// clusters hand out fences above `last_fence + bump`, so such fences are
 /// never handed out again as long as the old cluster made fewer than
-/// `bump` grants after the backup. Configurable per restore.
+/// `bump` grants after the backup. The default bump may be larger
+/// ([`default_restore_fence_bump`]); a restore can name its own.
 pub const DEFAULT_RESTORE_FENCE_BUMP: u64 = 1 << 32;
+
+/// The fence rate no cluster reaches: a million grants a second (one a
+/// microsecond). The default restore bump leans on it: a restored cluster's
+/// fences start above the restore's time in microseconds, and then grow
+/// more slowly than that time does.
+pub const RESTORE_FENCES_PER_SECOND: u64 = 1_000_000;
+
+/// The default fence bump of a restore of a backup whose fence counter is
+/// `last_fence`, applied at `now_unix_micros` (the restoring leader's
+/// clock): enough that new fences start above the larger of the backup's
+/// counter and that time in microseconds, plus [`DEFAULT_RESTORE_FENCE_BUMP`].
+///
+/// So every restored cluster starts above the moment of its restore and,
+/// granting fewer than [`RESTORE_FENCES_PER_SECOND`], stays below the
+/// current time in microseconds (plus 2^32) for as long as it runs. A
+/// later restore, of the same file or of any other, starts above every
+/// fence such a cluster handed out, and above those of a cluster never
+/// restored as long as it made fewer than 2^32 grants after the backup.
+/// This leans on the clocks of the nodes that apply the restores: one
+/// behind another by `d` seconds gives up `d` seconds of that margin, so
+/// restores further apart than their clocks' difference are safe.
+pub fn default_restore_fence_bump(last_fence: u64, now_unix_micros: u64) -> u64 {
+    DEFAULT_RESTORE_FENCE_BUMP.saturating_add(now_unix_micros.saturating_sub(last_fence))
+}

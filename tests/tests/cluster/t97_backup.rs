@@ -57,15 +57,19 @@ async fn a_backup_restores_into_an_empty_cluster_only() {
             "nothing restored"
         );
     }
+    let before_restore = unix_micros();
     let r = fresh
         .restore(backup.snapshot.clone())
         .await
         .expect("restore");
     // Fences continue above anything the old cluster may have handed out
-    // after the backup (within the default bump).
-    assert_eq!(
-        (r.sessions, r.last_fence.get()),
-        (2, held.fence().get() + BUMP)
+    // after the backup: by default 2^32 above the restore's time in
+    // microseconds (which is far above the backup's counter here).
+    assert_eq!(r.sessions, 2);
+    assert!(
+        (before_restore + BUMP..=unix_micros() + BUMP).contains(&r.last_fence.get()),
+        "{} after a restore begun at {before_restore} us",
+        r.last_fence.get()
     );
     assert_eq!(
         fresh.list("").await.expect("list"),
@@ -97,7 +101,7 @@ async fn a_backup_restores_into_an_empty_cluster_only() {
         b.id()
     );
     let g = s.lock("backup/new").await.expect("lock");
-    assert!(g.fence().get() > held.fence().get() + BUMP);
+    assert!(g.fence().get() > r.last_fence.get());
 
     // The restored cluster's own backup seeds a third cluster at bootstrap,
     // as `raftlockd restore` leaves it.
@@ -121,7 +125,7 @@ async fn a_backup_restores_into_an_empty_cluster_only() {
     let s3 = sc.session(Duration::from_secs(10)).await.expect("session");
     assert!(s3.id() > s.id(), "ids keep growing across two restores");
     let g3 = s3.lock("backup/third").await.expect("lock");
-    assert!(g3.fence().get() > g.fence().get() + BUMP);
+    assert!(g3.fence().get() > g.fence().get());
 
     held.release().await.expect("release");
     waiting
@@ -138,11 +142,12 @@ async fn a_backup_restores_into_an_empty_cluster_only() {
 
 /// Issue 45, item 3: one backup restored twice (two clusters seeded from
 /// one file, one after the other, or one file restored again after a
-/// first restore was given up) never hands out a fence twice: the default
-/// bump grows with the backup's age, one fence per microsecond, so a later
-/// restore starts above every fence an earlier one can have reached since
-/// (no cluster grants a million locks a second). On the old default (a
-/// flat 2^32) both clusters handed out the same fences.
+/// first restore was given up) never hands out a fence twice: by default a
+/// restored cluster's fences start 2^32 above the time of the restore in
+/// microseconds, and grow more slowly than that time (no cluster grants a
+/// million locks a second), so a later restore starts above every fence
+/// an earlier one handed out. On the old default (a flat 2^32 above the
+/// backup's counter) both clusters handed out the same fences.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_backup_restored_twice_never_hands_out_a_fence_twice() {
     let old = TestCluster::start(1).await;
@@ -153,19 +158,18 @@ async fn one_backup_restored_twice_never_hands_out_a_fence_twice() {
         .expect("session");
     let held = s.lock("twice/x").await.expect("lock");
     let backup = client.backup().await.expect("backup");
-    let taken = std::time::SystemTime::now();
     old.shutdown().await;
 
     // The first restore, and grants in it.
     let first = TestCluster::start(1).await;
     let a = first.client().await;
+    let before = unix_micros();
     let ra = a.restore(backup.snapshot.clone()).await.expect("restore");
-    let bump = ra.last_fence.get() - held.fence().get();
-    let age = taken.elapsed().expect("clock").as_micros() as u64;
     assert!(
-        bump >= BUMP && bump <= BUMP + age + 1_000_000,
-        "the default bump is 2^32 plus the backup's age in microseconds (its \
-         creation time is in whole seconds): {bump} after {age} us"
+        (before + BUMP..=unix_micros() + BUMP).contains(&ra.last_fence.get()),
+        "the default puts the counter 2^32 above the restore's time in microseconds: {} \
+         for a restore begun at {before}",
+        ra.last_fence.get()
     );
     let sa = a.session(Duration::from_secs(60)).await.expect("session");
     let mut fences = Vec::new();
@@ -345,4 +349,13 @@ async fn a_backup_above_four_mebibytes_is_taken_and_restored() {
         })
         .count();
     assert_eq!(names, LOCKS, "every held lock restored");
+}
+
+/// This machine's clock, in microseconds since 1970 (the clock the
+/// in-process nodes' default fence bump reads).
+fn unix_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_micros() as u64
 }

@@ -155,10 +155,13 @@ pub enum SnapshotCmd {
     Restore {
         /// A file written by `snapshot save`.
         file: std::path::PathBuf,
-        /// Added to the backup's fence counter (default 2^32): more than
-        /// the old cluster can have granted after the backup was taken.
-        /// 0 only if FILE is the old cluster's final state. The backup's
-        /// last fence plus the bump must not pass 2^63 - 1.
+        /// Added to the backup's fence counter. Default: enough that new
+        /// fences start 2^32 above the larger of the backup's last fence and
+        /// the time of the restore in microseconds since 1970, which no
+        /// earlier cluster's fence (restored or not) can have reached.
+        /// 0 only if FILE is the old cluster's final state and is restored
+        /// once. The backup's last fence plus the bump must not pass
+        /// 2^63 - 1.
         #[arg(long)]
         fence_bump: Option<u64>,
     },

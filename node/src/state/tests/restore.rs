@@ -493,3 +493,37 @@ proptest::proptest! {
         }
     }
 }
+
+// ---- The default fence bump ----
+
+/// The default bump puts new fences 2^32 above the larger of the backup's
+/// counter and the restore's time in microseconds: a later restore (of the
+/// same file or another) starts above everything a cluster restored
+/// earlier handed out at fewer than a million grants a second; a counter
+/// already past that time gets 2^32; nothing overflows.
+#[test]
+fn the_default_fence_bump_starts_above_the_restores_time() {
+    let t1 = 1_764_000_000_000_000_u64;
+    let last = 1_000;
+    let counter = |last: u64, now: u64| last + default_restore_fence_bump(last, now);
+    assert_eq!(counter(last, t1), t1 + DEFAULT_RESTORE_FENCE_BUMP);
+    // A cluster restored at t1 that grants at the bound for a second...
+    let reached = counter(last, t1) + RESTORE_FENCES_PER_SECOND;
+    // ...is behind a restore of the same backup a second and a microsecond
+    // later, and behind the restore of its own backup taken then.
+    let t2 = t1 + 1_000_001;
+    assert!(counter(last, t2) > reached);
+    assert!(counter(reached, t2) > reached);
+    // A counter past the time (a clock far behind, or a hand-set bump).
+    let ahead = t1 * 2;
+    assert_eq!(
+        default_restore_fence_bump(ahead, t1),
+        DEFAULT_RESTORE_FENCE_BUMP
+    );
+    assert!(counter(last, t1) < MAX_FENCE / 1000);
+    assert_eq!(
+        default_restore_fence_bump(0, u64::MAX),
+        u64::MAX,
+        "saturates"
+    );
+}
