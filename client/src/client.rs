@@ -388,8 +388,8 @@ impl Client {
 
     /// Restores a backup into an empty cluster, raising its fence counter
     /// by `fence_bump` (`None`: the server's default, which puts the counter
-    /// 2^32 above the larger of the backup's and the restore's time in
-    /// microseconds since 1970, by the leader's clock). A bump given must
+    /// 2^32 above the restore's time in microseconds since 1970, by the
+    /// leader's clock, and above the backup's counter). A bump given must
     /// exceed the number of grants the backup's cluster made after the
     /// backup was taken, and reach above every fence of an earlier restore
     /// of it, or stores may see a fence twice.

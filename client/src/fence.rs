@@ -8,12 +8,12 @@
 //!
 //! Across a disaster recovery: a cluster restored from a backup hands out
 //! fences above the backup's counter plus the restore's fence bump (by
-//! default, 2^32 above the larger of that counter and the restore's time
-//! in microseconds since 1970), so a store keeps what it remembers and
-//! goes on working, as long as the old cluster made fewer than 2^32 grants
-//! after the backup was taken and no cluster granted a million locks a
-//! second. After losing every node *without* a backup, a new cluster
-//! starts again from 1: reset the store's remembered fences then.
+//! default, from 2^32 above the restore's time in microseconds since 1970
+//! on), so a store keeps what it remembers and goes on working, as long
+//! as no cluster granted a million locks a second and the restoring
+//! nodes' clocks are right. After losing every node *without* a backup, a
+//! new cluster starts again from 1: reset the store's remembered fences
+//! then.
 //!
 //! ```
 //! use raftlock_client::fence::FenceChecker;

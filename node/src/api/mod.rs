@@ -173,6 +173,7 @@ impl Api {
                 .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
             crate::state::limits::default_restore_fence_bump(
                 checked.table.last_fence().0,
+                checked.header.as_ref().map(|h| h.created_unix_secs),
                 now_unix_micros,
             )
         });

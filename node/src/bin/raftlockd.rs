@@ -59,8 +59,8 @@ enum Command {
         #[arg(long)]
         data_dir: PathBuf,
         /// Added to the backup's fence counter. Default: enough that new
-        /// fences start 2^32 above the larger of the backup's last fence and
-        /// the time the cluster applies it, in microseconds since 1970,
+        /// fences start 2^32 above the time the cluster applies it, in
+        /// microseconds since 1970 (and above the backup's last fence),
         /// which no fence of an earlier cluster (restored or not) can have
         /// reached. 0 only if FILE is the old cluster's final state and is
         /// restored once.
@@ -322,6 +322,7 @@ fn restore(
             .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
         raftlock_node::state::limits::default_restore_fence_bump(
             checked.table.last_fence().0,
+            checked.header.as_ref().map(|h| h.created_unix_secs),
             now_unix_micros,
         )
     });
@@ -352,7 +353,7 @@ fn restore(
         stats.last_fence,
         first_fence,
         if fence_bump.is_none() {
-            ", or above the time the cluster applies it in microseconds since 1970 plus 2^32 if that is larger"
+            ", or 2^32 above the time the cluster applies it in microseconds since 1970 if that is larger"
         } else {
             ""
         },

@@ -119,19 +119,42 @@ pub const DEFAULT_RESTORE_FENCE_BUMP: u64 = 1 << 32;
 pub const RESTORE_FENCES_PER_SECOND: u64 = 1_000_000;
 
 /// The default fence bump of a restore of a backup whose fence counter is
-/// `last_fence`, applied at `now_unix_micros` (the restoring leader's
-/// clock): enough that new fences start above the larger of the backup's
-/// counter and that time in microseconds, plus [`DEFAULT_RESTORE_FENCE_BUMP`].
+/// `last_fence`, taken at `created_unix_secs` (`None`: a backup from before
+/// the header), applied at `now_unix_micros` (the restoring leader's
+/// clock): enough that new fences start above `now_unix_micros` +
+/// [`DEFAULT_RESTORE_FENCE_BUMP`], the *time floor*, and above the
+/// backup's counter.
 ///
-/// So every restored cluster starts above the moment of its restore and,
-/// granting fewer than [`RESTORE_FENCES_PER_SECOND`], stays below the
-/// current time in microseconds (plus 2^32) for as long as it runs. A
-/// later restore, of the same file or of any other, starts above every
-/// fence such a cluster handed out, and above those of a cluster never
-/// restored as long as it made fewer than 2^32 grants after the backup.
-/// This leans on the clocks of the nodes that apply the restores: one
-/// behind another by `d` seconds gives up `d` seconds of that margin, so
-/// restores further apart than their clocks' difference are safe.
-pub fn default_restore_fence_bump(last_fence: u64, now_unix_micros: u64) -> u64 {
-    DEFAULT_RESTORE_FENCE_BUMP.saturating_add(now_unix_micros.saturating_sub(last_fence))
+/// Every cluster's fences stay below the current time in microseconds plus
+/// 2^32: one never restored counts from 1 (it would need 1.8e15 grants to
+/// get there), and a restored one starts at its restore's time floor and
+/// then grants fewer than [`RESTORE_FENCES_PER_SECOND`]. So a backup's
+/// counter is below any later time floor, every restore starts at its own
+/// time floor, and a later restore, of the same file or of any other (an
+/// older one included), starts above every fence any earlier cluster handed
+/// out. (Adding a constant to the backup's counter instead, as the flat
+/// 2^32 default did, climbs by that constant with each restore of a restored
+/// cluster's backup, and an older backup restored after it reissues its
+/// fences.)
+///
+/// This leans on the clocks of the nodes that apply the restores: if a
+/// later restore's clock is `d` seconds behind an earlier one's, the two
+/// must be more than `d` seconds apart. A clock behind the one that stamped
+/// the backup is plainly wrong: then (and for a backup without a stamp) the
+/// bump is also at least [`DEFAULT_RESTORE_FENCE_BUMP`], the old default,
+/// which covers fewer than 2^32 grants by the backup's cluster after it.
+pub fn default_restore_fence_bump(
+    last_fence: u64,
+    created_unix_secs: Option<u64>,
+    now_unix_micros: u64,
+) -> u64 {
+    let time_floor = now_unix_micros.saturating_add(DEFAULT_RESTORE_FENCE_BUMP);
+    let bump = time_floor.saturating_sub(last_fence).max(1);
+    let clock_behind =
+        created_unix_secs.is_none_or(|c| now_unix_micros < c.saturating_mul(1_000_000));
+    if clock_behind {
+        bump.max(DEFAULT_RESTORE_FENCE_BUMP)
+    } else {
+        bump
+    }
 }

@@ -156,9 +156,9 @@ pub enum SnapshotCmd {
         /// A file written by `snapshot save`.
         file: std::path::PathBuf,
         /// Added to the backup's fence counter. Default: enough that new
-        /// fences start 2^32 above the larger of the backup's last fence and
-        /// the time of the restore in microseconds since 1970, which no
-        /// earlier cluster's fence (restored or not) can have reached.
+        /// fences start 2^32 above the time of the restore in microseconds
+        /// since 1970 (and above the backup's last fence), which no earlier
+        /// cluster's fence (restored or not) can have reached.
         /// 0 only if FILE is the old cluster's final state and is restored
         /// once. The backup's last fence plus the bump must not pass
         /// 2^63 - 1.

@@ -496,33 +496,48 @@ proptest::proptest! {
 
 // ---- The default fence bump ----
 
-/// The default bump puts new fences 2^32 above the larger of the backup's
-/// counter and the restore's time in microseconds: a later restore (of the
-/// same file or another) starts above everything a cluster restored
-/// earlier handed out at fewer than a million grants a second; a counter
-/// already past that time gets 2^32; nothing overflows.
+/// The default bump puts new fences 2^32 above the restore's time in
+/// microseconds (the time floor): a later restore, of the same file or
+/// another, starts above everything a cluster restored earlier handed out
+/// at fewer than a million grants a second; restoring a restored cluster's
+/// backup does not climb above its own time floor (so an older backup
+/// restored after it starts above its fences); a clock behind the backup's
+/// stamp, or a backup without one, also gets the old 2^32; nothing
+/// overflows.
 #[test]
-fn the_default_fence_bump_starts_above_the_restores_time() {
-    let t1 = 1_764_000_000_000_000_u64;
+fn the_default_fence_bump_starts_at_the_restores_time_floor() {
+    let created = 1_764_000_000;
+    let t1 = (created + 60) * 1_000_000;
     let last = 1_000;
-    let counter = |last: u64, now: u64| last + default_restore_fence_bump(last, now);
+    let counter = |last: u64, now: u64| last + default_restore_fence_bump(last, Some(created), now);
     assert_eq!(counter(last, t1), t1 + DEFAULT_RESTORE_FENCE_BUMP);
     // A cluster restored at t1 that grants at the bound for a second...
     let reached = counter(last, t1) + RESTORE_FENCES_PER_SECOND;
     // ...is behind a restore of the same backup a second and a microsecond
-    // later, and behind the restore of its own backup taken then.
+    // later, and behind the restore of its own backup taken then, which
+    // starts at that time floor too, not 2^32 above its counter.
     let t2 = t1 + 1_000_001;
     assert!(counter(last, t2) > reached);
-    assert!(counter(reached, t2) > reached);
-    // A counter past the time (a clock far behind, or a hand-set bump).
-    let ahead = t1 * 2;
+    assert_eq!(counter(reached, t2), t2 + DEFAULT_RESTORE_FENCE_BUMP);
+    // So the original backup restored after that chain starts above it.
+    let chained = counter(reached, t2) + RESTORE_FENCES_PER_SECOND;
+    let t3 = t2 + 1_000_001;
+    assert!(counter(last, t3) > chained);
+    // A counter at or past the floor (clocks that disagree) still moves on.
+    assert_eq!(default_restore_fence_bump(t1 * 2, Some(created), t1), 1);
+    // A clock behind the backup's stamp, or no stamp: at least 2^32.
+    let behind = created * 1_000_000 - 1;
     assert_eq!(
-        default_restore_fence_bump(ahead, t1),
+        default_restore_fence_bump(behind * 4, Some(created), behind),
+        DEFAULT_RESTORE_FENCE_BUMP
+    );
+    assert_eq!(
+        default_restore_fence_bump(t1 * 2, None, t1),
         DEFAULT_RESTORE_FENCE_BUMP
     );
     assert!(counter(last, t1) < MAX_FENCE / 1000);
     assert_eq!(
-        default_restore_fence_bump(0, u64::MAX),
+        default_restore_fence_bump(0, Some(0), u64::MAX),
         u64::MAX,
         "saturates"
     );
