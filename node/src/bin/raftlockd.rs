@@ -346,17 +346,19 @@ fn restore(
         ),
         None => "written before backup format 1: no checksum to check".into(),
     };
+    let fences = if fence_bump.is_some() {
+        format!("new fences start above {first_fence}")
+    } else {
+        format!(
+            "by default, new fences start at least 2^32 above the time the cluster applies it, in \
+             microseconds since 1970: above {first_fence} if it did so now"
+        )
+    };
     println!(
-        "backup ({checksum}) with {} sessions, {} grants, last fence {} (new fences start above {}{}) placed in {}; start this node with `raftlockd run --init ...`",
+        "backup ({checksum}) with {} sessions, {} grants, last fence {} ({fences}) placed in {}; start this node with `raftlockd run --init ...`",
         stats.sessions,
         stats.grants,
         stats.last_fence,
-        first_fence,
-        if fence_bump.is_none() {
-            ", or 2^32 above the time the cluster applies it in microseconds since 1970 if that is larger"
-        } else {
-            ""
-        },
         data_dir.display()
     );
     if first_fence == raftlock_node::state::limits::MAX_FENCE {
