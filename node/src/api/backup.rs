@@ -24,6 +24,23 @@ pub struct Checked {
     pub table_range: Range<usize>,
 }
 
+impl Checked {
+    /// The default fence bump of restoring this backup now, by this
+    /// machine's clock (see [`default_restore_fence_bump`]).
+    ///
+    /// [`default_restore_fence_bump`]: crate::state::limits::default_restore_fence_bump
+    pub fn default_fence_bump_now(&self) -> u64 {
+        let now_unix_micros = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+        crate::state::limits::default_restore_fence_bump(
+            self.table.last_fence().0,
+            self.header.as_ref().map(|h| h.created_unix_secs),
+            now_unix_micros,
+        )
+    }
+}
+
 /// Checks `bytes` as a backup file. The message of an error says what is
 /// wrong: `corrupt backup: ...` for a damaged file (a checksum or header
 /// that does not hold), `not a raftlock backup: ...` for other bytes,

@@ -167,16 +167,7 @@ impl Api {
             .map_err(|e| Error::Internal(format!("backup check failed: {e}")))?;
         let checked =
             checked.map_err(|e| Error::InvalidArgument(format!("invalid backup: {e}")))?;
-        let fence_bump = fence_bump.unwrap_or_else(|| {
-            let now_unix_micros = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
-            crate::state::limits::default_restore_fence_bump(
-                checked.table.last_fence().0,
-                checked.header.as_ref().map(|h| h.created_unix_secs),
-                now_unix_micros,
-            )
-        });
+        let fence_bump = fence_bump.unwrap_or_else(|| checked.default_fence_bump_now());
         checked.table.fence_after_restore(fence_bump)?;
         // The parts carry the lock table alone, as the state machine reads
         // it; the checksum has done its work.

@@ -316,16 +316,7 @@ fn restore(
     }
     // Without --fence-bump the bump is counted when the cluster applies the
     // backup (above the time it does so); checked here as of now.
-    let bump_now = fence_bump.unwrap_or_else(|| {
-        let now_unix_micros = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
-        raftlock_node::state::limits::default_restore_fence_bump(
-            checked.table.last_fence().0,
-            checked.header.as_ref().map(|h| h.created_unix_secs),
-            now_unix_micros,
-        )
-    });
+    let bump_now = fence_bump.unwrap_or_else(|| checked.default_fence_bump_now());
     let first_fence = checked
         .table
         .fence_after_restore(bump_now)
