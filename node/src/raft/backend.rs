@@ -4,7 +4,7 @@
 
 use std::fmt::Debug;
 use std::io;
-use std::ops::RangeBounds;
+use std::ops::{Bound, RangeBounds};
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
@@ -133,10 +133,16 @@ impl RaftLogReader<TypeConfig> for Log {
         &mut self,
         range: RB,
     ) -> Result<Vec<Entry>, io::Error> {
-        match self {
-            Log::Sled(s) => s.try_get_log_entries(range).await,
-            Log::Memory(s) => s.try_get_log_entries(range).await,
-        }
+        let first = match range.start_bound() {
+            Bound::Included(&i) => Some(i),
+            Bound::Excluded(&i) => Some(i + 1),
+            Bound::Unbounded => None,
+        };
+        let entries = match self {
+            Log::Sled(s) => s.try_get_log_entries(range).await?,
+            Log::Memory(s) => s.try_get_log_entries(range).await?,
+        };
+        Ok(unbroken(first, entries))
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote>, io::Error> {
@@ -206,6 +212,41 @@ impl RaftLogStorage<TypeConfig> for Log {
             Log::Memory(s) => s.purge(log_id).await,
         }
     }
+}
+
+/// The entries of a read from index `first` on (from the first there is
+/// if `None`) up to the first missing index: nothing if `first` itself is
+/// gone. openraft 0.10.0-alpha.37 can restart a follower's replication
+/// stream from a payload its leader has already replaced by a snapshot,
+/// and the log may be purged past where that stream starts (the
+/// simulator's seed 713724 on 4d345ff): a read that skipped the purged
+/// head would send entries with a gap after the request's
+/// `prev_log_id`, which a follower appends and applies past the hole.
+/// Given nothing, openraft sends a heartbeat instead, and the stream
+/// takes up the leader's current payload when it next starts.
+fn unbroken(first: Option<u64>, mut entries: Vec<Entry>) -> Vec<Entry> {
+    let Some(mut next) = first.or_else(|| entries.first().map(|e| e.log_id.index)) else {
+        return entries;
+    };
+    let keep = entries
+        .iter()
+        .take_while(|e| {
+            let in_order = e.log_id.index == next;
+            next += 1;
+            in_order
+        })
+        .count();
+    if keep < entries.len() {
+        tracing::warn!(
+            from = ?first,
+            read = entries.len(),
+            kept = keep,
+            "a log read found an index missing (purged while a replication stream still \
+             wanted it); it returns only the entries before the gap"
+        );
+        entries.truncate(keep);
+    }
+    entries
 }
 
 /// Where a log store keeps its first failed sync's error, apart from the
