@@ -245,9 +245,9 @@ struct Record {
     granted: belief::Grants,
     /// The sessions believers hold grants in now (for the revoker).
     holding: believers::Holdings,
-    /// Ghost waiters: the name each waited for and when its caller went
-    /// away (simulated microseconds), not judged yet.
-    ghosts: Vec<(String, u64)>,
+    /// Ghost waiters: the name each waited for, when its `Lock` was sent
+    /// and when its caller went away (us).
+    ghosts: Vec<Ghost>,
     /// Leadership round trips the operator completed.
     round_trips: u64,
     /// Sessions that end with their process whose process died: the
@@ -1045,6 +1045,16 @@ fn fnv(bytes: &[u8], mut h: u64) -> u64 {
 
 const FNV_START: u64 = 0xcbf2_9ce4_8422_2325;
 
+/// A ghost waiter not judged yet (simulated microseconds).
+struct Ghost {
+    /// The name it waited for.
+    name: String,
+    /// When its `Lock` was sent.
+    sent: u64,
+    /// When its caller went away.
+    gone: u64,
+}
+
 /// Oracles checked every tick on the running nodes.
 #[derive(Default)]
 struct Watch {
@@ -1074,15 +1084,19 @@ struct Watch {
 impl Watch {
     /// Judges the ghost waiters gone 3 s ago or more: none of their
     /// sessions (told apart by their ttl) may hold the name they waited
-    /// for on the node that leads, if it led in the same term throughout
-    /// (a leader change may leave the close of the ghost's session
-    /// undone, and then its ttl ends it).
+    /// for on the node that leads, if it led in the same term from before
+    /// the ghost's `Lock` was sent (the wait was queued on it, and so was
+    /// the guard that closes its session when the call goes away) and
+    /// steadily since the ghost went. A wait queued by an earlier leader
+    /// had its guard on that leader: a caller gone while no node held its
+    /// call leaves its session to its ttl (seed 711267: the ghost's `Lock`
+    /// was queued on node 2, which left the cluster while the call hung).
     fn judge_ghosts(&mut self, record: &Shared, now: u64) -> Result<(), String> {
-        let due: Vec<(String, u64)> = {
+        let due: Vec<Ghost> = {
             let mut r = record.borrow_mut();
             let (due, later) = std::mem::take(&mut r.ghosts)
                 .into_iter()
-                .partition(|(_, gone)| now * 1_000 >= gone + 3_000_000);
+                .partition(|g| now * 1_000 >= g.gone + 3_000_000);
             r.ghosts = later;
             due
         };
@@ -1096,11 +1110,11 @@ impl Watch {
         let Some(node) = node else {
             return Ok(());
         };
-        for (name, gone) in due {
+        for Ghost { name, sent, gone } in due {
             let steady = self
                 .terms_since
                 .get(&leader)
-                .is_some_and(|(since, _)| since * 1_000 <= gone)
+                .is_some_and(|(since, _)| since * 1_000 <= sent)
                 && self.unsteady_at * 1_000 < gone;
             if !steady {
                 continue;
@@ -1119,7 +1133,7 @@ impl Watch {
                 return Err(format!(
                     "ghost: a waiting Lock on {name:?} whose caller went away at {gone} us was \
                      granted and its session {session} still holds it 3 s later on leader node \
-                     {leader} (same term throughout)"
+                     {leader} (the same term since its Lock was sent at {sent} us)"
                 ));
             }
         }

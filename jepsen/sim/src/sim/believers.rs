@@ -487,6 +487,7 @@ async fn ghost(client: &str, name: &str, http: bool, rng: &mut StdRng, record: &
         ..Default::default()
     };
     // It waits as long as it takes (until it is killed).
+    let sent = now_us();
     let call =
         tokio::spawn(async move { lock_within(Duration::from_secs(60), id, http, req).await });
     // Long enough for the wait to be queued; then killed a moment before
@@ -495,7 +496,7 @@ async fn ghost(client: &str, name: &str, http: bool, rng: &mut StdRng, record: &
     // way: the same as a holder killed, for its ttl (or grace) to end.
     let hold = rng.random_range(50..1_500) * 1_000;
     sleep_until_us((h.from + hold).min(h.count.until)).await;
-    kill_ghost(client, name, &call, record);
+    kill_ghost(client, name, sent, &call, record);
     tokio::time::sleep(Duration::from_micros(rng.random_range(0..8_000))).await;
     let (end, session) = (now_us(), h.session);
     h.end(record, end);
@@ -503,10 +504,11 @@ async fn ghost(client: &str, name: &str, http: bool, rng: &mut StdRng, record: &
 }
 
 /// Kills the ghost's call (its connection closes), and records when, if
-/// it was still waiting.
+/// it was still waiting (its `Lock` was sent at `sent`).
 fn kill_ghost(
     client: &str,
     name: &str,
+    sent: u64,
     call: &tokio::task::JoinHandle<Answer<pb::LockResponse>>,
     record: &Shared,
 ) {
@@ -523,7 +525,11 @@ fn kill_ghost(
     }
     call.abort();
     let gone = now_us();
-    record.borrow_mut().ghosts.push((name.to_string(), gone));
+    record.borrow_mut().ghosts.push(super::Ghost {
+        name: name.to_string(),
+        sent,
+        gone,
+    });
     note(
         record,
         format!("{client}: ghost waiter on {name} gone at {gone} us"),
