@@ -4,7 +4,7 @@
 
 use std::fmt::Debug;
 use std::io;
-use std::ops::{Bound, RangeBounds};
+use std::ops::RangeBounds;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
@@ -133,16 +133,10 @@ impl RaftLogReader<TypeConfig> for Log {
         &mut self,
         range: RB,
     ) -> Result<Vec<Entry>, io::Error> {
-        let first = match range.start_bound() {
-            Bound::Included(&i) => Some(i),
-            Bound::Excluded(&i) => Some(i + 1),
-            Bound::Unbounded => None,
-        };
-        let entries = match self {
-            Log::Sled(s) => s.try_get_log_entries(range).await?,
-            Log::Memory(s) => s.try_get_log_entries(range).await?,
-        };
-        Ok(unbroken(first, entries))
+        match self {
+            Log::Sled(s) => s.try_get_log_entries(range).await,
+            Log::Memory(s) => s.try_get_log_entries(range).await,
+        }
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote>, io::Error> {
@@ -214,41 +208,6 @@ impl RaftLogStorage<TypeConfig> for Log {
     }
 }
 
-/// The entries of a read from index `first` on (from the first there is
-/// if `None`) up to the first missing index: nothing if `first` itself is
-/// gone. openraft 0.10.0-alpha.37 can restart a follower's replication
-/// stream from a payload its leader has already replaced by a snapshot,
-/// and the log may be purged past where that stream starts (the
-/// simulator's seed 713724 on 4d345ff): a read that skipped the purged
-/// head would send entries with a gap after the request's
-/// `prev_log_id`, which a follower appends and applies past the hole.
-/// Given nothing, openraft sends a heartbeat instead, and the stream
-/// takes up the leader's current payload when it next starts.
-fn unbroken(first: Option<u64>, mut entries: Vec<Entry>) -> Vec<Entry> {
-    let Some(mut next) = first.or_else(|| entries.first().map(|e| e.log_id.index)) else {
-        return entries;
-    };
-    let keep = entries
-        .iter()
-        .take_while(|e| {
-            let in_order = e.log_id.index == next;
-            next += 1;
-            in_order
-        })
-        .count();
-    if keep < entries.len() {
-        tracing::warn!(
-            from = ?first,
-            read = entries.len(),
-            kept = keep,
-            "a log read found an index missing (purged while a replication stream still \
-             wanted it); it returns only the entries before the gap"
-        );
-        entries.truncate(keep);
-    }
-    entries
-}
-
 /// Where a log store keeps its first failed sync's error, apart from the
 /// store (see [`Log::sync_failure`]).
 #[derive(Clone)]
@@ -266,65 +225,5 @@ impl SyncFailure {
             SyncFailure::Sled(first) => first.get().cloned(),
             SyncFailure::Memory(disk) => disk.failed_sync(),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use openraft::type_config::TypeConfigExt as _;
-
-    use super::*;
-    use crate::raft::{log_id, EntryPayload};
-
-    fn indexes(entries: &[Entry]) -> Vec<u64> {
-        entries.iter().map(|e| e.log_id.index).collect()
-    }
-
-    /// openraft 0.10.0-alpha.37 can restart a follower's replication
-    /// stream from a payload its leader has already replaced by a snapshot
-    /// (the simulator's seed 713724 on 4d345ff): the stream reads from the
-    /// follower's old matching index + 1 while the log has been purged past
-    /// it. A read that skipped the purged head would send entries with a
-    /// gap after `prev_log_id` (a debug assertion in openraft; in a release
-    /// build a follower that appends them and applies past the hole), so a
-    /// read whose first index is gone returns nothing, and a read never
-    /// skips an index inside its range.
-    #[tokio::test]
-    async fn a_read_never_starts_past_its_first_index_nor_skips_one() {
-        let mut log = Log::from(MemLogStore::open(MemDisk::new()).expect("open"));
-        let (callback, rx) = {
-            let (tx, rx) = TypeConfig::oneshot();
-            (IOFlushed::<TypeConfig>::signal(tx), rx)
-        };
-        let entries = (1..=5).map(|index| Entry {
-            log_id: log_id(1, 1, index),
-            payload: EntryPayload::Blank,
-        });
-        log.append(entries, callback).await.expect("append");
-        rx.await.expect("callback").expect("synced");
-        log.purge(log_id(1, 1, 2)).await.expect("purge");
-
-        assert_eq!(
-            indexes(&log.try_get_log_entries(3..=5).await.expect("read")),
-            vec![3, 4, 5]
-        );
-        assert_eq!(
-            indexes(&log.try_get_log_entries(4..).await.expect("read")),
-            vec![4, 5]
-        );
-        // The head of the range is purged: nothing, not 3..=5.
-        assert_eq!(
-            indexes(&log.try_get_log_entries(2..=5).await.expect("read")),
-            Vec::<u64>::new()
-        );
-        assert_eq!(
-            indexes(&log.try_get_log_entries(1..6).await.expect("read")),
-            Vec::<u64>::new()
-        );
-        // No start named: from the first entry there is.
-        assert_eq!(
-            indexes(&log.try_get_log_entries(..=4).await.expect("read")),
-            vec![3, 4]
-        );
     }
 }
