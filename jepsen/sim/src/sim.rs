@@ -1087,7 +1087,9 @@ impl Watch {
     /// for on the node that leads, if it led in the same term from before
     /// the ghost's `Lock` was sent (the wait was queued on it, and so was
     /// the guard that closes its session when the call goes away) and
-    /// steadily since the ghost went. A wait queued by an earlier leader
+    /// steadily since the `Lock` was sent (a leader that loses its quorum
+    /// in its term ends the parked call UNAVAILABLE, and its guard cannot
+    /// write the close). A wait queued by an earlier leader
     /// had its guard on that leader: a caller gone while no node held its
     /// call leaves its session to its ttl (seed 711267: the ghost's `Lock`
     /// was queued on node 2, which left the cluster while the call hung).
@@ -1115,7 +1117,7 @@ impl Watch {
                 .terms_since
                 .get(&leader)
                 .is_some_and(|(since, _)| since * 1_000 <= sent)
-                && self.unsteady_at * 1_000 < gone;
+                && self.unsteady_at * 1_000 < sent;
             if !steady {
                 continue;
             }
