@@ -661,25 +661,32 @@ mod tests {
         assert_eq!(last_index(&mut store).await, Some(4));
     }
 
-    /// openraft#2118 (open in 0.10.0-alpha.37): `become_leader` marks
-    /// every log write submitted so far as flushed before the store has
-    /// called back for it. Safe here only because a node saves its vote
-    /// (a candidate's, then the leader's) before it leads, openraft submits
-    /// storage calls in order, and the vote's sync makes every earlier
-    /// write durable: appends whose callbacks are still pending when a
-    /// vote is saved survive a crash right after it.
+    /// openraft#2118: in 0.10.0-alpha.37 `become_leader` (a leader
+    /// restored at start-up, or a follower handed a committed vote naming
+    /// itself by a leadership transfer) counts the log up to its last
+    /// entry as flushed once the vote it has just saved is flushed, without
+    /// waiting for earlier appends' callbacks. That is safe only if saving
+    /// a vote makes every earlier write durable, which is what this pins:
+    /// the store's half of the argument (openraft submits storage calls in
+    /// order, so those appends reached the store before the vote). An
+    /// append whose callback has not come when a vote is saved survives a
+    /// crash right after it.
     #[tokio::test(start_paused = true)]
     async fn a_saved_vote_makes_the_appends_before_it_durable() {
         let disk = MemDisk::new();
         disk.set_sync_latency(Duration::from_millis(50));
         let mut store = MemLogStore::open(disk.clone()).expect("open");
-        let (tx, _flushed) = TypeConfig::oneshot();
+        let (tx, mut flushed) = TypeConfig::oneshot();
         store
             .append((1..=3).map(blank), IOFlushed::<TypeConfig>::signal(tx))
             .await
             .expect("append");
         assert_eq!(disk.pending_writes(), 1, "the append waits for its sync");
         store.save_vote(&Vote::new(2, 1)).await.expect("vote");
+        assert!(
+            flushed.try_recv().is_err(),
+            "the append's own sync has not called back: the vote's made it durable"
+        );
         disk.crash(0);
         let mut store = MemLogStore::open(disk).expect("reopen");
         assert_eq!(last_index(&mut store).await, Some(3));

@@ -601,6 +601,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote) -> Result<(), io::Error> {
+        // The flush makes the whole database durable, log entries whose
+        // sync has not called back included: openraft 0.10.0-alpha.37
+        // counts a new leader's log as flushed once its vote is
+        // (openraft#2118; see mem_log's test of the same rule). Keep it a
+        // flush of everything.
         self.meta.insert(KEY_VOTE, encode(vote)).map_err(sled_io)?;
         self.flush().await
     }
