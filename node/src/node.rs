@@ -390,7 +390,8 @@ impl Node {
             links.clone(),
         )
         .with_connector(opts.connector.clone())
-        .with_quorum_flag(quorum_flag.clone());
+        .with_quorum_flag(quorum_flag.clone())
+        .with_purge_point(log_store.purged_marker());
         let raft = Raft::new(opts.id, Arc::new(config), network.clone(), log_store, sm).await?;
 
         if opts.init && fresh {

@@ -67,6 +67,15 @@ impl Log {
         }
     }
 
+    /// A shared view of the first index the store has not purged (0:
+    /// nothing purged).
+    pub fn purged_marker(&self) -> Arc<AtomicU64> {
+        match self {
+            Log::Sled(s) => s.purged_marker(),
+            Log::Memory(s) => s.purged_marker(),
+        }
+    }
+
     /// Binds the store to node `id` (see [`LogStore::check_node_id`]).
     pub async fn check_node_id(&self, id: NodeId) -> anyhow::Result<()> {
         match self {
@@ -145,6 +154,50 @@ impl RaftLogReader<TypeConfig> for Log {
             Log::Memory(s) => s.read_vote().await,
         }
     }
+
+    /// What a replication stream sends from `start` (the only reader
+    /// openraft calls this for): the entries from `start` on, up to the
+    /// first missing index, and nothing if `start` itself is gone.
+    ///
+    /// openraft 0.10.0-alpha.37 can restart a follower's stream from a
+    /// `LogsSince` payload that its leader has already replaced by a
+    /// snapshot (the core switches a follower to a snapshot without telling
+    /// its replication task), while the log is purged past where that
+    /// stream starts (the simulator's seed 713724 on 4d345ff). The entries
+    /// after the purged head would make a request whose first entry does
+    /// not follow `prev_log_id`: a debug assertion in openraft, and in a
+    /// release build a request the follower refuses
+    /// (`peer_input::check_append`), which restarts the snapshot. Given
+    /// nothing, openraft sends an entry-less request instead, which the
+    /// network ends the stale stream on ([`network`](super::network),
+    /// `ends_stale_stream`), so the task takes up the leader's current
+    /// payload.
+    async fn limited_get_log_entries(&mut self, start: u64, end: u64) -> io::Result<Vec<Entry>> {
+        let entries = self.try_get_log_entries(start..end).await?;
+        Ok(from_start(start, entries))
+    }
+}
+
+/// The entries of `entries` from index `start` on, up to the first
+/// missing index: nothing if `start` is missing (see
+/// [`Log::limited_get_log_entries`]).
+fn from_start(start: u64, mut entries: Vec<Entry>) -> Vec<Entry> {
+    let keep = entries
+        .iter()
+        .zip(start..)
+        .take_while(|(e, index)| e.log_id.index == *index)
+        .count();
+    if keep < entries.len() {
+        tracing::debug!(
+            start,
+            read = entries.len(),
+            kept = keep,
+            "a replication read found an index missing (purged while a stale stream still \
+             wanted it)"
+        );
+        entries.truncate(keep);
+    }
+    entries
 }
 
 impl RaftLogStorage<TypeConfig> for Log {
@@ -225,5 +278,100 @@ impl SyncFailure {
             SyncFailure::Sled(first) => first.get().cloned(),
             SyncFailure::Memory(disk) => disk.failed_sync(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use openraft::type_config::TypeConfigExt as _;
+
+    use super::*;
+    use crate::apply::snapshot_location::SnapshotLocation;
+    use crate::apply::state_machine::StateMachineStore;
+    use crate::raft::{log_id, EntryPayload};
+
+    struct SuiteBuilder;
+
+    impl openraft::testing::log::StoreBuilder<TypeConfig, Log, StateMachineStore, ()> for SuiteBuilder {
+        async fn build(
+            &self,
+        ) -> Result<((), Log, StateMachineStore), openraft::StorageError<TypeConfig>> {
+            let disk = MemDisk::new();
+            let log = Log::from(MemLogStore::open(disk.clone()).expect("open"));
+            let sm = StateMachineStore::open(
+                crate::apply::Shared::new_for_tests(),
+                SnapshotLocation::Simulated(disk),
+            )
+            .expect("state machine");
+            Ok(((), log, sm))
+        }
+    }
+
+    /// openraft's storage conformance suite on the type openraft is given
+    /// (it runs on each store too): [`Log`] keeps the reader's contract.
+    #[tokio::test]
+    async fn openraft_storage_suite_on_log() {
+        openraft::testing::log::Suite::test_all(SuiteBuilder)
+            .await
+            .expect("suite passes");
+    }
+
+    fn indexes(entries: &[Entry]) -> Vec<u64> {
+        entries.iter().map(|e| e.log_id.index).collect()
+    }
+
+    /// A replication read never sends entries that do not follow its
+    /// start: with the log purged past a stale stream's start (openraft
+    /// 0.10.0-alpha.37, the simulator's seed 713724 on 4d345ff) it gives
+    /// nothing, where the range read gives what is left, as openraft's
+    /// contract for it says.
+    #[tokio::test]
+    async fn a_replication_read_gives_nothing_from_a_purged_start() {
+        let mut log = Log::from(MemLogStore::open(MemDisk::new()).expect("open"));
+        let (tx, rx) = TypeConfig::oneshot();
+        let entries = (1..=5).map(|index| Entry {
+            log_id: log_id(1, 1, index),
+            payload: EntryPayload::Blank,
+        });
+        log.append(entries, IOFlushed::<TypeConfig>::signal(tx))
+            .await
+            .expect("append");
+        rx.await.expect("callback").expect("synced");
+        log.purge(log_id(1, 1, 2)).await.expect("purge");
+        assert_eq!(
+            log.purged_marker()
+                .load(std::sync::atomic::Ordering::SeqCst),
+            3
+        );
+
+        let read = log.limited_get_log_entries(3, 6).await.expect("read");
+        assert_eq!(indexes(&read), vec![3, 4, 5]);
+        let read = log.limited_get_log_entries(2, 6).await.expect("read");
+        assert_eq!(indexes(&read), Vec::<u64>::new(), "the head is purged");
+        let read = log.try_get_log_entries(2..6).await.expect("read");
+        assert_eq!(
+            indexes(&read),
+            vec![3, 4, 5],
+            "a range read keeps openraft's contract"
+        );
+    }
+
+    /// The replication read stops at a missing index (a purge that a
+    /// range scan overtook).
+    #[test]
+    fn from_start_stops_at_the_first_missing_index() {
+        let at = |index| Entry {
+            log_id: log_id(1, 1, index),
+            payload: EntryPayload::Blank,
+        };
+        assert_eq!(
+            indexes(&from_start(4, vec![at(4), at(5), at(7)])),
+            vec![4, 5]
+        );
+        assert_eq!(
+            indexes(&from_start(4, vec![at(5), at(6)])),
+            Vec::<u64>::new()
+        );
+        assert_eq!(indexes(&from_start(4, vec![])), Vec::<u64>::new());
     }
 }

@@ -322,6 +322,8 @@ pub struct MemLogStore {
     snapshot_floor: Option<Arc<AtomicU64>>,
     /// The last commit index saved, for status.
     committed: Arc<AtomicU64>,
+    /// The first index not purged (see [`MemLogStore::purged_marker`]).
+    purged: Arc<AtomicU64>,
     /// Gone once every handle is (see [`MemLogStore::alive`]).
     alive: Arc<()>,
 }
@@ -347,13 +349,22 @@ impl MemLogStore {
             }
         });
         let committed: Option<Option<LogId>> = disk.meta(KEY_COMMITTED)?;
+        let purged: Option<LogId> = disk.meta(KEY_LAST_PURGED)?;
         Ok(MemLogStore {
             disk,
             queue,
             snapshot_floor: None,
             committed: Arc::new(AtomicU64::new(committed.flatten().map_or(0, |c| c.index))),
+            purged: Arc::new(AtomicU64::new(purged.map_or(0, |p| p.index + 1))),
             alive: Arc::new(()),
         })
+    }
+
+    /// A shared view of the first index this store has not purged (0:
+    /// nothing purged): set when a purge is recorded, before its entries
+    /// go.
+    pub fn purged_marker(&self) -> Arc<AtomicU64> {
+        self.purged.clone()
     }
 
     /// Never purges entries the snapshot does not cover (`floor`: its last
@@ -537,6 +548,7 @@ impl RaftLogStorage<TypeConfig> for MemLogStore {
         };
         self.disk
             .write(Write::Meta(KEY_LAST_PURGED, encode(&log_id)))?;
+        self.purged.fetch_max(log_id.index + 1, Ordering::SeqCst);
         self.disk.sync().await?;
         self.disk.write(Write::Remove {
             from: 0,

@@ -60,6 +60,31 @@ pub const PEER_PING_TIMEOUT: Duration = Duration::from_secs(4);
 /// does not answer.
 pub const STREAM_ANSWER_BUDGET: Duration = Duration::from_secs(1);
 
+/// How long a replication stream that [`ends_stale_stream`] goes on after
+/// its stale request before it ends: openraft restarts the stream at once,
+/// from the same payload until its core publishes the follower's next one
+/// (when the snapshot it is being sent has been installed), and this keeps
+/// those restarts from spinning meanwhile.
+pub const STALE_STREAM_PAUSE: Duration = Duration::from_millis(50);
+
+/// True for a request of a replication stream that openraft restarted from
+/// a payload its core has already replaced by a snapshot (0.10.0-alpha.37:
+/// the core switches a follower to a snapshot without telling the
+/// follower's replication task): an entry-less request whose next index is
+/// already purged here (`purged_next`: the first index not purged). The
+/// log gave the stream nothing to send ([`Log::limited_get_log_entries`]
+/// (super::backend::Log)), and the stream would send the same empty
+/// request every 10 ms without end; ended, the task takes up the core's
+/// current payload. A follower that matches the log exactly at the purge
+/// point is not stale (its next index is there), nor is a request from an
+/// empty follower (no previous log id: a probe the core waits on).
+pub fn ends_stale_stream(rpc: &AppendEntriesRequest<TypeConfig>, purged_next: u64) -> bool {
+    rpc.entries.is_empty()
+        && rpc
+            .prev_log_id
+            .is_some_and(|prev| prev.index + 1 < purged_next)
+}
+
 /// Whether a replication stream's peer has stopped answering: its oldest
 /// unanswered request, sent at `oldest_sent`, has waited `budget` for its
 /// answer, counted from the later of its send and the last answer
@@ -106,6 +131,8 @@ pub struct Network {
     /// leadership keeps it); every AppendEntries it sends says so, so its
     /// followers stop calling themselves ready.
     quorum_lost: Arc<std::sync::atomic::AtomicBool>,
+    /// The first index the log has not purged (see [`ends_stale_stream`]).
+    purged: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Network {
@@ -141,6 +168,14 @@ impl Network {
     /// set (see `RaftMessage.leader_quorum_lost`).
     pub fn with_quorum_flag(mut self, quorum_lost: Arc<std::sync::atomic::AtomicBool>) -> Self {
         self.quorum_lost = quorum_lost;
+        self
+    }
+
+    /// Reads the log's purge point from `purged` (the store's
+    /// `purged_marker`), to end stale replication streams
+    /// ([`ends_stale_stream`]).
+    pub fn with_purge_point(mut self, purged: Arc<std::sync::atomic::AtomicU64>) -> Self {
+        self.purged = purged;
         self
     }
 
@@ -504,11 +539,34 @@ impl RaftNetworkV2<TypeConfig> for Peer {
     where
         S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Send + Unpin + 'static,
     {
+        // A stale stream's request goes out (so a probe is answered), and
+        // then, a moment later, the stream ends.
+        let (purged, peer) = (self.channel.0.purged.clone(), self.target);
+        let input = futures::stream::unfold((input, false), move |(mut input, stale)| {
+            let purged = purged.clone();
+            async move {
+                if stale {
+                    tokio::time::sleep(STALE_STREAM_PAUSE).await;
+                    return None;
+                }
+                let rpc = input.next().await?;
+                let stale =
+                    ends_stale_stream(&rpc, purged.load(std::sync::atomic::Ordering::SeqCst));
+                if stale {
+                    tracing::debug!(
+                        peer,
+                        prev = ?rpc.prev_log_id,
+                        "a replication stream restarted from a replaced payload; ending it"
+                    );
+                }
+                Some((rpc, (input, stale)))
+            }
+        });
         Box::pin(async move {
             // Take the first request before dialling: openraft's
             // replication backoff sleeps in producing it, and a peer that
             // refuses the connection would otherwise be retried at once.
-            let mut input = input;
+            let mut input = Box::pin(input);
             let Some(first) = input.next().await else {
                 return Ok(Box::pin(futures::stream::empty()) as BoxStream<'s, _>);
             };
@@ -788,6 +846,35 @@ mod tests {
     use super::*;
 
     const MS: Duration = Duration::from_millis(1);
+
+    /// Only an entry-less request whose next index is purged ends a
+    /// stream (openraft 0.10.0-alpha.37's stale stream, seed 713724 on
+    /// 4d345ff: prev 1046 with the log purged through 1047).
+    #[test]
+    fn only_a_stream_whose_next_index_is_purged_is_stale() {
+        let vote = Vote::new_committed(3, 1);
+        let at = |prev: Option<u64>, entries: &[u64]| AppendEntriesRequest::<TypeConfig> {
+            vote,
+            prev_log_id: prev.map(|i| crate::raft::log_id(3, 1, i)),
+            entries: entries
+                .iter()
+                .map(|i| crate::raft::Entry {
+                    log_id: crate::raft::log_id(3, 1, *i),
+                    payload: crate::raft::EntryPayload::Blank,
+                })
+                .collect(),
+            leader_commit: None,
+        };
+        // Purged through 1047: the next index not purged is 1048.
+        assert!(ends_stale_stream(&at(Some(1046), &[]), 1048));
+        // Matched at the purge point: its next entry is there.
+        assert!(!ends_stale_stream(&at(Some(1047), &[]), 1048));
+        // Entries to send, or an empty follower's probe: never.
+        assert!(!ends_stale_stream(&at(Some(1046), &[1047]), 1048));
+        assert!(!ends_stale_stream(&at(None, &[]), 1048));
+        // Nothing purged.
+        assert!(!ends_stale_stream(&at(Some(5), &[]), 0));
+    }
 
     /// A follower whose syncs take three heartbeats (a busy disk) answers
     /// every batch late by openraft's measure, yet it answers: its stream

@@ -256,6 +256,8 @@ pub struct LogStore {
     snapshot_floor: Option<Arc<AtomicU64>>,
     /// The last commit index saved, for status.
     committed: Arc<AtomicU64>,
+    /// The first index not purged (see [`LogStore::purged_marker`]).
+    purged: Arc<AtomicU64>,
     /// Where appends are timed (see `metrics::stages`), shared with the
     /// sync thread.
     metrics: Arc<Mutex<Arc<Metrics>>>,
@@ -367,6 +369,7 @@ impl LogStore {
             files,
             snapshot_floor: None,
             committed: Arc::default(),
+            purged: Arc::default(),
             metrics: Arc::default(),
             flusher: Arc::new(Flusher {
                 queue: Mutex::new(Some(queue)),
@@ -383,6 +386,10 @@ impl LogStore {
         let committed: Option<Option<LogId>> = store.get_meta(KEY_COMMITTED)?;
         let index = committed.flatten().map_or(0, |c| c.index);
         store.committed.store(index, Ordering::Relaxed);
+        let purged: Option<LogId> = store.get_meta(KEY_LAST_PURGED)?;
+        store
+            .purged
+            .store(purged.map_or(0, |p| p.index + 1), Ordering::Relaxed);
         Ok(store)
     }
 
@@ -425,6 +432,13 @@ impl LogStore {
     /// A shared view of the commit index this store has saved.
     pub fn committed_marker(&self) -> Arc<AtomicU64> {
         self.committed.clone()
+    }
+
+    /// A shared view of the first index this store has not purged (0:
+    /// nothing purged): set when a purge is recorded, before its entries
+    /// go.
+    pub fn purged_marker(&self) -> Arc<AtomicU64> {
+        self.purged.clone()
     }
 
     fn get_meta<T: DeserializeOwned>(&self, key: &[u8]) -> io::Result<Option<T>> {
@@ -731,6 +745,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.meta
             .insert(KEY_LAST_PURGED, encode(&log_id))
             .map_err(sled_io)?;
+        self.purged.fetch_max(log_id.index + 1, Ordering::SeqCst);
         self.flush().await?;
         let mut batch = sled::Batch::default();
         for item in self.log.range(..=log_id.index.to_be_bytes()) {
