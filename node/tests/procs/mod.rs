@@ -78,6 +78,8 @@ pub struct Procs {
     metrics: BTreeMap<u64, String>,
     /// The nodes' `RUST_LOG`.
     rust_log: String,
+    /// The `raftlockd` each node runs, if not this build's.
+    binaries: BTreeMap<u64, PathBuf>,
 }
 
 impl Procs {
@@ -98,7 +100,33 @@ impl Procs {
         Self::start_full(n, extra, BTreeMap::new(), rust_log)
     }
 
+    /// Like [`start`](Self::start), every node running the `raftlockd`
+    /// at `binary` (another build: a rolling upgrade's old version).
+    pub fn start_binary(n: u64, extra: &[&str], binary: &std::path::Path) -> Procs {
+        let binaries = (1..=n).map(|id| (id, binary.to_path_buf())).collect();
+        Self::start_full_with(n, extra, BTreeMap::new(), "info", binaries)
+    }
+
+    /// Node `id` runs `binary` from its next start on (`None`: this
+    /// build's `raftlockd`).
+    pub fn set_binary(&mut self, id: u64, binary: Option<&std::path::Path>) {
+        match binary {
+            Some(b) => self.binaries.insert(id, b.to_path_buf()),
+            None => self.binaries.remove(&id),
+        };
+    }
+
     fn start_full(n: u64, extra: &[&str], dirs: BTreeMap<u64, PathBuf>, rust_log: &str) -> Procs {
+        Self::start_full_with(n, extra, dirs, rust_log, BTreeMap::new())
+    }
+
+    fn start_full_with(
+        n: u64,
+        extra: &[&str],
+        dirs: BTreeMap<u64, PathBuf>,
+        rust_log: &str,
+        binaries: BTreeMap<u64, PathBuf>,
+    ) -> Procs {
         let addrs: BTreeMap<u64, String> = (1..=n)
             .map(|id| (id, format!("127.0.0.1:{}", free_port())))
             .collect();
@@ -118,6 +146,7 @@ impl Procs {
                 .map(|id| (id, format!("127.0.0.1:{}", free_port())))
                 .collect(),
             rust_log: rust_log.to_string(),
+            binaries,
         };
         for id in 1..=n {
             procs.spawn(id, id == 1);
@@ -186,7 +215,10 @@ impl Procs {
             .append(true)
             .open(self.log(id))
             .expect("log file");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_raftlockd"));
+        let mut cmd = match self.binaries.get(&id) {
+            Some(binary) => Command::new(binary),
+            None => Command::new(env!("CARGO_BIN_EXE_raftlockd")),
+        };
         cmd.arg("run")
             .arg("--id")
             .arg(id.to_string())
