@@ -56,6 +56,13 @@ const MAX_LATENCY: Duration = Duration::from_millis(5);
 /// How long the liveness phase may take to grant the lock, once every
 /// fault is healed (simulated).
 pub const LIVENESS_BOUND: Duration = Duration::from_secs(30);
+
+/// How long every running member may take, from the liveness probe's grant
+/// on, to apply what the leader had committed then: a follower that stops
+/// getting entries for good (a replication stream looping on a stale
+/// payload, say) fails the run instead of going unseen while a quorum
+/// without it grants.
+pub const CATCH_UP_BOUND: Duration = Duration::from_secs(10);
 thread_local! {
     /// Nodes in the cluster of the run in progress (`Settings::nodes`).
     static NODES: std::cell::Cell<u64> = const { std::cell::Cell::new(3) };
@@ -200,6 +207,10 @@ struct Record {
     nodes: BTreeMap<u64, (Rc<Node>, u64)>,
     /// The liveness probe got the lock.
     probe_granted: Option<u64>,
+    /// The catch-up check, from the liveness probe's grant on: the
+    /// leader's commit index then, by when (ms) every running member must
+    /// have applied it, and whether they all have.
+    catch_up: Option<(u64, u64, bool)>,
     /// Nodes whose process ended (fail-stop) and that the supervisor has
     /// not restarted yet.
     exited: Vec<u64>,
@@ -1082,6 +1093,58 @@ struct Watch {
 }
 
 impl Watch {
+    /// From the liveness probe's grant on: every member that runs applies,
+    /// within [`CATCH_UP_BOUND`], what the leader had committed at the
+    /// grant (`applied`: each running node's last applied index).
+    fn check_catch_up(
+        &mut self,
+        record: &Shared,
+        applied: &BTreeMap<u64, u64>,
+        leader_commit: Option<u64>,
+        now: u64,
+    ) -> Result<(), String> {
+        let mut r = record.borrow_mut();
+        if r.probe_granted.is_none() {
+            return Ok(());
+        }
+        let (target, by, done) = match r.catch_up {
+            Some(c) => c,
+            None => {
+                let Some(target) = leader_commit else {
+                    return Ok(());
+                };
+                let c = (target, now + CATCH_UP_BOUND.as_millis() as u64, false);
+                r.catch_up = Some(c);
+                c
+            }
+        };
+        if done {
+            return Ok(());
+        }
+        let behind: Vec<(u64, u64)> = r
+            .members
+            .iter()
+            .filter_map(|id| applied.get(id).map(|a| (*id, *a)))
+            .filter(|(_, a)| *a < target)
+            .collect();
+        if behind.is_empty() {
+            r.catch_up = Some((target, by, true));
+            drop(r);
+            note(
+                record,
+                format!("every running member has applied index {target} (the leader's commit at the probe's grant)"),
+            );
+            return Ok(());
+        }
+        if now > by {
+            return Err(format!(
+                "liveness: members (node, applied) {behind:?} had not applied index {target}, the \
+                 leader's commit at the liveness probe's grant, {CATCH_UP_BOUND:?} later"
+            ));
+        }
+        Ok(())
+    }
+
     /// Judges the ghost waiters gone 3 s ago or more: none of their
     /// sessions (told apart by their ttl) may hold the name they waited
     /// for on the node that leads, if it led in the same term from before
@@ -1220,8 +1283,14 @@ impl Watch {
             .iter()
             .map(|(id, (n, inc))| (*id, n.clone(), *inc))
             .collect();
+        let mut applied: BTreeMap<u64, u64> = BTreeMap::new();
+        let mut leader_commit = None;
         for (id, node, incarnation) in nodes {
             let m = node.raft.metrics().borrow_watched().clone();
+            applied.insert(id, m.last_applied.map_or(0, |l| l.index));
+            if m.state == openraft::ServerState::Leader {
+                leader_commit = Some(m.cluster_committed.map_or(0, |c| c.index));
+            }
             if self.seen.get(&id) != Some(&(m.current_term, m.current_leader)) {
                 self.seen.insert(id, (m.current_term, m.current_leader));
                 note(
@@ -1323,6 +1392,7 @@ impl Watch {
         if !counting {
             self.unsteady_at = now;
         }
+        self.check_catch_up(record, &applied, leader_commit, now)?;
         Ok(ended_on_leader)
     }
 }
@@ -1493,6 +1563,17 @@ pub fn run(settings: &Settings) -> Outcome {
     // Registered now (it waits for the end of the faults): the run ends
     // when every client has.
     sim.client("probe", probe(stop_ms, record.clone()));
+    // Keeps the run going until every running member has caught up (the
+    // driver fails the run past CATCH_UP_BOUND).
+    sim.client("catch-up", {
+        let record = record.clone();
+        async move {
+            while !record.borrow().catch_up.is_some_and(|(_, _, done)| done) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Ok(())
+        }
+    });
     let mut watch = Watch::default();
     let mut undo: Vec<(u64, Undo)> = Vec::new();
     let mut down = Down::default();
