@@ -44,6 +44,8 @@ usage: raftlock-sim [OPTIONS]
   --nodes N                nodes in the cluster: 3 (default) or 5
   --no-faults              no faults (a baseline)
   --lying-disks            plant a defect: disks acknowledge syncs and keep nothing
+  --stranded-follower      plant a defect: when the faults stop, one follower is cut off for good
+                           (the catch-up oracle must fail the run)
   --paths P,Q,...          the lease paths the belief clients drive (default all: ttl, retry,
                            streams, renewals, ghost, revoke, transfer, bound, library)
   --stall-real-time        sleep 0-3 ms of real time between some steps (the run must not change)
@@ -97,6 +99,7 @@ fn main() -> ExitCode {
                 }
                 "--no-faults" => settings.faults = false,
                 "--lying-disks" => settings.lying_disks = true,
+                "--stranded-follower" => settings.stranded_follower = true,
                 "--paths" => {
                     let v = value(arg)?;
                     let paths: Vec<String> = v.split(',').map(|p| p.trim().to_string()).collect();

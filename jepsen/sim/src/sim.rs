@@ -109,6 +109,10 @@ pub struct Settings {
     /// The nodes' disks acknowledge syncs without keeping anything (a
     /// planted defect: the oracles must catch what crashes then lose).
     pub lying_disks: bool,
+    /// When the faults stop, one follower is cut off from every node for
+    /// good (a planted defect: a quorum without it still grants, and the
+    /// catch-up oracle must fail the run).
+    pub stranded_follower: bool,
     /// The paths of the lease rule the belief clients drive (see
     /// [`PATHS`]): all of them unless told otherwise.
     pub paths: Vec<String>,
@@ -130,6 +134,7 @@ impl Default for Settings {
             nodes: 3,
             faults: true,
             lying_disks: false,
+            stranded_follower: false,
             paths: PATHS.iter().map(|p| p.to_string()).collect(),
             stall_real_time: false,
         }
@@ -175,6 +180,9 @@ impl Settings {
         }
         if self.lying_disks {
             flags += " --lying-disks";
+        }
+        if self.stranded_follower {
+            flags += " --stranded-follower";
         }
         if self.paths != d.paths {
             flags += &format!(" --paths {}", self.paths.join(","));
@@ -1741,6 +1749,27 @@ pub fn run(settings: &Settings) -> Outcome {
             }
             note(&record, "faults off; the liveness probe starts".into());
             probing = true;
+            if settings.stranded_follower {
+                let stranded = {
+                    let r = record.borrow();
+                    r.members
+                        .iter()
+                        .rev()
+                        .find(|id| Some(**id) != watch.leader && r.nodes.contains_key(id))
+                        .copied()
+                };
+                if let Some(f) = stranded {
+                    for other in record.borrow().members.clone() {
+                        if other != f {
+                            sim.partition(host(f).as_str(), host(other).as_str());
+                        }
+                    }
+                    note(
+                        &record,
+                        format!("planted: node {f} is cut off from every node for good"),
+                    );
+                }
+            }
         }
         // While the bound holder holds its name, its links to every node
         // are sometimes cut (held) for 11-14 s, past the ~10 s in which a
