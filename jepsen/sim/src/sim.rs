@@ -215,10 +215,8 @@ struct Record {
     nodes: BTreeMap<u64, (Rc<Node>, u64)>,
     /// The liveness probe got the lock.
     probe_granted: Option<u64>,
-    /// The catch-up check, from the liveness probe's grant on: the
-    /// leader's commit index then, by when (ms) every running member must
-    /// have applied it, and whether they all have.
-    catch_up: Option<(u64, u64, bool)>,
+    /// The catch-up check, from the liveness probe's grant on.
+    catch_up: Option<CatchUp>,
     /// Nodes whose process ended (fail-stop) and that the supervisor has
     /// not restarted yet.
     exited: Vec<u64>,
@@ -1064,6 +1062,17 @@ fn fnv(bytes: &[u8], mut h: u64) -> u64 {
 
 const FNV_START: u64 = 0xcbf2_9ce4_8422_2325;
 
+/// The catch-up check (see [`CATCH_UP_BOUND`]).
+#[derive(Clone, Copy)]
+struct CatchUp {
+    /// The leader's commit index at the liveness probe's grant.
+    target: u64,
+    /// By when (ms) every running member must have applied it.
+    by: u64,
+    /// Every running member has.
+    done: bool,
+}
+
 /// A ghost waiter not judged yet (simulated microseconds).
 struct Ghost {
     /// The name it waited for.
@@ -1115,13 +1124,17 @@ impl Watch {
         if r.probe_granted.is_none() {
             return Ok(());
         }
-        let (target, by, done) = match r.catch_up {
+        let CatchUp { target, by, done } = match r.catch_up {
             Some(c) => c,
             None => {
                 let Some(target) = leader_commit else {
                     return Ok(());
                 };
-                let c = (target, now + CATCH_UP_BOUND.as_millis() as u64, false);
+                let c = CatchUp {
+                    target,
+                    by: now + CATCH_UP_BOUND.as_millis() as u64,
+                    done: false,
+                };
                 r.catch_up = Some(c);
                 c
             }
@@ -1136,7 +1149,11 @@ impl Watch {
             .filter(|(_, a)| *a < target)
             .collect();
         if behind.is_empty() {
-            r.catch_up = Some((target, by, true));
+            r.catch_up = Some(CatchUp {
+                target,
+                by,
+                done: true,
+            });
             drop(r);
             note(
                 record,
@@ -1576,7 +1593,7 @@ pub fn run(settings: &Settings) -> Outcome {
     sim.client("catch-up", {
         let record = record.clone();
         async move {
-            while !record.borrow().catch_up.is_some_and(|(_, _, done)| done) {
+            while !record.borrow().catch_up.is_some_and(|c| c.done) {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
             Ok(())
