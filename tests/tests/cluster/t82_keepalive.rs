@@ -109,3 +109,65 @@ async fn dropping_a_client_closes_its_keep_alive_stream() {
     .await;
     cluster.shutdown().await;
 }
+
+/// Renewals cut off longer than the grace but shorter than the ttl (both
+/// followers stopped: the leader can confirm nothing) put a session that
+/// ends with its process in jeopardy: its view says not held, so the
+/// holder stops acting, but nothing is reported lost, keep-alives go on,
+/// and the first one answered once the quorum is back makes it held
+/// again. The cluster kept the grant all along.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn renewals_cut_off_past_the_grace_are_jeopardy_not_loss() {
+    use raftlock_client::{LeaseState, SessionOptions};
+
+    let mut cluster = TestCluster::start(3).await;
+    let client = cluster.client().await;
+    let session = client
+        .session_with(SessionOptions {
+            ttl: Duration::from_secs(30),
+            end_on_disconnect: Some(Duration::from_millis(750)),
+            ..SessionOptions::default()
+        })
+        .await
+        .expect("session");
+    let guard = session.lock("jeopardy/job").await.expect("lock");
+    let leader = cluster.leader().await;
+    let followers: Vec<u64> = cluster
+        .running()
+        .into_iter()
+        .filter(|&id| id != leader)
+        .collect();
+    for &id in &followers {
+        cluster.stop(id).await;
+    }
+    let s = &session;
+    eventually(
+        "the view to stop saying held",
+        Duration::from_secs(20),
+        move || async move { (!s.is_valid()).then_some(()) },
+    )
+    .await;
+    assert!(!guard.is_held(), "a guard is not held in jeopardy");
+    for &id in &followers {
+        cluster.restart(id).await;
+    }
+    eventually(
+        "the session to be held again once keep-alives get through",
+        Duration::from_secs(25),
+        move || async move { s.is_valid().then_some(()) },
+    )
+    .await;
+    assert!(
+        matches!(*session.lease().borrow(), LeaseState::Valid(_)),
+        "the lease was reported lost in jeopardy"
+    );
+    assert!(guard.is_held(), "the guard is held again");
+    assert!(
+        client
+            .check_fence("jeopardy/job", guard.fence())
+            .await
+            .expect("check"),
+        "the cluster kept the grant"
+    );
+    cluster.shutdown().await;
+}
