@@ -17,11 +17,24 @@
 //! waking, until its next keep-alive is answered `expired` (see README,
 //! "Sessions and leases").
 //!
-//! **The loop.** A session asks for a keep-alive about every ttl/3; if its
-//! lease runs out before one gets through, it is marked lost at that
-//! instant (even while an attempt is under way) and keep-alives stop:
-//! `Lost` is final. A keep-alive refused `UNAUTHENTICATED` (the client's
-//! token was revoked) marks it lost at once: none will get through.
+//! **Held, jeopardy, lost.** While the count runs the lease is *held*. Once
+//! it has run out without a newer answer the lease is in *jeopardy*: the
+//! view says not held (the holder must not act: its stream may have been
+//! closed behind its back, and the session ended a grace later), but
+//! nothing is reported lost and keep-alives go on. A keep-alive answered
+//! "renewed" proves the session alive, and a live session's grants were
+//! never handed on, so the count moves on from that ask's send and the
+//! lease is held again. It is *lost* (final: `Lost`, [`Lease::lost`]
+//! resolves, keep-alives stop) only when a node answers that the session
+//! has ended, a keep-alive is refused `UNAUTHENTICATED` (the client's
+//! token was revoked: none will get through), or no keep-alive was
+//! answered for a whole ttl (less the margin) after the last answer
+//! *arrived*: that deadline only decides when to give up, so it counts
+//! from arrival, not from the send.
+//!
+//! **The loop.** A session asks for a keep-alive every third of the length
+//! it counts (the ttl, or the smaller of the ttl and the grace), in
+//! jeopardy too, until the lease is lost or closed.
 //!
 //! **The stream.** The multiplexer sends every ask on one bidirectional
 //! stream to the leader and hands each answer back to the ask it belongs
@@ -37,7 +50,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use raftlock_proto::v1 as pb;
@@ -52,10 +65,14 @@ use crate::transport::{Conn, Kind, WeakTransport};
 /// The client's view of its lease.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LeaseState {
-    /// Valid until the given instant (on this process's monotonic clock).
+    /// Held until the given instant (on this process's monotonic clock).
+    /// Past it, and not yet lost, the lease is in jeopardy: do not act on
+    /// its grants (the view says not held), but keep-alives go on, and the
+    /// next one answered makes it held again with a later instant.
     Valid(Instant),
-    /// May have lapsed: keep-alives failed past the lease, or the session
-    /// was found expired. Locks held through it may belong to others now.
+    /// Lost for good: the cluster said the session ended, the client's
+    /// credentials were refused, or no keep-alive was answered for a ttl.
+    /// Locks held through it may belong to others now.
     Lost,
     /// Closed by its owner.
     Closed,
@@ -74,6 +91,10 @@ pub(crate) struct Lease {
     margin: f64,
     /// The view; `Lost` and `Closed` are final.
     state: watch::Sender<LeaseState>,
+    /// When to give up: the arrival of the last lease-starting answer +
+    /// the ttl less the margin. Past it with no newer answer the lease is
+    /// lost.
+    give_up: Mutex<Instant>,
 }
 
 impl Lease {
@@ -93,9 +114,23 @@ impl Lease {
             grace,
             margin: margin.clamp(0.0, 0.5),
             state: watch::channel(LeaseState::Closed).0,
+            give_up: Mutex::new(Instant::now()),
         };
         lease.state = watch::channel(LeaseState::Valid(sent_at + lease.counted(ttl))).0;
+        *lease.give_up.get_mut().unwrap_or_else(|e| e.into_inner()) =
+            Instant::now() + lease.uncapped(ttl);
         lease
+    }
+
+    /// A ttl less the margin (not capped by the grace): how long after an
+    /// answer arrived the lease may still be alive on the cluster.
+    fn uncapped(&self, ttl: Duration) -> Duration {
+        ttl - ttl.mul_f64(self.margin)
+    }
+
+    /// When the lease is given up as lost if no answer comes before.
+    pub(crate) fn give_up(&self) -> Instant {
+        *self.give_up.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The lease length.
@@ -146,10 +181,19 @@ impl Lease {
         });
     }
 
-    /// A keep-alive sent at `sent_at` was answered with `ttl`: the view
-    /// runs until `sent_at` + the counted length, if that is later.
+    /// A keep-alive sent at `sent_at` was answered with `ttl` (the session
+    /// is alive): the view runs until `sent_at` + the counted length, if
+    /// that is later (from jeopardy too: held again), and the lease is
+    /// given up no sooner than a ttl less the margin from now.
     fn extend(&self, sent_at: Instant, ttl: Duration) {
         let new_until = sent_at + self.counted(ttl);
+        if !matches!(*self.state.borrow(), LeaseState::Valid(_)) {
+            return;
+        }
+        {
+            let mut give_up = self.give_up.lock().unwrap_or_else(|e| e.into_inner());
+            *give_up = (*give_up).max(Instant::now() + self.uncapped(ttl));
+        }
         self.state.send_if_modified(|s| match s {
             LeaseState::Valid(old) if *old < new_until => {
                 *old = new_until;
@@ -159,24 +203,47 @@ impl Lease {
         });
     }
 
-    /// Resolves when the view says the lease may be gone (lost or closed),
-    /// marking it lost if it ran out while nobody looked.
+    /// Resolves when the lease is lost for good or closed, marking it lost
+    /// if its give-up deadline passed while nobody looked (jeopardy alone
+    /// does not resolve it).
     pub(crate) async fn lost(&self) {
+        let mut rx = self.state.subscribe();
+        loop {
+            if !matches!(*rx.borrow_and_update(), LeaseState::Valid(_)) {
+                return;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep_until(self.give_up()) => {
+                    if Instant::now() >= self.give_up() {
+                        // Whoever sees the deadline pass first records it,
+                        // so subscribers agree with `lost()`.
+                        self.mark_lost();
+                        return;
+                    }
+                }
+                changed = rx.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Resolves as soon as the view stops saying held: jeopardy, lost or
+    /// closed.
+    pub(crate) async fn invalid(&self) {
         let mut rx = self.state.subscribe();
         loop {
             let until = match *rx.borrow_and_update() {
                 LeaseState::Valid(until) => until,
                 _ => return,
             };
+            if Instant::now() >= until {
+                return;
+            }
             tokio::select! {
-                _ = tokio::time::sleep_until(until) => {
-                    if !matches!(*rx.borrow(), LeaseState::Valid(u) if u > Instant::now()) {
-                        // Whoever sees the lease run out first records it,
-                        // so subscribers agree with `lost()`.
-                        self.mark_lost();
-                        return;
-                    }
-                }
+                _ = tokio::time::sleep_until(until) => {}
                 changed = rx.changed() => {
                     if changed.is_err() {
                         return;
@@ -193,10 +260,10 @@ impl Lease {
 pub(crate) async fn keep_alive_loop(mux: Mux, lease: Arc<Lease>, first: Instant) {
     tokio::time::sleep_until(first).await;
     loop {
-        let until = match *lease.state.borrow() {
-            LeaseState::Valid(u) => u,
-            _ => return,
-        };
+        if !matches!(*lease.state.borrow(), LeaseState::Valid(_)) {
+            return;
+        }
+        let give_up = lease.give_up();
         let sent_at = Instant::now();
         tokio::select! {
             result = renew(&mux, &lease) => match result {
@@ -218,9 +285,9 @@ pub(crate) async fn keep_alive_loop(mux: Mux, lease: Arc<Lease>, first: Instant)
                     tracing::debug!(session = lease.id, error = %e, "keep-alive failed");
                 }
             },
-            _ = tokio::time::sleep_until(until) => {}
+            _ = tokio::time::sleep_until(give_up) => {}
         }
-        if !lease.is_valid() {
+        if Instant::now() >= lease.give_up() {
             lease.mark_lost();
             return;
         }
@@ -229,19 +296,25 @@ pub(crate) async fn keep_alive_loop(mux: Mux, lease: Arc<Lease>, first: Instant)
             _ => return,
         };
         // Next keep-alive a third of the counted length after this one was
-        // sent, or soon if this one failed; never later than the lease's
-        // end.
-        let next = (sent_at + lease.every()).max(Instant::now() + Duration::from_millis(50));
-        tokio::time::sleep_until(next.min(until)).await;
+        // sent, or soon if this one failed; while held, never later than
+        // the end of the count (in jeopardy that end has passed: the
+        // cadence alone); never past the give-up deadline.
+        let mut next = (sent_at + lease.every()).max(Instant::now() + Duration::from_millis(50));
+        if until > Instant::now() {
+            next = next.min(until);
+        }
+        tokio::time::sleep_until(next.min(lease.give_up())).await;
     }
 }
 
 /// One keep-alive of `lease`'s session: the ttl the leader renewed it for.
 async fn renew(mux: &Mux, lease: &Lease) -> Result<Duration> {
     let id = lease.id;
-    // A keep-alive that takes longer than a third of the counted length
-    // is useless.
-    let attempt = lease.every().max(Duration::from_millis(200));
+    // An attempt lasts a third of the counted length, and at least a
+    // second: an ask that times out drops the stream as stalled, and a
+    // dropped stream starts the grace of every session it carried, so a
+    // short silence on a busy machine must not end it.
+    let attempt = lease.every().max(Duration::from_secs(1));
     let resp = mux.ask(id, Instant::now() + attempt).await?;
     if resp.expired {
         return Err(Error::SessionNotFound(format!("session {id} expired")));

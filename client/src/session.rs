@@ -1,7 +1,8 @@
 //! Sessions: a lease kept alive in the background (see `keepalive.rs` for
 //! how the lease is counted and renewed), and the grants held through it.
-//! When the lease may be gone, [`Session::lost`] fires; work already
-//! running is not cancelled, only told.
+//! When the view stops saying held (jeopardy: keep-alives are not getting
+//! through), [`Session::invalid`] fires; when the lease is lost for good,
+//! [`Session::lost`]. Work already running is not cancelled, only told.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -286,7 +287,9 @@ impl Session {
     }
 
     /// True while the client's own (conservative) view of the lease says it
-    /// is still held.
+    /// is still held: act on the session's grants only then. False in
+    /// jeopardy (keep-alives not answered within the count; the next one
+    /// answered makes it true again), once lost, and once closed.
     pub fn is_valid(&self) -> bool {
         self.inner.lease.is_valid()
     }
@@ -296,10 +299,21 @@ impl Session {
         self.inner.lease.subscribe()
     }
 
-    /// Resolves when the lease may be gone (lost or closed). It does not
-    /// cancel anything; it lets the holder stop on its own terms.
+    /// Resolves when the lease is lost for good (the cluster said the
+    /// session ended, the client's credentials were refused, or no
+    /// keep-alive was answered for a ttl, less the margin, after the last
+    /// answer arrived) or the session was closed. Jeopardy alone does not
+    /// resolve it: to stop acting at the first doubt, use
+    /// [`invalid`](Session::invalid) or [`is_valid`](Session::is_valid).
+    /// It cancels nothing; it lets the holder stop on its own terms.
     pub async fn lost(&self) {
         self.inner.lease.lost().await
+    }
+
+    /// Resolves as soon as the view stops saying held: jeopardy (which may
+    /// pass), lost or closed. It cancels nothing.
+    pub async fn invalid(&self) {
+        self.inner.lease.invalid().await
     }
 
     pub(crate) fn next_seq(&self) -> u64 {

@@ -144,7 +144,9 @@ pub async fn run_child(
     let mut lost = false;
     let status = tokio::select! {
         status = child.wait() => status,
-        _ = session.lost() => {
+        // Not held (jeopardy included): a child cannot be told to pause,
+        // so it is stopped at the first doubt.
+        _ = session.invalid() => {
             lost = true;
             eprintln!("raftlock: lease on {name} may be lost; sending SIGTERM to {program}");
             crate::signals::terminate(&child);
