@@ -444,6 +444,190 @@ function test_lock_manager_service(Cluster $cl): void
     checkSame([], queue($c, $name)['holders'], 'holders after lock() returned');
 }
 
+// ---- a process that dies frees its locks (issue 44) ----
+
+/** One POST to node $addr with plain PHP streams (not through a Client, whose calls renew this process's sessions). */
+function rawCall(string $addr, string $rpc, array $body, float $timeout = 5): array
+{
+    $ctx = stream_context_create(['http' => ['method' => 'POST', 'header' => "Content-Type: application/json\r\n", 'content' => json_encode((object) $body), 'ignore_errors' => true, 'timeout' => $timeout]]);
+    $r = json_decode((string) @file_get_contents("http://$addr/v1/$rpc", false, $ctx), true);
+
+    return \is_array($r) ? $r : [];
+}
+
+/** The session ids holding $name, read at the leader without a Client. */
+function rawHolders(Cluster $cl, string $name): array
+{
+    $d = rawCall($cl->leader(), 'locks/Describe', ['name' => $name]);
+
+    return array_map(fn ($h) => (int) $h['session_id'], $d['info']['holders'] ?? []);
+}
+
+/** The median of $xs. */
+function median(array $xs): float
+{
+    sort($xs);
+    $n = \count($xs);
+
+    return $n % 2 ? $xs[intdiv($n, 2)] : ($xs[$n / 2 - 1] + $xs[$n / 2]) / 2;
+}
+
+/**
+ * Three rounds: a holder process ($holder, a worker mode) takes a name, a
+ * waiter process ($waiter) queues for it, the holder is SIGKILLed; the
+ * waiter must be granted well before the holder's 30 s ttl. Prints the
+ * kill-to-grant times (as this process reads the waiter's line).
+ */
+function killedHolderRounds(Cluster $cl, string $holder, string $waiter, string $granted, string $what): void
+{
+    $c = new Client($cl->endpoints());
+    $took = [];
+    foreach (range(1, 3) as $round) {
+        $name = name("killed-holder-$round");
+        $h = new Worker([$holder, $cl->endpoints(), $name]);
+        $h->expect('HELD');
+        $w = new Worker([$waiter, $cl->endpoints(), $name]);
+        $w->expect('WAITING');
+        eventually(10, 'the waiter queued', fn () => 1 === \count(queue($c, $name)['waiters']));
+        $killed = microtime(true);
+        $h->kill();
+        $w->expect($granted, 10);
+        $took[] = microtime(true) - $killed;
+        check(end($took) < 10, sprintf('granted %.2f s after the kill', end($took)));
+        $w->close();
+        $h->close();
+    }
+    printf("     %s: SIGKILLed holder (ttl 30 s) to the waiter's grant: %s s, median %.2f s\n", $what,
+        implode(', ', array_map(fn ($t) => sprintf('%.2f', $t), $took)), median($took));
+}
+
+// A holder at the client's defaults (ttl 30 s) SIGKILLed while another
+// process waits: the waiter gets the lock within the grace, not the ttl.
+function test_killed_holder_frees_its_lock_client(Cluster $cl): void
+{
+    killedHolderRounds($cl, 'hold', 'wait', 'GRANTED', 'Client');
+}
+
+function test_killed_holder_frees_its_lock_symfony(Cluster $cl): void
+{
+    killedHolderRounds($cl, 'sf-hold', 'lock-wait', 'ACQUIRED fence ', 'RaftlockStore');
+}
+
+// A waiter SIGKILLed while it waits leaves the queue, and one SIGKILLed
+// just after its grant (before it could do anything) frees the lock a
+// grace later: the process behind it gets the lock without waiting for the
+// dead one's ttl.
+function test_killed_waiter_passes_its_place_on(Cluster $cl): void
+{
+    $c = new Client($cl->endpoints());
+    $name = name('killed-waiter');
+    $h = new Worker(['hold', $cl->endpoints(), $name]);
+    $h->expect('HELD');
+    $w1 = new Worker(['wait', $cl->endpoints(), $name]);
+    $w1->expect('WAITING');
+    eventually(10, 'the first waiter queued', fn () => 1 === \count(queue($c, $name)['waiters']));
+    $w2 = new Worker(['wait', $cl->endpoints(), $name]);
+    $w2->expect('WAITING');
+    eventually(10, 'the second waiter queued', fn () => 2 === \count(queue($c, $name)['waiters']));
+    $w3 = new Worker(['wait', $cl->endpoints(), $name]);
+    $w3->expect('WAITING');
+    eventually(10, 'the third waiter queued', fn () => 3 === \count(queue($c, $name)['waiters']));
+    // The first waiter dies while it waits.
+    $w1->kill();
+    eventually(10, "the killed waiter's wait withdrawn", fn () => 2 === \count(queue($c, $name)['waiters']));
+    $h->send('release');
+    $h->expect('RELEASED');
+    // The second is granted, and dies at once.
+    $w2->expect('GRANTED', 10);
+    $killed = microtime(true);
+    $w2->kill();
+    $w3->expect('GRANTED', 10);
+    $took = microtime(true) - $killed;
+    check($took < 10, sprintf('the third waiter granted %.2f s after the second died holding it', $took));
+    printf("     a waiter SIGKILLed just after its grant (ttl 30 s) to the next waiter's grant: %.2f s\n", $took);
+    $w3->send('release');
+    $w3->expect('RELEASED');
+}
+
+// The three states: a holder that makes no client call for longer than
+// the grace (but less than the ttl) is in jeopardy (not held, not lost),
+// held again after its next call renews, and lost once the cluster has
+// revoked its session.
+function test_jeopardy_client(Cluster $cl): void
+{
+    $c = new Client($cl->endpoints());
+    $name = name('jeopardy');
+    $r = $c->lock($name, 30000, 0);
+    check($r['acquired'], 'acquired');
+    $s = $r['session_id'];
+    checkSame('held', $c->state($s), 'state right after the lock');
+    // No client call now (state() sends nothing): the count runs out.
+    $t = microtime(true);
+    eventually(10, 'the lock in jeopardy', fn () => 'jeopardy' === $c->state($s));
+    printf("     held -> jeopardy after %.2f s without a call\n", microtime(true) - $t);
+    checkSame([$s], rawHolders($cl, $name), 'the cluster still has the holder');
+    check($c->isHeld($s), 'isHeld() renews and answers true');
+    checkSame('held', $c->state($s), 'state after the renewal');
+    // A session the cluster revokes is lost at its next renewal. The revoke
+    // answers once the session's lease has run out (up to its ttl), so
+    // another process sends it.
+    $revoker = new Worker(['revoke', $cl->leader(), (string) $s]);
+    eventually(40, 'the lock lost after the revoke', fn () => !$c->isHeld($s) && 'lost' === $c->state($s));
+    checkSame('lost', $c->state($s), 'lost is final');
+    $revoker->close();
+    $c->unlock($s);
+}
+
+function test_jeopardy_symfony(Cluster $cl): void
+{
+    $factory = new LockFactory(new RaftlockStore($cl->endpoints()));
+    $name = name('jeopardy-sf');
+    $lock = $factory->createLock($name, 30);
+    check($lock->acquire(), 'acquire');
+    check(!$lock->isExpired() && $lock->getRemainingLifetime() > 0, 'not expired right after acquire()');
+    // No call into the store: the Key's lifetime runs out (isExpired()
+    // does not call the store).
+    eventually(10, 'the Key expired (jeopardy)', fn () => $lock->isExpired());
+    check(1 === \count(rawHolders($cl, $name)), 'the cluster still has the holder');
+    check($lock->isAcquired(), 'isAcquired() renews and answers true');
+    check(!$lock->isExpired() && $lock->getRemainingLifetime() > 0, 'not expired after isAcquired()');
+    eventually(10, 'the Key expired again', fn () => $lock->isExpired());
+    $lock->refresh();
+    check(!$lock->isExpired(), 'not expired after refresh()');
+    $lock->release();
+    checkSame([], rawHolders($cl, $name), 'released');
+}
+
+// PHP-FPM's life cycle, in PHP's built-in web server (one process that
+// serves request after request, freeing each request's objects at its
+// end): a lock a request took and forgot to release is freed a grace
+// after that request ends, while the process lives on.
+function test_request_end_frees_a_forgotten_lock(Cluster $cl): void
+{
+    $port = Cluster::freeBase(1);
+    $log = tempnam(sys_get_temp_dir(), 'raftlock-php-server-');
+    $server = proc_open([\PHP_BINARY, '-S', "127.0.0.1:$port", __DIR__.'/request.php'], [0 => ['file', '/dev/null', 'r'], 1 => ['file', $log, 'a'], 2 => ['file', $log, 'a']], $pipes, null, ['RAFTLOCK_ENDPOINTS' => $cl->endpoints()] + getenv());
+    try {
+        $get = fn (string $q) => @file_get_contents("http://127.0.0.1:$port/?$q", false, stream_context_create(['http' => ['timeout' => 20]]));
+        eventually(10, 'the web server up', fn () => 'pid '.proc_get_status($server)['pid'] === $get('pid'));
+        $name = name('forgotten');
+        $answer = (string) $get('forget='.urlencode($name));
+        check(str_starts_with($answer, 'held session '), "the request's answer: $answer");
+        $ended = microtime(true);
+        $r = (new Client($cl->endpoints()))->lock($name, 30000, 10000);
+        $took = microtime(true) - $ended;
+        check($r['acquired'], sprintf('the forgotten lock not freed within 10 s of the end of the request (%.2f s)', $took));
+        printf("     a lock forgotten by a request freed %.2f s after the request ended\n", $took);
+        check(proc_get_status($server)['running'], 'the server process still runs');
+        checkSame('pid '.proc_get_status($server)['pid'], $get('pid'), 'the same process answers the next request');
+        (new Client($cl->endpoints()))->unlock($r['session_id']);
+    } finally {
+        proc_terminate($server, 9);
+        proc_close($server);
+        unlink($log);
+    }
+}
+
 // ---- the client: leaders, failures, limits, credentials ----
 
 function test_follows_the_leader_past_dead_nodes_and_followers(Cluster $cl): void
