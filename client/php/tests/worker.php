@@ -57,7 +57,7 @@ switch ($mode) {
         $lock = new Lock($key, new RaftlockStore($endpoints), 300, false);
         $out('ACQUIRED '.var_export($lock->isAcquired(), true));
         $lock->refresh(60);
-        $out(sprintf('REFRESHED %.0f', $lock->getRemainingLifetime()));
+        $out(sprintf('REFRESHED %.3f', $lock->getRemainingLifetime()));
         $lock->release();
         $out('RELEASED '.var_export($lock->isAcquired(), true));
         break;

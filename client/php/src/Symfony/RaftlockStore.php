@@ -82,7 +82,7 @@ final class RaftlockStore implements BlockingSharedLockStoreInterface, BlockingS
     public function putOffExpiration(Key $key, float $ttl): void
     {
         $ttlMs = self::ttlMs($ttl);
-        $state = self::state($key);
+        $state = $this->state($key);
         if (null === $state) {
             throw new LockConflictedException(sprintf('The "%s" lock is not held through this key.', $key));
         }
@@ -92,7 +92,7 @@ final class RaftlockStore implements BlockingSharedLockStoreInterface, BlockingS
 
     public function delete(Key $key): void
     {
-        $state = self::state($key);
+        $state = $this->state($key);
         if (null === $state) {
             return;
         }
@@ -100,11 +100,22 @@ final class RaftlockStore implements BlockingSharedLockStoreInterface, BlockingS
         $key->removeState(__CLASS__);
     }
 
+    /**
+     * Renews the Key's session (until an answer leaves it held, as
+     * Client::isHeld()) and asks the cluster whether its grant is current
+     * (CheckFence): true only if both say so. The Key's lifetime is set to
+     * what the count then believes.
+     */
     public function exists(Key $key): bool
     {
-        $state = self::state($key);
+        $state = $this->state($key);
+        if (null === $state) {
+            return false;
+        }
+        $held = $this->client->isHeld($state['session']) && $this->client->checkFence((string) $key, $state['fence']);
+        $this->setLifetime($key, $state);
 
-        return null !== $state && $this->client->checkFence((string) $key, $state['fence']);
+        return $held && !$key->isExpired();
     }
 
     /**
@@ -113,14 +124,14 @@ final class RaftlockStore implements BlockingSharedLockStoreInterface, BlockingS
      */
     public static function fence(Key $key): ?int
     {
-        $state = self::state($key);
+        $state = $key->hasState(__CLASS__) ? $key->getState(__CLASS__) : null;
 
         return null === $state ? null : $state['fence'];
     }
 
     private function acquire(Key $key, string $mode, bool $wait): void
     {
-        $state = self::state($key);
+        $state = $this->state($key);
         if (null !== $state) {
             if ($state['mode'] === $mode && $this->client->checkFence((string) $key, $state['fence'])) {
                 // Already held through this key: restart its lease, as
@@ -142,8 +153,8 @@ final class RaftlockStore implements BlockingSharedLockStoreInterface, BlockingS
             $key->removeState(__CLASS__);
         }
         $ttlMs = self::ttlMs($this->initialTtl);
-        $sent = microtime(true);
-        $key->reduceLifetime($this->initialTtl * (1 - self::LEASE_MARGIN));
+        // The client counts the lease from the send and has the stream
+        // carry the session (renewed at once after a wait).
         $r = $this->client->lock((string) $key, $ttlMs, $wait ? null : 0, $mode);
         if (!$r['acquired']) {
             throw new LockConflictedException(sprintf('The "%s" lock is held by another.', $key));
@@ -154,14 +165,10 @@ final class RaftlockStore implements BlockingSharedLockStoreInterface, BlockingS
             'next_seq' => $r['next_seq'],
             'ttl_ms' => $r['ttl_ms'] ?: $ttlMs,
             'mode' => $mode,
+            'grace_ms' => $this->client->endOnDisconnectMs(),
         ];
         $key->setState(__CLASS__, $state);
-        if ($wait && microtime(true) - $sent > $ttlMs / 3000) {
-            // It waited: the node restarted the lease as it answered, but
-            // the count from the send has mostly run. Count from a renewal.
-            $key->resetLifetime();
-            $this->renew($key, $state, $state['ttl_ms']);
-        }
+        $this->setLifetime($key, $state);
         $this->checkNotExpired($key);
     }
 
@@ -220,14 +227,13 @@ final class RaftlockStore implements BlockingSharedLockStoreInterface, BlockingS
     }
 
     /**
-     * Restarts the session's lease at $ttlMs, counting the Key's lifetime
-     * from the send time less the margin.
+     * Restarts the session's lease at $ttlMs (again until an answer leaves
+     * it held), and sets the Key's lifetime to what the count believes.
      *
-     * @param array{session: int, fence: int, next_seq: int, ttl_ms: int, mode: string} $state
+     * @param array{session: int, fence: int, next_seq: int, ttl_ms: int, mode: string, grace_ms: int} $state
      */
     private function renew(Key $key, array $state, int $ttlMs): void
     {
-        $key->reduceLifetime($ttlMs / 1000 * (1 - self::LEASE_MARGIN));
         if ($ttlMs === $state['ttl_ms']) {
             $alive = $this->client->keepAlive($state['session']);
         } else {
@@ -248,10 +254,29 @@ final class RaftlockStore implements BlockingSharedLockStoreInterface, BlockingS
                 $alive = false;
             }
         }
+        if ($alive && 'jeopardy' === $this->client->state($state['session'])) {
+            // Answered, but late (a busy machine): renew again.
+            $alive = $this->client->isHeld($state['session']) || 'lost' !== $this->client->state($state['session']);
+        }
         if (!$alive) {
             $key->removeState(__CLASS__);
+            $key->reduceLifetime(0);
             throw new LockConflictedException(sprintf('The "%s" lock was lost: its session ended.', $key));
         }
+        $this->setLifetime($key, $state);
+    }
+
+    /**
+     * The Key's lifetime: what the client's count still believes (0 in
+     * jeopardy or once lost), so that isExpired() and
+     * getRemainingLifetime() say whether the holder may act.
+     *
+     * @param array{session: int} $state
+     */
+    private function setLifetime(Key $key, array $state): void
+    {
+        $key->resetLifetime();
+        $key->reduceLifetime($this->client->heldFor($state['session']));
     }
 
     private function checkNotExpired(Key $key): void
@@ -267,11 +292,20 @@ final class RaftlockStore implements BlockingSharedLockStoreInterface, BlockingS
     }
 
     /**
-     * @return array{session: int, fence: int, next_seq: int, ttl_ms: int, mode: string}|null
+     * The Key's session, counted by the client (a Key from another process
+     * is tracked from here on: not held until a renewal is answered).
+     *
+     * @return array{session: int, fence: int, next_seq: int, ttl_ms: int, mode: string, grace_ms: int}|null
      */
-    private static function state(Key $key): ?array
+    private function state(Key $key): ?array
     {
-        return $key->hasState(__CLASS__) ? $key->getState(__CLASS__) : null;
+        if (!$key->hasState(__CLASS__)) {
+            return null;
+        }
+        $state = $key->getState(__CLASS__) + ['grace_ms' => 0];
+        $this->client->track($state['session'], $state['ttl_ms'], $state['grace_ms']);
+
+        return $state;
     }
 
     private static function ttlMs(float $ttl): int
