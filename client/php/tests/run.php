@@ -637,6 +637,25 @@ function test_request_end_frees_a_forgotten_lock(Cluster $cl): void
     }
 }
 
+// A long-lived process (a queue consumer, a worker-mode server) that
+// forgot a lock and goes on using the client: the stream renews the
+// forgotten session for a ttl after its last use, then stops, and the
+// cluster ends it a ttl later.
+function test_a_forgotten_lock_in_a_long_lived_process_ends(Cluster $cl): void
+{
+    $c = new Client($cl->endpoints());
+    $name = name('forgotten-long');
+    $r = $c->lock($name, 2000, 0);
+    check($r['acquired'], 'acquired');
+    $t = microtime(true);
+    // Other work: a call into the client every 20 ms.
+    eventually(20, 'the forgotten lock freed', fn () => [] === queue($c, $name)['holders']);
+    $took = microtime(true) - $t;
+    printf("     a lock (ttl 2 s) forgotten in a process that goes on calling the client freed after %.2f s\n", $took);
+    check($took > 2.0, sprintf('renewed for its ttl after its last use (freed after %.2f s)', $took));
+    checkSame('lost', $c->state($r['session_id']), 'its state');
+}
+
 // ---- the client: leaders, failures, limits, credentials ----
 
 function test_follows_the_leader_past_dead_nodes_and_followers(Cluster $cl): void
