@@ -16,6 +16,12 @@ namespace Raftlock;
  * carry a nonce (a retry finds the session the first attempt opened),
  * SetSessionTtl, AcquireAll, Upgrade and Downgrade a seq, and Unlock,
  * Cancel and KeepAlive are idempotent.
+ *
+ * The sessions it opens end with the process (end_on_disconnect_ms,
+ * default 750 ms): the process keeps one streaming KeepAlive per cluster
+ * open (SessionStream), and every call into any Client of the process
+ * renews its sessions on it when due; state() and isHeld() tell held,
+ * jeopardy and lost apart.
  */
 final class Client
 {
@@ -238,9 +244,10 @@ final class Client
      * queue at once and waits, up to $timeoutMs, until it is first in line
      * for all of them (holding up whoever queues behind it on each name,
      * even a free one). Two such requests never wait for each other,
-     * whatever order they name things in. Nothing renews the session while
-     * PHP waits, so a wait must be shorter than the ttl (and cannot be
-     * unbounded). A request not granted, or one that fails, has its session
+     * whatever order they name things in. While PHP waits, the stream
+     * renews the session only for a ttl after it opened (and not at all
+     * without a grace), so a wait must be shorter than the ttl (and cannot
+     * be unbounded). A request not granted, or one that fails, has its session
      * closed before this returns (withdrawing it from every queue, or
      * releasing what it may have been granted). Release with
      * unlock($r['session_id']).
@@ -268,7 +275,7 @@ final class Client
         }
         self::checkTtl($ttlMs);
         if ($timeoutMs < 0 || $timeoutMs >= $ttlMs) {
-            throw new \InvalidArgumentException("raftlock: lockAll timeout $timeoutMs ms: must be 0..$ttlMs ms (under the ttl: nothing renews the session while PHP waits)");
+            throw new \InvalidArgumentException("raftlock: lockAll timeout $timeoutMs ms: must be 0..$ttlMs ms (under the ttl: the session is renewed for at most a ttl while PHP waits)");
         }
         $openBody = ['ttl_ms' => (string) $ttlMs, 'nonce' => (string) random_int(1, \PHP_INT_MAX)];
         if ($this->grace > 0) {
@@ -318,8 +325,9 @@ final class Client
      * Granted at once if it is the name's only reader; otherwise it waits
      * ahead of everyone queued, keeping the read, until the other readers
      * leave or $timeoutMs passes (0: try once): then acquired is false and
-     * the read still held. Nothing renews the session while PHP waits: keep
-     * $timeoutMs under its ttl. Another reader upgrading the same name at
+     * the read still held. While PHP waits, the stream renews the session
+     * only for a ttl after its last use (and not at all without a grace):
+     * keep $timeoutMs under its ttl. Another reader upgrading the same name at
      * the same time makes this throw a RaftlockException with status
      * ABORTED at once (the two would wait for each other forever), the
      * read still held. If the request fails in any other way than by the

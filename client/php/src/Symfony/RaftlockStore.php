@@ -25,11 +25,16 @@ use Symfony\Component\Lock\Key;
  * acquired in one write (Lock) and ended in one (Unlock, on release). The
  * session starts with the store's initial ttl; `$lock->refresh($ttl)`
  * restarts it at $ttl (a KeepAlive, no write, when $ttl is the session's
- * ttl; a SetSessionTtl, one write, when it differs). A process that dies
- * while it holds a lock blocks it until that ttl runs out; a process that
- * dies while it waits (`acquire(true)`) leaves nothing queued.
+ * ttl; a SetSessionTtl, one write, when it differs). The session ends
+ * with the process (the client's end_on_disconnect_ms, default 750 ms,
+ * after the process's KeepAlive stream closes), and the client renews it
+ * on that stream at every call (see Client). The Key's lifetime is the
+ * client's count: isExpired() while the lock is in jeopardy or lost;
+ * exists() (isAcquired()) renews. A process that dies while it waits
+ * (`acquire(true)`) leaves nothing queued.
  *
- * The Key carries the session id, the fence and the session's next seq, so
+ * The Key carries the session id, the fence, the session's next seq and
+ * its grace, so
  * a serialized Key can be released, refreshed or checked by another
  * process (stop using it in the first one).
  *
@@ -41,7 +46,7 @@ use Symfony\Component\Lock\Key;
  */
 final class RaftlockStore implements BlockingSharedLockStoreInterface, BlockingStoreInterface
 {
-    /** The part of the ttl the Key's lifetime leaves out (from the send time). */
+    /** The part of the lease length the Key's lifetime leaves out (from the send time), as the client's count. */
     public const LEASE_MARGIN = 0.1;
 
     private Client $client;
@@ -176,7 +181,8 @@ final class RaftlockStore implements BlockingSharedLockStoreInterface, BlockingS
      * Turns the Key's grant into $mode: a downgrade at once, or an upgrade
      * that, when other readers hold the lock, waits ahead of everyone
      * queued (blocking: in rounds of a third of the session's ttl, renewing
-     * the session between them, as nothing renews it while PHP waits; not
+     * the session between them, so that it lives on whatever the stream
+     * does; not
      * blocking: not at all). An upgrade refused because another reader is
      * upgrading the same lock (they would wait for each other forever) is
      * a conflict; the read stays held either way.
