@@ -656,6 +656,26 @@ function test_a_forgotten_lock_in_a_long_lived_process_ends(Cluster $cl): void
     checkSame('lost', $c->state($r['session_id']), 'its state');
 }
 
+// The stream breaks when its leader dies: the next call opens it again on
+// the new leader and renews there, and the lock is held again, never lost.
+function test_the_stream_follows_a_new_leader(Cluster $unused): void
+{
+    $nodes = new NodeProcesses();
+    try {
+        $c = new Client($nodes->endpoints());
+        $r = $c->lock(name('stream-failover'), 30000, 0);
+        check($r['acquired'] && $c->isHeld($r['session_id']), 'held before the failover');
+        $nodes->kill($nodes->leaderId());
+        $t = microtime(true);
+        eventually(30, 'held again after the failover', fn () => $c->isHeld($r['session_id']));
+        printf("     held again %.2f s after the leader was killed\n", microtime(true) - $t);
+        checkSame('held', $c->state($r['session_id']), 'the state after the failover');
+        checkSame(1, $c->unlock($r['session_id']), 'released on the new leader');
+    } finally {
+        $nodes->stop();
+    }
+}
+
 // ---- the client: leaders, failures, limits, credentials ----
 
 function test_follows_the_leader_past_dead_nodes_and_followers(Cluster $cl): void
