@@ -309,13 +309,22 @@ final class SessionStream
         $this->read();
         $now = self::now();
         $due = [];
+        $carries = false;
         foreach ($this->sessions as $id => $s) {
             if ($s['grace'] <= 0 || 'lost' === $this->state($id)) {
                 continue;
             }
+            $carries = true;
             if (!$s['carried'] || ($now >= $s['sent'] + self::span($s['ttl'], $s['grace']) / 3 && $now < $s['renewUntil'])) {
                 $due[] = $id;
             }
+        }
+        if (!$carries && null !== $this->handle) {
+            // Nothing left to carry: no connection left open either (a
+            // node shutting down waits for its open streams).
+            $this->idle();
+
+            return;
         }
         if (!$due) {
             return;
@@ -514,6 +523,17 @@ final class SessionStream
         if (\count($this->answers) > 64) {
             $this->answers = \array_slice($this->answers, -64, null, true);
         }
+    }
+
+    /** Ends a stream that carries nothing; the next session opens another. */
+    private function idle(): void
+    {
+        $h = $this->handle;
+        $this->handle = null;
+        unset(self::$finished[spl_object_id($h)]);
+        curl_multi_remove_handle(self::multi(), $h);
+        $this->asks = [];
+        $this->leader = $this->target;
     }
 
     /** Ends the stream (its connection closes); the next pump opens another, at once to a named leader. */
