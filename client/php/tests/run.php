@@ -656,6 +656,37 @@ function test_a_forgotten_lock_in_a_long_lived_process_ends(Cluster $cl): void
     checkSame('lost', $c->state($r['session_id']), 'its state');
 }
 
+// A lock granted after a wait longer than its ttl (ttl 2 s, a 2.5 s
+// wait; the node keeps a waiting session alive) is held in the session
+// that waited: the grant is the next fence, and lock() returns it held.
+// With the grace (750 ms) and without it (0).
+function test_a_grant_after_a_long_wait_is_held(Cluster $cl): void
+{
+    $c = new Client($cl->endpoints(), null, ['end_on_disconnect_ms' => 0]);
+    foreach ([750, 0] as $grace) {
+        $name = name("long-wait-$grace");
+        $h = $c->lock($name, 30000, 0);
+        check($h['acquired'], 'the holder');
+        $w = new Worker(['wait-ttl', $cl->endpoints(), $name, '2000', (string) $grace]);
+        $w->expect('WAITING');
+        $queued = 0;
+        eventually(10, 'the waiter queued', function () use ($c, $name, &$queued) {
+            $waiters = queue($c, $name)['waiters'];
+            $queued = (int) ($waiters[0]['session_id'] ?? 0);
+
+            return 1 === \count($waiters);
+        });
+        $t = microtime(true);
+        eventually(10, 'the waiter still queued 2.5 s later', fn () => microtime(true) - $t > 2.5 && 1 === \count(queue($c, $name)['waiters']));
+        $c->unlock($h['session_id']);
+        $line = $w->expect('GRANTED ', 15);
+        checkSame(sprintf('GRANTED session %d fence %d acquired true state held', $queued, $h['fence'] + 1), $line, "grace $grace ms: the waiter's grant");
+        checkSame([$queued], rawHolders($cl, $name), "grace $grace ms: the holders");
+        $w->send('release');
+        $w->expect('RELEASED');
+    }
+}
+
 // The stream breaks when its leader dies: the next call opens it again on
 // the new leader and renews there, and the lock is held again, never lost.
 function test_the_stream_follows_a_new_leader(Cluster $unused): void

@@ -105,6 +105,19 @@ switch ($mode) {
         $lock->release();
         $out('RELEASED');
         break;
+    case 'wait-ttl':
+        // A waiter with ttl ARG2 (ms) and end_on_disconnect_ms ARG3, no
+        // timeout: prints WAITING before its Lock, then GRANTED with the
+        // session, fence and state lock() returned, then holds it (no
+        // client call) until a line on stdin.
+        $client = new Client($endpoints, null, ['end_on_disconnect_ms' => (int) $argv[5]]);
+        $out('WAITING');
+        $r = $client->lock($argv[3], (int) $argv[4], null);
+        $out("GRANTED session {$r['session_id']} fence {$r['fence']} acquired ".var_export($r['acquired'], true).' state '.$client->state($r['session_id']));
+        fgets(\STDIN);
+        $client->unlock($r['session_id']);
+        $out('RELEASED');
+        break;
     case 'revoke':
         // RevokeSession of session ARG at the leader ENDPOINTS (host:port),
         // with plain PHP streams: the node answers once the session's
