@@ -687,6 +687,59 @@ function test_a_grant_after_a_long_wait_is_held(Cluster $cl): void
     }
 }
 
+/** CPU seconds this process used so far, and its voluntary context switches (its waits that slept). */
+function usage(): array
+{
+    $u = getrusage();
+
+    return [$u['ru_utime.tv_sec'] + $u['ru_utime.tv_usec'] / 1e6 + $u['ru_stime.tv_sec'] + $u['ru_stime.tv_usec'] / 1e6, (int) $u['ru_nvcsw']];
+}
+
+// A call that waits never spins: isHeld() on a session whose stream
+// cannot connect (every endpoint refuses) sleeps between its attempts, and
+// a blocking lock() that outlasts another session's renewal window (the
+// stream renews a session for a ttl after its last use) waits in long
+// sleeps, not 1 ms ones. Figures: the CPU and the wake-ups of each wait.
+function test_waits_do_not_spin(Cluster $cl): void
+{
+    // No node: the stream's connection is refused at once, again and again.
+    $nowhere = new Client('127.0.0.1:'.Cluster::freeBase(1), null, ['retry_timeout' => 2.0]);
+    $nowhere->track(4242, 30000, 750);
+    [$cpu, $wakes] = usage();
+    $t = microtime(true);
+    check(!$nowhere->isHeld(4242), 'isHeld() with no node');
+    [$cpu2, $wakes2] = usage();
+    $spent = $cpu2 - $cpu;
+    printf("     isHeld() with every endpoint refusing: %.2f s, %.2f s of CPU\n", microtime(true) - $t, $spent);
+    check($spent < 0.5, sprintf('isHeld() used %.2f s of CPU in %.2f s (a busy loop)', $spent, microtime(true) - $t));
+
+    // A session (ttl 4 s) renewed by the stream while other calls run,
+    // then left alone past its renewal window; then a blocking lock().
+    $c = new Client($cl->endpoints());
+    $other = name('spin-b');
+    $h = new Worker(['hold', $cl->endpoints(), $other]);
+    $h->expect('HELD');
+    $r = $c->lock(name('spin-a'), 4000, 0);
+    check($r['acquired'] && $c->keepAlive($r['session_id']), 'acquired and renewed');
+    $t = microtime(true);
+    while (microtime(true) < $t + 3.4) {
+        $c->describe($other); // other work: the stream renews the session meanwhile
+        usleep(20000);
+    }
+    time_sleep_until($t + 4.2); // application code, no call: past the window
+    check('lost' !== $c->state($r['session_id']), 'not lost: '.$c->state($r['session_id']));
+    [$cpu, $wakes] = usage();
+    $t = microtime(true);
+    check(!$c->lock($other, 30000, 2000)['acquired'], 'a lock held by another');
+    [$cpu2, $wakes2] = usage();
+    $took = microtime(true) - $t;
+    printf("     a 2 s lock() wait past a session's renewal window: %.2f s, %.2f s of CPU, %d wake-ups\n", $took, $cpu2 - $cpu, $wakes2 - $wakes);
+    check($wakes2 - $wakes < 500, sprintf('the wait woke %d times in %.2f s (1 ms sleeps)', $wakes2 - $wakes, $took));
+    $c->unlock($r['session_id']);
+    $h->send('release');
+    $h->expect('RELEASED');
+}
+
 // The stream breaks when its leader dies: the next call opens it again on
 // the new leader and renews there, and the lock is held again, never lost.
 function test_the_stream_follows_a_new_leader(Cluster $unused): void
