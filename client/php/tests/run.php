@@ -740,6 +740,40 @@ function test_waits_do_not_spin(Cluster $cl): void
     $h->expect('RELEASED');
 }
 
+// isAcquired() (the stores' exists()) when its CheckFence answers late:
+// here the process stalls 0.9 s in it (longer than the 675 ms the count
+// believes a renewal), as on a busy machine. The lock is held all along,
+// so isAcquired() answers true and the Key is not expired.
+function test_is_acquired_with_a_slow_check_fence(Cluster $cl): void
+{
+    $slow = false;
+    $client = new Client($cl->endpoints(), null, ['curl' => [
+        \CURLOPT_NOPROGRESS => false,
+        \CURLOPT_XFERINFOFUNCTION => function ($ch) use (&$slow): int {
+            if ($slow && str_contains((string) curl_getinfo($ch, \CURLINFO_EFFECTIVE_URL), 'CheckFence')) {
+                $slow = false;
+                usleep(900000); // the process stalls in this CheckFence
+            }
+
+            return 0;
+        },
+    ]]);
+    $lock = (new LockFactory(new RaftlockStore($client)))->createLock(name('slow-fence'), 30);
+    check($lock->acquire(), 'acquire');
+    $slow = true;
+    check($lock->isAcquired(), 'isAcquired() with a CheckFence that took 0.9 s');
+    check(!$slow, 'the CheckFence was slowed');
+    check(!$lock->isExpired(), 'not expired after isAcquired()');
+    $lock->release();
+
+    $semaphore = (new SemaphoreFactory(new RaftlockSemaphoreStore($client)))->createSemaphore(name('slow-fence-sem'), 2, 1, 30);
+    check($semaphore->acquire(), 'acquire a permit');
+    $slow = true;
+    check($semaphore->isAcquired(), 'the semaphore\'s isAcquired() with a CheckFence that took 0.9 s');
+    check(!$slow, 'the CheckFence was slowed');
+    $semaphore->release();
+}
+
 // The stream breaks when its leader dies: the next call opens it again on
 // the new leader and renews there, and the lock is held again, never lost.
 function test_the_stream_follows_a_new_leader(Cluster $unused): void
