@@ -185,6 +185,23 @@ function test_serialized_key_released_by_another_process(Cluster $cl): void
     $third->release();
 }
 
+// A Key whose session has no grace (end_on_disconnect_ms 0: the README's
+// advice for a Key that must outlive the process that took it), handed to
+// another process: held there from its first isAcquired(), never in
+// jeopardy (its lease is its ttl).
+function test_handed_over_key_without_grace_is_held(Cluster $cl): void
+{
+    $store = new RaftlockStore(new Client($cl->endpoints(), null, ['end_on_disconnect_ms' => 0]));
+    $key = new Key(name('handoff-no-grace'));
+    $lock = new Lock($key, $store, 300, false);
+    check($lock->acquire(), 'acquire in the first process');
+    $w = new Worker(['handoff', $cl->endpoints(), base64_encode(serialize($key))]);
+    $w->expect('ACQUIRED true');
+    $left = (float) substr($w->expect('REFRESHED '), \strlen('REFRESHED '));
+    check($left > 0 && $left <= 54, "the remaining lifetime after refresh(60) in the second process: $left s");
+    $w->expect('RELEASED false');
+}
+
 // With the grace off (end_on_disconnect_ms 0) a session's lease is its
 // ttl: the Key's lifetime is the ttl less 10 %, and a lock not refreshed
 // expires on the cluster after its ttl.
