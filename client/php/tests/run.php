@@ -811,6 +811,32 @@ function test_the_stream_follows_a_new_leader(Cluster $unused): void
     }
 }
 
+// A leader that hangs (SIGSTOP: its connections stay open, nothing is
+// answered): the stream leaves it and renews on the new leader before the
+// ttl count (ttl 5 s: 4.5 s) runs out, so the lock is never lost.
+function test_the_stream_leaves_a_hung_leader(Cluster $unused): void
+{
+    $nodes = new NodeProcesses();
+    try {
+        $c = new Client($nodes->endpoints());
+        $r = $c->lock(name('stream-hung-leader'), 5000, 0);
+        $s = $r['session_id'];
+        check($r['acquired'] && $c->isHeld($s), 'held before the leader hangs');
+        $nodes->signal($nodes->leaderId(), \SIGSTOP);
+        $t = microtime(true);
+        eventually(30, 'held again after the leader hung', function () use ($c, $s, $t) {
+            $held = $c->isHeld($s);
+            check('lost' !== $c->state($s), sprintf('the lock lost %.2f s after the leader hung', microtime(true) - $t));
+
+            return $held;
+        });
+        printf("     held again %.2f s after the leader was stopped\n", microtime(true) - $t);
+        checkSame(1, $c->unlock($s), 'released on the new leader');
+    } finally {
+        $nodes->stop();
+    }
+}
+
 // ---- the client: leaders, failures, limits, credentials ----
 
 function test_follows_the_leader_past_dead_nodes_and_followers(Cluster $cl): void
