@@ -147,6 +147,13 @@ final class Client
      *                            ends early (its session closed under it) is
      *                            sent again, in a new session.
      *
+     * A grant is returned held (state() "held"): with a grace, it is
+     * renewed on the stream at once, again until an answer leaves it held;
+     * without one, renewed once if the grant waited. A grant whose session
+     * turns out to have ended is unlocked and waited for again, as a wait
+     * withdrawn; one that no renewal answer reaches within the retry
+     * timeout is unlocked and this throws UNAVAILABLE.
+     *
      * @return array{acquired: bool, fence: int, session_id: int, ttl_ms: int, next_seq: int}
      *         fence and session_id are 0 when not acquired (no session is left)
      */
@@ -181,10 +188,15 @@ final class Client
             $body['nonce'] = (string) random_int(1, \PHP_INT_MAX);
             // A request that waits has no attempt timeout.
             $r = $this->call('locks/Lock', $body, 0 === $timeoutMs ? self::ATTEMPT_TIMEOUT : 0.0);
-            if (($r['acquired'] ?? false) && !$this->opened((int) ($r['session_id'] ?? 0), (int) ($r['ttl_ms'] ?? 0) ?: $ttlMs)) {
-                // Granted, but its session ended before the stream could
-                // carry it: as a wait withdrawn under it.
-                $r = ['acquired' => false];
+            if ($r['acquired'] ?? false) {
+                $session = (int) ($r['session_id'] ?? 0);
+                $this->stream->add($session, (int) ($r['ttl_ms'] ?? 0) ?: $ttlMs, $this->grace, $this->sent, $this->leader);
+                if (!$this->confirm($session, $this->sent)) {
+                    // Granted, but its session ended before a renewal
+                    // could be answered (released now, in case): as a
+                    // wait withdrawn under it.
+                    $r = ['acquired' => false];
+                }
             }
             if (($r['acquired'] ?? false) || 0 === $timeoutMs || (null !== $deadline && microtime(true) >= $deadline)) {
                 break;
@@ -207,33 +219,39 @@ final class Client
     }
 
     /**
-     * Starts counting a session a Lock just opened (answered to the attempt
-     * sent at $this->sent), and makes the stream carry it: an ask at once,
-     * within the grace (the Lock call carried the session until its
-     * answer), renewed until an answer leaves it held. Without a grace, a
-     * Lock that waited longer than a third of the ttl is renewed once (its
-     * count from the send has mostly run). False if the session turned out
-     * to have ended.
+     * Makes a grant just answered in $session (counted, its request sent at
+     * $sent) held before it is handed to the application. With a grace:
+     * renewed on the stream at once (the granting call carried the session
+     * until its answer, so the stream takes it over within the grace),
+     * again until an answer leaves it held. Without one: its lease is the
+     * ttl from $sent, renewed once at once if the grant waited (its answer
+     * came later than a tenth of the ttl after $sent). True: held. False:
+     * the session turned out to have ended; it is unlocked (quietly) and
+     * no longer counted. Throws (after unlocking it quietly) when no
+     * renewal was answered in time (UNAVAILABLE) or a renewal failed.
      */
-    private function opened(int $session, int $ttlMs): bool
+    private function confirm(int $session, float $sent): bool
     {
-        $sent = $this->sent;
-        $this->stream->add($session, $ttlMs, $this->grace, $sent, $this->leader);
-        if ($this->grace > 0 || SessionStream::now() - $sent > $ttlMs / 3000) {
-            try {
-                if (!($this->grace > 0 ? $this->isHeld($session) : $this->keepAlive($session)) && 'lost' === $this->stream->state($session)) {
-                    $this->stream->remove($session);
-
-                    return false;
-                }
-            } catch (\Throwable $e) {
-                $this->stream->remove($session);
-                $this->unlockQuietly($session);
-                throw $e;
+        try {
+            if ($this->grace > 0) {
+                $held = $this->isHeld($session);
+            } else {
+                $waited = SessionStream::now() - $sent > $this->stream->ttl($session) / 10000;
+                $held = (!$waited && 'held' === $this->stream->state($session)) || ($this->keepAlive($session) && 'held' === $this->stream->state($session));
             }
+            if ($held) {
+                return true;
+            }
+            $lost = 'lost' === $this->stream->state($session);
+        } catch (\Throwable $e) {
+            $this->unlockQuietly($session);
+            throw $e;
         }
-
-        return true;
+        $this->unlockQuietly($session);
+        if ($lost) {
+            return false;
+        }
+        throw new RaftlockException('UNAVAILABLE', "granted, but no renewal of session $session was answered within the retry timeout (released)");
     }
 
     /**
@@ -247,10 +265,11 @@ final class Client
      * whatever order they name things in. While PHP waits, the stream
      * renews the session only for a ttl after it opened (and not at all
      * without a grace), so a wait must be shorter than the ttl (and cannot
-     * be unbounded). A request not granted, or one that fails, has its session
-     * closed before this returns (withdrawing it from every queue, or
-     * releasing what it may have been granted). Release with
-     * unlock($r['session_id']).
+     * be unbounded). A grant is returned held, as lock()'s. A request not
+     * granted, or one that fails, or a grant whose session turns out to
+     * have ended, has its session closed before this returns (withdrawing
+     * it from every queue, or releasing what it may have been granted).
+     * Release with unlock($r['session_id']).
      *
      * @param array<string, string> $locks     name => self::EXCLUSIVE or self::SHARED, 1..=MAX_NAMES_PER_LOCK_ALL names
      * @param int                   $timeoutMs 0: try once; otherwise wait at most this long (< $ttlMs)
@@ -282,6 +301,7 @@ final class Client
             $openBody['end_on_disconnect_ms'] = $this->grace;
         }
         $open = $this->call('locks/OpenSession', $openBody);
+        $openSent = $this->sent;
         $session = (int) ($open['session_id'] ?? 0);
         // Counted, and carried by the stream from its next pump on (while
         // the AcquireAll waits, too).
@@ -309,9 +329,9 @@ final class Client
 
             return ['acquired' => false, 'session_id' => 0, 'ttl_ms' => 0, 'next_seq' => 0, 'grants' => []];
         }
-        if (!$this->isHeld($session) && 'lost' === $this->stream->state($session)) {
-            $this->stream->remove($session);
-
+        $this->stream->granted($session);
+        if (!$this->confirm($session, $openSent)) {
+            // Its session ended before a renewal was answered (unlocked).
             return ['acquired' => false, 'session_id' => 0, 'ttl_ms' => 0, 'next_seq' => 0, 'grants' => []];
         }
 

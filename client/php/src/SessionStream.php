@@ -33,9 +33,10 @@ final class SessionStream
     private static array $finished = [];
 
     /**
-     * @var array<int, array{ttl: int, grace: int, held: float, alive: float, renewUntil: float, sent: float, carried: bool, lost: string|null}>
+     * @var array<int, array{ttl: int, grace: int, held: float, alive: float, renewUntil: float, sent: float, carried: bool, lost: string|null, credited: bool}>
      *      session id => its count: held (the lease count: held before it), alive (the ttl count: lost from it),
-     *      renewUntil (the stream renews it until then), sent (its last ask), carried (renewed on the stream open now)
+     *      renewUntil (the stream renews it until then), sent (its last ask), carried (renewed on the stream open now),
+     *      credited (a lease-starting answer for it was read in this process)
      */
     private array $sessions = [];
     /** @var array<int, array{0: int, 1: float, 2: int}> ask id => session, send time, ttl at the send (on the stream open now) */
@@ -167,6 +168,12 @@ final class SessionStream
         return isset($this->sessions[$id]);
     }
 
+    /** The ttl $id is counted with (ms; 0: not counted). */
+    public function ttl(int $id): int
+    {
+        return $this->sessions[$id]['ttl'] ?? 0;
+    }
+
     /** The grace $id was opened with (ms; 0: none). */
     public function grace(int $id): int
     {
@@ -175,8 +182,11 @@ final class SessionStream
 
     /**
      * Counts session $id (opened with $ttl and $grace ms) from a
-     * lease-starting answer to a request sent at $sent, or from nothing
-     * ($sent null: not held until a renewal is answered).
+     * lease-starting answer, received now, to a request sent at $sent, or
+     * from nothing ($sent null: not held until a renewal is answered).
+     * The lease count (held) runs from the send; the ttl count (lost past
+     * it, which only decides when to give up) from now, the receipt: a
+     * grant that waited long in a queue gets a whole ttl.
      */
     public function add(int $id, int $ttl, int $grace, ?float $sent, ?string $leader): void
     {
@@ -185,11 +195,12 @@ final class SessionStream
             'ttl' => $ttl,
             'grace' => $grace,
             'held' => null === $sent ? 0.0 : $sent + self::span($ttl, $grace) * (1 - self::MARGIN),
-            'alive' => (null === $sent ? $now : $sent) + $ttl / 1000 * (1 - self::MARGIN),
+            'alive' => $now + $ttl / 1000 * (1 - self::MARGIN),
             'renewUntil' => $now + $ttl / 1000,
             'sent' => $sent ?? 0.0,
             'carried' => false,
             'lost' => null,
+            'credited' => null !== $sent,
         ];
         if (null !== $leader && null === $this->handle) {
             $this->leader = $leader;
@@ -211,16 +222,39 @@ final class SessionStream
         }
     }
 
-    /** Credits a lease-starting answer to a request for $id sent at $sent with $ttl in force. */
+    /**
+     * Credits a lease-starting answer, received now, to a request for $id
+     * sent at $sent with $ttl in force: held for the lease length (less the
+     * margin) from $sent, and a new ttl count from now. Unless the ttl
+     * count had already run out (the same rule as state(), so that whether
+     * it is lost does not depend on which of the two runs first): then it
+     * is lost, for good.
+     */
     public function credit(int $id, float $sent, ?int $ttl = null): void
     {
-        if (!isset($this->sessions[$id]) || null !== $this->sessions[$id]['lost']) {
+        if (!isset($this->sessions[$id]) || 'lost' === $this->state($id)) {
             return;
         }
         $s = &$this->sessions[$id];
         $ttl = min($ttl ?? $s['ttl'], $s['ttl']);
         $s['held'] = max($s['held'], $sent + self::span($ttl, $s['grace']) * (1 - self::MARGIN));
-        $s['alive'] = max($s['alive'], $sent + $ttl / 1000 * (1 - self::MARGIN));
+        $s['alive'] = max($s['alive'], self::now() + $ttl / 1000 * (1 - self::MARGIN));
+        $s['credited'] = true;
+    }
+
+    /** A grant in $id was answered now (it was alive): its ttl count starts again from now. */
+    public function granted(int $id): void
+    {
+        if (isset($this->sessions[$id]) && 'lost' !== $this->state($id)) {
+            $s = &$this->sessions[$id];
+            $s['alive'] = max($s['alive'], self::now() + $s['ttl'] / 1000 * (1 - self::MARGIN));
+        }
+    }
+
+    /** Whether a lease-starting answer for $id was read in this process (false for a session tracked from another). */
+    public function credited(int $id): bool
+    {
+        return $this->sessions[$id]['credited'] ?? false;
     }
 
     /** A SetSessionTtl to $ttl is sent now: a shorter ttl cuts the counts at once. */
