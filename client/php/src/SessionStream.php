@@ -31,6 +31,8 @@ final class SessionStream
     private static ?\CurlMultiHandle $multi = null;
     /** @var array<int, int> spl_object_id of a finished transfer => its CURLcode */
     private static array $finished = [];
+    /** Transfers in the multi handle now (a wait on none returns at once). */
+    private static int $transfers = 0;
 
     /**
      * @var array<int, array{ttl: int, grace: int, held: float, alive: float, renewUntil: float, sent: float, carried: bool, lost: string|null, credited: bool}>
@@ -104,7 +106,7 @@ final class SessionStream
         $m = self::multi();
         $id = spl_object_id($h);
         unset(self::$finished[$id]);
-        curl_multi_add_handle($m, $h);
+        self::attach($h);
         try {
             while (true) {
                 self::pumpAll();
@@ -115,8 +117,20 @@ final class SessionStream
             }
         } finally {
             unset(self::$finished[$id]);
-            curl_multi_remove_handle($m, $h);
+            self::detach($h);
         }
+    }
+
+    private static function attach(\CurlHandle $h): void
+    {
+        curl_multi_add_handle(self::multi(), $h);
+        ++self::$transfers;
+    }
+
+    private static function detach(\CurlHandle $h): void
+    {
+        curl_multi_remove_handle(self::multi(), $h);
+        --self::$transfers;
     }
 
     /**
@@ -144,7 +158,11 @@ final class SessionStream
         }
     }
 
-    /** Waits for activity on a transfer, at most $most seconds and no later than the next renewal due. */
+    /**
+     * Waits for activity on a transfer, at most $most seconds and no later
+     * than the next renewal due; with no transfer to wait on, sleeps that
+     * long.
+     */
     private static function wait(float $most): void
     {
         $now = self::now();
@@ -152,7 +170,12 @@ final class SessionStream
         foreach (self::$all as $s) {
             $until = min($until, $s->nextDue());
         }
-        curl_multi_select(self::multi(), max(0.001, $until - $now));
+        $for = max(0.001, $until - $now);
+        if (self::$transfers > 0) {
+            curl_multi_select(self::multi(), $for);
+        } else {
+            usleep((int) ($for * 1e6));
+        }
     }
 
     // ---- the counts ----
@@ -325,17 +348,33 @@ final class SessionStream
     {
         $due = \INF;
         foreach ($this->sessions as $s) {
-            if (null !== $s['lost'] || $s['grace'] <= 0) {
-                continue;
-            }
-            if (!$s['carried']) {
-                $due = min($due, null === $this->handle ? $this->retryAt : 0.0);
-            } elseif ($s['sent'] + self::span($s['ttl'], $s['grace']) / 3 < $s['renewUntil']) {
-                $due = min($due, $s['sent'] + self::span($s['ttl'], $s['grace']) / 3);
-            }
+            $due = min($due, $this->dueAt($s));
         }
 
         return $due;
+    }
+
+    /**
+     * When session $s's next ask is due (monotonic seconds; INF: none):
+     * at once (or when the stream may be opened again) if the stream open
+     * now does not carry it yet, else a third of its lease length after
+     * its last ask, if that is before the end of its renewal window. The
+     * one rule for both pump() (which asks) and wait() (which sleeps until
+     * then).
+     *
+     * @param array{ttl: int, grace: int, renewUntil: float, sent: float, carried: bool, lost: string|null} $s
+     */
+    private function dueAt(array $s): float
+    {
+        if (null !== $s['lost'] || $s['grace'] <= 0) {
+            return \INF;
+        }
+        if (!$s['carried']) {
+            return null === $this->handle ? $this->retryAt : 0.0;
+        }
+        $at = $s['sent'] + self::span($s['ttl'], $s['grace']) / 3;
+
+        return $at < $s['renewUntil'] ? $at : \INF;
     }
 
     private function pump(): void
@@ -349,7 +388,7 @@ final class SessionStream
                 continue;
             }
             $carries = true;
-            if (!$s['carried'] || ($now >= $s['sent'] + self::span($s['ttl'], $s['grace']) / 3 && $now < $s['renewUntil'])) {
+            if ($this->dueAt($s) <= $now) {
                 $due[] = $id;
             }
         }
@@ -489,7 +528,7 @@ final class SessionStream
             },
         ] + $this->curlOptions);
         $this->handle = $h;
-        curl_multi_add_handle(self::multi(), $h);
+        self::attach($h);
     }
 
     /** Reads the answers that came; ends the stream if it failed. */
@@ -565,7 +604,7 @@ final class SessionStream
         $h = $this->handle;
         $this->handle = null;
         unset(self::$finished[spl_object_id($h)]);
-        curl_multi_remove_handle(self::multi(), $h);
+        self::detach($h);
         $this->asks = [];
         $this->leader = $this->target;
     }
@@ -576,7 +615,7 @@ final class SessionStream
         $h = $this->handle;
         $this->handle = null;
         unset(self::$finished[spl_object_id($h)]);
-        curl_multi_remove_handle(self::multi(), $h);
+        self::detach($h);
         curl_close($h);
         $this->lastError = "$this->target: $why";
         $this->asks = [];
