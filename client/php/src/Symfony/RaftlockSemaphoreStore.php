@@ -98,7 +98,9 @@ final class RaftlockSemaphoreStore implements PersistingStoreInterface
         if (null === $state) {
             return false;
         }
-        $held = $this->client->isHeld($state['session']) && $this->client->checkFence((string) $key, $state['fence']);
+        // The fence first, the renewal last: the Key's lifetime then counts
+        // from a renewal answered after the CheckFence, however long that took.
+        $held = $this->client->checkFence((string) $key, $state['fence']) && $this->client->isHeld($state['session']);
         $this->setLifetime($key, $state['session']);
 
         return $held && !$key->isExpired();

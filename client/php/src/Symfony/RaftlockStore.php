@@ -30,8 +30,8 @@ use Symfony\Component\Lock\Key;
  * after the process's KeepAlive stream closes), and the client renews it
  * on that stream at every call (see Client). The Key's lifetime is the
  * client's count: isExpired() while the lock is in jeopardy or lost;
- * exists() (isAcquired()) renews. A process that dies while it waits
- * (`acquire(true)`) leaves nothing queued.
+ * exists() (isAcquired()) checks the fence, then renews. A process that
+ * dies while it waits (`acquire(true)`) leaves nothing queued.
  *
  * The Key carries the session id, the fence, the session's next seq and
  * its grace, so
@@ -106,10 +106,10 @@ final class RaftlockStore implements BlockingSharedLockStoreInterface, BlockingS
     }
 
     /**
-     * Renews the Key's session (until an answer leaves it held, as
-     * Client::isHeld()) and asks the cluster whether its grant is current
-     * (CheckFence): true only if both say so. The Key's lifetime is set to
-     * what the count then believes.
+     * Asks the cluster whether the Key's grant is current (CheckFence),
+     * then renews its session (until an answer leaves it held, as
+     * Client::isHeld()): true only if both say so. The Key's lifetime is
+     * set to what the count then believes.
      */
     public function exists(Key $key): bool
     {
@@ -117,7 +117,9 @@ final class RaftlockStore implements BlockingSharedLockStoreInterface, BlockingS
         if (null === $state) {
             return false;
         }
-        $held = $this->client->isHeld($state['session']) && $this->client->checkFence((string) $key, $state['fence']);
+        // The fence first, the renewal last: the Key's lifetime then counts
+        // from a renewal answered after the CheckFence, however long that took.
+        $held = $this->client->checkFence((string) $key, $state['fence']) && $this->client->isHeld($state['session']);
         $this->setLifetime($key, $state);
 
         return $held && !$key->isExpired();
