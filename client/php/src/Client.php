@@ -505,8 +505,10 @@ final class Client
      * act on the lock for up to the lease length less the margin from the
      * send of the renewal answered. False when it is lost, or still in
      * jeopardy after the retry timeout (or at the end of the ttl count, if
-     * sooner). For a session without a grace (its lease is its ttl, with no
-     * jeopardy): answers the count, sending nothing.
+     * sooner). For a session without a grace (its lease is its ttl):
+     * answers the count, sending nothing, except for a session tracked
+     * here (track()) and never renewed in this process yet, which it
+     * renews once first (a KeepAlive request).
      */
     public function isHeld(int $sessionId): bool
     {
@@ -514,6 +516,16 @@ final class Client
             return false;
         }
         if (!$this->carried($sessionId)) {
+            if (!$this->stream->credited($sessionId)) {
+                try {
+                    $this->keepAlive($sessionId);
+                } catch (RaftlockException $e) {
+                    if ('UNAVAILABLE' !== $e->getStatus()) {
+                        throw $e;
+                    }
+                }
+            }
+
             return 'held' === $this->stream->state($sessionId);
         }
         $this->stream->touch($sessionId);
