@@ -23,8 +23,12 @@ final class SessionStream
 {
     /** The part of a lease length the count leaves out (from the send time). */
     public const MARGIN = 0.1;
-    /** An ask unanswered this long (seconds) fails the stream: it is opened again (to the next node). */
-    private const STUCK = 5.0;
+    /**
+     * An ask unanswered for its session's grace, or this long (seconds) if
+     * longer, leaves the stream's node: a new stream is opened to the next
+     * node, and the old one is closed once the new one has renewed.
+     */
+    private const MIN_STUCK = 1.0;
 
     /** @var array<string, self> one per cluster key */
     private static array $all = [];
@@ -48,6 +52,9 @@ final class SessionStream
     private int $askId = 0;
 
     private ?\CurlHandle $handle = null;
+    /** A stream left for a new one (its node stopped answering), still open until the new one renews. */
+    private ?\CurlHandle $stale = null;
+    private string $staleTarget = '';
     private string $target = '';
     private string $out = '';
     private string $in = '';
@@ -502,8 +509,12 @@ final class SessionStream
             \CURLOPT_TCP_KEEPINTVL => 5,
             // The upload: the asks written so far, then a pause until the next.
             \CURLOPT_READFUNCTION => function ($ch, $fd, int $length) {
-                if ('' === $this->out) {
-                    $this->paused = true;
+                if ($ch !== $this->handle || '' === $this->out) {
+                    // Nothing to send (a stream left for a new one sends
+                    // nothing more).
+                    if ($ch === $this->handle) {
+                        $this->paused = true;
+                    }
 
                     return \CURL_READFUNC_PAUSE;
                 }
@@ -513,11 +524,16 @@ final class SessionStream
                 return $chunk;
             },
             \CURLOPT_WRITEFUNCTION => function ($ch, string $data): int {
-                $this->in .= $data;
+                if ($ch === $this->handle) {
+                    $this->in .= $data;
+                }
 
                 return \strlen($data);
             },
             \CURLOPT_HEADERFUNCTION => function ($ch, string $line): int {
+                if ($ch !== $this->handle) {
+                    return \strlen($line);
+                }
                 if (preg_match('#^HTTP/\S+ (\d+)#', $line, $m)) {
                     $this->status = (int) $m[1];
                 } elseif (0 === stripos($line, 'raftlock-leader:')) {
@@ -576,6 +592,8 @@ final class SessionStream
                 $this->credit($id, $sent, $ttl);
                 $this->leader = $this->target;
                 $this->backoff = Client::INITIAL_BACKOFF;
+                // This stream renews: the one it replaced may close now.
+                $this->dropStale();
             }
         }
         $done = self::$finished[spl_object_id($this->handle)] ?? null;
@@ -585,8 +603,9 @@ final class SessionStream
             return;
         }
         foreach ($this->asks as [$id, $sent]) {
-            if (self::now() - $sent > self::STUCK) {
-                $this->close(sprintf('an ask unanswered for %.0f s', self::STUCK), '');
+            $stuck = max(($this->sessions[$id]['grace'] ?? 0) / 1000, self::MIN_STUCK);
+            if (self::now() - $sent > $stuck) {
+                $this->replace(sprintf('an ask unanswered for %.2f s', $stuck));
 
                 return;
             }
@@ -598,9 +617,45 @@ final class SessionStream
         }
     }
 
+    /**
+     * Leaves the stream's node (it stopped answering): opens a new stream
+     * to the next node at once, and keeps the old one open (sending
+     * nothing more on it) until the new one renews, since the leader ends a
+     * session a grace after the last stream that renews it closes.
+     */
+    private function replace(string $why): void
+    {
+        $this->dropStale();
+        $this->stale = $this->handle;
+        $this->staleTarget = $this->target;
+        $this->handle = null;
+        $this->lastError = "$this->target: $why";
+        $this->leader = null;
+        $n = \count($this->endpoints);
+        $next = $this->endpoints[$this->next++ % $n];
+        if ($next === $this->staleTarget && $n > 1) {
+            $next = $this->endpoints[$this->next++ % $n];
+        }
+        $this->hint = $next;
+        $this->open();
+    }
+
+    /** Closes the stream a new one replaced, if any. */
+    private function dropStale(): void
+    {
+        if (null !== $this->stale) {
+            $h = $this->stale;
+            $this->stale = null;
+            unset(self::$finished[spl_object_id($h)]);
+            self::detach($h);
+            curl_close($h);
+        }
+    }
+
     /** Ends a stream that carries nothing; the next session opens another. */
     private function idle(): void
     {
+        $this->dropStale();
         $h = $this->handle;
         $this->handle = null;
         unset(self::$finished[spl_object_id($h)]);
@@ -619,7 +674,10 @@ final class SessionStream
         curl_close($h);
         $this->lastError = "$this->target: $why";
         $this->asks = [];
-        if ('' !== $leader && $this->target !== self::schemeOf($this->target).'://'.$leader) {
+        // A hint naming the node this stream left for not answering is not
+        // followed (it may still think it leads): the next node is tried.
+        if ('' !== $leader && $this->target !== self::schemeOf($this->target).'://'.$leader
+            && (null === $this->stale || $this->staleTarget !== self::schemeOf($this->target).'://'.$leader)) {
             $this->hint = self::schemeOf($this->target).'://'.$leader;
             $this->retryAt = 0.0;
         } else {

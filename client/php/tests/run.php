@@ -819,7 +819,8 @@ function test_the_stream_leaves_a_hung_leader(Cluster $unused): void
     $nodes = new NodeProcesses();
     try {
         $c = new Client($nodes->endpoints());
-        $r = $c->lock(name('stream-hung-leader'), 5000, 0);
+        $name = name('stream-hung-leader');
+        $r = $c->lock($name, 5000, 0);
         $s = $r['session_id'];
         check($r['acquired'] && $c->isHeld($s), 'held before the leader hangs');
         $nodes->signal($nodes->leaderId(), \SIGSTOP);
@@ -831,7 +832,11 @@ function test_the_stream_leaves_a_hung_leader(Cluster $unused): void
             return $held;
         });
         printf("     held again %.2f s after the leader was stopped\n", microtime(true) - $t);
-        checkSame(1, $c->unlock($s), 'released on the new leader');
+        // The Unlock's first attempt goes to the hung node (the Client's
+        // last leader) and times out after 5 s, as long as this session's
+        // ttl: the new leader may have ended the session by then.
+        $c->unlock($s);
+        checkSame([], queue($c, $name)['holders'], 'nothing held after the unlock');
     } finally {
         $nodes->stop();
     }
