@@ -758,7 +758,7 @@ function test_waits_do_not_spin(Cluster $cl): void
     [$cpu2, $wakes2] = usage();
     $took = microtime(true) - $t;
     printf("     a 2 s lock() wait past a session's renewal window: %.2f s, %.2f s of CPU, %d wake-ups\n", $took, $cpu2 - $cpu, $wakes2 - $wakes);
-    check($wakes2 - $wakes < 600, sprintf('the wait woke %d times in %.2f s (1 ms sleeps)', $wakes2 - $wakes, $took));
+    check($wakes2 - $wakes < 1000, sprintf('the wait woke %d times in %.2f s (1 ms sleeps)', $wakes2 - $wakes, $took));
     $c->unlock($r['session_id']);
     $h->send('release');
     $h->expect('RELEASED');
