@@ -34,8 +34,9 @@ final class LockManagerService
      * nothing queued) and returns its fence.
      *
      * The default is 30 s, not summit-api's 3600: a worker killed while it
-     * holds the lock frees it 750 ms later (the client's default
-     * end_on_disconnect_ms), but a live worker whose work makes no call
+     * holds the lock frees it about 0.8 s later (the leader ends its
+     * session 750 ms, the client's default end_on_disconnect_ms, after its
+     * connection closes), but a live worker whose work makes no call
      * into the client keeps the name for up to its lifetime. Pick one that
      * covers the work.
      */

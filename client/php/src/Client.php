@@ -482,15 +482,16 @@ final class Client
     }
 
     /**
-     * The session's state as this process counts it, sending nothing (the
-     * one method that does not renew): "held" (a renewal was answered less
-     * than the lease length ago, less the 10 % margin; the lease length is
-     * the grace, or the ttl if shorter or if the grace is off: act on the
-     * lock), "jeopardy" (no renewal answered for longer than that, but
-     * for less than the ttl, less its margin, and no node said the session
+     * The session's state as this process counts it, sending nothing (as
+     * heldFor() and track() send nothing): "held" (a renewal was sent
+     * less than the lease length ago, less the 10 % margin, and answered;
+     * the lease length is the grace, or the ttl if shorter or if the grace
+     * is off: act on the lock), "jeopardy" (no renewal answered that
+     * leaves it held, and no node said the session
      * ended: do not act on the lock; the next call that renews brings it
      * back to held if the leader answers renewed), "lost" (a node said the
-     * session ended, or no renewal was answered within the ttl count:
+     * session ended, or no renewal was answered within the ttl, less its
+     * margin, from the receipt of the last answer that started a lease:
      * final), or "unknown" (not counted by this process: released, or
      * never opened or tracked here).
      */
