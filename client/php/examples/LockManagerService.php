@@ -29,13 +29,16 @@ final class LockManagerService
     }
 
     /**
-     * Takes $name for at most $lifetime seconds (the lock ends by itself if
+     * Takes $name in a session whose ttl is $lifetime seconds (the lock ends by itself if
      * this process dies holding it; a process that dies waiting leaves
      * nothing queued) and returns its fence.
      *
      * The default is 30 s, not summit-api's 3600: a worker killed while it
-     * holds the lock blocks the name until its lifetime runs out. Pick one
-     * that covers the work.
+     * holds the lock frees it about 0.8 s later (the leader ends its
+     * session 750 ms, the client's default end_on_disconnect_ms, after its
+     * connection closes), but a live worker whose work makes no call
+     * into the client keeps the name for up to its lifetime. Pick one that
+     * covers the work.
      */
     public function acquireLock(string $name, int $lifetime = 30): int
     {

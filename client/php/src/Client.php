@@ -16,6 +16,12 @@ namespace Raftlock;
  * carry a nonce (a retry finds the session the first attempt opened),
  * SetSessionTtl, AcquireAll, Upgrade and Downgrade a seq, and Unlock,
  * Cancel and KeepAlive are idempotent.
+ *
+ * The sessions it opens end with the process (end_on_disconnect_ms,
+ * default 750 ms): the process keeps one streaming KeepAlive per cluster
+ * open (SessionStream), and every call into any Client of the process
+ * renews its sessions on it when due; state() and isHeld() tell held,
+ * jeopardy and lost apart.
  */
 final class Client
 {
@@ -39,6 +45,10 @@ final class Client
     public const ATTEMPT_TIMEOUT = 5.0;
     /** Most names in one lockAll (the node's limit per AcquireAll). */
     public const MAX_NAMES_PER_LOCK_ALL = 64;
+    /** Default for the `end_on_disconnect_ms` option: a session ends this long after its process's stream closes. */
+    public const DEFAULT_END_ON_DISCONNECT_MS = 750;
+    /** Longest `end_on_disconnect_ms` a node accepts. */
+    public const MAX_END_ON_DISCONNECT_MS = 60000;
 
     public const EXCLUSIVE = 'MODE_EXCLUSIVE';
     public const SHARED = 'MODE_SHARED';
@@ -56,15 +66,21 @@ final class Client
     private int $askId = 0;
     /** @var \CurlHandle|null */
     private $curl = null;
+    private int $grace;
+    private SessionStream $stream;
+    /** When the last request attempt was sent (monotonic seconds). */
+    private float $sent = 0.0;
 
     /**
      * @param string      $endpoints comma-separated node addresses: "host:port",
      *                               "http://host:port" or "https://host:port"
      * @param string|null $token     sent as "Authorization: Bearer TOKEN"
-     * @param array{retry_timeout?: float, connect_timeout?: float, curl?: array<int, mixed>} $options
+     * @param array{retry_timeout?: float, connect_timeout?: float, curl?: array<int, mixed>, end_on_disconnect_ms?: int} $options
      *        retry_timeout: seconds a request keeps retrying without an answer (default 15, as in every raftlock client);
      *        connect_timeout: seconds to connect to one node (default 2);
-     *        curl: extra CURLOPT_* settings, e.g. CURLOPT_CAINFO for https
+     *        curl: extra CURLOPT_* settings, e.g. CURLOPT_CAINFO for https;
+     *        end_on_disconnect_ms: the grace after which the sessions this client opens end once this
+     *        process's KeepAlive stream closes (default 750; 0: off, they end by their ttl alone)
      */
     public function __construct(string $endpoints, ?string $token = null, array $options = [])
     {
@@ -81,7 +97,7 @@ final class Client
         if (!$this->endpoints) {
             throw new \InvalidArgumentException("raftlock: no endpoints in \"$endpoints\"");
         }
-        $unknown = array_diff(array_keys($options), ['retry_timeout', 'connect_timeout', 'curl']);
+        $unknown = array_diff(array_keys($options), ['retry_timeout', 'connect_timeout', 'curl', 'end_on_disconnect_ms']);
         if ($unknown) {
             throw new \InvalidArgumentException('raftlock: unknown options: '.implode(', ', $unknown));
         }
@@ -92,6 +108,18 @@ final class Client
             throw new \InvalidArgumentException('raftlock: retry_timeout and connect_timeout must be positive');
         }
         $this->curlOptions = $options['curl'] ?? [];
+        $grace = $options['end_on_disconnect_ms'] ?? self::DEFAULT_END_ON_DISCONNECT_MS;
+        if (!\is_int($grace) || $grace < 0 || $grace > self::MAX_END_ON_DISCONNECT_MS) {
+            throw new \InvalidArgumentException('raftlock: end_on_disconnect_ms must be an int of 0..='.self::MAX_END_ON_DISCONNECT_MS.' (0: off)');
+        }
+        $this->grace = $grace;
+        $this->stream = SessionStream::of($this->endpoints, $this->token, $this->curlOptions, $this->connectTimeout);
+    }
+
+    /** The grace (ms) the sessions this client opens ask for: `end_on_disconnect_ms` (0: off). */
+    public function endOnDisconnectMs(): int
+    {
+        return $this->grace;
     }
 
     private static function endpointUrl(string $e): string
@@ -119,6 +147,13 @@ final class Client
      *                            ends early (its session closed under it) is
      *                            sent again, in a new session.
      *
+     * A grant is returned held (state() "held"): with a grace, it is
+     * renewed on the stream at once, again until an answer leaves it held;
+     * without one, renewed once if the grant waited. A grant whose session
+     * turns out to have ended is unlocked and waited for again, as a wait
+     * withdrawn; one that no renewal answer reaches within the retry
+     * timeout is unlocked and this throws UNAVAILABLE.
+     *
      * @return array{acquired: bool, fence: int, session_id: int, ttl_ms: int, next_seq: int}
      *         fence and session_id are 0 when not acquired (no session is left)
      */
@@ -130,6 +165,9 @@ final class Client
             throw new \InvalidArgumentException("raftlock: timeout $timeoutMs ms is negative (null waits without a timeout)");
         }
         $body = ['name' => $name, 'ttl_ms' => (string) $ttlMs];
+        if ($this->grace > 0) {
+            $body['end_on_disconnect_ms'] = $this->grace;
+        }
         if (null === $timeoutMs) {
             $body['wait'] = true;
         }
@@ -150,6 +188,16 @@ final class Client
             $body['nonce'] = (string) random_int(1, \PHP_INT_MAX);
             // A request that waits has no attempt timeout.
             $r = $this->call('locks/Lock', $body, 0 === $timeoutMs ? self::ATTEMPT_TIMEOUT : 0.0);
+            if ($r['acquired'] ?? false) {
+                $session = (int) ($r['session_id'] ?? 0);
+                $this->stream->add($session, (int) ($r['ttl_ms'] ?? 0) ?: $ttlMs, $this->grace, $this->sent, $this->leader);
+                if (!$this->confirm($session, $this->sent)) {
+                    // Granted, but its session ended before a renewal
+                    // could be answered (released now, in case): as a
+                    // wait withdrawn under it.
+                    $r = ['acquired' => false];
+                }
+            }
             if (($r['acquired'] ?? false) || 0 === $timeoutMs || (null !== $deadline && microtime(true) >= $deadline)) {
                 break;
             }
@@ -171,6 +219,42 @@ final class Client
     }
 
     /**
+     * Makes a grant just answered in $session (counted, its request sent at
+     * $sent) held before it is handed to the application. With a grace:
+     * renewed on the stream at once (the granting call carried the session
+     * until its answer, so the stream takes it over within the grace),
+     * again until an answer leaves it held. Without one: its lease is the
+     * ttl from $sent, renewed once at once if the grant waited (its answer
+     * came later than a tenth of the ttl after $sent). True: held. False:
+     * the session turned out to have ended; it is unlocked (quietly) and
+     * no longer counted. Throws (after unlocking it quietly) when no
+     * renewal was answered in time (UNAVAILABLE) or a renewal failed.
+     */
+    private function confirm(int $session, float $sent): bool
+    {
+        try {
+            if ($this->grace > 0) {
+                $held = $this->isHeld($session);
+            } else {
+                $waited = SessionStream::now() - $sent > $this->stream->ttl($session) / 10000;
+                $held = (!$waited && 'held' === $this->stream->state($session)) || ($this->keepAlive($session) && 'held' === $this->stream->state($session));
+            }
+            if ($held) {
+                return true;
+            }
+            $lost = 'lost' === $this->stream->state($session);
+        } catch (\Throwable $e) {
+            $this->unlockQuietly($session);
+            throw $e;
+        }
+        $this->unlockQuietly($session);
+        if ($lost) {
+            return false;
+        }
+        throw new RaftlockException('UNAVAILABLE', "granted, but no renewal of session $session was answered within the retry timeout (released)");
+    }
+
+    /**
      * Opens a session and takes every name of $locks in it in one atomic
      * request (AcquireAll, one write): all of them, each with its own fence
      * (consecutive, in the order given), or none. If they cannot all be
@@ -178,12 +262,14 @@ final class Client
      * queue at once and waits, up to $timeoutMs, until it is first in line
      * for all of them (holding up whoever queues behind it on each name,
      * even a free one). Two such requests never wait for each other,
-     * whatever order they name things in. Nothing renews the session while
-     * PHP waits, so a wait must be shorter than the ttl (and cannot be
-     * unbounded). A request not granted, or one that fails, has its session
-     * closed before this returns (withdrawing it from every queue, or
-     * releasing what it may have been granted). Release with
-     * unlock($r['session_id']).
+     * whatever order they name things in. While PHP waits, the stream
+     * renews the session only for a ttl after it opened (and not at all
+     * without a grace), so a wait must be shorter than the ttl (and cannot
+     * be unbounded). A grant is returned held, as lock()'s. A request not
+     * granted, or one that fails, or a grant whose session turns out to
+     * have ended, has its session closed before this returns (withdrawing
+     * it from every queue, or releasing what it may have been granted).
+     * Release with unlock($r['session_id']).
      *
      * @param array<string, string> $locks     name => self::EXCLUSIVE or self::SHARED, 1..=MAX_NAMES_PER_LOCK_ALL names
      * @param int                   $timeoutMs 0: try once; otherwise wait at most this long (< $ttlMs)
@@ -208,10 +294,18 @@ final class Client
         }
         self::checkTtl($ttlMs);
         if ($timeoutMs < 0 || $timeoutMs >= $ttlMs) {
-            throw new \InvalidArgumentException("raftlock: lockAll timeout $timeoutMs ms: must be 0..$ttlMs ms (under the ttl: nothing renews the session while PHP waits)");
+            throw new \InvalidArgumentException("raftlock: lockAll timeout $timeoutMs ms: must be 0..$ttlMs ms (under the ttl: the session is renewed for at most a ttl while PHP waits)");
         }
-        $open = $this->call('locks/OpenSession', ['ttl_ms' => (string) $ttlMs, 'nonce' => (string) random_int(1, \PHP_INT_MAX)]);
+        $openBody = ['ttl_ms' => (string) $ttlMs, 'nonce' => (string) random_int(1, \PHP_INT_MAX)];
+        if ($this->grace > 0) {
+            $openBody['end_on_disconnect_ms'] = $this->grace;
+        }
+        $open = $this->call('locks/OpenSession', $openBody);
+        $openSent = $this->sent;
         $session = (int) ($open['session_id'] ?? 0);
+        // Counted, and carried by the stream from its next pump on (while
+        // the AcquireAll waits, too).
+        $this->stream->add($session, (int) ($open['ttl_ms'] ?? 0) ?: $ttlMs, $this->grace, $this->sent, $this->leader);
         try {
             $r = $this->call('locks/AcquireAll', [
                 'session_id' => (string) $session,
@@ -235,6 +329,11 @@ final class Client
 
             return ['acquired' => false, 'session_id' => 0, 'ttl_ms' => 0, 'next_seq' => 0, 'grants' => []];
         }
+        $this->stream->granted($session);
+        if (!$this->confirm($session, $openSent)) {
+            // Its session ended before a renewal was answered (unlocked).
+            return ['acquired' => false, 'session_id' => 0, 'ttl_ms' => 0, 'next_seq' => 0, 'grants' => []];
+        }
 
         return ['acquired' => true, 'session_id' => $session, 'ttl_ms' => (int) ($open['ttl_ms'] ?? $ttlMs), 'next_seq' => 2, 'grants' => $grants];
     }
@@ -246,8 +345,9 @@ final class Client
      * Granted at once if it is the name's only reader; otherwise it waits
      * ahead of everyone queued, keeping the read, until the other readers
      * leave or $timeoutMs passes (0: try once): then acquired is false and
-     * the read still held. Nothing renews the session while PHP waits: keep
-     * $timeoutMs under its ttl. Another reader upgrading the same name at
+     * the read still held. While PHP waits, the stream renews the session
+     * only for a ttl after its last use (and not at all without a grace):
+     * keep $timeoutMs under its ttl. Another reader upgrading the same name at
      * the same time makes this throw a RaftlockException with status
      * ABORTED at once (the two would wait for each other forever), the
      * read still held. If the request fails in any other way than by the
@@ -331,6 +431,8 @@ final class Client
      */
     public function unlock(int $sessionId): int
     {
+        // Belief ends at the release's send.
+        $this->stream->remove($sessionId);
         try {
             $r = $this->call('locks/Unlock', ['session_id' => (string) $sessionId]);
         } catch (RaftlockException $e) {
@@ -345,17 +447,126 @@ final class Client
 
     /**
      * Restarts a session's lease (no write). False if the session has
-     * ended: expired, closed or unknown (final).
+     * ended: expired, closed or unknown (final). A session this process
+     * counts with a grace is renewed on the process's stream (and the
+     * answer waited for); any other with a request of its own.
      */
     public function keepAlive(int $sessionId): bool
     {
+        $this->stream->touch($sessionId);
+        if ($this->stream->tracks($sessionId) && 'lost' === $this->stream->state($sessionId)) {
+            return false;
+        }
+        if ($this->carried($sessionId)) {
+            return $this->stream->renewNow($sessionId, SessionStream::now() + $this->retryTimeout);
+        }
         $ask = ++$this->askId;
         $r = $this->call('locks/KeepAlive', ['session_id' => (string) $sessionId, 'ask_id' => (string) $ask]);
         if ((int) ($r['ask_id'] ?? 0) !== $ask) {
             throw new RaftlockException('INTERNAL', "a KeepAlive of ask $ask was answered for ask ".($r['ask_id'] ?? 0));
         }
+        if ($r['expired'] ?? false) {
+            $this->stream->lose($sessionId, 'the node answered that its session ended');
 
-        return !($r['expired'] ?? false);
+            return false;
+        }
+        $this->stream->credit($sessionId, $this->sent);
+
+        return true;
+    }
+
+    /** Whether $sessionId is counted here with a grace, so renewed on the stream. */
+    private function carried(int $sessionId): bool
+    {
+        return $this->stream->tracks($sessionId) && $this->stream->grace($sessionId) > 0;
+    }
+
+    /**
+     * The session's state as this process counts it, sending nothing (as
+     * heldFor() and track() send nothing): "held" (a renewal was sent
+     * less than the lease length ago, less the 10 % margin, and answered;
+     * the lease length is the grace, or the ttl if shorter or if the grace
+     * is off: act on the lock), "jeopardy" (no renewal answered that
+     * leaves it held, and no node said the session
+     * ended: do not act on the lock; the next call that renews brings it
+     * back to held if the leader answers renewed), "lost" (a node said the
+     * session ended, or no renewal was answered within the ttl, less its
+     * margin, from the receipt of the last answer that started a lease:
+     * final), or "unknown" (not counted by this process: released, or
+     * never opened or tracked here).
+     */
+    public function state(int $sessionId): string
+    {
+        return $this->stream->state($sessionId);
+    }
+
+    /**
+     * For a session with a grace: renews it now on the stream, again until
+     * an answer leaves it held, and answers whether it is held: true means
+     * act on the lock for up to the lease length less the margin from the
+     * send of the renewal answered. False when it is lost, or still in
+     * jeopardy after the retry timeout (or at the end of the ttl count, if
+     * sooner). For a session without a grace (its lease is its ttl):
+     * answers the count, sending nothing, except for a session tracked
+     * here (track()) and never renewed in this process yet, which it
+     * renews once first (a KeepAlive request).
+     */
+    public function isHeld(int $sessionId): bool
+    {
+        if (!$this->stream->tracks($sessionId)) {
+            return false;
+        }
+        if (!$this->carried($sessionId)) {
+            if (!$this->stream->credited($sessionId)) {
+                try {
+                    $this->keepAlive($sessionId);
+                } catch (RaftlockException $e) {
+                    if ('UNAVAILABLE' !== $e->getStatus()) {
+                        throw $e;
+                    }
+                }
+            }
+
+            return 'held' === $this->stream->state($sessionId);
+        }
+        $this->stream->touch($sessionId);
+        $deadline = min(SessionStream::now() + $this->retryTimeout, $this->stream->aliveUntil($sessionId));
+        try {
+            do {
+                if (!$this->keepAlive($sessionId)) {
+                    return false;
+                }
+            } while ('jeopardy' === $this->stream->state($sessionId) && SessionStream::now() < $deadline);
+        } catch (RaftlockException $e) {
+            if ('UNAVAILABLE' !== $e->getStatus()) {
+                throw $e;
+            }
+        }
+
+        return 'held' === $this->stream->state($sessionId);
+    }
+
+    /**
+     * Seconds the session is still held as this process counts it (0 when
+     * it is not held). Sends nothing.
+     */
+    public function heldFor(int $sessionId): float
+    {
+        return max(0.0, $this->stream->heldFor($sessionId));
+    }
+
+    /**
+     * Counts and renews a session this process did not open (a Symfony Key
+     * handed over from another process): opened with $ttlMs and
+     * $endOnDisconnectMs (the grace it asked for; 0: none). Not held until
+     * a renewal is answered (isHeld(), keepAlive()). A session already
+     * counted here is left as it is.
+     */
+    public function track(int $sessionId, int $ttlMs, int $endOnDisconnectMs): void
+    {
+        if (!$this->stream->tracks($sessionId)) {
+            $this->stream->add($sessionId, $ttlMs, $endOnDisconnectMs, null, $this->leader);
+        }
     }
 
     /**
@@ -367,7 +578,18 @@ final class Client
     public function setSessionTtl(int $sessionId, int $seq, int $ttlMs): int
     {
         self::checkTtl($ttlMs);
-        $r = $this->call('locks/SetSessionTtl', ['session_id' => (string) $sessionId, 'seq' => (string) $seq, 'ttl_ms' => (string) $ttlMs]);
+        $this->stream->touch($sessionId);
+        $this->stream->ttlChangeSent($sessionId, SessionStream::now(), $ttlMs);
+        try {
+            $r = $this->call('locks/SetSessionTtl', ['session_id' => (string) $sessionId, 'seq' => (string) $seq, 'ttl_ms' => (string) $ttlMs]);
+        } catch (RaftlockException $e) {
+            if ('NOT_FOUND' === $e->getStatus()) {
+                $this->stream->lose($sessionId, 'the node answered that its session ended');
+            }
+            throw $e;
+        }
+        $this->stream->ttlChanged($sessionId, $this->sent, (int) ($r['ttl_ms'] ?? 0) ?: $ttlMs);
+        $this->stream->touch($sessionId);
 
         return (int) ($r['ttl_ms'] ?? 0);
     }
@@ -567,22 +789,25 @@ final class Client
                 return \strlen($line);
             },
         ] + $this->curlOptions);
-        $answer = curl_exec($h);
-        if (false === $answer) {
-            $why = curl_error($h) ?: 'curl error '.curl_errno($h);
+        // In the process's multi handle, so that the stream renews this
+        // process's sessions while the request runs.
+        $this->sent = SessionStream::now();
+        $code = SessionStream::run($h);
+        if (\CURLE_OK !== $code) {
+            $why = curl_error($h) ?: (curl_strerror($code) ?? "curl error $code");
             // Nothing can have been sent: say so, in the words of every
             // raftlock client.
-            if (\CURLE_COULDNT_CONNECT === curl_errno($h)) {
+            if (\CURLE_COULDNT_CONNECT === $code) {
                 return [0, [], '', 'connection refused', true];
             }
-            if (\CURLE_COULDNT_RESOLVE_HOST === curl_errno($h)) {
+            if (\CURLE_COULDNT_RESOLVE_HOST === $code) {
                 return [0, [], '', "the name does not resolve ($why)", true];
             }
 
             return [0, [], '', $why, false];
         }
 
-        return [(int) curl_getinfo($h, \CURLINFO_RESPONSE_CODE), $headers, (string) $answer, null, false];
+        return [(int) curl_getinfo($h, \CURLINFO_RESPONSE_CODE), $headers, (string) curl_multi_getcontent($h), null, false];
     }
 
     /**

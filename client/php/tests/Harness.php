@@ -277,6 +277,12 @@ final class NodeProcesses
         proc_close($proc);
     }
 
+    /** Sends $signal to node $id's process (SIGSTOP hangs it, SIGCONT resumes it). */
+    public function signal(int $id, int $signal): void
+    {
+        posix_kill(proc_get_status($this->procs[$id])['pid'], $signal);
+    }
+
     /** Starts again every node that was killed, and waits for a leader. */
     public function restartKilled(): void
     {

@@ -174,7 +174,10 @@ function test_serialized_key_released_by_another_process(Cluster $cl): void
     $w->expect('ACQUIRED true');
     // The second process's refresh() uses the session's next seq, carried
     // by the key: a SetSessionTtl (60 s differs from the 300 s session).
-    check(1 === preg_match('/^REFRESHED 5[0-4]$/', $w->expect('REFRESHED ')), 'the remaining lifetime after refresh(60) in the second process');
+    // The Key's lifetime is then the count of a session that ends with its
+    // process: the grace (750 ms) less 10 %, from the send.
+    $left = (float) substr($w->expect('REFRESHED '), \strlen('REFRESHED '));
+    check($left > 0 && $left <= 0.675, "the remaining lifetime after refresh(60) in the second process: $left s");
     $w->expect('RELEASED false');
     check(!$c->checkFence($name, $fence), 'the fence is no longer current');
     $third = (new LockFactory($store))->createLock($name);
@@ -182,9 +185,29 @@ function test_serialized_key_released_by_another_process(Cluster $cl): void
     $third->release();
 }
 
+// A Key whose session has no grace (end_on_disconnect_ms 0: the README's
+// advice for a Key that must outlive the process that took it), handed to
+// another process: held there from its first isAcquired(), never in
+// jeopardy (its lease is its ttl).
+function test_handed_over_key_without_grace_is_held(Cluster $cl): void
+{
+    $store = new RaftlockStore(new Client($cl->endpoints(), null, ['end_on_disconnect_ms' => 0]));
+    $key = new Key(name('handoff-no-grace'));
+    $lock = new Lock($key, $store, 300, false);
+    check($lock->acquire(), 'acquire in the first process');
+    $w = new Worker(['handoff', $cl->endpoints(), base64_encode(serialize($key))]);
+    $w->expect('ACQUIRED true');
+    $left = (float) substr($w->expect('REFRESHED '), \strlen('REFRESHED '));
+    check($left > 0 && $left <= 54, "the remaining lifetime after refresh(60) in the second process: $left s");
+    $w->expect('RELEASED false');
+}
+
+// With the grace off (end_on_disconnect_ms 0) a session's lease is its
+// ttl: the Key's lifetime is the ttl less 10 %, and a lock not refreshed
+// expires on the cluster after its ttl.
 function test_refresh_keeps_an_expiring_lock_and_its_loss_is_seen(Cluster $cl): void
 {
-    $factory = new LockFactory(new RaftlockStore($cl->endpoints()));
+    $factory = new LockFactory(new RaftlockStore(new Client($cl->endpoints(), null, ['end_on_disconnect_ms' => 0])));
     $name = name('refresh');
     $lock = $factory->createLock($name, 2);
     check($lock->acquire(), 'acquire with a 2 s ttl');
@@ -217,8 +240,11 @@ function test_lock_without_ttl_lives_the_stores_initial_ttl(Cluster $cl): void
     $lock = $factory->createLock($name, null);
     check($lock->acquire(), 'acquire');
     $left = $lock->getRemainingLifetime();
-    check(null !== $left && $left <= 0.9, "remaining lifetime $left s: the initial 1 s ttl less the margin");
-    eventually(10, 'the session to expire after its initial ttl', fn () => !$lock->isAcquired());
+    check(null !== $left && $left <= 0.675, "remaining lifetime $left s: the grace (750 ms, under the initial 1 s ttl) less the margin");
+    // Without a call into the client nothing renews it (the stream stays
+    // open): the cluster ends it after its ttl. Watch without a Client.
+    eventually(10, 'the session to expire after its initial ttl', fn () => [] === rawHolders($cl, $name));
+    check(!$lock->isAcquired(), 'isAcquired() after the expiry');
 }
 
 function test_promotion_upgrades_in_place_ahead_of_a_waiting_writer(Cluster $cl): void
@@ -442,6 +468,385 @@ function test_lock_manager_service(Cluster $cl): void
     $b->expect('DONE');
     checkSame(42, $service->lock($name, fn (int $fence) => $fence > $second ? 42 : 0, 30), 'lock() runs the closure with a larger fence');
     checkSame([], queue($c, $name)['holders'], 'holders after lock() returned');
+}
+
+// ---- a process that dies frees its locks (issue 44) ----
+
+/** One POST to node $addr with plain PHP streams (not through a Client, whose calls renew this process's sessions). */
+function rawCall(string $addr, string $rpc, array $body, float $timeout = 5): array
+{
+    $ctx = stream_context_create(['http' => ['method' => 'POST', 'header' => "Content-Type: application/json\r\n", 'content' => json_encode((object) $body), 'ignore_errors' => true, 'timeout' => $timeout]]);
+    $r = json_decode((string) @file_get_contents("http://$addr/v1/$rpc", false, $ctx), true);
+
+    return \is_array($r) ? $r : [];
+}
+
+/** The session ids holding $name, read at the leader without a Client. */
+function rawHolders(Cluster $cl, string $name): array
+{
+    $d = rawCall($cl->leader(), 'locks/Describe', ['name' => $name]);
+
+    return array_map(fn ($h) => (int) $h['session_id'], $d['info']['holders'] ?? []);
+}
+
+/** The median of $xs. */
+function median(array $xs): float
+{
+    sort($xs);
+    $n = \count($xs);
+
+    return $n % 2 ? $xs[intdiv($n, 2)] : ($xs[$n / 2 - 1] + $xs[$n / 2]) / 2;
+}
+
+/**
+ * Three rounds: a holder process ($holder, a worker mode) takes a name, a
+ * waiter process ($waiter) queues for it, the holder is SIGKILLed; the
+ * waiter must be granted well before the holder's 30 s ttl. Prints the
+ * kill-to-grant times (as this process reads the waiter's line).
+ */
+function killedHolderRounds(Cluster $cl, string $holder, string $waiter, string $granted, string $what): void
+{
+    $c = new Client($cl->endpoints());
+    $took = [];
+    foreach (range(1, 3) as $round) {
+        $name = name("killed-holder-$round");
+        $h = new Worker([$holder, $cl->endpoints(), $name]);
+        $h->expect('HELD');
+        $w = new Worker([$waiter, $cl->endpoints(), $name]);
+        $w->expect('WAITING');
+        eventually(10, 'the waiter queued', fn () => 1 === \count(queue($c, $name)['waiters']));
+        $killed = microtime(true);
+        $h->kill();
+        $w->expect($granted, 10);
+        $took[] = microtime(true) - $killed;
+        check(end($took) < 10, sprintf('granted %.2f s after the kill', end($took)));
+        $w->close();
+        $h->close();
+    }
+    printf("     %s: SIGKILLed holder (ttl 30 s) to the waiter's grant: %s s, median %.2f s\n", $what,
+        implode(', ', array_map(fn ($t) => sprintf('%.2f', $t), $took)), median($took));
+}
+
+// A holder at the client's defaults (ttl 30 s) SIGKILLed while another
+// process waits: the waiter gets the lock within the grace, not the ttl.
+function test_killed_holder_frees_its_lock_client(Cluster $cl): void
+{
+    killedHolderRounds($cl, 'hold', 'wait', 'GRANTED', 'Client');
+}
+
+function test_killed_holder_frees_its_lock_symfony(Cluster $cl): void
+{
+    killedHolderRounds($cl, 'sf-hold', 'lock-wait', 'ACQUIRED fence ', 'RaftlockStore');
+}
+
+// A waiter SIGKILLed while it waits leaves the queue, and one SIGKILLed
+// just after its grant (before it could do anything) frees the lock a
+// grace later: the process behind it gets the lock without waiting for the
+// dead one's ttl. Three rounds; prints the kill-to-grant times.
+function test_killed_waiter_passes_its_place_on(Cluster $cl): void
+{
+    $c = new Client($cl->endpoints());
+    $took = [];
+    foreach (range(1, 3) as $round) {
+        $name = name("killed-waiter-$round");
+        $h = new Worker(['hold', $cl->endpoints(), $name]);
+        $h->expect('HELD');
+        $w1 = new Worker(['wait', $cl->endpoints(), $name]);
+        $w1->expect('WAITING');
+        eventually(10, 'the first waiter queued', fn () => 1 === \count(queue($c, $name)['waiters']));
+        $w2 = new Worker(['wait', $cl->endpoints(), $name]);
+        $w2->expect('WAITING');
+        eventually(10, 'the second waiter queued', fn () => 2 === \count(queue($c, $name)['waiters']));
+        $w3 = new Worker(['wait', $cl->endpoints(), $name]);
+        $w3->expect('WAITING');
+        eventually(10, 'the third waiter queued', fn () => 3 === \count(queue($c, $name)['waiters']));
+        // The first waiter dies while it waits.
+        $w1->kill();
+        eventually(10, "the killed waiter's wait withdrawn", fn () => 2 === \count(queue($c, $name)['waiters']));
+        $h->send('release');
+        $h->expect('RELEASED');
+        // The second is granted, and dies at once.
+        $w2->expect('GRANTED', 10);
+        $killed = microtime(true);
+        $w2->kill();
+        $w3->expect('GRANTED', 10);
+        $took[] = microtime(true) - $killed;
+        check(end($took) < 10, sprintf('the third waiter granted %.2f s after the second died holding it', end($took)));
+        $w3->send('release');
+        $w3->expect('RELEASED');
+        foreach ([$h, $w1, $w2, $w3] as $w) {
+            $w->close();
+        }
+    }
+    printf("     a waiter SIGKILLed just after its grant (ttl 30 s) to the next waiter's grant: %s s, median %.2f s\n",
+        implode(', ', array_map(fn ($t) => sprintf('%.2f', $t), $took)), median($took));
+}
+
+// The three states: a holder that makes no client call for longer than
+// the grace (but less than the ttl) is in jeopardy (not held, not lost),
+// held again after its next call renews, and lost once the cluster has
+// revoked its session.
+function test_jeopardy_client(Cluster $cl): void
+{
+    $c = new Client($cl->endpoints());
+    $name = name('jeopardy');
+    $r = $c->lock($name, 30000, 0);
+    check($r['acquired'], 'acquired');
+    $s = $r['session_id'];
+    checkSame('held', $c->state($s), 'state right after the lock');
+    // No client call now (state() sends nothing): the count runs out.
+    $t = microtime(true);
+    eventually(10, 'the lock in jeopardy', fn () => 'jeopardy' === $c->state($s));
+    printf("     held -> jeopardy after %.2f s without a call\n", microtime(true) - $t);
+    checkSame([$s], rawHolders($cl, $name), 'the cluster still has the holder');
+    check($c->isHeld($s), 'isHeld() renews and answers true');
+    checkSame('held', $c->state($s), 'state after the renewal');
+    // A session the cluster revokes is lost at its next renewal. The revoke
+    // answers once the session's lease has run out (up to its ttl), so
+    // another process sends it.
+    $revoker = new Worker(['revoke', $cl->leader(), (string) $s]);
+    eventually(40, 'the lock lost after the revoke', fn () => !$c->isHeld($s) && 'lost' === $c->state($s));
+    checkSame('lost', $c->state($s), 'lost is final');
+    $revoker->close();
+    $c->unlock($s);
+}
+
+function test_jeopardy_symfony(Cluster $cl): void
+{
+    $factory = new LockFactory(new RaftlockStore($cl->endpoints()));
+    $name = name('jeopardy-sf');
+    $lock = $factory->createLock($name, 30);
+    check($lock->acquire(), 'acquire');
+    check(!$lock->isExpired() && $lock->getRemainingLifetime() > 0, 'not expired right after acquire()');
+    // No call into the store: the Key's lifetime runs out (isExpired()
+    // does not call the store).
+    eventually(10, 'the Key expired (jeopardy)', fn () => $lock->isExpired());
+    check(1 === \count(rawHolders($cl, $name)), 'the cluster still has the holder');
+    check($lock->isAcquired(), 'isAcquired() renews and answers true');
+    check(!$lock->isExpired() && $lock->getRemainingLifetime() > 0, 'not expired after isAcquired()');
+    eventually(10, 'the Key expired again', fn () => $lock->isExpired());
+    $lock->refresh();
+    check(!$lock->isExpired(), 'not expired after refresh()');
+    $lock->release();
+    checkSame([], rawHolders($cl, $name), 'released');
+}
+
+// PHP-FPM's life cycle, in PHP's built-in web server (one process that
+// serves request after request, freeing each request's objects at its
+// end): a lock a request took and forgot to release is freed a grace
+// after that request ends, while the process lives on.
+function test_request_end_frees_a_forgotten_lock(Cluster $cl): void
+{
+    $port = Cluster::freeBase(1);
+    $log = tempnam(sys_get_temp_dir(), 'raftlock-php-server-');
+    $server = proc_open([\PHP_BINARY, '-S', "127.0.0.1:$port", __DIR__.'/request.php'], [0 => ['file', '/dev/null', 'r'], 1 => ['file', $log, 'a'], 2 => ['file', $log, 'a']], $pipes, null, ['RAFTLOCK_ENDPOINTS' => $cl->endpoints()] + getenv());
+    try {
+        $get = fn (string $q) => @file_get_contents("http://127.0.0.1:$port/?$q", false, stream_context_create(['http' => ['timeout' => 20]]));
+        eventually(10, 'the web server up', fn () => 'pid '.proc_get_status($server)['pid'] === $get('pid'));
+        $name = name('forgotten');
+        $answer = (string) $get('forget='.urlencode($name));
+        check(str_starts_with($answer, 'held session '), "the request's answer: $answer");
+        $ended = microtime(true);
+        $r = (new Client($cl->endpoints()))->lock($name, 30000, 10000);
+        $took = microtime(true) - $ended;
+        check($r['acquired'], sprintf('the forgotten lock not freed within 10 s of the end of the request (%.2f s)', $took));
+        printf("     a lock forgotten by a request freed %.2f s after the request ended\n", $took);
+        check(proc_get_status($server)['running'], 'the server process still runs');
+        checkSame('pid '.proc_get_status($server)['pid'], $get('pid'), 'the same process answers the next request');
+        (new Client($cl->endpoints()))->unlock($r['session_id']);
+    } finally {
+        proc_terminate($server, 9);
+        proc_close($server);
+        unlink($log);
+    }
+}
+
+// A long-lived process (a queue consumer, a worker-mode server) that
+// forgot a lock and goes on using the client: the stream renews the
+// forgotten session for a ttl after its last use, then stops, and the
+// cluster ends it a ttl later.
+function test_a_forgotten_lock_in_a_long_lived_process_ends(Cluster $cl): void
+{
+    $c = new Client($cl->endpoints());
+    $name = name('forgotten-long');
+    $r = $c->lock($name, 2000, 0);
+    check($r['acquired'], 'acquired');
+    $t = microtime(true);
+    // Other work: a call into the client every 20 ms.
+    eventually(20, 'the forgotten lock freed', fn () => [] === queue($c, $name)['holders']);
+    $took = microtime(true) - $t;
+    printf("     a lock (ttl 2 s) forgotten in a process that goes on calling the client freed after %.2f s\n", $took);
+    check($took > 2.0, sprintf('renewed for its ttl after its last use (freed after %.2f s)', $took));
+    checkSame('lost', $c->state($r['session_id']), 'its state');
+}
+
+// A lock granted after a wait longer than its ttl (ttl 2 s, a 2.5 s
+// wait; the node keeps a waiting session alive) is held in the session
+// that waited: the grant is the next fence, and lock() returns it held.
+// With the grace (750 ms) and without it (0).
+function test_a_grant_after_a_long_wait_is_held(Cluster $cl): void
+{
+    $c = new Client($cl->endpoints(), null, ['end_on_disconnect_ms' => 0]);
+    foreach ([750, 0] as $grace) {
+        $name = name("long-wait-$grace");
+        $h = $c->lock($name, 30000, 0);
+        check($h['acquired'], 'the holder');
+        $w = new Worker(['wait-ttl', $cl->endpoints(), $name, '2000', (string) $grace]);
+        $w->expect('WAITING');
+        $queued = 0;
+        eventually(10, 'the waiter queued', function () use ($c, $name, &$queued) {
+            $waiters = queue($c, $name)['waiters'];
+            $queued = (int) ($waiters[0]['session_id'] ?? 0);
+
+            return 1 === \count($waiters);
+        });
+        $t = microtime(true);
+        eventually(10, 'the waiter still queued 2.5 s later', fn () => microtime(true) - $t > 2.5 && 1 === \count(queue($c, $name)['waiters']));
+        $c->unlock($h['session_id']);
+        $line = $w->expect('GRANTED ', 15);
+        checkSame(sprintf('GRANTED session %d fence %d acquired true state held', $queued, $h['fence'] + 1), $line, "grace $grace ms: the waiter's grant");
+        checkSame([$queued], rawHolders($cl, $name), "grace $grace ms: the holders");
+        $w->send('release');
+        $w->expect('RELEASED');
+    }
+}
+
+/** CPU seconds this process used so far, and its voluntary context switches (its waits that slept). */
+function usage(): array
+{
+    $u = getrusage();
+
+    return [$u['ru_utime.tv_sec'] + $u['ru_utime.tv_usec'] / 1e6 + $u['ru_stime.tv_sec'] + $u['ru_stime.tv_usec'] / 1e6, (int) $u['ru_nvcsw']];
+}
+
+// A call that waits never spins: isHeld() on a session whose stream
+// cannot connect (every endpoint refuses) sleeps between its attempts, and
+// a blocking lock() that outlasts another session's renewal window (the
+// stream renews a session for a ttl after its last use) waits in long
+// sleeps, not 1 ms ones. Figures: the CPU and the wake-ups of each wait.
+function test_waits_do_not_spin(Cluster $cl): void
+{
+    // No node: the stream's connection is refused at once, again and again.
+    $nowhere = new Client('127.0.0.1:'.Cluster::freeBase(1), null, ['retry_timeout' => 2.0]);
+    $nowhere->track(4242, 30000, 750);
+    [$cpu, $wakes] = usage();
+    $t = microtime(true);
+    check(!$nowhere->isHeld(4242), 'isHeld() with no node');
+    [$cpu2, $wakes2] = usage();
+    $spent = $cpu2 - $cpu;
+    printf("     isHeld() with every endpoint refusing: %.2f s, %.2f s of CPU\n", microtime(true) - $t, $spent);
+    check($spent < 0.5, sprintf('isHeld() used %.2f s of CPU in %.2f s (a busy loop)', $spent, microtime(true) - $t));
+
+    // A session (ttl 4 s) renewed by the stream while other calls run,
+    // then left alone past its renewal window; then a blocking lock().
+    $c = new Client($cl->endpoints());
+    $other = name('spin-b');
+    $h = new Worker(['hold', $cl->endpoints(), $other]);
+    $h->expect('HELD');
+    $r = $c->lock(name('spin-a'), 4000, 0);
+    check($r['acquired'] && $c->keepAlive($r['session_id']), 'acquired and renewed');
+    $t = microtime(true);
+    while (microtime(true) < $t + 3.4) {
+        $c->describe($other); // other work: the stream renews the session meanwhile
+        usleep(20000);
+    }
+    time_sleep_until($t + 4.2); // application code, no call: past the window
+    check('lost' !== $c->state($r['session_id']), 'not lost: '.$c->state($r['session_id']));
+    [$cpu, $wakes] = usage();
+    $t = microtime(true);
+    check(!$c->lock($other, 30000, 2000)['acquired'], 'a lock held by another');
+    [$cpu2, $wakes2] = usage();
+    $took = microtime(true) - $t;
+    printf("     a 2 s lock() wait past a session's renewal window: %.2f s, %.2f s of CPU, %d wake-ups\n", $took, $cpu2 - $cpu, $wakes2 - $wakes);
+    check($wakes2 - $wakes < 1000, sprintf('the wait woke %d times in %.2f s (1 ms sleeps)', $wakes2 - $wakes, $took));
+    $c->unlock($r['session_id']);
+    $h->send('release');
+    $h->expect('RELEASED');
+}
+
+// isAcquired() (the stores' exists()) when its CheckFence answers late:
+// here the process stalls 0.9 s in it (longer than the 675 ms the count
+// believes a renewal), as on a busy machine. The lock is held all along,
+// so isAcquired() answers true and the Key is not expired.
+function test_is_acquired_with_a_slow_check_fence(Cluster $cl): void
+{
+    $slow = false;
+    $client = new Client($cl->endpoints(), null, ['curl' => [
+        \CURLOPT_NOPROGRESS => false,
+        \CURLOPT_XFERINFOFUNCTION => function ($ch) use (&$slow): int {
+            if ($slow && str_contains((string) curl_getinfo($ch, \CURLINFO_EFFECTIVE_URL), 'CheckFence')) {
+                $slow = false;
+                usleep(900000); // the process stalls in this CheckFence
+            }
+
+            return 0;
+        },
+    ]]);
+    $lock = (new LockFactory(new RaftlockStore($client)))->createLock(name('slow-fence'), 30);
+    check($lock->acquire(), 'acquire');
+    $slow = true;
+    check($lock->isAcquired(), 'isAcquired() with a CheckFence that took 0.9 s');
+    check(!$slow, 'the CheckFence was slowed');
+    check(!$lock->isExpired(), 'not expired after isAcquired()');
+    $lock->release();
+
+    $semaphore = (new SemaphoreFactory(new RaftlockSemaphoreStore($client)))->createSemaphore(name('slow-fence-sem'), 2, 1, 30);
+    check($semaphore->acquire(), 'acquire a permit');
+    $slow = true;
+    check($semaphore->isAcquired(), 'the semaphore\'s isAcquired() with a CheckFence that took 0.9 s');
+    check(!$slow, 'the CheckFence was slowed');
+    $semaphore->release();
+}
+
+// The stream breaks when its leader dies: the next call opens it again on
+// the new leader and renews there, and the lock is held again, never lost.
+function test_the_stream_follows_a_new_leader(Cluster $unused): void
+{
+    $nodes = new NodeProcesses();
+    try {
+        $c = new Client($nodes->endpoints());
+        $r = $c->lock(name('stream-failover'), 30000, 0);
+        check($r['acquired'] && $c->isHeld($r['session_id']), 'held before the failover');
+        $nodes->kill($nodes->leaderId());
+        $t = microtime(true);
+        eventually(30, 'held again after the failover', fn () => $c->isHeld($r['session_id']));
+        printf("     held again %.2f s after the leader was killed\n", microtime(true) - $t);
+        checkSame('held', $c->state($r['session_id']), 'the state after the failover');
+        checkSame(1, $c->unlock($r['session_id']), 'released on the new leader');
+    } finally {
+        $nodes->stop();
+    }
+}
+
+// A leader that hangs (SIGSTOP: its connections stay open, nothing is
+// answered): the stream leaves it and renews on the new leader before the
+// ttl count (ttl 5 s: 4.5 s) runs out, so the lock is never lost.
+function test_the_stream_leaves_a_hung_leader(Cluster $unused): void
+{
+    $nodes = new NodeProcesses();
+    try {
+        $c = new Client($nodes->endpoints());
+        $name = name('stream-hung-leader');
+        $r = $c->lock($name, 5000, 0);
+        $s = $r['session_id'];
+        check($r['acquired'] && $c->isHeld($s), 'held before the leader hangs');
+        $nodes->signal($nodes->leaderId(), \SIGSTOP);
+        $t = microtime(true);
+        eventually(30, 'held again after the leader hung', function () use ($c, $s, $t) {
+            $held = $c->isHeld($s);
+            check('lost' !== $c->state($s), sprintf('the lock lost %.2f s after the leader hung', microtime(true) - $t));
+
+            return $held;
+        });
+        printf("     held again %.2f s after the leader was stopped\n", microtime(true) - $t);
+        // The Unlock's first attempt goes to the hung node (the Client's
+        // last leader) and times out after 5 s, as long as this session's
+        // ttl: the new leader may have ended the session by then.
+        $c->unlock($s);
+        checkSame([], queue($c, $name)['holders'], 'nothing held after the unlock');
+    } finally {
+        $nodes->stop();
+    }
 }
 
 // ---- the client: leaders, failures, limits, credentials ----

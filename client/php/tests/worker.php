@@ -57,7 +57,7 @@ switch ($mode) {
         $lock = new Lock($key, new RaftlockStore($endpoints), 300, false);
         $out('ACQUIRED '.var_export($lock->isAcquired(), true));
         $lock->refresh(60);
-        $out(sprintf('REFRESHED %.0f', $lock->getRemainingLifetime()));
+        $out(sprintf('REFRESHED %.3f', $lock->getRemainingLifetime()));
         $lock->release();
         $out('RELEASED '.var_export($lock->isAcquired(), true));
         break;
@@ -72,6 +72,58 @@ switch ($mode) {
         } catch (UnacquiredLockException $e) {
             $out('UNACQUIRED '.$e->getMessage());
         }
+        break;
+    case 'hold':
+        // A holder at the client's defaults (ttl 30 s): takes ARG, says so,
+        // then runs "application code" that makes no client call (it reads
+        // stdin) until it is killed or told to release.
+        $client = new Client($endpoints);
+        $r = $client->lock($argv[3], 30000, 0);
+        $out($r['acquired'] ? "HELD session {$r['session_id']}" : 'NOT ACQUIRED');
+        fgets(\STDIN);
+        $client->unlock($r['session_id']);
+        $out('RELEASED');
+        break;
+    case 'wait':
+        // A waiter at the client's defaults (ttl 30 s, no timeout): prints
+        // WAITING before it sends its Lock, GRANTED once it holds ARG, then
+        // holds it (no client call) until a line on stdin.
+        $client = new Client($endpoints);
+        $out('WAITING');
+        $r = $client->lock($argv[3], 30000, null);
+        $out("GRANTED session {$r['session_id']} fence {$r['fence']}");
+        fgets(\STDIN);
+        $client->unlock($r['session_id']);
+        $out('RELEASED');
+        break;
+    case 'sf-hold':
+        // The same holder through Symfony's Lock and RaftlockStore at their
+        // defaults, with a Lock ttl of 30 s.
+        $lock = (new LockFactory(new RaftlockStore($endpoints)))->createLock($argv[3], 30);
+        $out($lock->acquire() ? 'HELD' : 'NOT ACQUIRED');
+        fgets(\STDIN);
+        $lock->release();
+        $out('RELEASED');
+        break;
+    case 'wait-ttl':
+        // A waiter with ttl ARG2 (ms) and end_on_disconnect_ms ARG3, no
+        // timeout: prints WAITING before its Lock, then GRANTED with the
+        // session, fence and state lock() returned, then holds it (no
+        // client call) until a line on stdin.
+        $client = new Client($endpoints, null, ['end_on_disconnect_ms' => (int) $argv[5]]);
+        $out('WAITING');
+        $r = $client->lock($argv[3], (int) $argv[4], null);
+        $out("GRANTED session {$r['session_id']} fence {$r['fence']} acquired ".var_export($r['acquired'], true).' state '.$client->state($r['session_id']));
+        fgets(\STDIN);
+        $client->unlock($r['session_id']);
+        $out('RELEASED');
+        break;
+    case 'revoke':
+        // RevokeSession of session ARG at the leader ENDPOINTS (host:port),
+        // with plain PHP streams: the node answers once the session's
+        // lease has run out, up to its ttl later.
+        $ctx = stream_context_create(['http' => ['method' => 'POST', 'header' => "Content-Type: application/json\r\n", 'content' => json_encode(['session_id' => $argv[3]]), 'ignore_errors' => true, 'timeout' => 60]]);
+        $out('REVOKED '.@file_get_contents("http://$endpoints/v1/cluster/RevokeSession", false, $ctx));
         break;
     case 'scenario-lock':
         // A lock of client/scenarios.json taken in the background

@@ -47,7 +47,7 @@ final class RaftlockSemaphoreStore implements PersistingStoreInterface
         if ($key->getLimit() > Client::MAX_CAPACITY) {
             throw new InvalidArgumentException(sprintf('raftlock semaphores hold at most %d permits, got a limit of %d.', Client::MAX_CAPACITY, $key->getLimit()));
         }
-        $state = self::state($key);
+        $state = $this->state($key);
         if (null !== $state) {
             if ($this->client->checkFence((string) $key, $state['fence'])) {
                 $this->renew($key, $state, $ttlMs);
@@ -66,13 +66,15 @@ final class RaftlockSemaphoreStore implements PersistingStoreInterface
             'fence' => $r['fence'],
             'next_seq' => $r['next_seq'],
             'ttl_ms' => $r['ttl_ms'] ?: $ttlMs,
+            'grace_ms' => $this->client->endOnDisconnectMs(),
         ]);
+        $this->setLifetime($key, $r['session_id']);
     }
 
     public function putOffExpiration(Key $key, float $ttlInSecond): void
     {
         $ttlMs = self::ttlMs($ttlInSecond);
-        $state = self::state($key);
+        $state = $this->state($key);
         if (null === $state) {
             throw new SemaphoreExpiredException($key, 'it is not held through this key');
         }
@@ -81,7 +83,7 @@ final class RaftlockSemaphoreStore implements PersistingStoreInterface
 
     public function delete(Key $key): void
     {
-        $state = self::state($key);
+        $state = $this->state($key);
         if (null === $state) {
             return;
         }
@@ -91,15 +93,23 @@ final class RaftlockSemaphoreStore implements PersistingStoreInterface
 
     public function exists(Key $key): bool
     {
-        $state = self::state($key);
+        $state = $this->state($key);
 
-        return null !== $state && $this->client->checkFence((string) $key, $state['fence']);
+        if (null === $state) {
+            return false;
+        }
+        // The fence first, the renewal last: the Key's lifetime then counts
+        // from a renewal answered after the CheckFence, however long that took.
+        $held = $this->client->checkFence((string) $key, $state['fence']) && $this->client->isHeld($state['session']);
+        $this->setLifetime($key, $state['session']);
+
+        return $held && !$key->isExpired();
     }
 
     /** The fence of the permits $key holds, or null if it holds none. */
     public static function fence(Key $key): ?int
     {
-        $state = self::state($key);
+        $state = $key->hasState(__CLASS__) ? $key->getState(__CLASS__) : null;
 
         return null === $state ? null : $state['fence'];
     }
@@ -127,18 +137,44 @@ final class RaftlockSemaphoreStore implements PersistingStoreInterface
                 $alive = false;
             }
         }
+        if ($alive && 'jeopardy' === $this->client->state($state['session'])) {
+            // Answered, but late (a busy machine): renew again.
+            $alive = $this->client->isHeld($state['session']) || 'lost' !== $this->client->state($state['session']);
+        }
         if (!$alive) {
             $key->removeState(__CLASS__);
+            $key->reduceLifetime(0);
             throw new SemaphoreExpiredException($key, 'its session ended');
         }
+        $this->setLifetime($key, $state['session']);
     }
 
     /**
-     * @return array{session: int, fence: int, next_seq: int, ttl_ms: int}|null
+     * The Key's lifetime: what the client's count still believes (0 in
+     * jeopardy or once lost). Semaphore::acquire() and refresh() then
+     * shorten it to their ttl at most, which leaves it as it is.
      */
-    private static function state(Key $key): ?array
+    private function setLifetime(Key $key, int $session): void
     {
-        return $key->hasState(__CLASS__) ? $key->getState(__CLASS__) : null;
+        $key->resetLifetime();
+        $key->reduceLifetime($this->client->heldFor($session));
+    }
+
+    /**
+     * The Key's session, counted by the client (a Key from another process
+     * is tracked from here on: not held until a renewal is answered).
+     *
+     * @return array{session: int, fence: int, next_seq: int, ttl_ms: int, grace_ms: int}|null
+     */
+    private function state(Key $key): ?array
+    {
+        if (!$key->hasState(__CLASS__)) {
+            return null;
+        }
+        $state = $key->getState(__CLASS__) + ['grace_ms' => 0];
+        $this->client->track($state['session'], $state['ttl_ms'], $state['grace_ms']);
+
+        return $state;
     }
 
     private static function ttlMs(float $ttl): int

@@ -25,11 +25,16 @@ use Symfony\Component\Lock\Key;
  * acquired in one write (Lock) and ended in one (Unlock, on release). The
  * session starts with the store's initial ttl; `$lock->refresh($ttl)`
  * restarts it at $ttl (a KeepAlive, no write, when $ttl is the session's
- * ttl; a SetSessionTtl, one write, when it differs). A process that dies
- * while it holds a lock blocks it until that ttl runs out; a process that
+ * ttl; a SetSessionTtl, one write, when it differs). The session ends
+ * with the process (the client's end_on_disconnect_ms, default 750 ms,
+ * after the process's KeepAlive stream closes), and the client renews it
+ * on that stream at every call (see Client). The Key's lifetime is the
+ * client's count: isExpired() while the lock is in jeopardy or lost;
+ * exists() (isAcquired()) checks the fence, then renews. A process that
  * dies while it waits (`acquire(true)`) leaves nothing queued.
  *
- * The Key carries the session id, the fence and the session's next seq, so
+ * The Key carries the session id, the fence, the session's next seq and
+ * its grace, so
  * a serialized Key can be released, refreshed or checked by another
  * process (stop using it in the first one).
  *
@@ -41,7 +46,7 @@ use Symfony\Component\Lock\Key;
  */
 final class RaftlockStore implements BlockingSharedLockStoreInterface, BlockingStoreInterface
 {
-    /** The part of the ttl the Key's lifetime leaves out (from the send time). */
+    /** The part of the lease length the Key's lifetime leaves out (from the send time), as the client's count. */
     public const LEASE_MARGIN = 0.1;
 
     private Client $client;
@@ -82,7 +87,7 @@ final class RaftlockStore implements BlockingSharedLockStoreInterface, BlockingS
     public function putOffExpiration(Key $key, float $ttl): void
     {
         $ttlMs = self::ttlMs($ttl);
-        $state = self::state($key);
+        $state = $this->state($key);
         if (null === $state) {
             throw new LockConflictedException(sprintf('The "%s" lock is not held through this key.', $key));
         }
@@ -92,7 +97,7 @@ final class RaftlockStore implements BlockingSharedLockStoreInterface, BlockingS
 
     public function delete(Key $key): void
     {
-        $state = self::state($key);
+        $state = $this->state($key);
         if (null === $state) {
             return;
         }
@@ -100,11 +105,24 @@ final class RaftlockStore implements BlockingSharedLockStoreInterface, BlockingS
         $key->removeState(__CLASS__);
     }
 
+    /**
+     * Asks the cluster whether the Key's grant is current (CheckFence),
+     * then renews its session (until an answer leaves it held, as
+     * Client::isHeld()): true only if both say so. The Key's lifetime is
+     * set to what the count then believes.
+     */
     public function exists(Key $key): bool
     {
-        $state = self::state($key);
+        $state = $this->state($key);
+        if (null === $state) {
+            return false;
+        }
+        // The fence first, the renewal last: the Key's lifetime then counts
+        // from a renewal answered after the CheckFence, however long that took.
+        $held = $this->client->checkFence((string) $key, $state['fence']) && $this->client->isHeld($state['session']);
+        $this->setLifetime($key, $state);
 
-        return null !== $state && $this->client->checkFence((string) $key, $state['fence']);
+        return $held && !$key->isExpired();
     }
 
     /**
@@ -113,14 +131,14 @@ final class RaftlockStore implements BlockingSharedLockStoreInterface, BlockingS
      */
     public static function fence(Key $key): ?int
     {
-        $state = self::state($key);
+        $state = $key->hasState(__CLASS__) ? $key->getState(__CLASS__) : null;
 
         return null === $state ? null : $state['fence'];
     }
 
     private function acquire(Key $key, string $mode, bool $wait): void
     {
-        $state = self::state($key);
+        $state = $this->state($key);
         if (null !== $state) {
             if ($state['mode'] === $mode && $this->client->checkFence((string) $key, $state['fence'])) {
                 // Already held through this key: restart its lease, as
@@ -142,8 +160,8 @@ final class RaftlockStore implements BlockingSharedLockStoreInterface, BlockingS
             $key->removeState(__CLASS__);
         }
         $ttlMs = self::ttlMs($this->initialTtl);
-        $sent = microtime(true);
-        $key->reduceLifetime($this->initialTtl * (1 - self::LEASE_MARGIN));
+        // The client counts the lease from the send and has the stream
+        // carry the session (renewed at once after a wait).
         $r = $this->client->lock((string) $key, $ttlMs, $wait ? null : 0, $mode);
         if (!$r['acquired']) {
             throw new LockConflictedException(sprintf('The "%s" lock is held by another.', $key));
@@ -154,14 +172,10 @@ final class RaftlockStore implements BlockingSharedLockStoreInterface, BlockingS
             'next_seq' => $r['next_seq'],
             'ttl_ms' => $r['ttl_ms'] ?: $ttlMs,
             'mode' => $mode,
+            'grace_ms' => $this->client->endOnDisconnectMs(),
         ];
         $key->setState(__CLASS__, $state);
-        if ($wait && microtime(true) - $sent > $ttlMs / 3000) {
-            // It waited: the node restarted the lease as it answered, but
-            // the count from the send has mostly run. Count from a renewal.
-            $key->resetLifetime();
-            $this->renew($key, $state, $state['ttl_ms']);
-        }
+        $this->setLifetime($key, $state);
         $this->checkNotExpired($key);
     }
 
@@ -169,7 +183,8 @@ final class RaftlockStore implements BlockingSharedLockStoreInterface, BlockingS
      * Turns the Key's grant into $mode: a downgrade at once, or an upgrade
      * that, when other readers hold the lock, waits ahead of everyone
      * queued (blocking: in rounds of a third of the session's ttl, renewing
-     * the session between them, as nothing renews it while PHP waits; not
+     * the session between them, so that it lives on whatever the stream
+     * does; not
      * blocking: not at all). An upgrade refused because another reader is
      * upgrading the same lock (they would wait for each other forever) is
      * a conflict; the read stays held either way.
@@ -220,14 +235,13 @@ final class RaftlockStore implements BlockingSharedLockStoreInterface, BlockingS
     }
 
     /**
-     * Restarts the session's lease at $ttlMs, counting the Key's lifetime
-     * from the send time less the margin.
+     * Restarts the session's lease at $ttlMs (again until an answer leaves
+     * it held), and sets the Key's lifetime to what the count believes.
      *
-     * @param array{session: int, fence: int, next_seq: int, ttl_ms: int, mode: string} $state
+     * @param array{session: int, fence: int, next_seq: int, ttl_ms: int, mode: string, grace_ms: int} $state
      */
     private function renew(Key $key, array $state, int $ttlMs): void
     {
-        $key->reduceLifetime($ttlMs / 1000 * (1 - self::LEASE_MARGIN));
         if ($ttlMs === $state['ttl_ms']) {
             $alive = $this->client->keepAlive($state['session']);
         } else {
@@ -248,10 +262,29 @@ final class RaftlockStore implements BlockingSharedLockStoreInterface, BlockingS
                 $alive = false;
             }
         }
+        if ($alive && 'jeopardy' === $this->client->state($state['session'])) {
+            // Answered, but late (a busy machine): renew again.
+            $alive = $this->client->isHeld($state['session']) || 'lost' !== $this->client->state($state['session']);
+        }
         if (!$alive) {
             $key->removeState(__CLASS__);
+            $key->reduceLifetime(0);
             throw new LockConflictedException(sprintf('The "%s" lock was lost: its session ended.', $key));
         }
+        $this->setLifetime($key, $state);
+    }
+
+    /**
+     * The Key's lifetime: what the client's count still believes (0 in
+     * jeopardy or once lost), so that isExpired() and
+     * getRemainingLifetime() say whether the holder may act.
+     *
+     * @param array{session: int} $state
+     */
+    private function setLifetime(Key $key, array $state): void
+    {
+        $key->resetLifetime();
+        $key->reduceLifetime($this->client->heldFor($state['session']));
     }
 
     private function checkNotExpired(Key $key): void
@@ -267,11 +300,20 @@ final class RaftlockStore implements BlockingSharedLockStoreInterface, BlockingS
     }
 
     /**
-     * @return array{session: int, fence: int, next_seq: int, ttl_ms: int, mode: string}|null
+     * The Key's session, counted by the client (a Key from another process
+     * is tracked from here on: not held until a renewal is answered).
+     *
+     * @return array{session: int, fence: int, next_seq: int, ttl_ms: int, mode: string, grace_ms: int}|null
      */
-    private static function state(Key $key): ?array
+    private function state(Key $key): ?array
     {
-        return $key->hasState(__CLASS__) ? $key->getState(__CLASS__) : null;
+        if (!$key->hasState(__CLASS__)) {
+            return null;
+        }
+        $state = $key->getState(__CLASS__) + ['grace_ms' => 0];
+        $this->client->track($state['session'], $state['ttl_ms'], $state['grace_ms']);
+
+        return $state;
     }
 
     private static function ttlMs(float $ttl): int
