@@ -233,7 +233,7 @@ func (c *Client) AcquireAll(ctx context.Context, specs []Spec, o AcquireOptions)
 	case len(resp.Grants) != len(specs):
 		giveBack()
 		return nil, fmt.Errorf("raftlock: AcquireAll of %d keys was granted %d", len(specs), len(resp.Grants))
-	case g.isLostNow():
+	case !g.heldNow():
 		giveBack()
 		return nil, errors.New("raftlock: AcquireAll: the session's lease may have lapsed while it waited")
 	}
@@ -247,15 +247,9 @@ func (c *Client) AcquireAll(ctx context.Context, specs []Spec, o AcquireOptions)
 	return m, nil
 }
 
-func (g *Guard) isLostNow() bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.isLost || !time.Now().Before(g.leaseEnd)
-}
-
 // MultiGuard holds the keys of one AcquireAll, in one session of its own.
-// If its lease may have lapsed, Options.OnLost is called once for it, with
-// its first key and that key's fence.
+// If it is lost, Options.OnLost is called once for it, with its first key
+// and that key's fence.
 type MultiGuard struct {
 	g      *Guard
 	grants []Grant
@@ -268,10 +262,11 @@ func (m *MultiGuard) Grants() []Grant { return append([]Grant(nil), m.grants...)
 // SessionID is the session that holds the grants.
 func (m *MultiGuard) SessionID() uint64 { return m.g.session }
 
-// Lost is closed once the lease may have lapsed (see Guard.Lost).
+// Lost is closed once the grants are lost (see Guard.Lost).
 func (m *MultiGuard) Lost() <-chan struct{} { return m.g.lost }
 
-// Valid reports whether the lease still holds by the client's count.
+// Valid reports whether the grants are held by the client's count: false
+// in jeopardy and once lost or released (see Guard.Valid).
 func (m *MultiGuard) Valid() bool { return m.g.Valid() }
 
 // Release gives every key back and ends the session (one write); see

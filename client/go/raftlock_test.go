@@ -291,10 +291,16 @@ func TestHeldPastItsTTLWhileRenewed(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer g.Release()
-	// The lease is counted from the send time, less 10 %.
+	// The lease is counted from the send time, for the smaller of the TTL
+	// and the grace, less 10 %.
+	span := MinTTL
+	if DefaultEndOnDisconnect < span {
+		span = DefaultEndOnDisconnect
+	}
+	want := span - span/10
 	end := g.LeaseEnd()
-	if end.Before(before.Add(900*time.Millisecond)) || end.After(after.Add(900*time.Millisecond)) {
-		t.Fatalf("lease end %v is not the send time + 900 ms (sent between %v and %v)", end, before, after)
+	if end.Before(before.Add(want)) || end.After(after.Add(want)) {
+		t.Fatalf("lease end %v is not the send time + %v (sent between %v and %v)", end, want, before, after)
 	}
 	// Three and a half ttls later the grant is still ours.
 	hold := time.NewTimer(3500 * time.Millisecond)
@@ -305,9 +311,9 @@ func TestHeldPastItsTTLWhileRenewed(t *testing.T) {
 		t.Fatal("Lost closed while renewed")
 	case <-hold.C:
 	}
-	if !g.Valid() {
-		t.Fatal("not valid while renewed")
-	}
+	// Valid, or about to be again: on a busy machine a renewal round can
+	// outlast the grace count (jeopardy) for a moment.
+	eventually(t, 10*time.Second, "valid while renewed", g.Valid)
 	if !g.LeaseEnd().After(end) {
 		t.Fatal("the lease end never moved")
 	}
@@ -652,8 +658,11 @@ func TestLeaderKilledWhileHoldingAndWaiting(t *testing.T) {
 		t.Fatalf("the waiter was granted while the holder holds: %+v", g)
 	case <-held.C:
 	}
-	if cur, err := c.CheckFence(ctx, k, holder.Fence()); err != nil || !cur || !holder.Valid() {
-		t.Fatalf("after the failover the holder's fence is current %v (%v), valid %v", cur, err, holder.Valid())
+	// Held again once a renewal got through (a busy machine may hold it in
+	// jeopardy for a moment).
+	eventually(t, 10*time.Second, "the holder valid after the failover", holder.Valid)
+	if cur, err := c.CheckFence(ctx, k, holder.Fence()); err != nil || !cur {
+		t.Fatalf("after the failover the holder's fence is current %v (%v)", cur, err)
 	}
 	d := describe(t, c, k)
 	if len(d.Info.Waiters) != 1 {

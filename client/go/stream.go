@@ -23,8 +23,10 @@ type keepAliveLine struct {
 // third of the span after the last confirmed send. The stream carries the
 // session: when the process dies its connection closes, and the leader
 // ends the session a grace later. It moves to the next node when a stream
-// fails (at once to a leader a node names), marks the lease lost once its
-// count runs out, or when the node answers that the session is gone.
+// fails (at once to a leader a node names), and goes on through jeopardy
+// (the grace count ran out: Valid is false until a renewal is answered).
+// It marks the lock lost, and stops, once the TTL count runs out with no
+// renewal answered, or when the node answers that the session is gone.
 func (g *Guard) keepAliveStreamed() {
 	defer close(g.done)
 	target, hints := "", 0
@@ -32,7 +34,7 @@ func (g *Guard) keepAliveStreamed() {
 		if g.stopCtx.Err() != nil {
 			return
 		}
-		if g.isLostNow() {
+		if g.lostNow() {
 			g.markLost()
 			return
 		}
@@ -60,8 +62,8 @@ func (g *Guard) keepAliveStreamed() {
 	}
 }
 
-// stream runs one streaming KeepAlive at base until it fails, the lease
-// lapses or the guard stops. It reports whether the node answered that the
+// stream runs one streaming KeepAlive at base until it fails, the lock is
+// lost or the guard stops. It reports whether the node answered that the
 // session is gone, and the leader a node named instead of answering.
 func (g *Guard) stream(base string) (expired bool, hint string) {
 	ctx, cancel := context.WithCancel(g.stopCtx)
@@ -81,8 +83,9 @@ func (g *Guard) stream(base string) (expired bool, hint string) {
 		asked = map[uint64]time.Time{} // ask id -> send time
 	)
 	// The writer: an ask at once, then one a third of the span after the
-	// last confirmed send (or a sixth of it after an ask still unanswered).
-	// Once the count runs out it ends the stream. Its end closes the
+	// last confirmed send (or a sixth of it after an ask still unanswered:
+	// so every sixth of the span in jeopardy). Once the TTL count runs out
+	// it ends the stream (the lock is lost). Its end closes the
 	// request body: a round trip that failed waits for that (net/http
 	// finishes writing the body first), and so does one cancelled.
 	go func() {
@@ -97,7 +100,7 @@ func (g *Guard) stream(base string) (expired bool, hint string) {
 				return
 			}
 			g.mu.Lock()
-			due, end := g.lastSent.Add(g.span()/3), g.leaseEnd
+			due, end := g.lastSent.Add(g.span()/3), g.ttlEnd
 			g.mu.Unlock()
 			if soonest := time.Now().Add(g.span() / 6); due.Before(soonest) {
 				due = soonest
@@ -112,7 +115,20 @@ func (g *Guard) stream(base string) (expired bool, hint string) {
 				return
 			case <-t.C:
 			}
-			if g.isLostNow() {
+			if g.lostNow() {
+				cancel()
+				return
+			}
+			// An ask unanswered for a whole span: the node may have lost
+			// its quorum or stopped (the connection still up). Try the
+			// next node rather than wait out the TTL count on this one.
+			mu.Lock()
+			stale := false
+			for _, at := range asked {
+				stale = stale || time.Since(at) > g.span()
+			}
+			mu.Unlock()
+			if stale {
 				cancel()
 				return
 			}
