@@ -41,10 +41,21 @@ func childMain(mode string) int {
 	switch mode {
 	case "hold":
 		// Hold key; report a loss (and that the work's context is not
-		// cancelled); release when stdin says so.
+		// cancelled); release when stdin says so. With
+		// RAFTLOCK_SAY_RENEWED set, also say when the first renewal
+		// was confirmed.
 		err := c.LockAndDo(context.Background(), key, func(ctx context.Context) error {
 			g := GuardFrom(ctx)
 			fmt.Printf("HOLD fence %d\n", g.Fence())
+			if os.Getenv("RAFTLOCK_SAY_RENEWED") != "" {
+				// Once a renewal over the keep-alive stream was
+				// confirmed (the lease end moved).
+				first := g.LeaseEnd()
+				for g.LeaseEnd().Equal(first) {
+					time.Sleep(5 * time.Millisecond) // polling interval
+				}
+				fmt.Println("RENEWED")
+			}
 			go func() {
 				<-g.Lost()
 				fmt.Printf("LOST valid=%v ctx=%v\n", g.Valid(), ctx.Err())
@@ -85,11 +96,11 @@ func spawn(t *testing.T, mode, endpoints, key string, ttl time.Duration) *child 
 }
 
 // spawnWith is spawn with Options.EndOnDisconnect = grace (0: the
-// default).
-func spawnWith(t *testing.T, mode, endpoints, key string, ttl, grace time.Duration) *child {
+// default), and extra environment variables.
+func spawnWith(t *testing.T, mode, endpoints, key string, ttl, grace time.Duration, env ...string) *child {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(),
+	cmd.Env = append(append(os.Environ(), env...),
 		childModeEnv+"="+mode,
 		"RAFTLOCK_ENDPOINTS="+endpoints,
 		"RAFTLOCK_KEY="+key,
