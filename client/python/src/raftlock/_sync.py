@@ -321,6 +321,13 @@ class Lock:
         return self._fence is not None and not self._released
 
     @property
+    def valid(self) -> bool:
+        """True while the lock is held and the client's view of its lease
+        holds (computed when read): act on the lock only while it is True.
+        False before the grant and from ``release()`` on."""
+        return self._fence is not None and not self._released and self._session._lease.valid()
+
+    @property
     def lost(self) -> bool:
         """True if the lease through which the lock is held may have
         lapsed (no keep-alive answered in time, or the cluster said the
@@ -481,6 +488,12 @@ class Session:
     def ttl(self) -> float:
         """The lease length in seconds."""
         return self._lease.ttl
+
+    @property
+    def valid(self) -> bool:
+        """True while the client's view of the lease holds (computed when
+        read)."""
+        return self._lease.valid()
 
     @property
     def lost(self) -> bool:

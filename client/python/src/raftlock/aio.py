@@ -372,6 +372,13 @@ class Lock:
         return self._fence is not None and not self._released
 
     @property
+    def valid(self) -> bool:
+        """True while the lock is held and the client's view of its lease
+        holds (computed when read): act on the lock only while it is True.
+        False before the grant and from ``release()`` on."""
+        return self._fence is not None and not self._released and self._session._lease.valid()
+
+    @property
     def lost(self) -> bool:
         """True if the lease through which the lock is held may have
         lapsed. Computed when read (see the sync ``Lock.lost``)."""
@@ -506,6 +513,12 @@ class Session:
     @property
     def ttl(self) -> float:
         return self._lease.ttl
+
+    @property
+    def valid(self) -> bool:
+        """True while the client's view of the lease holds (computed when
+        read)."""
+        return self._lease.valid()
 
     @property
     def lost(self) -> bool:
