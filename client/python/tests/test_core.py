@@ -28,6 +28,56 @@ def test_a_lapsed_view_comes_back_with_an_answer_that_proves_the_session_alive()
     assert not lz.is_lost(110.0) and lz.valid(117.5) and not lz.valid(117.6)
 
 
+def test_a_view_past_its_grace_is_jeopardy_and_comes_back_with_an_answer():
+    """A session that ends with its stream: past the grace count (1.8 s
+    here) but before the ttl count (27 s) it is not valid, not lost, nobody
+    is told, and it is still renewed; an answered keep-alive makes it valid
+    again."""
+    r = core.Renewals()
+    lz = core.Lease(7, 30.0, 0.1, 0.0, grace=2.0)
+    lz.state = core.VALID
+    lz.on_lost = lambda: None
+    r.add(lz, first=0.0)
+    r.stream_opened(0.0)
+    (ask,) = r.due(0.0)
+    r.answer(7, ask.ask_id, 30000, False, 0.01)
+    assert not lz.valid(5.0) and not lz.is_lost(5.0)
+    r.prune(5.0)
+    assert r.take_lost(5.0) == [] and 7 in r.entries
+    (again,) = r.due(5.0)
+    r.answer(7, again.ask_id, 30000, False, 5.01)
+    assert lz.valid(5.5) and not lz.is_lost(5.5)
+
+
+def test_a_view_past_its_ttl_count_is_lost_for_good():
+    lz = lease(ttl=9.0, margin=0.1, sent_at=100.0)  # the ttl count ends at 108.1
+    assert not lz.is_lost(108.0)
+    assert lz.is_lost(108.1)
+    lz.extend(sent_at=108.0, ttl=9.0)  # an answer that came too late
+    assert lz.is_lost(108.2) and not lz.valid(108.2)
+
+
+def test_an_answer_after_the_ttl_count_does_not_bring_the_lease_back():
+    r = core.Renewals()
+    lz = lease(ttl=9.0, sent_at=0.0)  # the ttl count ends at 8.1
+    r.add(lz, first=0.0)
+    r.stream_opened(0.0)
+    (ask,) = r.due(7.0)  # sent before the count ran out, answered after
+    r.answer(7, ask.ask_id, 9000, False, 8.2)
+    assert lz.is_lost(8.3) and not lz.valid(8.3)
+
+
+def test_past_the_ttl_count_the_holders_are_told_once_and_renewals_stop():
+    r = core.Renewals()
+    lz = lease(ttl=9.0, sent_at=0.0)  # the ttl count ends at 8.1
+    lz.on_lost = lambda: None
+    r.add(lz, first=3.0)
+    assert r.next_wakeup(0.0) == pytest.approx(3.0)
+    r.prune(8.1)
+    assert r.take_lost(8.1) == [lz] and r.take_lost(8.2) == []
+    assert 7 not in r.entries and r.due(8.2) == []
+
+
 def test_an_expired_session_is_lost_for_good():
     r = core.Renewals()
     lz = lease(sent_at=0.0)
