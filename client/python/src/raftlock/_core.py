@@ -12,7 +12,10 @@ this module what to do next, so both follow the same rules:
   echoes, from that ask's send time. A session that ends with its stream
   (``end_on_disconnect``) is also believed only a grace (less the margin)
   past the send time of the last ask its stream answered (see ``Lease``).
-  Only the cluster saying ``expired`` makes a lease lost for good.
+  Past that grace count but within the ttl count the lease is in
+  *jeopardy*: not valid, not lost, still renewed, and valid again once a
+  keep-alive is answered. It is lost, for good, only when the cluster says
+  ``expired`` or the ttl count runs out.
 * **Renewal.** Every ttl/3 after the last ask was sent, and the stream of
   sessions that end with it every grace/3; at once after opening (such a
   session is bound to the stream that renews it) and on every new stream;
@@ -44,7 +47,7 @@ TTL_MAX = 3600.0
 #: Default grace, in seconds, after which a session whose keep-alive stream
 #: closed (its process died) ends, instead of at the end of its ttl. The
 #: client renews such a session's stream every grace/3.
-DEFAULT_END_ON_DISCONNECT = 2.0
+DEFAULT_END_ON_DISCONNECT = 0.75
 #: The largest grace the cluster accepts, in seconds.
 END_ON_DISCONNECT_MAX = 60.0
 #: Fraction of the ttl the client leaves out of its own view of the lease.
@@ -516,11 +519,19 @@ class Lease:
       that send time plus the grace, less the margin; the client renews
       often enough (every grace/3) to keep it ahead.
 
-    ``lost`` is the view having run out. It is final only when the cluster
-    says the session is gone (``expired``): a view that ran out while the
-    session in fact lived (a slow network, a leader change) comes back with
-    the next answered keep-alive, which proves that the session, and so
-    every grant it had, was never ended in between.
+    Three states follow (README, "The lease rule"):
+
+    * **held** (:meth:`valid`): before both instants;
+    * **jeopardy**: past ``grace_until`` but before ``until``. Not valid
+      (the stream may have closed and the session ended a grace later),
+      but not lost either: nobody is told, the session is still renewed,
+      and the next answered keep-alive makes it valid again, since it
+      proves that the session, and so every grant it had, was never ended
+      in between (a slow network, a leader change);
+    * **lost** (:meth:`is_lost`, final): the cluster said the session is
+      gone (``expired``), or ``until`` passed with no keep-alive answered
+      (the session may have expired by its ttl, stream or not). An answer
+      that comes after that never brings the lease back.
 
     A lease starts ``pending``: :meth:`activate` hands it out once the
     open's answer (or the first keep-alive's) stands. Each change is one
@@ -551,10 +562,12 @@ class Lease:
         return (now() if at is None else at) < self.deadline()
 
     def is_lost(self, at: Optional[float] = None) -> bool:
-        """True if the lease may have lapsed (a closed session is not lost)."""
-        if self.state == LOST:
-            return True
-        return self.state == VALID and not self.valid(at)
+        """True once the lease is lost: the cluster said the session is
+        gone, or the ttl count (``until``) passed; final (a closed session
+        is not lost)."""
+        if self.state == VALID and (now() if at is None else at) >= self.until:
+            self.state = LOST
+        return self.state == LOST
 
     def activate(self) -> bool:
         """Hands the lease out; False if its view has run out."""
@@ -618,7 +631,7 @@ class Renewals:
         self.streams = 0  # streams opened so far
         self.current = 0  # the open stream (0: none)
         self.proof: Dict[int, float] = {}
-        self.expired: List[Lease] = []  # answered expired, not yet taken by take_lost
+        self.expired: List[Lease] = []  # lost (answered expired, or pruned past the ttl count), not yet taken
 
     def add(self, lease: Lease, first: float) -> None:
         self.entries[lease.session_id] = _Entry(lease, first)
@@ -629,8 +642,12 @@ class Renewals:
             del self.inflight[k]
 
     def prune(self, at: float) -> None:
-        """Stops renewing sessions that are gone (expired or closed)."""
+        """Stops renewing sessions that are gone: expired, past their ttl
+        count (lost: their holders are told, see :meth:`take_lost`), or
+        closed."""
         for sid, e in list(self.entries.items()):
+            if e.lease.is_lost(at) and not e.lease.notified:
+                self.expired.append(e.lease)
             if e.lease.state in (LOST, CLOSED):
                 self.remove(sid)
 
@@ -684,6 +701,10 @@ class Renewals:
         if e is None:
             return None
         e.answers += 1
+        if e.lease.is_lost(at):
+            # Past the ttl count before this answer came: lost for good
+            # (prune tells its holders).
+            return e.lease
         if expired:
             e.lease.mark_lost()
             del self.entries[session_id]
@@ -744,9 +765,10 @@ class Renewals:
         return e.answers
 
     def take_lost(self, at: float) -> List[Lease]:
-        """The leases that may have lapsed (answered expired, or their view
-        ran out) and were not taken before: each is taken once, for its
-        holders to be told (``Lease.on_lost``)."""
+        """The leases that are lost (answered expired, or past their ttl
+        count) and were not taken before: each is taken once, for its
+        holders to be told (``Lease.on_lost``). A lease in jeopardy is not
+        lost."""
         lost = [lz for lz in self.expired if not lz.notified]
         self.expired.clear()
         lost.extend(e.lease for e in self.entries.values() if not e.lease.notified and e.lease.is_lost(at))
@@ -757,9 +779,9 @@ class Renewals:
     def next_wakeup(self, at: float) -> Optional[float]:
         """When the driver must look again (None: nothing scheduled)."""
         times = [e.due for e in self.entries.values() if e.due is not None]
-        # When a held lease's view runs out: its holders are told then.
-        times.extend(e.lease.deadline() for e in self.entries.values()
-                     if e.lease.state == VALID and not e.lease.notified and e.lease.on_lost is not None)
+        # When a held lease's ttl count runs out: it is lost then (its
+        # holders are told, its renewals stop).
+        times.extend(e.lease.until for e in self.entries.values() if e.lease.state == VALID)
         times.extend(a.deadline for a in self.inflight.values())
         ping = self._ping_due()
         if ping is not None:

@@ -280,9 +280,10 @@ class Lock:
     grant in a session (from :meth:`Session.acquire`, already held).
 
     ``fence`` is the grant's fencing token (pass it to every store you
-    write); ``lost`` says, when read, whether the lease may have lapsed;
-    ``release()`` is safe to call any number of times. Leaving a ``with``
-    block releases it."""
+    write); ``valid`` says, when read, whether the lock is held by the
+    client's count (act on it only then); ``lost`` whether it is lost, for
+    good; ``release()`` is safe to call any number of times. Leaving a
+    ``with`` block releases it."""
 
     def __init__(self, client, name, *, ttl, timeout, shared, capacity, weight, value, margin, end_on_disconnect,
                  session=None) -> None:
@@ -324,16 +325,20 @@ class Lock:
     def valid(self) -> bool:
         """True while the lock is held and the client's view of its lease
         holds (computed when read): act on the lock only while it is True.
-        False before the grant and from ``release()`` on."""
+        False in jeopardy (no keep-alive answered within the grace count:
+        the stream may have closed and the session ended a grace later; it
+        turns True again when a keep-alive is answered, which proves the
+        session and its grants alive), once ``lost``, before the grant and
+        from ``release()`` on."""
         return self._fence is not None and not self._released and self._session._lease.valid()
 
     @property
     def lost(self) -> bool:
-        """True if the lease through which the lock is held may have
-        lapsed (no keep-alive answered in time, or the cluster said the
-        session expired). Computed when read. It turns False again only if
-        a later keep-alive proves the session was alive all along; an
-        expired session stays lost. After ``release()``, what it was then;
+        """True once the lock is lost: the cluster said its session ended
+        (expired, revoked), or no keep-alive was answered within the ttl
+        count (the send of the last one answered + the ttl, less the
+        margin). Computed when read; final, never False again. False in
+        jeopardy (see ``valid``). After ``release()``, what it was then;
         False for a lock never acquired."""
         if self._fence is None:
             return False
@@ -474,8 +479,8 @@ class Session:
             self._granted = [lk for lk in self._granted if lk.held] + list(locks)
 
     def _lost(self) -> None:
-        """The lease may have lapsed: tells the client's on_lost of each
-        lock still held (in the keep-alive's thread for this)."""
+        """The lease is lost: tells the client's on_lost of each lock
+        still held (in a thread of its own)."""
         with self._mutex:
             held = [(lk.name, lk._fence) for lk in self._granted if lk.held]
         for name, fence in held:
@@ -492,12 +497,14 @@ class Session:
     @property
     def valid(self) -> bool:
         """True while the client's view of the lease holds (computed when
-        read)."""
+        read): False in jeopardy, once lost and once closed (see
+        ``Lock.valid``)."""
         return self._lease.valid()
 
     @property
     def lost(self) -> bool:
-        """True if the lease may have lapsed (computed when read)."""
+        """True once the lease is lost, for good (computed when read; see
+        ``Lock.lost``)."""
         return self._lease.is_lost()
 
     def acquire(self, name: str, shared: bool = False, timeout: Optional[float] = None,
@@ -534,8 +541,8 @@ class Session:
                 for name, shared, capacity, weight in specs]
         if self._closed:
             raise errors.RaftlockError(f"session {self.id} is closed")
-        if self._lease.state == core.LOST:
-            raise errors.LeaseLost(f"session {self.id} has expired")
+        if self._lease.is_lost():
+            raise errors.LeaseLost(f"session {self.id} is lost (it ended, or no keep-alive was answered within its ttl)")
         timeout_ms, wait = core.timeout_fields(timeout)
         seq = next(self._seqs)
         req = pb.AcquireAllRequest(
@@ -599,8 +606,8 @@ class Session:
     def _acquire_into(self, lock: Lock) -> bool:
         if self._closed:
             raise errors.RaftlockError(f"session {self.id} is closed")
-        if self._lease.state == core.LOST:
-            raise errors.LeaseLost(f"session {self.id} has expired")
+        if self._lease.is_lost():
+            raise errors.LeaseLost(f"session {self.id} is lost (it ended, or no keep-alive was answered within its ttl)")
         mode, weight, capacity = lock._mode
         timeout_ms, wait = core.timeout_fields(lock._timeout)
         seq = next(self._seqs)
@@ -695,9 +702,9 @@ class Client:
     enough (all its sessions share one keep-alive stream).
 
     ``on_lost(name, fence)``, if given, is called once for each lock held
-    when its lease may have lapsed (the moment ``lock.lost`` turns True),
-    in a thread of its own; nothing is cancelled. An exception it raises
-    is logged."""
+    when it is lost (the moment ``lock.lost`` turns True: not in jeopardy,
+    see ``Lock.valid``), in a thread of its own; nothing is cancelled. An
+    exception it raises is logged."""
 
     def __init__(self, endpoints: Union[str, Sequence[str]], token: Optional[str] = None, ca=None, cert=None,
                  key=None, on_lost: Optional[Callable[[str, int], object]] = None) -> None:

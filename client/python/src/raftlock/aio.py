@@ -332,9 +332,9 @@ class Lock:
     """A lock or semaphore permits: either a lock with a session of its own
     (from :meth:`Client.lock`, taken by ``await lock.acquire()`` or
     ``async with``), or a grant in a session (from ``await
-    session.acquire(...)``, already held). ``fence``, ``lost`` and
-    ``held`` are plain attributes; ``await lock.release()`` is safe to call
-    any number of times."""
+    session.acquire(...)``, already held). ``fence``, ``valid``, ``lost``
+    and ``held`` are plain attributes; ``await lock.release()`` is safe to
+    call any number of times."""
 
     def __init__(self, client, name, *, ttl, timeout, shared, capacity, weight, value, margin, end_on_disconnect,
                  session=None) -> None:
@@ -375,13 +375,15 @@ class Lock:
     def valid(self) -> bool:
         """True while the lock is held and the client's view of its lease
         holds (computed when read): act on the lock only while it is True.
-        False before the grant and from ``release()`` on."""
+        False in jeopardy, once ``lost``, before the grant and from
+        ``release()`` on (see the sync ``Lock.valid``)."""
         return self._fence is not None and not self._released and self._session._lease.valid()
 
     @property
     def lost(self) -> bool:
-        """True if the lease through which the lock is held may have
-        lapsed. Computed when read (see the sync ``Lock.lost``)."""
+        """True once the lock is lost: its session ended, or no keep-alive
+        was answered within the ttl count. Computed when read; final (see
+        the sync ``Lock.lost``)."""
         if self._fence is None:
             return False
         if self._released:
@@ -499,9 +501,9 @@ class Session:
         self._granted = [lk for lk in self._granted if lk.held] + list(locks)
 
     def _lost(self) -> None:
-        """The lease may have lapsed: tells the client's on_lost of each
-        lock still held, in the event loop (an awaitable it returns runs
-        as a task)."""
+        """The lease is lost: tells the client's on_lost of each lock
+        still held, in the event loop (an awaitable it returns runs as a
+        task)."""
         for lk in [lk for lk in self._granted if lk.held]:
             try:
                 result = self._client._on_lost(lk.name, lk._fence)
@@ -517,12 +519,12 @@ class Session:
     @property
     def valid(self) -> bool:
         """True while the client's view of the lease holds (computed when
-        read)."""
+        read): False in jeopardy, once lost and once closed."""
         return self._lease.valid()
 
     @property
     def lost(self) -> bool:
-        """True if the lease may have lapsed (computed when read)."""
+        """True once the lease is lost, for good (computed when read)."""
         return self._lease.is_lost()
 
     def acquire(self, name: str, shared: bool = False, timeout: Optional[float] = None,
@@ -552,8 +554,8 @@ class Session:
                 for name, shared, capacity, weight in specs]
         if self._closed:
             raise errors.RaftlockError(f"session {self.id} is closed")
-        if self._lease.state == core.LOST:
-            raise errors.LeaseLost(f"session {self.id} has expired")
+        if self._lease.is_lost():
+            raise errors.LeaseLost(f"session {self.id} is lost (it ended, or no keep-alive was answered within its ttl)")
         names = [lk.name for lk in held]
         for name in names:
             await self._client._settle(self.id, name)
@@ -617,8 +619,8 @@ class Session:
     async def _acquire_into(self, lock: Lock) -> bool:
         if self._closed:
             raise errors.RaftlockError(f"session {self.id} is closed")
-        if self._lease.state == core.LOST:
-            raise errors.LeaseLost(f"session {self.id} has expired")
+        if self._lease.is_lost():
+            raise errors.LeaseLost(f"session {self.id} is lost (it ended, or no keep-alive was answered within its ttl)")
         # A withdrawal of this name still under way goes first: the cluster
         # refuses a second acquire of a name the session waits for.
         await self._client._settle(self.id, lock.name)
@@ -706,8 +708,9 @@ class Client:
     """A handle to a raftlock cluster, for asyncio. Arguments as
     :class:`raftlock.Client`. Nothing is dialled until the first request;
     ``await client.close()`` (or ``async with``) at the end.
-    ``on_lost(name, fence)`` is called in the event loop (it must not
-    block); a coroutine function's coroutine runs as a task."""
+    ``on_lost(name, fence)`` is called in the event loop when a lock is
+    lost (not in jeopardy; see the sync ``Lock.valid``); it must not
+    block, and a coroutine function's coroutine runs as a task."""
 
     def __init__(self, endpoints: Union[str, Sequence[str]], token: Optional[str] = None, ca=None, cert=None,
                  key=None, on_lost: Optional[Callable[[str, int], object]] = None) -> None:
