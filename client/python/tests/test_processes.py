@@ -30,27 +30,36 @@ def holders_of(client, name):
 
 @pytest.mark.parametrize("api", APIS)
 def test_a_killed_holder_frees_the_lock_long_before_its_ttl(cluster, client, children, name, api):
-    holder = children("hold", api, cluster.endpoints, name, str(LONG_TTL))
-    fence = int(holder.expect("held").split()[1])
-    # Someone is queued behind the holder when it dies.
-    got = {}
+    """A holder process at the client's defaults (``end_on_disconnect``
+    0.75 s) with a 30 s ttl, SIGKILLed while this process waits for the
+    lock: the waiter is granted long before the ttl (asserted: under 10 s;
+    each round's kill-to-grant time is printed, ``pytest -s`` shows it).
+    Three rounds."""
+    took = []
+    for round_ in range(3):
+        key = f"{name}/{round_}"
+        holder = children("hold", api, cluster.endpoints, key, str(LONG_TTL))
+        fence = int(holder.expect("held").split()[1])
+        got = {}
 
-    def wait():
-        with client.lock(name, ttl=10, timeout=LONG_TTL) as lock:
-            got["fence"] = lock.fence
-            got["at"] = time.monotonic()
+        def wait():
+            with client.lock(key, ttl=10, timeout=LONG_TTL) as lock:
+                got["at"] = time.monotonic()
+                got["fence"] = lock.fence
 
-    t = threading.Thread(target=wait)
-    t.start()
-    wait_for(lambda: waiters_of(client, name), "the waiter to queue")
-    killed = time.monotonic()
-    holder.signal(signal.SIGKILL)
-    t.join(LONG_TTL)
-    assert "at" in got, "the waiter was never granted"
-    freed_after = got["at"] - killed
-    # The grace is 1 s; the ttl 30 s.
-    assert freed_after < LONG_TTL / 3, f"granted {freed_after:.2f} s after the kill"
-    assert got["fence"] > fence
+        t = threading.Thread(target=wait)
+        t.start()
+        wait_for(lambda: waiters_of(client, key), "the waiter to queue")
+        killed = time.monotonic()
+        holder.signal(signal.SIGKILL)
+        t.join(LONG_TTL)
+        assert "at" in got, "the waiter was never granted"
+        took.append(got["at"] - killed)
+        assert took[-1] < 10.0, f"round {round_}: granted {took[-1]:.2f} s after the kill (ttl {LONG_TTL:g} s)"
+        assert got["fence"] > fence
+    figures = ", ".join(f"{d:.3f}" for d in took)
+    print(f"\n{api}: SIGKILLed holder (ttl {LONG_TTL:g} s, default grace {raftlock.DEFAULT_END_ON_DISCONNECT:g} s)"
+          f" -> next grant after {figures} s (median {sorted(took)[1]:.3f} s)")
 
 
 @pytest.mark.parametrize("api", APIS)
