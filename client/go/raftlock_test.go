@@ -721,6 +721,19 @@ func TestLeaderKilledWhileHoldingAndWaiting(t *testing.T) {
 	if g.Fence() <= holder.Fence() {
 		t.Fatalf("the waiter's fence %d is not larger than the holder's %d", g.Fence(), holder.Fence())
 	}
+	// It waited more than two TTLs: the grant is held (a renewal right
+	// after it), not lost.
+	eventually(t, 10*time.Second, "the waiter valid after its long wait", func() bool {
+		if lostClosed(g) {
+			t.Fatalf("the waiter's Lost closed right after its grant (it waited more than 90 %% of its TTL)")
+		}
+		return g.Valid()
+	})
+	select {
+	case k := <-lost:
+		t.Fatalf("OnLost called for %s", k)
+	default:
+	}
 	g.Release()
 }
 
