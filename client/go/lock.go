@@ -203,12 +203,13 @@ func (c *Client) Acquire(ctx context.Context, key string, o AcquireOptions) (*Gu
 		lost:     make(chan struct{}),
 		done:     make(chan struct{}),
 	}
-	g.credit(sent)
+	g.credit(sent, time.Now())
 	g.stopCtx, g.stop = context.WithCancel(context.Background())
 	if time.Since(sent) > g.span()/3 {
 		// The call waited: the node restarted the lease as it answered,
-		// but the count from the send has mostly run out. Renew now and
-		// count from this renewal.
+		// but the count from the send has mostly run out (Valid may be
+		// false). Renew now: an answer makes the lock held, counted from
+		// this renewal's send.
 		if expired := g.renew(ctx, time.Now().Add(g.span()/3)); expired {
 			g.stop()
 			close(g.done)
@@ -355,7 +356,7 @@ type Guard struct {
 	nextSeq  uint64    // the seq of the next request in the session (0: none may be sent)
 	lastSent time.Time // send time of the last renewal the leader confirmed
 	leaseEnd time.Time // lastSent + span - margin: held (Valid) before it
-	ttlEnd   time.Time // lastSent + ttl - 10 % of ttl: lost at it (zero: no renewal yet)
+	ttlEnd   time.Time // receive time of the last lease-starting answer + ttl - 10 % of ttl: lost at it
 	isLost   bool
 	lost     chan struct{} // closed when isLost becomes true
 	released bool          // Unlock or Release was called: the holder no longer believes
@@ -401,8 +402,9 @@ func (g *Guard) TTL() time.Duration { return g.ttl }
 
 // Lost is closed once the lock is lost: a renewal was answered "expired"
 // (the session ended: revoked, or ended by its TTL or its grace), or no
-// renewal was answered within the TTL count (the send of the last answered
-// renewal + the TTL - 10 % of it). Nothing is cancelled; it is final, and
+// renewal was answered within the TTL count (the TTL - 10 % of it from
+// when the last answer that started a lease came: the grant or a renewal).
+// Nothing is cancelled; it is final, and
 // renewals stop. A lock whose grace count ran out (see Valid) is in
 // jeopardy, not lost: Lost is not closed then. It is never closed after
 // Release.
@@ -446,19 +448,26 @@ func (g *Guard) span() time.Duration {
 
 func (g *Guard) margin() time.Duration { return g.span() / 10 }
 
-// credit counts the lease from sent (the send time of a renewal the
-// leader confirmed), unless the lock is already lost: marked so, or its
-// TTL count passed before this answer came (the keep-alive marks it lost
-// then; lost is final).
-func (g *Guard) credit(sent time.Time) {
+// credit counts a lease-starting answer (the grant, an OpenSession, a
+// renewal answered without "expired"): it proves the session alive, so it
+// always counts unless the lock is already lost (final). Belief (Valid,
+// LeaseEnd) counts from sent, the send time of the request answered; the
+// TTL count, which only decides when to give the lock up as lost, counts
+// from received, when the answer came (a grant after a long wait gets a
+// whole TTL before it can be given up).
+func (g *Guard) credit(sent, received time.Time) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.isLost || sent.Before(g.lastSent) || g.pastTTLCount(time.Now()) {
+	if g.isLost {
 		return
 	}
-	g.lastSent = sent
-	g.leaseEnd = sent.Add(g.span() - g.margin())
-	g.ttlEnd = sent.Add(g.ttl - g.ttl/10)
+	if !sent.Before(g.lastSent) {
+		g.lastSent = sent
+		g.leaseEnd = sent.Add(g.span() - g.margin())
+	}
+	if end := received.Add(g.ttl - g.ttl/10); end.After(g.ttlEnd) {
+		g.ttlEnd = end
+	}
 }
 
 // pastTTLCount reports whether no renewal was answered within the TTL
@@ -528,7 +537,7 @@ func (g *Guard) renew(ctx context.Context, giveUp time.Time) (expired bool) {
 	if r.Expired {
 		return true
 	}
-	g.credit(sent)
+	g.credit(sent, time.Now())
 	return false
 }
 

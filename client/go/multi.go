@@ -195,7 +195,7 @@ func (c *Client) AcquireAll(ctx context.Context, specs []Spec, o AcquireOptions)
 		lost:    make(chan struct{}),
 		done:    make(chan struct{}),
 	}
-	g.credit(sent)
+	g.credit(sent, time.Now())
 	g.stopCtx, g.stop = context.WithCancel(context.Background())
 	// Kept alive from now on, through a wait longer than the lease too.
 	go g.keepAlive()

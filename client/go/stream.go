@@ -175,7 +175,7 @@ func (g *Guard) stream(base string) (expired bool, hint string) {
 			return true, ""
 		}
 		g.c.setLeader(base)
-		g.credit(sent)
+		g.credit(sent, time.Now())
 	}
 	return false, ""
 }
