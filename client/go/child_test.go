@@ -74,6 +74,22 @@ func childMain(mode string) int {
 		}
 		fmt.Println("HOLD")
 		release()
+	case "waitall":
+		// AcquireAll of key alone: say whether the grant came back held
+		// (Valid) or in jeopardy, and whether it turned Valid within 10 s.
+		fmt.Println("WAITING")
+		m, err := c.AcquireAll(context.Background(), []Spec{{Key: key}}, AcquireOptions{})
+		if err != nil {
+			fmt.Println("ERROR acquireall:", err)
+			return 1
+		}
+		fmt.Printf("HOLD valid=%v\n", m.Valid())
+		deadline := time.Now().Add(10 * time.Second)
+		for !m.Valid() && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond) // polling interval
+		}
+		fmt.Printf("VALID %v\n", m.Valid())
+		m.Release()
 	default:
 		fmt.Println("ERROR mode", mode)
 		return 2
