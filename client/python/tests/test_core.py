@@ -159,7 +159,7 @@ def test_a_stream_the_leader_ends_for_not_leading_keeps_the_grace_count():
     r.stream_opened(0.0)
     (ask,) = r.due(0.0)
     r.answer(7, ask.ask_id, 30000, False, 0.01)
-    r.stream_failed(0.5, lifted=True)
+    r.stream_failed(0.5)  # as when the node ended it for not leading
     assert not lz.valid(1.8) and not lz.valid(10.0)
     assert not lz.is_lost(10.0)
 

@@ -11,11 +11,12 @@ this module what to do next, so both follow the same rules:
   its own ``ask_id``, and an answer is credited only to the ask whose id it
   echoes, from that ask's send time. A session that ends with its stream
   (``end_on_disconnect``) is also believed only a grace (less the margin)
-  past the send time of the last ask its stream answered (see ``Lease``).
-  Past that grace count but within the ttl count the lease is in
-  *jeopardy*: not valid, not lost, still renewed, and valid again once a
-  keep-alive is answered. It is lost, for good, only when the cluster says
-  ``expired`` or the ttl count runs out.
+  past the send time of its open or of the last ask its stream answered
+  (see ``Lease``). Past that grace count but within the ttl count (from
+  when the last answer *came*) the lease is in *jeopardy*: not valid, not
+  lost, still renewed, and valid again once a keep-alive is answered. It
+  is lost, for good, only when the cluster says ``expired`` or the ttl
+  count runs out.
 * **Renewal.** Every ttl/3 after the last ask was sent, and the stream of
   sessions that end with it every grace/3; at once after opening (such a
   session is bound to the stream that renews it) and on every new stream;
@@ -507,47 +508,53 @@ INF = float("inf")
 class Lease:
     """One session's view of its lease (see the module doc).
 
-    The view ends at the earlier of two instants:
+    Belief ends at the earlier of two instants:
 
-    * ``until``: the send time of the last keep-alive the leader answered,
-      plus the ttl, less the margin;
+    * ``until``: the send time of the last lease-starting request answered
+      (the open, a keep-alive), plus the ttl, less the margin;
     * ``grace_until``, for a session that ends with its stream
-      (``end_on_disconnect``) once a stream has renewed it: the leader
-      ends such a session ``grace`` after that stream closes, and the stream
-      may close (a dead connection, noticed by the leader) at any moment
-      after the last ask it answered was sent. So the view lasts only until
-      that send time plus the grace, less the margin; the client renews
-      often enough (every grace/3) to keep it ahead.
+      (``end_on_disconnect``): the leader ends such a session ``grace``
+      after the last stream that renewed it closes, and that stream (or the
+      open's own call) may close (a dead connection, noticed by the leader)
+      at any moment after the last ask it answered was sent. So the view
+      lasts only until the latest such send time (the open's, from the
+      start) plus the grace, less the margin; the client renews often
+      enough (every grace/3) to keep it ahead.
 
     Three states follow (README, "The lease rule"):
 
     * **held** (:meth:`valid`): before both instants;
-    * **jeopardy**: past ``grace_until`` but before ``until``. Not valid
-      (the stream may have closed and the session ended a grace later),
-      but not lost either: nobody is told, the session is still renewed,
-      and the next answered keep-alive makes it valid again, since it
-      proves that the session, and so every grant it had, was never ended
-      in between (a slow network, a leader change);
+    * **jeopardy**: past them, but the ttl count (``lost_at``) has not run
+      out. Not valid (the stream may have closed and the session ended a
+      grace later), but not lost either: nobody is told, the session is
+      still renewed, and the next answered keep-alive makes it valid again,
+      since it proves that the session, and so every grant it had, was
+      never ended in between (a slow network, a leader change);
     * **lost** (:meth:`is_lost`, final): the cluster said the session is
-      gone (``expired``), or ``until`` passed with no keep-alive answered
-      (the session may have expired by its ttl, stream or not). An answer
-      that comes after that never brings the lease back.
+      gone (``expired``), or ``lost_at`` passed with no keep-alive
+      answered: the *receive* time of the last lease-starting answer plus
+      the ttl, less the margin (it only decides when to give up, so it
+      counts from when the answer came: an answer that took long still
+      leaves a whole ttl). An answer that comes after that was marked never
+      brings the lease back.
 
     A lease starts ``pending``: :meth:`activate` hands it out once the
     open's answer (or the first keep-alive's) stands. Each change is one
     assignment under the GIL."""
 
-    def __init__(self, session_id: int, ttl: float, margin: float, sent_at: float, grace: float = 0.0) -> None:
+    def __init__(self, session_id: int, ttl: float, margin: float, sent_at: float, grace: float = 0.0,
+                 received_at: Optional[float] = None) -> None:
         self.session_id = session_id
         self.ttl = ttl
         self.margin_fraction = margin
         self.margin = ttl * margin
         self.grace = grace
         self.until = sent_at + ttl - self.margin
-        self.grace_until = INF
+        self.lost_at = (sent_at if received_at is None else received_at) + ttl - self.margin
+        self.grace_until = sent_at + grace * (1 - margin) if grace > 0 else INF
         self.state = PENDING
-        #: Called (by the keep-alive driver, once) when the lease may have
-        #: lapsed; its session tells ``on_lost`` of each lock it holds.
+        #: Called (by the keep-alive driver, once) when the lease is lost;
+        #: its session tells ``on_lost`` of each lock it holds.
         self.on_lost: Optional[Callable[[], None]] = None
         self.notified = False
 
@@ -563,33 +570,32 @@ class Lease:
 
     def is_lost(self, at: Optional[float] = None) -> bool:
         """True once the lease is lost: the cluster said the session is
-        gone, or the ttl count (``until``) passed; final (a closed session
+        gone, or the ttl count (``lost_at``) passed; final (a closed session
         is not lost)."""
-        if self.state == VALID and (now() if at is None else at) >= self.until:
+        if self.state == VALID and (now() if at is None else at) >= self.lost_at:
             self.state = LOST
         return self.state == LOST
 
     def activate(self) -> bool:
-        """Hands the lease out; False if its view has run out."""
+        """Hands the lease out (held, or in jeopardy); False if it is
+        lost."""
         if self.state == PENDING:
             self.state = VALID
-        return self.valid()
+        return not self.is_lost()
 
-    def extend(self, sent_at: float, ttl: float) -> None:
-        """An ask sent at ``sent_at`` was answered with ``ttl``."""
+    def extend(self, sent_at: float, ttl: float, received_at: Optional[float] = None) -> None:
+        """An ask sent at ``sent_at`` was answered with ``ttl`` (at
+        ``received_at``)."""
         if self.state in (PENDING, VALID):
             self.until = max(self.until, sent_at + ttl - self.margin)
+            got = sent_at if received_at is None else received_at
+            self.lost_at = max(self.lost_at, got + ttl - self.margin)
 
     def bind(self, proof: float) -> None:
         """A stream that renewed the session was open on the leader at
         ``proof`` (the send time of an ask it answered)."""
         if self.grace > 0:
-            self.grace_until = proof + self.grace * (1 - self.margin_fraction)
-
-    def unbind(self) -> None:
-        """The session's stream ended in a way that starts no grace (the
-        node stopped leading): only the ttl counts until the next stream."""
-        self.grace_until = INF
+            self.grace_until = max(self.grace_until, proof + self.grace * (1 - self.margin_fraction))
 
     def mark_lost(self) -> None:
         if self.state in (PENDING, VALID):
@@ -701,16 +707,17 @@ class Renewals:
         if e is None:
             return None
         e.answers += 1
-        if e.lease.is_lost(at):
-            # Past the ttl count before this answer came: lost for good
-            # (prune tells its holders).
+        if e.lease.state == LOST:
+            # Marked lost before this answer came: lost for good (prune
+            # tells its holders). An answer that comes first counts, even
+            # past the ttl count: it proves the session alive.
             return e.lease
         if expired:
             e.lease.mark_lost()
             del self.entries[session_id]
             self.expired.append(e.lease)
             return e.lease
-        e.lease.extend(ask.sent_at, ttl_ms / 1000.0)
+        e.lease.extend(ask.sent_at, ttl_ms / 1000.0, at)
         if ask.stream:
             self.proof[ask.stream] = max(self.proof.get(ask.stream, -INF), ask.sent_at)
             if e.lease.grace > 0:
@@ -737,18 +744,14 @@ class Renewals:
                 self._retry(a.session_id, at)
         return stalled
 
-    def stream_failed(self, at: float, lifted: bool = False) -> None:
-        """The open stream ended: every ask on it is lost, and their
-        sessions ask again soon on the next stream. ``lifted``: the node
-        ended it because it no longer leads, so it starts no grace."""
+    def stream_failed(self, at: float) -> None:
+        """The open stream ended (or was left for a new one): every ask on
+        it is given up, and their sessions ask again soon on the next
+        stream. The grace counts go on (the client cannot tell whether the
+        leader started a grace)."""
         for a in self.inflight.values():
             self._retry(a.session_id, at)
         self.inflight.clear()
-        if lifted:
-            for e in self.entries.values():
-                if e.bound == self.current:
-                    e.bound = 0
-                    e.lease.unbind()
         self.current = 0
 
     def _retry(self, session_id: int, at: float) -> None:
@@ -781,7 +784,7 @@ class Renewals:
         times = [e.due for e in self.entries.values() if e.due is not None]
         # When a held lease's ttl count runs out: it is lost then (its
         # holders are told, its renewals stop).
-        times.extend(e.lease.until for e in self.entries.values() if e.lease.state == VALID)
+        times.extend(e.lease.lost_at for e in self.entries.values() if e.lease.state == VALID)
         times.extend(a.deadline for a in self.inflight.values())
         ping = self._ping_due()
         if ping is not None:

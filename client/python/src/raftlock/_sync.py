@@ -247,9 +247,7 @@ class _KeepAlive:
             self.stream = None
             st.end()
             md = core.status_of(err)[2] if err is not None else {}
-            # A node that ends the stream because it no longer leads starts
-            # no grace (a new leader counts the ttl only).
-            self.r.stream_failed(core.now(), lifted=core.NOT_LEADER_KEY in md)
+            self.r.stream_failed(core.now())
             hint = md.get(core.LEADER_KEY)
             if hint and hint != st.addr and self.hops < 3:
                 # Not the leader, and it named the leader: go there at once.
@@ -569,12 +567,15 @@ class Session:
             lk._fence, lk._seq = g.fence, seq
         self._granted_now(held)
         if not self._lease.valid():
+            # In jeopardy as they were granted: a keep-alive answered now
+            # makes the lease held again.
             self._client._ka.renew_now(self._lease, core.MIN_ASK_WAIT * 5)
-        if not self._lease.valid():
+        if self._lease.is_lost():
+            # Never hand out grants of a lost session.
             for lk in held:
                 self._release(lk.name, lk._fence, quiet=True)
                 lk._released = True
-            raise errors.LeaseLost(f"session {self.id}'s lease may have lapsed before {names!r} were granted")
+            raise errors.LeaseLost(f"session {self.id} was lost before {names!r} were granted")
         return held
 
     def _upgrade(self, name: str, fence: int, timeout: Optional[float]) -> int:
@@ -627,14 +628,15 @@ class Session:
         lock._fence, lock._seq = resp.fence, seq
         self._granted_now([lock])
         if not self._lease.valid():
-            # The view ran out while the acquire waited: a keep-alive
-            # answered now proves the session (and the grant) alive.
+            # In jeopardy as it was granted (a pause, a failover while it
+            # waited): a keep-alive answered now makes it held again.
             self._client._ka.renew_now(self._lease, core.MIN_ASK_WAIT * 5)
-        if not self._lease.valid():
-            # Never hand out a grant on a lease that may have lapsed.
+        if self._lease.is_lost():
+            # Never hand out a grant of a lost session (one in jeopardy is
+            # handed out: valid again once a keep-alive is answered).
             self._release(lock.name, resp.fence, quiet=True)
             lock._released = True
-            raise errors.LeaseLost(f"session {self.id}'s lease may have lapsed before {lock.name!r} was granted")
+            raise errors.LeaseLost(f"session {self.id} was lost before {lock.name!r} was granted")
         return True
 
     def _cancel(self, name: str, seq: int) -> None:
@@ -750,18 +752,18 @@ class Client:
                                     nonce=random.getrandbits(64) | 1, end_on_disconnect_ms=grace_ms)
         sent_at = core.now()
         resp = self._t.call("OpenSession", req, True)
-        lease = core.Lease(resp.session_id, resp.ttl_ms / 1000.0, margin, sent_at, grace_ms / 1000.0)
+        lease = core.Lease(resp.session_id, resp.ttl_ms / 1000.0, margin, sent_at, grace_ms / 1000.0, core.now())
         session = Session(self, resp.session_id, lease, grace_ms)
         if grace_ms:
-            # Bound to the stream at once: until a stream on the leader has
-            # renewed it, only its ttl can end it.
+            # Renewed on the stream at once: the view (from the open's send)
+            # lasts only a grace.
             self._ka.add(lease, core.now())
             self._ka.renew_now(lease, max(lease.ttl / 3, core.MIN_ASK_WAIT))
         else:
             self._ka.add(lease, sent_at + lease.ttl / 3)
         if not lease.activate():
             session._close_quietly()
-            raise errors.LeaseLost(f"session {resp.session_id}'s lease lapsed as it opened")
+            raise errors.LeaseLost(f"session {resp.session_id} was lost as it opened")
         return session
 
     def describe(self, name: str) -> Optional[core.LockInfo]:
