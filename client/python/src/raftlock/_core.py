@@ -78,6 +78,10 @@ NOT_LEADER_KEY = "raftlock-not-leader"
 RENEW_RETRY = 0.05
 #: Shortest time a keep-alive ask waits for its answer.
 MIN_ASK_WAIT = 0.2
+#: Shortest silence (an ask of a session that ends with its stream
+#: unanswered) after which the client tries a new stream; the silence
+#: allowed is the grace, at most a third of the ttl, and at least this.
+MIN_SILENCE = 1.0
 
 #: gRPC channel options: reconnect quickly to a restarted node, and notice
 #: a dead or cut-off node even while a wait is parked.
@@ -616,6 +620,19 @@ class Ask:
     stream: int = 0
 
 
+def ask_wait(lease: Lease) -> float:
+    """How long a keep-alive ask of ``lease`` waits for its answer before
+    it is asked again (and, if nothing at all came back on the stream, the
+    stream is taken for stalled): for a session that ends with its stream,
+    the grace, at most a third of the ttl, at least ``MIN_SILENCE``
+    (leaving a stream starts the grace on the leader if no other stream
+    renews the session, so a short silence must not); otherwise a third of
+    the ttl, at least ``MIN_ASK_WAIT``."""
+    if lease.grace > 0:
+        return max(MIN_SILENCE, min(lease.grace, lease.ttl / 3))
+    return max(lease.ttl / 3, MIN_ASK_WAIT)
+
+
 @dataclass
 class _Entry:
     lease: Lease
@@ -689,8 +706,7 @@ class Renewals:
         for sid, e in list(self.entries.items()):
             if e.due is not None and e.due <= at:
                 self.last_ask_id += 1
-                window = e.lease.ttl if e.lease.grace <= 0 else min(e.lease.ttl, e.lease.grace)
-                ask = Ask(sid, self.last_ask_id, at, at + max(window / 3, MIN_ASK_WAIT), self.current)
+                ask = Ask(sid, self.last_ask_id, at, at + ask_wait(e.lease), self.current)
                 self.inflight[ask.ask_id] = ask
                 e.due = None
                 out.append(ask)
@@ -753,6 +769,13 @@ class Renewals:
             self._retry(a.session_id, at)
         self.inflight.clear()
         self.current = 0
+
+    def all_bound(self) -> bool:
+        """True when every session that ends with its stream has been
+        renewed on the open stream (a stream left for it may be closed
+        then without starting a grace)."""
+        return bool(self.current) and all(
+            e.bound == self.current for e in self.entries.values() if e.lease.grace > 0)
 
     def _retry(self, session_id: int, at: float) -> None:
         e = self.entries.get(session_id)

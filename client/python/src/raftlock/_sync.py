@@ -130,6 +130,10 @@ class _KeepAlive:
         self.cond = threading.Condition()
         self.r = core.Renewals()
         self.stream: Optional[_Stream] = None
+        #: A stalled stream left open until the next one has renewed every
+        #: session that ends with its stream (closing it first would start
+        #: their grace on the leader with no stream renewing them).
+        self.old: Optional[_Stream] = None
         self.retry_at = 0.0
         self.backoff = core.INITIAL_BACKOFF
         self.hops = 0
@@ -175,6 +179,7 @@ class _KeepAlive:
             self.closed = True
             if self.stream is not None:
                 self._drop(self.stream)
+            self._close_old()
             self.cond.notify_all()
 
     def _run(self) -> None:
@@ -184,9 +189,11 @@ class _KeepAlive:
                 self.r.prune(t)
                 if self.stream is not None and self.r.overdue(t):
                     # Nothing came back since an ask was sent: the leader
-                    # may be gone with the connection still up.
+                    # may be gone with the connection still up, or slow.
+                    # Try another stream; this one stays open until that
+                    # one has renewed the sessions.
                     self.t.endpoints.forget(self.stream.addr)
-                    self._drop(self.stream)
+                    self._leave(self.stream)
                 for lease in self.r.take_lost(t):
                     if lease.on_lost is not None:
                         threading.Thread(target=lease.on_lost, name="raftlock-on-lost", daemon=True).start()
@@ -228,20 +235,42 @@ class _KeepAlive:
         st.call.cancel()
         self.r.stream_failed(core.now())
 
+    def _leave(self, st: _Stream) -> None:
+        """Leaves the stalled stream ``st`` open for the next one (its asks
+        are retried there; its late answers are not credited)."""
+        self._close_old()
+        self.stream, self.old = None, st
+        self.r.stream_failed(core.now())
+        self.retry_at = core.now() + self.backoff * random.uniform(0.5, 1.5)
+        self.backoff = min(self.backoff * 2, core.MAX_BACKOFF)
+
+    def _close_old(self) -> None:
+        if self.old is not None:
+            old, self.old = self.old, None
+            old.end()
+            old.call.cancel()
+
     def _read(self, st: _Stream) -> None:
         err = None
         try:
             for resp in st.call:
                 with self.cond:
+                    if st is self.old:
+                        continue  # left for a newer stream: open, not credited
                     if self.stream is not st:
                         break
                     self.r.answer(resp.session_id, resp.ask_id, resp.ttl_ms, resp.expired, core.now())
+                    if self.r.all_bound():
+                        self._close_old()
                     self.backoff = core.INITIAL_BACKOFF
                     self.hops = 0
                     self.cond.notify_all()
         except grpc.RpcError as e:
             err = e
         with self.cond:
+            if self.old is st:
+                self.old = None  # the left stream ended by itself
+                return
             if self.stream is not st:
                 return  # dropped or ended on purpose
             self.stream = None

@@ -120,6 +120,10 @@ class _KeepAlive:
         self.t = transport
         self.r = core.Renewals()
         self.stream: Optional[_Stream] = None
+        #: A stalled stream left open until the next one has renewed every
+        #: session that ends with its stream (closing it first would start
+        #: their grace on the leader with no stream renewing them).
+        self.old: Optional[_Stream] = None
         self.retry_at = 0.0
         self.backoff = core.INITIAL_BACKOFF
         self.hops = 0
@@ -175,6 +179,7 @@ class _KeepAlive:
         self.closed = True
         if self.stream is not None:
             self._drop(self.stream)
+        self._close_old()
         for task in [self.task, *self.readers]:
             if task is not None:
                 task.cancel()
@@ -192,9 +197,11 @@ class _KeepAlive:
             self.r.prune(t)
             if self.stream is not None and self.r.overdue(t):
                 # Nothing came back since an ask was sent: the leader may be
-                # gone with the connection still up.
+                # gone with the connection still up, or slow. Try another
+                # stream; this one stays open until that one has renewed
+                # the sessions.
                 self.t.endpoints.forget(self.stream.addr)
-                self._drop(self.stream)
+                self._leave(self.stream)
             for lease in self.r.take_lost(t):
                 if lease.on_lost is not None:
                     lease.on_lost()
@@ -248,14 +255,34 @@ class _KeepAlive:
         st.call.cancel()
         self.r.stream_failed(core.now())
 
+    def _leave(self, st: _Stream) -> None:
+        """Leaves the stalled stream ``st`` open for the next one (its asks
+        are retried there; its late answers are not credited)."""
+        self._close_old()
+        self.stream, self.old = None, st
+        self.r.stream_failed(core.now())
+        self.retry_at = core.now() + self.backoff * random.uniform(0.5, 1.5)
+        self.backoff = min(self.backoff * 2, core.MAX_BACKOFF)
+
+    def _close_old(self) -> None:
+        if self.old is not None:
+            old, self.old = self.old, None
+            old.call.cancel()
+
     async def _read(self, st: _Stream) -> None:
         err = None
         try:
             while True:
                 resp = await st.call.read()
-                if resp is grpc.aio.EOF or self.stream is not st:
+                if resp is grpc.aio.EOF:
+                    break
+                if st is self.old:
+                    continue  # left for a newer stream: open, not credited
+                if self.stream is not st:
                     break
                 self.r.answer(resp.session_id, resp.ask_id, resp.ttl_ms, resp.expired, core.now())
+                if self.r.all_bound():
+                    self._close_old()
                 if resp.expired:
                     self._wake.set()  # its holders are told (on_lost)
                 self.backoff = core.INITIAL_BACKOFF
@@ -268,6 +295,10 @@ class _KeepAlive:
             if self.closed or self.stream is not st:
                 return
             raise
+        if self.old is st:
+            self.old = None  # the left stream ended by itself
+            st.call.cancel()
+            return
         if self.stream is not st:
             return
         self.stream = None
