@@ -87,19 +87,29 @@ def test_a_killed_queued_waiter_is_withdrawn_long_before_its_ttl(cluster, client
 @pytest.mark.parametrize("api", APIS)
 def test_a_killed_queued_waiter_never_holds_up_the_next_when_released_at_once(cluster, client, children, name, api):
     """The release comes right after the kill, before the grace: the dead
-    waiter's session is granted, then ends with its stream, and the live
-    waiter behind it gets the lock within seconds, not the dead one's ttl."""
-    first = client.lock(name, ttl=10)
-    assert first.acquire()
-    dead = children("wait", api, cluster.endpoints, name, str(LONG_TTL))
-    wait_for(lambda: len(waiters_of(client, name)) == 1, "the doomed waiter to queue")
-    live = children("wait", api, cluster.endpoints, name, str(LONG_TTL))
-    wait_for(lambda: len(waiters_of(client, name)) == 2, "the live waiter to queue behind it")
-    dead.signal(signal.SIGKILL)
-    released = time.monotonic()
-    first.release()
-    live.expect("held", timeout=LONG_TTL / 3)
-    assert time.monotonic() - released < LONG_TTL / 3
+    waiter's session may be granted, then ends with its stream, and the
+    live waiter behind it gets the lock within seconds (asserted: under
+    10 s), not the dead one's ttl. Three rounds; the time from the kill to
+    the live waiter's grant and the median are printed."""
+    took = []
+    for round_ in range(3):
+        key = f"{name}/{round_}"
+        first = client.lock(key, ttl=10)
+        assert first.acquire()
+        dead = children("wait", api, cluster.endpoints, key, str(LONG_TTL))
+        wait_for(lambda: len(waiters_of(client, key)) == 1, "the doomed waiter to queue")
+        live = children("wait", api, cluster.endpoints, key, str(LONG_TTL))
+        wait_for(lambda: len(waiters_of(client, key)) == 2, "the live waiter to queue behind it")
+        dead.signal(signal.SIGKILL)
+        killed = time.monotonic()
+        first.release()
+        live.expect("held", timeout=LONG_TTL / 3)
+        took.append(time.monotonic() - killed)
+        assert took[-1] < 10, f"round {round_}: the live waiter was granted {took[-1]:.3f} s after the kill"
+    figures = ", ".join(f"{d:.3f}" for d in took)
+    print(f"\n{api}: SIGKILLed queued waiter (ttl {LONG_TTL:g} s, default grace "
+          f"{raftlock.DEFAULT_END_ON_DISCONNECT:g} s), holder released at once -> the waiter behind it granted "
+          f"after {figures} s (median {sorted(took)[1]:.3f} s)")
 
 
 @pytest.mark.parametrize("api", APIS)

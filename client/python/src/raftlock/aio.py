@@ -283,8 +283,10 @@ class _KeepAlive:
                 self.r.answer(resp.session_id, resp.ask_id, resp.ttl_ms, resp.expired, core.now())
                 if self.r.all_bound():
                     self._close_old()
-                if resp.expired:
-                    self._wake.set()  # its holders are told (on_lost)
+                # The keep-alive task looks again: the session's next
+                # renewal is due from this answer (or, if it expired, its
+                # holders are told, on_lost).
+                self._wake.set()
                 self.backoff = core.INITIAL_BACKOFF
                 self.hops = 0
                 done, self._answered = self._answered, asyncio.Event()
