@@ -41,10 +41,21 @@ func childMain(mode string) int {
 	switch mode {
 	case "hold":
 		// Hold key; report a loss (and that the work's context is not
-		// cancelled); release when stdin says so.
+		// cancelled); release when stdin says so. With
+		// RAFTLOCK_SAY_RENEWED set, also say when the first renewal
+		// was confirmed.
 		err := c.LockAndDo(context.Background(), key, func(ctx context.Context) error {
 			g := GuardFrom(ctx)
 			fmt.Printf("HOLD fence %d\n", g.Fence())
+			if os.Getenv("RAFTLOCK_SAY_RENEWED") != "" {
+				// Once a renewal over the keep-alive stream was
+				// confirmed (the lease end moved).
+				first := g.LeaseEnd()
+				for g.LeaseEnd().Equal(first) {
+					time.Sleep(5 * time.Millisecond) // polling interval
+				}
+				fmt.Println("RENEWED")
+			}
 			go func() {
 				<-g.Lost()
 				fmt.Printf("LOST valid=%v ctx=%v\n", g.Valid(), ctx.Err())
@@ -63,6 +74,22 @@ func childMain(mode string) int {
 		}
 		fmt.Println("HOLD")
 		release()
+	case "waitall":
+		// AcquireAll of key alone: say whether the grant came back held
+		// (Valid) or in jeopardy, and whether it turned Valid within 10 s.
+		fmt.Println("WAITING")
+		m, err := c.AcquireAll(context.Background(), []Spec{{Key: key}}, AcquireOptions{})
+		if err != nil {
+			fmt.Println("ERROR acquireall:", err)
+			return 1
+		}
+		fmt.Printf("HOLD valid=%v\n", m.Valid())
+		deadline := time.Now().Add(10 * time.Second)
+		for !m.Valid() && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond) // polling interval
+		}
+		fmt.Printf("VALID %v\n", m.Valid())
+		m.Release()
 	default:
 		fmt.Println("ERROR mode", mode)
 		return 2
@@ -85,11 +112,11 @@ func spawn(t *testing.T, mode, endpoints, key string, ttl time.Duration) *child 
 }
 
 // spawnWith is spawn with Options.EndOnDisconnect = grace (0: the
-// default).
-func spawnWith(t *testing.T, mode, endpoints, key string, ttl, grace time.Duration) *child {
+// default), and extra environment variables.
+func spawnWith(t *testing.T, mode, endpoints, key string, ttl, grace time.Duration, env ...string) *child {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(),
+	cmd.Env = append(append(os.Environ(), env...),
 		childModeEnv+"="+mode,
 		"RAFTLOCK_ENDPOINTS="+endpoints,
 		"RAFTLOCK_KEY="+key,

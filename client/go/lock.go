@@ -203,12 +203,13 @@ func (c *Client) Acquire(ctx context.Context, key string, o AcquireOptions) (*Gu
 		lost:     make(chan struct{}),
 		done:     make(chan struct{}),
 	}
-	g.credit(sent)
+	g.credit(sent, time.Now())
 	g.stopCtx, g.stop = context.WithCancel(context.Background())
 	if time.Since(sent) > g.span()/3 {
 		// The call waited: the node restarted the lease as it answered,
-		// but the count from the send has mostly run out. Renew now and
-		// count from this renewal.
+		// but the count from the send has mostly run out (Valid may be
+		// false). Renew now: an answer makes the lock held, counted from
+		// this renewal's send.
 		if expired := g.renew(ctx, time.Now().Add(g.span()/3)); expired {
 			g.stop()
 			close(g.done)
@@ -354,7 +355,8 @@ type Guard struct {
 	shared   bool      // a shared lock (Upgrade and Downgrade change it)
 	nextSeq  uint64    // the seq of the next request in the session (0: none may be sent)
 	lastSent time.Time // send time of the last renewal the leader confirmed
-	leaseEnd time.Time // lastSent + ttl - margin
+	leaseEnd time.Time // lastSent + span - margin: held (Valid) before it
+	ttlEnd   time.Time // receive time of the last lease-starting answer + ttl - 10 % of ttl: lost at it
 	isLost   bool
 	lost     chan struct{} // closed when isLost becomes true
 	released bool          // Unlock or Release was called: the holder no longer believes
@@ -398,25 +400,35 @@ func (g *Guard) SessionID() uint64 { return g.session }
 // TTL is the session's lease length.
 func (g *Guard) TTL() time.Duration { return g.ttl }
 
-// Lost is closed once the lease may have lapsed: a renewal was answered
-// "expired", or none got through before the count ran out. Nothing is
-// cancelled; it is final. It is never closed after Release.
+// Lost is closed once the lock is lost: a renewal was answered "expired"
+// (the session ended: revoked, or ended by its TTL or its grace), or no
+// renewal was answered within the TTL count (the TTL - 10 % of it from
+// when the last answer that started a lease came: the grant or a renewal).
+// Nothing is cancelled; it is final, and
+// renewals stop. A lock whose grace count ran out (see Valid) is in
+// jeopardy, not lost: Lost is not closed then. It is never closed after
+// Release.
 func (g *Guard) Lost() <-chan struct{} { return g.lost }
 
-// Valid reports, at the moment it is called, whether the lease still
-// holds by the client's conservative count (it never lags a pause: a
-// process resumed after its lease ran out sees false at once). It is false
-// from the moment Unlock or Release is called.
+// Valid reports, at the moment it is called, whether the lock is held by
+// the client's conservative count: until LeaseEnd (it never lags a pause:
+// a process resumed after that sees false at once). Past LeaseEnd, until
+// the lock is lost (see Lost), the lock is in jeopardy: Valid is false,
+// so do not start an action that needs the lock, but nothing is reported
+// lost and renewals go on; a renewal answered by the leader makes Valid
+// true again (a session the leader still renews was never ended, so no
+// one else was granted the lock meanwhile). It is false from the moment
+// Unlock or Release is called, and once the lock is lost.
 func (g *Guard) Valid() bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return !g.isLost && !g.released && time.Now().Before(g.leaseEnd)
 }
 
-// LeaseEnd is when the client's count of the lease ends: the send time of
-// the last confirmed renewal + the span - 10 % of it, the span being the
-// TTL, or the smaller of the TTL and Options.EndOnDisconnect when that is
-// on.
+// LeaseEnd is when the client's count of the lease ends (Valid is false
+// from then on, until a renewal is answered): the send time of the last
+// confirmed renewal + the span - 10 % of it, the span being the TTL, or
+// the smaller of the TTL and Options.EndOnDisconnect when that is on.
 func (g *Guard) LeaseEnd() time.Time {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -436,16 +448,56 @@ func (g *Guard) span() time.Duration {
 
 func (g *Guard) margin() time.Duration { return g.span() / 10 }
 
-// credit counts the lease from sent (the send time of a renewal the
-// leader confirmed), unless the lease is already lost.
-func (g *Guard) credit(sent time.Time) {
+// credit counts a lease-starting answer (the grant, an OpenSession, a
+// renewal answered without "expired"): it proves the session alive, so it
+// always counts unless the lock is already lost (final). Belief (Valid,
+// LeaseEnd) counts from sent, the send time of the request answered; the
+// TTL count, which only decides when to give the lock up as lost, counts
+// from received, when the answer came (a grant after a long wait gets a
+// whole TTL before it can be given up).
+func (g *Guard) credit(sent, received time.Time) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.isLost || sent.Before(g.lastSent) {
+	if g.isLost {
 		return
 	}
-	g.lastSent = sent
-	g.leaseEnd = sent.Add(g.span() - g.margin())
+	if !sent.Before(g.lastSent) {
+		g.lastSent = sent
+		g.leaseEnd = sent.Add(g.span() - g.margin())
+	}
+	if end := received.Add(g.ttl - g.ttl/10); end.After(g.ttlEnd) {
+		g.ttlEnd = end
+	}
+}
+
+// pastTTLCount reports whether no renewal was answered within the TTL
+// count (the session may have expired by its TTL, stream or not). g.mu is
+// held.
+func (g *Guard) pastTTLCount(now time.Time) bool {
+	return !g.ttlEnd.IsZero() && !now.Before(g.ttlEnd)
+}
+
+// lostNow reports whether the lock is lost: marked so, or past the TTL
+// count (then the keep-alive marks it lost).
+func (g *Guard) lostNow() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.isLost || g.pastTTLCount(time.Now())
+}
+
+// heldNow reports whether the grace count still holds (Valid, released or
+// not).
+func (g *Guard) heldNow() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return !g.isLost && time.Now().Before(g.leaseEnd)
+}
+
+// ttlCountEnd is when the lock is lost if no renewal is answered first.
+func (g *Guard) ttlCountEnd() time.Time {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.ttlEnd
 }
 
 func (g *Guard) markLost() {
@@ -485,14 +537,14 @@ func (g *Guard) renew(ctx context.Context, giveUp time.Time) (expired bool) {
 	if r.Expired {
 		return true
 	}
-	g.credit(sent)
+	g.credit(sent, time.Now())
 	return false
 }
 
 // keepAlive renews the session every TTL/3 after the last confirmed send,
-// and marks the lease lost once its count runs out (checked before every
-// attempt, so a process resumed from a pause never renews a lapsed lease)
-// or when the node answers that the session is gone.
+// and marks the lock lost once its TTL count runs out (checked before
+// every attempt, so a process resumed from a pause never renews a lapsed
+// lease) or when the node answers that the session is gone.
 func (g *Guard) keepAlive() {
 	if g.grace > 0 {
 		g.keepAliveStreamed()
@@ -507,12 +559,12 @@ func (g *Guard) keepAlive() {
 			return
 		}
 		for {
-			if !time.Now().Before(g.LeaseEnd()) {
+			if g.lostNow() {
 				g.markLost()
 				return
 			}
 			before := g.LeaseEnd()
-			expired := g.renew(g.stopCtx, before)
+			expired := g.renew(g.stopCtx, g.ttlCountEnd())
 			if g.stopCtx.Err() != nil {
 				return
 			}

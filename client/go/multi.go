@@ -138,7 +138,11 @@ func waitFields(ctx context.Context, try bool) (timeoutMs u64, wait bool, reqCtx
 // 1..=MaxKeysPerAcquireAll keys, each once. If the request is not granted
 // or fails, or ctx is cancelled, its session is closed before AcquireAll
 // returns (which withdraws the wait, or releases what it may have been
-// granted), or ends with its TTL if the cluster cannot be reached.
+// granted), or ends with its TTL if the cluster cannot be reached. Grants
+// that arrive while the session is in jeopardy (see Guard.Valid: a pause
+// or a failover while it waited) are renewed at once and returned, Valid
+// once a renewal is answered; only if the session was lost while it
+// waited (see Guard.Lost) are they given back, with an error.
 func (c *Client) AcquireAll(ctx context.Context, specs []Spec, o AcquireOptions) (*MultiGuard, error) {
 	if len(specs) == 0 || len(specs) > MaxKeysPerAcquireAll {
 		return nil, invalidArgument("AcquireAll of %d keys: must be 1..=%d", len(specs), MaxKeysPerAcquireAll)
@@ -195,7 +199,7 @@ func (c *Client) AcquireAll(ctx context.Context, specs []Spec, o AcquireOptions)
 		lost:    make(chan struct{}),
 		done:    make(chan struct{}),
 	}
-	g.credit(sent)
+	g.credit(sent, time.Now())
 	g.stopCtx, g.stop = context.WithCancel(context.Background())
 	// Kept alive from now on, through a wait longer than the lease too.
 	go g.keepAlive()
@@ -233,9 +237,18 @@ func (c *Client) AcquireAll(ctx context.Context, specs []Spec, o AcquireOptions)
 	case len(resp.Grants) != len(specs):
 		giveBack()
 		return nil, fmt.Errorf("raftlock: AcquireAll of %d keys was granted %d", len(specs), len(resp.Grants))
-	case g.isLostNow():
+	}
+	lost := g.lostNow()
+	if !lost && !g.heldNow() {
+		// In jeopardy as it was granted (a pause, a failover while it
+		// waited): renew at once; an answer makes it held.
+		lost = g.renew(ctx, time.Now().Add(g.span()/3))
+	}
+	if lost || g.lostNow() {
+		// Lost while it waited (the session ended, or no renewal was
+		// answered within the TTL count): never hand that out.
 		giveBack()
-		return nil, errors.New("raftlock: AcquireAll: the session's lease may have lapsed while it waited")
+		return nil, errors.New("raftlock: AcquireAll: the session was lost while it waited")
 	}
 	m := &MultiGuard{g: g}
 	for i, gr := range resp.Grants {
@@ -247,15 +260,9 @@ func (c *Client) AcquireAll(ctx context.Context, specs []Spec, o AcquireOptions)
 	return m, nil
 }
 
-func (g *Guard) isLostNow() bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.isLost || !time.Now().Before(g.leaseEnd)
-}
-
 // MultiGuard holds the keys of one AcquireAll, in one session of its own.
-// If its lease may have lapsed, Options.OnLost is called once for it, with
-// its first key and that key's fence.
+// If it is lost, Options.OnLost is called once for it, with its first key
+// and that key's fence.
 type MultiGuard struct {
 	g      *Guard
 	grants []Grant
@@ -268,10 +275,11 @@ func (m *MultiGuard) Grants() []Grant { return append([]Grant(nil), m.grants...)
 // SessionID is the session that holds the grants.
 func (m *MultiGuard) SessionID() uint64 { return m.g.session }
 
-// Lost is closed once the lease may have lapsed (see Guard.Lost).
+// Lost is closed once the grants are lost (see Guard.Lost).
 func (m *MultiGuard) Lost() <-chan struct{} { return m.g.lost }
 
-// Valid reports whether the lease still holds by the client's count.
+// Valid reports whether the grants are held by the client's count: false
+// in jeopardy and once lost or released (see Guard.Valid).
 func (m *MultiGuard) Valid() bool { return m.g.Valid() }
 
 // Release gives every key back and ends the session (one write); see

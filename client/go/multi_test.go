@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -339,5 +340,33 @@ func TestCancelledWaitsOfAcquireAllAndUpgradeAreWithdrawn(t *testing.T) {
 	holder.Release()
 	if err := r.Upgrade(ctx, true); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// An AcquireAll granted while its process is paused (SIGSTOP) past the
+// grace count: the grant arrives in jeopardy, not lost (the stream stayed
+// open, the session alive). It is kept: a renewal at once makes it held,
+// it is not given back with an error.
+func TestAnAcquireAllGrantedInJeopardyIsKept(t *testing.T) {
+	cl := shared(t)
+	c := newClient(t, cl.endpoints(), Options{})
+	k := key(t)
+	holder, err := c.Acquire(ctxFor(t, 30*time.Second), k, AcquireOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := spawn(t, "waitall", cl.endpoints(), k, 30*time.Second)
+	w.expect("WAITING", 15*time.Second)
+	eventually(t, 10*time.Second, "the AcquireAll queued", func() bool { return len(describe(t, c, k).Info.Waiters) == 1 })
+	w.signal(syscall.SIGSTOP)
+	stopped := time.Now()
+	holder.Release()
+	eventually(t, 10*time.Second, "the paused waiter granted", func() bool { return len(describe(t, c, k).Info.Holders) == 1 })
+	// Paused well past its grace count (675 ms), far within its TTL.
+	eventually(t, 10*time.Second, "2 s paused", func() bool { return time.Since(stopped) > 2*time.Second })
+	w.signal(syscall.SIGCONT)
+	w.expect("HOLD", 15*time.Second)
+	if line := w.expect("VALID", 15*time.Second); line != "VALID true" {
+		t.Fatalf("the grant after the pause: %q", line)
 	}
 }

@@ -18,22 +18,28 @@
 // Each lock is a session of its own, opened and acquired in one write (the
 // node's one-call Lock) and ended in another (Unlock), so goroutines of one
 // process that lock the same key queue like any two processes. While a
-// lock is held the client renews its session every TTL/3 and counts the
-// lease from the moment it sent the last renewal the leader confirmed, less
-// 10 % of the TTL. If the count runs out before a renewal gets through
-// (the process was paused, the cluster was unreachable), the lock is
-// reported lost: Guard.Lost is closed and Options.OnLost is called; the
-// holder's work goes on, and the stores' fence checks refuse it if someone
-// else holds the lock by then.
+// lock is held the client keeps a KeepAlive stream open for its session,
+// renews it over the stream, and counts the lease from the moment it sent
+// the last renewal the leader confirmed, for the smaller of the TTL and
+// Options.EndOnDisconnect (the grace), less 10 %. If that count runs out
+// before a renewal gets through (the process was paused, a failover, the
+// cluster was unreachable), the lock is in jeopardy: Guard.Valid is false,
+// nothing is reported, renewals go on, and the next renewal answered makes
+// it valid again. The lock is reported lost (Guard.Lost is closed and
+// Options.OnLost is called; final) only when a node answers that the
+// session has ended, or when no renewal was answered for the TTL less
+// 10 %. The holder's work goes on either way, and the stores' fence checks
+// refuse it if someone else holds the lock by then.
 //
 // A Lock waits until the lock is granted or its context ends. A cancelled
 // context closes the waiting request's connection, and the node withdraws
 // the wait and closes its session; a context with a deadline is sent as the
 // wait's timeout, so the node answers "not acquired" at the deadline. A
 // process killed while it waits leaves nothing queued (its connection
-// closes). A process killed while it holds a lock blocks the lock until
-// the session's TTL runs out (HTTP has no stream whose end could end the
-// session sooner): choose Options.TTL accordingly.
+// closes). A process killed while it holds a lock frees it a grace
+// (Options.EndOnDisconnect) after its keep-alive stream's connection
+// closes with it; with EndOnDisconnect off, when the session's TTL runs
+// out.
 package raftlock
 
 import (
@@ -68,7 +74,7 @@ const (
 	// next node.
 	MaxAttemptTimeout = 5 * time.Second
 	// DefaultEndOnDisconnect is Options.EndOnDisconnect when it is 0.
-	DefaultEndOnDisconnect = 2 * time.Second
+	DefaultEndOnDisconnect = 750 * time.Millisecond
 	// MaxEndOnDisconnect is the longest grace a node accepts.
 	MaxEndOnDisconnect = time.Minute
 )
@@ -107,13 +113,15 @@ type Options struct {
 	// ends a dead holder's session); at most MaxEndOnDisconnect, whole
 	// milliseconds. Each held lock keeps one streaming KeepAlive open
 	// (HTTP, newline-delimited JSON) and renews over it every third of the
-	// smaller of the grace and the TTL; the lease is believed for that
-	// smaller span (less 10 %) after the last renewal's send, since a
-	// paused process cannot tell when its stream closed.
+	// smaller of the grace and the TTL; the lease is believed (Guard.Valid)
+	// for that smaller span (less 10 %) after the last renewal's send,
+	// since a paused process cannot tell when its stream closed. Past it
+	// the lock is in jeopardy, not lost (see Guard.Valid and Guard.Lost).
 	EndOnDisconnect time.Duration
 	// OnLost, when set, is called once, in a goroutine of its own, for each
-	// held lock whose lease may have lapsed (see Guard.Lost). Nothing is
-	// cancelled.
+	// held lock that is lost: its session ended, or no renewal was answered
+	// within the TTL count (see Guard.Lost). It is not called while a lock
+	// is in jeopardy (see Guard.Valid). Nothing is cancelled.
 	OnLost func(key string, fence uint64)
 	// HTTPClient sends the requests; set it for TLS (endpoints with
 	// https://). Its Timeout must be 0: a Lock waits in one long request.

@@ -291,10 +291,16 @@ func TestHeldPastItsTTLWhileRenewed(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer g.Release()
-	// The lease is counted from the send time, less 10 %.
+	// The lease is counted from the send time, for the smaller of the TTL
+	// and the grace, less 10 %.
+	span := MinTTL
+	if DefaultEndOnDisconnect < span {
+		span = DefaultEndOnDisconnect
+	}
+	want := span - span/10
 	end := g.LeaseEnd()
-	if end.Before(before.Add(900*time.Millisecond)) || end.After(after.Add(900*time.Millisecond)) {
-		t.Fatalf("lease end %v is not the send time + 900 ms (sent between %v and %v)", end, before, after)
+	if end.Before(before.Add(want)) || end.After(after.Add(want)) {
+		t.Fatalf("lease end %v is not the send time + %v (sent between %v and %v)", end, want, before, after)
 	}
 	// Three and a half ttls later the grant is still ours.
 	hold := time.NewTimer(3500 * time.Millisecond)
@@ -305,9 +311,9 @@ func TestHeldPastItsTTLWhileRenewed(t *testing.T) {
 		t.Fatal("Lost closed while renewed")
 	case <-hold.C:
 	}
-	if !g.Valid() {
-		t.Fatal("not valid while renewed")
-	}
+	// Valid, or about to be again: on a busy machine a renewal round can
+	// outlast the grace count (jeopardy) for a moment.
+	eventually(t, 10*time.Second, "valid while renewed", g.Valid)
 	if !g.LeaseEnd().After(end) {
 		t.Fatal("the lease end never moved")
 	}
@@ -417,33 +423,89 @@ func TestKilledWaiterLeavesNothingQueued(t *testing.T) {
 	g.Release()
 }
 
-// A holder process killed (SIGKILL) at the client's defaults: its
-// keep-alive stream's connection closes, and the next waiter gets the
-// lock a grace (DefaultEndOnDisconnect) later, not a TTL (30 s) later.
-// Three rounds; the median is printed.
+// A holder process killed (SIGKILL) at the client's defaults (grace
+// DefaultEndOnDisconnect) with a TTL of 30 s, while another process (this
+// one) waits for the key: its keep-alive stream's connection closes, and
+// the waiter gets the lock about a grace later, not a TTL later. Three
+// rounds; each kill-to-grant time and the median are printed; the bound
+// asserted is behavioural (well under the TTL), not the figure.
 func TestKilledHolderFreedWithinItsGrace(t *testing.T) {
 	cl := shared(t)
 	ttl := 30 * time.Second
+	c := newClient(t, cl.endpoints(), Options{})
 	var took []time.Duration
 	for round := 0; round < 3; round++ {
 		k := key(t) + fmt.Sprint(round)
-		w := spawn(t, "hold", cl.endpoints(), k, ttl)
+		w := spawnWith(t, "hold", cl.endpoints(), k, ttl, 0, "RAFTLOCK_SAY_RENEWED=1")
 		w.expect("HOLD fence ", 15*time.Second)
-		// A few renewals over the stream first, so the Lock call's own end
-		// is long past.
-		time.Sleep(2 * DefaultEndOnDisconnect)
+		// Renewed over the stream: the Lock call's own end is past.
+		w.expect("RENEWED", 15*time.Second)
+		type granted struct {
+			g  *Guard
+			at time.Time
+		}
+		next := make(chan granted, 1)
+		go func() {
+			g, err := c.Acquire(ctxFor(t, ttl), k, AcquireOptions{})
+			if err != nil {
+				t.Errorf("round %d: the waiter: %v", round, err)
+			}
+			next <- granted{g, time.Now()}
+		}()
+		eventually(t, 10*time.Second, "the waiter queued", func() bool { return len(describe(t, c, k).Info.Waiters) == 1 })
 		w.signal(syscall.SIGKILL)
 		killed := time.Now()
-		c := newClient(t, cl.endpoints(), Options{})
-		g, err := c.Acquire(ctxFor(t, ttl/2), k, AcquireOptions{})
-		if err != nil {
-			t.Fatalf("round %d: the killed holder's lock was not freed within half its ttl: %v", round, err)
+		got := <-next
+		if got.g == nil {
+			t.FailNow()
 		}
-		took = append(took, time.Since(killed))
-		g.Release()
+		d := got.at.Sub(killed)
+		got.g.Release()
+		if d >= 10*time.Second {
+			t.Fatalf("round %d: the killed holder's lock was granted %v after the kill, want well under its ttl %v", round, d, ttl)
+		}
+		t.Logf("round %d: kill to grant %v", round, d.Round(time.Millisecond))
+		took = append(took, d)
 	}
 	sort.Slice(took, func(i, j int) bool { return took[i] < took[j] })
-	t.Logf("killed holder (ttl %v, grace %v): next grant after %v (median of %v)", ttl, DefaultEndOnDisconnect, took[1].Round(time.Millisecond), took)
+	t.Logf("killed holder (ttl %v, grace %v): next grant %v after the kill (median of %v)", ttl, DefaultEndOnDisconnect, took[1].Round(time.Millisecond), took)
+}
+
+// A waiter process killed (SIGKILL) while queued, with another process
+// queued behind it, and the holder releasing right after the kill: the
+// dead waiter's place passes on (its session ends a grace after its
+// stream closes, granted or not), and the one behind it gets the lock long
+// before the dead waiter's 60 s ttl (asserted: under 10 s). Three rounds;
+// each kill-to-grant time and the median are printed.
+func TestAKilledWaitersPlacePassesOn(t *testing.T) {
+	cl := shared(t)
+	c := newClient(t, cl.endpoints(), Options{})
+	var took []time.Duration
+	for round := 0; round < 3; round++ {
+		k := key(t) + fmt.Sprint(round)
+		holder, err := c.Acquire(ctxFor(t, 30*time.Second), k, AcquireOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		dead := spawn(t, "wait", cl.endpoints(), k, 60*time.Second)
+		dead.expect("WAITING", 15*time.Second)
+		eventually(t, 10*time.Second, "the doomed waiter queued", func() bool { return len(describe(t, c, k).Info.Waiters) == 1 })
+		live := spawn(t, "wait", cl.endpoints(), k, 60*time.Second)
+		live.expect("WAITING", 15*time.Second)
+		eventually(t, 10*time.Second, "the live waiter queued behind it", func() bool { return len(describe(t, c, k).Info.Waiters) == 2 })
+		dead.signal(syscall.SIGKILL)
+		killed := time.Now()
+		holder.Release()
+		live.expect("HOLD", 20*time.Second)
+		d := time.Since(killed)
+		if d >= 10*time.Second {
+			t.Fatalf("round %d: the waiter behind the killed one was granted %v after the kill", round, d)
+		}
+		t.Logf("round %d: kill to the next waiter's grant %v", round, d.Round(time.Millisecond))
+		took = append(took, d)
+	}
+	sort.Slice(took, func(i, j int) bool { return took[i] < took[j] })
+	t.Logf("killed waiter (ttl 60s, grace %v, holder released at once): the waiter behind it granted %v after the kill (median of %v)", DefaultEndOnDisconnect, took[1].Round(time.Millisecond), took)
 }
 
 // With EndOnDisconnect off, a killed holder holds the lock until its
@@ -652,8 +714,11 @@ func TestLeaderKilledWhileHoldingAndWaiting(t *testing.T) {
 		t.Fatalf("the waiter was granted while the holder holds: %+v", g)
 	case <-held.C:
 	}
-	if cur, err := c.CheckFence(ctx, k, holder.Fence()); err != nil || !cur || !holder.Valid() {
-		t.Fatalf("after the failover the holder's fence is current %v (%v), valid %v", cur, err, holder.Valid())
+	// Held again once a renewal got through (a busy machine may hold it in
+	// jeopardy for a moment).
+	eventually(t, 10*time.Second, "the holder valid after the failover", holder.Valid)
+	if cur, err := c.CheckFence(ctx, k, holder.Fence()); err != nil || !cur {
+		t.Fatalf("after the failover the holder's fence is current %v (%v)", cur, err)
 	}
 	d := describe(t, c, k)
 	if len(d.Info.Waiters) != 1 {
@@ -666,6 +731,19 @@ func TestLeaderKilledWhileHoldingAndWaiting(t *testing.T) {
 	}
 	if g.Fence() <= holder.Fence() {
 		t.Fatalf("the waiter's fence %d is not larger than the holder's %d", g.Fence(), holder.Fence())
+	}
+	// It waited more than two TTLs: the grant is held (a renewal right
+	// after it), not lost.
+	eventually(t, 10*time.Second, "the waiter valid after its long wait", func() bool {
+		if lostClosed(g) {
+			t.Fatalf("the waiter's Lost closed right after its grant (it waited more than 90 %% of its TTL)")
+		}
+		return g.Valid()
+	})
+	select {
+	case k := <-lost:
+		t.Fatalf("OnLost called for %s", k)
+	default:
 	}
 	g.Release()
 }

@@ -461,8 +461,11 @@ func (r *scenarioRun) step(st scenarioStep) error {
 			lost = true
 		default:
 		}
-		// What the client believes: Valid() is false once lost or released.
-		held := g.guard.Valid()
+		// What the client believes: the grant is held and not lost. A
+		// grant in jeopardy (Valid false: its grace count ran out, as
+		// right after a failover, until a renewal gets through) is still
+		// held and not lost.
+		held := !g.released && !lost
 		if held != st.want {
 			return fmt.Errorf("held %v (released %v, Lost closed %v, Valid %v, lease end in %v)",
 				held, g.released, lost, g.guard.Valid(), time.Until(g.guard.LeaseEnd()).Round(time.Millisecond))

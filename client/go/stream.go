@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	mathrand "math/rand"
 	"net/http"
 	"sync"
 	"time"
@@ -22,17 +23,31 @@ type keepAliveLine struct {
 // KeepAlive at a time (HTTP, newline-delimited JSON), at once and then a
 // third of the span after the last confirmed send. The stream carries the
 // session: when the process dies its connection closes, and the leader
-// ends the session a grace later. It moves to the next node when a stream
-// fails (at once to a leader a node names), marks the lease lost once its
-// count runs out, or when the node answers that the session is gone.
+// ends the session a grace later, unless another stream renews it. It
+// moves to the next node when a stream fails (at once to a leader a node
+// names; otherwise after a pause of 20 ms doubling to 200 ms, each drawn
+// from 0.5 to 1.5 times that, back to 20 ms once a renewal is answered),
+// and when an ask goes unanswered for silence(): then the silent stream
+// stays open until the new one has renewed the session (closing it first
+// would start the grace with no stream renewing it). It goes on through
+// jeopardy (the grace count ran out: Valid is false until a renewal is
+// answered), and marks the lock lost, and stops, once the TTL count runs
+// out with no renewal answered, or when the node answers that the session
+// is gone.
 func (g *Guard) keepAliveStreamed() {
 	defer close(g.done)
-	target, hints := "", 0
+	var silent *kaStream // a silent stream left open until a newer one renews
+	defer func() {
+		if silent != nil {
+			silent.end()
+		}
+	}()
+	target, hints, backoff := "", 0, firstBackoff
 	for {
 		if g.stopCtx.Err() != nil {
 			return
 		}
-		if g.isLostNow() {
+		if g.lostNow() {
 			g.markLost()
 			return
 		}
@@ -41,30 +56,110 @@ func (g *Guard) keepAliveStreamed() {
 				target = g.c.forget("")
 			}
 		}
-		expired, hint := g.stream(target)
-		if expired {
-			g.markLost()
-			return
+		s := g.startStream(target)
+		renewed, quiet := s.renewed, s.silent
+		var silentDone <-chan struct{}
+		if silent != nil {
+			silentDone = silent.done
+		}
+		wentSilent := false
+	watch:
+		for {
+			select {
+			case <-g.stopCtx.Done():
+				s.end()
+				return
+			case <-renewed:
+				renewed, backoff, hints = nil, firstBackoff, 0
+				if silent != nil {
+					silent.end()
+					silent, silentDone = nil, nil
+				}
+			case <-silentDone:
+				if silent.expired {
+					s.end()
+					g.markLost()
+					return
+				}
+				silent, silentDone = nil, nil
+			case <-quiet:
+				// Left open: it may still renew the session (its answers
+				// count) while the next stream is tried.
+				if silent != nil {
+					silent.end()
+				}
+				silent, wentSilent = s, true
+				break watch
+			case <-s.done:
+				if s.expired {
+					g.markLost()
+					return
+				}
+				break watch
+			}
 		}
 		if g.stopCtx.Err() != nil {
 			return
 		}
-		if hint != "" && hint != target && hints <= len(g.c.endpoints) {
-			target, hints = hint, hints+1
+		if !wentSilent && s.hint != "" && s.hint != target && hints <= len(g.c.endpoints) {
+			target, hints = s.hint, hints+1
 			continue
 		}
 		target, hints = g.c.forget(target), 0
-		if !g.sleepUntil(time.Now().Add(g.span() / 20)) {
+		pause := time.Duration(mathrand.Int63n(int64(backoff))) + backoff/2
+		backoff = nextBackoff(backoff)
+		if !g.sleepUntil(time.Now().Add(pause)) {
 			return
 		}
 	}
 }
 
-// stream runs one streaming KeepAlive at base until it fails, the lease
-// lapses or the guard stops. It reports whether the node answered that the
-// session is gone, and the leader a node named instead of answering.
-func (g *Guard) stream(base string) (expired bool, hint string) {
+// silence is how long an ask may go unanswered before the keep-alive
+// tries a stream to another node: the grace (at most a third of the TTL),
+// and at least a second.
+func (g *Guard) silence() time.Duration {
+	d := g.grace
+	if d > g.ttl/3 {
+		d = g.ttl / 3
+	}
+	if d < time.Second {
+		d = time.Second
+	}
+	return d
+}
+
+// kaStream is one streaming KeepAlive, run by startStream.
+type kaStream struct {
+	cancel  context.CancelFunc
+	done    chan struct{} // closed when it has ended; expired and hint are set then
+	expired bool          // the node answered that the session is gone
+	hint    string        // the leader a node named instead of answering
+	renewed chan struct{} // closed at its first answered renewal
+	silent  chan struct{} // closed when an ask went unanswered for silence()
+}
+
+// end closes the stream and waits for it to end.
+func (s *kaStream) end() {
+	s.cancel()
+	<-s.done
+}
+
+// startStream runs one streaming KeepAlive at base until it fails, the
+// lock is lost or the stream is ended.
+func (g *Guard) startStream(base string) *kaStream {
 	ctx, cancel := context.WithCancel(g.stopCtx)
+	s := &kaStream{cancel: cancel, done: make(chan struct{}), renewed: make(chan struct{}), silent: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		s.expired, s.hint = g.stream(ctx, cancel, base, s)
+	}()
+	return s
+}
+
+// stream runs the streaming KeepAlive of s at base until it fails, the
+// lock is lost or ctx ends. It reports whether the node answered that the
+// session is gone, and the leader a node named instead of answering.
+func (g *Guard) stream(ctx context.Context, cancel context.CancelFunc, base string, s *kaStream) (expired bool, hint string) {
 	defer cancel()
 	pr, pw := io.Pipe()
 	defer pw.Close()
@@ -81,12 +176,14 @@ func (g *Guard) stream(base string) (expired bool, hint string) {
 		asked = map[uint64]time.Time{} // ask id -> send time
 	)
 	// The writer: an ask at once, then one a third of the span after the
-	// last confirmed send (or a sixth of it after an ask still unanswered).
-	// Once the count runs out it ends the stream. Its end closes the
+	// last confirmed send (or a sixth of it after an ask still unanswered:
+	// so every sixth of the span in jeopardy). Once the TTL count runs out
+	// it ends the stream (the lock is lost). Its end closes the
 	// request body: a round trip that failed waits for that (net/http
 	// finishes writing the body first), and so does one cancelled.
 	go func() {
 		defer pw.Close()
+		quiet := false
 		for {
 			id := g.c.asks.Add(1)
 			line, _ := json.Marshal(keepAliveRequest{SessionID: u64(g.session), AskID: u64(id)})
@@ -97,7 +194,7 @@ func (g *Guard) stream(base string) (expired bool, hint string) {
 				return
 			}
 			g.mu.Lock()
-			due, end := g.lastSent.Add(g.span()/3), g.leaseEnd
+			due, end := g.lastSent.Add(g.span()/3), g.ttlEnd
 			g.mu.Unlock()
 			if soonest := time.Now().Add(g.span() / 6); due.Before(soonest) {
 				due = soonest
@@ -112,9 +209,23 @@ func (g *Guard) stream(base string) (expired bool, hint string) {
 				return
 			case <-t.C:
 			}
-			if g.isLostNow() {
+			if g.lostNow() {
 				cancel()
 				return
+			}
+			// An ask unanswered for silence(): the node may have lost
+			// its quorum or stopped (the connection still up), or be slow.
+			// Say so once (the keep-alive tries another stream, and closes
+			// this one only once that one renewed); asks go on here.
+			mu.Lock()
+			stale := false
+			for _, at := range asked {
+				stale = stale || time.Since(at) > g.silence()
+			}
+			mu.Unlock()
+			if stale && !quiet {
+				quiet = true
+				close(s.silent)
 			}
 		}
 	}()
@@ -134,6 +245,7 @@ func (g *Guard) stream(base string) (expired bool, hint string) {
 		}
 		return false, ""
 	}
+	renewed := false
 	lines := bufio.NewScanner(resp.Body)
 	lines.Buffer(make([]byte, 4096), 64<<10)
 	for lines.Scan() {
@@ -159,7 +271,11 @@ func (g *Guard) stream(base string) (expired bool, hint string) {
 			return true, ""
 		}
 		g.c.setLeader(base)
-		g.credit(sent)
+		g.credit(sent, time.Now())
+		if !renewed {
+			renewed = true
+			close(s.renewed)
+		}
 	}
 	return false, ""
 }

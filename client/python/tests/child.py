@@ -5,7 +5,9 @@ step (flushed) and runs until killed.
     child.py wait  sync|aio ENDPOINTS NAME TTL   print "waiting", wait for NAME, then as hold
     child.py pause sync|aio ENDPOINTS NAME TTL   as hold; after the first gap of over 1 s in
                                                  its 50 ms ticks (SIGSTOP), print "resumed
-                                                 lost=BOOL" from the first read of lock.lost
+                                                 lost=BOOL valid=BOOL" from the first reads of
+                                                 lock.lost and lock.valid, then "lost" once
+                                                 lock.lost turns True
     child.py interrupt sync ENDPOINTS NAME TTL   open a session, print "session ID", wait for
                                                  NAME; on SIGINT print "interrupted" and sleep
 """
@@ -50,7 +52,10 @@ def run_sync(what, endpoints, name, ttl):
         time.sleep(0.05)
         t = time.monotonic()
         if what == "pause" and t - prev > 1.0:
-            out(f"resumed lost={lock.lost} gap={t - prev:.2f}")
+            out(f"resumed lost={lock.lost} valid={lock.valid} gap={t - prev:.2f}")
+            what = "resumed"
+        if what == "resumed" and lock.lost:
+            out("lost")
             what = "hold"
         prev = t
 
@@ -69,7 +74,10 @@ async def run_aio(what, endpoints, name, ttl):
         await asyncio.sleep(0.05)
         t = time.monotonic()
         if what == "pause" and t - prev > 1.0:
-            out(f"resumed lost={lock.lost} gap={t - prev:.2f}")
+            out(f"resumed lost={lock.lost} valid={lock.valid} gap={t - prev:.2f}")
+            what = "resumed"
+        if what == "resumed" and lock.lost:
+            out("lost")
             what = "hold"
         prev = t
 

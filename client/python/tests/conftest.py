@@ -145,7 +145,8 @@ class RunCluster:
     """Three ``raftlockd run`` processes (one per node) on loopback, so that
     one node can be killed alone."""
 
-    def __init__(self, dir):
+    def __init__(self, dir, extra=()):
+        """``extra``: flags for every node (e.g. its election timeouts)."""
         self.dir = dir
         base = free_run(3)
         self.addrs = [f"127.0.0.1:{base + i}" for i in range(3)]
@@ -154,7 +155,7 @@ class RunCluster:
         self.args = {}
         for i, addr in enumerate(self.addrs):
             args = [raftlockd(), "run", "--id", str(i + 1), "--listen", addr, "--data-dir", str(dir / f"node-{i + 1}"),
-                    "--insecure-peers"]
+                    "--insecure-peers", *extra]
             if i == 0:
                 args += ["--peers", peers, "--init"]
             self.args[addr] = args

@@ -21,11 +21,93 @@ def test_the_view_runs_from_the_send_time_less_the_margin():
     assert not lz.valid(109.0) and lz.is_lost(109.0)
 
 
-def test_a_lapsed_view_comes_back_with_an_answer_that_proves_the_session_alive():
-    lz = lease(ttl=9.0, margin=0.1, sent_at=100.0)  # valid until 108.1
-    assert lz.is_lost(110.0)
-    lz.extend(sent_at=109.5, ttl=9.0)  # the session was alive at 109.5 or later
-    assert not lz.is_lost(110.0) and lz.valid(117.5) and not lz.valid(117.6)
+def test_a_view_past_its_grace_is_jeopardy_and_comes_back_with_an_answer():
+    """A session that ends with its stream: past the grace count (1.8 s
+    here) but before the ttl count (27 s) it is not valid, not lost, nobody
+    is told, and it is still renewed; an answered keep-alive makes it valid
+    again."""
+    r = core.Renewals()
+    lz = core.Lease(7, 30.0, 0.1, 0.0, grace=2.0)
+    lz.state = core.VALID
+    lz.on_lost = lambda: None
+    r.add(lz, first=0.0)
+    r.stream_opened(0.0)
+    (ask,) = r.due(0.0)
+    r.answer(7, ask.ask_id, 30000, False, 0.01)
+    assert not lz.valid(5.0) and not lz.is_lost(5.0)
+    r.prune(5.0)
+    assert r.take_lost(5.0) == [] and 7 in r.entries
+    (again,) = r.due(5.0)
+    r.answer(7, again.ask_id, 30000, False, 5.01)
+    assert lz.valid(5.5) and not lz.is_lost(5.5)
+
+
+def test_a_view_past_its_ttl_count_is_lost_for_good():
+    lz = lease(ttl=9.0, margin=0.1, sent_at=100.0)  # the ttl count ends at 108.1
+    assert not lz.is_lost(108.0)
+    assert lz.is_lost(108.1)
+    lz.extend(sent_at=108.0, ttl=9.0)  # an answer that came too late
+    assert lz.is_lost(108.2) and not lz.valid(108.2)
+
+
+def test_an_answer_after_the_ttl_count_counts_until_the_loss_is_marked():
+    """An answered keep-alive proves the session alive: it counts even if it
+    comes after the ttl count ran out, as long as the lease was not marked
+    lost before (lost is final)."""
+    r = core.Renewals()
+    lz = lease(ttl=9.0, sent_at=0.0)  # the ttl count ends at 8.1
+    r.add(lz, first=0.0)
+    r.stream_opened(0.0)
+    (ask,) = r.due(7.0)  # sent before the count ran out, answered after
+    r.answer(7, ask.ask_id, 9000, False, 8.2)
+    assert not lz.is_lost(8.3) and lz.valid(8.3)
+    assert lz.valid(7.0 + 8.09) and not lz.valid(7.0 + 8.1)  # believed from the send
+
+
+def test_an_answer_after_the_loss_was_marked_does_not_bring_the_lease_back():
+    r = core.Renewals()
+    lz = lease(ttl=9.0, sent_at=0.0)  # the ttl count ends at 8.1
+    r.add(lz, first=0.0)
+    r.stream_opened(0.0)
+    (ask,) = r.due(7.0)
+    r.prune(8.15)  # marked lost
+    r.answer(7, ask.ask_id, 9000, False, 8.2)
+    assert lz.is_lost(8.3) and not lz.valid(8.3)
+
+
+def test_the_ttl_count_runs_from_when_the_answer_came():
+    """Only belief counts from the send; the loss (when to give up) counts
+    from when the last answer came: an answer that took long still leaves
+    a whole ttl count."""
+    r = core.Renewals()
+    lz = lease(ttl=9.0, sent_at=0.0)
+    r.add(lz, first=0.0)
+    r.stream_opened(0.0)
+    (ask,) = r.due(3.0)
+    r.answer(7, ask.ask_id, 9000, False, 6.0)  # answered 3 s after its send
+    assert not lz.valid(3.0 + 8.1)  # believed until the send + 8.1
+    assert not lz.is_lost(6.0 + 8.09) and lz.is_lost(6.0 + 8.1)  # lost at the answer + 8.1
+
+
+def test_a_session_no_stream_bound_is_believed_only_a_grace_past_its_open():
+    """A session that ends with its stream is believed only a grace (less
+    the margin) past the send of its open, even before a stream renewed
+    it: the open's own call may have been its stream."""
+    lz = core.Lease(7, 30.0, 0.1, 0.0, grace=2.0)
+    lz.state = core.VALID
+    assert lz.valid(1.79) and not lz.valid(1.8)
+    assert not lz.is_lost(1.8)  # jeopardy
+
+
+def test_past_the_ttl_count_the_holders_are_told_once_and_renewals_stop():
+    r = core.Renewals()
+    lz = lease(ttl=9.0, sent_at=0.0)  # the ttl count ends at 8.1
+    lz.on_lost = lambda: None
+    r.add(lz, first=3.0)
+    assert r.next_wakeup(0.0) == pytest.approx(3.0)
+    r.prune(8.1)
+    assert r.take_lost(8.1) == [lz] and r.take_lost(8.2) == []
+    assert 7 not in r.entries and r.due(8.2) == []
 
 
 def test_an_expired_session_is_lost_for_good():
@@ -67,7 +149,9 @@ def test_a_session_bound_to_its_stream_is_believed_only_a_grace_past_the_last_pr
     assert lz.valid(2.4) and not lz.valid(2.0 / 3 + 1.8)
 
 
-def test_a_stream_the_leader_ends_for_not_leading_starts_no_grace():
+def test_a_stream_the_leader_ends_for_not_leading_keeps_the_grace_count():
+    """The client cannot tell for sure that no grace started: the view
+    still ends a grace past the last proof (jeopardy, not lost)."""
     r = core.Renewals()
     lz = core.Lease(7, 30.0, 0.1, 0.0, grace=2.0)
     lz.state = core.VALID
@@ -75,9 +159,9 @@ def test_a_stream_the_leader_ends_for_not_leading_starts_no_grace():
     r.stream_opened(0.0)
     (ask,) = r.due(0.0)
     r.answer(7, ask.ask_id, 30000, False, 0.01)
-    r.stream_failed(0.5, lifted=True)
-    assert lz.valid(10.0)  # the ttl only, until the next stream binds it
-    assert not lz.valid(27.0)
+    r.stream_failed(0.5)  # as when the node ended it for not leading
+    assert not lz.valid(1.8) and not lz.valid(10.0)
+    assert not lz.is_lost(10.0)
 
 
 def test_a_broken_stream_keeps_the_grace_and_the_next_stream_rebinds_at_once():

@@ -30,27 +30,36 @@ def holders_of(client, name):
 
 @pytest.mark.parametrize("api", APIS)
 def test_a_killed_holder_frees_the_lock_long_before_its_ttl(cluster, client, children, name, api):
-    holder = children("hold", api, cluster.endpoints, name, str(LONG_TTL))
-    fence = int(holder.expect("held").split()[1])
-    # Someone is queued behind the holder when it dies.
-    got = {}
+    """A holder process at the client's defaults (``end_on_disconnect``
+    0.75 s) with a 30 s ttl, SIGKILLed while this process waits for the
+    lock: the waiter is granted long before the ttl (asserted: under 10 s;
+    each round's kill-to-grant time is printed, ``pytest -s`` shows it).
+    Three rounds."""
+    took = []
+    for round_ in range(3):
+        key = f"{name}/{round_}"
+        holder = children("hold", api, cluster.endpoints, key, str(LONG_TTL))
+        fence = int(holder.expect("held").split()[1])
+        got = {}
 
-    def wait():
-        with client.lock(name, ttl=10, timeout=LONG_TTL) as lock:
-            got["fence"] = lock.fence
-            got["at"] = time.monotonic()
+        def wait():
+            with client.lock(key, ttl=10, timeout=LONG_TTL) as lock:
+                got["at"] = time.monotonic()
+                got["fence"] = lock.fence
 
-    t = threading.Thread(target=wait)
-    t.start()
-    wait_for(lambda: waiters_of(client, name), "the waiter to queue")
-    killed = time.monotonic()
-    holder.signal(signal.SIGKILL)
-    t.join(LONG_TTL)
-    assert "at" in got, "the waiter was never granted"
-    freed_after = got["at"] - killed
-    # The grace is 1 s; the ttl 30 s.
-    assert freed_after < LONG_TTL / 3, f"granted {freed_after:.2f} s after the kill"
-    assert got["fence"] > fence
+        t = threading.Thread(target=wait)
+        t.start()
+        wait_for(lambda: waiters_of(client, key), "the waiter to queue")
+        killed = time.monotonic()
+        holder.signal(signal.SIGKILL)
+        t.join(LONG_TTL)
+        assert "at" in got, "the waiter was never granted"
+        took.append(got["at"] - killed)
+        assert took[-1] < 10.0, f"round {round_}: granted {took[-1]:.2f} s after the kill (ttl {LONG_TTL:g} s)"
+        assert got["fence"] > fence
+    figures = ", ".join(f"{d:.3f}" for d in took)
+    print(f"\n{api}: SIGKILLed holder (ttl {LONG_TTL:g} s, default grace {raftlock.DEFAULT_END_ON_DISCONNECT:g} s)"
+          f" -> next grant after {figures} s (median {sorted(took)[1]:.3f} s)")
 
 
 @pytest.mark.parametrize("api", APIS)
@@ -78,19 +87,29 @@ def test_a_killed_queued_waiter_is_withdrawn_long_before_its_ttl(cluster, client
 @pytest.mark.parametrize("api", APIS)
 def test_a_killed_queued_waiter_never_holds_up_the_next_when_released_at_once(cluster, client, children, name, api):
     """The release comes right after the kill, before the grace: the dead
-    waiter's session is granted, then ends with its stream, and the live
-    waiter behind it gets the lock within seconds, not the dead one's ttl."""
-    first = client.lock(name, ttl=10)
-    assert first.acquire()
-    dead = children("wait", api, cluster.endpoints, name, str(LONG_TTL))
-    wait_for(lambda: len(waiters_of(client, name)) == 1, "the doomed waiter to queue")
-    live = children("wait", api, cluster.endpoints, name, str(LONG_TTL))
-    wait_for(lambda: len(waiters_of(client, name)) == 2, "the live waiter to queue behind it")
-    dead.signal(signal.SIGKILL)
-    released = time.monotonic()
-    first.release()
-    live.expect("held", timeout=LONG_TTL / 3)
-    assert time.monotonic() - released < LONG_TTL / 3
+    waiter's session may be granted, then ends with its stream, and the
+    live waiter behind it gets the lock within seconds (asserted: under
+    10 s), not the dead one's ttl. Three rounds; the time from the kill to
+    the live waiter's grant and the median are printed."""
+    took = []
+    for round_ in range(3):
+        key = f"{name}/{round_}"
+        first = client.lock(key, ttl=10)
+        assert first.acquire()
+        dead = children("wait", api, cluster.endpoints, key, str(LONG_TTL))
+        wait_for(lambda: len(waiters_of(client, key)) == 1, "the doomed waiter to queue")
+        live = children("wait", api, cluster.endpoints, key, str(LONG_TTL))
+        wait_for(lambda: len(waiters_of(client, key)) == 2, "the live waiter to queue behind it")
+        dead.signal(signal.SIGKILL)
+        killed = time.monotonic()
+        first.release()
+        live.expect("held", timeout=LONG_TTL / 3)
+        took.append(time.monotonic() - killed)
+        assert took[-1] < 10, f"round {round_}: the live waiter was granted {took[-1]:.3f} s after the kill"
+    figures = ", ".join(f"{d:.3f}" for d in took)
+    print(f"\n{api}: SIGKILLed queued waiter (ttl {LONG_TTL:g} s, default grace "
+          f"{raftlock.DEFAULT_END_ON_DISCONNECT:g} s), holder released at once -> the waiter behind it granted "
+          f"after {figures} s (median {sorted(took)[1]:.3f} s)")
 
 
 @pytest.mark.parametrize("api", APIS)
@@ -117,7 +136,9 @@ def test_a_holder_paused_until_the_node_drops_its_connection_sees_lost_on_resume
     give up on its connection (its HTTP/2 pings go unanswered): the session
     ends a grace later and the lock goes to someone else, long before the
     ttl. On resume the holder must not believe its lease for the rest of
-    the ttl: its first look says lost."""
+    the ttl: its first look says not valid (jeopardy: within the ttl count
+    it is not lost yet), and its next keep-alive, answered expired, makes
+    it lost."""
     holder = children("pause", api, cluster.endpoints, name, str(LONG_TTL))
     fence = int(holder.expect("held").split()[1])
     holder.signal(signal.SIGSTOP)
@@ -127,7 +148,8 @@ def test_a_holder_paused_until_the_node_drops_its_connection_sees_lost_on_resume
     finally:
         holder.signal(signal.SIGCONT)
     line = holder.expect("resumed")
-    assert "lost=True" in line, line
+    assert "valid=False" in line, line
+    holder.expect("lost")
 
 
 def test_an_interrupted_wait_is_withdrawn_and_the_session_kept(cluster, client, children, name):

@@ -11,8 +11,12 @@ this module what to do next, so both follow the same rules:
   its own ``ask_id``, and an answer is credited only to the ask whose id it
   echoes, from that ask's send time. A session that ends with its stream
   (``end_on_disconnect``) is also believed only a grace (less the margin)
-  past the send time of the last ask its stream answered (see ``Lease``).
-  Only the cluster saying ``expired`` makes a lease lost for good.
+  past the send time of its open or of the last ask its stream answered
+  (see ``Lease``). Past that grace count but within the ttl count (from
+  when the last answer *came*) the lease is in *jeopardy*: not valid, not
+  lost, still renewed, and valid again once a keep-alive is answered. It
+  is lost, for good, only when the cluster says ``expired`` or the ttl
+  count runs out.
 * **Renewal.** Every ttl/3 after the last ask was sent, and the stream of
   sessions that end with it every grace/3; at once after opening (such a
   session is bound to the stream that renews it) and on every new stream;
@@ -44,7 +48,7 @@ TTL_MAX = 3600.0
 #: Default grace, in seconds, after which a session whose keep-alive stream
 #: closed (its process died) ends, instead of at the end of its ttl. The
 #: client renews such a session's stream every grace/3.
-DEFAULT_END_ON_DISCONNECT = 2.0
+DEFAULT_END_ON_DISCONNECT = 0.75
 #: The largest grace the cluster accepts, in seconds.
 END_ON_DISCONNECT_MAX = 60.0
 #: Fraction of the ttl the client leaves out of its own view of the lease.
@@ -74,6 +78,10 @@ NOT_LEADER_KEY = "raftlock-not-leader"
 RENEW_RETRY = 0.05
 #: Shortest time a keep-alive ask waits for its answer.
 MIN_ASK_WAIT = 0.2
+#: Shortest silence (an ask of a session that ends with its stream
+#: unanswered) after which the client tries a new stream; the silence
+#: allowed is the grace, at most a third of the ttl, and at least this.
+MIN_SILENCE = 1.0
 
 #: gRPC channel options: reconnect quickly to a restarted node, and notice
 #: a dead or cut-off node even while a wait is parked.
@@ -504,39 +512,53 @@ INF = float("inf")
 class Lease:
     """One session's view of its lease (see the module doc).
 
-    The view ends at the earlier of two instants:
+    Belief ends at the earlier of two instants:
 
-    * ``until``: the send time of the last keep-alive the leader answered,
-      plus the ttl, less the margin;
+    * ``until``: the send time of the last lease-starting request answered
+      (the open, a keep-alive), plus the ttl, less the margin;
     * ``grace_until``, for a session that ends with its stream
-      (``end_on_disconnect``) once a stream has renewed it: the leader
-      ends such a session ``grace`` after that stream closes, and the stream
-      may close (a dead connection, noticed by the leader) at any moment
-      after the last ask it answered was sent. So the view lasts only until
-      that send time plus the grace, less the margin; the client renews
-      often enough (every grace/3) to keep it ahead.
+      (``end_on_disconnect``): the leader ends such a session ``grace``
+      after the last stream that renewed it closes, and that stream (or the
+      open's own call) may close (a dead connection, noticed by the leader)
+      at any moment after the last ask it answered was sent. So the view
+      lasts only until the latest such send time (the open's, from the
+      start) plus the grace, less the margin; the client renews often
+      enough (every grace/3) to keep it ahead.
 
-    ``lost`` is the view having run out. It is final only when the cluster
-    says the session is gone (``expired``): a view that ran out while the
-    session in fact lived (a slow network, a leader change) comes back with
-    the next answered keep-alive, which proves that the session, and so
-    every grant it had, was never ended in between.
+    Three states follow (README, "The lease rule"):
+
+    * **held** (:meth:`valid`): before both instants;
+    * **jeopardy**: past them, but the ttl count (``lost_at``) has not run
+      out. Not valid (the stream may have closed and the session ended a
+      grace later), but not lost either: nobody is told, the session is
+      still renewed, and the next answered keep-alive makes it valid again,
+      since it proves that the session, and so every grant it had, was
+      never ended in between (a slow network, a leader change);
+    * **lost** (:meth:`is_lost`, final): the cluster said the session is
+      gone (``expired``), or ``lost_at`` passed with no keep-alive
+      answered: the *receive* time of the last lease-starting answer plus
+      the ttl, less the margin (it only decides when to give up, so it
+      counts from when the answer came: an answer that took long still
+      leaves a whole ttl). An answer that comes after that was marked never
+      brings the lease back.
 
     A lease starts ``pending``: :meth:`activate` hands it out once the
     open's answer (or the first keep-alive's) stands. Each change is one
     assignment under the GIL."""
 
-    def __init__(self, session_id: int, ttl: float, margin: float, sent_at: float, grace: float = 0.0) -> None:
+    def __init__(self, session_id: int, ttl: float, margin: float, sent_at: float, grace: float = 0.0,
+                 received_at: Optional[float] = None) -> None:
         self.session_id = session_id
         self.ttl = ttl
         self.margin_fraction = margin
         self.margin = ttl * margin
         self.grace = grace
         self.until = sent_at + ttl - self.margin
-        self.grace_until = INF
+        self.lost_at = (sent_at if received_at is None else received_at) + ttl - self.margin
+        self.grace_until = sent_at + grace * (1 - margin) if grace > 0 else INF
         self.state = PENDING
-        #: Called (by the keep-alive driver, once) when the lease may have
-        #: lapsed; its session tells ``on_lost`` of each lock it holds.
+        #: Called (by the keep-alive driver, once) when the lease is lost;
+        #: its session tells ``on_lost`` of each lock it holds.
         self.on_lost: Optional[Callable[[], None]] = None
         self.notified = False
 
@@ -551,32 +573,33 @@ class Lease:
         return (now() if at is None else at) < self.deadline()
 
     def is_lost(self, at: Optional[float] = None) -> bool:
-        """True if the lease may have lapsed (a closed session is not lost)."""
-        if self.state == LOST:
-            return True
-        return self.state == VALID and not self.valid(at)
+        """True once the lease is lost: the cluster said the session is
+        gone, or the ttl count (``lost_at``) passed; final (a closed session
+        is not lost)."""
+        if self.state == VALID and (now() if at is None else at) >= self.lost_at:
+            self.state = LOST
+        return self.state == LOST
 
     def activate(self) -> bool:
-        """Hands the lease out; False if its view has run out."""
+        """Hands the lease out (held, or in jeopardy); False if it is
+        lost."""
         if self.state == PENDING:
             self.state = VALID
-        return self.valid()
+        return not self.is_lost()
 
-    def extend(self, sent_at: float, ttl: float) -> None:
-        """An ask sent at ``sent_at`` was answered with ``ttl``."""
+    def extend(self, sent_at: float, ttl: float, received_at: Optional[float] = None) -> None:
+        """An ask sent at ``sent_at`` was answered with ``ttl`` (at
+        ``received_at``)."""
         if self.state in (PENDING, VALID):
             self.until = max(self.until, sent_at + ttl - self.margin)
+            got = sent_at if received_at is None else received_at
+            self.lost_at = max(self.lost_at, got + ttl - self.margin)
 
     def bind(self, proof: float) -> None:
         """A stream that renewed the session was open on the leader at
         ``proof`` (the send time of an ask it answered)."""
         if self.grace > 0:
-            self.grace_until = proof + self.grace * (1 - self.margin_fraction)
-
-    def unbind(self) -> None:
-        """The session's stream ended in a way that starts no grace (the
-        node stopped leading): only the ttl counts until the next stream."""
-        self.grace_until = INF
+            self.grace_until = max(self.grace_until, proof + self.grace * (1 - self.margin_fraction))
 
     def mark_lost(self) -> None:
         if self.state in (PENDING, VALID):
@@ -595,6 +618,19 @@ class Ask:
     sent_at: float
     deadline: float
     stream: int = 0
+
+
+def ask_wait(lease: Lease) -> float:
+    """How long a keep-alive ask of ``lease`` waits for its answer before
+    it is asked again (and, if nothing at all came back on the stream, the
+    stream is taken for stalled): for a session that ends with its stream,
+    the grace, at most a third of the ttl, at least ``MIN_SILENCE``
+    (leaving a stream starts the grace on the leader if no other stream
+    renews the session, so a short silence must not); otherwise a third of
+    the ttl, at least ``MIN_ASK_WAIT``."""
+    if lease.grace > 0:
+        return max(MIN_SILENCE, min(lease.grace, lease.ttl / 3))
+    return max(lease.ttl / 3, MIN_ASK_WAIT)
 
 
 @dataclass
@@ -618,7 +654,7 @@ class Renewals:
         self.streams = 0  # streams opened so far
         self.current = 0  # the open stream (0: none)
         self.proof: Dict[int, float] = {}
-        self.expired: List[Lease] = []  # answered expired, not yet taken by take_lost
+        self.expired: List[Lease] = []  # lost (answered expired, or pruned past the ttl count), not yet taken
 
     def add(self, lease: Lease, first: float) -> None:
         self.entries[lease.session_id] = _Entry(lease, first)
@@ -629,8 +665,12 @@ class Renewals:
             del self.inflight[k]
 
     def prune(self, at: float) -> None:
-        """Stops renewing sessions that are gone (expired or closed)."""
+        """Stops renewing sessions that are gone: expired, past their ttl
+        count (lost: their holders are told, see :meth:`take_lost`), or
+        closed."""
         for sid, e in list(self.entries.items()):
+            if e.lease.is_lost(at) and not e.lease.notified:
+                self.expired.append(e.lease)
             if e.lease.state in (LOST, CLOSED):
                 self.remove(sid)
 
@@ -666,8 +706,7 @@ class Renewals:
         for sid, e in list(self.entries.items()):
             if e.due is not None and e.due <= at:
                 self.last_ask_id += 1
-                window = e.lease.ttl if e.lease.grace <= 0 else min(e.lease.ttl, e.lease.grace)
-                ask = Ask(sid, self.last_ask_id, at, at + max(window / 3, MIN_ASK_WAIT), self.current)
+                ask = Ask(sid, self.last_ask_id, at, at + ask_wait(e.lease), self.current)
                 self.inflight[ask.ask_id] = ask
                 e.due = None
                 out.append(ask)
@@ -684,12 +723,17 @@ class Renewals:
         if e is None:
             return None
         e.answers += 1
+        if e.lease.state == LOST:
+            # Marked lost before this answer came: lost for good (prune
+            # tells its holders). An answer that comes first counts, even
+            # past the ttl count: it proves the session alive.
+            return e.lease
         if expired:
             e.lease.mark_lost()
             del self.entries[session_id]
             self.expired.append(e.lease)
             return e.lease
-        e.lease.extend(ask.sent_at, ttl_ms / 1000.0)
+        e.lease.extend(ask.sent_at, ttl_ms / 1000.0, at)
         if ask.stream:
             self.proof[ask.stream] = max(self.proof.get(ask.stream, -INF), ask.sent_at)
             if e.lease.grace > 0:
@@ -716,19 +760,22 @@ class Renewals:
                 self._retry(a.session_id, at)
         return stalled
 
-    def stream_failed(self, at: float, lifted: bool = False) -> None:
-        """The open stream ended: every ask on it is lost, and their
-        sessions ask again soon on the next stream. ``lifted``: the node
-        ended it because it no longer leads, so it starts no grace."""
+    def stream_failed(self, at: float) -> None:
+        """The open stream ended (or was left for a new one): every ask on
+        it is given up, and their sessions ask again soon on the next
+        stream. The grace counts go on (the client cannot tell whether the
+        leader started a grace)."""
         for a in self.inflight.values():
             self._retry(a.session_id, at)
         self.inflight.clear()
-        if lifted:
-            for e in self.entries.values():
-                if e.bound == self.current:
-                    e.bound = 0
-                    e.lease.unbind()
         self.current = 0
+
+    def all_bound(self) -> bool:
+        """True when every session that ends with its stream has been
+        renewed on the open stream (a stream left for it may be closed
+        then without starting a grace)."""
+        return bool(self.current) and all(
+            e.bound == self.current for e in self.entries.values() if e.lease.grace > 0)
 
     def _retry(self, session_id: int, at: float) -> None:
         e = self.entries.get(session_id)
@@ -744,9 +791,10 @@ class Renewals:
         return e.answers
 
     def take_lost(self, at: float) -> List[Lease]:
-        """The leases that may have lapsed (answered expired, or their view
-        ran out) and were not taken before: each is taken once, for its
-        holders to be told (``Lease.on_lost``)."""
+        """The leases that are lost (answered expired, or past their ttl
+        count) and were not taken before: each is taken once, for its
+        holders to be told (``Lease.on_lost``). A lease in jeopardy is not
+        lost."""
         lost = [lz for lz in self.expired if not lz.notified]
         self.expired.clear()
         lost.extend(e.lease for e in self.entries.values() if not e.lease.notified and e.lease.is_lost(at))
@@ -757,9 +805,9 @@ class Renewals:
     def next_wakeup(self, at: float) -> Optional[float]:
         """When the driver must look again (None: nothing scheduled)."""
         times = [e.due for e in self.entries.values() if e.due is not None]
-        # When a held lease's view runs out: its holders are told then.
-        times.extend(e.lease.deadline() for e in self.entries.values()
-                     if e.lease.state == VALID and not e.lease.notified and e.lease.on_lost is not None)
+        # When a held lease's ttl count runs out: it is lost then (its
+        # holders are told, its renewals stop).
+        times.extend(e.lease.lost_at for e in self.entries.values() if e.lease.state == VALID)
         times.extend(a.deadline for a in self.inflight.values())
         ping = self._ping_due()
         if ping is not None:

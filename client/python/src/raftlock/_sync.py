@@ -130,6 +130,10 @@ class _KeepAlive:
         self.cond = threading.Condition()
         self.r = core.Renewals()
         self.stream: Optional[_Stream] = None
+        #: A stalled stream left open until the next one has renewed every
+        #: session that ends with its stream (closing it first would start
+        #: their grace on the leader with no stream renewing them).
+        self.old: Optional[_Stream] = None
         self.retry_at = 0.0
         self.backoff = core.INITIAL_BACKOFF
         self.hops = 0
@@ -175,6 +179,7 @@ class _KeepAlive:
             self.closed = True
             if self.stream is not None:
                 self._drop(self.stream)
+            self._close_old()
             self.cond.notify_all()
 
     def _run(self) -> None:
@@ -184,9 +189,11 @@ class _KeepAlive:
                 self.r.prune(t)
                 if self.stream is not None and self.r.overdue(t):
                     # Nothing came back since an ask was sent: the leader
-                    # may be gone with the connection still up.
+                    # may be gone with the connection still up, or slow.
+                    # Try another stream; this one stays open until that
+                    # one has renewed the sessions.
                     self.t.endpoints.forget(self.stream.addr)
-                    self._drop(self.stream)
+                    self._leave(self.stream)
                 for lease in self.r.take_lost(t):
                     if lease.on_lost is not None:
                         threading.Thread(target=lease.on_lost, name="raftlock-on-lost", daemon=True).start()
@@ -228,28 +235,48 @@ class _KeepAlive:
         st.call.cancel()
         self.r.stream_failed(core.now())
 
+    def _leave(self, st: _Stream) -> None:
+        """Leaves the stalled stream ``st`` open for the next one (its asks
+        are retried there; its late answers are not credited)."""
+        self._close_old()
+        self.stream, self.old = None, st
+        self.r.stream_failed(core.now())
+        self.retry_at = core.now() + self.backoff * random.uniform(0.5, 1.5)
+        self.backoff = min(self.backoff * 2, core.MAX_BACKOFF)
+
+    def _close_old(self) -> None:
+        if self.old is not None:
+            old, self.old = self.old, None
+            old.end()
+            old.call.cancel()
+
     def _read(self, st: _Stream) -> None:
         err = None
         try:
             for resp in st.call:
                 with self.cond:
+                    if st is self.old:
+                        continue  # left for a newer stream: open, not credited
                     if self.stream is not st:
                         break
                     self.r.answer(resp.session_id, resp.ask_id, resp.ttl_ms, resp.expired, core.now())
+                    if self.r.all_bound():
+                        self._close_old()
                     self.backoff = core.INITIAL_BACKOFF
                     self.hops = 0
                     self.cond.notify_all()
         except grpc.RpcError as e:
             err = e
         with self.cond:
+            if self.old is st:
+                self.old = None  # the left stream ended by itself
+                return
             if self.stream is not st:
                 return  # dropped or ended on purpose
             self.stream = None
             st.end()
             md = core.status_of(err)[2] if err is not None else {}
-            # A node that ends the stream because it no longer leads starts
-            # no grace (a new leader counts the ttl only).
-            self.r.stream_failed(core.now(), lifted=core.NOT_LEADER_KEY in md)
+            self.r.stream_failed(core.now())
             hint = md.get(core.LEADER_KEY)
             if hint and hint != st.addr and self.hops < 3:
                 # Not the leader, and it named the leader: go there at once.
@@ -280,9 +307,10 @@ class Lock:
     grant in a session (from :meth:`Session.acquire`, already held).
 
     ``fence`` is the grant's fencing token (pass it to every store you
-    write); ``lost`` says, when read, whether the lease may have lapsed;
-    ``release()`` is safe to call any number of times. Leaving a ``with``
-    block releases it."""
+    write); ``valid`` says, when read, whether the lock is held by the
+    client's count (act on it only then); ``lost`` whether it is lost, for
+    good; ``release()`` is safe to call any number of times. Leaving a
+    ``with`` block releases it."""
 
     def __init__(self, client, name, *, ttl, timeout, shared, capacity, weight, value, margin, end_on_disconnect,
                  session=None) -> None:
@@ -321,12 +349,23 @@ class Lock:
         return self._fence is not None and not self._released
 
     @property
+    def valid(self) -> bool:
+        """True while the lock is held and the client's view of its lease
+        holds (computed when read): act on the lock only while it is True.
+        False in jeopardy (no keep-alive answered within the grace count:
+        the stream may have closed and the session ended a grace later; it
+        turns True again when a keep-alive is answered, which proves the
+        session and its grants alive), once ``lost``, before the grant and
+        from ``release()`` on."""
+        return self._fence is not None and not self._released and self._session._lease.valid()
+
+    @property
     def lost(self) -> bool:
-        """True if the lease through which the lock is held may have
-        lapsed (no keep-alive answered in time, or the cluster said the
-        session expired). Computed when read. It turns False again only if
-        a later keep-alive proves the session was alive all along; an
-        expired session stays lost. After ``release()``, what it was then;
+        """True once the lock is lost: the cluster said its session ended
+        (expired, revoked), or no keep-alive was answered within the ttl
+        count (the send of the last one answered + the ttl, less the
+        margin). Computed when read; final, never False again. False in
+        jeopardy (see ``valid``). After ``release()``, what it was then;
         False for a lock never acquired."""
         if self._fence is None:
             return False
@@ -467,8 +506,8 @@ class Session:
             self._granted = [lk for lk in self._granted if lk.held] + list(locks)
 
     def _lost(self) -> None:
-        """The lease may have lapsed: tells the client's on_lost of each
-        lock still held (in the keep-alive's thread for this)."""
+        """The lease is lost: tells the client's on_lost of each lock
+        still held (in a thread of its own)."""
         with self._mutex:
             held = [(lk.name, lk._fence) for lk in self._granted if lk.held]
         for name, fence in held:
@@ -483,8 +522,16 @@ class Session:
         return self._lease.ttl
 
     @property
+    def valid(self) -> bool:
+        """True while the client's view of the lease holds (computed when
+        read): False in jeopardy, once lost and once closed (see
+        ``Lock.valid``)."""
+        return self._lease.valid()
+
+    @property
     def lost(self) -> bool:
-        """True if the lease may have lapsed (computed when read)."""
+        """True once the lease is lost, for good (computed when read; see
+        ``Lock.lost``)."""
         return self._lease.is_lost()
 
     def acquire(self, name: str, shared: bool = False, timeout: Optional[float] = None,
@@ -521,8 +568,8 @@ class Session:
                 for name, shared, capacity, weight in specs]
         if self._closed:
             raise errors.RaftlockError(f"session {self.id} is closed")
-        if self._lease.state == core.LOST:
-            raise errors.LeaseLost(f"session {self.id} has expired")
+        if self._lease.is_lost():
+            raise errors.LeaseLost(f"session {self.id} is lost (it ended, or no keep-alive was answered within its ttl)")
         timeout_ms, wait = core.timeout_fields(timeout)
         seq = next(self._seqs)
         req = pb.AcquireAllRequest(
@@ -549,12 +596,15 @@ class Session:
             lk._fence, lk._seq = g.fence, seq
         self._granted_now(held)
         if not self._lease.valid():
+            # In jeopardy as they were granted: a keep-alive answered now
+            # makes the lease held again.
             self._client._ka.renew_now(self._lease, core.MIN_ASK_WAIT * 5)
-        if not self._lease.valid():
+        if self._lease.is_lost():
+            # Never hand out grants of a lost session.
             for lk in held:
                 self._release(lk.name, lk._fence, quiet=True)
                 lk._released = True
-            raise errors.LeaseLost(f"session {self.id}'s lease may have lapsed before {names!r} were granted")
+            raise errors.LeaseLost(f"session {self.id} was lost before {names!r} were granted")
         return held
 
     def _upgrade(self, name: str, fence: int, timeout: Optional[float]) -> int:
@@ -586,8 +636,8 @@ class Session:
     def _acquire_into(self, lock: Lock) -> bool:
         if self._closed:
             raise errors.RaftlockError(f"session {self.id} is closed")
-        if self._lease.state == core.LOST:
-            raise errors.LeaseLost(f"session {self.id} has expired")
+        if self._lease.is_lost():
+            raise errors.LeaseLost(f"session {self.id} is lost (it ended, or no keep-alive was answered within its ttl)")
         mode, weight, capacity = lock._mode
         timeout_ms, wait = core.timeout_fields(lock._timeout)
         seq = next(self._seqs)
@@ -607,14 +657,15 @@ class Session:
         lock._fence, lock._seq = resp.fence, seq
         self._granted_now([lock])
         if not self._lease.valid():
-            # The view ran out while the acquire waited: a keep-alive
-            # answered now proves the session (and the grant) alive.
+            # In jeopardy as it was granted (a pause, a failover while it
+            # waited): a keep-alive answered now makes it held again.
             self._client._ka.renew_now(self._lease, core.MIN_ASK_WAIT * 5)
-        if not self._lease.valid():
-            # Never hand out a grant on a lease that may have lapsed.
+        if self._lease.is_lost():
+            # Never hand out a grant of a lost session (one in jeopardy is
+            # handed out: valid again once a keep-alive is answered).
             self._release(lock.name, resp.fence, quiet=True)
             lock._released = True
-            raise errors.LeaseLost(f"session {self.id}'s lease may have lapsed before {lock.name!r} was granted")
+            raise errors.LeaseLost(f"session {self.id} was lost before {lock.name!r} was granted")
         return True
 
     def _cancel(self, name: str, seq: int) -> None:
@@ -682,9 +733,9 @@ class Client:
     enough (all its sessions share one keep-alive stream).
 
     ``on_lost(name, fence)``, if given, is called once for each lock held
-    when its lease may have lapsed (the moment ``lock.lost`` turns True),
-    in a thread of its own; nothing is cancelled. An exception it raises
-    is logged."""
+    when it is lost (the moment ``lock.lost`` turns True: not in jeopardy,
+    see ``Lock.valid``), in a thread of its own; nothing is cancelled. An
+    exception it raises is logged."""
 
     def __init__(self, endpoints: Union[str, Sequence[str]], token: Optional[str] = None, ca=None, cert=None,
                  key=None, on_lost: Optional[Callable[[str, int], object]] = None) -> None:
@@ -730,18 +781,18 @@ class Client:
                                     nonce=random.getrandbits(64) | 1, end_on_disconnect_ms=grace_ms)
         sent_at = core.now()
         resp = self._t.call("OpenSession", req, True)
-        lease = core.Lease(resp.session_id, resp.ttl_ms / 1000.0, margin, sent_at, grace_ms / 1000.0)
+        lease = core.Lease(resp.session_id, resp.ttl_ms / 1000.0, margin, sent_at, grace_ms / 1000.0, core.now())
         session = Session(self, resp.session_id, lease, grace_ms)
         if grace_ms:
-            # Bound to the stream at once: until a stream on the leader has
-            # renewed it, only its ttl can end it.
+            # Renewed on the stream at once: the view (from the open's send)
+            # lasts only a grace.
             self._ka.add(lease, core.now())
             self._ka.renew_now(lease, max(lease.ttl / 3, core.MIN_ASK_WAIT))
         else:
             self._ka.add(lease, sent_at + lease.ttl / 3)
         if not lease.activate():
             session._close_quietly()
-            raise errors.LeaseLost(f"session {resp.session_id}'s lease lapsed as it opened")
+            raise errors.LeaseLost(f"session {resp.session_id} was lost as it opened")
         return session
 
     def describe(self, name: str) -> Optional[core.LockInfo]:

@@ -120,6 +120,10 @@ class _KeepAlive:
         self.t = transport
         self.r = core.Renewals()
         self.stream: Optional[_Stream] = None
+        #: A stalled stream left open until the next one has renewed every
+        #: session that ends with its stream (closing it first would start
+        #: their grace on the leader with no stream renewing them).
+        self.old: Optional[_Stream] = None
         self.retry_at = 0.0
         self.backoff = core.INITIAL_BACKOFF
         self.hops = 0
@@ -175,6 +179,7 @@ class _KeepAlive:
         self.closed = True
         if self.stream is not None:
             self._drop(self.stream)
+        self._close_old()
         for task in [self.task, *self.readers]:
             if task is not None:
                 task.cancel()
@@ -192,9 +197,11 @@ class _KeepAlive:
             self.r.prune(t)
             if self.stream is not None and self.r.overdue(t):
                 # Nothing came back since an ask was sent: the leader may be
-                # gone with the connection still up.
+                # gone with the connection still up, or slow. Try another
+                # stream; this one stays open until that one has renewed
+                # the sessions.
                 self.t.endpoints.forget(self.stream.addr)
-                self._drop(self.stream)
+                self._leave(self.stream)
             for lease in self.r.take_lost(t):
                 if lease.on_lost is not None:
                     lease.on_lost()
@@ -248,16 +255,38 @@ class _KeepAlive:
         st.call.cancel()
         self.r.stream_failed(core.now())
 
+    def _leave(self, st: _Stream) -> None:
+        """Leaves the stalled stream ``st`` open for the next one (its asks
+        are retried there; its late answers are not credited)."""
+        self._close_old()
+        self.stream, self.old = None, st
+        self.r.stream_failed(core.now())
+        self.retry_at = core.now() + self.backoff * random.uniform(0.5, 1.5)
+        self.backoff = min(self.backoff * 2, core.MAX_BACKOFF)
+
+    def _close_old(self) -> None:
+        if self.old is not None:
+            old, self.old = self.old, None
+            old.call.cancel()
+
     async def _read(self, st: _Stream) -> None:
         err = None
         try:
             while True:
                 resp = await st.call.read()
-                if resp is grpc.aio.EOF or self.stream is not st:
+                if resp is grpc.aio.EOF:
+                    break
+                if st is self.old:
+                    continue  # left for a newer stream: open, not credited
+                if self.stream is not st:
                     break
                 self.r.answer(resp.session_id, resp.ask_id, resp.ttl_ms, resp.expired, core.now())
-                if resp.expired:
-                    self._wake.set()  # its holders are told (on_lost)
+                if self.r.all_bound():
+                    self._close_old()
+                # The keep-alive task looks again: the session's next
+                # renewal is due from this answer (or, if it expired, its
+                # holders are told, on_lost).
+                self._wake.set()
                 self.backoff = core.INITIAL_BACKOFF
                 self.hops = 0
                 done, self._answered = self._answered, asyncio.Event()
@@ -268,14 +297,16 @@ class _KeepAlive:
             if self.closed or self.stream is not st:
                 return
             raise
+        if self.old is st:
+            self.old = None  # the left stream ended by itself
+            st.call.cancel()
+            return
         if self.stream is not st:
             return
         self.stream = None
         st.call.cancel()
         md = core.status_of(err)[2] if err is not None else {}
-        # A node that ends the stream because it no longer leads starts no
-        # grace (a new leader counts the ttl only).
-        self.r.stream_failed(core.now(), lifted=core.NOT_LEADER_KEY in md)
+        self.r.stream_failed(core.now())
         hint = md.get(core.LEADER_KEY)
         if hint and hint != st.addr and self.hops < 3:
             self.hops += 1
@@ -332,9 +363,9 @@ class Lock:
     """A lock or semaphore permits: either a lock with a session of its own
     (from :meth:`Client.lock`, taken by ``await lock.acquire()`` or
     ``async with``), or a grant in a session (from ``await
-    session.acquire(...)``, already held). ``fence``, ``lost`` and
-    ``held`` are plain attributes; ``await lock.release()`` is safe to call
-    any number of times."""
+    session.acquire(...)``, already held). ``fence``, ``valid``, ``lost``
+    and ``held`` are plain attributes; ``await lock.release()`` is safe to
+    call any number of times."""
 
     def __init__(self, client, name, *, ttl, timeout, shared, capacity, weight, value, margin, end_on_disconnect,
                  session=None) -> None:
@@ -372,9 +403,18 @@ class Lock:
         return self._fence is not None and not self._released
 
     @property
+    def valid(self) -> bool:
+        """True while the lock is held and the client's view of its lease
+        holds (computed when read): act on the lock only while it is True.
+        False in jeopardy, once ``lost``, before the grant and from
+        ``release()`` on (see the sync ``Lock.valid``)."""
+        return self._fence is not None and not self._released and self._session._lease.valid()
+
+    @property
     def lost(self) -> bool:
-        """True if the lease through which the lock is held may have
-        lapsed. Computed when read (see the sync ``Lock.lost``)."""
+        """True once the lock is lost: its session ended, or no keep-alive
+        was answered within the ttl count. Computed when read; final (see
+        the sync ``Lock.lost``)."""
         if self._fence is None:
             return False
         if self._released:
@@ -492,9 +532,9 @@ class Session:
         self._granted = [lk for lk in self._granted if lk.held] + list(locks)
 
     def _lost(self) -> None:
-        """The lease may have lapsed: tells the client's on_lost of each
-        lock still held, in the event loop (an awaitable it returns runs
-        as a task)."""
+        """The lease is lost: tells the client's on_lost of each lock
+        still held, in the event loop (an awaitable it returns runs as a
+        task)."""
         for lk in [lk for lk in self._granted if lk.held]:
             try:
                 result = self._client._on_lost(lk.name, lk._fence)
@@ -508,8 +548,14 @@ class Session:
         return self._lease.ttl
 
     @property
+    def valid(self) -> bool:
+        """True while the client's view of the lease holds (computed when
+        read): False in jeopardy, once lost and once closed."""
+        return self._lease.valid()
+
+    @property
     def lost(self) -> bool:
-        """True if the lease may have lapsed (computed when read)."""
+        """True once the lease is lost, for good (computed when read)."""
         return self._lease.is_lost()
 
     def acquire(self, name: str, shared: bool = False, timeout: Optional[float] = None,
@@ -539,8 +585,8 @@ class Session:
                 for name, shared, capacity, weight in specs]
         if self._closed:
             raise errors.RaftlockError(f"session {self.id} is closed")
-        if self._lease.state == core.LOST:
-            raise errors.LeaseLost(f"session {self.id} has expired")
+        if self._lease.is_lost():
+            raise errors.LeaseLost(f"session {self.id} is lost (it ended, or no keep-alive was answered within its ttl)")
         names = [lk.name for lk in held]
         for name in names:
             await self._client._settle(self.id, name)
@@ -569,12 +615,15 @@ class Session:
             lk._fence, lk._seq = g.fence, seq
         self._granted_now(held)
         if not self._lease.valid():
+            # In jeopardy as they were granted: a keep-alive answered now
+            # makes the lease held again.
             await self._client._ka.renew_now(self._lease, core.MIN_ASK_WAIT * 5)
-        if not self._lease.valid():
+        if self._lease.is_lost():
+            # Never hand out grants of a lost session.
             for lk in held:
                 await self._release(lk.name, lk._fence, quiet=True)
                 lk._released = True
-            raise errors.LeaseLost(f"session {self.id}'s lease may have lapsed before {names!r} were granted")
+            raise errors.LeaseLost(f"session {self.id} was lost before {names!r} were granted")
         return held
 
     async def _upgrade(self, name: str, fence: int, timeout: Optional[float]) -> int:
@@ -604,8 +653,8 @@ class Session:
     async def _acquire_into(self, lock: Lock) -> bool:
         if self._closed:
             raise errors.RaftlockError(f"session {self.id} is closed")
-        if self._lease.state == core.LOST:
-            raise errors.LeaseLost(f"session {self.id} has expired")
+        if self._lease.is_lost():
+            raise errors.LeaseLost(f"session {self.id} is lost (it ended, or no keep-alive was answered within its ttl)")
         # A withdrawal of this name still under way goes first: the cluster
         # refuses a second acquire of a name the session waits for.
         await self._client._settle(self.id, lock.name)
@@ -628,13 +677,15 @@ class Session:
         lock._fence, lock._seq = resp.fence, seq
         self._granted_now([lock])
         if not self._lease.valid():
-            # The view ran out while the acquire waited: a keep-alive
-            # answered now proves the session (and the grant) alive.
+            # In jeopardy as it was granted (a pause, a failover while it
+            # waited): a keep-alive answered now makes it held again.
             await self._client._ka.renew_now(self._lease, core.MIN_ASK_WAIT * 5)
-        if not self._lease.valid():
+        if self._lease.is_lost():
+            # Never hand out a grant of a lost session (one in jeopardy is
+            # handed out: valid again once a keep-alive is answered).
             await self._release(lock.name, resp.fence, quiet=True)
             lock._released = True
-            raise errors.LeaseLost(f"session {self.id}'s lease may have lapsed before {lock.name!r} was granted")
+            raise errors.LeaseLost(f"session {self.id} was lost before {lock.name!r} was granted")
         return True
 
     async def _cancel(self, name: str, seq: int) -> None:
@@ -693,8 +744,9 @@ class Client:
     """A handle to a raftlock cluster, for asyncio. Arguments as
     :class:`raftlock.Client`. Nothing is dialled until the first request;
     ``await client.close()`` (or ``async with``) at the end.
-    ``on_lost(name, fence)`` is called in the event loop (it must not
-    block); a coroutine function's coroutine runs as a task."""
+    ``on_lost(name, fence)`` is called in the event loop when a lock is
+    lost (not in jeopardy; see the sync ``Lock.valid``); it must not
+    block, and a coroutine function's coroutine runs as a task."""
 
     def __init__(self, endpoints: Union[str, Sequence[str]], token: Optional[str] = None, ca=None, cert=None,
                  key=None, on_lost: Optional[Callable[[str, int], object]] = None) -> None:
@@ -764,9 +816,11 @@ class Client:
                                     nonce=random.getrandbits(64) | 1, end_on_disconnect_ms=grace_ms)
         sent_at = core.now()
         resp = await self._t.call("OpenSession", req, True)
-        lease = core.Lease(resp.session_id, resp.ttl_ms / 1000.0, margin, sent_at, grace_ms / 1000.0)
+        lease = core.Lease(resp.session_id, resp.ttl_ms / 1000.0, margin, sent_at, grace_ms / 1000.0, core.now())
         session = Session(self, resp.session_id, lease, grace_ms)
         if grace_ms:
+            # Renewed on the stream at once: the view (from the open's send)
+            # lasts only a grace.
             self._ka.add(lease, core.now())
             try:
                 await self._ka.renew_now(lease, max(lease.ttl / 3, core.MIN_ASK_WAIT))
@@ -777,7 +831,7 @@ class Client:
             self._ka.add(lease, sent_at + lease.ttl / 3)
         if not lease.activate():
             await session._close_quietly()
-            raise errors.LeaseLost(f"session {resp.session_id}'s lease lapsed as it opened")
+            raise errors.LeaseLost(f"session {resp.session_id} was lost as it opened")
         return session
 
     async def describe(self, name: str) -> Optional[core.LockInfo]:

@@ -110,5 +110,5 @@ class OutcomeUnknown(RaftlockError):
 
 
 class LeaseLost(RaftlockError):
-    """The session's lease may have lapsed (keep-alives failed past it, or
+    """The session is lost (no keep-alive answered within its ttl count, or
     the cluster said it expired): its grants may belong to others now."""
