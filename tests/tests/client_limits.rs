@@ -129,11 +129,22 @@ fn the_clients_check_the_clusters_limits() {
         limits::MAX_END_ON_DISCONNECT_MS as f64,
         "Go"
     );
-    // The default grace is the same in the clients that have one.
     assert_eq!(
-        go_ms(&go.get("DefaultEndOnDisconnect")),
+        number(&php.get("MAX_END_ON_DISCONNECT_MS")),
+        limits::MAX_END_ON_DISCONNECT_MS as f64,
+        "PHP"
+    );
+    // The default grace is the same in the clients that have one.
+    let grace = go_ms(&go.get("DefaultEndOnDisconnect"));
+    assert_eq!(
         number(&py.get("DEFAULT_END_ON_DISCONNECT")) * 1_000.0,
+        grace,
         "Go and Python"
+    );
+    assert_eq!(
+        number(&php.get("DEFAULT_END_ON_DISCONNECT_MS")),
+        grace,
+        "Go and PHP"
     );
 }
 
