@@ -112,6 +112,12 @@ impl Guard {
         !self.given_up() && self.inner.session.is_valid()
     }
 
+    /// True once the grant was released, replaced by an upgrade or
+    /// downgrade, or a release of it was sent (whatever its answer).
+    pub fn is_released(&self) -> bool {
+        self.given_up()
+    }
+
     /// Released, replaced by an upgrade or downgrade, or a release was sent.
     fn given_up(&self) -> bool {
         self.inner.released.load(Ordering::SeqCst)
