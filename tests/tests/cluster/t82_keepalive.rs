@@ -110,12 +110,13 @@ async fn dropping_a_client_closes_its_keep_alive_stream() {
     cluster.shutdown().await;
 }
 
-/// Renewals cut off longer than the grace but shorter than the ttl (both
-/// followers stopped: the leader can confirm nothing) put a session that
-/// ends with its process in jeopardy: its view says not held, so the
-/// holder stops acting, but nothing is reported lost, keep-alives go on,
-/// and the first one answered once the quorum is back makes it held
-/// again. The cluster kept the grant all along.
+/// Renewals cut off longer than the grace but shorter than the ttl (every
+/// node stopped, then started again: the new leader, in a new term,
+/// restarts every lease at full length) put a session that ends with its
+/// process in jeopardy: its view says not held, so the holder stops
+/// acting, but nothing is reported lost, keep-alives go on, and the first
+/// one answered once a leader is back makes it held again. The cluster
+/// kept the grant all along.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn renewals_cut_off_past_the_grace_are_jeopardy_not_loss() {
     use raftlock_client::{LeaseState, SessionOptions};
@@ -131,13 +132,8 @@ async fn renewals_cut_off_past_the_grace_are_jeopardy_not_loss() {
         .await
         .expect("session");
     let guard = session.lock("jeopardy/job").await.expect("lock");
-    let leader = cluster.leader().await;
-    let followers: Vec<u64> = cluster
-        .running()
-        .into_iter()
-        .filter(|&id| id != leader)
-        .collect();
-    for &id in &followers {
+    let nodes = cluster.running();
+    for &id in &nodes {
         cluster.stop(id).await;
     }
     let s = &session;
@@ -148,7 +144,7 @@ async fn renewals_cut_off_past_the_grace_are_jeopardy_not_loss() {
     )
     .await;
     assert!(!guard.is_held(), "a guard is not held in jeopardy");
-    for &id in &followers {
+    for &id in &nodes {
         cluster.restart(id).await;
     }
     eventually(
