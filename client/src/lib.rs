@@ -17,8 +17,11 @@
 //!
 //! * [`Client`] finds the leader, follows leader hints and retries with
 //!   jittered exponential backoff under a deadline.
-//! * [`Session`] keeps its lease alive in the background and reports
-//!   ([`Session::lost`]) when it may be gone, without cancelling anything.
+//! * [`Session`] keeps its lease alive in the background and reports,
+//!   without cancelling anything, when its view stops saying held
+//!   ([`Session::invalid`]: jeopardy, which the next answered keep-alive
+//!   ends) and when the lease is lost for good ([`Session::lost`]); see
+//!   README, "Held, jeopardy, lost".
 //! * [`Guard`]s release on drop; `release()` is idempotent.
 //! * [`fence`] is what a downstream store embeds to refuse stale writers.
 //!
