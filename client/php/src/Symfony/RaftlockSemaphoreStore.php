@@ -30,6 +30,8 @@ use Symfony\Component\Semaphore\PersistingStoreInterface;
  */
 final class RaftlockSemaphoreStore implements PersistingStoreInterface
 {
+    use TracksKeyState;
+
     private Client $client;
 
     /**
@@ -160,22 +162,6 @@ final class RaftlockSemaphoreStore implements PersistingStoreInterface
         $key->reduceLifetime($this->client->heldFor($session));
     }
 
-    /**
-     * The Key's session, counted by the client (a Key from another process
-     * is tracked from here on: not held until a renewal is answered).
-     *
-     * @return array{session: int, fence: int, next_seq: int, ttl_ms: int, grace_ms: int}|null
-     */
-    private function state(Key $key): ?array
-    {
-        if (!$key->hasState(__CLASS__)) {
-            return null;
-        }
-        $state = $key->getState(__CLASS__) + ['grace_ms' => 0];
-        $this->client->track($state['session'], $state['ttl_ms'], $state['grace_ms']);
-
-        return $state;
-    }
 
     private static function ttlMs(float $ttl): int
     {

@@ -46,6 +46,8 @@ use Symfony\Component\Lock\Key;
  */
 final class RaftlockStore implements BlockingSharedLockStoreInterface, BlockingStoreInterface
 {
+    use TracksKeyState;
+
     /** The part of the lease length the Key's lifetime leaves out (from the send time), as the client's count. */
     public const LEASE_MARGIN = 0.1;
 
@@ -299,22 +301,6 @@ final class RaftlockStore implements BlockingSharedLockStoreInterface, BlockingS
         }
     }
 
-    /**
-     * The Key's session, counted by the client (a Key from another process
-     * is tracked from here on: not held until a renewal is answered).
-     *
-     * @return array{session: int, fence: int, next_seq: int, ttl_ms: int, mode: string, grace_ms: int}|null
-     */
-    private function state(Key $key): ?array
-    {
-        if (!$key->hasState(__CLASS__)) {
-            return null;
-        }
-        $state = $key->getState(__CLASS__) + ['grace_ms' => 0];
-        $this->client->track($state['session'], $state['ttl_ms'], $state['grace_ms']);
-
-        return $state;
-    }
 
     private static function ttlMs(float $ttl): int
     {
