@@ -134,8 +134,15 @@ fn the_clients_check_the_clusters_limits() {
         limits::MAX_END_ON_DISCONNECT_MS as f64,
         "PHP"
     );
-    // The default grace is the same in the clients that have one.
+    // The default grace is the same in every client.
     let grace = go_ms(&go.get("DefaultEndOnDisconnect"));
+    assert_eq!(
+        raftlock_client::SessionOptions::default()
+            .end_on_disconnect
+            .map(|g| g.as_millis() as f64),
+        Some(grace),
+        "Go and Rust"
+    );
     assert_eq!(
         number(&py.get("DEFAULT_END_ON_DISCONNECT")) * 1_000.0,
         grace,

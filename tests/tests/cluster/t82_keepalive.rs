@@ -145,6 +145,12 @@ async fn renewals_cut_off_past_the_grace_are_jeopardy_not_loss() {
     )
     .await;
     assert!(!guard.is_held(), "a guard is not held in jeopardy");
+    // A lock asked for in jeopardy is not refused: it is granted (at the
+    // new leader) and handed out once the session is held again.
+    let asked = tokio::spawn({
+        let session = session.clone();
+        async move { session.lock("jeopardy/asked").await }
+    });
     eventually(
         "the session to be held again once keep-alives get through",
         Duration::from_secs(25),
@@ -156,6 +162,19 @@ async fn renewals_cut_off_past_the_grace_are_jeopardy_not_loss() {
         "the lease was reported lost in jeopardy"
     );
     assert!(guard.is_held(), "the guard is held again");
+    let asked = tokio::time::timeout(Duration::from_secs(30), asked)
+        .await
+        .expect("the lock asked for in jeopardy settles")
+        .expect("join")
+        .expect("a lock asked for in jeopardy is granted, not refused");
+    assert!(asked.is_held(), "handed out only once held");
+    assert!(
+        client
+            .check_fence("jeopardy/asked", asked.fence())
+            .await
+            .expect("check"),
+        "the cluster has the grant made in jeopardy"
+    );
     assert!(
         client
             .check_fence("jeopardy/job", guard.fence())
