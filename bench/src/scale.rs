@@ -284,7 +284,7 @@ async fn fill(
                 }
                 loop {
                     let done = if holders.is_empty() {
-                        match client.session(ttl).await {
+                        match crate::targets::raftlock::session(&client, ttl).await {
                             Ok(s) => {
                                 opened.push(s);
                                 true
@@ -337,7 +337,11 @@ async fn raftlock_holdings(
             let n = top.div_ceil(LOCKS_PER_HOLDER).max(1) as usize;
             let mut holders = Vec::with_capacity(n);
             for _ in 0..n {
-                holders.push(client.session(HOLDER_TTL).await.context("holder session")?);
+                holders.push(
+                    crate::targets::raftlock::session(&client, HOLDER_TTL)
+                        .await
+                        .context("holder session")?,
+                );
             }
             Holdings::Locks { holders }
         }

@@ -50,8 +50,11 @@ pub enum Error {
     /// number is safe and tells which.
     #[error("outcome unknown: {0}")]
     Unknown(String),
-    /// The session's lease may have lapsed; what it held may be held by
-    /// someone else now.
+    /// The session's lease is lost for good (or the session was closed):
+    /// the cluster said it ended, or no keep-alive was answered for a ttl
+    /// less the margin; what it held may be held by someone else now. Not
+    /// returned in jeopardy: a request made then waits for the keep-alives
+    /// to settle it.
     #[error("session lease lost")]
     LeaseLost,
     /// The lock was not granted within the timeout.

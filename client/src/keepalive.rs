@@ -155,6 +155,40 @@ impl Lease {
         matches!(*self.state.borrow(), LeaseState::Valid(until) if Instant::now() < until)
     }
 
+    /// True once the view is lost or closed, or its give-up deadline has
+    /// passed (final; jeopardy is not over).
+    pub(crate) fn is_over(&self) -> bool {
+        !matches!(*self.state.borrow(), LeaseState::Valid(_)) || Instant::now() >= self.give_up()
+    }
+
+    /// Waits until the view says held (true) or the lease is lost or
+    /// closed (false). Held already: at once. In jeopardy the keep-alives
+    /// go on; the next one answered makes it held, and the give-up deadline
+    /// bounds the wait.
+    pub(crate) async fn held_or_over(&self) -> bool {
+        let mut rx = self.state.subscribe();
+        loop {
+            match *rx.borrow_and_update() {
+                LeaseState::Valid(until) if Instant::now() < until => return true,
+                LeaseState::Valid(_) => {}
+                _ => return false,
+            }
+            tokio::select! {
+                _ = tokio::time::sleep_until(self.give_up()) => {
+                    if Instant::now() >= self.give_up() {
+                        self.mark_lost();
+                        return false;
+                    }
+                }
+                changed = rx.changed() => {
+                    if changed.is_err() {
+                        return false;
+                    }
+                }
+            }
+        }
+    }
+
     /// Follows the view.
     pub(crate) fn subscribe(&self) -> watch::Receiver<LeaseState> {
         self.state.subscribe()
@@ -411,6 +445,13 @@ type Opened = (
 async fn run(transport: WeakTransport, mut asks: mpsc::UnboundedReceiver<Ask>) {
     // Asks not yet sent on a stream, oldest first.
     let mut backlog: VecDeque<Ask> = VecDeque::new();
+    // A stream that went silent (its leader hung, or the path to it), kept
+    // open until a new stream has renewed: closing it would start the
+    // leader's end-on-disconnect grace for every session it carried, and
+    // if the leader comes back before a new stream renews them, the
+    // sessions of a live process would end. (README, the client duties:
+    // open a replacement stream before closing a silent one.)
+    let mut silent: Option<Silent> = None;
     loop {
         let now = Instant::now();
         backlog.retain(|a| a.wanted(now));
@@ -436,10 +477,13 @@ async fn run(transport: WeakTransport, mut asks: mpsc::UnboundedReceiver<Ask>) {
             }
         };
         first.answer(Ok(answer));
+        // The new stream has renewed: a silent one can go now.
+        drop(silent.take());
         // Asks sent on this stream, with when, oldest first.
         let mut sent: VecDeque<(Instant, Ask)> = VecDeque::new();
         let mut last_answer = Instant::now();
         let mut broken = false;
+        let mut stalled = false;
         for a in backlog.drain(..) {
             broken |= send(&out, &a).is_err();
             sent.push_back((Instant::now(), a));
@@ -484,6 +528,7 @@ async fn run(transport: WeakTransport, mut asks: mpsc::UnboundedReceiver<Ask>) {
                         // be gone with the connection still up.
                         stream_failed(&transport, &tonic::Status::unavailable("keep-alive stream stalled"));
                         broken = true;
+                        stalled = true;
                     }
                 }
             }
@@ -491,8 +536,20 @@ async fn run(transport: WeakTransport, mut asks: mpsc::UnboundedReceiver<Ask>) {
         fail(&mut sent, || {
             Error::Unavailable("keep-alive stream closed".into())
         });
+        if stalled {
+            // (Nothing older is kept: a stream opens only with an answered
+            // renewal, which let any earlier silent stream go.)
+            silent.replace((inbound, out));
+        }
     }
 }
+
+/// A stream kept open after it went silent: its answers (not read) and the
+/// way in.
+type Silent = (
+    Streaming<pb::KeepAliveResponse>,
+    mpsc::UnboundedSender<pb::KeepAliveRequest>,
+);
 
 /// Tells the transport (if a client still holds it) that its stream to the
 /// leader failed.

@@ -68,7 +68,7 @@ pub use keepalive::LeaseState;
 /// [`Client::backup`] returns (`raftlock snapshot inspect` uses it).
 pub use raftlock_proto::backup;
 pub use raftlock_proto::v1 as proto;
-pub use session::{Semaphore, Session, SessionOptions, WAIT_FOREVER_MS};
+pub use session::{Semaphore, Session, SessionOptions, DEFAULT_END_ON_DISCONNECT, WAIT_FOREVER_MS};
 pub use transport::{MAX_MESSAGE_BYTES, REFUSED_ROUNDS};
 pub use types::{
     Backup, EventKind, Fence, Holder, LockInfo, LockKind, LockMode, Member, NodeStatus, Restored,

@@ -29,6 +29,11 @@ pub const WAIT_FOREVER_MS: u64 = u64::MAX;
 /// (same seq, same queue place) after each.
 pub const FOREVER_ATTEMPT: Duration = Duration::from_secs(30);
 
+/// The default grace of [`SessionOptions::end_on_disconnect`]: the same
+/// in every first-party client (client/tests/integration/client_limits.rs
+/// compares them).
+pub const DEFAULT_END_ON_DISCONNECT: Duration = Duration::from_millis(750);
+
 /// How a session is opened.
 #[derive(Clone, Debug)]
 pub struct SessionOptions {
@@ -43,11 +48,17 @@ pub struct SessionOptions {
     /// End the session with this process: once the client's keep-alive
     /// stream to the leader closes (the process died, the connection
     /// dropped) and no new one renews the session within this grace, the
-    /// leader expires it (`None`: only the ttl ends it; at most 60 s). The
-    /// lease view then counts the smaller of the ttl and this grace from
-    /// each answered keep-alive (README, "The lease rule": a paused process
-    /// cannot tell when its stream was closed), and keep-alives go every
-    /// third of that.
+    /// leader expires it (`None`: only the ttl ends it; at most 60 s).
+    /// 750 ms by default ([`DEFAULT_END_ON_DISCONNECT`]), as in the Go,
+    /// Python and PHP clients: a killed process's locks pass on in about
+    /// 0.8 s. The lease view then counts the smaller of the ttl and this
+    /// grace from each answered keep-alive (README, "The lease rule": a
+    /// paused process cannot tell when its stream was closed), and
+    /// keep-alives go every third of that. A count that runs out while
+    /// the session lives (a failover, a busy machine) is jeopardy, not
+    /// loss: [`Session::is_valid`] says false until the next answered
+    /// keep-alive, and [`Session::lost`] resolves only when the session
+    /// ended or no keep-alive was answered for the ttl.
     pub end_on_disconnect: Option<Duration>,
 }
 
@@ -57,7 +68,7 @@ impl Default for SessionOptions {
             ttl: Duration::from_secs(10),
             lock_delay: Duration::ZERO,
             margin: 0.1,
-            end_on_disconnect: None,
+            end_on_disconnect: Some(DEFAULT_END_ON_DISCONNECT),
         }
     }
 }
@@ -410,7 +421,10 @@ impl Session {
         timeout: Option<Duration>,
         value: Vec<u8>,
     ) -> Result<Guard> {
-        if !self.is_valid() {
+        // In jeopardy the request goes (keep-alives go on, and the grant
+        // is handed out only once held); a lost or closed session asks
+        // for nothing.
+        if self.inner.lease.is_over() {
             return Err(Error::LeaseLost);
         }
         // A release or cancel of this name still in flight goes first: the
@@ -471,8 +485,9 @@ impl Session {
             value,
         );
         // Never hand out a grant on a lease that may already have lapsed
-        // (etcd #11456): give it back and say so.
-        if !self.is_valid() {
+        // (etcd #11456). In jeopardy, wait for the keep-alives: held again,
+        // the grant is handed out; lost, it is given back and said so.
+        if !self.inner.lease.held_or_over().await {
             guard.release().await.ok();
             return Err(Error::LeaseLost);
         }
@@ -489,7 +504,10 @@ impl Session {
         fence: Fence,
         timeout: Option<Duration>,
     ) -> Result<Fence> {
-        if !self.is_valid() {
+        // In jeopardy the request goes (keep-alives go on, and the grant
+        // is handed out only once held); a lost or closed session asks
+        // for nothing.
+        if self.inner.lease.is_over() {
             return Err(Error::LeaseLost);
         }
         let seq = self.next_seq();
@@ -533,6 +551,11 @@ impl Session {
         };
         if !resp.acquired {
             return Err(Error::NotAcquired(timeout.unwrap_or(Duration::MAX)));
+        }
+        // As for an acquire: only once held (the exclusive grant stays
+        // the guard's, released with it).
+        if !self.inner.lease.held_or_over().await {
+            return Err(Error::LeaseLost);
         }
         Ok(Fence::new(resp.fence))
     }
@@ -656,7 +679,10 @@ impl Session {
         locks: &[(&str, Mode)],
         timeout: Option<Duration>,
     ) -> Result<Vec<Guard>> {
-        if !self.is_valid() {
+        // In jeopardy the request goes (keep-alives go on, and the grant
+        // is handed out only once held); a lost or closed session asks
+        // for nothing.
+        if self.inner.lease.is_over() {
             return Err(Error::LeaseLost);
         }
         // Releases or cancels of these names still in flight go first.
@@ -738,8 +764,9 @@ impl Session {
                 )
             })
             .collect();
-        // Never hand out grants on a lease that may already have lapsed.
-        if !self.is_valid() {
+        // Never hand out grants on a lease that may already have lapsed
+        // (in jeopardy, as for one acquire: wait for held or lost).
+        if !self.inner.lease.held_or_over().await {
             for g in &guards {
                 g.release().await.ok();
             }

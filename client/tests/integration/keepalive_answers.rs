@@ -214,8 +214,11 @@ async fn a_late_answer_is_never_credited_to_a_later_ask() {
             .serve_with_incoming(TcpListenerStream::new(listener)),
     );
     let client = Client::connect([addr.to_string()]).await.expect("client");
+    // Renewed on the ttl's cadence only (no end-on-disconnect grace: that
+    // renews at once after opening, an ask this fake does not expect).
     let options = SessionOptions {
         ttl: Duration::from_millis(TTL_MS),
+        end_on_disconnect: None,
         ..SessionOptions::default()
     };
     let margin = Duration::from_millis(TTL_MS).mul_f64(options.margin);

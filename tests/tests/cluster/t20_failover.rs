@@ -33,8 +33,20 @@ fn raw_wait(session: u64, name: &str) -> AcquireRequest {
 async fn grants_queues_and_live_leases_survive_leader_failover() {
     let mut cluster = TestCluster::start(3).await;
     let client = cluster.client().await;
-    let a = client.session(TTL).await.expect("session a");
-    let b = client.session(TTL).await.expect("session b");
+    // Sessions only their ttl ends (no end-on-disconnect grace): the
+    // client's count is the ttl, which rides out the election, so the
+    // view says held throughout. (With the default grace a failover is
+    // jeopardy, never loss: t82_keepalive.)
+    let ttl_only = raftlock_client::SessionOptions {
+        ttl: TTL,
+        end_on_disconnect: None,
+        ..Default::default()
+    };
+    let a = client
+        .session_with(ttl_only.clone())
+        .await
+        .expect("session a");
+    let b = client.session_with(ttl_only).await.expect("session b");
 
     let held = a.lock("fo/job").await.expect("a locks fo/job");
     let permits = a

@@ -46,8 +46,9 @@ pub struct HoldArgs {
     /// its keep-alive stream closes, instead of at the end of the ttl
     /// (0 turns this off). The lease is then counted, and renewed, by the
     /// smaller of the ttl and this grace: a `raftlock` paused longer than
-    /// that sends CMD SIGTERM and exits 4.
-    #[arg(long, default_value_t = 1.0)]
+    /// that sends CMD SIGTERM and exits 4. The default is the Rust
+    /// client's (and the Go, Python and PHP clients').
+    #[arg(long, default_value_t = raftlock_client::DEFAULT_END_ON_DISCONNECT.as_secs_f64())]
     pub end_on_disconnect: f64,
     /// The command to run while holding, after `--`.
     #[arg(last = true, required = true)]
