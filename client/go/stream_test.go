@@ -161,3 +161,35 @@ func TestBrokenStreamsAreRetriedWithTheBackoff(t *testing.T) {
 		t.Fatal("lost within 2 s of a 30 s TTL")
 	}
 }
+
+// indexOf is the position of e in ev (-1: absent).
+func indexOf(ev []string, e string) int {
+	for i, x := range ev {
+		if x == e {
+			return i
+		}
+	}
+	return -1
+}
+
+// Two silences in a row (stream 1 stops answering, its replacement 2
+// answers nothing either): the first silent stream, the one that carried
+// the session, stays open until a successor (stream 3) has renewed; only
+// then may it close. Closing it earlier would start the leader's grace
+// with no stream renewing the session.
+func TestTheOldestSilentStreamStaysOpenUntilASuccessorRenews(t *testing.T) {
+	s := newStandIn(t, func(stream, ask int) bool { return (stream == 1 && ask == 1) || stream >= 3 })
+	g := guardAt(t, s.srv.URL)
+	eventually(t, 60*time.Second, "stream 3 answered and stream 1 closed", func() bool {
+		ev := s.seen()
+		return indexOf(ev, "answer 3") >= 0 && indexOf(ev, "closed 1") >= 0
+	})
+	ev := s.seen()
+	t.Logf("events %v", ev)
+	if indexOf(ev, "closed 1") < indexOf(ev, "answer 3") {
+		t.Fatalf("events %v: stream 1 closed before any successor renewed (want it open until stream 3 answered)", ev)
+	}
+	if lostClosed(g) {
+		t.Fatal("lost")
+	}
+}
