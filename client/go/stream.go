@@ -28,12 +28,13 @@ type keepAliveLine struct {
 // names; otherwise after a pause of 20 ms doubling to 200 ms, each drawn
 // from 0.5 to 1.5 times that, back to 20 ms once a renewal is answered),
 // and when an ask goes unanswered for silence(): then the silent stream
-// stays open until the new one has renewed the session (closing it first
-// would start the grace with no stream renewing it). It goes on through
-// jeopardy (the grace count ran out: Valid is false until a renewal is
-// answered), and marks the lock lost, and stops, once the TTL count runs
-// out with no renewal answered, or when the node answers that the session
-// is gone.
+// stays open until a newer one has renewed the session (closing it first
+// would start the grace with no stream renewing it); if the newer one goes
+// silent too, the oldest silent stream is the one kept open. It goes on
+// through jeopardy (the grace count ran out: Valid is false until a
+// renewal is answered), and marks the lock lost, and stops, once the TTL
+// count runs out with no renewal answered, or when the node answers that
+// the session is gone.
 func (g *Guard) keepAliveStreamed() {
 	defer close(g.done)
 	var silent *kaStream // a silent stream left open until a newer one renews
@@ -84,11 +85,18 @@ func (g *Guard) keepAliveStreamed() {
 				silent, silentDone = nil, nil
 			case <-quiet:
 				// Left open: it may still renew the session (its answers
-				// count) while the next stream is tried.
+				// count) while the next stream is tried. If an older
+				// silent stream is still open (nothing renewed since it
+				// went silent), that one stays: it carried the session,
+				// and closing it would start the grace with no stream
+				// renewing it; this newer one, which renewed nothing,
+				// is closed instead.
 				if silent != nil {
-					silent.end()
+					s.end()
+				} else {
+					silent = s
 				}
-				silent, wentSilent = s, true
+				wentSilent = true
 				break watch
 			case <-s.done:
 				if s.expired {
