@@ -8,6 +8,7 @@ package raftlock
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"net"
 	"net/http"
@@ -191,5 +192,65 @@ func TestTheOldestSilentStreamStaysOpenUntilASuccessorRenews(t *testing.T) {
 	}
 	if lostClosed(g) {
 		t.Fatal("lost")
+	}
+}
+
+// A node that accepts the connection and then says nothing (no TLS
+// handshake), reached through a caller's HTTPClient without a handshake
+// timeout: the stream's request body is never read, so writing an ask
+// blocks. The silence and the TTL count go on regardless: a replacement
+// stream is tried, and the lock is reported lost once its TTL count runs
+// out (nothing was ever answered).
+func TestABlockedAskWriteStopsNeitherSilenceNorLoss(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		accepted atomic.Int32
+		mu       sync.Mutex
+		conns    []net.Conn
+	)
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+	})
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			mu.Lock()
+			conns = append(conns, conn) // held open, never read
+			mu.Unlock()
+		}
+	}()
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	ttl := 3 * time.Second
+	c := newClient(t, "https://"+ln.Addr().String(), Options{TTL: ttl, HTTPClient: hc})
+	g := &Guard{c: c, key: "k", fence: 1, session: 7, ttl: ttl, grace: c.grace,
+		lost: make(chan struct{}), done: make(chan struct{})}
+	start := time.Now()
+	g.credit(start, start)
+	g.stopCtx, g.stop = context.WithCancel(context.Background())
+	go g.keepAlive()
+	t.Cleanup(func() {
+		g.stop()
+		<-g.done
+	})
+	select {
+	case <-g.Lost():
+	case <-time.After(30 * time.Second):
+		t.Fatalf("not lost within 30 s of a 3 s TTL with no answer (%d connections accepted): the TTL count stopped behind a blocked write", accepted.Load())
+	}
+	t.Logf("lost %v after the last answer; %d connections accepted", time.Since(start).Round(time.Millisecond), accepted.Load())
+	if n := accepted.Load(); n < 2 {
+		t.Fatalf("%d connection(s) accepted: no replacement stream was tried after the silence", n)
 	}
 }
