@@ -183,23 +183,44 @@ func (g *Guard) stream(ctx context.Context, cancel context.CancelFunc, base stri
 		mu    sync.Mutex
 		asked = map[uint64]time.Time{} // ask id -> send time
 	)
-	// The writer: an ask at once, then one a third of the span after the
-	// last confirmed send (or a sixth of it after an ask still unanswered:
-	// so every sixth of the span in jeopardy). Once the TTL count runs out
-	// it ends the stream (the lock is lost). Its end closes the
+	// The pipe's writer. A write blocks until the transport reads the
+	// request body, which it does only once the connection (and its TLS
+	// handshake) is up: with an HTTPClient without dial or handshake
+	// timeouts that may be never. So the timers below never wait on a
+	// write: they hand each ask to this goroutine. Its end closes the
 	// request body: a round trip that failed waits for that (net/http
 	// finishes writing the body first), and so does one cancelled.
+	toWrite := make(chan []byte, 16)
 	go func() {
 		defer pw.Close()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case line := <-toWrite:
+				if _, err := pw.Write(line); err != nil {
+					return
+				}
+			}
+		}
+	}()
+	// The timers: an ask at once, then one a third of the span after the
+	// last confirmed send (or a sixth of it after an ask still unanswered:
+	// so every sixth of the span in jeopardy). Once the TTL count runs out
+	// they end the stream (the lock is lost).
+	go func() {
 		quiet := false
 		for {
 			id := g.c.asks.Add(1)
 			line, _ := json.Marshal(keepAliveRequest{SessionID: u64(g.session), AskID: u64(id)})
-			mu.Lock()
-			asked[id] = time.Now()
-			mu.Unlock()
-			if _, err := pw.Write(append(line, '\n')); err != nil {
-				return
+			select {
+			case toWrite <- append(line, '\n'):
+				mu.Lock()
+				asked[id] = time.Now()
+				mu.Unlock()
+			default:
+				// The writer is stuck on earlier asks (they count as
+				// unanswered): this one is not sent.
 			}
 			g.mu.Lock()
 			due, end := g.lastSent.Add(g.span()/3), g.ttlEnd
