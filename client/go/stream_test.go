@@ -21,11 +21,14 @@ import (
 )
 
 // standIn is a node that answers only KeepAlive streams, through answer:
-// stream n (from 1) answers ask k (from 1 on that stream) if answer(n, k).
+// stream n (from 1) answers ask k (from 1 on that stream) if answer(n, k),
+// after delay(n, k) if delay is set (answers stay in order, so delays add
+// up).
 type standIn struct {
 	srv     *httptest.Server
 	streams atomic.Int32
 	answer  func(stream, ask int) bool
+	delay   func(stream, ask int) time.Duration
 
 	mu     sync.Mutex
 	events []string // in the order they happened
@@ -44,7 +47,11 @@ func (s *standIn) seen() []string {
 }
 
 func newStandIn(t *testing.T, answer func(stream, ask int) bool) *standIn {
-	s := &standIn{answer: answer}
+	return newSlowStandIn(t, answer, nil)
+}
+
+func newSlowStandIn(t *testing.T, answer func(stream, ask int) bool, delay func(stream, ask int) time.Duration) *standIn {
+	s := &standIn{answer: answer, delay: delay}
 	s.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/v1/locks/KeepAlive" {
 			w.WriteHeader(http.StatusOK)
@@ -70,8 +77,14 @@ func newStandIn(t *testing.T, answer func(stream, ask int) bool) *standIn {
 			if !s.answer(n, k) {
 				continue
 			}
+			if s.delay != nil {
+				time.Sleep(s.delay(n, k)) // the node is slow to answer
+			}
 			if k == 1 {
 				s.event("answer " + string(rune('0'+n)))
+			}
+			if k == 2 && s.delay != nil {
+				s.event("late " + string(rune('0'+n)))
 			}
 			line, _ := json.Marshal(keepAliveResponse{SessionID: req.SessionID, TTLMs: 30000, AskID: req.AskID})
 			_, _ = rw.Write(append(line, '\n'))
@@ -253,4 +266,40 @@ func TestABlockedAskWriteStopsNeitherSilenceNorLoss(t *testing.T) {
 	if n := accepted.Load(); n < 2 {
 		t.Fatalf("%d connection(s) accepted: no replacement stream was tried after the silence", n)
 	}
+}
+
+// A node that answers every keep-alive but the first one late: each later
+// than its ask's wait (the silence, 1 s at the default grace; here 1.5 s
+// after it came, and the delays add up), so each ask was given up before
+// its answer came. As in the Rust client, such an answer is never
+// credited: it neither makes the lock held again nor pushes back the TTL
+// count, so with nothing answered in time the lock is lost once its TTL
+// count (3 s - 10 %) runs out.
+func TestKeepAliveAnswersLaterThanTheirAsksWaitAreNotCredited(t *testing.T) {
+	s := newSlowStandIn(t, func(stream, ask int) bool { return true }, func(stream, ask int) time.Duration {
+		if stream == 1 && ask == 1 {
+			return 0
+		}
+		return 1500 * time.Millisecond
+	})
+	ttl := 3 * time.Second
+	c := newClient(t, s.srv.URL, Options{TTL: ttl})
+	g := &Guard{c: c, key: "k", fence: 1, session: 7, ttl: ttl, grace: c.grace,
+		lost: make(chan struct{}), done: make(chan struct{})}
+	start := time.Now()
+	g.credit(start, start)
+	g.stopCtx, g.stop = context.WithCancel(context.Background())
+	go g.keepAlive()
+	t.Cleanup(func() {
+		g.stop()
+		<-g.done
+	})
+	eventually(t, 30*time.Second, "a late answer sent", func() bool { return indexOf(s.seen(), "late 1") >= 0 })
+	select {
+	case <-g.Lost():
+	case <-time.After(30 * time.Second):
+		t.Fatalf("not lost within 30 s of a 3 s TTL although no answer came within its ask's wait (events %v, Valid %v, TTL count ends in %v): late answers were credited",
+			s.seen(), g.Valid(), time.Until(g.ttlCountEnd()).Round(time.Millisecond))
+	}
+	t.Logf("lost %v after the last timely answer; events %v", time.Since(start).Round(time.Millisecond), s.seen())
 }
