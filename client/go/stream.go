@@ -124,7 +124,7 @@ func (g *Guard) keepAliveStreamed() {
 
 // silence is how long an ask may go unanswered before the keep-alive
 // tries a stream to another node: the grace (at most a third of the TTL),
-// and at least a second.
+// and at least a second. An answer that comes later is not credited.
 func (g *Guard) silence() time.Duration {
 	d := g.grace
 	if d > g.ttl/3 {
@@ -299,8 +299,12 @@ func (g *Guard) stream(ctx context.Context, cancel context.CancelFunc, base stri
 		if l.Expired {
 			return true, ""
 		}
+		if !g.creditRenewal(sent, time.Now(), g.silence()) {
+			// Later than its ask's wait (the stream was taken for
+			// silent), or past the TTL count: not credited.
+			continue
+		}
 		g.c.setLeader(base)
-		g.credit(sent, time.Now())
 		if !renewed {
 			renewed = true
 			close(s.renewed)
