@@ -849,6 +849,29 @@ function test_the_stream_leaves_a_hung_leader(Cluster $unused): void
     }
 }
 
+// Two silences in a row (a stand-in node: stream 1 answers its first ask
+// only, its replacement 2 nothing, stream 3 everything): stream 1, which
+// carried the session, stays open until a successor (stream 3) has
+// renewed; closing it earlier would start the leader's grace with no
+// stream renewing the session.
+function test_the_oldest_silent_stream_stays_open_until_a_successor_renews(Cluster $unused): void
+{
+    $node = new StandIn('silences');
+    $c = new Client($node->endpoint());
+    $c->track(7, 30000, 750);
+    eventually(60, 'stream 3 answered and stream 1 closed', function () use ($c, $node): bool {
+        $c->isHeld(7);
+        $ev = $node->events();
+
+        return \in_array('answer 3', $ev, true) && \in_array('closed 1', $ev, true);
+    });
+    $ev = $node->events();
+    printf("     events %s\n", implode(', ', $ev));
+    check(array_search('closed 1', $ev, true) > array_search('answer 3', $ev, true),
+        'events '.implode(', ', $ev).': stream 1 closed before any successor renewed (want it open until stream 3 answered)');
+    check('lost' !== $c->state(7), 'lost');
+}
+
 // ---- the client: leaders, failures, limits, credentials ----
 
 function test_follows_the_leader_past_dead_nodes_and_followers(Cluster $cl): void
