@@ -620,14 +620,23 @@ final class SessionStream
     /**
      * Leaves the stream's node (it stopped answering): opens a new stream
      * to the next node at once, and keeps the old one open (sending
-     * nothing more on it) until the new one renews, since the leader ends a
-     * session a grace after the last stream that renews it closes.
+     * nothing more on it) until a newer one renews, since the leader ends a
+     * session a grace after the last stream that renews it closes. If an
+     * older stream left this way is still open (nothing renewed since), it
+     * is the one kept (it carried the sessions), and this newer one is
+     * closed.
      */
     private function replace(string $why): void
     {
-        $this->dropStale();
-        $this->stale = $this->handle;
-        $this->staleTarget = $this->target;
+        if (null === $this->stale) {
+            $this->stale = $this->handle;
+            $this->staleTarget = $this->target;
+        } else {
+            $h = $this->handle;
+            unset(self::$finished[spl_object_id($h)]);
+            self::detach($h);
+            curl_close($h);
+        }
         $this->handle = null;
         $this->lastError = "$this->target: $why";
         $this->leader = null;
