@@ -414,6 +414,13 @@ final class StandIn
         return "127.0.0.1:$this->port";
     }
 
+    /** Sends the stand-in a line (e.g. "silent"). */
+    public function send(string $line): void
+    {
+        fwrite($this->pipes[0], $line."\n");
+        fflush($this->pipes[0]);
+    }
+
     /** @return list<string> every event printed so far, in order */
     public function events(): array
     {

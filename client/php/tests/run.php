@@ -764,6 +764,32 @@ function test_waits_do_not_spin(Cluster $cl): void
     $h->expect('RELEASED');
 }
 
+// A wait while the stream left for silence has ended (its node closed
+// it) and no newer stream renews (a stand-in node: stream 1 answers until
+// told to go silent, and is closed when stream 2 connects; every later
+// stream is closed at once): the finished stream must not make the waits
+// spin (a curl_multi_select on finished transfers alone returns at once).
+// Figures: the CPU and the wake-ups per second of the wait.
+function test_a_finished_stale_stream_does_not_make_waits_spin(Cluster $unused): void
+{
+    $node = new StandIn('hangup');
+    $c = new Client($node->endpoint(), null, ['retry_timeout' => 4.0]);
+    $c->track(7, 30000, 750);
+    check($c->isHeld(7), 'held while stream 1 answers');
+    $node->send('silent');
+    [$cpu, $wakes] = usage();
+    $t = microtime(true);
+    check(!$c->isHeld(7), 'held with nothing answering');
+    [$cpu2, $wakes2] = usage();
+    $took = microtime(true) - $t;
+    $ev = $node->events();
+    printf("     isHeld() for %.2f s past a finished stale stream: %.2f s of CPU (%.2f per s), %d wake-ups (%.0f per s); events %s\n",
+        $took, $cpu2 - $cpu, ($cpu2 - $cpu) / $took, $wakes2 - $wakes, ($wakes2 - $wakes) / $took, implode(', ', $ev));
+    check(\in_array('closed 1', $ev, true), 'the stand-in closed stream 1');
+    check(($cpu2 - $cpu) / $took < 0.2, sprintf('the wait used %.2f s of CPU in %.2f s (a busy loop)', $cpu2 - $cpu, $took));
+    check('lost' !== $c->state(7), 'lost');
+}
+
 // isAcquired() (the stores' exists()) when its CheckFence answers late:
 // here the process stalls 0.9 s in it (longer than the 675 ms the count
 // believes a renewal), as on a busy machine. The lock is held all along,

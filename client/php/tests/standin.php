@@ -10,19 +10,25 @@
 // from 1 on each stream. Modes:
 //   silences: stream 1 answers its first ask only, stream 2 nothing,
 //             streams 3 and on everything;
-//   hangup:   stream 1 answers its first ask only; when stream 2 connects
-//             the stand-in closes stream 1, and every later stream is
-//             closed as soon as it connects (so nothing renews);
-//   one:      stream 1 answers its first ask only, streams 2 and on
-//             everything.
+//   hangup:   stream 1 answers every ask until a line "silent" comes on
+//             stdin, then nothing; when stream 2 connects the stand-in
+//             closes stream 1, and every later stream is closed as soon
+//             as it connects (so nothing renews);
+//   one:      stream 1 answers every ask until a line "silent" comes on
+//             stdin, then nothing; streams 2 and on answer everything.
 
 declare(strict_types=1);
 
 $mode = $argv[1] ?? '';
+$silent = false; // a line "silent" came on stdin
 $answer = match ($mode) {
     'silences' => static fn (int $n, int $k): bool => (1 === $n && 1 === $k) || $n >= 3,
-    'hangup' => static fn (int $n, int $k): bool => 1 === $n && 1 === $k,
-    'one' => static fn (int $n, int $k): bool => (1 === $n && 1 === $k) || $n >= 2,
+    'hangup' => static function (int $n, int $k) use (&$silent): bool {
+        return 1 === $n && !$silent;
+    },
+    'one' => static function (int $n, int $k) use (&$silent): bool {
+        return (1 === $n && !$silent) || $n >= 2;
+    },
     default => null,
 };
 if (null === $answer) {
@@ -51,7 +57,7 @@ $end = static function (int $key) use (&$conns, $say): void {
 };
 
 while (true) {
-    $r = [$server];
+    $r = [$server, \STDIN];
     foreach ($conns as $c) {
         $r[] = $c['sock'];
     }
@@ -60,6 +66,14 @@ while (true) {
         exit(1);
     }
     foreach ($r as $sock) {
+        if (\STDIN === $sock) {
+            $line = fgets(\STDIN);
+            if (false === $line) {
+                exit(0); // the suite ended
+            }
+            $silent = $silent || 'silent' === trim($line);
+            continue;
+        }
         if ($sock === $server) {
             $s = stream_socket_accept($server, 0);
             if (false === $s) {
