@@ -35,8 +35,8 @@ final class SessionStream
     private static ?\CurlMultiHandle $multi = null;
     /** @var array<int, int> spl_object_id of a finished transfer => its CURLcode */
     private static array $finished = [];
-    /** Transfers in the multi handle now (a wait on none returns at once). */
-    private static int $transfers = 0;
+    /** @var array<int, true> spl_object_id of each transfer in the multi handle now */
+    private static array $attached = [];
 
     /**
      * @var array<int, array{ttl: int, grace: int, held: float, alive: float, renewUntil: float, sent: float, carried: bool, lost: string|null, credited: bool}>
@@ -131,13 +131,13 @@ final class SessionStream
     private static function attach(\CurlHandle $h): void
     {
         curl_multi_add_handle(self::multi(), $h);
-        ++self::$transfers;
+        self::$attached[spl_object_id($h)] = true;
     }
 
     private static function detach(\CurlHandle $h): void
     {
         curl_multi_remove_handle(self::multi(), $h);
-        --self::$transfers;
+        unset(self::$attached[spl_object_id($h)]);
     }
 
     /**
@@ -168,7 +168,10 @@ final class SessionStream
     /**
      * Waits for activity on a transfer, at most $most seconds and no later
      * than the next renewal due; with no transfer to wait on, sleeps that
-     * long.
+     * long. curl_multi_select() returns at once when curl has no socket to
+     * wait on: every transfer in the multi handle has finished, or is a
+     * stream left for a new one whose peer closed it (its upload paused,
+     * nothing left to read); then the rest of the time is slept, not spun.
      */
     private static function wait(float $most): void
     {
@@ -178,10 +181,16 @@ final class SessionStream
             $until = min($until, $s->nextDue());
         }
         $for = max(0.001, $until - $now);
-        if (self::$transfers > 0) {
-            curl_multi_select(self::multi(), $for);
-        } else {
-            usleep((int) ($for * 1e6));
+        $running = 0;
+        foreach (self::$attached as $id => $_) {
+            $running += isset(self::$finished[$id]) ? 0 : 1;
+        }
+        if ($running > 0 && curl_multi_select(self::multi(), $for) > 0) {
+            return;
+        }
+        $left = $until - self::now();
+        if ($left > 0.0005) {
+            usleep((int) ($left * 1e6));
         }
     }
 
@@ -363,11 +372,12 @@ final class SessionStream
 
     /**
      * When session $s's next ask is due (monotonic seconds; INF: none):
-     * at once (or when the stream may be opened again) if the stream open
-     * now does not carry it yet, else a third of its lease length after
-     * its last ask, if that is before the end of its renewal window. The
-     * one rule for both pump() (which asks) and wait() (which sleeps until
-     * then).
+     * at once if the stream open now does not carry it yet, else a third
+     * of its lease length after its last ask, if that is before the end of
+     * its renewal window; with no stream open, no sooner than the stream
+     * may be opened again (else a wait would wake every millisecond until
+     * then). The one rule for both pump() (which asks) and wait() (which
+     * sleeps until then).
      *
      * @param array{ttl: int, grace: int, renewUntil: float, sent: float, carried: bool, lost: string|null} $s
      */
@@ -376,12 +386,15 @@ final class SessionStream
         if (null !== $s['lost'] || $s['grace'] <= 0) {
             return \INF;
         }
-        if (!$s['carried']) {
-            return null === $this->handle ? $this->retryAt : 0.0;
+        $at = 0.0;
+        if ($s['carried']) {
+            $at = $s['sent'] + self::span($s['ttl'], $s['grace']) / 3;
+            if ($at >= $s['renewUntil']) {
+                return \INF;
+            }
         }
-        $at = $s['sent'] + self::span($s['ttl'], $s['grace']) / 3;
 
-        return $at < $s['renewUntil'] ? $at : \INF;
+        return null === $this->handle ? max($at, $this->retryAt) : $at;
     }
 
     private function pump(): void
@@ -550,6 +563,11 @@ final class SessionStream
     /** Reads the answers that came; ends the stream if it failed. */
     private function read(): void
     {
+        if (null !== $this->stale && isset(self::$finished[spl_object_id($this->stale)])) {
+            // The stream left for a new one ended by itself (its node
+            // closed it): nothing is kept open by keeping it.
+            $this->dropStale();
+        }
         if (null === $this->handle) {
             return;
         }
