@@ -898,6 +898,28 @@ function test_the_oldest_silent_stream_stays_open_until_a_successor_renews(Clust
     check('lost' !== $c->state(7), 'lost');
 }
 
+// The silence after which the stream leaves its node is the grace, at
+// most a third of the ttl, and at least 1 s, as in the Go and Python
+// clients. With a grace as long as the ttl (30 s, a stand-in node whose
+// stream 1 stops answering, stream 2 answers) the stream is replaced
+// after 10 s, long before the ttl count (27 s) runs out: never lost.
+function test_the_silence_is_at_most_a_third_of_the_ttl(Cluster $unused): void
+{
+    $node = new StandIn('one');
+    $c = new Client($node->endpoint());
+    $c->track(7, 30000, 30000);
+    check($c->isHeld(7), 'held while stream 1 answers');
+    $node->send('silent');
+    $t = microtime(true);
+    eventually(60, 'a renewal on stream 2', function () use ($c, $node, $t): bool {
+        $held = $c->isHeld(7);
+        check('lost' !== $c->state(7), sprintf('lost %.2f s after stream 1 went silent, before a new stream renewed (events %s)', microtime(true) - $t, implode(', ', $node->events())));
+
+        return $held && \in_array('answer 2', $node->events(), true);
+    });
+    printf("     held on stream 2 %.2f s after stream 1 went silent; events %s\n", microtime(true) - $t, implode(', ', $node->events()));
+}
+
 // ---- the client: leaders, failures, limits, credentials ----
 
 function test_follows_the_leader_past_dead_nodes_and_followers(Cluster $cl): void
