@@ -24,9 +24,10 @@ final class SessionStream
     /** The part of a lease length the count leaves out (from the send time). */
     public const MARGIN = 0.1;
     /**
-     * An ask unanswered for its session's grace, or this long (seconds) if
-     * longer, leaves the stream's node: a new stream is opened to the next
-     * node, and the old one is closed once the new one has renewed.
+     * An ask unanswered for its session's grace (at most a third of its
+     * ttl), or this long (seconds) if longer, leaves the stream's node: a
+     * new stream is opened to the next node, and the old one is closed
+     * once a newer one has renewed (the Go and Python clients' rule).
      */
     private const MIN_STUCK = 1.0;
 
@@ -621,7 +622,8 @@ final class SessionStream
             return;
         }
         foreach ($this->asks as [$id, $sent]) {
-            $stuck = max(($this->sessions[$id]['grace'] ?? 0) / 1000, self::MIN_STUCK);
+            $s = $this->sessions[$id] ?? ['grace' => 0, 'ttl' => 0];
+            $stuck = max(min($s['grace'], $s['ttl'] / 3) / 1000, self::MIN_STUCK);
             if (self::now() - $sent > $stuck) {
                 $this->replace(sprintf('an ask unanswered for %.2f s', $stuck));
 
