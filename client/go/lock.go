@@ -449,8 +449,9 @@ func (g *Guard) span() time.Duration {
 func (g *Guard) margin() time.Duration { return g.span() / 10 }
 
 // credit counts a lease-starting answer (the grant, an OpenSession, a
-// renewal answered without "expired"): it proves the session alive, so it
-// always counts unless the lock is already lost (final). Belief (Valid,
+// renewal answered without "expired", the renewal through creditRenewal,
+// which drops late answers): it proves the session alive, so it counts
+// unless the lock is already lost (final). Belief (Valid,
 // LeaseEnd) counts from sent, the send time of the request answered; the
 // TTL count, which only decides when to give the lock up as lost, counts
 // from received, when the answer came (a grant after a long wait gets a
@@ -468,6 +469,36 @@ func (g *Guard) credit(sent, received time.Time) {
 	if end := received.Add(g.ttl - g.ttl/10); end.After(g.ttlEnd) {
 		g.ttlEnd = end
 	}
+}
+
+// creditRenewal credits the answer to a keep-alive sent at sent, received
+// at received, as the Rust client does: only while its ask still waited
+// (within: how long an ask waits before it is given up, at most the TTL)
+// and before the TTL count ran out (then the lock is lost). A later answer
+// is dropped: it neither makes the lock held again nor pushes the TTL
+// count back. It reports whether the answer was credited.
+func (g *Guard) creditRenewal(sent, received time.Time, within time.Duration) bool {
+	if received.Sub(sent) > within {
+		return false
+	}
+	g.mu.Lock()
+	late := g.pastTTLCount(received)
+	g.mu.Unlock()
+	if late {
+		return false
+	}
+	g.credit(sent, received)
+	return true
+}
+
+// askWait is how long a unary keep-alive waits for its answer before it
+// is given up (then asked again): a third of the span, at least a second
+// (the Rust client's rule).
+func (g *Guard) askWait() time.Duration {
+	if d := g.span() / 3; d > time.Second {
+		return d
+	}
+	return time.Second
 }
 
 // pastTTLCount reports whether no renewal was answered within the TTL
@@ -515,13 +546,17 @@ func (g *Guard) markLost() {
 	}
 }
 
-// renew sends one KeepAlive (retrying until giveUp) and credits it. It
-// reports whether the node answered that the session is gone (final).
+// renew sends one KeepAlive (retrying until giveUp, or until its ask's
+// wait is over if sooner) and credits it. It reports whether the node
+// answered that the session is gone (final).
 func (g *Guard) renew(ctx context.Context, giveUp time.Time) (expired bool) {
-	ctx, cancel := context.WithDeadline(ctx, giveUp)
-	defer cancel()
 	ask := g.c.asks.Add(1)
 	sent := time.Now()
+	if until := sent.Add(g.askWait()); until.Before(giveUp) {
+		giveUp = until
+	}
+	ctx, cancel := context.WithDeadline(ctx, giveUp)
+	defer cancel()
 	var r keepAliveResponse
 	timeout := g.span() / 6
 	if timeout > MaxAttemptTimeout {
@@ -537,7 +572,7 @@ func (g *Guard) renew(ctx context.Context, giveUp time.Time) (expired bool) {
 	if r.Expired {
 		return true
 	}
-	g.credit(sent, time.Now())
+	g.creditRenewal(sent, time.Now(), g.askWait())
 	return false
 }
 

@@ -28,12 +28,13 @@ type keepAliveLine struct {
 // names; otherwise after a pause of 20 ms doubling to 200 ms, each drawn
 // from 0.5 to 1.5 times that, back to 20 ms once a renewal is answered),
 // and when an ask goes unanswered for silence(): then the silent stream
-// stays open until the new one has renewed the session (closing it first
-// would start the grace with no stream renewing it). It goes on through
-// jeopardy (the grace count ran out: Valid is false until a renewal is
-// answered), and marks the lock lost, and stops, once the TTL count runs
-// out with no renewal answered, or when the node answers that the session
-// is gone.
+// stays open until a newer one has renewed the session (closing it first
+// would start the grace with no stream renewing it); if the newer one goes
+// silent too, the oldest silent stream is the one kept open. It goes on
+// through jeopardy (the grace count ran out: Valid is false until a
+// renewal is answered), and marks the lock lost, and stops, once the TTL
+// count runs out with no renewal answered, or when the node answers that
+// the session is gone.
 func (g *Guard) keepAliveStreamed() {
 	defer close(g.done)
 	var silent *kaStream // a silent stream left open until a newer one renews
@@ -84,11 +85,18 @@ func (g *Guard) keepAliveStreamed() {
 				silent, silentDone = nil, nil
 			case <-quiet:
 				// Left open: it may still renew the session (its answers
-				// count) while the next stream is tried.
+				// count) while the next stream is tried. If an older
+				// silent stream is still open (nothing renewed since it
+				// went silent), that one stays: it carried the session,
+				// and closing it would start the grace with no stream
+				// renewing it; this newer one, which renewed nothing,
+				// is closed instead.
 				if silent != nil {
-					silent.end()
+					s.end()
+				} else {
+					silent = s
 				}
-				silent, wentSilent = s, true
+				wentSilent = true
 				break watch
 			case <-s.done:
 				if s.expired {
@@ -116,7 +124,7 @@ func (g *Guard) keepAliveStreamed() {
 
 // silence is how long an ask may go unanswered before the keep-alive
 // tries a stream to another node: the grace (at most a third of the TTL),
-// and at least a second.
+// and at least a second. An answer that comes later is not credited.
 func (g *Guard) silence() time.Duration {
 	d := g.grace
 	if d > g.ttl/3 {
@@ -175,23 +183,44 @@ func (g *Guard) stream(ctx context.Context, cancel context.CancelFunc, base stri
 		mu    sync.Mutex
 		asked = map[uint64]time.Time{} // ask id -> send time
 	)
-	// The writer: an ask at once, then one a third of the span after the
-	// last confirmed send (or a sixth of it after an ask still unanswered:
-	// so every sixth of the span in jeopardy). Once the TTL count runs out
-	// it ends the stream (the lock is lost). Its end closes the
+	// The pipe's writer. A write blocks until the transport reads the
+	// request body, which it does only once the connection (and its TLS
+	// handshake) is up: with an HTTPClient without dial or handshake
+	// timeouts that may be never. So the timers below never wait on a
+	// write: they hand each ask to this goroutine. Its end closes the
 	// request body: a round trip that failed waits for that (net/http
 	// finishes writing the body first), and so does one cancelled.
+	toWrite := make(chan []byte, 16)
 	go func() {
 		defer pw.Close()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case line := <-toWrite:
+				if _, err := pw.Write(line); err != nil {
+					return
+				}
+			}
+		}
+	}()
+	// The timers: an ask at once, then one a third of the span after the
+	// last confirmed send (or a sixth of it after an ask still unanswered:
+	// so every sixth of the span in jeopardy). Once the TTL count runs out
+	// they end the stream (the lock is lost).
+	go func() {
 		quiet := false
 		for {
 			id := g.c.asks.Add(1)
 			line, _ := json.Marshal(keepAliveRequest{SessionID: u64(g.session), AskID: u64(id)})
-			mu.Lock()
-			asked[id] = time.Now()
-			mu.Unlock()
-			if _, err := pw.Write(append(line, '\n')); err != nil {
-				return
+			select {
+			case toWrite <- append(line, '\n'):
+				mu.Lock()
+				asked[id] = time.Now()
+				mu.Unlock()
+			default:
+				// The writer is stuck on earlier asks (they count as
+				// unanswered): this one is not sent.
 			}
 			g.mu.Lock()
 			due, end := g.lastSent.Add(g.span()/3), g.ttlEnd
@@ -270,8 +299,12 @@ func (g *Guard) stream(ctx context.Context, cancel context.CancelFunc, base stri
 		if l.Expired {
 			return true, ""
 		}
+		if !g.creditRenewal(sent, time.Now(), g.silence()) {
+			// Later than its ask's wait (the stream was taken for
+			// silent), or past the TTL count: not credited.
+			continue
+		}
 		g.c.setLeader(base)
-		g.credit(sent, time.Now())
 		if !renewed {
 			renewed = true
 			close(s.renewed)

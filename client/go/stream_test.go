@@ -8,6 +8,7 @@ package raftlock
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"net"
 	"net/http"
@@ -20,11 +21,14 @@ import (
 )
 
 // standIn is a node that answers only KeepAlive streams, through answer:
-// stream n (from 1) answers ask k (from 1 on that stream) if answer(n, k).
+// stream n (from 1) answers ask k (from 1 on that stream) if answer(n, k),
+// after delay(n, k) if delay is set (answers stay in order, so delays add
+// up).
 type standIn struct {
 	srv     *httptest.Server
 	streams atomic.Int32
 	answer  func(stream, ask int) bool
+	delay   func(stream, ask int) time.Duration
 
 	mu     sync.Mutex
 	events []string // in the order they happened
@@ -43,7 +47,11 @@ func (s *standIn) seen() []string {
 }
 
 func newStandIn(t *testing.T, answer func(stream, ask int) bool) *standIn {
-	s := &standIn{answer: answer}
+	return newSlowStandIn(t, answer, nil)
+}
+
+func newSlowStandIn(t *testing.T, answer func(stream, ask int) bool, delay func(stream, ask int) time.Duration) *standIn {
+	s := &standIn{answer: answer, delay: delay}
 	s.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/v1/locks/KeepAlive" {
 			w.WriteHeader(http.StatusOK)
@@ -69,8 +77,14 @@ func newStandIn(t *testing.T, answer func(stream, ask int) bool) *standIn {
 			if !s.answer(n, k) {
 				continue
 			}
+			if s.delay != nil {
+				time.Sleep(s.delay(n, k)) // the node is slow to answer
+			}
 			if k == 1 {
 				s.event("answer " + string(rune('0'+n)))
+			}
+			if k == 2 && s.delay != nil {
+				s.event("late " + string(rune('0'+n)))
 			}
 			line, _ := json.Marshal(keepAliveResponse{SessionID: req.SessionID, TTLMs: 30000, AskID: req.AskID})
 			_, _ = rw.Write(append(line, '\n'))
@@ -160,4 +174,132 @@ func TestBrokenStreamsAreRetriedWithTheBackoff(t *testing.T) {
 	if lostClosed(g) {
 		t.Fatal("lost within 2 s of a 30 s TTL")
 	}
+}
+
+// indexOf is the position of e in ev (-1: absent).
+func indexOf(ev []string, e string) int {
+	for i, x := range ev {
+		if x == e {
+			return i
+		}
+	}
+	return -1
+}
+
+// Two silences in a row (stream 1 stops answering, its replacement 2
+// answers nothing either): the first silent stream, the one that carried
+// the session, stays open until a successor (stream 3) has renewed; only
+// then may it close. Closing it earlier would start the leader's grace
+// with no stream renewing the session.
+func TestTheOldestSilentStreamStaysOpenUntilASuccessorRenews(t *testing.T) {
+	s := newStandIn(t, func(stream, ask int) bool { return (stream == 1 && ask == 1) || stream >= 3 })
+	g := guardAt(t, s.srv.URL)
+	eventually(t, 60*time.Second, "stream 3 answered and stream 1 closed", func() bool {
+		ev := s.seen()
+		return indexOf(ev, "answer 3") >= 0 && indexOf(ev, "closed 1") >= 0
+	})
+	ev := s.seen()
+	t.Logf("events %v", ev)
+	if indexOf(ev, "closed 1") < indexOf(ev, "answer 3") {
+		t.Fatalf("events %v: stream 1 closed before any successor renewed (want it open until stream 3 answered)", ev)
+	}
+	if lostClosed(g) {
+		t.Fatal("lost")
+	}
+}
+
+// A node that accepts the connection and then says nothing (no TLS
+// handshake), reached through a caller's HTTPClient without a handshake
+// timeout: the stream's request body is never read, so writing an ask
+// blocks. The silence and the TTL count go on regardless: a replacement
+// stream is tried, and the lock is reported lost once its TTL count runs
+// out (nothing was ever answered).
+func TestABlockedAskWriteStopsNeitherSilenceNorLoss(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		accepted atomic.Int32
+		mu       sync.Mutex
+		conns    []net.Conn
+	)
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+	})
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			mu.Lock()
+			conns = append(conns, conn) // held open, never read
+			mu.Unlock()
+		}
+	}()
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	ttl := 3 * time.Second
+	c := newClient(t, "https://"+ln.Addr().String(), Options{TTL: ttl, HTTPClient: hc})
+	g := &Guard{c: c, key: "k", fence: 1, session: 7, ttl: ttl, grace: c.grace,
+		lost: make(chan struct{}), done: make(chan struct{})}
+	start := time.Now()
+	g.credit(start, start)
+	g.stopCtx, g.stop = context.WithCancel(context.Background())
+	go g.keepAlive()
+	t.Cleanup(func() {
+		g.stop()
+		<-g.done
+	})
+	select {
+	case <-g.Lost():
+	case <-time.After(30 * time.Second):
+		t.Fatalf("not lost within 30 s of a 3 s TTL with no answer (%d connections accepted): the TTL count stopped behind a blocked write", accepted.Load())
+	}
+	t.Logf("lost %v after the last answer; %d connections accepted", time.Since(start).Round(time.Millisecond), accepted.Load())
+	if n := accepted.Load(); n < 2 {
+		t.Fatalf("%d connection(s) accepted: no replacement stream was tried after the silence", n)
+	}
+}
+
+// A node that answers every keep-alive but the first one late: each later
+// than its ask's wait (the silence, 1 s at the default grace; here 1.5 s
+// after it came, and the delays add up), so each ask was given up before
+// its answer came. As in the Rust client, such an answer is never
+// credited: it neither makes the lock held again nor pushes back the TTL
+// count, so with nothing answered in time the lock is lost once its TTL
+// count (3 s - 10 %) runs out.
+func TestKeepAliveAnswersLaterThanTheirAsksWaitAreNotCredited(t *testing.T) {
+	s := newSlowStandIn(t, func(stream, ask int) bool { return true }, func(stream, ask int) time.Duration {
+		if stream == 1 && ask == 1 {
+			return 0
+		}
+		return 1500 * time.Millisecond
+	})
+	ttl := 3 * time.Second
+	c := newClient(t, s.srv.URL, Options{TTL: ttl})
+	g := &Guard{c: c, key: "k", fence: 1, session: 7, ttl: ttl, grace: c.grace,
+		lost: make(chan struct{}), done: make(chan struct{})}
+	start := time.Now()
+	g.credit(start, start)
+	g.stopCtx, g.stop = context.WithCancel(context.Background())
+	go g.keepAlive()
+	t.Cleanup(func() {
+		g.stop()
+		<-g.done
+	})
+	eventually(t, 30*time.Second, "a late answer sent", func() bool { return indexOf(s.seen(), "late 1") >= 0 })
+	select {
+	case <-g.Lost():
+	case <-time.After(30 * time.Second):
+		t.Fatalf("not lost within 30 s of a 3 s TTL although no answer came within its ask's wait (events %v, Valid %v, TTL count ends in %v): late answers were credited",
+			s.seen(), g.Valid(), time.Until(g.ttlCountEnd()).Round(time.Millisecond))
+	}
+	t.Logf("lost %v after the last timely answer; events %v", time.Since(start).Round(time.Millisecond), s.seen())
 }

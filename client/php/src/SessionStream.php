@@ -24,9 +24,10 @@ final class SessionStream
     /** The part of a lease length the count leaves out (from the send time). */
     public const MARGIN = 0.1;
     /**
-     * An ask unanswered for its session's grace, or this long (seconds) if
-     * longer, leaves the stream's node: a new stream is opened to the next
-     * node, and the old one is closed once the new one has renewed.
+     * An ask unanswered for its session's grace (at most a third of its
+     * ttl), or this long (seconds) if longer, leaves the stream's node: a
+     * new stream is opened to the next node, and the old one is closed
+     * once a newer one has renewed (the Go and Python clients' rule).
      */
     private const MIN_STUCK = 1.0;
 
@@ -35,8 +36,8 @@ final class SessionStream
     private static ?\CurlMultiHandle $multi = null;
     /** @var array<int, int> spl_object_id of a finished transfer => its CURLcode */
     private static array $finished = [];
-    /** Transfers in the multi handle now (a wait on none returns at once). */
-    private static int $transfers = 0;
+    /** @var array<int, true> spl_object_id of each transfer in the multi handle now */
+    private static array $attached = [];
 
     /**
      * @var array<int, array{ttl: int, grace: int, held: float, alive: float, renewUntil: float, sent: float, carried: bool, lost: string|null, credited: bool}>
@@ -131,13 +132,13 @@ final class SessionStream
     private static function attach(\CurlHandle $h): void
     {
         curl_multi_add_handle(self::multi(), $h);
-        ++self::$transfers;
+        self::$attached[spl_object_id($h)] = true;
     }
 
     private static function detach(\CurlHandle $h): void
     {
         curl_multi_remove_handle(self::multi(), $h);
-        --self::$transfers;
+        unset(self::$attached[spl_object_id($h)]);
     }
 
     /**
@@ -168,7 +169,10 @@ final class SessionStream
     /**
      * Waits for activity on a transfer, at most $most seconds and no later
      * than the next renewal due; with no transfer to wait on, sleeps that
-     * long.
+     * long. curl_multi_select() returns at once when curl has no socket to
+     * wait on: every transfer in the multi handle has finished, or is a
+     * stream left for a new one whose peer closed it (its upload paused,
+     * nothing left to read); then the rest of the time is slept, not spun.
      */
     private static function wait(float $most): void
     {
@@ -178,10 +182,16 @@ final class SessionStream
             $until = min($until, $s->nextDue());
         }
         $for = max(0.001, $until - $now);
-        if (self::$transfers > 0) {
-            curl_multi_select(self::multi(), $for);
-        } else {
-            usleep((int) ($for * 1e6));
+        $running = 0;
+        foreach (self::$attached as $id => $_) {
+            $running += isset(self::$finished[$id]) ? 0 : 1;
+        }
+        if ($running > 0 && curl_multi_select(self::multi(), $for) > 0) {
+            return;
+        }
+        $left = $until - self::now();
+        if ($left > 0.0005) {
+            usleep((int) ($left * 1e6));
         }
     }
 
@@ -363,11 +373,12 @@ final class SessionStream
 
     /**
      * When session $s's next ask is due (monotonic seconds; INF: none):
-     * at once (or when the stream may be opened again) if the stream open
-     * now does not carry it yet, else a third of its lease length after
-     * its last ask, if that is before the end of its renewal window. The
-     * one rule for both pump() (which asks) and wait() (which sleeps until
-     * then).
+     * at once if the stream open now does not carry it yet, else a third
+     * of its lease length after its last ask, if that is before the end of
+     * its renewal window; with no stream open, no sooner than the stream
+     * may be opened again (else a wait would wake every millisecond until
+     * then). The one rule for both pump() (which asks) and wait() (which
+     * sleeps until then).
      *
      * @param array{ttl: int, grace: int, renewUntil: float, sent: float, carried: bool, lost: string|null} $s
      */
@@ -376,12 +387,15 @@ final class SessionStream
         if (null !== $s['lost'] || $s['grace'] <= 0) {
             return \INF;
         }
-        if (!$s['carried']) {
-            return null === $this->handle ? $this->retryAt : 0.0;
+        $at = 0.0;
+        if ($s['carried']) {
+            $at = $s['sent'] + self::span($s['ttl'], $s['grace']) / 3;
+            if ($at >= $s['renewUntil']) {
+                return \INF;
+            }
         }
-        $at = $s['sent'] + self::span($s['ttl'], $s['grace']) / 3;
 
-        return $at < $s['renewUntil'] ? $at : \INF;
+        return null === $this->handle ? max($at, $this->retryAt) : $at;
     }
 
     private function pump(): void
@@ -550,6 +564,11 @@ final class SessionStream
     /** Reads the answers that came; ends the stream if it failed. */
     private function read(): void
     {
+        if (null !== $this->stale && isset(self::$finished[spl_object_id($this->stale)])) {
+            // The stream left for a new one ended by itself (its node
+            // closed it): nothing is kept open by keeping it.
+            $this->dropStale();
+        }
         if (null === $this->handle) {
             return;
         }
@@ -603,7 +622,8 @@ final class SessionStream
             return;
         }
         foreach ($this->asks as [$id, $sent]) {
-            $stuck = max(($this->sessions[$id]['grace'] ?? 0) / 1000, self::MIN_STUCK);
+            $s = $this->sessions[$id] ?? ['grace' => 0, 'ttl' => 0];
+            $stuck = max(min($s['grace'], $s['ttl'] / 3) / 1000, self::MIN_STUCK);
             if (self::now() - $sent > $stuck) {
                 $this->replace(sprintf('an ask unanswered for %.2f s', $stuck));
 
@@ -620,14 +640,23 @@ final class SessionStream
     /**
      * Leaves the stream's node (it stopped answering): opens a new stream
      * to the next node at once, and keeps the old one open (sending
-     * nothing more on it) until the new one renews, since the leader ends a
-     * session a grace after the last stream that renews it closes.
+     * nothing more on it) until a newer one renews, since the leader ends a
+     * session a grace after the last stream that renews it closes. If an
+     * older stream left this way is still open (nothing renewed since), it
+     * is the one kept (it carried the sessions), and this newer one is
+     * closed.
      */
     private function replace(string $why): void
     {
-        $this->dropStale();
-        $this->stale = $this->handle;
-        $this->staleTarget = $this->target;
+        if (null === $this->stale) {
+            $this->stale = $this->handle;
+            $this->staleTarget = $this->target;
+        } else {
+            $h = $this->handle;
+            unset(self::$finished[spl_object_id($h)]);
+            self::detach($h);
+            curl_close($h);
+        }
         $this->handle = null;
         $this->lastError = "$this->target: $why";
         $this->leader = null;

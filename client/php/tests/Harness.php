@@ -387,3 +387,74 @@ final class Worker
         $this->close();
     }
 }
+
+/** A stand-in node (tests/standin.php MODE) and the events it printed. */
+final class StandIn
+{
+    private $proc;
+    private array $pipes = [];
+    private string $buf = '';
+    /** @var list<string> */
+    private array $events = [];
+    public int $port = 0;
+
+    public function __construct(string $mode)
+    {
+        $this->proc = proc_open([\PHP_BINARY, __DIR__.'/standin.php', $mode], [0 => ['pipe', 'r'], 1 => ['pipe', 'w'], 2 => STDERR], $this->pipes);
+        stream_set_blocking($this->pipes[1], false);
+        eventually(15, 'the stand-in listening', function (): bool {
+            $this->read();
+
+            return $this->port > 0;
+        });
+    }
+
+    public function endpoint(): string
+    {
+        return "127.0.0.1:$this->port";
+    }
+
+    /** Sends the stand-in a line (e.g. "silent"). */
+    public function send(string $line): void
+    {
+        fwrite($this->pipes[0], $line."\n");
+        fflush($this->pipes[0]);
+    }
+
+    /** @return list<string> every event printed so far, in order */
+    public function events(): array
+    {
+        $this->read();
+
+        return $this->events;
+    }
+
+    private function read(): void
+    {
+        while (\is_string($chunk = fread($this->pipes[1], 65536)) && '' !== $chunk) {
+            $this->buf .= $chunk;
+        }
+        while (false !== ($nl = strpos($this->buf, "\n"))) {
+            $line = substr($this->buf, 0, $nl);
+            $this->buf = substr($this->buf, $nl + 1);
+            if (str_starts_with($line, 'PORT ')) {
+                $this->port = (int) substr($line, 5);
+            } else {
+                $this->events[] = $line;
+            }
+        }
+    }
+
+    public function __destruct()
+    {
+        if (\is_resource($this->proc)) {
+            proc_terminate($this->proc, 9);
+            foreach ($this->pipes as $p) {
+                if (\is_resource($p)) {
+                    fclose($p);
+                }
+            }
+            proc_close($this->proc);
+        }
+    }
+}

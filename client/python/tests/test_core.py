@@ -50,18 +50,51 @@ def test_a_view_past_its_ttl_count_is_lost_for_good():
     assert lz.is_lost(108.2) and not lz.valid(108.2)
 
 
-def test_an_answer_after_the_ttl_count_counts_until_the_loss_is_marked():
-    """An answered keep-alive proves the session alive: it counts even if it
-    comes after the ttl count ran out, as long as the lease was not marked
-    lost before (lost is final)."""
+def test_an_answer_after_the_ttl_count_does_not_bring_the_lease_back():
+    """The ttl count decides when to give up: an answer that comes after it
+    ran out is not credited, even if the loss was not marked yet (as in the
+    Rust client, whose keep-alive gives the lease up at that deadline)."""
     r = core.Renewals()
     lz = lease(ttl=9.0, sent_at=0.0)  # the ttl count ends at 8.1
     r.add(lz, first=0.0)
     r.stream_opened(0.0)
     (ask,) = r.due(7.0)  # sent before the count ran out, answered after
     r.answer(7, ask.ask_id, 9000, False, 8.2)
-    assert not lz.is_lost(8.3) and lz.valid(8.3)
-    assert lz.valid(7.0 + 8.09) and not lz.valid(7.0 + 8.1)  # believed from the send
+    assert lz.is_lost(8.3) and not lz.valid(8.3), "an answer after the ttl count ran out was credited"
+
+
+def test_an_answer_later_than_its_asks_wait_is_not_credited():
+    """An ask waits ``ask_wait`` for its answer (3 s at a 9 s ttl), as the
+    Rust client's asks do: an answer that comes later, even before the
+    driver dropped the ask, is not credited: it neither makes the lease
+    valid again nor pushes back the ttl count."""
+    r = core.Renewals()
+    lz = lease(ttl=9.0, sent_at=0.0)
+    r.add(lz, first=0.0)
+    r.stream_opened(0.0)
+    (first,) = r.due(0.0)
+    r.answer(7, first.ask_id, 9000, False, 3.0)  # in time: valid until 8.1, lost at 11.1
+    (late,) = r.due(5.0)
+    r.answer(7, late.ask_id, 9000, False, 8.5)  # 3.5 s after its send
+    assert not lz.valid(8.6), "a late answer made the lease valid again"
+    assert lz.is_lost(11.1), "a late answer pushed back the ttl count"
+
+
+def test_an_answer_more_than_a_ttl_after_its_send_is_not_credited():
+    """A session that ends with its stream (ttl 30 s, grace 2 s): an answer
+    that comes more than a ttl after its ask was sent (a process paused
+    past its ttl, say) does not push back the give-up deadline."""
+    r = core.Renewals()
+    lz = core.Lease(7, 30.0, 0.1, 0.0, grace=2.0)
+    lz.state = core.VALID
+    lz.on_lost = lambda: None
+    r.add(lz, first=0.0)
+    r.stream_opened(0.0)
+    (first,) = r.due(0.0)
+    r.answer(7, first.ask_id, 30000, False, 0.01)  # the ttl count ends at 27.01
+    (late,) = r.due(5.0)
+    r.answer(7, late.ask_id, 30000, False, 36.0)
+    assert not lz.valid(36.1) and lz.is_lost(36.1), "an answer 31 s after its send was credited"
 
 
 def test_an_answer_after_the_loss_was_marked_does_not_bring_the_lease_back():

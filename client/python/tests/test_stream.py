@@ -51,14 +51,28 @@ class StandIn(pbg.LocksServicer):
             yield pb.KeepAliveResponse(session_id=req.session_id, ttl_ms=30000, ask_id=req.ask_id)
 
 
-@pytest.fixture
-def stand_in():
-    node = StandIn(lambda stream, ask: stream != 1 or ask == 1)
+def serve(answer):
+    node = StandIn(answer)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
     pbg.add_LocksServicer_to_server(node, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
-    yield node, f"127.0.0.1:{port}"
+    return node, f"127.0.0.1:{port}", server
+
+
+@pytest.fixture
+def stand_in():
+    node, addr, server = serve(lambda stream, ask: stream != 1 or ask == 1)
+    yield node, addr
+    server.stop(0)
+
+
+@pytest.fixture
+def two_silences():
+    """Stream 1 answers its first ask only, stream 2 nothing, stream 3 on
+    everything."""
+    node, addr, server = serve(lambda stream, ask: (stream == 1 and ask == 1) or stream >= 3)
+    yield node, addr
     server.stop(0)
 
 
@@ -92,6 +106,45 @@ def test_a_silent_stream_is_closed_only_after_its_successor_renews_aio(stand_in)
         try:
             session = await client.session(ttl=30)
             await asyncio.get_running_loop().run_in_executor(None, check_order, node)
+            assert not session.lost
+        finally:
+            await client.close()
+
+    asyncio.run(main())
+
+
+def check_oldest_kept(node):
+    wait_for(lambda: "answer 3" in node.events and "closed 1" in node.events,
+             "stream 3 answered and stream 1 closed", timeout=60.0)
+    ev = list(node.events)
+    print("events", ev)
+    assert ev.index("closed 1") > ev.index("answer 3"), (
+        f"events {ev}: stream 1 closed before any successor renewed (want it open until stream 3 answered)")
+
+
+def test_the_oldest_silent_stream_stays_open_until_a_successor_renews(two_silences):
+    """Two silences in a row (stream 1 stops answering, its replacement 2
+    answers nothing either): stream 1, which carried the session, stays
+    open until a successor (stream 3) has renewed; closing it earlier would
+    start the leader's grace with no stream renewing the session."""
+    node, addr = two_silences
+    client = raftlock.Client(addr)
+    try:
+        session = client.session(ttl=30)
+        check_oldest_kept(node)
+        assert not session.lost
+    finally:
+        client.close()
+
+
+def test_the_oldest_silent_stream_stays_open_until_a_successor_renews_aio(two_silences):
+    node, addr = two_silences
+
+    async def main():
+        client = raftlock.aio.Client(addr)
+        try:
+            session = await client.session(ttl=30)
+            await asyncio.get_running_loop().run_in_executor(None, check_oldest_kept, node)
             assert not session.lost
         finally:
             await client.close()

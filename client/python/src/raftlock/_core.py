@@ -9,7 +9,8 @@ this module what to do next, so both follow the same rules:
   processed that keep-alive (later), and a new leader restarts every lease
   at full length, so the client's view ends first. Each keep-alive carries
   its own ``ask_id``, and an answer is credited only to the ask whose id it
-  echoes, from that ask's send time. A session that ends with its stream
+  echoes, from that ask's send time, and only if it came while the ask
+  still waited (``ask_wait``). A session that ends with its stream
   (``end_on_disconnect``) is also believed only a grace (less the margin)
   past the send time of its open or of the last ask its stream answered
   (see ``Lease``). Past that grace count but within the ttl count (from
@@ -539,8 +540,9 @@ class Lease:
       answered: the *receive* time of the last lease-starting answer plus
       the ttl, less the margin (it only decides when to give up, so it
       counts from when the answer came: an answer that took long still
-      leaves a whole ttl). An answer that comes after that was marked never
-      brings the lease back.
+      leaves a whole ttl). An answer that comes after ``lost_at``, or
+      later than its ask waits (:func:`ask_wait`), is not credited (as in
+      the Rust client): it never brings the lease back.
 
     A lease starts ``pending``: :meth:`activate` hands it out once the
     open's answer (or the first keep-alive's) stands. Each change is one
@@ -722,11 +724,18 @@ class Renewals:
         e = self.entries.get(session_id)
         if e is None:
             return None
+        if not expired and not e.lease.is_lost(at) and at > ask.deadline:
+            # Later than its ask waits (the driver gives an ask up then and
+            # asks again; it may just not have looked yet): as in the Rust
+            # client, not credited, so it neither makes the lease valid
+            # again nor pushes back the ttl count. The session asks again.
+            self._retry(session_id, at)
+            return None
         e.answers += 1
-        if e.lease.state == LOST:
-            # Marked lost before this answer came: lost for good (prune
-            # tells its holders). An answer that comes first counts, even
-            # past the ttl count: it proves the session alive.
+        if e.lease.is_lost(at):
+            # Marked lost, or the ttl count ran out, before this answer
+            # came: lost for good (prune tells its holders), as in the Rust
+            # client, which gives the lease up at that deadline.
             return e.lease
         if expired:
             e.lease.mark_lost()

@@ -257,9 +257,16 @@ class _KeepAlive:
 
     def _leave(self, st: _Stream) -> None:
         """Leaves the stalled stream ``st`` open for the next one (its asks
-        are retried there; its late answers are not credited)."""
-        self._close_old()
-        self.stream, self.old = None, st
+        are retried there; its late answers are not credited). If an older
+        stalled stream is still open (nothing renewed since it was left),
+        that one stays (it carried the sessions: closing it would start
+        their grace with no stream renewing them) and the newer ``st`` is
+        closed instead."""
+        if self.old is None:
+            self.stream, self.old = None, st
+        else:
+            self.stream = None
+            st.call.cancel()
         self.r.stream_failed(core.now())
         self.retry_at = core.now() + self.backoff * random.uniform(0.5, 1.5)
         self.backoff = min(self.backoff * 2, core.MAX_BACKOFF)
