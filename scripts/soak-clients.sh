@@ -39,7 +39,8 @@
 # Each holder's events (jeopardy, held again, lost), its RESULT line, the
 # leader changes and the nodes' logs are kept in target/soak-clients/.
 # Everything it started is killed when it exits, however it exits (the
-# children also get SIGKILL if this shell dies).
+# children also get SIGKILL if this shell dies, even by SIGKILL; only the
+# temporary directory is left behind then).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -82,8 +83,10 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 trap 'exit 129' HUP
-# Every child gets SIGKILL if this shell dies, even by SIGKILL.
-child() { setpriv --pdeathsig KILL "$@"; }
+# Every child is started as `"${child[@]}" COMMAND... &`: a simple command,
+# so the background process is COMMAND itself (its pid is $!, the pid the
+# cleanup kills), and it gets SIGKILL if this shell dies, even by SIGKILL.
+child=(setpriv --pdeathsig KILL)
 
 # ---- the holders' programs, ready before anything starts
 if want go; then
@@ -116,7 +119,7 @@ start_cluster() {
   for i in 3 2 1; do
     local args=(run --id "$i" --listen "${addrs[$((i - 1))]}" --data-dir "$tmp/node-$i" --peers "$peers" --insecure-peers)
     [ "$i" = 1 ] && args+=(--init)
-    RUST_LOG=${RUST_LOG:-warn} child "$raftlockd" "${args[@]}" >> "$out/node-$i.log" 2>&1 &
+    RUST_LOG=${RUST_LOG:-warn} "${child[@]}" "$raftlockd" "${args[@]}" >> "$out/node-$i.log" 2>&1 &
     pids+=($!)
     node_pids+=($!)
   done
@@ -145,7 +148,7 @@ echo "== cluster of 3 raftlockd processes on $endpoints ($raftlockd)"
 # ---- the load
 for _ in $(seq 1 "$hogs"); do
   # A busy loop of a shell: one core's worth of work, no I/O.
-  child bash -c 'while :; do :; done' &
+  "${child[@]}" bash -c 'while :; do :; done' &
   pids+=($!)
 done
 
@@ -155,7 +158,7 @@ started=$(date -u '+%Y-%m-%d %H:%M:%S UTC')
 echo "== $started: $holders holders per client ($clients), ${duration} s each, $hogs CPU hogs; events in $out/"
 holder_pids=()
 if want go; then
-  child "$tmp/holder-go" -endpoints "$endpoints" -holders "$holders" -duration "${duration}s" \
+  "${child[@]}" "$tmp/holder-go" -endpoints "$endpoints" -holders "$holders" -duration "${duration}s" \
     > "$out/go.results" 2> "$out/go.events" &
   pids+=($!); holder_pids+=($!)
 fi
@@ -163,14 +166,14 @@ if want python; then
   for api in sync asyncio; do
     n=$python_sync; [ "$api" = asyncio ] && n=$py_async
     [ "$n" -gt 0 ] || continue
-    PYTHONPATH="$PWD/client/python/src" child "$python" scripts/soak/holder.py "$api" "$endpoints" "$n" "$duration" \
+    PYTHONPATH="$PWD/client/python/src" "${child[@]}" "$python" scripts/soak/holder.py "$api" "$endpoints" "$n" "$duration" \
       > "$out/python-$api.results" 2> "$out/python-$api.events" &
     pids+=($!); holder_pids+=($!)
   done
 fi
 if want php; then
   for i in $(seq 0 $((holders - 1))); do
-    child "$php" scripts/soak/holder.php "$endpoints" "soak/php/$i" "$duration" \
+    "${child[@]}" "$php" scripts/soak/holder.php "$endpoints" "soak/php/$i" "$duration" \
       >> "$out/php.results" 2>> "$out/php.events" &
     pids+=($!); holder_pids+=($!)
   done
