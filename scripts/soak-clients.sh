@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Healthy lock holders of the Go, Python and PHP clients, at their defaults
+# Healthy lock holders of the Rust, Go, Python and PHP clients, at their defaults
 # (grace 750 ms), held for a long time on a busy machine: issue 44's check
 # that the short default grace brings no false loss. It starts a cluster
 # of three `raftlockd run` processes on free loopback ports (data in a
@@ -8,6 +8,9 @@
 # lock of its own and holding it for DURATION seconds, looking every
 # 100 ms whether it is held and whether it is lost:
 #
+#   Rust    client/examples/soak_holder.rs: tasks sharing one Client, a
+#           session each at SessionOptions::default() (ttl 10 s),
+#           Guard::is_held() and the lease state;
 #   Go      scripts/soak/holder.go: goroutines sharing one Client (TTL 10 s,
 #           the default), Valid() and Lost(), OnLost counted;
 #   Python  scripts/soak/holder.py: half threads sharing a raftlock.Client,
@@ -25,8 +28,9 @@
 # [DURATION, default 600], --holders N per client [HOLDERS, 20], --hogs N
 # [HOGS, default nproc; 0: none], --python-sync N of the Python holders on
 # the sync API, the rest on asyncio [PYTHON_SYNC, half], --clients LIST
-# [CLIENTS, go,python,php]. The binaries: RAFTLOCKD (default
-# target/debug/raftlockd), GO, PYTHON (an interpreter with grpcio and
+# [CLIENTS, rust,go,python,php]. The binaries: RAFTLOCKD (default
+# target/debug/raftlockd), SOAK_HOLDER_RUST (default: built with `cargo
+# build -p raftlock-client --example soak_holder`), GO, PYTHON (an interpreter with grpcio and
 # protobuf, e.g. a virtualenv with client/python/requirements-test.txt;
 # the client itself is taken from client/python/src), PHP (with php-curl).
 #
@@ -48,7 +52,7 @@ duration=${DURATION:-600}
 holders=${HOLDERS:-20}
 hogs=${HOGS:-$(nproc)}
 python_sync=${PYTHON_SYNC:-}
-clients=${CLIENTS:-go,python,php}
+clients=${CLIENTS:-rust,go,python,php}
 while [ $# -gt 0 ]; do
   case "$1" in
     --duration) duration=$2; shift 2 ;;
@@ -89,6 +93,12 @@ trap 'exit 129' HUP
 child=(setpriv --pdeathsig KILL)
 
 # ---- the holders' programs, ready before anything starts
+rust_holder=${SOAK_HOLDER_RUST:-}
+if want rust && [ -z "$rust_holder" ]; then
+  echo "== building client/examples/soak_holder.rs"
+  cargo build -q -p raftlock-client --example soak_holder
+  rust_holder="${CARGO_TARGET_DIR:-target}/debug/examples/soak_holder"
+fi
 if want go; then
   echo "== building scripts/soak/holder.go"
   (cd scripts/soak && GOPROXY=off GOFLAGS=-mod=mod "$go" build -o "$tmp/holder-go" .)
@@ -157,6 +167,11 @@ py_async=$((holders - python_sync))
 started=$(date -u '+%Y-%m-%d %H:%M:%S UTC')
 echo "== $started: $holders holders per client ($clients), ${duration} s each, $hogs CPU hogs; events in $out/"
 holder_pids=()
+if want rust; then
+  "${child[@]}" "$rust_holder" "$endpoints" "$holders" "$duration" \
+    > "$out/rust.results" 2> "$out/rust.events" &
+  pids+=($!); holder_pids+=($!)
+fi
 if want go; then
   "${child[@]}" "$tmp/holder-go" -endpoints "$endpoints" -holders "$holders" -duration "${duration}s" \
     > "$out/go.results" 2> "$out/go.events" &
@@ -228,6 +243,7 @@ summarize() {
 changes=$(($(cat "$out/leader.log" 2>/dev/null | wc -l) - 1))
 echo "== $(date -u '+%Y-%m-%d %H:%M:%S UTC'): done (load average at the end: $load_end; leader changes seen: $((changes < 0 ? 0 : changes)), $out/leader.log)"
 failed=0
+if want rust; then summarize rust "$holders" "$out/rust.results" || failed=1; fi
 if want go; then summarize go "$holders" "$out/go.results" || failed=1; fi
 if want python; then
   summarize python "$holders" "$out"/python-*.results || failed=1

@@ -338,7 +338,7 @@ async fn raftlock_holdings(
             let mut holders = Vec::with_capacity(n);
             for _ in 0..n {
                 holders.push(
-                    crate::targets::raftlock::session(&client, HOLDER_TTL)
+                    crate::targets::raftlock::session(client, HOLDER_TTL)
                         .await
                         .context("holder session")?,
                 );
