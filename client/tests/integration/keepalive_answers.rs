@@ -33,6 +33,13 @@ struct State {
     opened: Mutex<u64>,
     /// When the held ask arrived.
     held_at: Mutex<Option<Instant>>,
+    /// The other fake: the first keep-alive stream answers its first ask
+    /// only, every later stream answers everything.
+    first_stream_goes_silent: bool,
+    /// Streams opened so far (that fake).
+    streams: Mutex<u32>,
+    /// "answer K" and "closed K" for stream K, in order (that fake).
+    events: Mutex<Vec<String>>,
 }
 
 #[derive(Clone, Default)]
@@ -74,6 +81,33 @@ impl Locks for Fake {
         let mut inbound = req.into_inner();
         let (tx, rx) = mpsc::channel(64);
         let fake = self.clone();
+        if fake.0.first_stream_goes_silent {
+            let k = {
+                let mut streams = fake.0.streams.lock().unwrap();
+                *streams += 1;
+                *streams
+            };
+            let event = move |what: &str| fake.0.events.lock().unwrap().push(format!("{what} {k}"));
+            tokio::spawn(async move {
+                let mut answered = 0;
+                while let Ok(Some(ask)) = inbound.message().await {
+                    if k == 1 && answered == 1 {
+                        continue;
+                    }
+                    answered += 1;
+                    event("answer");
+                    if tx
+                        .send(Ok(renewed(ask.session_id, ask.ask_id)))
+                        .await
+                        .is_err()
+                    {
+                        break;
+                    }
+                }
+                event("closed");
+            });
+            return Ok(Response::new(Box::pin(ReceiverStream::new(rx))));
+        }
         tokio::spawn(async move {
             let mut asks: HashMap<u64, u32> = HashMap::new();
             let mut held = None;
@@ -258,5 +292,60 @@ async fn a_late_answer_is_never_credited_to_a_later_ask() {
     assert!(
         !s.is_valid(),
         "S's lease ran out: nothing renewed it after the held ask"
+    );
+}
+
+/// A keep-alive stream that stops answering (a hung leader with the
+/// connection up) is replaced, and stays open until the new stream has
+/// renewed: closing it first would start the leader's end-on-disconnect
+/// grace for every session it carried, and a leader that comes back before
+/// a new stream renews them would end a live process's sessions (README's
+/// client duties: open a replacement stream before closing a silent one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_stream_stays_open_until_its_replacement_renews() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let fake = Fake(Arc::new(State {
+        first_stream_goes_silent: true,
+        ..State::default()
+    }));
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(LocksServer::new(fake.clone()))
+            .serve_with_incoming(TcpListenerStream::new(listener)),
+    );
+    let client = Client::connect([addr.to_string()]).await.expect("client");
+    // The defaults: a session that ends with its process (grace 0.75 s),
+    // renewed at once after opening and then every 0.25 s.
+    let s = client
+        .session_with(SessionOptions {
+            ttl: Duration::from_secs(30),
+            ..SessionOptions::default()
+        })
+        .await
+        .expect("session");
+    let events = || fake.0.events.lock().unwrap().clone();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !events().iter().any(|e| e == "answer 2") {
+        assert!(
+            Instant::now() < deadline,
+            "no second stream renewed within 20 s: {:?}",
+            events()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let seen = events();
+    let renewed_at = seen.iter().position(|e| e == "answer 2").expect("seen");
+    if let Some(closed_at) = seen.iter().position(|e| e == "closed 1") {
+        assert!(
+            closed_at > renewed_at,
+            "events {seen:?}: the silent stream was closed before its replacement renewed"
+        );
+    }
+    assert!(
+        matches!(*s.lease().borrow(), LeaseState::Valid(_)),
+        "the session is not lost"
     );
 }
