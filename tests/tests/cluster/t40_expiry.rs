@@ -313,8 +313,18 @@ async fn keep_alives_keep_locks_for_many_ttls() {
     let cluster = TestCluster::start(3).await;
     let client = cluster.client().await;
 
-    // Through the client, which keeps the session alive in the background.
-    let session = client.session(TTL).await.expect("session");
+    // Through the client, which keeps the session alive in the background
+    // (a session only its ttl ends: the view is checked at every answer,
+    // and the default grace's 0.675 s count would make that a figure of
+    // the machine).
+    let session = client
+        .session_with(raftlock_client::SessionOptions {
+            ttl: TTL,
+            end_on_disconnect: None,
+            ..Default::default()
+        })
+        .await
+        .expect("session");
     let guard = session.lock("ka/client").await.expect("lock");
 
     // Over raw gRPC, with explicit keep-alives on one stream.

@@ -22,7 +22,18 @@ struct Queue {
 const HOLDER_TTL: Duration = Duration::from_secs(3);
 
 async fn holder_and_waiter(client: &Client, name: &'static str) -> Queue {
-    let holder = client.session(HOLDER_TTL).await.expect("holder session");
+    // A session only its ttl ends: the page's checks of `held` come seconds
+    // later, on a machine busy with a browser, and the default grace's
+    // count (0.675 s from each answered keep-alive) would make them a
+    // figure of the machine.
+    let holder = client
+        .session_with(raftlock_client::SessionOptions {
+            ttl: HOLDER_TTL,
+            end_on_disconnect: None,
+            ..Default::default()
+        })
+        .await
+        .expect("holder session");
     let held = holder.lock(name).await.expect("holder locks");
     let waiter = client
         .session(Duration::from_secs(30))
