@@ -36,9 +36,11 @@ usage: raftlock-sim [OPTIONS]
                            after it; `#` starts a comment)
   --for-seconds S          with --seeds: start no seed after S seconds of real time
   --keep-going             with --seeds or --seeds-file: run every seed, list the failed ones at the end
+  --jobs J                 with --seeds or --seeds-file: run J seeds at a time (default 1)
   --reproduce S            run seed S and print its whole trace
   --check-determinism N    run seeds 1..=N twice each, in fresh processes, and compare trace hashes
-                           (the second run with --stall-real-time)
+                           (the second run with --stall-real-time); with --seeds-file, run the
+                           file's first N seeds (with their flags) a second time that way instead
   --duration-ms MS         simulated milliseconds of faults and load (default 20000)
   --workers N              lock workers (default 3)
   --nodes N                nodes in the cluster: 3 (default) or 5
@@ -71,6 +73,7 @@ fn main() -> ExitCode {
     let mut listed: Option<Vec<(u64, Vec<String>)>> = None;
     let mut for_seconds: Option<u64> = None;
     let mut keep_going = false;
+    let mut jobs = 1usize;
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         let mut value = |name: &str| -> Result<String, String> {
@@ -116,6 +119,7 @@ fn main() -> ExitCode {
                 "--seeds-file" => listed = Some(seeds_file(&value(arg)?)?),
                 "--for-seconds" => for_seconds = Some(num(&value(arg)?)?),
                 "--keep-going" => keep_going = true,
+                "--jobs" => jobs = num(&value(arg)?)?.max(1) as usize,
                 "-h" | "--help" => return Err(String::new()),
                 other => return Err(format!("unknown argument {other:?}")),
             }
@@ -129,7 +133,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     }
-    if let Some(n) = determinism {
+    if let (Some(n), None) = (determinism, &listed) {
         return check_determinism(n, &settings);
     }
     // A panic anywhere in the simulated cluster (a node's Raft core, say)
@@ -158,12 +162,18 @@ fn main() -> ExitCode {
     // The machine's clock, on purpose: seeds per minute of real time
     // (std's clocks are the simulated ones in this binary).
     let started = wall_clock::real_time();
+    let run = Sweep {
+        for_seconds,
+        keep_going,
+        jobs,
+        twice: determinism.unwrap_or(0) as usize,
+    };
     if let Some(list) = listed {
-        return sweep(list.into_iter(), &settings, started, None, keep_going);
+        return sweep(list.into_iter(), &settings, started, run);
     }
     if seeds.end > seeds.start + 1 {
         let seeds = seeds.map(|s| (s, Vec::new()));
-        return sweep(seeds, &settings, started, for_seconds, keep_going);
+        return sweep(seeds, &settings, started, run);
     }
     for seed in seeds {
         let settings = Settings {
@@ -203,15 +213,20 @@ fn main() -> ExitCode {
 /// Runs each seed of `seeds` in a fresh process (`--seed S`), so that a
 /// seed's run is the same as `--reproduce S` gives (some state a run
 /// leaves in the process changed the next run: seed 3 gave another hash
-/// after seeds 1 and 2 in one process); stops at the first failure.
+/// after seeds 1 and 2 in one process), `jobs` at a time; stops starting
+/// seeds at the first failure unless `keep_going`. The first `twice`
+/// seeds run a second time with `--stall-real-time` and must give the
+/// same trace hash (the determinism check, on the listed seeds and their
+/// flags rather than on seeds 1..=N).
 #[cfg(not(test))]
 fn sweep(
-    seeds: impl Iterator<Item = (u64, Vec<String>)>,
+    seeds: impl Iterator<Item = (u64, Vec<String>)> + Send,
     settings: &Settings,
     started: std::time::Duration,
-    for_seconds: Option<u64>,
-    keep_going: bool,
+    run: Sweep,
 ) -> ExitCode {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Mutex;
     let exe = match std::env::current_exe() {
         Ok(exe) => exe,
         Err(e) => {
@@ -219,33 +234,80 @@ fn sweep(
             return ExitCode::FAILURE;
         }
     };
-    let mut runs = 0u64;
-    let mut failed = Vec::new();
-    for (seed, flags) in seeds {
-        if for_seconds.is_some_and(|limit| (wall_clock::real_time() - started).as_secs() >= limit) {
-            break;
+    // Each seed's run, then (for the first `twice`) its stalled rerun.
+    let twice = run.twice;
+    let jobs = Mutex::new(seeds.enumerate().flat_map(move |(i, (seed, flags))| {
+        let again = (i < twice).then(|| (seed, flags.clone(), true));
+        std::iter::once((seed, flags, false)).chain(again)
+    }));
+    let stop = AtomicBool::new(false);
+    // (seed, flags, stalled) and the hash its run printed, if it passed.
+    let done: Mutex<Vec<(u64, Vec<String>, bool, Option<String>)>> = Mutex::new(Vec::new());
+    let worker = || loop {
+        if stop.load(Ordering::SeqCst)
+            || run
+                .for_seconds
+                .is_some_and(|limit| (wall_clock::real_time() - started).as_secs() >= limit)
+        {
+            return;
         }
-        let status = Command::new(&exe)
+        let Some((seed, flags, stalled)) = jobs.lock().expect("jobs").next() else {
+            return;
+        };
+        // The child's report is printed whole once it ends (jobs run side
+        // by side); its stderr, where a failure's trace goes, as it comes.
+        let out = Command::new(&exe)
+            .args(stalled.then_some("--stall-real-time"))
             .arg("--seed")
             .arg(seed.to_string())
             .args(settings.flags().split_whitespace())
             .args(&flags)
-            .status();
-        runs += 1;
-        match status {
-            Ok(s) if s.success() => {}
-            Ok(_) if keep_going => failed.push(seed),
-            Ok(_) => return ExitCode::FAILURE,
+            .stderr(std::process::Stdio::inherit())
+            .output();
+        let hash = match out {
+            Ok(out) => {
+                let text = String::from_utf8_lossy(&out.stdout);
+                if stalled && !text.is_empty() {
+                    print!("(again, stalling) ");
+                }
+                print!("{text}");
+                out.status
+                    .success()
+                    .then(|| {
+                        text.rsplit_once("hash ")
+                            .map(|(_, h)| h.trim_end().trim_end_matches(')').to_string())
+                    })
+                    .flatten()
+            }
             Err(e) => {
                 eprintln!("cannot run seed {seed}: {e}");
-                return ExitCode::FAILURE;
+                None
             }
+        };
+        if hash.is_none() && !run.keep_going {
+            stop.store(true, Ordering::SeqCst);
         }
-    }
+        done.lock()
+            .expect("done")
+            .push((seed, flags, stalled, hash));
+    };
+    std::thread::scope(|s| {
+        for _ in 0..run.jobs.max(1) {
+            s.spawn(worker);
+        }
+    });
+    let done = done.into_inner().expect("done");
+    let first: Vec<_> = done.iter().filter(|d| !d.2).collect();
+    let failed: Vec<u64> = first
+        .iter()
+        .filter(|d| d.3.is_none())
+        .map(|d| d.0)
+        .collect();
     let secs = (wall_clock::real_time() - started).as_secs_f64();
     println!(
-        "{runs} seeds in {secs:.1} s ({:.1} seeds/minute), {} failed{}",
-        runs as f64 * 60.0 / secs,
+        "{} seeds in {secs:.1} s ({:.1} seeds/minute), {} failed{}",
+        first.len(),
+        first.len() as f64 * 60.0 / secs,
         failed.len(),
         if failed.is_empty() {
             String::new()
@@ -260,11 +322,45 @@ fn sweep(
             )
         }
     );
-    if failed.is_empty() {
+    let mut differ = 0;
+    let mut checked = 0;
+    for again in done.iter().filter(|d| d.2) {
+        let Some(once) = first.iter().find(|d| d.0 == again.0 && d.1 == again.1) else {
+            continue;
+        };
+        checked += 1;
+        match (&once.3, &again.3) {
+            (Some(a), Some(b)) if a == b => {}
+            (Some(a), Some(b)) => {
+                println!("seed {}: NOT DETERMINISTIC: {a} then {b}", again.0);
+                differ += 1;
+            }
+            _ => {
+                println!("seed {}: no hash to compare (a run failed)", again.0);
+                differ += 1;
+            }
+        }
+    }
+    if twice > 0 {
+        println!(
+            "{} of {checked} seeds gave the same trace hash twice (the second run stalling for real time)",
+            checked - differ
+        );
+    }
+    if failed.is_empty() && differ == 0 {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
     }
+}
+
+/// How [`sweep`] runs its seeds.
+#[cfg(not(test))]
+struct Sweep {
+    for_seconds: Option<u64>,
+    keep_going: bool,
+    jobs: usize,
+    twice: usize,
 }
 
 /// The seeds a file lists: one per line, optionally followed by the flags
