@@ -399,9 +399,13 @@ impl Client {
         fence_bump: Option<u64>,
     ) -> Result<Restored> {
         let timeout = Duration::from_secs(60);
+        // One id for every attempt: a retry of a restore that was
+        // installed (its answer lost to a leader change) is answered as
+        // it was, not refused because the cluster is no longer empty.
         let req = pb::RestoreRequest {
             snapshot,
             fence_bump,
+            restore_id: Some(crate::random::next_u64() | 1),
         };
         let resp = self
             .transport

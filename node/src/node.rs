@@ -77,6 +77,9 @@ async fn seed_from_backup(api: Api, path: PathBuf) {
             return;
         }
     };
+    // One id for every attempt: an attempt answered "not the leader" after
+    // its last part was applied is answered as applied when tried again.
+    let restore_id = crate::random::next_u64() | 1;
     let outcome = loop {
         // A working leader: elected (or restored) and caught up.
         let mut view = api.0.leadership.watch();
@@ -91,7 +94,10 @@ async fn seed_from_backup(api: Api, path: PathBuf) {
             );
             return;
         }
-        match api.restore_backup(&snapshot, fence_bump).await {
+        match api
+            .restore_backup(&snapshot, fence_bump, Some(restore_id))
+            .await
+        {
             // Not (or no longer) the leader: wait to lead again, or give up
             // at the deadline.
             Err(crate::error::Error::NotLeader { .. })

@@ -942,6 +942,7 @@ async fn restorer(left: u64, stop_ms: u64, record: Shared) -> turmoil::Result {
             let req = pb::RestoreRequest {
                 snapshot: backup.snapshot,
                 fence_bump: Some(target - backup.last_fence),
+                restore_id: None,
             };
             match tokio::time::timeout(Duration::from_secs(2), c.restore(req)).await {
                 Ok(Ok(r)) => {

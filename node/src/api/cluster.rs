@@ -380,7 +380,9 @@ impl Cluster for Api {
         let _timer = self.0.shared.metrics.timer(crate::metrics::Method::Restore);
         self.caller(&req)?.require_admin()?;
         let r = req.into_inner();
-        let (sessions, last_fence) = self.restore_backup(&r.snapshot, r.fence_bump).await?;
+        let (sessions, last_fence) = self
+            .restore_backup(&r.snapshot, r.fence_bump, r.restore_id)
+            .await?;
         Ok(Response::new(pb::RestoreResponse {
             sessions,
             last_fence,

@@ -149,6 +149,7 @@ impl Api {
         &self,
         file: &[u8],
         fence_bump: Option<u64>,
+        restore_id: Option<u64>,
     ) -> Result<(u64, u64), Error> {
         use crate::state::limits::{MAX_RESTORE_BYTES, MAX_RESTORE_PART};
         if file.len() > MAX_RESTORE_BYTES {
@@ -173,7 +174,11 @@ impl Api {
         // it; the checksum has done its work.
         let table = &copy[checked.table_range.clone()];
         drop(checked);
-        let restore = crate::random::next_u64();
+        // The caller's id for it (a retry names the restore it retries:
+        // answered as that one was if it was installed), or one of ours.
+        let restore = restore_id
+            .filter(|id| *id != 0)
+            .unwrap_or_else(crate::random::next_u64);
         let chunks: Vec<&[u8]> = if table.is_empty() {
             vec![table]
         } else {

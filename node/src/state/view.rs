@@ -99,13 +99,18 @@ pub enum SnapshotError {
 /// Version 3 added the index floor a restore sets; version 4 the close
 /// index of each remembered close (the oldest close is forgotten first),
 /// and each session's disconnect grace and pending one-call lock; version
-/// 5 the pending upgrades and the queued atomic requests.
-pub const SNAPSHOT_VERSION: u8 = 5;
+/// 5 the pending upgrades and the queued atomic requests; version 6 the
+/// last restore installed (its id and answer, so a retry of it is
+/// answered as it was).
+pub const SNAPSHOT_VERSION: u8 = 6;
 
 /// The format before, still read (see [`LockTable::from_snapshot`]).
-pub const SNAPSHOT_VERSION_4: u8 = 4;
+pub const SNAPSHOT_VERSION_5: u8 = 5;
 
 /// The format before that, still read.
+pub const SNAPSHOT_VERSION_4: u8 = 4;
+
+/// An older format, still read.
 pub const SNAPSHOT_VERSION_3: u8 = 3;
 
 /// The oldest format still read.
@@ -305,7 +310,8 @@ impl LockTable {
     }
 
     /// Decodes a table written by [`to_snapshot`](Self::to_snapshot), or by
-    /// an earlier format ([`SNAPSHOT_VERSION_4`], without pending upgrades;
+    /// an earlier format ([`SNAPSHOT_VERSION_5`], without the last restore;
+    /// [`SNAPSHOT_VERSION_4`], without pending upgrades;
     /// [`SNAPSHOT_VERSION_3`], whose remembered closes
     /// have no close index: they are forgotten first, by id;
     /// [`SNAPSHOT_VERSION_2`], which also lacked the index floor: such a
@@ -316,6 +322,7 @@ impl LockTable {
         }
         let mut table = match bytes.split_first() {
             Some((&SNAPSHOT_VERSION, rest)) => decode::<LockTable>(rest)?,
+            Some((&SNAPSHOT_VERSION_5, rest)) => decode::<v5::LockTable>(rest)?.upgrade(),
             Some((&SNAPSHOT_VERSION_4, rest)) => decode::<v4::LockTable>(rest)?.upgrade(),
             Some((&SNAPSHOT_VERSION_3, rest)) => decode::<v3::LockTable>(rest)?.upgrade(),
             Some((&SNAPSHOT_VERSION_2, rest)) => decode::<v2::LockTable>(rest)?.upgrade(),
@@ -647,6 +654,52 @@ mod v2 {
                 closed_order: Default::default(),
                 upgrades: BTreeMap::new(),
                 groups: BTreeMap::new(),
+                restored: None,
+                usage: Default::default(),
+            }
+        }
+    }
+}
+
+/// The lock-table format 5 (no record of the last restore), decoded so
+/// tables and backups written before it still load.
+mod v5 {
+    use std::collections::BTreeMap;
+
+    use serde::Deserialize;
+
+    use super::super::command::{LockName, SessionId};
+    use super::super::table::{self, Closed, Lock, PendingRestore, Session, Upgrade};
+
+    #[derive(Deserialize)]
+    pub(super) struct LockTable {
+        sessions: BTreeMap<SessionId, Session>,
+        locks: BTreeMap<LockName, Lock>,
+        nonces: BTreeMap<u64, SessionId>,
+        last_fence: u64,
+        restoring: Option<PendingRestore>,
+        index_floor: u64,
+        closed: BTreeMap<SessionId, Closed>,
+        upgrades: BTreeMap<LockName, Upgrade>,
+        groups: BTreeMap<(SessionId, u64), Vec<LockName>>,
+    }
+
+    impl LockTable {
+        /// The same table in today's format, with no restore on record (a
+        /// retry of the restore that made it is refused, as before).
+        pub(super) fn upgrade(self) -> table::LockTable {
+            table::LockTable {
+                sessions: self.sessions,
+                locks: self.locks,
+                nonces: self.nonces,
+                last_fence: self.last_fence,
+                restoring: self.restoring,
+                index_floor: self.index_floor,
+                closed: self.closed,
+                closed_order: Default::default(),
+                upgrades: self.upgrades,
+                groups: self.groups,
+                restored: None,
                 usage: Default::default(),
             }
         }
@@ -688,6 +741,7 @@ mod v4 {
                 closed_order: Default::default(),
                 upgrades: BTreeMap::new(),
                 groups: BTreeMap::new(),
+                restored: None,
                 usage: Default::default(),
             }
         }
@@ -780,6 +834,7 @@ mod v3 {
                 closed_order: Default::default(),
                 upgrades: BTreeMap::new(),
                 groups: BTreeMap::new(),
+                restored: None,
                 usage: Default::default(),
             }
         }

@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 
 pub(in crate::state) use holders::Holders;
 pub(in crate::state) use records::{
-    Closed, Delay, Holder, Lock, PendingRestore, Session, Upgrade, WaitRef, Waiter,
+    Closed, Delay, Holder, Lock, PendingRestore, RestoreDone, Session, Upgrade, WaitRef, Waiter,
 };
 pub(in crate::state) use replies::{Remembered, Replies};
 use sessions::Ending;
@@ -86,6 +86,9 @@ pub struct LockTable {
     /// whose queues each has a place in, in the request's order (snapshot
     /// format 5 on).
     pub(super) groups: BTreeMap<(SessionId, u64), Vec<LockName>>,
+    /// The last restore installed into this table, with its answer, so
+    /// that a retry of it is answered as it was (snapshot format 6 on).
+    pub(super) restored: Option<RestoreDone>,
     /// Sessions and entries, in all and per identity, for the limits.
     /// Derived: not in the snapshot (see [`Usage`]).
     #[serde(skip)]

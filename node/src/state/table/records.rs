@@ -22,6 +22,19 @@ pub(in crate::state) struct PendingRestore {
     pub(in crate::state) bytes: Vec<u8>,
 }
 
+/// The last restore installed into a table, and its answer, so that the
+/// same restore retried (its answer lost to a leader change) is answered
+/// as it was rather than refused.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(in crate::state) struct RestoreDone {
+    /// The proposer's id for it.
+    pub(in crate::state) restore: u64,
+    /// The sessions it installed.
+    pub(in crate::state) sessions: u64,
+    /// The fence counter it started from.
+    pub(in crate::state) last_fence: u64,
+}
+
 /// One open session.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(in crate::state) struct Session {

@@ -1,6 +1,6 @@
 //! Restoring a backup into an empty table, part by part.
 
-use super::{Cx, LockTable, PendingRestore};
+use super::{Cx, LockTable, PendingRestore, RestoreDone};
 use crate::state::cmd;
 use crate::state::command::{Event, Refusal, Reply};
 use crate::state::limits::{MAX_FENCE, MAX_RESTORE_BYTES, RESTORE_INDEX_BUMP};
@@ -32,6 +32,15 @@ impl LockTable {
             fence_bump,
         } = c;
         let events = &mut *cx.events;
+        // A part of the restore installed last: a retry of a restore whose
+        // answer was lost (the leadership moved as its last part
+        // committed). Answered as it was; nothing changes.
+        if let Some(done) = self.restored.as_ref().filter(|d| d.restore == restore) {
+            return Ok(Reply::Restored {
+                sessions: done.sessions,
+                last_fence: done.last_fence,
+            });
+        }
         let empty = self.sessions.is_empty()
             && self.locks.is_empty()
             && self.nonces.is_empty()
@@ -106,10 +115,16 @@ impl LockTable {
         // New ids and queue positions start above everything the backup's
         // cluster used.
         let index_floor = table.max_index().saturating_add(RESTORE_INDEX_BUMP);
+        let sessions = table.sessions.len() as u64;
         *self = LockTable {
             restoring: None,
             index_floor,
             last_fence,
+            restored: Some(RestoreDone {
+                restore,
+                sessions,
+                last_fence,
+            }),
             ..table
         };
         // Tell the leader's timers about everything that now needs one.

@@ -1,7 +1,8 @@
 //! The log and snapshot encodings, byte for byte: every kind of command,
 //! and a busy table's snapshot, as the code of 2026-11-25 wrote them
 //! (`golden/commands.hex`; `golden/snapshot-v4.hex`, lock-table format 4,
-//! and `golden/snapshot-v5.hex`, format 5). A change of the Rust types that
+//! `golden/snapshot-v5.hex`, format 5, and `golden/snapshot-v6.hex`, format
+//! 6, written 2026-11-30). A change of the Rust types that
 //! changes a byte breaks old logs and snapshots; this test catches it.
 //! `RAFTLOCK_WRITE_GOLDEN=1` rewrites the files of today's formats (only
 //! for a deliberate, versioned format change; new commands append lines).
@@ -187,8 +188,13 @@ fn a_busy_tables_snapshot_encodes_as_it_always_did() {
         caller: String::new(),
     }));
     let bytes = h.table.to_snapshot();
-    check("snapshot-v5.hex", hex(&bytes) + "\n");
+    check("snapshot-v6.hex", hex(&bytes) + "\n");
     assert_eq!(LockTable::from_snapshot(&bytes).expect("decodes"), h.table);
+    // The same table in format 5, as the code before the restore record
+    // wrote it.
+    let v5 = read("snapshot-v5.hex");
+    assert_eq!(v5[0], crate::state::view::SNAPSHOT_VERSION_5);
+    assert_eq!(LockTable::from_snapshot(&v5).expect("decodes"), h.table);
     // The same table in format 4, as the code before upgrades wrote it.
     let v4 = read("snapshot-v4.hex");
     assert_eq!(v4[0], crate::state::view::SNAPSHOT_VERSION_4);
