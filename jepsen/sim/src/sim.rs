@@ -909,44 +909,55 @@ async fn operator(old: u64, new: u64, stop_ms: u64, record: Shared) -> turmoil::
 /// The operator restoring a backup into the new cluster before any load,
 /// with a fence bump that leaves `left` fences before the bound
 /// (`MAX_FENCE`): `Cluster.Backup` of the empty cluster on the leader,
-/// then `Cluster.Restore` of it with that bump. The workers wait for it.
+/// then `Cluster.Restore` of it with that bump, sent again as it was (the
+/// same `restore_id`) until a node answers. A retry of a restore that was
+/// installed while its answer was lost must be answered as installed,
+/// with the fence counter the restore set. The workers wait for it.
 async fn restorer(left: u64, stop_ms: u64, record: Shared) -> turmoil::Result {
     use raftlock_node::state::limits::MAX_FENCE;
     let mut chans = Channels::default();
+    let target = MAX_FENCE - left;
+    // The request, once made: every attempt sends it as it was.
+    let mut request: Option<pb::RestoreRequest> = None;
     loop {
         if now_ms() > stop_ms + LIVENESS_BOUND.as_millis() as u64 {
             return Err("liveness: the restore was not done by the end of the run".into());
         }
         for (id, ch) in chans.of_members(&record) {
             let mut c = ClusterClient::new(ch);
-            let Ok(Ok(backup)) =
-                tokio::time::timeout(Duration::from_secs(2), c.backup(pb::BackupRequest {})).await
-            else {
-                continue;
-            };
-            let backup = backup.into_inner();
-            let target = MAX_FENCE - left;
-            if backup.last_fence >= target {
-                // An earlier attempt whose answer was lost.
-                record.borrow_mut().restored_fence = Some(backup.last_fence);
-                note(
-                    &record,
-                    format!(
-                        "restorer: node {id}'s fence counter is {}",
-                        backup.last_fence
-                    ),
-                );
-                record.borrow_mut().ready = true;
-                return Ok(());
-            }
-            let req = pb::RestoreRequest {
-                snapshot: backup.snapshot,
-                fence_bump: Some(target - backup.last_fence),
-                restore_id: None,
+            let req = match &request {
+                Some(req) => req.clone(),
+                None => {
+                    let Ok(Ok(backup)) = tokio::time::timeout(
+                        Duration::from_secs(2),
+                        c.backup(pb::BackupRequest {}),
+                    )
+                    .await
+                    else {
+                        continue;
+                    };
+                    let backup = backup.into_inner();
+                    let req = pb::RestoreRequest {
+                        snapshot: backup.snapshot,
+                        fence_bump: Some(target - backup.last_fence),
+                        restore_id: Some(raftlock_client::random::next_u64() | 1),
+                    };
+                    request = Some(req.clone());
+                    req
+                }
             };
             match tokio::time::timeout(Duration::from_secs(2), c.restore(req)).await {
                 Ok(Ok(r)) => {
                     let r = r.into_inner();
+                    if r.last_fence != target {
+                        return Err(format!(
+                            "restorer: node {id} answered the restore with fence counter {}, \
+                             not the {target} it set (a retry must be answered as the restore \
+                             that was installed)",
+                            r.last_fence
+                        )
+                        .into());
+                    }
                     note(
                         &record,
                         format!(
