@@ -673,15 +673,15 @@ mod v5 {
 
     #[derive(Deserialize)]
     pub(super) struct LockTable {
-        sessions: BTreeMap<SessionId, Session>,
-        locks: BTreeMap<LockName, Lock>,
-        nonces: BTreeMap<u64, SessionId>,
-        last_fence: u64,
-        restoring: Option<PendingRestore>,
-        index_floor: u64,
-        closed: BTreeMap<SessionId, Closed>,
-        upgrades: BTreeMap<LockName, Upgrade>,
-        groups: BTreeMap<(SessionId, u64), Vec<LockName>>,
+        pub(super) sessions: BTreeMap<SessionId, Session>,
+        pub(super) locks: BTreeMap<LockName, Lock>,
+        pub(super) nonces: BTreeMap<u64, SessionId>,
+        pub(super) last_fence: u64,
+        pub(super) restoring: Option<PendingRestore>,
+        pub(super) index_floor: u64,
+        pub(super) closed: BTreeMap<SessionId, Closed>,
+        pub(super) upgrades: BTreeMap<LockName, Upgrade>,
+        pub(super) groups: BTreeMap<(SessionId, u64), Vec<LockName>>,
     }
 
     impl LockTable {
@@ -728,9 +728,10 @@ mod v4 {
     }
 
     impl LockTable {
-        /// The same table in today's format, with no upgrade pending.
+        /// The same table in format 5, with no upgrade pending, then in
+        /// today's format.
         pub(super) fn upgrade(self) -> table::LockTable {
-            table::LockTable {
+            super::v5::LockTable {
                 sessions: self.sessions,
                 locks: self.locks,
                 nonces: self.nonces,
@@ -738,12 +739,10 @@ mod v4 {
                 restoring: self.restoring,
                 index_floor: self.index_floor,
                 closed: self.closed,
-                closed_order: Default::default(),
                 upgrades: BTreeMap::new(),
                 groups: BTreeMap::new(),
-                restored: None,
-                usage: Default::default(),
             }
+            .upgrade()
         }
     }
 }
