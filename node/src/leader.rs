@@ -58,7 +58,7 @@ use crate::apply::{Raft, Shared};
 use crate::error::Error;
 use crate::raft::backend::SyncFailure;
 use crate::raft::WatchReceiver as _;
-use crate::raft::{Batch, NodeId, RaftMetrics, TypeConfig};
+use crate::raft::{Batch, NodeAddrs, NodeId, RaftMetrics, TypeConfig};
 
 /// How long a proposal waits for a newly elected leader's first quorum
 /// acknowledgement (openraft 0.10 refuses a leader's writes until then, as
@@ -589,8 +589,15 @@ impl Leadership {
     /// `NotLeader` with the leader this node knows of (none if that is
     /// itself: it is not a working leader, or it would not be refusing).
     pub fn not_leader(&self) -> Error {
+        let leader = self.leader_elsewhere().map(|(id, node)| (id, node.addr));
+        Error::NotLeader { leader }
+    }
+
+    /// The leader this node knows of, with its addresses, if that is
+    /// another node (where a follower forwards requests, `api::forward`).
+    pub fn leader_elsewhere(&self) -> Option<(NodeId, NodeAddrs)> {
         let metrics = self.raft.metrics().borrow_watched().clone();
-        let leader = metrics
+        metrics
             .current_leader
             .filter(|l| *l != self.id)
             .and_then(|l| {
@@ -598,9 +605,8 @@ impl Leadership {
                     .membership_config
                     .membership()
                     .get_node(&l)
-                    .map(|n| (l, n.addr.clone()))
-            });
-        Error::NotLeader { leader }
+                    .map(|n| (l, n.clone()))
+            })
     }
 
     /// Recomputes the view from openraft's latest metrics and the clock,

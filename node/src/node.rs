@@ -460,11 +460,22 @@ impl Node {
                 let _ = stop_rx.wait_for(|s| *s).await;
             }
         };
-        let builder = || -> anyhow::Result<
+        // The client port forwards to the leader what a follower would
+        // refuse (`api::forward`); the peer port serves Raft only.
+        let forward = crate::api::forward::ForwardLayer::new(
+            opts.id,
+            leadership.clone(),
+            network.clone(),
+            opts.auth.clone(),
+        );
+        let builder = |forward: crate::api::forward::ForwardLayer| -> anyhow::Result<
             tonic::transport::Server<
                 tower::layer::util::Stack<
-                    crate::api::deadline::DeadlineLayer,
-                    tower::layer::util::Identity,
+                    crate::api::forward::ForwardLayer,
+                    tower::layer::util::Stack<
+                        crate::api::deadline::DeadlineLayer,
+                        tower::layer::util::Identity,
+                    >,
                 >,
             >,
         > {
@@ -482,7 +493,8 @@ impl Node {
                 // streams (sessions bound to a keep-alive stream start
                 // their grace then).
                 .http2_keepalive_interval(Some(Duration::from_secs(5)))
-                .http2_keepalive_timeout(Some(Duration::from_secs(5))))
+                .http2_keepalive_timeout(Some(Duration::from_secs(5)))
+                .layer(forward))
         };
         // The internal Raft service: peers only, checked from the headers
         // before a body (up to a 16 MiB Raft message) is read.
@@ -504,7 +516,7 @@ impl Node {
         let peer_server = match peer_listener {
             None => None,
             Some(listener) => Some(serve(
-                builder()?.add_service(raft_service()),
+                builder(crate::api::forward::ForwardLayer::off())?.add_service(raft_service()),
                 listener,
                 tls.clone(),
                 shutdown(),
@@ -515,7 +527,7 @@ impl Node {
             // HTTP/JSON beside gRPC (see `api::http`): different paths,
             // and HTTP/1.1 accepted on the same port.
             let http = tonic::service::Routes::from(crate::api::http::router(api.clone()));
-            let router = builder()?
+            let router = builder(forward)?
                 .accept_http1(true)
                 .add_routes(http)
                 .add_service(health_service)
@@ -920,11 +932,19 @@ fn advertised_hosts(opts: &NodeOptions) -> Vec<&str> {
 /// A custom transport's connections ([`Listener::Custom`]) are served
 /// as they come (plaintext: TLS needs a TCP listener, which `start_with`
 /// checks before anything is opened).
-/// What the node's servers are: tonic's router under [`DeadlineLayer`].
+/// What the node's servers are: tonic's router under [`DeadlineLayer`] and
+/// [`ForwardLayer`] (off on the peer port).
 ///
+/// [`ForwardLayer`]: crate::api::forward::ForwardLayer
 /// [`DeadlineLayer`]: crate::api::deadline::DeadlineLayer
 type Router = tonic::transport::server::Router<
-    tower::layer::util::Stack<crate::api::deadline::DeadlineLayer, tower::layer::util::Identity>,
+    tower::layer::util::Stack<
+        crate::api::forward::ForwardLayer,
+        tower::layer::util::Stack<
+            crate::api::deadline::DeadlineLayer,
+            tower::layer::util::Identity,
+        >,
+    >,
 >;
 
 fn serve(

@@ -38,3 +38,9 @@ pub const LEADER_ID_KEY: &str = "raftlock-leader-id";
 /// acquire whose node lost its leadership) carry no such key and may have
 /// been applied.
 pub const NOT_LEADER_KEY: &str = "raftlock-not-leader";
+
+/// Request metadata key a node adds (value: its node id) to a request it
+/// forwards to the leader. A request carrying it is never forwarded again,
+/// and is identified by its bearer token only, never by the certificate
+/// of the connection it came on (the forwarding node's).
+pub const FORWARDED_KEY: &str = "raftlock-forwarded-by";

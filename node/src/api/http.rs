@@ -160,7 +160,7 @@ fn error(status: StatusCode, code: &str, message: &str, leader: Option<&str>) ->
 }
 
 /// A gRPC status as an HTTP answer, its leader hints as headers too.
-fn status_response(status: &Status) -> Response {
+pub(crate) fn status_response(status: &Status) -> Response {
     let (http, code) = http_status(status.code());
     let leader = status
         .metadata()

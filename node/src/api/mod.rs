@@ -1,17 +1,19 @@
 //! The gRPC services: request validation, proposals through Raft, reads
 //! through read-index, and the one error → status mapping ([`crate::error`]).
 //!
-//! Leader routing: this node does **not** forward. A follower answers a
-//! write (and a linearizable read, and a keep-alive) with `UNAVAILABLE`
-//! carrying the leader's address in metadata `raftlock-leader`; clients
-//! retry there. Forwarding would hide a hop and double the failure modes of
-//! a request whose outcome may be unknown.
+//! Leader routing: a follower forwards requests to the leader on the
+//! client port ([`forward`]), and adds the leader's address to the answer
+//! (metadata `raftlock-leader`) so a client can go there directly. A
+//! request it cannot forward (no leader known, or access control by client
+//! certificate) it answers with `UNAVAILABLE` carrying the leader's address
+//! when known; clients retry there.
 
 pub mod backup;
 pub mod batcher;
 pub mod cluster;
 pub mod convert;
 pub mod deadline;
+pub mod forward;
 pub mod http;
 pub mod locks;
 mod oneshot;

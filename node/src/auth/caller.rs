@@ -126,8 +126,13 @@ impl Auth {
 }
 
 /// Runs `f` with the DER of the certificate the request's connection
-/// presented, if any (mTLS).
+/// presented, if any (mTLS). None for a request another node forwarded
+/// (`raftlock-forwarded-by`): the certificate on its connection is that
+/// node's, not the client's, so only its bearer token may identify it.
 fn with_leaf_cert<T, R>(req: &tonic::Request<T>, f: impl FnOnce(Option<&[u8]>) -> R) -> R {
+    if req.metadata().contains_key(raftlock_proto::FORWARDED_KEY) {
+        return f(None);
+    }
     let certs = req.peer_certs();
     f(certs.as_ref().and_then(|c| c.first()).map(|c| c.as_ref()))
 }

@@ -218,6 +218,38 @@ impl Network {
         Ok(channel)
     }
 
+    /// A new connection to the client port of node `id` at `node` (not one
+    /// of the cached peer connections: a follower forwarding clients'
+    /// requests keeps its own, see `api::forward`), dialled as its peers
+    /// are: over TLS with this node's peer credentials if TLS is on, over
+    /// the custom transport if any, and through the dial address given for
+    /// `id` when its client and peer addresses are one (so a link cut
+    /// between two nodes cuts forwarding between them too).
+    pub fn client_channel(&self, id: NodeId, node: &NodeAddrs) -> Result<Channel, String> {
+        let addr = match self.dial.get(&id) {
+            Some(dial) if node.peer_addr == node.addr => dial.as_str(),
+            _ => node.addr.as_str(),
+        };
+        let tls = self.tls.as_ref().map(|t| t.peer_client_config().1);
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
+            .map_err(|e| format!("bad client address {addr:?}: {e}"))?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(PEER_PING_INTERVAL)
+            .keep_alive_timeout(PEER_PING_TIMEOUT)
+            .keep_alive_while_idle(true);
+        if let Some(tls) = tls {
+            endpoint = endpoint
+                .tls_config(tls)
+                .map_err(|e| format!("TLS towards {addr:?}: {e}"))?;
+        }
+        Ok(match &self.connector {
+            None => endpoint.connect_lazy(),
+            Some(connector) => connector.channel(&endpoint),
+        })
+    }
+
     /// Drops the connection to `addr`: the next RPC dials a new one. For a
     /// peer that stopped answering in time: its connection may be wedged
     /// (a segment lost for good, state a middlebox forgot) while the socket

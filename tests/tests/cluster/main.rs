@@ -13,6 +13,7 @@ mod t20_failover;
 mod t25_five_nodes;
 mod t26_quorum_loss;
 mod t27_partition;
+mod t28_forward;
 mod t30_restart;
 mod t31_fail_stop;
 mod t40_expiry;

@@ -310,14 +310,21 @@ async fn the_leadership_moves_on_request_to_a_reachable_voter() {
         other => panic!("expected InvalidArgument, got {other:?}"),
     }
 
-    // At a follower, the raw call says where the leader is.
+    // At a follower that does not forward it (a request another node
+    // already forwarded), the raw call says where the leader is.
     let follower = cluster
         .running()
         .into_iter()
         .find(|id| *id != best)
         .expect("a follower");
+    let mut forwarded =
+        tonic::Request::new(raftlock_client::proto::TransferLeaderRequest { to: 0 });
+    forwarded.metadata_mut().insert(
+        raftlock_proto::FORWARDED_KEY,
+        tonic::metadata::MetadataValue::from_static("99"),
+    );
     let refused = cluster_at(&cluster.addr(follower))
-        .transfer_leader(raftlock_client::proto::TransferLeaderRequest { to: 0 })
+        .transfer_leader(forwarded)
         .await
         .expect_err("a follower does not transfer");
     assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");

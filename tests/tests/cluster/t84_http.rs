@@ -317,8 +317,11 @@ async fn bad_requests_get_json_errors_and_change_nothing() {
     cluster.shutdown().await;
 }
 
+/// A follower that does not forward a request (here: one another node
+/// already forwarded, `raftlock-forwarded-by`; also one identified by its
+/// client certificate alone) answers 503 naming the leader.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_follower_answers_503_naming_the_leader() {
+async fn a_follower_that_does_not_forward_answers_503_naming_the_leader() {
     let cluster = TestCluster::start(3).await;
     let leader_id = cluster.leader().await;
     let follower = cluster
@@ -326,9 +329,14 @@ async fn a_follower_answers_503_naming_the_leader() {
         .into_iter()
         .find(|id| *id != leader_id)
         .expect("one");
-    let answer = post(
+    let answer = http(
         &cluster.addr(follower),
+        "POST",
         "/v1/locks/Lock",
+        &[
+            ("Content-Type", "application/json"),
+            (raftlock_proto::FORWARDED_KEY, "99"),
+        ],
         r#"{"name": "http/f", "ttl_ms": 10000}"#,
     )
     .await;
@@ -746,6 +754,113 @@ async fn next_line(conn: &mut BufReader<TcpStream>) -> serde_json::Value {
     tokio::time::timeout(Duration::from_secs(10), next_ndjson(conn))
         .await
         .expect("an answer line within 10 s")
+}
+
+/// Issue 44, item 4: a follower forwards HTTP/JSON requests to the leader
+/// (HTTP/1.1 in, HTTP/2 to the leader) and passes the leader's answer
+/// back with the leader's address in `raftlock-leader`; a streamed
+/// `KeepAlive` through it carries its session as on the leader (it ends a
+/// grace after the client's connection drops); a `stale` read is answered
+/// by the follower itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_follower_forwards_http_requests_and_streams_to_the_leader() {
+    let cluster = TestCluster::start(3).await;
+    let leader_id = cluster.leader().await;
+    let leader = cluster.addr(leader_id);
+    let follower = cluster
+        .running()
+        .into_iter()
+        .find(|id| *id != leader_id)
+        .expect("one");
+    let node = cluster.addr(follower);
+    let lock = post(
+        &node,
+        "/v1/locks/Lock",
+        r#"{"name": "http/fwd", "ttl_ms": 30000, "end_on_disconnect_ms": 500}"#,
+    )
+    .await;
+    assert_eq!(lock.status, 200, "{}", lock.body);
+    assert_eq!(lock.body["acquired"], true, "{}", lock.body);
+    assert_eq!(lock.header("raftlock-leader"), Some(leader.as_str()));
+    let leader_id_text = leader_id.to_string();
+    assert_eq!(
+        lock.header("raftlock-leader-id"),
+        Some(leader_id_text.as_str())
+    );
+    let session = n(&lock.body["session_id"]);
+    let fence = n(&lock.body["fence"]);
+    let read = post(&node, "/v1/locks/Describe", r#"{"name": "http/fwd"}"#).await;
+    assert_eq!(read.status, 200, "{}", read.body);
+    assert_eq!(n(&read.body["info"]["holders"][0]["fence"]), fence);
+    assert_eq!(read.header("raftlock-leader"), Some(leader.as_str()));
+    eventually(
+        "a stale read at the follower sees the grant",
+        Duration::from_secs(60),
+        || {
+            let node = node.clone();
+            async move {
+                let stale = post(
+                    &node,
+                    "/v1/locks/Describe",
+                    r#"{"name": "http/fwd", "stale": true}"#,
+                )
+                .await;
+                assert_eq!(
+                    stale.header("raftlock-leader"),
+                    None,
+                    "stale reads are the follower's own"
+                );
+                (stale.body["info"]["holders"][0]["fence"] != serde_json::Value::Null).then_some(())
+            }
+        },
+    )
+    .await;
+
+    let mut stream = open_keep_alive_stream(&node).await;
+    for ask in 1..=10u64 {
+        send_chunk(
+            &mut stream,
+            &format!("{{\"session_id\": \"{session}\", \"ask_id\": {ask}}}\n"),
+        )
+        .await;
+        let answer = next_line(&mut stream).await;
+        assert_eq!(n(&answer["session_id"]), session, "{answer}");
+        assert_eq!(n(&answer["ask_id"]), ask, "{answer}");
+        assert_ne!(answer["expired"], true, "{answer}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let held = post(&leader, "/v1/locks/Describe", r#"{"name": "http/fwd"}"#).await;
+    assert_eq!(
+        n(&held.body["info"]["holders"][0]["session_id"]),
+        session,
+        "{}",
+        held.body
+    );
+    drop(stream);
+    let dropped = std::time::Instant::now();
+    let next = post(
+        &node,
+        "/v1/locks/Lock",
+        r#"{"name": "http/fwd", "ttl_ms": 30000, "timeout_ms": 20000}"#,
+    )
+    .await;
+    assert_eq!(next.body["acquired"], true, "{}", next.body);
+    let waited = dropped.elapsed();
+    println!(
+        "granted through the follower {waited:?} after the forwarded stream's connection closed"
+    );
+    assert!(
+        waited < Duration::from_secs(20),
+        "the session outlived its stream: {waited:?}"
+    );
+    let unlock = post(
+        &node,
+        "/v1/locks/Unlock",
+        &format!("{{\"session_id\": \"{}\"}}", n(&next.body["session_id"])),
+    )
+    .await;
+    assert_eq!(unlock.status, 200, "{}", unlock.body);
+    cluster.shutdown().await;
 }
 
 /// Issue 44, item 1: `KeepAlive` over HTTP as a stream (newline-delimited

@@ -477,6 +477,73 @@ async fn a_client_certificate_names_its_identity() {
         .expect("intruder has its own sessions");
     assert_ne!(si.id(), s.id());
     assert!(g.release().await.expect("owner releases"));
+
+    // Forwarding (issue 44, item 4): a request another node forwarded is
+    // identified by its bearer token only, never by the certificate on its
+    // connection (the forwarding node's), so a request that claims to be
+    // forwarded gets nothing from a certificate...
+    let raw = |addr: String, cn: &str| {
+        let leaf = ca.issue(cn, &[cn]);
+        let tls = tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(ca.pem()))
+            .identity(tonic::transport::Identity::from_pem(
+                leaf.cert_pem,
+                leaf.key_pem,
+            ))
+            .domain_name("localhost");
+        let channel = tonic::transport::Endpoint::from_shared(format!("https://{addr}"))
+            .expect("endpoint")
+            .tls_config(tls)
+            .expect("tls")
+            .connect_lazy();
+        raftlock_proto::v1::locks_client::LocksClient::new(channel)
+    };
+    let open = || raftlock_proto::v1::OpenSessionRequest {
+        ttl_ms: 10_000,
+        ..Default::default()
+    };
+    let mut claimed = Request::new(open());
+    claimed.metadata_mut().insert(
+        raftlock_proto::FORWARDED_KEY,
+        tonic::metadata::MetadataValue::from_static("2"),
+    );
+    let leader = cluster.leader().await;
+    let refused = raw(cluster.addr(leader), "billing")
+        .open_session(claimed)
+        .await
+        .expect_err("a certificate does not identify a forwarded request");
+    assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+    // ... and a follower forwards what carries a token (the leader
+    // identifies it by the token), but answers a certificate-identified
+    // request itself, naming the leader.
+    let follower = cluster
+        .running()
+        .into_iter()
+        .find(|id| *id != leader)
+        .expect("a follower");
+    let by_token = raw(cluster.addr(follower), "stranger")
+        .open_session(as_token(open(), "tok-billing"))
+        .await
+        .expect("a token is forwarded");
+    assert_eq!(
+        by_token
+            .metadata()
+            .get(raftlock_proto::LEADER_ADDR_KEY)
+            .and_then(|v| v.to_str().ok()),
+        Some(cluster.addr(leader).as_str())
+    );
+    let by_cert = raw(cluster.addr(follower), "billing")
+        .open_session(open())
+        .await
+        .expect_err("a certificate identity is not forwarded");
+    assert_eq!(by_cert.code(), Code::Unavailable, "{by_cert:?}");
+    assert_eq!(
+        by_cert
+            .metadata()
+            .get(raftlock_proto::NOT_LEADER_KEY)
+            .and_then(|v| v.to_str().ok()),
+        Some("1")
+    );
     cluster.shutdown().await;
 }
 

@@ -124,20 +124,47 @@ pub async fn send(
     admin: &mut ClusterClient<Channel>,
     req: Req,
 ) -> Result<String, Status> {
+    send_as(locks, admin, req, false).await
+}
+
+/// `message` as a request; `forwarded`: marked as forwarded by another
+/// node (`raftlock-forwarded-by`), which a follower answers itself rather
+/// than forwarding again.
+pub fn marked<T>(message: T, forwarded: bool) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(message);
+    if forwarded {
+        req.metadata_mut().insert(
+            raftlock_proto::FORWARDED_KEY,
+            tonic::metadata::MetadataValue::from_static("99"),
+        );
+    }
+    req
+}
+
+/// As [`send`], marked as forwarded if `forwarded` (see [`marked`]).
+pub async fn send_as(
+    locks: &mut LocksClient<Channel>,
+    admin: &mut ClusterClient<Channel>,
+    req: Req,
+    forwarded: bool,
+) -> Result<String, Status> {
     fn shown<T: std::fmt::Debug>(r: tonic::Response<T>) -> String {
         format!("{:?}", r.into_inner())
     }
     match req {
-        Req::Open(r) => locks.open_session(r).await.map(shown),
-        Req::Close(r) => locks.close_session(r).await.map(shown),
-        Req::Acquire(r) => locks.acquire(r).await.map(shown),
-        Req::Release(r) => locks.release(r).await.map(shown),
-        Req::Describe(r) => locks.describe(r).await.map(shown),
-        Req::CheckFence(r) => locks.check_fence(r).await.map(shown),
-        Req::Watch(r) => locks.watch(r).await.map(|_| "a watch stream".into()),
-        Req::List(r) => locks.list(r).await.map(shown),
-        Req::AddNode(r) => admin.add_node(r).await.map(shown),
-        Req::RemoveNode(r) => admin.remove_node(r).await.map(shown),
+        Req::Open(r) => locks.open_session(marked(r, forwarded)).await.map(shown),
+        Req::Close(r) => locks.close_session(marked(r, forwarded)).await.map(shown),
+        Req::Acquire(r) => locks.acquire(marked(r, forwarded)).await.map(shown),
+        Req::Release(r) => locks.release(marked(r, forwarded)).await.map(shown),
+        Req::Describe(r) => locks.describe(marked(r, forwarded)).await.map(shown),
+        Req::CheckFence(r) => locks.check_fence(marked(r, forwarded)).await.map(shown),
+        Req::Watch(r) => locks
+            .watch(marked(r, forwarded))
+            .await
+            .map(|_| "a watch stream".into()),
+        Req::List(r) => locks.list(marked(r, forwarded)).await.map(shown),
+        Req::AddNode(r) => admin.add_node(marked(r, forwarded)).await.map(shown),
+        Req::RemoveNode(r) => admin.remove_node(marked(r, forwarded)).await.map(shown),
     }
 }
 

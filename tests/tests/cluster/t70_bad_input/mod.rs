@@ -435,7 +435,10 @@ async fn bad_requests_get_documented_codes_and_change_nothing() {
     };
     locks.close_session(close).await.expect("close");
 
-    // Followers refuse writes and linearizable reads, naming the leader.
+    // A follower forwards to the leader (tests/tests/cluster/t28_forward.rs);
+    // one that cannot (here: a request another node already forwarded,
+    // which is never forwarded again) refuses writes and linearizable
+    // reads, naming the leader.
     let follower = cluster
         .running()
         .into_iter()
@@ -477,15 +480,20 @@ async fn bad_requests_get_documented_codes_and_change_nothing() {
     ];
     for (what, req) in follower_rows {
         let before = p.table().await;
-        let status = send(&mut flocks, &mut fadmin, req).await.expect_err(what);
+        let status = send_as(&mut flocks, &mut fadmin, req, true)
+            .await
+            .expect_err(what);
         check_hint(&status, what);
         assert_eq!(p.table().await, before, "{what}: changed something");
     }
     let mut fka = flocks
-        .keep_alive(futures::stream::iter([KeepAliveRequest {
-            session_id: s,
-            ask_id: 1,
-        }]))
+        .keep_alive(marked(
+            futures::stream::iter([KeepAliveRequest {
+                session_id: s,
+                ask_id: 1,
+            }]),
+            true,
+        ))
         .await
         .expect("keep-alive stream")
         .into_inner();
