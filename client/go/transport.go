@@ -227,7 +227,13 @@ func (c *Client) call(ctx context.Context, rpc string, in, out interface{}, atte
 			failed++
 			hints = 0
 		case a.status == http.StatusOK:
-			c.setLeader(target)
+			// A follower forwards to the leader and names it in the
+			// answer: go there directly from now on.
+			if hint := a.header.Get(leaderHeader); hint != "" {
+				c.setLeader(schemeOf(target) + "://" + hint)
+			} else {
+				c.setLeader(target)
+			}
 			if out == nil {
 				return nil
 			}

@@ -434,11 +434,21 @@ impl Ask {
 }
 
 /// An open stream: its first answer, the answers to come, and the way in.
-type Opened = (
-    pb::KeepAliveResponse,
-    Streaming<pb::KeepAliveResponse>,
-    mpsc::UnboundedSender<pb::KeepAliveRequest>,
-);
+/// A keep-alive stream just opened: its first answer, the answers to
+/// come, where asks go, and the leader its node named (a follower that
+/// forwards the stream names the leader).
+struct Opened {
+    answer: pb::KeepAliveResponse,
+    inbound: Streaming<pb::KeepAliveResponse>,
+    out: mpsc::UnboundedSender<pb::KeepAliveRequest>,
+    hint: Option<String>,
+}
+
+impl crate::transport::LeaderHint for Opened {
+    fn leader_hint(&self) -> Option<String> {
+        self.hint.clone()
+    }
+}
 
 /// The multiplexer; ends when every sender of asks (every client clone
 /// and session keeper) is gone, or the transport with them.
@@ -469,7 +479,12 @@ async fn run(transport: WeakTransport, mut asks: mpsc::UnboundedReceiver<Ask>) {
         let first = backlog.pop_front().expect("not empty");
         let opened = open(&open_with, &first).await;
         drop(open_with);
-        let (answer, mut inbound, out) = match opened {
+        let Opened {
+            answer,
+            mut inbound,
+            out,
+            ..
+        } = match opened {
             Ok(o) => o,
             Err(e) => {
                 first.answer(Err(e));
@@ -596,16 +611,20 @@ async fn open(transport: &crate::transport::Transport, first: &Ask) -> Result<Op
         .call(Kind::Read, attempt, deadline, move |c: Conn| async move {
             let (out, rx) = mpsc::unbounded_channel();
             out.send(ask).expect("receiver held");
-            let mut inbound = crate::transport::locks_client(c)
+            let opened = crate::transport::locks_client(c)
                 .keep_alive(UnboundedReceiverStream::new(rx))
-                .await?
-                .into_inner();
+                .await?;
+            let hint = crate::transport::LeaderHint::leader_hint(&opened);
+            let mut inbound = opened.into_inner();
             // A fresh stream carries nothing but this ask yet, so its
             // first answer is this ask's.
             match inbound.message().await? {
-                Some(answer) if answer.ask_id == ask.ask_id || answer.ask_id == 0 => {
-                    Ok((answer, inbound, out))
-                }
+                Some(answer) if answer.ask_id == ask.ask_id || answer.ask_id == 0 => Ok(Opened {
+                    answer,
+                    inbound,
+                    out,
+                    hint,
+                }),
                 Some(answer) => Err(tonic::Status::internal(format!(
                     "keep-alive answer for ask {} on a stream that carried only ask {}",
                     answer.ask_id, ask.ask_id

@@ -104,6 +104,23 @@ impl Default for ClientOptions {
 /// every request.
 pub(crate) type Conn = InterceptedService<Channel, Credentials>;
 
+/// The leader an answer names: a follower that forwarded the request to
+/// the leader adds its address (metadata `raftlock-leader`).
+pub(crate) trait LeaderHint {
+    /// The leader's address, if the answer names one.
+    fn leader_hint(&self) -> Option<String>;
+}
+
+impl<T> LeaderHint for tonic::Response<T> {
+    fn leader_hint(&self) -> Option<String> {
+        self.metadata()
+            .get(LEADER_ADDR_KEY)
+            .and_then(|v| v.to_str().ok())
+            .filter(|a| !a.is_empty())
+            .map(str::to_string)
+    }
+}
+
 /// Adds `authorization: Bearer TOKEN` to every request, if there is a token.
 #[derive(Clone)]
 pub(crate) struct Credentials(Option<MetadataValue<Ascii>>);
@@ -623,6 +640,7 @@ impl Transport {
     where
         F: FnMut(Conn) -> Fut,
         Fut: Future<Output = std::result::Result<T, Status>>,
+        T: LeaderHint,
     {
         let opts = &self.state.options;
         let started = Instant::now();
@@ -641,7 +659,9 @@ impl Transport {
             let outcome = tokio::time::timeout(budget, f(channel)).await;
             let status = match outcome {
                 Ok(Ok(v)) => {
-                    self.set_leader(addr);
+                    // A follower forwards to the leader and names it in
+                    // the answer: go there directly from now on.
+                    self.set_leader(v.leader_hint().unwrap_or(addr));
                     return Ok(v);
                 }
                 Ok(Err(status)) => status,
@@ -827,6 +847,7 @@ impl Transport {
     where
         F: FnMut(LocksClient<Conn>) -> Fut,
         Fut: Future<Output = std::result::Result<T, Status>>,
+        T: LeaderHint,
     {
         let opts = &self.state.options;
         let deadline = after(opts.retry_deadline);
@@ -847,6 +868,7 @@ impl Transport {
     where
         F: FnMut(ClusterClient<Conn>) -> Fut,
         Fut: Future<Output = std::result::Result<T, Status>>,
+        T: LeaderHint,
     {
         let deadline = after(self.state.options.retry_deadline.max(timeout));
         let mut f = f;

@@ -680,7 +680,10 @@ final class Client
                 ++$failed;
                 $hints = 0;
             } elseif (200 === $status) {
-                $this->leader = $target;
+                // A follower forwards to the leader and names it in the
+                // answer: go there directly from now on.
+                $hint = $headers['raftlock-leader'] ?? '';
+                $this->leader = '' !== $hint ? self::schemeOf($target).'://'.$hint : $target;
                 $decoded = json_decode($answer, true);
                 if (!\is_array($decoded)) {
                     throw new RaftlockException('INTERNAL', "$rpc answered something that is not a JSON object: $answer", $status);

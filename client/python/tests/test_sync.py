@@ -331,9 +331,10 @@ def test_a_closed_client_refuses_work(cluster, name):
 # ------------------------------------------------------ the client's duties
 
 def test_leader_hints_are_followed_without_sleeping(cluster, name, monkeypatch):
-    """Endpoints that list the followers first: every request reaches the
-    leader through the hint in the not-the-leader answer, and the client
-    never sleeps on the way."""
+    """Endpoints that list only followers: the first request is forwarded
+    to the leader by the follower, whose answer names the leader; the
+    client goes to the leader directly from then on, and never sleeps on
+    the way."""
     leader = cluster.leader()
     followers = [a for a in cluster.addrs if a != leader]
     slept = []

@@ -317,6 +317,15 @@ def lock_specs(locks: object) -> List[Tuple[str, bool, Optional[int], int]]:
 # --------------------------------------------------------------- errors
 
 
+def leader_named(metadata) -> Optional[str]:
+    """The leader an answer's initial metadata names (a follower that
+    forwarded the request adds it), if any."""
+    for k, v in metadata or ():
+        if k == LEADER_KEY:
+            return (v.decode() if isinstance(v, bytes) else v) or None
+    return None
+
+
 def status_of(err: BaseException) -> Tuple[str, str, Dict[str, str]]:
     """``(code name, details, metadata)`` of a gRPC error (sync or aio)."""
     code = err.code() if callable(getattr(err, "code", None)) else None
@@ -430,8 +439,11 @@ class Attempts:
             return None if self.deadline == float("inf") else left
         return min(attempt_timeout, left)
 
-    def succeeded(self, addr: str) -> None:
-        self.endpoints.set_leader(addr)
+    def succeeded(self, addr: str, metadata=None) -> None:
+        """The attempt at ``addr`` was answered. A follower forwards to the
+        leader and names it in the answer's metadata (``raftlock-leader``):
+        the next call goes there directly."""
+        self.endpoints.set_leader(leader_named(metadata) or addr)
 
     def timed_out(self, addr: str, budget: Optional[float]) -> float:
         """The attempt at ``addr`` got no answer within ``budget``."""

@@ -85,7 +85,11 @@ class _Transport:
                 fut.cancel()
                 raise
             else:
-                attempts.succeeded(addr)
+                try:
+                    md = fut.initial_metadata()
+                except Exception:  # noqa: BLE001 - metadata is a hint only
+                    md = None
+                attempts.succeeded(addr, md)
                 return resp
             if pause:
                 time.sleep(pause)

@@ -90,12 +90,17 @@ class _Transport:
         while True:
             budget = attempts.budget(attempt)
             addr = self.endpoints.target()
+            call = getattr(self.stub(addr), method)(request, timeout=budget, metadata=self.metadata)
             try:
-                resp = await getattr(self.stub(addr), method)(request, timeout=budget, metadata=self.metadata)
+                resp = await call
             except grpc.aio.AioRpcError as e:
                 pause = attempts.failed(addr, e)
             else:
-                attempts.succeeded(addr)
+                try:
+                    md = await call.initial_metadata()
+                except Exception:  # noqa: BLE001 - metadata is a hint only
+                    md = None
+                attempts.succeeded(addr, md)
                 return resp
             if pause:
                 await asyncio.sleep(pause)
