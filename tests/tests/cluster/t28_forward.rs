@@ -247,3 +247,40 @@ async fn a_forward_cut_off_from_the_leader_is_not_answered_as_done() {
         .expect("close through the follower");
     cluster.shutdown().await;
 }
+
+/// The Rust client goes to the leader a forwarded answer names: a client
+/// given only a follower's address keeps working once that follower is
+/// stopped, because after its first answer it talks to the leader itself
+/// (before, it stayed on the follower: with it gone, nothing answered).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_rust_client_moves_to_the_leader_a_forwarded_answer_names() {
+    let mut cluster = TestCluster::start(3).await;
+    let leader = cluster.leader().await;
+    let follower = cluster
+        .running()
+        .into_iter()
+        .find(|id| *id != leader)
+        .expect("a follower");
+    let client = raftlock_client::Client::with_options(
+        vec![cluster.addr(follower)],
+        raftlock_client::ClientOptions {
+            retry_deadline: Duration::from_secs(5),
+            ..Default::default()
+        },
+    )
+    .expect("client");
+    let first = client
+        .describe("fwd/rust")
+        .await
+        .expect("through the follower");
+    assert!(first.is_none());
+    cluster.stop(follower).await;
+    // The leader may move when a follower stops (it should not: two of
+    // three remain); the client follows hints from there on.
+    let second = client
+        .describe("fwd/rust")
+        .await
+        .expect("answered by the leader the first answer named");
+    assert!(second.is_none());
+    cluster.shutdown().await;
+}
