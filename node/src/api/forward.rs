@@ -140,6 +140,12 @@ impl Forwarder {
         if self.auth.current().is_some() && !req.headers().contains_key(header::AUTHORIZATION) {
             return None;
         }
+        // The published view first (cheap): a node that leads, or knows
+        // no leader, serves the request itself.
+        let view = self.leadership.view();
+        if view.leader.is_none_or(|l| l == self.id) {
+            return None;
+        }
         let (leader, addrs) = self.leadership.leader_elsewhere()?;
         let mut pool = self.pool.lock().expect("forward pool lock poisoned");
         if !matches!(&*pool, Some(p) if p.leader == leader && p.addrs == addrs) {
