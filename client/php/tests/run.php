@@ -12,6 +12,7 @@ namespace Raftlock\Tests;
 require __DIR__.'/../autoload.php';
 require __DIR__.'/Harness.php';
 require __DIR__.'/Scenarios.php';
+require __DIR__.'/FastCgi.php';
 require_once __DIR__.'/../examples/LockManagerService.php';
 
 use Raftlock\Client;
@@ -658,6 +659,54 @@ function test_request_end_frees_a_forgotten_lock(Cluster $cl): void
         proc_terminate($server, 9);
         proc_close($server);
         unlink($log);
+    }
+}
+
+// Under PHP-FPM (issue 44, item 1): a worker SIGKILLed while a request
+// holds a lock at the client's defaults (ttl 30 s) frees it a grace
+// later, not a ttl later: the request's keep-alive stream, a transfer left
+// open in curl_multi, ends with the process. Three rounds through a real
+// php-fpm pool of one worker; prints the kill-to-grant times.
+function test_php_fpm_worker_killed_frees_its_lock(Cluster $cl): void
+{
+    $binary = Fpm::binary();
+    if (null === $binary) {
+        check(false === getenv('RAFTLOCK_REQUIRE_SERVERS'), 'php-fpm is not installed (Debian: php-fpm)');
+        echo "     skipped: php-fpm is not installed (Debian: php-fpm)\n";
+
+        return;
+    }
+    $fpm = new Fpm($binary);
+    try {
+        $c = new Client($cl->endpoints());
+        $took = [];
+        foreach (range(1, 3) as $round) {
+            $name = name("fpm-killed-$round");
+            $conn = $fpm->get(__DIR__.'/fpm-hold.php', 'name='.urlencode($name), ['RAFTLOCK_ENDPOINTS' => $cl->endpoints()]);
+            $pid = null;
+            while (null !== ($line = $fpm->readLine($conn, 20))) {
+                if (preg_match('/^HELD pid (\d+)$/', $line, $m)) {
+                    $pid = (int) $m[1];
+                    break;
+                }
+                check(!str_starts_with($line, 'NOT ACQUIRED'), 'the FPM request took the lock');
+            }
+            check(null !== $pid, 'the FPM request said it holds the lock; php-fpm: '.$fpm->log());
+            check(1 === \count(queue($c, $name)['holders']), 'the FPM worker holds the lock');
+            $killed = microtime(true);
+            posix_kill($pid, 9);
+            $r = $c->lock($name, 30000, 20000);
+            $took[] = microtime(true) - $killed;
+            check($r['acquired'], sprintf('the killed worker\'s lock not freed within 20 s (%.2f s)', end($took)));
+            check(end($took) < 10, sprintf('granted %.2f s after the kill', end($took)));
+            $c->unlock($r['session_id']);
+            fclose($conn);
+            // php-fpm starts a new worker for the next round.
+        }
+        printf("     PHP-FPM worker SIGKILLed while holding (ttl 30 s) to the next grant: %s s, median %.2f s\n",
+            implode(', ', array_map(fn ($t) => sprintf('%.2f', $t), $took)), median($took));
+    } finally {
+        $fpm->stop();
     }
 }
 
