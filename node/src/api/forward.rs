@@ -60,9 +60,11 @@ pub use raftlock_proto::FORWARDED_KEY;
 /// leader's server takes at most `MAX_STREAMS_PER_CONNECTION` on each).
 pub const MAX_FORWARDED_PER_CONNECTION: usize = 1000;
 
-/// Largest body read to see whether a read asks for `stale` (those
-/// messages are a name and a few flags; a larger one is forwarded).
-const MAX_PEEK_BYTES: usize = 64 * 1024;
+/// Largest body read to see whether a read asks for `stale`: the largest
+/// message the node takes ([`crate::MAX_MESSAGE_BYTES`]) and gRPC's 5-byte
+/// frame header. A larger one is refused `OUT_OF_RANGE`, as the service
+/// itself refuses a message over the limit.
+const MAX_PEEK_BYTES: usize = crate::MAX_MESSAGE_BYTES + 5;
 
 /// Forwards requests to the leader (see the module's documentation); the
 /// peer listener's server carries it switched off.
@@ -352,8 +354,9 @@ where
                     match axum::body::to_bytes(axum::body::Body::new(body), MAX_PEEK_BYTES).await {
                         Ok(bytes) => bytes,
                         Err(e) => {
-                            let status = tonic::Status::invalid_argument(format!(
-                                "cannot read the request: {e}"
+                            let status = tonic::Status::out_of_range(format!(
+                                "cannot read the request (at most {} bytes): {e}",
+                                crate::MAX_MESSAGE_BYTES
                             ));
                             return Ok(if grpc {
                                 status.into_http()

@@ -284,3 +284,45 @@ async fn the_rust_client_moves_to_the_leader_a_forwarded_answer_names() {
     assert!(second.is_none());
     cluster.shutdown().await;
 }
+
+/// A `stale` read that a follower serves itself is read before it is
+/// served: the largest message the node takes (64 KiB) is read and served
+/// (here refused for its over-long name, as the service refuses it), one
+/// byte more is refused `OUT_OF_RANGE`, as the service refuses it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stale_read_at_a_follower_is_read_up_to_the_message_limit() {
+    use prost::Message as _;
+    let cluster = TestCluster::start(3).await;
+    let leader = cluster.leader().await;
+    let follower = cluster
+        .running()
+        .into_iter()
+        .find(|id| *id != leader)
+        .expect("a follower");
+    let mut locks = locks_at(&cluster.addr(follower));
+    let limit = raftlock_node::MAX_MESSAGE_BYTES;
+    let at = |len: usize| DescribeRequest {
+        name: "x".repeat(len),
+        stale: true,
+    };
+    // The name's length prefix takes 3 bytes here, its tag 1, `stale` 2.
+    let largest = at(limit - 6);
+    assert_eq!(largest.encoded_len(), limit);
+    let refused = locks
+        .describe(largest)
+        .await
+        .expect_err("a 64 KiB name is too long");
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(
+        refused.message().contains("name") && !refused.message().contains("cannot read"),
+        "refused by the service for its name, not before it was read: {refused:?}"
+    );
+    let over = at(limit - 5);
+    assert_eq!(over.encoded_len(), limit + 1);
+    let refused = locks
+        .describe(over)
+        .await
+        .expect_err("one byte over the limit");
+    assert_eq!(refused.code(), Code::OutOfRange, "{refused:?}");
+    cluster.shutdown().await;
+}
