@@ -67,11 +67,23 @@ final class Fpm
         return (@file_get_contents("$this->dir/fpm.log") ?: '').(@file_get_contents("$this->dir/out.log") ?: '');
     }
 
+    /** Stops the pool, its workers with it (a worker outlives a killed master). */
     public function stop(): void
     {
         if (\is_resource($this->proc)) {
+            $master = proc_get_status($this->proc)['pid'];
+            $workers = array_filter(array_map('intval', preg_split('/\s+/', (string) @file_get_contents("/proc/$master/task/$master/children"))));
+            // SIGTERM: php-fpm stops its workers and exits.
+            posix_kill($master, 15);
+            $deadline = microtime(true) + 10;
+            while (proc_get_status($this->proc)['running'] && microtime(true) < $deadline) {
+                usleep(20000);
+            }
             proc_terminate($this->proc, 9);
             proc_close($this->proc);
+            foreach ($workers as $pid) {
+                @posix_kill($pid, 9);
+            }
         }
         foreach (glob("$this->dir/*") ?: [] as $f) {
             unlink($f);
