@@ -423,6 +423,18 @@ impl TestCluster {
         self.wait_for_leader().await
     }
 
+    /// The current leader and a running node that is not it (waits for a
+    /// leader; panics if no other node runs).
+    pub async fn leader_and_follower(&self) -> (u64, u64) {
+        let leader = self.wait_for_leader().await;
+        let follower = self
+            .running()
+            .into_iter()
+            .find(|id| *id != leader)
+            .expect("a running node other than the leader");
+        (leader, follower)
+    }
+
     /// The address of the current leader (waits for one).
     pub async fn leader_addr(&self) -> String {
         let id = self.wait_for_leader().await;

@@ -37,13 +37,8 @@ fn acquire(session_id: u64, seq: u64, name: &str) -> AcquireRequest {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_follower_forwards_writes_reads_and_keep_alive_streams_to_the_leader() {
     let cluster = TestCluster::start(3).await;
-    let leader = cluster.leader().await;
+    let (leader, follower) = cluster.leader_and_follower().await;
     let leader_addr = cluster.addr(leader);
-    let follower = cluster
-        .running()
-        .into_iter()
-        .find(|id| *id != leader)
-        .expect("a follower");
     let mut locks = locks_at(&cluster.addr(follower));
 
     // A session and a lock, through the follower alone.
@@ -190,12 +185,7 @@ async fn a_follower_forwards_writes_reads_and_keep_alive_streams_to_the_leader()
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_forward_cut_off_from_the_leader_is_not_answered_as_done() {
     let cluster = TestCluster::start_partitionable(3).await;
-    let leader = cluster.leader().await;
-    let follower = cluster
-        .running()
-        .into_iter()
-        .find(|id| *id != leader)
-        .expect("a follower");
+    let (_, follower) = cluster.leader_and_follower().await;
     let mut locks = locks_at(&cluster.addr(follower));
     let opened = locks
         .open_session(OpenSessionRequest {
@@ -255,12 +245,7 @@ async fn a_forward_cut_off_from_the_leader_is_not_answered_as_done() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_rust_client_moves_to_the_leader_a_forwarded_answer_names() {
     let mut cluster = TestCluster::start(3).await;
-    let leader = cluster.leader().await;
-    let follower = cluster
-        .running()
-        .into_iter()
-        .find(|id| *id != leader)
-        .expect("a follower");
+    let (_, follower) = cluster.leader_and_follower().await;
     let client = raftlock_client::Client::with_options(
         vec![cluster.addr(follower)],
         raftlock_client::ClientOptions {
@@ -293,12 +278,7 @@ async fn the_rust_client_moves_to_the_leader_a_forwarded_answer_names() {
 async fn a_stale_read_at_a_follower_is_read_up_to_the_message_limit() {
     use prost::Message as _;
     let cluster = TestCluster::start(3).await;
-    let leader = cluster.leader().await;
-    let follower = cluster
-        .running()
-        .into_iter()
-        .find(|id| *id != leader)
-        .expect("a follower");
+    let (_, follower) = cluster.leader_and_follower().await;
     let mut locks = locks_at(&cluster.addr(follower));
     let limit = raftlock_node::MAX_MESSAGE_BYTES;
     let at = |len: usize| DescribeRequest {

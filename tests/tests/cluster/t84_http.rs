@@ -323,12 +323,7 @@ async fn bad_requests_get_json_errors_and_change_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_follower_that_does_not_forward_answers_503_naming_the_leader() {
     let cluster = TestCluster::start(3).await;
-    let leader_id = cluster.leader().await;
-    let follower = cluster
-        .running()
-        .into_iter()
-        .find(|id| *id != leader_id)
-        .expect("one");
+    let (leader_id, follower) = cluster.leader_and_follower().await;
     let answer = http(
         &cluster.addr(follower),
         "POST",
@@ -749,6 +744,20 @@ async fn send_chunk(conn: &mut BufReader<TcpStream>, text: &str) {
         .expect("write a chunk");
 }
 
+/// Asks to renew `session` (ask `ask`) on a streaming `KeepAlive` and
+/// reads its answer, which must be for that session and ask.
+async fn renew_on(conn: &mut BufReader<TcpStream>, session: u64, ask: u64) -> serde_json::Value {
+    send_chunk(
+        conn,
+        &format!("{{\"session_id\": \"{session}\", \"ask_id\": {ask}}}\n"),
+    )
+    .await;
+    let answer = next_line(conn).await;
+    assert_eq!(n(&answer["session_id"]), session, "{answer}");
+    assert_eq!(n(&answer["ask_id"]), ask, "{answer}");
+    answer
+}
+
 /// Reads the next line of the streamed answer (a chunk of one line).
 async fn next_line(conn: &mut BufReader<TcpStream>) -> serde_json::Value {
     tokio::time::timeout(Duration::from_secs(10), next_ndjson(conn))
@@ -765,13 +774,8 @@ async fn next_line(conn: &mut BufReader<TcpStream>) -> serde_json::Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_follower_forwards_http_requests_and_streams_to_the_leader() {
     let cluster = TestCluster::start(3).await;
-    let leader_id = cluster.leader().await;
+    let (leader_id, follower) = cluster.leader_and_follower().await;
     let leader = cluster.addr(leader_id);
-    let follower = cluster
-        .running()
-        .into_iter()
-        .find(|id| *id != leader_id)
-        .expect("one");
     let node = cluster.addr(follower);
     let lock = post(
         &node,
@@ -818,14 +822,7 @@ async fn a_follower_forwards_http_requests_and_streams_to_the_leader() {
 
     let mut stream = open_keep_alive_stream(&node).await;
     for ask in 1..=10u64 {
-        send_chunk(
-            &mut stream,
-            &format!("{{\"session_id\": \"{session}\", \"ask_id\": {ask}}}\n"),
-        )
-        .await;
-        let answer = next_line(&mut stream).await;
-        assert_eq!(n(&answer["session_id"]), session, "{answer}");
-        assert_eq!(n(&answer["ask_id"]), ask, "{answer}");
+        let answer = renew_on(&mut stream, session, ask).await;
         assert_ne!(answer["expired"], true, "{answer}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -889,14 +886,7 @@ async fn a_keep_alive_stream_over_http_carries_a_session_that_ends_with_its_proc
     let mut ask = 0;
     while std::time::Instant::now() < until {
         ask += 1;
-        send_chunk(
-            &mut stream,
-            &format!("{{\"session_id\": \"{session}\", \"ask_id\": {ask}}}\n"),
-        )
-        .await;
-        let answer = next_line(&mut stream).await;
-        assert_eq!(n(&answer["session_id"]), session, "{answer}");
-        assert_eq!(n(&answer["ask_id"]), ask, "{answer}");
+        let answer = renew_on(&mut stream, session, ask).await;
         assert_eq!(n(&answer["ttl_ms"]), 30_000, "{answer}");
         assert_ne!(answer["expired"], true, "{answer}");
         tokio::time::sleep(Duration::from_millis(150)).await;
