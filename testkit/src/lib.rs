@@ -17,10 +17,13 @@
 //! * [`servers`] (feature `servers`): real PostgreSQL and Redis servers in
 //!   temporary directories on loopback ports, for the fenced-store tests
 //!   and the harness.
+//! * [`RefusingAddr`]: a loopback port that refuses connections and that
+//!   no node started meanwhile can be given.
 
 #[cfg(feature = "hostile")]
 pub mod hostile;
 pub mod proxy;
+mod refusing;
 #[cfg(feature = "servers")]
 pub mod servers;
 
@@ -31,3 +34,4 @@ pub mod workload;
 
 #[cfg(feature = "cluster")]
 pub use cluster::*;
+pub use refusing::RefusingAddr;

@@ -734,9 +734,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_refused_upstream_closes_the_client_side() {
-        let gone = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let target = gone.local_addr().unwrap().to_string();
-        drop(gone);
+        let gone = crate::RefusingAddr::new().unwrap();
+        let target = gone.addr();
         for clock in [Clock::Precise, Clock::Tokio] {
             let mut net = Net::with_clock(clock);
             net.delay(&[(1, 2), (2, 1)], fixed(Duration::from_millis(1)));

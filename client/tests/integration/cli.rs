@@ -421,11 +421,11 @@ const AT_ONCE: Duration = Duration::from_secs(12);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_connections_everywhere_fail_fast_naming_each_endpoint() {
-    let closed = || {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        l.local_addr().expect("addr").to_string()
-    };
-    let (a, b) = (closed(), closed());
+    // Held refusing for the whole test: a port merely closed again could
+    // be given to a node another test starts meanwhile.
+    let closed = || raftlock_testkit::RefusingAddr::new().expect("hold a port");
+    let (held_a, held_b) = (closed(), closed());
+    let (a, b) = (held_a.addr(), held_b.addr());
     let endpoints = format!("{a},{b}");
     for args in [&["status"][..], &["lock", "x", "--", "true"][..]] {
         let started = std::time::Instant::now();
@@ -883,11 +883,9 @@ async fn members_transfer_leader_moves_the_leadership() {
 async fn members_add_waits_as_long_as_its_timeout() {
     let cluster = TestCluster::start(3).await;
     let endpoints = cluster.addrs().join(",");
-    // A loopback port nothing listens on any more.
-    let silent = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        l.local_addr().expect("addr").to_string()
-    };
+    // A loopback port that refuses connections while the test runs.
+    let held = raftlock_testkit::RefusingAddr::new().expect("hold a port");
+    let silent = held.addr();
     // Bad waits are refused before anything is sent.
     for bad in ["0", "-1", "NaN", "inf", "86401", "soon"] {
         let out = raftlock(&endpoints)

@@ -197,12 +197,9 @@ async fn an_unreachable_node_is_not_promoted_to_voter() {
 
     let cluster = TestCluster::start(3).await;
     let leader = cluster.leader().await;
-    // Nothing listens there.
-    let dead = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let dead_addr = dead.local_addr().expect("addr").to_string();
-    drop(dead);
+    // Nothing listens there, for the whole test.
+    let dead = raftlock_testkit::RefusingAddr::new().expect("hold a port");
+    let dead_addr = dead.addr();
     let channel =
         tonic::transport::Endpoint::from_shared(format!("http://{}", cluster.addr(leader)))
             .expect("endpoint")
