@@ -93,6 +93,14 @@ type keepAliveResponse struct {
 // Every Acquire opens a session of its own (one write, the node's one-call
 // Lock), so goroutines of one Client that want the same key queue for it
 // like separate processes. Release ends the session (one write).
+//
+// A grant that waited long is renewed at once before Acquire returns: the
+// count from the request's send has mostly run out. If that renewal gets
+// no answer in time (a failover, a busy node), the Guard is returned in
+// jeopardy: Valid is false until a later renewal is answered, and Lost is
+// closed if none is within the TTL count, as every first-party client
+// hands out a grant in jeopardy (README: Held, jeopardy, lost). Check
+// Valid before acting on the lock, not only the error.
 func (c *Client) Acquire(ctx context.Context, key string, o AcquireOptions) (*Guard, error) {
 	if err := checkKey(key); err != nil {
 		return nil, err
