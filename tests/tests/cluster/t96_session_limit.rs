@@ -32,10 +32,18 @@ async fn a_full_cluster_refuses_new_sessions_and_keeps_serving() {
     }
     let cluster = TestCluster::start(3).await;
     let client = cluster.client().await;
+    let backup = raftlock_node::api::backup::write(&table, 1, 1, 0);
+    let bytes = backup.len();
+    let started = std::time::Instant::now();
     let restored = client
-        .restore(raftlock_node::api::backup::write(&table, 1, 1, 0))
+        .restore(backup)
         .await
         .expect("restore the full table");
+    // The figure, printed, not bounded: under load it takes many times longer.
+    eprintln!(
+        "restored {MAX_SESSIONS} sessions ({bytes} bytes) in {:?}",
+        started.elapsed()
+    );
     assert_eq!(restored.sessions, MAX_SESSIONS as u64);
     drop(table);
 
