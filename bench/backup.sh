@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# Backup and restore at scale: a 3-node raftlock on 127.0.0.1 holding N
+# locks (default 1,000,000, held by sessions of an hour), then the three
+# operations of deploy/README.md's "Backup and restore", timed:
+#
+#   1. `raftlock snapshot save FILE` on the full cluster (its size too);
+#   2. `raftlock snapshot inspect FILE` (no cluster);
+#   3. `raftlock snapshot restore FILE` into a new, empty 3-node cluster;
+#   4. `raftlockd restore FILE --data-dir DIR`, then a third cluster
+#      bootstrapped from DIR, until `Status` shows the restored sessions.
+#
+# After 3 and 4 it checks that the restored cluster holds what the backup
+# holds (sessions, grants) and prints the largest node's peak RSS (VmHWM)
+# while it restored. Figures go to deploy/README.md by hand, with the
+# commit and the machine.
+#
+#   bench/backup.sh [--locks N] [--no-build]
+#
+# Environment: CARGO_TARGET_DIR (where to build), BIN_DIR (use prebuilt
+# raftlockd, raftlock and raftlock-bench from here and skip the build),
+# BASE_PORT (default 27400), WORK_DIR (parent of the temp folder; default
+# $TMPDIR or /tmp: put it on the disk you want to measure).
+#
+# Everything it starts is stopped on exit (trap EXIT); every wait is
+# bounded.
+set -euo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(dirname "$HERE")
+LOCKS=1000000
+BUILD=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --locks) LOCKS=$2; shift ;;
+    --no-build) BUILD=0 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    *) echo "backup.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+case "$LOCKS" in ''|*[!0-9]*) echo "backup.sh: --locks takes a number" >&2; exit 2 ;; esac
+
+log() { printf '[%s] %s\n' "$(date +%T)" "$*"; }
+now() { date +%s.%N; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+
+if [ -n "${BIN_DIR:-}" ] || [ "$BUILD" = 0 ]; then
+  BIN_DIR=${BIN_DIR:-${CARGO_TARGET_DIR:-$ROOT/target}/release}
+  log "using prebuilt binaries in $BIN_DIR"
+else
+  export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+  log "building (release) into $CARGO_TARGET_DIR"
+  (cd "$ROOT" && cargo build --release -q -p raftlock-node -p raftlock-client -p raftlock-bench \
+     --bin raftlockd --bin raftlock --bin raftlock-bench)
+  BIN_DIR=$CARGO_TARGET_DIR/release
+fi
+RAFTLOCKD=$BIN_DIR/raftlockd
+RAFTLOCK=$BIN_DIR/raftlock
+BENCH=$BIN_DIR/raftlock-bench
+
+TMP=$(mktemp -d "${WORK_DIR:-${TMPDIR:-/tmp}}/raftlock-backup.XXXXXX")
+BASE_PORT=${BASE_PORT:-27400}
+EP="127.0.0.1:$((BASE_PORT + 1)),127.0.0.1:$((BASE_PORT + 2)),127.0.0.1:$((BASE_PORT + 3))"
+PEERS="1=127.0.0.1:$((BASE_PORT + 1)),2=127.0.0.1:$((BASE_PORT + 2)),3=127.0.0.1:$((BASE_PORT + 3))"
+declare -A PID=()
+
+stop_pid() {
+  local p=$1
+  kill -TERM "$p" 2>/dev/null || return 0
+  for _ in $(seq 100); do kill -0 "$p" 2>/dev/null || return 0; sleep 0.1; done
+  kill -KILL "$p" 2>/dev/null || true
+}
+cleanup() {
+  for p in "${PID[@]}"; do stop_pid "$p"; done
+  rm -rf "$TMP"
+}
+trap cleanup EXIT
+
+start_node() { # start_node CLUSTER ID [--init]
+  local c=$1 i=$2; shift 2
+  RUST_LOG=${RUST_LOG:-warn} "$RAFTLOCKD" run --id "$i" --listen "127.0.0.1:$((BASE_PORT + i))" \
+    --metrics-listen "127.0.0.1:$((BASE_PORT + 10 + i))" \
+    --data-dir "$TMP/$c-$i" --peers "$PEERS" --insecure-peers "$@" >>"$TMP/$c-$i.log" 2>&1 &
+  PID[$i]=$!
+}
+start_cluster() { # start_cluster NAME: node 1 bootstraps, started last
+  start_node "$1" 2; start_node "$1" 3; sleep 0.3; start_node "$1" 1 --init
+  "$BENCH" wait --target raftlock --endpoints "$EP" --timeout 120
+}
+stop_cluster() {
+  for i in 1 2 3; do [ -n "${PID[$i]:-}" ] && stop_pid "${PID[$i]}"; unset "PID[$i]"; done
+}
+peak_rss_mib() { # the largest VmHWM of the running nodes, MiB
+  local most=0 kb
+  for i in 1 2 3; do
+    kb=$(awk '/^VmHWM/ { print $2 }' "/proc/${PID[$i]}/status" 2>/dev/null || echo 0)
+    [ "${kb:-0}" -gt "$most" ] && most=$kb
+  done
+  echo $((most / 1024))
+}
+status_field() { # status_field NAME: the field of `raftlock status --json`
+  "$RAFTLOCK" --endpoints "$EP" status --json | python3 -c "import json, sys; print(json.load(sys.stdin)['$1'])"
+}
+
+log "temp folder $TMP; $LOCKS locks; load $(cut -d' ' -f1-3 /proc/loadavg)"
+start_cluster a
+log "filling: $LOCKS held locks"
+"$BENCH" scale --kind locks --endpoints "$EP" --steps "$LOCKS" --secs 1 --clients 4 --no-cleanup --quiet \
+  >"$TMP/scale.log" 2>&1 || { cat "$TMP/scale.log"; exit 1; }
+FILE=$TMP/backup.bin
+t=$(now)
+"$RAFTLOCK" --endpoints "$EP" snapshot save "$FILE" | tee "$TMP/save.out"
+SAVE_S=$(since "$t")
+SIZE_MB=$(awk -v b="$(stat -c %s "$FILE")" 'BEGIN { printf "%.1f", b / 1e6 }')
+SAVE_RSS=$(peak_rss_mib)
+stop_cluster
+
+t=$(now)
+"$RAFTLOCK" snapshot inspect --json "$FILE" >"$TMP/inspect.json"
+INSPECT_S=$(since "$t")
+read -r SESSIONS GRANTS < <(python3 -c "import json; h = json.load(open('$TMP/inspect.json')); print(h['sessions'], h['grants'])")
+[ "$GRANTS" -ge "$LOCKS" ] || { echo "backup.sh: the backup holds $GRANTS grants, not $LOCKS" >&2; exit 1; }
+
+log "restoring through the API into a new cluster"
+start_cluster b
+t=$(now)
+"$RAFTLOCK" --endpoints "$EP" snapshot restore "$FILE"
+RESTORE_S=$(since "$t")
+RESTORE_RSS=$(peak_rss_mib)
+[ "$(status_field sessions)" = "$SESSIONS" ] || { echo "backup.sh: the restored cluster holds $(status_field sessions) sessions, not $SESSIONS" >&2; exit 1; }
+stop_cluster
+
+log "restoring at bootstrap (raftlockd restore) into a third cluster"
+t=$(now)
+"$RAFTLOCKD" restore "$FILE" --data-dir "$TMP/c-1" >/dev/null
+start_cluster c
+for _ in $(seq 1200); do
+  [ -e "$TMP/c-1/restore.applied" ] && break
+  [ -e "$TMP/c-1/restore.refused" ] && { echo "backup.sh: the bootstrap restore was refused: $(tail -5 "$TMP/c-1.log")" >&2; exit 1; }
+  sleep 0.5
+done
+[ -e "$TMP/c-1/restore.applied" ] || { echo "backup.sh: the bootstrap restore did not finish in 10 minutes" >&2; exit 1; }
+BOOT_S=$(since "$t")
+BOOT_RSS=$(peak_rss_mib)
+[ "$(status_field sessions)" = "$SESSIONS" ] || { echo "backup.sh: the bootstrapped cluster holds $(status_field sessions) sessions, not $SESSIONS" >&2; exit 1; }
+stop_cluster
+
+cat <<EOF
+
+backup of $GRANTS grants, $SESSIONS sessions: $SIZE_MB MB
+| step | seconds | largest node's peak RSS |
+|---|---|---|
+| snapshot save (3 nodes, $LOCKS held) | $SAVE_S | $SAVE_RSS MiB |
+| snapshot inspect | $INSPECT_S | |
+| snapshot restore into an empty cluster | $RESTORE_S | $RESTORE_RSS MiB |
+| raftlockd restore, start, until applied | $BOOT_S | $BOOT_RSS MiB |
+EOF
