@@ -53,52 +53,36 @@ else
      --bin raftlockd --bin raftlock --bin raftlock-bench)
   BIN_DIR=$CARGO_TARGET_DIR/release
 fi
-RAFTLOCKD=$BIN_DIR/raftlockd
 RAFTLOCK=$BIN_DIR/raftlock
-BENCH=$BIN_DIR/raftlock-bench
 
-TMP=$(mktemp -d "${WORK_DIR:-${TMPDIR:-/tmp}}/raftlock-backup.XXXXXX")
+WORK=$(mktemp -d "${WORK_DIR:-${TMPDIR:-/tmp}}/raftlock-backup.XXXXXX")
 BASE_PORT=${BASE_PORT:-27400}
-EP="127.0.0.1:$((BASE_PORT + 1)),127.0.0.1:$((BASE_PORT + 2)),127.0.0.1:$((BASE_PORT + 3))"
-PEERS="1=127.0.0.1:$((BASE_PORT + 1)),2=127.0.0.1:$((BASE_PORT + 2)),3=127.0.0.1:$((BASE_PORT + 3))"
-declare -A PID=()
-
-stop_pid() {
-  local p=$1
-  kill -TERM "$p" 2>/dev/null || return 0
-  for _ in $(seq 100); do kill -0 "$p" 2>/dev/null || return 0; sleep 0.1; done
-  kill -KILL "$p" 2>/dev/null || true
-}
+# start_node, stop_cluster, EP, NODE_PIDS; each cluster's data and logs in
+# $TMP, set per cluster below.
+# shellcheck source=bench/lib/cluster.sh
+. "$HERE/lib/cluster.sh"
 cleanup() {
-  for p in "${PID[@]}"; do stop_pid "$p"; done
-  rm -rf "$TMP"
+  stop_cluster
+  rm -rf "$WORK"
 }
 trap cleanup EXIT
 
-start_node() { # start_node CLUSTER ID [--init]
-  local c=$1 i=$2; shift 2
-  RUST_LOG=${RUST_LOG:-warn} "$RAFTLOCKD" run --id "$i" --listen "127.0.0.1:$((BASE_PORT + i))" \
-    --metrics-listen "127.0.0.1:$((BASE_PORT + 10 + i))" \
-    --data-dir "$TMP/$c-$i" --peers "$PEERS" --insecure-peers "$@" >>"$TMP/$c-$i.log" 2>&1 &
-  PID[$i]=$!
-}
-start_cluster() { # start_cluster NAME: node 1 bootstraps, started last
-  start_node "$1" 2; start_node "$1" 3; sleep 0.3; start_node "$1" 1 --init
-  # A leader, and nothing written: a restore needs an empty cluster (a lock
-  # cycle to check the cluster would make it non-empty).
+start_cluster_in() { # start_cluster_in NAME: data and logs in $WORK/NAME
+  TMP=$WORK/$1
+  mkdir -p "$TMP"
+  start_node 2; start_node 3; sleep 0.3; start_node 1 --init
+  # A leader, and nothing written: a restore needs an empty cluster (the
+  # lock cycle of lib/cluster.sh's start_cluster would make it non-empty).
   for _ in $(seq 240); do
     [ "$(status_field leader_id 2>/dev/null || echo 0)" != 0 ] && return 0
     sleep 0.5
   done
   echo "backup.sh: cluster $1 elected no leader in 2 minutes" >&2; exit 1
 }
-stop_cluster() {
-  for i in 1 2 3; do [ -n "${PID[$i]:-}" ] && stop_pid "${PID[$i]}"; unset "PID[$i]"; done
-}
 peak_rss_mib() { # the largest VmHWM of the running nodes, MiB
   local most=0 kb
-  for i in 1 2 3; do
-    kb=$(awk '/^VmHWM/ { print $2 }' "/proc/${PID[$i]}/status" 2>/dev/null || echo 0)
+  for p in "${NODE_PIDS[@]}"; do
+    kb=$(awk '/^VmHWM/ { print $2 }' "/proc/$p/status" 2>/dev/null || echo 0)
     [ "${kb:-0}" -gt "$most" ] && most=$kb
   done
   echo $((most / 1024))
@@ -107,27 +91,27 @@ status_field() { # status_field NAME: the field of `raftlock status --json`
   "$RAFTLOCK" --endpoints "$EP" status --json | python3 -c "import json, sys; print(json.load(sys.stdin)['$1'])"
 }
 
-log "temp folder $TMP; $LOCKS locks; load $(cut -d' ' -f1-3 /proc/loadavg)"
-start_cluster a
+log "temp folder $WORK; $LOCKS locks; load $(cut -d' ' -f1-3 /proc/loadavg)"
+start_cluster_in a
 log "filling: $LOCKS held locks"
-"$BENCH" scale --kind locks --endpoints "$EP" --steps "$LOCKS" --secs 1 --clients 4 --no-cleanup --quiet \
-  >"$TMP/scale.log" 2>&1 || { cat "$TMP/scale.log"; exit 1; }
-FILE=$TMP/backup.bin
+"$BIN_DIR/raftlock-bench" scale --kind locks --endpoints "$EP" --steps "$LOCKS" --secs 1 --clients 4 --no-cleanup --quiet \
+  >"$WORK/scale.log" 2>&1 || { cat "$WORK/scale.log"; exit 1; }
+FILE=$WORK/backup.bin
 t=$(now)
-"$RAFTLOCK" --endpoints "$EP" snapshot save "$FILE" | tee "$TMP/save.out"
+"$RAFTLOCK" --endpoints "$EP" snapshot save "$FILE" | tee "$WORK/save.out"
 SAVE_S=$(since "$t")
 SIZE_MB=$(awk -v b="$(stat -c %s "$FILE")" 'BEGIN { printf "%.1f", b / 1e6 }')
 SAVE_RSS=$(peak_rss_mib)
 stop_cluster
 
 t=$(now)
-"$RAFTLOCK" snapshot inspect --json "$FILE" >"$TMP/inspect.json"
+"$RAFTLOCK" snapshot inspect --json "$FILE" >"$WORK/inspect.json"
 INSPECT_S=$(since "$t")
-read -r SESSIONS GRANTS < <(python3 -c "import json; h = json.load(open('$TMP/inspect.json')); print(h['sessions'], h['grants'])")
+read -r SESSIONS GRANTS < <(python3 -c "import json; h = json.load(open('$WORK/inspect.json')); print(h['sessions'], h['grants'])")
 [ "$GRANTS" -ge "$LOCKS" ] || { echo "backup.sh: the backup holds $GRANTS grants, not $LOCKS" >&2; exit 1; }
 
 log "restoring through the API into a new cluster"
-start_cluster b
+start_cluster_in b
 t=$(now)
 "$RAFTLOCK" --endpoints "$EP" snapshot restore "$FILE"
 RESTORE_S=$(since "$t")
@@ -137,14 +121,14 @@ stop_cluster
 
 log "restoring at bootstrap (raftlockd restore) into a third cluster"
 t=$(now)
-"$RAFTLOCKD" restore "$FILE" --data-dir "$TMP/c-1" >/dev/null
-start_cluster c
+"$BIN_DIR/raftlockd" restore "$FILE" --data-dir "$WORK/c/raftlock-1" >/dev/null
+start_cluster_in c
 for _ in $(seq 1200); do
-  [ -e "$TMP/c-1/restore.applied" ] && break
-  [ -e "$TMP/c-1/restore.refused" ] && { echo "backup.sh: the bootstrap restore was refused: $(tail -5 "$TMP/c-1.log")" >&2; exit 1; }
+  [ -e "$WORK/c/raftlock-1/restore.applied" ] && break
+  [ -e "$WORK/c/raftlock-1/restore.refused" ] && { echo "backup.sh: the bootstrap restore was refused: $(tail -5 "$WORK/c/raftlock-1.log")" >&2; exit 1; }
   sleep 0.5
 done
-[ -e "$TMP/c-1/restore.applied" ] || { echo "backup.sh: the bootstrap restore did not finish in 10 minutes" >&2; exit 1; }
+[ -e "$WORK/c/raftlock-1/restore.applied" ] || { echo "backup.sh: the bootstrap restore did not finish in 10 minutes" >&2; exit 1; }
 BOOT_S=$(since "$t")
 BOOT_RSS=$(peak_rss_mib)
 [ "$(status_field sessions)" = "$SESSIONS" ] || { echo "backup.sh: the bootstrapped cluster holds $(status_field sessions) sessions, not $SESSIONS" >&2; exit 1; }
