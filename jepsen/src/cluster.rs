@@ -91,14 +91,16 @@ pub fn raftlockd_has_flag(raftlockd: &Path, flag: &str) -> bool {
 }
 
 /// Loopback ports for `n` nodes of one cluster, each held by a listener
-/// until its node is about to start. Holding them all at once is what
-/// makes them distinct (the kernel picks port 0 at random, so ports found
-/// one at a time can repeat) and keeps the proxies, which bind port 0
-/// while the nodes are still down, off the nodes' ports.
+/// until its node is about to start. Holding them all at once keeps the
+/// proxies, which bind port 0 while the nodes are still down, off the
+/// nodes' ports; taking them from `raftlock_testkit::ports` (below the
+/// ephemeral range, reserved for this process) keeps the ports distinct
+/// and keeps every other process's connections and servers off them
+/// between a listener's release and its node's bind.
 fn cluster_ports(n: usize) -> anyhow::Result<Vec<std::net::TcpListener>> {
-    (0..n)
-        .map(|_| Ok(std::net::TcpListener::bind("127.0.0.1:0")?))
-        .collect()
+    Ok((0..n)
+        .map(|_| raftlock_testkit::ports::listener())
+        .collect())
 }
 
 /// Settings for the whole cluster.
@@ -1095,10 +1097,10 @@ impl Drop for Cluster {
 mod tests {
     use super::*;
 
-    /// Nodes of one cluster never share a port. The kernel picks each free
-    /// port at random from the ephemeral range (~28k ports here), so
-    /// ports found one at a time collide: among 1,000 the birthday bound
-    /// gives a repeat all but always (a 7-node harness run hit one).
+    /// Nodes of one cluster never share a port (while the kernel picked
+    /// them, from the ephemeral range, ports found one at a time collided:
+    /// a 7-node harness run hit one), and none is in the ephemeral range,
+    /// where every outgoing connection's source port comes from.
     #[test]
     fn ports_of_one_cluster_are_distinct() {
         let held = cluster_ports(1_000).unwrap();
@@ -1108,6 +1110,10 @@ mod tests {
             .collect();
         let distinct: std::collections::BTreeSet<u16> = ports.iter().copied().collect();
         assert_eq!(distinct.len(), ports.len(), "a port was handed out twice");
+        assert!(
+            ports.iter().all(|p| *p < raftlock_testkit::ports::END),
+            "a port from the ephemeral range"
+        );
         // Held means taken: nobody else (a proxy, say) can listen there.
         let taken = std::net::TcpListener::bind(("127.0.0.1", ports[0]));
         assert!(taken.is_err(), "a held port could be bound again");
@@ -1126,9 +1132,8 @@ mod tests {
         );
         drop(held);
         // Released on drop: no socket of this process listens on any of
-        // them. (Not "each binds again": the machine's other processes
-        // take ports from the same ephemeral range the moment they are
-        // free; in one CI run 328 of the thousand were gone.)
+        // them (still reserved for this process: no other process that
+        // asks `raftlock_testkit::ports` is given one).
         assert_eq!(ours(&ports), 0, "a dropped port is still held");
     }
 

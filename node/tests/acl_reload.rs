@@ -65,11 +65,7 @@ async fn sighup_reloads_the_acl_file() {
     let file = dir.path().join("acl.toml");
     std::fs::write(&file, acl(&[("a", "tok-a")])).expect("write");
     // A free port for the one-node dev cluster.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port();
+    let port = raftlock_testkit::ports::free_port();
     let addr = format!("127.0.0.1:{port}");
     let mut child = Command::new(env!("CARGO_BIN_EXE_raftlockd"))
         .args(["dev", "--nodes", "1", "--metrics-base-port", "0"])

@@ -83,11 +83,7 @@ async fn every_acknowledged_write_was_fdatasynced_first() {
     ensure_strace();
     let dir = tempfile::tempdir().expect("dir");
     let trace_path = dir.path().join("strace.log");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port();
+    let port = raftlock_testkit::ports::free_port();
     let addr = format!("127.0.0.1:{port}");
     let mut child = Command::new("strace")
         .args(["-f", "-ttt", "-y", "-e", "trace=fsync,fdatasync", "-o"])

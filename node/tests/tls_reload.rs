@@ -82,11 +82,7 @@ async fn sighup_reloads_the_certificate_for_new_connections() {
     std::fs::write(&cert, &old_cert).expect("write");
     std::fs::write(&key, &old_key).expect("write");
     std::fs::write(&ca_file, old_ca.pem()).expect("write");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port();
+    let port = raftlock_testkit::ports::free_port();
     let addr = format!("127.0.0.1:{port}");
     let mut child = Command::new(env!("CARGO_BIN_EXE_raftlockd"))
         .args(["run", "--id", "1", "--init", "--listen", &addr])

@@ -19,9 +19,12 @@
 //!   and the harness.
 //! * [`RefusingAddr`]: a loopback port that refuses connections and that
 //!   no node started meanwhile can be given.
+//! * [`ports`]: loopback ports for servers started in other processes,
+//!   reserved across every process that asks it.
 
 #[cfg(feature = "hostile")]
 pub mod hostile;
+pub mod ports;
 pub mod proxy;
 mod refusing;
 #[cfg(feature = "servers")]

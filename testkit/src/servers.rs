@@ -23,7 +23,6 @@
 //!   killed and never drops the handle, the server dies with it.
 
 use std::fs::File;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{mpsc, Mutex};
@@ -150,11 +149,6 @@ fn user_ids(name: &str) -> Option<(u32, u32)> {
         let f: Vec<&str> = line.split(':').collect();
         (f.len() > 3 && f[0] == name).then(|| Some((f[2].parse().ok()?, f[3].parse().ok()?)))?
     })
-}
-
-/// A loopback port free at the moment of asking.
-fn free_port() -> std::io::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 /// Makes the child die with the thread that started it.
@@ -301,13 +295,14 @@ impl Drop for Running {
     }
 }
 
-/// Runs `f` with a free port until the server binds one (another process
-/// may take a port between our probe and the server's bind).
+/// Runs `f` with a free port ([`crate::ports`]) until the server binds one
+/// (a process that does not ask `ports` may still take a port between our
+/// probe and the server's bind).
 fn on_a_free_port<T>(
     mut f: impl FnMut(u16) -> Result<Option<T>, Unavailable>,
 ) -> Result<T, Unavailable> {
     for _ in 0..PORT_ATTEMPTS {
-        let port = free_port().map_err(|e| Unavailable(format!("no loopback port: {e}")))?;
+        let port = crate::ports::free_port();
         if let Some(t) = f(port)? {
             return Ok(t);
         }

@@ -159,13 +159,8 @@ async fn the_guard_bootstraps_only_when_every_other_pod_is_fresh() {
     refused_without_init(&wrong_ca.start(&fresh).await, "a CA the pods do not use");
     let wrong_token = Pod::new(&ca.pem(), "tok-unknown");
     refused_without_init(&wrong_token.start(&fresh).await, "an unknown token");
-    let unreachable = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let a = l.local_addr().expect("addr").to_string();
-        drop(l);
-        a
-    };
-    let one_down = vec![fresh[0].clone(), unreachable];
+    let unreachable = raftlock_testkit::RefusingAddr::new().expect("a refusing port");
+    let one_down = vec![fresh[0].clone(), unreachable.addr()];
     refused_without_init(
         &pod_again(&ca).start(&one_down).await,
         "a pod that does not answer",

@@ -16,34 +16,11 @@ use raftlock_proto::v1::locks_client::LocksClient;
 use tokio::process::{Child, Command};
 use tonic::transport::{Channel, Endpoint};
 
-/// A free loopback port for a node to listen on (bound to check, then
-/// released for the node to take), below Linux's ephemeral range
-/// (32768-60999 by default). A port the kernel picks for `bind(0)` comes
-/// from that range, and so does the source port of every outgoing
-/// connection: between the release and the node's own bind, a client's
-/// connection could take it ("Address already in use", seen under
-/// `scripts/test-under-load.sh` in `graceful_leader`). Ports are handed out
-/// in turn from a start that depends on the process id, so two tests of
-/// one process never get the same one and two processes rarely do (the
-/// bind check catches the rest).
+/// A free loopback port for a node to listen on, reserved for this test
+/// process: see `raftlock_testkit::ports` (below the ephemeral range, and
+/// never given to two processes at once).
 pub fn free_port() -> u16 {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    const FIRST: u32 = 20_000;
-    const COUNT: u32 = 32_768 - FIRST;
-    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
-    let _ = NEXT.compare_exchange(
-        u32::MAX,
-        std::process::id().wrapping_mul(7_919) % COUNT,
-        Ordering::AcqRel,
-        Ordering::Acquire,
-    );
-    for _ in 0..COUNT {
-        let port = (FIRST + NEXT.fetch_add(1, Ordering::AcqRel) % COUNT) as u16;
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-    panic!("no free loopback port in {FIRST}..32768");
+    raftlock_testkit::ports::free_port()
 }
 
 /// Polls until `check` gives a value, or panics after `timeout`.

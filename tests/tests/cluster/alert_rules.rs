@@ -348,10 +348,7 @@ fn every_dashboard_and_rule_expression_has_data_from_a_live_cluster() {
             ),
         )
         .expect("config");
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
+        let port = raftlock_testkit::ports::free_port();
         let web = format!("127.0.0.1:{port}");
         let _prom = Reaped(
             Command::new(&prometheus)
