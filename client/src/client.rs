@@ -68,14 +68,6 @@ pub struct Client {
     pub(crate) keep_alives: keepalive::Mux,
 }
 
-/// How long a restore of a backup of `bytes` bytes may take: a minute, and
-/// a second more per 256 KiB (the cluster checks the backup, replicates it
-/// in parts and decodes it on every node; a 250,000-session backup, 18.5
-/// MB, took 10-25 s on a busy 2-core test machine in debug builds).
-fn restore_patience(bytes: usize) -> Duration {
-    Duration::from_secs(60 + (bytes / (256 * 1024)) as u64)
-}
-
 impl Client {
     /// Connects to a cluster given some of its nodes' addresses
     /// (`host:port`). Nothing is dialled until the first request.
@@ -407,7 +399,7 @@ impl Client {
         snapshot: Vec<u8>,
         fence_bump: Option<u64>,
     ) -> Result<Restored> {
-        let timeout = restore_patience(snapshot.len());
+        let timeout = raftlock_proto::backup::restore_patience(snapshot.len());
         // One id for every attempt: a retry of a restore that was
         // installed (its answer lost to a leader change) is answered as
         // it was, not refused because the cluster is no longer empty.
@@ -490,16 +482,6 @@ mod tests {
     use std::collections::HashMap;
 
     use super::*;
-
-    /// A restore waits a minute, and a second more per whole 256 KiB.
-    #[test]
-    fn a_restore_waits_longer_for_a_larger_backup() {
-        assert_eq!(restore_patience(0), Duration::from_secs(60));
-        assert_eq!(restore_patience(256 * 1024 - 1), Duration::from_secs(60));
-        assert_eq!(restore_patience(256 * 1024), Duration::from_secs(61));
-        // The largest backup a node takes (1 GiB): 4,096 s more.
-        assert_eq!(restore_patience(1 << 30), Duration::from_secs(60 + 4096));
-    }
 
     /// An announced address in the map is dialled at its mapped address.
     #[tokio::test]

@@ -196,6 +196,13 @@ impl TestCluster {
         Self::start_inner(n, test_timing(), None, Some(backup), None, false).await
     }
 
+    /// Like [`start_seeded`](Self::start_seeded), every link between two
+    /// nodes going through a proxy as in
+    /// [`start_partitionable`](Self::start_partitionable).
+    pub async fn start_seeded_partitionable(n: u64, backup: &[u8]) -> TestCluster {
+        Self::start_inner(n, test_timing(), None, Some(backup), None, true).await
+    }
+
     /// Like [`start`](Self::start), with every link between two nodes
     /// going through a TCP proxy (one per direction), so the test can
     /// [`partition`](Self::partition), [`isolate`](Self::isolate) and

@@ -359,3 +359,72 @@ fn unix_micros() -> u64 {
         .expect("clock")
         .as_micros() as u64
 }
+
+/// Issue 45: a restore at bootstrap whose leader is cut off from its
+/// quorum while parts are pending (a loaded machine, a brief partition) is
+/// finished once the partition heals, by the node that has the file,
+/// although another node led meanwhile. Before, the first attempt's
+/// `Timeout` ended it as `restore.refused` (seen at 100,000 locks with
+/// `bench/backup.sh`), and a node that lost the leadership only waited to
+/// lead again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restore_at_bootstrap_survives_its_leader_losing_the_quorum() {
+    use raftlock_node::leader::Role;
+    use raftlock_node::node::RESTORE_FILE;
+    use raftlock_node::state::limits::MAX_SESSION_TTL_MS;
+    use raftlock_node::state::{cmd, Command, LockTable, Reply};
+    // About 7 MB, some 110 parts of 64 KiB: many replication rounds, so the
+    // partition below falls while parts are pending.
+    const SESSIONS: u64 = 100_000;
+    let mut table = LockTable::new();
+    for index in 1..=SESSIONS {
+        let r = table.apply(
+            index,
+            Command::OpenSessionV0(cmd::OpenSessionV0 {
+                ttl_ms: MAX_SESSION_TTL_MS,
+                lock_delay_ms: 0,
+                nonce: 0,
+                owner: String::new(),
+            }),
+        );
+        assert!(matches!(r.reply, Reply::Opened { .. }), "{:?}", r.reply);
+    }
+    let backup = raftlock_node::api::backup::write(&table, 1, 1, 0);
+    drop(table);
+    let cluster = TestCluster::start_seeded_partitionable(3, &backup).await;
+    let dir = cluster.data_dir(1);
+    cluster.isolate(1);
+    assert!(
+        dir.join(RESTORE_FILE).exists(),
+        "the restore was over before the partition ({} bytes were too few)",
+        backup.len()
+    );
+    // Nodes 2 and 3 elect a leader of their own, and node 1 finds out it
+    // has lost its quorum.
+    let wait = Duration::from_secs(60);
+    eventually("a leader among nodes 2 and 3", wait, || async {
+        [2, 3]
+            .into_iter()
+            .find(|id| cluster.node(*id).leadership.view().working_leader())
+    })
+    .await;
+    eventually("node 1 to find it lost its quorum", wait, || async {
+        let v = cluster.node(1).leadership.view();
+        (v.role != Role::Leader || v.quorum_lost).then_some(())
+    })
+    .await;
+    cluster.heal();
+    // Finished by node 1, whichever node leads when the partition heals.
+    let patience = raftlock_proto::backup::restore_patience(backup.len());
+    eventually("the backup to be applied", patience, || async {
+        assert!(
+            !dir.join("restore.refused").exists(),
+            "the restore at bootstrap was given up"
+        );
+        dir.join("restore.applied").exists().then_some(())
+    })
+    .await;
+    let status = cluster.client().await.status().await.expect("status");
+    assert_eq!(status.sessions, SESSIONS, "the backup's sessions");
+    cluster.shutdown().await;
+}
