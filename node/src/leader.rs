@@ -553,6 +553,47 @@ impl Leadership {
         })
     }
 
+    /// Campaigns for the leadership another node holds, the way a node the
+    /// leader hands it to does (openraft's leadership-transfer election:
+    /// voters grant the vote although the leader's lease runs, provided
+    /// this node's log is as up to date as theirs). For work only this node
+    /// can do, and only as leader: a backup `raftlockd restore` placed in
+    /// its data directory, when the leadership went elsewhere before the
+    /// backup was in.
+    ///
+    /// As safe as any election (Raft's vote rules decide it; reads confirm
+    /// the leadership with a quorum round, never a lease; a new leader
+    /// restarts every session's lease at full length); it interrupts a
+    /// working leader once. Only while this node follows a leader of the
+    /// current term and has applied an entry of that term, so its log has
+    /// been reconciled with the leader's (a candidate with a log behind the
+    /// voters' would only depose the leader, for nothing). Returns whether
+    /// it campaigned.
+    pub async fn campaign(&self) -> Result<bool, Error> {
+        self.check_running()?;
+        let m = self.raft.metrics().borrow_watched().clone();
+        let follows = m.state == ServerState::Follower
+            && m.vote.is_committed()
+            && m.current_leader.is_some_and(|l| l != self.id)
+            && m.last_applied
+                .is_some_and(|l| l.committed_leader_id().term == m.current_term);
+        if !follows {
+            return Ok(false);
+        }
+        tracing::info!(
+            leader = ?m.current_leader,
+            term = m.current_term,
+            "campaigning for the leadership"
+        );
+        let request = openraft::raft::TransferLeaderRequest::new(m.vote, self.id, None);
+        self.raft
+            .handle_transfer_leader(request)
+            .await
+            .map_err(|e| Error::Unavailable(format!("raft stopped: {e}")))?
+            .map_err(|e| Error::Unavailable(format!("campaign refused: {e}")))?;
+        Ok(true)
+    }
+
     /// Waits until this node's table reflects every write committed before
     /// the call (openraft's read-index after this process's barrier),
     /// unless `stale`.

@@ -55,8 +55,19 @@ pub const ASK_AFTER_ELECTION_TIMEOUTS: u32 = 4;
 
 /// Proposes the backup at `path` to the new cluster once this node leads it,
 /// then renames the file so it is never applied twice.
+///
+/// It keeps at it for as long as a client would wait for a restore of that
+/// size ([`restore_patience`](raftlock_proto::backup::restore_patience)),
+/// with one `restore_id` for every attempt (an attempt whose answer was
+/// lost after its last part was applied is answered as applied when tried
+/// again): an attempt refused because this node is no longer the leader,
+/// or cut short because it lost its quorum while parts were pending (a
+/// briefly loaded machine), is tried again once it leads again. When
+/// another node has taken the leadership meanwhile, this node campaigns for
+/// it back ([`Leadership::campaign`](crate::leader::Leadership::campaign)):
+/// only it has the file. Anything else the cluster answers (a damaged
+/// backup, a cluster that is not empty) ends it as `restore.refused`.
 async fn seed_from_backup(api: Api, path: PathBuf) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     let bump_path = path.with_file_name(RESTORE_BUMP_FILE);
     let fence_bump = match std::fs::read_to_string(&bump_path) {
         Ok(text) => match text.trim().parse::<u64>() {
@@ -77,32 +88,60 @@ async fn seed_from_backup(api: Api, path: PathBuf) {
             return;
         }
     };
-    // One id for every attempt: an attempt answered "not the leader" after
-    // its last part was applied is answered as applied when tried again.
+    let patience = raftlock_proto::backup::restore_patience(snapshot.len());
+    let deadline = tokio::time::Instant::now() + patience;
+    let leadership = &api.0.leadership;
+    // One id for every attempt.
     let restore_id = crate::random::next_u64() | 1;
+    let mut view = leadership.watch();
     let outcome = loop {
-        // A working leader: elected (or restored) and caught up.
-        let mut view = api.0.leadership.watch();
-        let led = tokio::time::timeout_at(deadline, async {
-            view.wait_for(|v| v.working_leader()).await.is_ok()
+        // A working leader: this node (elected or restored, and caught up),
+        // or another one this node follows.
+        let known = tokio::time::timeout_at(deadline, async {
+            view.wait_for(|v| {
+                v.working_leader()
+                    || (v.role == crate::leader::Role::Follower && v.leader.is_some())
+            })
+            .await
+            .map(|v| v.working_leader())
         })
         .await;
-        if led != Ok(true) {
-            tracing::error!(
-                path = %path.display(),
-                "restore: this node did not become leader; restore with `raftlock snapshot restore FILE` instead"
-            );
-            return;
+        match known {
+            Ok(Ok(true)) => {}
+            Ok(Ok(false)) => {
+                // Another node leads: ask for the leadership back, then give
+                // the election a moment before looking again.
+                if let Err(e) = leadership.campaign().await {
+                    tracing::debug!(error = %e, "restore: campaign failed");
+                }
+                let _ = tokio::time::timeout(
+                    Duration::from_millis(500),
+                    view.wait_for(|v| v.working_leader()),
+                )
+                .await;
+                continue;
+            }
+            _ => {
+                tracing::error!(
+                    path = %path.display(),
+                    ?patience,
+                    "restore: this node did not lead the cluster long enough to restore the \
+                     backup; restore with `raftlock snapshot restore FILE` instead"
+                );
+                return;
+            }
         }
         match api
             .restore_backup(&snapshot, fence_bump, Some(restore_id))
             .await
         {
-            // Not (or no longer) the leader: wait to lead again, or give up
-            // at the deadline.
-            Err(crate::error::Error::NotLeader { .. })
+            // No longer the leader, or cut off from its quorum while parts
+            // were pending: try again once this node leads, until the
+            // deadline.
+            Err(e @ (crate::error::Error::NotLeader { .. } | crate::error::Error::Timeout(_)))
                 if tokio::time::Instant::now() < deadline =>
             {
+                tracing::warn!(error = %e, "restore: the attempt did not finish; trying again as leader");
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             outcome => break outcome,
