@@ -66,7 +66,8 @@ pub const ASK_AFTER_ELECTION_TIMEOUTS: u32 = 4;
 /// another node has taken the leadership meanwhile, this node campaigns for
 /// it back ([`Leadership::campaign`](crate::leader::Leadership::campaign)):
 /// only it has the file. Anything else the cluster answers (a damaged
-/// backup, a cluster that is not empty) ends it as `restore.refused`.
+/// backup, a cluster that is not empty) ends it as `restore.refused`; a
+/// node that gives up leaves the file in place, logged as an error.
 async fn seed_from_backup(api: Api, path: PathBuf) {
     let bump_path = path.with_file_name(RESTORE_BUMP_FILE);
     let fence_bump = match std::fs::read_to_string(&bump_path) {
@@ -137,10 +138,18 @@ async fn seed_from_backup(api: Api, path: PathBuf) {
         {
             // No longer the leader, or cut off from its quorum while parts
             // were pending: try again once this node leads, until the
-            // deadline.
-            Err(e @ (crate::error::Error::NotLeader { .. } | crate::error::Error::Timeout(_)))
-                if tokio::time::Instant::now() < deadline =>
-            {
+            // deadline; then leave the file where it is (a restart tries
+            // again).
+            Err(e @ (crate::error::Error::NotLeader { .. } | crate::error::Error::Timeout(_))) => {
+                if tokio::time::Instant::now() >= deadline {
+                    tracing::error!(
+                        path = %path.display(),
+                        error = %e,
+                        ?patience,
+                        "restore: gave up; restore with `raftlock snapshot restore FILE` instead"
+                    );
+                    return;
+                }
                 tracing::warn!(error = %e, "restore: the attempt did not finish; trying again as leader");
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
