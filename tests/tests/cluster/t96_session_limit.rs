@@ -6,8 +6,7 @@ use std::time::Duration;
 
 use raftlock_client::proto::{AcquireRequest, CloseSessionRequest, Mode};
 use raftlock_client::{Error, Fence};
-use raftlock_node::state::limits::{MAX_SESSIONS, MAX_SESSION_TTL_MS};
-use raftlock_node::state::{cmd, Command, LockTable, Reply};
+use raftlock_node::state::limits::MAX_SESSIONS;
 use raftlock_testkit::{channel, locks_at, TestCluster};
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
@@ -17,19 +16,7 @@ use tonic_health::pb::HealthCheckRequest;
 async fn a_full_cluster_refuses_new_sessions_and_keeps_serving() {
     // Opening 250,000 sessions one request at a time would take minutes, so
     // the full table is built in process and restored through the API.
-    let mut table = LockTable::new();
-    for index in 1..=MAX_SESSIONS as u64 {
-        let r = table.apply(
-            index,
-            Command::OpenSessionV0(cmd::OpenSessionV0 {
-                ttl_ms: MAX_SESSION_TTL_MS,
-                lock_delay_ms: 0,
-                nonce: 0,
-                owner: String::new(),
-            }),
-        );
-        assert!(matches!(r.reply, Reply::Opened { .. }), "{:?}", r.reply);
-    }
+    let table = raftlock_tests::table_of_sessions(MAX_SESSIONS as u64);
     let cluster = TestCluster::start(3).await;
     let client = cluster.client().await;
     let backup = raftlock_node::api::backup::write(&table, 1, 1, 0);

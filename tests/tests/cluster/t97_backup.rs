@@ -371,24 +371,10 @@ fn unix_micros() -> u64 {
 async fn a_restore_at_bootstrap_survives_its_leader_losing_the_quorum() {
     use raftlock_node::leader::Role;
     use raftlock_node::node::RESTORE_FILE;
-    use raftlock_node::state::limits::MAX_SESSION_TTL_MS;
-    use raftlock_node::state::{cmd, Command, LockTable, Reply};
     // About 7 MB, some 110 parts of 64 KiB: many replication rounds, so the
     // partition below falls while parts are pending.
     const SESSIONS: u64 = 100_000;
-    let mut table = LockTable::new();
-    for index in 1..=SESSIONS {
-        let r = table.apply(
-            index,
-            Command::OpenSessionV0(cmd::OpenSessionV0 {
-                ttl_ms: MAX_SESSION_TTL_MS,
-                lock_delay_ms: 0,
-                nonce: 0,
-                owner: String::new(),
-            }),
-        );
-        assert!(matches!(r.reply, Reply::Opened { .. }), "{:?}", r.reply);
-    }
+    let table = raftlock_tests::table_of_sessions(SESSIONS);
     let backup = raftlock_node::api::backup::write(&table, 1, 1, 0);
     drop(table);
     let cluster = TestCluster::start_seeded_partitionable(3, &backup).await;
