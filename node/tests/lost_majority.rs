@@ -4,7 +4,8 @@
 //! `raftlockd run --force-new-cluster` as the only voter of a new cluster:
 //! every lock it had committed is still held by the same session with the
 //! same fence, new fences are above every old one, and two new nodes make
-//! it three voters again. Along the way: export refuses a data directory a
+//! it three voters again. The drill's steps are the guide's block ("Losing
+//! a majority" in deploy/README.md), run as written. Along the way: export refuses a data directory a
 //! node runs on and a file that exists, and the flag refuses to act while
 //! another voter of the node's cluster still answers.
 
@@ -44,6 +45,85 @@ async fn holders(addr: &str, name: &str) -> Option<Vec<(u64, u64)>> {
             .map(|i| i.holders.iter().map(|h| (h.session_id, h.fence)).collect())
             .unwrap_or_default(),
     )
+}
+
+/// Runs the guide's drill steps as an operator would, under `sh -eu` in a
+/// directory of its own: this build's `raftlock` and `raftlockd` first on
+/// the PATH, except that `raftlockd run` (step 3, whose `...` stands for
+/// the node's usual flags) only writes its arguments down for the test to
+/// start the node with, and `systemctl stop raftlockd` sends the survivor
+/// SIGTERM. `/var/lib/raftlock` is the survivor's data directory;
+/// `RAFTLOCK_ENDPOINTS` its address.
+struct Drill {
+    dir: std::path::PathBuf,
+    data_dir: String,
+    endpoints: String,
+}
+
+impl Drill {
+    fn new(dir: &std::path::Path, procs: &Procs, survivor: u64) -> Drill {
+        use std::os::unix::fs::PermissionsExt as _;
+        let bin = dir.join("bin");
+        std::fs::create_dir_all(&bin).expect("bin");
+        std::os::unix::fs::symlink(procs::raftlock_cli(), bin.join("raftlock")).expect("raftlock");
+        let stand_in = format!(
+            "#!/bin/sh\n\
+             if [ \"$1\" = run ]; then printf '%s\\n' \"$@\" > '{}'; exit 0; fi\n\
+             exec '{}' \"$@\"\n",
+            dir.join("run-args").display(),
+            env!("CARGO_BIN_EXE_raftlockd"),
+        );
+        let systemctl = format!(
+            "#!/bin/sh\n\
+             [ \"$*\" = 'stop raftlockd' ] || {{ echo \"systemctl $*: not in the drill\" >&2; exit 2; }}\n\
+             kill -TERM {}\n",
+            procs.pid(survivor)
+        );
+        let scripts = [("raftlockd", stand_in), ("systemctl", systemctl)];
+        for (name, text) in scripts {
+            std::fs::write(bin.join(name), text).expect("script");
+            std::fs::set_permissions(bin.join(name), std::fs::Permissions::from_mode(0o755))
+                .expect("chmod");
+        }
+        Drill {
+            dir: dir.to_path_buf(),
+            data_dir: procs.data_dir(survivor).display().to_string(),
+            endpoints: procs.addr(survivor),
+        }
+    }
+
+    /// Runs `step`; its standard output. Panics with its output if it fails.
+    fn run(&self, step: &str) -> String {
+        let script = step.replace("/var/lib/raftlock", &self.data_dir);
+        let path = format!(
+            "{}:{}",
+            self.dir.join("bin").display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let out = std::process::Command::new("sh")
+            .args(["-eu", "-c", &script])
+            .current_dir(&self.dir)
+            .env("PATH", path)
+            .env("RAFTLOCK_ENDPOINTS", &self.endpoints)
+            .output()
+            .expect("sh runs");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "the drill's step failed:\n{script}\n{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    }
+
+    /// The arguments step 3's `raftlockd run` was given.
+    fn run_args(&self) -> Vec<String> {
+        std::fs::read_to_string(self.dir.join("run-args"))
+            .expect("step 3 ran raftlockd run")
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -86,8 +166,9 @@ async fn a_survivor_of_a_lost_majority_restarts_the_cluster_with_everything_it_h
             .await
             .expect("a lock cycle");
     }
-    // The survivor: a follower, once it has applied everything.
-    let survivor = (1..=3).find(|id| *id != leader).expect("a follower");
+    // The survivor: node 1 (the guide's `--id 1`), once it has applied
+    // everything.
+    let survivor = 1;
     let committed = status(&addr).await.expect("status").applied_index;
     eventually(
         "the survivor applies everything",
@@ -112,16 +193,28 @@ async fn a_survivor_of_a_lost_majority_restarts_the_cluster_with_everything_it_h
         procs.kill(id).await;
         std::fs::remove_dir_all(procs.data_dir(id)).expect("delete its data");
     }
-    procs.kill(survivor).await;
 
-    // The offline backup holds every held lock and the last fence.
-    let out = export(&procs.data_dir(survivor), &backup);
-    assert!(
-        out.status.success(),
-        "export: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    println!("{}", String::from_utf8_lossy(&out.stdout).trim());
+    // The rest is the guide's drill ("Losing a majority"), each step run
+    // as written, with the survivor's data directory for
+    // /var/lib/raftlock and the new nodes' addresses for 10.0.0.4/5.
+    let drill = Drill::new(dir.path(), &procs, survivor);
+    let steps = raftlock_testkit::guide::steps(&raftlock_testkit::guide::block("majority-drill"));
+    let numbers: Vec<u32> = steps.iter().map(|(n, _)| *n).collect();
+    assert_eq!(numbers, [1, 2, 3, 4], "the drill's steps");
+
+    // 1. `systemctl stop raftlockd`: SIGTERM; the survivor stops cleanly.
+    drill.run(&steps[0].1);
+    let exit = procs
+        .exited(survivor, Duration::from_secs(60))
+        .await
+        .expect("the survivor stops");
+    assert!(exit.success(), "stopped by SIGTERM: {exit}");
+
+    // 2. The offline backup (`raftlockd export`), checked by `raftlock
+    // snapshot inspect`: every held lock and the last fence.
+    let stdout = drill.run(&steps[1].1);
+    println!("{}", stdout.trim());
+    assert!(stdout.contains("checksum:    ok"), "{stdout}");
     let bytes = std::fs::read(&backup).expect("backup");
     let checked = raftlock_node::api::backup::check(&bytes).expect("a checksummed backup");
     let stats = checked.table.stats();
@@ -131,7 +224,23 @@ async fn a_survivor_of_a_lost_majority_restarts_the_cluster_with_everything_it_h
     let again = export(&procs.data_dir(survivor), &backup);
     assert!(!again.status.success(), "export over an existing file");
 
-    // The survivor starts a new cluster of itself alone.
+    // 3. The survivor starts a new cluster of itself alone: the step's
+    // command line, with the node's own flags for its `...`.
+    drill.run(&steps[2].1);
+    let data_dir = procs.data_dir(survivor).display().to_string();
+    assert_eq!(
+        drill.run_args(),
+        [
+            "run",
+            "--id",
+            "1",
+            "--data-dir",
+            &data_dir,
+            "...",
+            "--force-new-cluster"
+        ],
+        "the step's raftlockd command"
+    );
     procs.spawn_with(survivor, false, &["--force-new-cluster"]);
     let at = procs.addr(survivor);
     eventually("the survivor leads alone", Duration::from_secs(60), || {
@@ -165,20 +274,17 @@ async fn a_survivor_of_a_lost_majority_restarts_the_cluster_with_everything_it_h
         .count();
     assert_eq!(aside, 1, "the old data is kept aside");
 
-    // Three voters again: two new nodes.
+    // 4. Three voters again: two new nodes, started empty, added with
+    // `raftlock members add`.
+    procs.add(4);
+    procs.add(5);
+    let step = steps[3]
+        .1
+        .replace("10.0.0.4:7101", &procs.addr(4))
+        .replace("10.0.0.5:7101", &procs.addr(5));
+    assert_ne!(step, steps[3].1, "step 4 adds 10.0.0.4 and 10.0.0.5");
+    drill.run(&step);
     let mut admin = ClusterClient::new(procs::channel(&at));
-    for id in [4, 5] {
-        procs.add(id);
-        admin
-            .add_node(pb::AddNodeRequest {
-                id,
-                addr: procs.addr(id),
-                catch_up_timeout_ms: 110_000,
-                ..Default::default()
-            })
-            .await
-            .unwrap_or_else(|e| panic!("add node {id}: {e}"));
-    }
     let members = admin
         .members(pb::MembersRequest {})
         .await

@@ -21,7 +21,10 @@
 //!   no node started meanwhile can be given.
 //! * [`ports`]: loopback ports for servers started in other processes,
 //!   reserved across every process that asks it.
+//! * [`guide`]: the operations guide's marked shell blocks, for the tests
+//!   that run them as written.
 
+pub mod guide;
 #[cfg(feature = "hostile")]
 pub mod hostile;
 pub mod ports;

@@ -644,11 +644,46 @@ async fn a_killed_waiter_does_not_hold_up_the_waiter_behind_it() {
     cluster.shutdown().await;
 }
 
+/// Runs `script` (a block of the operations guide) under `sh -eu` in
+/// `dir`, as an operator would: this build's `raftlock` first on the PATH,
+/// `RAFTLOCK_ENDPOINTS` naming the cluster's nodes. Panics with its output
+/// if it fails; its standard output.
+async fn as_the_guide_says(script: &str, dir: &std::path::Path, endpoints: &str) -> String {
+    let bin = dir.join("bin");
+    if !bin.exists() {
+        std::fs::create_dir_all(&bin).expect("bin");
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_raftlock"), bin.join("raftlock"))
+            .expect("raftlock on PATH");
+    }
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = Command::new("sh")
+        .args(["-eu", "-c", script])
+        .current_dir(dir)
+        .env("PATH", path)
+        .env("RAFTLOCK_ENDPOINTS", endpoints)
+        .output()
+        .await
+        .expect("sh runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "the guide's block failed:\n{script}\n{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 /// Issue 31, item 4: `snapshot save` writes a file only its owner can read
 /// (the review found 0644), after checking it; `snapshot inspect` verifies
 /// the checksum and prints what the backup holds; a damaged file or garbage
 /// is refused by `inspect` and by `snapshot restore` (before anything is
-/// sent) with an error that says so.
+/// sent) with an error that says so. Issue 45: the guide's "Backup and
+/// restore" blocks, run as written, save and check a backup and restore
+/// it into a new cluster.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn snapshot_save_is_private_and_inspect_checks_it() {
     use std::os::unix::fs::PermissionsExt as _;
@@ -663,19 +698,15 @@ async fn snapshot_save_is_private_and_inspect_checks_it() {
     let dir = tempfile::tempdir().expect("dir");
     let file = dir.path().join("backup.bin");
 
-    let out = raftlock(&endpoints)
-        .args(["snapshot", "save"])
-        .arg(&file)
-        .output()
-        .await
-        .expect("runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    // The guide's block: `snapshot save backup.bin`, then `inspect`.
+    let stdout = as_the_guide_says(
+        &raftlock_testkit::guide::block("backup-save"),
+        dir.path(),
+        &endpoints,
+    )
+    .await;
     assert!(stdout.contains("checksum verified"), "{stdout}");
+    assert!(stdout.contains("checksum:    ok"), "{stdout}");
     let mode = std::fs::metadata(&file)
         .expect("saved")
         .permissions()
@@ -733,6 +764,26 @@ async fn snapshot_save_is_private_and_inspect_checks_it() {
         assert_eq!(out.status.code(), Some(1), "{stderr}");
         assert!(stderr.contains(says), "{stderr}");
     }
+
+    // The guide's restore block, into a new cluster: the lock is held
+    // there by the restored session, with its fence.
+    let new = TestCluster::start(1).await;
+    as_the_guide_says(
+        &raftlock_testkit::guide::block("backup-restore"),
+        dir.path(),
+        &new.addrs().join(","),
+    )
+    .await;
+    let info = new
+        .client()
+        .await
+        .describe("inspect/x")
+        .await
+        .expect("describe")
+        .expect("restored");
+    let holders: Vec<_> = info.holders.iter().map(|h| (h.session, h.fence)).collect();
+    assert_eq!(holders, vec![(session.id(), held.fence())], "{info:?}");
+    new.shutdown().await;
     held.release().await.expect("release");
     cluster.shutdown().await;
 }

@@ -370,17 +370,7 @@ async fn the_guides_openssl_recipe_makes_certificates_an_mtls_cluster_accepts() 
     let Some(_) = require("openssl", debian_tool("openssl", "openssl")) else {
         return;
     };
-    let guide = include_str!("../../../deploy/README.md");
-    let start = guide
-        .find("<!-- tls-recipe start -->")
-        .expect("recipe start marker");
-    let end = guide.find("<!-- tls-recipe end -->").expect("end marker");
-    let block: String = guide[start..end]
-        .lines()
-        .skip(1)
-        .filter(|l| !l.starts_with("```"))
-        .map(|l| format!("{l}\n"))
-        .collect();
+    let block = raftlock_testkit::guide::block("tls-recipe");
     let guide_sans = r#"sans="DNS:raftlock-1.example.internal,IP:10.0.0.1""#;
     assert!(block.contains(guide_sans), "the recipe sets {guide_sans}");
     let script = block.replace(guide_sans, r#"sans="IP:127.0.0.1,DNS:localhost""#);
