@@ -3,13 +3,13 @@
 //! A block the tests run is marked in `deploy/README.md` by an HTML
 //! comment on each side (invisible when the page is rendered):
 //!
-//! ```text
+//! ~~~text
 //! <!-- NAME start -->
 //! ```sh
 //! ...
 //! ```
 //! <!-- NAME end -->
-//! ```
+//! ~~~
 //!
 //! [`block`] gives the commands between the marks, fences dropped, so a
 //! test can run them as they are written, with only what names a machine
