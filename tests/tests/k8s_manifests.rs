@@ -3,8 +3,8 @@
 //! Kubernetes JSON schemas) for the oldest and newest Kubernetes it knows,
 //! and the manifests say what the guide promises: required anti-affinity,
 //! a PodDisruptionBudget of one, RollingUpdate held by a partition, TLS
-//! and the ACL from Secrets, the Raft port on its own listener and open to
-//! the raftlock pods only.
+//! and the ACL from Secrets (and Services that declare their ports TLS),
+//! the Raft port on its own listener and open to the raftlock pods only.
 //!
 //! Installs the validator into a virtual environment under the target
 //! directory (`pip` from PyPI); skips saying why where that cannot be done,
@@ -158,6 +158,18 @@ headless = [d for p in sys.argv[1:] for d in yaml.safe_load_all(open(p))
             if d and d["kind"] == "Service" and d["spec"].get("clusterIP") == "None"]
 (headless,) = headless
 assert 7201 in [p["port"] for p in headless["spec"]["ports"]], headless
+# With TLS on, the Services say so: the gRPC and Raft ports are TLS
+# (`https`), never cleartext HTTP/2 (`kubernetes.io/h2c`, as they said
+# before 2026-12-01); metrics and probes stay plain HTTP.
+assert "RAFTLOCK_TLS_CERT" in env
+services = [d for p in sys.argv[1:] for d in yaml.safe_load_all(open(p))
+            if d and d["kind"] == "Service"]
+assert len(services) == 2, services
+for svc in services:
+    for p in svc["spec"]["ports"]:
+        want = "http" if p["targetPort"] == "metrics" else "https"
+        assert p.get("appProtocol", want) == want, (svc["metadata"]["name"], p)
+        assert p["targetPort"] == "metrics" or "appProtocol" in p, (svc["metadata"]["name"], p)
 
 np = docs["NetworkPolicy"]["spec"]
 assert np["podSelector"]["matchLabels"] == labels, np
