@@ -108,15 +108,19 @@ campaign_of() {
 
 started=$SECONDS
 running=0
+# The binaries' jobs only: a bare `wait` would also wait for the hogs,
+# which never end (the run hung after its last binary until 2026-12-01).
+campaigns=()
 while IFS=$'\t' read -r pkg bin exe dir; do
   if [ "$running" -ge "$jobs" ]; then
-    wait -n || true
+    wait -n || true   # a binary's job: the hogs never end
     running=$((running - 1))
   fi
   campaign_of "$pkg" "$bin" "$exe" "$dir" < /dev/null &
+  campaigns+=($!)
   running=$((running + 1))
 done < "$out/selected.tsv"
-wait || true
+for p in "${campaigns[@]}"; do wait "$p" 2>/dev/null || true; done
 stop_hogs
 summary="$out/summary.txt"
 cat "$out"/*.summary > "$summary"
