@@ -7,14 +7,21 @@
 #   2. `raftlock snapshot inspect FILE` (no cluster);
 #   3. `raftlock snapshot restore FILE` into a new, empty 3-node cluster;
 #   4. `raftlockd restore FILE --data-dir DIR`, then a third cluster
-#      bootstrapped from DIR, until `Status` shows the restored sessions.
+#      bootstrapped from DIR, until `Status` shows the restored sessions;
+#
+# and, on the full cluster after step 1, a fourth node joining it
+# (`raftlock members add`, until it is a voter) with the new node's peak
+# RSS: what the Kubernetes manifests' memory limit must hold.
 #
 # After 3 and 4 it checks that the restored cluster holds what the backup
 # holds (sessions, grants) and prints the largest node's peak RSS (VmHWM)
 # while it restored. Figures go to deploy/README.md by hand, with the
 # commit and the machine.
 #
-#   bench/backup.sh [--locks N] [--no-build]
+#   bench/backup.sh [--locks N] [--sessions M] [--no-build]
+#
+# --sessions M opens M more sessions (of an hour, holding nothing) after
+# the locks, as the operator review's 1M locks + 100k sessions did.
 #
 # Environment: CARGO_TARGET_DIR (where to build), BIN_DIR (use prebuilt
 # raftlockd, raftlock and raftlock-bench from here and skip the build),
@@ -27,10 +34,12 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(dirname "$HERE")
 LOCKS=1000000
+SESSIONS=0
 BUILD=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --locks) LOCKS=$2; shift ;;
+    --sessions) SESSIONS=$2; shift ;;
     --no-build) BUILD=0 ;;
     -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "backup.sh: unknown argument $1" >&2; exit 2 ;;
@@ -38,6 +47,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 case "$LOCKS" in ''|*[!0-9]*) echo "backup.sh: --locks takes a number" >&2; exit 2 ;; esac
+case "$SESSIONS" in ''|*[!0-9]*) echo "backup.sh: --sessions takes a number" >&2; exit 2 ;; esac
 
 log() { printf '[%s] %s\n' "$(date +%T)" "$*"; }
 now() { date +%s.%N; }
@@ -70,6 +80,7 @@ trap cleanup EXIT
 start_cluster_in() { # start_cluster_in NAME: data and logs in $WORK/NAME
   TMP=$WORK/$1
   mkdir -p "$TMP"
+  NODE_PIDS=()
   start_node 2; start_node 3; sleep 0.3; start_node 1 --init
   # A leader, and nothing written: a restore needs an empty cluster (the
   # lock cycle of lib/cluster.sh's start_cluster would make it non-empty).
@@ -91,17 +102,28 @@ status_field() { # status_field NAME: the field of `raftlock status --json`
   "$RAFTLOCK" --endpoints "$EP" status --json | python3 -c "import json, sys; print(json.load(sys.stdin)['$1'])"
 }
 
-log "temp folder $WORK; $LOCKS locks; load $(cut -d' ' -f1-3 /proc/loadavg)"
+log "temp folder $WORK; $LOCKS locks, $SESSIONS more sessions; load $(cut -d' ' -f1-3 /proc/loadavg)"
 start_cluster_in a
 log "filling: $LOCKS held locks"
 "$BIN_DIR/raftlock-bench" scale --kind locks --endpoints "$EP" --steps "$LOCKS" --secs 1 --clients 4 --no-cleanup --quiet \
   >"$WORK/scale.log" 2>&1 || { cat "$WORK/scale.log"; exit 1; }
+if [ "$SESSIONS" -gt 0 ]; then
+  log "filling: $SESSIONS more open sessions"
+  "$BIN_DIR/raftlock-bench" scale --kind sessions --endpoints "$EP" --steps "$SESSIONS" --secs 1 --clients 4 --no-cleanup --quiet \
+    >"$WORK/scale-sessions.log" 2>&1 || { cat "$WORK/scale-sessions.log"; exit 1; }
+fi
 FILE=$WORK/backup.bin
 t=$(now)
 "$RAFTLOCK" --endpoints "$EP" snapshot save "$FILE" | tee "$WORK/save.out"
 SAVE_S=$(since "$t")
 SIZE_MB=$(awk -v b="$(stat -c %s "$FILE")" 'BEGIN { printf "%.1f", b / 1e6 }')
 SAVE_RSS=$(peak_rss_mib)
+log "a fourth node joins the full cluster (raftlock members add 4)"
+start_node 4
+t=$(now)
+"$RAFTLOCK" --endpoints "$EP" members add 4 "127.0.0.1:$((BASE_PORT + 4))" --timeout 600
+JOIN_S=$(since "$t")
+JOIN_RSS=$(awk '/^VmHWM/ { printf "%d", $2 / 1024 }' "/proc/${NODE_PIDS[3]}/status")
 stop_cluster
 
 t=$(now)
@@ -140,6 +162,7 @@ backup of $GRANTS grants, $SESSIONS sessions: $SIZE_MB MB
 | step | seconds | largest node's peak RSS |
 |---|---|---|
 | snapshot save (3 nodes, $LOCKS held) | $SAVE_S | $SAVE_RSS MiB |
+| members add of a 4th node, until it is a voter | $JOIN_S | $JOIN_RSS MiB (the new node) |
 | snapshot inspect | $INSPECT_S | |
 | snapshot restore into an empty cluster | $RESTORE_S | $RESTORE_RSS MiB |
 | raftlockd restore, start, until applied | $BOOT_S | $BOOT_RSS MiB |
