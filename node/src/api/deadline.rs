@@ -52,17 +52,21 @@ where
     }
 
     fn call(&mut self, req: axum::http::Request<B>) -> Self::Future {
-        let timeout = req
+        // From now, as tonic's own timer counts (it starts just before
+        // this call), not from the future's first poll, which a busy
+        // machine may delay by more than AHEAD.
+        let deadline = req
             .headers()
             .get("grpc-timeout")
             .and_then(|v| v.to_str().ok())
-            .and_then(grpc_timeout);
+            .and_then(grpc_timeout)
+            .map(|timeout| tokio::time::Instant::now() + timeout.saturating_sub(AHEAD));
         let call = self.inner.call(req);
         Box::pin(async move {
-            let Some(timeout) = timeout else {
+            let Some(deadline) = deadline else {
                 return call.await;
             };
-            match tokio::time::timeout(timeout.saturating_sub(AHEAD), call).await {
+            match tokio::time::timeout_at(deadline, call).await {
                 Ok(answer) => answer,
                 Err(_) => Ok(tonic::Status::deadline_exceeded(
                     "the client's deadline (grpc-timeout) passed before the answer; the outcome \
@@ -120,11 +124,11 @@ mod tests {
     /// 3rd run of `scripts/test-under-load.sh 3` on 2026-12-01).
     #[tokio::test(start_paused = true)]
     async fn the_deadline_counts_from_the_call_not_from_the_first_poll() {
-        use std::future::Future as _;
         use tower::{Layer as _, Service as _};
         // A call that never answers.
         let never = tower::service_fn(|_req: axum::http::Request<()>| {
-            futures::future::pending::<Result<axum::http::Response<String>, std::convert::Infallible>>()
+            futures::future::pending::<Result<axum::http::Response<String>, std::convert::Infallible>>(
+            )
         });
         let mut svc = DeadlineLayer.layer(never);
         let req = axum::http::Request::builder()
