@@ -1,0 +1,117 @@
+//! A voter that lost its data directory does not take part again under
+//! its old id (issue 45, item 4).
+//!
+//! On 0857c51 a node whose data directory was emptied and which was
+//! started again with its old id rejoined at once, logging only an INFO
+//! "joined cluster": a node that had forgotten the votes it granted and
+//! the entries it acknowledged counted in elections and quorums again.
+//! The guide forbids it, but nothing stopped it (a Kubernetes pod whose
+//! volume is lost does exactly this). Now the empty node refuses every
+//! RPC that counts it as a voter of a membership after the bootstrap one,
+//! says how to bring it back, and joins once it is removed and added
+//! again, as a learner first.
+
+mod procs;
+
+use std::time::Duration;
+
+use procs::{channel, eventually, lock_cycle, status, Procs};
+use raftlock_proto::v1 as pb;
+use raftlock_proto::v1::cluster_client::ClusterClient;
+
+/// Generous: every step here takes well under a second on an idle machine.
+const WITHIN: Duration = Duration::from_secs(60);
+
+async fn add(procs: &Procs, id: u64) {
+    let request = pb::AddNodeRequest {
+        id,
+        addr: procs.addr(id),
+        catch_up_timeout_ms: 30_000,
+        ..Default::default()
+    };
+    let leader = procs.leader_among(&[1]).await;
+    let mut c = ClusterClient::new(channel(&procs.addr(leader)));
+    c.add_node(request)
+        .await
+        .unwrap_or_else(|e| panic!("add node {id}: {e}"));
+}
+
+/// Node 3's view of the membership: (id, voter) pairs.
+async fn members_seen_by(procs: &Procs, id: u64) -> Vec<(u64, bool)> {
+    status(&procs.addr(id))
+        .await
+        .map(|s| s.members.iter().map(|m| (m.id, m.voter)).collect())
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_voter_that_lost_its_data_stays_out_until_removed_and_added_again() {
+    // A cluster grown as the Kubernetes manifests grow it: node 1
+    // bootstraps alone, nodes 2 and 3 are added (learner, then voter).
+    let mut procs = Procs::start(1, &[]);
+    procs.leader().await;
+    for id in [2, 3] {
+        procs.add(id);
+        add(&procs, id).await;
+    }
+    let leader = procs.leader().await;
+    assert_eq!(leader, 1);
+    assert!(lock_cycle(&procs.addr(1), "before", 1).await.is_some());
+
+    // Node 3 loses its data directory and is started again as node 3.
+    procs.kill(3).await;
+    std::fs::remove_dir_all(procs.data_dir(3)).expect("wipe node 3");
+    procs.spawn(3, false);
+    let refusal = "raftlock members remove 3";
+    eventually("node 3 refuses to take part", WITHIN, || {
+        let log = procs.read_log(3);
+        async move { log.contains(refusal).then_some(()) }
+    })
+    .await;
+    // It adopted nothing: no membership, no cluster.
+    let seen = members_seen_by(&procs, 3).await;
+    assert!(seen.is_empty(), "node 3 took up the cluster: {seen:?}");
+    assert!(
+        !procs.read_log(3).contains("joined cluster"),
+        "{}",
+        procs.read_log(3)
+    );
+    // The cluster goes on meanwhile (nodes 1 and 2 are a quorum).
+    assert!(lock_cycle(&procs.addr(1), "meanwhile", 2).await.is_some());
+
+    // Removed, then added again: it joins as a new member and catches up.
+    let mut c = ClusterClient::new(channel(&procs.addr(1)));
+    c.remove_node(pb::RemoveNodeRequest { id: 3 })
+        .await
+        .expect("remove node 3");
+    add(&procs, 3).await;
+    let committed = status(&procs.addr(1)).await.expect("node 1").commit_index;
+    eventually("node 3 is a voter again and caught up", WITHIN, || {
+        let addr = procs.addr(3);
+        async move {
+            let s = status(&addr).await?;
+            let voter = s.members.iter().any(|m| m.id == 3 && m.voter);
+            (voter && s.applied_index >= committed).then_some(())
+        }
+    })
+    .await;
+    assert!(procs.read_log(3).contains("joined cluster"));
+}
+
+/// A cluster bootstrapped with all its voters (`--init` with three
+/// `--peers`, as the systemd and local guides do) forms as before: its
+/// empty voters are voters of the bootstrap membership (log index 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn voters_of_the_bootstrap_membership_join_while_empty() {
+    let procs = Procs::start(3, &[]);
+    let leader = procs.leader().await;
+    assert!(lock_cycle(&procs.addr(leader), "formed", 1).await.is_some());
+    for id in 1..=3 {
+        assert!(
+            !procs.read_log(id).contains("members remove"),
+            "node {id}: {}",
+            procs.read_log(id)
+        );
+    }
+}
+
