@@ -378,7 +378,7 @@ impl Node {
         log_store.check_node_id(opts.id).await?;
         let committed = log_store.committed_marker();
         let fresh = log_store.is_fresh();
-        let cluster = Arc::new(ClusterIdentity::open(log_store.clone())?);
+        let cluster = Arc::new(ClusterIdentity::open(opts.id, log_store.clone())?);
         if opts.init && fresh {
             cluster.create().await?;
         }
@@ -447,6 +447,7 @@ impl Node {
         .with_quorum_flag(quorum_flag.clone())
         .with_purge_point(log_store.purged_marker());
         let raft = Raft::new(opts.id, Arc::new(config), network.clone(), log_store, sm).await?;
+        network.watch_membership(raft.metrics());
 
         if opts.init && fresh {
             let members = opts.peers.clone();

@@ -22,6 +22,7 @@ use serde::Serialize;
 use tonic::transport::{Channel, Endpoint};
 
 use super::links::Links;
+use super::WatchReceiver as _;
 use super::{NodeAddrs, NodeId, Snapshot, SnapshotData, TypeConfig, Vote};
 use crate::auth::Auth;
 use crate::metrics::{Metrics, RaftRpc as Rpc};
@@ -133,6 +134,9 @@ pub struct Network {
     quorum_lost: Arc<std::sync::atomic::AtomicBool>,
     /// The first index the log has not purged (see [`ends_stale_stream`]).
     purged: Arc<std::sync::atomic::AtomicU64>,
+    /// This node's Raft metrics, once its Raft runs: every RPC to a voter
+    /// of its membership says so (see [`VOTER_KEY`](super::identity::VOTER_KEY)).
+    membership: Arc<std::sync::OnceLock<super::MetricsWatch>>,
 }
 
 impl Network {
@@ -177,6 +181,14 @@ impl Network {
     pub fn with_purge_point(mut self, purged: Arc<std::sync::atomic::AtomicU64>) -> Self {
         self.purged = purged;
         self
+    }
+
+    /// From now on, every RPC to a voter of the membership in `metrics`
+    /// (this node's Raft's) is marked so (see
+    /// [`VOTER_KEY`](super::identity::VOTER_KEY)). Set once; later calls
+    /// change nothing.
+    pub fn watch_membership(&self, metrics: super::MetricsWatch) {
+        let _ = self.membership.set(metrics);
     }
 
     /// Whether this node, as leader, has lost its quorum now.
@@ -333,6 +345,13 @@ impl Peer {
             request
                 .metadata_mut()
                 .insert(crate::raft::identity::CLUSTER_ID_KEY, id);
+        }
+        if let Some(mark) = self.channel.0.membership.get().and_then(|m| {
+            crate::raft::identity::voter_mark(&m.borrow_watched().membership_config, self.target)
+        }) {
+            request
+                .metadata_mut()
+                .insert(crate::raft::identity::VOTER_KEY, mark);
         }
         if let Some(acl) = self.auth.current() {
             let value = format!("Bearer {}", acl.peer_token())
