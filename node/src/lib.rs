@@ -15,6 +15,7 @@ pub mod config;
 pub mod console;
 pub mod error;
 pub mod export;
+pub mod join;
 pub mod leader;
 pub mod leases;
 pub mod metrics;

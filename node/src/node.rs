@@ -257,6 +257,9 @@ pub struct NodeOptions {
     /// Where the log is kept: sled in `data_dir` (the default), or a
     /// simulated disk (simulators).
     pub storage: crate::raft::backend::Storage,
+    /// Client addresses of the cluster this node joins by itself (see
+    /// [`crate::join`]); empty: it does not.
+    pub join: Vec<String>,
 }
 
 /// The sockets a node serves on; the caller binds them.
@@ -379,6 +382,8 @@ impl Node {
         let committed = log_store.committed_marker();
         let fresh = log_store.is_fresh();
         let cluster = Arc::new(ClusterIdentity::open(opts.id, log_store.clone())?);
+        // Before anything is adopted or bootstrapped (see `crate::join`).
+        let started_empty = fresh && cluster.id() == 0;
         if opts.init && fresh {
             cluster.create().await?;
         }
@@ -591,12 +596,13 @@ impl Node {
                 ))
                 // Credentials are checked from the headers, before a body
                 // (up to a 1 GiB backup) is read: without them nothing is
-                // decoded.
+                // decoded. The peer token passes too (a node joining by
+                // itself, `--join`); each method then says what it takes.
                 .add_service(InterceptedService::new(
                     ClusterServer::new(api.clone())
                         .max_decoding_message_size(MAX_BACKUP_BYTES)
                         .max_encoding_message_size(MAX_BACKUP_BYTES),
-                    authenticated(opts.auth.clone()),
+                    authenticated_or_peer(opts.auth.clone()),
                 ));
             // With a separate peer listener the client port has no Raft
             // service at all (`UNIMPLEMENTED`).
@@ -645,6 +651,23 @@ impl Node {
         ];
         if let Some(path) = seed {
             tasks.push(tokio::spawn(seed_from_backup(api.clone(), path)));
+        }
+        if !opts.join.is_empty() {
+            let joiner = crate::join::Joiner {
+                id: opts.id,
+                addrs: crate::raft::NodeAddrs::new(
+                    opts.advertise.clone(),
+                    opts.peer_advertise
+                        .clone()
+                        .unwrap_or_else(|| opts.advertise.clone()),
+                ),
+                endpoints: opts.join.clone(),
+                started_empty,
+                raft: raft.clone(),
+                network: network.clone(),
+                auth: opts.auth.clone(),
+            };
+            tasks.push(tokio::spawn(joiner.run(stop_rx.clone())));
         }
         if let Some(listener) = metrics {
             let source = Arc::new(MetricsSource {
@@ -1122,6 +1145,21 @@ fn authenticated(
 ) -> impl FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Clone {
     move |req| {
         auth.caller(&req)?;
+        Ok(req)
+    }
+}
+
+/// [`authenticated`], also letting through the cluster's peers (see
+/// [`Auth::check_peer`](crate::auth::Auth::check_peer)); for the
+/// `Cluster` service, whose methods each check their caller again (only
+/// `Members` and `AddNode` take a peer, see `Api::peer_or`).
+fn authenticated_or_peer(
+    auth: Arc<crate::auth::Auth>,
+) -> impl FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Clone {
+    move |req| {
+        if auth.check_peer(&req).is_err() {
+            auth.caller(&req)?;
+        }
         Ok(req)
     }
 }

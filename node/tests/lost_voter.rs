@@ -117,3 +117,80 @@ async fn voters_of_the_bootstrap_membership_join_while_empty() {
         );
     }
 }
+
+/// The voters of node `id`'s membership.
+async fn voters_seen_by(procs: &Procs, id: u64) -> Vec<u64> {
+    members_seen_by(procs, id)
+        .await
+        .into_iter()
+        .filter_map(|(id, voter)| voter.then_some(id))
+        .collect()
+}
+
+/// `raftlockd run --join`: nodes add themselves (learner, then voter); a
+/// node that lost its data stays out while the cluster counts it a voter
+/// and adds itself again once removed; a node removed while it kept its
+/// data is not added again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_started_with_join_add_themselves_and_a_wiped_one_only_once_removed() {
+    let mut procs = Procs::start(1, &[]);
+    procs.leader().await;
+    let first = procs.addr(1);
+    let join = ["--join", first.as_str()];
+    procs.add_with(2, &join);
+    procs.add_with(3, &join);
+    eventually("nodes 2 and 3 add themselves", WITHIN, || async {
+        (voters_seen_by(&procs, 1).await == [1, 2, 3]).then_some(())
+    })
+    .await;
+    for id in [2, 3] {
+        eventually("each sees itself a voter, and stops asking", WITHIN, || {
+            let log = procs.read_log(id);
+            async move { log.contains("--join is done").then_some(()) }
+        })
+        .await;
+        assert!(procs.read_log(id).contains("added to the cluster"));
+    }
+
+    // Node 3 loses its data and starts again with --join: it stays out.
+    procs.kill(3).await;
+    std::fs::remove_dir_all(procs.data_dir(3)).expect("wipe node 3");
+    let before = procs.read_log(3).len();
+    procs.spawn_with(3, false, &join);
+    eventually("node 3 refuses to take part", WITHIN, || {
+        let log = procs.read_log(3)[before..].to_string();
+        async move { log.contains("raftlock members remove 3").then_some(()) }
+    })
+    .await;
+    assert!(members_seen_by(&procs, 3).await.is_empty());
+    assert_eq!(voters_seen_by(&procs, 1).await, [1, 2, 3]);
+
+    // Removed: it adds itself again, as a new member.
+    let mut c = ClusterClient::new(channel(&procs.addr(1)));
+    c.remove_node(pb::RemoveNodeRequest { id: 3 })
+        .await
+        .expect("remove node 3");
+    eventually("node 3 adds itself again", WITHIN, || async {
+        (voters_seen_by(&procs, 3).await == [1, 2, 3]).then_some(())
+    })
+    .await;
+
+    // Node 2 removed (it exits), and started again with its data and
+    // --join: it is not added again.
+    // (Once the promotion of node 3 has committed: one change at a time.)
+    eventually("node 2 is removed", WITHIN, || {
+        let mut c = c.clone();
+        async move { c.remove_node(pb::RemoveNodeRequest { id: 2 }).await.ok() }
+    })
+    .await;
+    let exited = procs.exited(2, WITHIN).await;
+    assert!(exited.is_some_and(|s| s.success()), "{exited:?}");
+    procs.spawn_with(2, false, &join);
+    let exited = procs.exited(2, WITHIN).await;
+    assert!(
+        exited.is_some_and(|s| s.success()),
+        "{exited:?}: {}",
+        procs.read_log(2)
+    );
+    assert_eq!(voters_seen_by(&procs, 1).await, [1, 3]);
+}

@@ -346,6 +346,7 @@ impl TestCluster {
             prefix_labels: Default::default(),
             connector: None,
             storage: Default::default(),
+            join: Vec::new(),
         }
     }
 

@@ -405,6 +405,7 @@ async fn run_node(id: u64, disk: MemDisk, record: Shared, incarnation: u64) -> t
         prefix_labels: Default::default(),
         connector: Some(node_connector()),
         storage: Storage::Memory(disk),
+        join: Vec::new(),
     };
     let node = match Node::start_with(opts, Listeners::client(Listener::Custom(conns))).await {
         Ok(node) => Rc::new(node),

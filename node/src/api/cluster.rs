@@ -245,7 +245,7 @@ impl Cluster for Api {
         req: Request<pb::MembersRequest>,
     ) -> Result<Response<pb::MembersResponse>, Status> {
         let _timer = self.0.shared.metrics.timer(crate::metrics::Method::Members);
-        self.caller(&req)?.require_any(Permission::Read)?;
+        self.peer_or(&req, |c| c.require_any(Permission::Read))?;
         let m = self.0.raft.metrics().borrow_watched().clone();
         Ok(Response::new(pb::MembersResponse {
             members: members(&m.membership_config),
@@ -259,7 +259,7 @@ impl Cluster for Api {
         req: Request<pb::AddNodeRequest>,
     ) -> Result<Response<pb::AddNodeResponse>, Status> {
         let _timer = self.0.shared.metrics.timer(crate::metrics::Method::AddNode);
-        self.caller(&req)?.require_admin()?;
+        self.peer_or(&req, |c| c.require_admin())?;
         let r = req.into_inner();
         if r.id == 0 {
             return Err(Error::InvalidArgument("node id must be non-zero".into()).into());

@@ -554,6 +554,7 @@ async fn dev(args: DevArgs) -> anyhow::Result<()> {
             prefix_labels: Default::default(),
             connector: None,
             storage: Default::default(),
+            join: Vec::new(),
         };
         let metrics = match args.metrics_base_port {
             0 => None,

@@ -54,6 +54,15 @@ pub struct Config {
     #[arg(long, env = "RAFTLOCK_INIT", num_args = 0, default_missing_value = "true",
           value_parser = clap::builder::FalseyValueParser::new())]
     pub init: Option<bool>,
+    /// Join the cluster whose nodes answer at these client addresses
+    /// (HOST:PORT,...) as a new member, by itself: while it is not a voter,
+    /// this node asks them to add it (`AddNode`: a learner, then a voter
+    /// once caught up), authenticating with the ACL's peer_token. Only a
+    /// node that started with an empty data directory, or that is a learner
+    /// of the cluster (a join that was cut short), is added; one the
+    /// cluster removed while it kept its data is not added again.
+    #[arg(long, env = "RAFTLOCK_JOIN", value_delimiter = ',')]
+    pub join: Option<Vec<String>>,
     /// Leader heartbeat interval in milliseconds (default 100).
     #[arg(long, env = "RAFTLOCK_HEARTBEAT_MS")]
     pub heartbeat_ms: Option<u64>,
@@ -166,6 +175,7 @@ impl Config {
             data_dir: self.data_dir.or(lower.data_dir),
             peers: self.peers.or(lower.peers),
             init: self.init.or(lower.init),
+            join: self.join.or(lower.join),
             heartbeat_ms: self.heartbeat_ms.or(lower.heartbeat_ms),
             election_timeout_min_ms: self
                 .election_timeout_min_ms
@@ -307,6 +317,13 @@ impl Config {
                 ));
             }
         }
+        let join = self.join.clone().unwrap_or_default();
+        if let Some(bad) = join.iter().find(|a| !valid_addr(a)) {
+            return Err(err(
+                "join",
+                format!("addresses must be host:port, got {bad:?}"),
+            ));
+        }
         let tls = self.tls()?;
         let acl = match &self.acl_file {
             None => None,
@@ -332,7 +349,7 @@ impl Config {
         // Secure by default: a node that will have peers authenticates
         // them, or the operator says in so many words that it need not. A
         // single-node cluster (init with itself alone) has no peers.
-        let single = init && peers.keys().all(|p| *p == id);
+        let single = init && peers.keys().all(|p| *p == id) && join.is_empty();
         let peers_authenticated = acl.is_some() || tls.as_ref().is_some_and(|t| t.client_auth);
         if !single && !peers_authenticated && !self.insecure_peers.unwrap_or(false) {
             return Err(err(
@@ -403,6 +420,7 @@ impl Config {
                 prefix_labels,
                 connector: None,
                 storage: Default::default(),
+                join,
             },
             Listen {
                 client: listen,

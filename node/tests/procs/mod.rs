@@ -199,10 +199,15 @@ impl Procs {
     /// Gives the cluster's processes a node `id` more (its own ports and
     /// data directory; not a member until it is added) and starts it.
     pub fn add(&mut self, id: u64) {
+        self.add_with(id, &[]);
+    }
+
+    /// [`add`](Self::add), with `more` arguments for its first start.
+    pub fn add_with(&mut self, id: u64, more: &[&str]) {
         self.addrs.insert(id, format!("127.0.0.1:{}", free_port()));
         self.metrics
             .insert(id, format!("127.0.0.1:{}", free_port()));
-        self.spawn(id, false);
+        self.spawn_with(id, false, more);
     }
 
     /// [`spawn`](Self::spawn), with `more` arguments for this start only.

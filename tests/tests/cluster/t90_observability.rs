@@ -44,6 +44,7 @@ async fn metrics_and_health_on_a_single_node_cluster() {
             prefix_labels: Default::default(),
             connector: None,
             storage: Default::default(),
+            join: Vec::new(),
         },
         listener,
         Some(metrics),

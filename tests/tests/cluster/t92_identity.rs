@@ -29,6 +29,7 @@ fn options(id: u64, addr: &str, dir: &std::path::Path, init: bool) -> NodeOption
         prefix_labels: Default::default(),
         connector: None,
         storage: Default::default(),
+        join: Vec::new(),
     }
 }
 

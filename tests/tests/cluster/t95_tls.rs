@@ -321,6 +321,7 @@ async fn a_node_refuses_at_start_a_certificate_its_peers_would_refuse() {
             prefix_labels: Default::default(),
             connector: None,
             storage: Default::default(),
+            join: Vec::new(),
         };
         let err = match raftlock_node::node::Node::start(opts, listener).await {
             Ok(node) => {
@@ -352,6 +353,7 @@ async fn a_node_refuses_at_start_a_certificate_its_peers_would_refuse() {
         prefix_labels: Default::default(),
         connector: None,
         storage: Default::default(),
+        join: Vec::new(),
     };
     raftlock_node::node::Node::start(opts, listener)
         .await
