@@ -12,7 +12,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
 
 use serde_json::Value;
 
@@ -24,33 +23,13 @@ fn harness() -> PathBuf {
 /// test binary (a no-op when it is fresh), so the run never tests a stale
 /// server. `RAFTLOCK_JEPSEN_RAFTLOCKD` overrides it.
 fn raftlockd() -> PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        if let Some(p) = std::env::var_os("RAFTLOCK_JEPSEN_RAFTLOCKD") {
-            return PathBuf::from(p);
-        }
-        let harness = harness();
-        let profile_dir = harness.parent().expect("harness has a directory");
-        let bin = profile_dir.join("raftlockd");
-        let cargo = std::env::var("CARGO")
-            .ok()
-            .or_else(|| option_env!("CARGO").map(str::to_string))
-            .unwrap_or_else(|| "cargo".into());
-        let mut cmd = Command::new(cargo);
-        cmd.args(["build", "-p", "raftlock-node", "--bin", "raftlockd"])
-            .current_dir(env!("CARGO_MANIFEST_DIR"));
-        if profile_dir.file_name().and_then(|n| n.to_str()) == Some("release") {
-            cmd.arg("--release");
-        }
-        if let Some(target_dir) = profile_dir.parent() {
-            cmd.env("CARGO_TARGET_DIR", target_dir);
-        }
-        let status = cmd.status().expect("cargo runs");
-        assert!(status.success(), "building raftlockd failed");
-        assert!(bin.is_file(), "raftlockd missing at {}", bin.display());
-        bin
-    })
-    .clone()
+    raftlock_testkit::bins::workspace_bin(
+        "raftlock-node",
+        "raftlockd",
+        &harness(),
+        "RAFTLOCK_JEPSEN_RAFTLOCKD",
+        true,
+    )
 }
 
 fn run(out: &Path, extra: &[&str]) -> (i32, Value) {

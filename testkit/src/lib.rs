@@ -23,7 +23,10 @@
 //!   reserved across every process that asks it.
 //! * [`guide`]: the operations guide's marked shell blocks, for the tests
 //!   that run them as written.
+//! * [`bins`]: another workspace package's binary, for tests that run it
+//!   as a process.
 
+pub mod bins;
 pub mod guide;
 #[cfg(feature = "hostile")]
 pub mod hostile;

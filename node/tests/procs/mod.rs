@@ -686,31 +686,11 @@ pub async fn find_leader(addrs: &[String]) -> Option<String> {
 /// is none (`cargo test -p raftlock-node` on a fresh target directory),
 /// cargo builds it once.
 pub fn raftlock_cli() -> PathBuf {
-    static CLI: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    CLI.get_or_init(|| {
-        if let Some(p) = std::env::var_os("RAFTLOCK_CLI") {
-            return PathBuf::from(p);
-        }
-        let daemon = std::path::Path::new(env!("CARGO_BIN_EXE_raftlockd"));
-        let profile_dir = daemon.parent().expect("raftlockd has a directory");
-        let cli = profile_dir.join("raftlock");
-        if cli.is_file() {
-            return cli;
-        }
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut cmd = std::process::Command::new(cargo);
-        cmd.args(["build", "-p", "raftlock-client", "--bin", "raftlock"])
-            .current_dir(env!("CARGO_MANIFEST_DIR"));
-        if profile_dir.file_name().and_then(|n| n.to_str()) == Some("release") {
-            cmd.arg("--release");
-        }
-        if let Some(target_dir) = profile_dir.parent() {
-            cmd.env("CARGO_TARGET_DIR", target_dir);
-        }
-        let status = cmd.status().expect("cargo runs");
-        assert!(status.success(), "building the raftlock CLI failed");
-        assert!(cli.is_file(), "raftlock missing at {}", cli.display());
-        cli
-    })
-    .clone()
+    raftlock_testkit::bins::workspace_bin(
+        "raftlock-client",
+        "raftlock",
+        std::path::Path::new(env!("CARGO_BIN_EXE_raftlockd")),
+        "RAFTLOCK_CLI",
+        false,
+    )
 }
