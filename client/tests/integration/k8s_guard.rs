@@ -1,14 +1,17 @@
-//! The StatefulSet's start script (deploy/kubernetes/statefulset.yaml), as
-//! raftlock-0 on an empty volume, against real clusters with TLS and
-//! access control on (issue 31, item 9): it bootstraps (`--init`) only
-//! when every other pod answers that it belongs to no cluster; a cluster
-//! that still has node 1 is refused, one without it is joined empty, and
-//! any failure to find out (TLS, credentials, network) stops the pod
-//! without `--init`.
+//! The StatefulSet's start script (deploy/kubernetes/statefulset.yaml)
+//! against real clusters with TLS and access control on.
 //!
-//! The script runs under `sh` with the `raftlock` just built; its final
-//! `exec raftlockd ...` runs a stand-in that writes its arguments down (the
-//! test is about what the script decides, not about the node).
+//! As raftlock-0 on an empty volume (issue 31, item 9): it bootstraps
+//! (`--init`, a cluster of itself alone) only when every other pod answers
+//! that it belongs to no cluster; beside a cluster it starts empty and
+//! joins (`--join`), and any failure to find out (TLS, credentials,
+//! network) stops the pod without starting raftlockd. There the script's
+//! final `exec raftlockd ...` runs a stand-in that writes its arguments
+//! down (those tests are about what the script decides).
+//!
+//! All three pods at once, for real (issue 45, item 4): a new StatefulSet
+//! forms with nothing started in advance, and a pod that lost its volume
+//! rejoins only once its old id is removed.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -151,7 +154,12 @@ async fn the_guard_bootstraps_only_when_every_other_pod_is_fresh() {
     let pod = Pod::new(&ca.pem(), TOKEN);
     let o = pod.start(&fresh).await;
     let exec = o.exec.as_deref().unwrap_or_else(|| panic!("{o:#?}"));
-    assert!(exec.contains("--init"), "{o:#?}");
+    // A cluster of itself alone: the other pods join it.
+    let me = "raftlock-0.raftlock.test.svc.cluster.invalid";
+    assert!(
+        exec.contains(&format!("--peers 1={me}:7101/{me}:7201 --init")),
+        "{o:#?}"
+    );
 
     // Any failure to find out is no licence to bootstrap.
     let other_ca = Ca::new("another CA");
@@ -166,6 +174,27 @@ async fn the_guard_bootstraps_only_when_every_other_pod_is_fresh() {
         "a pod that does not answer",
     );
     cluster.shutdown().await;
+}
+
+/// An admin client of the nodes at `endpoints`.
+fn admin_client(endpoints: Vec<String>, ca: &Ca) -> raftlock_client::Client {
+    client_with(endpoints, ca, TOKEN)
+}
+
+/// A client of the nodes at `endpoints` with bearer token `token`.
+fn client_with(endpoints: Vec<String>, ca: &Ca, token: &str) -> raftlock_client::Client {
+    raftlock_client::Client::with_options(
+        endpoints,
+        raftlock_client::ClientOptions {
+            token: Some(token.into()),
+            tls: Some(raftlock_client::ClientTls {
+                ca_pem: ca.pem(),
+                identity: None,
+            }),
+            ..Default::default()
+        },
+    )
+    .expect("client")
 }
 
 fn pod_again(ca: &Ca) -> Pod {
@@ -183,9 +212,14 @@ async fn the_guard_never_bootstraps_beside_a_running_cluster() {
     .await;
     let others = vec![cluster.addr(2), cluster.addr(3)];
 
-    // Node 1 is still a member: refused, naming what to do.
+    // Node 1 is still a member: raftlockd starts empty to join, without
+    // --init (raftlockd itself refuses to take part as node 1 while the
+    // cluster counts node 1 a voter: node/tests/lost_voter.rs and the
+    // StatefulSet test below); the log names what to do.
     let o = pod_again(&ca).start(&others).await;
-    refused_without_init(&o, "node 1 is still a member");
+    let exec = o.exec.as_deref().unwrap_or_else(|| panic!("{o:#?}"));
+    assert!(o.success && !exec.contains("--init"), "{o:#?}");
+    assert!(exec.contains("--join"), "{o:#?}");
     assert!(o.stderr.contains("raftlock members remove 1"), "{o:#?}");
 
     // TLS or credentials that do not work: refused, the CLI's error shown.
@@ -201,23 +235,346 @@ async fn the_guard_never_bootstraps_beside_a_running_cluster() {
     );
 
     // Node 1 removed: raftlock-0 starts empty, to be added again.
-    let admin = raftlock_client::Client::with_options(
-        cluster.addrs(),
-        raftlock_client::ClientOptions {
-            token: Some(TOKEN.into()),
-            tls: Some(raftlock_client::ClientTls {
-                ca_pem: ca.pem(),
-                identity: None,
-            }),
-            ..Default::default()
-        },
-    )
-    .expect("client");
+    let admin = admin_client(cluster.addrs(), &ca);
     admin.remove_node(1).await.expect("remove node 1");
     let o = pod_again(&ca).start(&others).await;
     assert!(o.success, "{o:#?}");
     let exec = o.exec.as_deref().unwrap_or_else(|| panic!("{o:#?}"));
-    assert!(!exec.contains("--init"), "{o:#?}");
-    assert!(o.stderr.contains("raftlock members add 1"), "{o:#?}");
+    assert!(
+        !exec.contains("--init") && exec.contains("--join"),
+        "{o:#?}"
+    );
+    assert!(o.stderr.contains("joining it as a new member"), "{o:#?}");
     cluster.shutdown().await;
+}
+
+/// The StatefulSet's three pods, for real: each runs the start script as
+/// written, with this build's `raftlockd` and `raftlock`, restarted as the
+/// kubelet restarts a container that exits. Only the names differ: the
+/// pods' DNS names and `0.0.0.0` ports, which cannot all be bound on one
+/// machine, are mapped to loopback ports by shims first on the PATH,
+/// which rewrite the arguments and exec the real binaries.
+struct StatefulSet {
+    /// The pods' files, removed with the set.
+    _dir: tempfile::TempDir,
+    /// Each pod's client address on loopback, by ordinal.
+    client: Vec<String>,
+    pods: Vec<RealPod>,
+}
+
+struct RealPod {
+    /// While set, the pod's container is not restarted.
+    held: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// The process group of the container running now.
+    group: std::sync::Arc<std::sync::Mutex<Option<u32>>>,
+    kubelet: tokio::task::JoinHandle<()>,
+    log: PathBuf,
+    data: PathBuf,
+}
+
+const PODS: usize = 3;
+
+impl StatefulSet {
+    fn new(ca: &Ca) -> StatefulSet {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().expect("dir");
+        let port = || format!("127.0.0.1:{}", raftlock_testkit::ports::free_port());
+        let client: Vec<String> = (0..PODS).map(|_| port()).collect();
+        let peer: Vec<String> = (0..PODS).map(|_| port()).collect();
+        let leaf = ca.issue("raftlock pod", &["127.0.0.1", "localhost"]);
+        let raftlockd = raftlock_testkit::bins::workspace_bin(
+            "raftlock-node",
+            "raftlockd",
+            Path::new(env!("CARGO_BIN_EXE_raftlock")),
+            "RAFTLOCK_JEPSEN_RAFTLOCKD",
+            true,
+        );
+        let mut pods = Vec::new();
+        for ordinal in 0..PODS {
+            let pod = dir.path().join(format!("raftlock-{ordinal}"));
+            for d in ["bin", "tls", "acl", "data"] {
+                std::fs::create_dir_all(pod.join(d)).expect("pod dirs");
+            }
+            std::fs::write(pod.join("tls/tls.crt"), &leaf.cert_pem).expect("cert");
+            std::fs::write(pod.join("tls/tls.key"), &leaf.key_pem).expect("key");
+            std::fs::write(pod.join("tls/ca.crt"), ca.pem()).expect("ca");
+            std::fs::write(pod.join("acl/acl.toml"), acl()).expect("acl");
+            std::fs::write(pod.join("acl/token"), format!("{TOKEN}\n")).expect("token");
+            // The names every pod derives, and this pod's own ports.
+            let mut sed = String::new();
+            for (i, (c, p)) in client.iter().zip(&peer).enumerate() {
+                let name = format!("raftlock-{i}\\.raftlock\\.test\\.svc\\.cluster\\.invalid");
+                sed += &format!("s|{name}:7101|{c}|g\ns|{name}:7201|{p}|g\n");
+            }
+            sed += &format!(
+                "s|0\\.0\\.0\\.0:7101|{}|g\ns|0\\.0\\.0\\.0:7201|{}|g\ns|0\\.0\\.0\\.0:9101|{}|g\n",
+                client[ordinal],
+                peer[ordinal],
+                port()
+            );
+            std::fs::write(pod.join("names.sed"), sed).expect("sed");
+            for (name, real) in [
+                ("raftlockd", raftlockd.clone()),
+                ("raftlock", PathBuf::from(env!("CARGO_BIN_EXE_raftlock"))),
+            ] {
+                let shim = format!(
+                    "#!/bin/sh\nn=$#\nfor a; do\n  set -- \"$@\" \"$(printf '%s\\n' \"$a\" | sed -f '{}')\"\ndone\nshift \"$n\"\nexec '{}' \"$@\"\n",
+                    pod.join("names.sed").display(),
+                    real.display()
+                );
+                let path = pod.join("bin").join(name);
+                std::fs::write(&path, shim).expect("shim");
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
+                    .expect("chmod");
+            }
+            let env: Vec<(String, String)> = [
+                ("POD_NAME", format!("raftlock-{ordinal}")),
+                ("POD_NAMESPACE", "test".into()),
+                ("HEADLESS_SERVICE", "raftlock".into()),
+                ("CLUSTER_DOMAIN", "cluster.invalid".into()),
+                ("INITIAL_MEMBERS", PODS.to_string()),
+                ("RAFTLOCK_DATA_DIR", pod.join("data").display().to_string()),
+                (
+                    "RAFTLOCK_TLS_CERT",
+                    pod.join("tls/tls.crt").display().to_string(),
+                ),
+                (
+                    "RAFTLOCK_TLS_KEY",
+                    pod.join("tls/tls.key").display().to_string(),
+                ),
+                (
+                    "RAFTLOCK_TLS_CA",
+                    pod.join("tls/ca.crt").display().to_string(),
+                ),
+                (
+                    "RAFTLOCK_ACL_FILE",
+                    pod.join("acl/acl.toml").display().to_string(),
+                ),
+                ("RUST_LOG", "info,openraft=error,sled=warn".into()),
+                ("RAFTLOCK_ENDPOINTS", client[ordinal].clone()),
+                ("RAFTLOCK_CA", pod.join("tls/ca.crt").display().to_string()),
+                (
+                    "RAFTLOCK_TOKEN_FILE",
+                    pod.join("acl/token").display().to_string(),
+                ),
+                // The pause before a refused start exits (30 s by default).
+                ("RAFTLOCK_BOOTSTRAP_CHECK_PAUSE", "1".into()),
+                (
+                    "PATH",
+                    format!(
+                        "{}:{}",
+                        pod.join("bin").display(),
+                        std::env::var("PATH").unwrap_or_default()
+                    ),
+                ),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+            pods.push(RealPod::start(env, pod.join("log"), pod.join("data")));
+        }
+        StatefulSet {
+            _dir: dir,
+            client,
+            pods,
+        }
+    }
+
+    fn admin(&self, ca: &Ca) -> raftlock_client::Client {
+        admin_client(self.client.clone(), ca)
+    }
+
+    fn log(&self, ordinal: usize) -> String {
+        std::fs::read_to_string(&self.pods[ordinal].log).unwrap_or_default()
+    }
+
+    /// Every pod's log, for a failure's message.
+    fn logs(&self) -> String {
+        (0..PODS)
+            .map(|i| {
+                let log = self.log(i);
+                let tail = &log[log.len().saturating_sub(4000)..];
+                format!("--- raftlock-{i}:\n{tail}\n")
+            })
+            .collect()
+    }
+}
+
+impl Drop for StatefulSet {
+    fn drop(&mut self) {
+        for pod in &self.pods {
+            pod.held.store(true, std::sync::atomic::Ordering::SeqCst);
+            pod.kubelet.abort();
+            pod.kill();
+        }
+    }
+}
+
+impl RealPod {
+    /// Runs the start script with `env` until the pod is dropped,
+    /// starting it again a second after it exits.
+    fn start(env: Vec<(String, String)>, log: PathBuf, data: PathBuf) -> RealPod {
+        let held = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let group = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let kubelet = tokio::spawn({
+            let (held, group, log) = (held.clone(), group.clone(), log.clone());
+            async move {
+                loop {
+                    if !held.load(std::sync::atomic::Ordering::SeqCst) {
+                        let stderr = std::fs::OpenOptions::new()
+                            .create(true)
+                            .append(true)
+                            .open(&log)
+                            .expect("log");
+                        let mut child = tokio::process::Command::new("sh")
+                            .arg("-c")
+                            .arg(start_script())
+                            .env_clear()
+                            .envs(env.iter().map(|(k, v)| (k, v)))
+                            .stdin(std::process::Stdio::null())
+                            .stdout(std::process::Stdio::null())
+                            .stderr(stderr)
+                            .process_group(0)
+                            .kill_on_drop(true)
+                            .spawn()
+                            .expect("sh runs");
+                        *group.lock().unwrap() = child.id();
+                        let _ = child.wait().await;
+                    }
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        });
+        RealPod {
+            held,
+            group,
+            kubelet,
+            log,
+            data,
+        }
+    }
+
+    /// Kills the container running now (its whole process group).
+    fn kill(&self) {
+        if let Some(group) = self.group.lock().unwrap().take() {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", "--", &format!("-{group}")])
+                .stderr(std::process::Stdio::null())
+                .status();
+        }
+    }
+
+    /// The pod's volume is lost: its container is killed, its data
+    /// directory emptied, and it starts again.
+    async fn lose_volume(&self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.held.store(true, SeqCst);
+        self.kill();
+        // Past the kubelet's pause, so no container runs meanwhile.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        self.kill();
+        std::fs::remove_dir_all(&self.data).expect("wipe");
+        std::fs::create_dir_all(&self.data).expect("empty volume");
+        self.held.store(false, SeqCst);
+    }
+}
+
+/// Whether `members` are exactly nodes 1..=3, all voters.
+fn formed(members: &[raftlock_client::Member]) -> bool {
+    let mut ids: Vec<(u64, bool)> = members.iter().map(|m| (m.id, m.voter)).collect();
+    ids.sort();
+    ids == [(1, true), (2, true), (3, true)]
+}
+
+/// Issue 45, item 4: a new StatefulSet forms with nothing started in
+/// advance (raftlock-0 bootstraps alone once the other pods answer that
+/// they are fresh; they join by themselves), and a pod whose volume is
+/// lost stays out while the cluster counts it a voter, then joins again
+/// by itself once its id is removed. Before 2026-12-01 such a pod rejoined
+/// at once under its old id, having forgotten its votes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_new_statefulset_forms_and_a_pod_that_lost_its_volume_rejoins_only_when_removed() {
+    let ca = Ca::new("k8s CA");
+    let set = StatefulSet::new(&ca);
+    let admin = set.admin(&ca);
+    let within = Duration::from_secs(120);
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        if admin.members().await.is_ok_and(|m| formed(&m)) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no cluster of three voters after {within:?}:\n{}",
+            set.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        set.log(0).contains("bootstrapping one of this node alone"),
+        "{}",
+        set.logs()
+    );
+    for i in 1..PODS {
+        assert!(!set.log(i).contains("--init"), "{}", set.logs());
+    }
+    // The peer token, with which the pods added themselves, reads and adds
+    // members and does nothing else on the client port.
+    let as_peer = client_with(set.client.clone(), &ca, PEER_TOKEN);
+    let refused = as_peer
+        .remove_node(2)
+        .await
+        .expect_err("the peer token removes no member");
+    assert!(
+        refused.to_string().contains("unknown bearer token"),
+        "{refused}"
+    );
+
+    // raftlock-2 (node 3) loses its volume.
+    set.pods[2].lose_volume().await;
+    let deadline = std::time::Instant::now() + within;
+    while !set.log(2).contains("raftlock members remove 3") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "raftlock-2 did not refuse to rejoin as node 3 within {within:?}:\n{}",
+            set.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Node 3 is still counted a voter (nothing else changed).
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        match admin.members().await {
+            Ok(m) => {
+                assert!(formed(&m), "{m:?}");
+                break;
+            }
+            Err(e) => assert!(
+                std::time::Instant::now() < deadline,
+                "no membership within {within:?} ({e}):\n{}",
+                set.logs()
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // Removed: it joins again by itself, as a new member.
+    admin.remove_node(3).await.expect("remove node 3");
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        if admin.members().await.is_ok_and(|m| formed(&m)) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "raftlock-2 did not join again within {within:?}:\n{}",
+            set.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        set.log(2).contains("added to the cluster"),
+        "{}",
+        set.logs()
+    );
 }
