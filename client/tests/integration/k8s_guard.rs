@@ -371,6 +371,12 @@ impl StatefulSet {
             .into_iter()
             .map(|(k, v)| (k.to_string(), v))
             .collect();
+            // What `kubectl exec` into the pod runs with.
+            let exports: String = env
+                .iter()
+                .map(|(k, v)| format!("export {k}='{v}'\n"))
+                .collect();
+            std::fs::write(pod.join("env.sh"), exports).expect("env.sh");
             pods.push(RealPod::start(env, pod.join("log"), pod.join("data")));
         }
         StatefulSet {
@@ -378,6 +384,61 @@ impl StatefulSet {
             client,
             pods,
         }
+    }
+
+    /// Runs the guide's block `name` as written under `sh -eu`, with a
+    /// `kubectl` that does to these pods what the block asks of the
+    /// cluster: `exec` into a pod (with its environment), `delete pvc`
+    /// (the pod's next start gets an empty volume) and `delete pod` (its
+    /// container is killed; the kubelet starts it again).
+    async fn run_guide(&self, name: &str) -> std::process::Output {
+        use std::os::unix::fs::PermissionsExt as _;
+        let set = self._dir.path();
+        let bin = set.join("kubectl-bin");
+        std::fs::create_dir_all(&bin).expect("bin");
+        let shim = format!(
+            r#"#!/bin/sh
+set -eu
+set_dir='{}'
+[ "$1 $2" = "-n raftlock" ] || {{ echo "kubectl stand-in: unexpected: $*" >&2; exit 2; }}
+shift 2
+case "$1 $2" in
+  "exec raftlock-"*)
+    pod=$2; shift 2; [ "$1" = -- ] && shift
+    . "$set_dir/$pod/env.sh"
+    exec "$@" ;;
+  "delete pvc") touch "$set_dir/${{3#data-}}/pvc-deleted" ;;
+  "delete pod") env kill -KILL -- "-$(cat "$set_dir/$3/pgid")" ;;
+  *) echo "kubectl stand-in: unexpected: $*" >&2; exit 2 ;;
+esac
+"#,
+            set.display()
+        );
+        std::fs::write(bin.join("kubectl"), shim).expect("kubectl");
+        std::fs::set_permissions(bin.join("kubectl"), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+        let script = raftlock_testkit::guide::block(name);
+        let out = tokio::process::Command::new("sh")
+            .arg("-euc")
+            .arg(&script)
+            .env(
+                "PATH",
+                format!(
+                    "{}:{}",
+                    bin.display(),
+                    std::env::var("PATH").unwrap_or_default()
+                ),
+            )
+            .output()
+            .await
+            .expect("sh runs");
+        assert!(
+            out.status.success(),
+            "the guide's {name} block failed:\n{script}\n{}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            self.logs()
+        );
+        out
     }
 
     fn admin(&self, ca: &Ca) -> raftlock_client::Client {
@@ -417,10 +478,16 @@ impl RealPod {
         let held = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let group = std::sync::Arc::new(std::sync::Mutex::new(None));
         let kubelet = tokio::spawn({
-            let (held, group, log) = (held.clone(), group.clone(), log.clone());
+            let (held, group, log, data) = (held.clone(), group.clone(), log.clone(), data.clone());
             async move {
                 loop {
                     if !held.load(std::sync::atomic::Ordering::SeqCst) {
+                        // A deleted PVC: the pod comes back on a new, empty
+                        // volume.
+                        if std::fs::remove_file(data.with_file_name("pvc-deleted")).is_ok() {
+                            std::fs::remove_dir_all(&data).expect("old volume");
+                            std::fs::create_dir_all(&data).expect("new volume");
+                        }
                         let stderr = std::fs::OpenOptions::new()
                             .create(true)
                             .append(true)
@@ -439,6 +506,10 @@ impl RealPod {
                             .spawn()
                             .expect("sh runs");
                         *group.lock().unwrap() = child.id();
+                        if let Some(id) = child.id() {
+                            std::fs::write(data.with_file_name("pgid"), id.to_string())
+                                .expect("pgid");
+                        }
                         let _ = child.wait().await;
                     }
                     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -558,8 +629,9 @@ async fn a_new_statefulset_forms_and_a_pod_that_lost_its_volume_rejoins_only_whe
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
-    // Removed: it joins again by itself, as a new member.
-    admin.remove_node(3).await.expect("remove node 3");
+    // The guide's replacement, as written: remove node 3, delete the
+    // pod's volume and the pod; it comes back empty and adds itself.
+    set.run_guide("k8s-replace").await;
     let deadline = std::time::Instant::now() + within;
     loop {
         if admin.members().await.is_ok_and(|m| formed(&m)) {
@@ -573,7 +645,7 @@ async fn a_new_statefulset_forms_and_a_pod_that_lost_its_volume_rejoins_only_whe
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert!(
-        set.log(2).contains("added to the cluster"),
+        set.log(2).matches("--join: added to the cluster").count() >= 2,
         "{}",
         set.logs()
     );
