@@ -359,3 +359,28 @@ async fn the_leadership_moves_on_request_to_a_reachable_voter() {
     assert_eq!(cluster.wait_for_leader().await, best);
     cluster.shutdown().await;
 }
+
+/// `Client::members` and `Client::status` answer from the leader even when
+/// the endpoint the client asks first is a node that knows no leader (an
+/// empty node not yet added; a pod that lost its volume). Before
+/// 2026-12-01 they answered that node's own view ("no leader to ask for the
+/// membership"), which made the StatefulSet test fail in CI.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn members_and_status_ask_past_a_node_that_knows_no_leader() {
+    let mut cluster = TestCluster::start(3).await;
+    let leader = cluster.wait_for_leader().await;
+    let (_id, empty) = cluster.spawn_new_node().await;
+    // The empty node first: it answers Status, naming no leader.
+    let mut endpoints = vec![empty.clone()];
+    endpoints.extend(cluster.addrs().into_iter().filter(|a| *a != empty));
+    let client = raftlock_client::Client::connect(endpoints)
+        .await
+        .expect("client");
+    for _ in 0..3 {
+        let members = client.members().await.expect("members from the leader");
+        assert_eq!(voters(&members), BTreeSet::from([1, 2, 3]), "{members:?}");
+        let status = client.status().await.expect("status");
+        assert_eq!(status.id, leader, "the leader's status: {status:?}");
+    }
+    cluster.shutdown().await;
+}
