@@ -296,11 +296,30 @@ impl Client {
             )
             .await?
             .into_inner();
-        if any.leader_addr.is_empty() || any.leader_addr == any.addr {
+        if any.leader_addr == any.addr && !any.addr.is_empty() {
             return Ok(any.into());
         }
-        let leader = any.leader_addr.clone();
-        self.node_status(&leader).await.or(Ok(any.into()))
+        if !any.leader_addr.is_empty() {
+            let leader = any.leader_addr.clone();
+            return self.node_status(&leader).await.or(Ok(any.into()));
+        }
+        // The node that answered knows no leader (an empty node not yet
+        // added, one that lost its data, one cut off from its quorum):
+        // another endpoint may know one.
+        for addr in self.endpoints() {
+            let Ok(other) = self.node_status(addr).await else {
+                continue;
+            };
+            if other.role == Role::Leader {
+                return Ok(other);
+            }
+            if let Some((_, leader)) = &other.leader {
+                if let Ok(leader) = self.node_status(leader).await {
+                    return Ok(leader);
+                }
+            }
+        }
+        Ok(any.into())
     }
 
     /// The current members, as the leader sees them (a follower, or a node
