@@ -323,12 +323,15 @@ impl Cluster for Api {
             .membership_config
             .clone();
         if !r.learner_only {
-            let mut voters: BTreeSet<NodeId> = latest.membership().voter_ids().collect();
-            voters.insert(r.id);
+            // Added to the voters the leader has when it makes the change,
+            // not to those this node saw: two nodes added at once would
+            // otherwise each replace the voters with a set lacking the
+            // other.
+            let add: BTreeSet<NodeId> = [r.id].into();
             let resp = self
                 .0
                 .raft
-                .change_membership(voters, false)
+                .change_membership(openraft::ChangeMembers::AddVoterIds(add), false)
                 .await
                 .map_err(Error::from)?;
             if let Some(m) = resp.membership {
@@ -472,7 +475,13 @@ impl Cluster for Api {
         }
         let is_voter = current.membership().voter_ids().any(|v| v == r.id);
         let changed = if is_voter {
-            self.0.raft.change_membership(voters, false).await
+            // Removed from the voters the leader has when it makes the
+            // change (a node added meanwhile stays).
+            let remove: BTreeSet<NodeId> = [r.id].into();
+            self.0
+                .raft
+                .change_membership(openraft::ChangeMembers::RemoveVoters(remove), false)
+                .await
         } else {
             let remove: BTreeSet<NodeId> = [r.id].into();
             self.0

@@ -384,3 +384,39 @@ async fn members_and_status_ask_past_a_node_that_knows_no_leader() {
     }
     cluster.shutdown().await;
 }
+
+/// Nodes added at the same time all end up voters: each addition adds its
+/// node to the voters the leader has when it makes the change. Before
+/// 2026-12-01 each addition replaced the voters with the set its own node
+/// had seen plus the new one, so an addition that read the voters before
+/// another committed removed that other node again (issue 45's review).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn nodes_added_at_the_same_time_are_all_voters() {
+    let mut cluster = TestCluster::start(3).await;
+    cluster.wait_for_leader().await;
+    let mut new = Vec::new();
+    for _ in 0..3 {
+        new.push(cluster.spawn_new_node().await);
+    }
+    let admin = cluster.client().await;
+    let adds = new.iter().map(|(id, addr)| {
+        let admin = admin.clone();
+        let (id, addr) = (*id, addr.clone());
+        async move {
+            // A change while another is under way is refused; ask again.
+            eventually(&format!("node {id} added"), Duration::from_secs(60), || {
+                let (admin, addr) = (admin.clone(), addr.clone());
+                async move { admin.add_node(id, &addr, false).await.ok() }
+            })
+            .await
+        }
+    });
+    futures::future::join_all(adds).await;
+    let all: BTreeSet<u64> = [1, 2, 3]
+        .into_iter()
+        .chain(new.iter().map(|(id, _)| *id))
+        .collect();
+    let members = admin.members().await.expect("members");
+    assert_eq!(voters(&members), all, "{members:?}");
+    cluster.shutdown().await;
+}
