@@ -96,28 +96,46 @@ fn step(voter: bool, theirs: Option<bool>, started_empty: bool) -> Step {
     }
 }
 
+/// Whether `id` is a voter of `membership` and the membership is not a
+/// joint one: a change cut short between its two steps (the leader lost)
+/// leaves a joint config, which an AddNode for the same node finishes.
+fn is_settled_voter(membership: &openraft::Membership<NodeId, NodeAddrs>, id: NodeId) -> bool {
+    membership.get_joint_config().len() == 1 && membership.voter_ids().any(|v| v == id)
+}
+
+/// Whether `id` is a voter of the target config of a joint `membership`
+/// (a change to make it a voter that was cut short).
+fn is_unfinished_voter(membership: &openraft::Membership<NodeId, NodeAddrs>, id: NodeId) -> bool {
+    let configs = membership.get_joint_config();
+    configs.len() > 1 && configs.last().is_some_and(|c| c.contains(&id))
+}
+
 impl Joiner {
     /// Asks until this node is a voter, it was removed, or `stop` is set.
     pub async fn run(self, mut stop: watch::Receiver<bool>) {
         let complaints: Throttle<&'static str> = Throttle::new(LOG_EVERY);
         loop {
-            let voter = self
-                .raft
-                .metrics()
-                .borrow_watched()
-                .membership_config
-                .membership()
-                .voter_ids()
-                .any(|v| v == self.id);
+            let (voter, unfinished) = {
+                let metrics = self.raft.metrics();
+                let m = metrics.borrow_watched();
+                let m = m.membership_config.membership();
+                (
+                    is_settled_voter(m, self.id),
+                    is_unfinished_voter(m, self.id),
+                )
+            };
             let seen = if voter {
                 Err(String::new())
             } else {
                 self.ask().await
             };
+            // A change that made it a voter but was cut short is finished
+            // by asking again, as a learner's promotion is.
             let theirs = seen
                 .as_ref()
                 .ok()
-                .and_then(|s| s.members.iter().find(|m| m.id == self.id).map(|m| m.voter));
+                .and_then(|s| s.members.iter().find(|m| m.id == self.id).map(|m| m.voter))
+                .map(|v| v && !unfinished);
             match (step(voter, theirs, self.started_empty), &seen) {
                 (Step::Done, _) => {
                     tracing::info!(node = self.id, "a voter of the cluster; --join is done");
@@ -243,6 +261,8 @@ impl Joiner {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
 
     #[test]
@@ -263,5 +283,23 @@ mod tests {
         assert_eq!(step(false, Some(true), true), Step::Wait);
         // Removed while it kept its data: not added again.
         assert_eq!(step(false, None, false), Step::Removed);
+    }
+
+    #[test]
+    fn a_joint_config_is_not_yet_a_settled_voter() {
+        let node = |i: u64| NodeAddrs::shared(format!("127.0.0.1:{}", 7100 + i));
+        let nodes = |ids: &[u64]| -> BTreeMap<NodeId, NodeAddrs> {
+            ids.iter().map(|&i| (i, node(i))).collect()
+        };
+        let m = openraft::Membership::new(vec![[1, 2].into(), [1, 2, 4].into()], nodes(&[1, 2, 4]))
+            .expect("a joint membership");
+        assert!(!is_settled_voter(&m, 4), "joint: the change is unfinished");
+        assert!(is_unfinished_voter(&m, 4));
+        assert!(!is_unfinished_voter(&m, 3));
+        let m = openraft::Membership::new(vec![[1, 2, 4].into()], nodes(&[1, 2, 4]))
+            .expect("a uniform membership");
+        assert!(is_settled_voter(&m, 4));
+        assert!(!is_settled_voter(&m, 3));
+        assert!(!is_unfinished_voter(&m, 4));
     }
 }

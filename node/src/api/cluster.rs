@@ -289,22 +289,32 @@ impl Cluster for Api {
             .borrow_watched()
             .membership_config
             .clone();
-        if let Some(existing) = current.membership().get_node(&r.id) {
-            if *existing != node {
+        let already = match current.membership().get_node(&r.id) {
+            Some(existing) if *existing != node => {
                 return Err(Error::FailedPrecondition(format!(
                     "node {} is already a member at {existing}",
                     r.id
                 ))
                 .into());
             }
-        }
-        // Learner first, blocking until it has caught up; then promote.
-        let added = self
-            .0
-            .raft
-            .add_learner(r.id, node, false)
-            .await
-            .map_err(Error::from)?;
+            Some(_) => current.log_id().as_ref().map(|l| l.index),
+            None => None,
+        };
+        // Learner first, blocking until it has caught up; then promote. A
+        // node that is already a member (a join asked again, a promotion
+        // cut short) is not added again: each addition is a log entry.
+        let added_at = match already {
+            Some(index) if current.membership().get_joint_config().len() == 1 => index,
+            _ => {
+                self.0
+                    .raft
+                    .add_learner(r.id, node, false)
+                    .await
+                    .map_err(Error::from)?
+                    .log_id
+                    .index
+            }
+        };
         // openraft's own "blocking" add only waits while the learner lags by
         // more than its replication threshold, which a node that cannot be
         // reached at all does not on a young log. Wait for the learner to
@@ -313,7 +323,7 @@ impl Cluster for Api {
             0 => ADD_NODE_CATCH_UP,
             ms => std::time::Duration::from_millis(ms),
         };
-        self.wait_caught_up(r.id, &r.addr, added.log_id.index, timeout)
+        self.wait_caught_up(r.id, &r.addr, added_at, timeout)
             .await?;
         let mut latest = self
             .0
