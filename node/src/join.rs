@@ -1,10 +1,12 @@
 //! Joining a cluster by itself (`raftlockd run --join HOST:PORT,...`).
 //!
 //! A node started with `--join` asks the cluster's nodes, every
-//! [`JOIN_RETRY`], until it is a voter in its own eyes, to add it
-//! (`AddNode`: a learner first, promoted once it has caught up), with the
-//! cluster's own credentials (the ACL's peer_token; TLS as towards its
-//! peers). It asks only while it may join:
+//! [`JOIN_RETRY`], until it is a voter in its own eyes, to add it (a
+//! learner first, promoted once it has caught up). It asks on their peer
+//! ports (the Raft service's `Members` and `AddNode`), as it talks to its
+//! peers: with the ACL's peer_token, TLS as towards its peers. The peer
+//! credentials are no client identity: the client port refuses them. It
+//! asks only while it may join:
 //!
 //! - a node that started with an empty data directory is a new member;
 //! - a node the cluster counts as a learner finishes a join that was cut
@@ -25,7 +27,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use raftlock_proto::v1 as pb;
-use raftlock_proto::v1::cluster_client::ClusterClient;
+use raftlock_proto::v1::raft_client::RaftClient;
 use tokio::sync::watch;
 
 use crate::apply::Raft;
@@ -50,7 +52,8 @@ pub struct Joiner {
     pub id: NodeId,
     /// Its addresses, as it asks to be added with.
     pub addrs: NodeAddrs,
-    /// The client addresses to ask.
+    /// The peer addresses to ask (`--peer-advertise`, or the client
+    /// address of a node without a separate peer listener).
     pub endpoints: Vec<String>,
     /// Whether its data directory was empty when it started.
     pub started_empty: bool,
@@ -67,6 +70,22 @@ pub struct Joiner {
 struct Seen {
     endpoint: String,
     members: Vec<pb::Member>,
+    leader_id: NodeId,
+}
+
+impl Seen {
+    /// Where to ask to be added: the leader's peer address, as the
+    /// membership gives it; else the node that answered.
+    fn leader_peer_addr(&self) -> &str {
+        self.members
+            .iter()
+            .find(|m| m.id == self.leader_id)
+            .map(|m| match m.peer_addr.as_str() {
+                "" => m.addr.as_str(),
+                peer => peer,
+            })
+            .unwrap_or(&self.endpoint)
+    }
 }
 
 /// What a round does, from this node's own view and the cluster's.
@@ -170,13 +189,14 @@ impl Joiner {
         }
     }
 
-    /// A client of `endpoint` with this node's credentials.
-    fn client(&self, endpoint: &str) -> Option<ClusterClient<tonic::transport::Channel>> {
+    /// A client of the Raft service at peer address `endpoint`, dialled
+    /// as this node dials its peers.
+    fn client(&self, endpoint: &str) -> Option<RaftClient<tonic::transport::Channel>> {
         let channel = self
             .network
             .client_channel(0, &NodeAddrs::shared(endpoint))
             .ok()?;
-        Some(ClusterClient::new(channel))
+        Some(RaftClient::new(channel))
     }
 
     /// `message` with the peer_token, if access control is on.
@@ -217,6 +237,7 @@ impl Joiner {
                 return Ok(Seen {
                     endpoint: endpoint.clone(),
                     members: answer.members,
+                    leader_id: answer.leader_id,
                 });
             }
             answers.push(format!("{endpoint}: no cluster with a leader yet"));
@@ -224,10 +245,10 @@ impl Joiner {
         Err(answers.join("; "))
     }
 
-    /// Asks the node at `seen.endpoint` (which forwards to its leader) to
-    /// add this one.
+    /// Asks the leader `seen` names to add this node.
     async fn add(&self, seen: &Seen, complaints: &Throttle<&'static str>) {
-        let Some(mut client) = self.client(&seen.endpoint) else {
+        let leader = seen.leader_peer_addr();
+        let Some(mut client) = self.client(leader) else {
             return;
         };
         let peer_addr = if self.addrs.peer_addr == self.addrs.addr {
@@ -235,7 +256,7 @@ impl Joiner {
         } else {
             self.addrs.peer_addr.clone()
         };
-        tracing::info!(node = self.id, asked = %seen.endpoint, "--join: asking to be added");
+        tracing::info!(node = self.id, asked = %leader, "--join: asking to be added");
         let request = self.request(pb::AddNodeRequest {
             id: self.id,
             addr: self.addrs.addr.clone(),
@@ -248,7 +269,7 @@ impl Joiner {
                 if complaints.pass("add").is_some() {
                     tracing::warn!(
                         node = self.id,
-                        asked = %seen.endpoint,
+                        asked = %leader,
                         code = ?e.code(),
                         "--join: could not be added yet ({}); asking again every {JOIN_RETRY:?}",
                         e.message()

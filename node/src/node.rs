@@ -257,7 +257,7 @@ pub struct NodeOptions {
     /// Where the log is kept: sled in `data_dir` (the default), or a
     /// simulated disk (simulators).
     pub storage: crate::raft::backend::Storage,
-    /// Client addresses of the cluster this node joins by itself (see
+    /// Peer addresses of the cluster this node joins by itself (see
     /// [`crate::join`]); empty: it does not.
     pub join: Vec<String>,
 }
@@ -561,6 +561,7 @@ impl Node {
                     leadership.clone(),
                     shared.metrics.clone(),
                     stop_rx.clone(),
+                    api.clone(),
                 ))
                 .max_decoding_message_size(crate::raft::MAX_RAFT_MESSAGE_BYTES)
                 .max_encoding_message_size(crate::raft::MAX_RAFT_MESSAGE_BYTES),
@@ -596,13 +597,13 @@ impl Node {
                 ))
                 // Credentials are checked from the headers, before a body
                 // (up to a 1 GiB backup) is read: without them nothing is
-                // decoded. The peer token passes too (a node joining by
-                // itself, `--join`); each method then says what it takes.
+                // decoded. The peer credentials are not a client's (a node
+                // joining by itself asks on the peer port).
                 .add_service(InterceptedService::new(
                     ClusterServer::new(api.clone())
                         .max_decoding_message_size(MAX_BACKUP_BYTES)
                         .max_encoding_message_size(MAX_BACKUP_BYTES),
-                    authenticated_or_peer(opts.auth.clone()),
+                    authenticated(opts.auth.clone()),
                 ));
             // With a separate peer listener the client port has no Raft
             // service at all (`UNIMPLEMENTED`).
@@ -1145,21 +1146,6 @@ fn authenticated(
 ) -> impl FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Clone {
     move |req| {
         auth.caller(&req)?;
-        Ok(req)
-    }
-}
-
-/// [`authenticated`], also letting through the cluster's peers (see
-/// [`Auth::check_peer`](crate::auth::Auth::check_peer)); for the
-/// `Cluster` service, whose methods each check their caller again (only
-/// `Members` and `AddNode` take a peer, see `Api::peer_or`).
-fn authenticated_or_peer(
-    auth: Arc<crate::auth::Auth>,
-) -> impl FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Clone {
-    move |req| {
-        if auth.check_peer(&req).is_err() {
-            auth.caller(&req)?;
-        }
         Ok(req)
     }
 }

@@ -589,17 +589,27 @@ async fn a_new_statefulset_forms_and_a_pod_that_lost_its_volume_rejoins_only_whe
     for i in 1..PODS {
         assert!(!set.log(i).contains("--init"), "{}", set.logs());
     }
-    // The peer token, with which the pods added themselves, reads and adds
-    // members and does nothing else on the client port.
+    // The peer token, with which the pods added themselves on the peer
+    // port, does nothing on the client port (the NetworkPolicy opens it to
+    // clients).
     let as_peer = client_with(set.client.clone(), &ca, PEER_TOKEN);
-    let refused = as_peer
-        .remove_node(2)
-        .await
-        .expect_err("the peer token removes no member");
-    assert!(
-        refused.to_string().contains("unknown bearer token"),
-        "{refused}"
-    );
+    for refused in [
+        as_peer
+            .members()
+            .await
+            .map(drop)
+            .expect_err("no membership"),
+        as_peer
+            .remove_node(2)
+            .await
+            .map(drop)
+            .expect_err("no removal"),
+    ] {
+        assert!(
+            refused.to_string().contains("unknown bearer token"),
+            "{refused}"
+        );
+    }
 
     // raftlock-2 (node 3) loses its volume.
     set.pods[2].lose_volume().await;

@@ -34,6 +34,111 @@ const REVOKE_RETRY: std::time::Duration = std::time::Duration::from_millis(50);
 pub const ADD_NODE_CATCH_UP: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl Api {
+    /// The membership as this node sees it, and the leader it knows
+    /// (`Members`; also the Raft service's, for a node joining by itself).
+    pub(crate) fn membership(&self) -> pb::MembersResponse {
+        let m = self.0.raft.metrics().borrow_watched().clone();
+        pb::MembersResponse {
+            members: members(&m.membership_config),
+            leader_id: self.0.leadership.view().leader.unwrap_or(0),
+        }
+    }
+
+    /// Adds a node (`AddNode`, the caller's rights already checked; also
+    /// the Raft service's, for a node joining by itself).
+    pub(crate) async fn add(&self, r: pb::AddNodeRequest) -> Result<pb::AddNodeResponse, Status> {
+        if r.id == 0 {
+            return Err(Error::InvalidArgument("node id must be non-zero".into()).into());
+        }
+        if !valid_addr(&r.addr) {
+            return Err(Error::InvalidArgument(format!(
+                "node address must be host:port, got {:?}",
+                r.addr
+            ))
+            .into());
+        }
+        if !r.peer_addr.is_empty() && !valid_addr(&r.peer_addr) {
+            return Err(Error::InvalidArgument(format!(
+                "node peer address must be host:port (or empty), got {:?}",
+                r.peer_addr
+            ))
+            .into());
+        }
+        let node = match r.peer_addr.as_str() {
+            "" => NodeAddrs::shared(r.addr.clone()),
+            peer => NodeAddrs::new(r.addr.clone(), peer),
+        };
+        let current = self
+            .0
+            .raft
+            .metrics()
+            .borrow_watched()
+            .membership_config
+            .clone();
+        let already = match current.membership().get_node(&r.id) {
+            Some(existing) if *existing != node => {
+                return Err(Error::FailedPrecondition(format!(
+                    "node {} is already a member at {existing}",
+                    r.id
+                ))
+                .into());
+            }
+            Some(_) => current.log_id().as_ref().map(|l| l.index),
+            None => None,
+        };
+        // Learner first, blocking until it has caught up; then promote. A
+        // node that is already a member (a join asked again, a promotion
+        // cut short) is not added again: each addition is a log entry.
+        let added_at = match already {
+            Some(index) if current.membership().get_joint_config().len() == 1 => index,
+            _ => {
+                self.0
+                    .raft
+                    .add_learner(r.id, node, false)
+                    .await
+                    .map_err(Error::from)?
+                    .log_id
+                    .index
+            }
+        };
+        // openraft's own "blocking" add only waits while the learner lags by
+        // more than its replication threshold, which a node that cannot be
+        // reached at all does not on a young log. Wait for the learner to
+        // have really replicated the log up to its own addition instead.
+        let timeout = match r.catch_up_timeout_ms {
+            0 => ADD_NODE_CATCH_UP,
+            ms => std::time::Duration::from_millis(ms),
+        };
+        self.wait_caught_up(r.id, &r.addr, added_at, timeout)
+            .await?;
+        let mut latest = self
+            .0
+            .raft
+            .metrics()
+            .borrow_watched()
+            .membership_config
+            .clone();
+        if !r.learner_only {
+            // Added to the voters the leader has when it makes the change,
+            // not to those this node saw: two nodes added at once would
+            // otherwise each replace the voters with a set lacking the
+            // other.
+            let add: BTreeSet<NodeId> = [r.id].into();
+            let resp = self
+                .0
+                .raft
+                .change_membership(openraft::ChangeMembers::AddVoterIds(add), false)
+                .await
+                .map_err(Error::from)?;
+            if let Some(m) = resp.membership {
+                latest = std::sync::Arc::new(StoredMembership::new(Some(resp.log_id), m));
+            }
+        }
+        Ok(pb::AddNodeResponse {
+            members: members(&latest),
+        })
+    }
+
     /// Waits until the leader has replicated up to `index` to node `id`.
     async fn wait_caught_up(
         &self,
@@ -245,12 +350,8 @@ impl Cluster for Api {
         req: Request<pb::MembersRequest>,
     ) -> Result<Response<pb::MembersResponse>, Status> {
         let _timer = self.0.shared.metrics.timer(crate::metrics::Method::Members);
-        self.peer_or(&req, |c| c.require_any(Permission::Read))?;
-        let m = self.0.raft.metrics().borrow_watched().clone();
-        Ok(Response::new(pb::MembersResponse {
-            members: members(&m.membership_config),
-            leader_id: self.0.leadership.view().leader.unwrap_or(0),
-        }))
+        self.caller(&req)?.require_any(Permission::Read)?;
+        Ok(Response::new(self.membership()))
     }
 
     #[tracing::instrument(skip_all, fields(node = req.get_ref().id, addr = %req.get_ref().addr))]
@@ -259,98 +360,8 @@ impl Cluster for Api {
         req: Request<pb::AddNodeRequest>,
     ) -> Result<Response<pb::AddNodeResponse>, Status> {
         let _timer = self.0.shared.metrics.timer(crate::metrics::Method::AddNode);
-        self.peer_or(&req, |c| c.require_admin())?;
-        let r = req.into_inner();
-        if r.id == 0 {
-            return Err(Error::InvalidArgument("node id must be non-zero".into()).into());
-        }
-        if !valid_addr(&r.addr) {
-            return Err(Error::InvalidArgument(format!(
-                "node address must be host:port, got {:?}",
-                r.addr
-            ))
-            .into());
-        }
-        if !r.peer_addr.is_empty() && !valid_addr(&r.peer_addr) {
-            return Err(Error::InvalidArgument(format!(
-                "node peer address must be host:port (or empty), got {:?}",
-                r.peer_addr
-            ))
-            .into());
-        }
-        let node = match r.peer_addr.as_str() {
-            "" => NodeAddrs::shared(r.addr.clone()),
-            peer => NodeAddrs::new(r.addr.clone(), peer),
-        };
-        let current = self
-            .0
-            .raft
-            .metrics()
-            .borrow_watched()
-            .membership_config
-            .clone();
-        let already = match current.membership().get_node(&r.id) {
-            Some(existing) if *existing != node => {
-                return Err(Error::FailedPrecondition(format!(
-                    "node {} is already a member at {existing}",
-                    r.id
-                ))
-                .into());
-            }
-            Some(_) => current.log_id().as_ref().map(|l| l.index),
-            None => None,
-        };
-        // Learner first, blocking until it has caught up; then promote. A
-        // node that is already a member (a join asked again, a promotion
-        // cut short) is not added again: each addition is a log entry.
-        let added_at = match already {
-            Some(index) if current.membership().get_joint_config().len() == 1 => index,
-            _ => {
-                self.0
-                    .raft
-                    .add_learner(r.id, node, false)
-                    .await
-                    .map_err(Error::from)?
-                    .log_id
-                    .index
-            }
-        };
-        // openraft's own "blocking" add only waits while the learner lags by
-        // more than its replication threshold, which a node that cannot be
-        // reached at all does not on a young log. Wait for the learner to
-        // have really replicated the log up to its own addition instead.
-        let timeout = match r.catch_up_timeout_ms {
-            0 => ADD_NODE_CATCH_UP,
-            ms => std::time::Duration::from_millis(ms),
-        };
-        self.wait_caught_up(r.id, &r.addr, added_at, timeout)
-            .await?;
-        let mut latest = self
-            .0
-            .raft
-            .metrics()
-            .borrow_watched()
-            .membership_config
-            .clone();
-        if !r.learner_only {
-            // Added to the voters the leader has when it makes the change,
-            // not to those this node saw: two nodes added at once would
-            // otherwise each replace the voters with a set lacking the
-            // other.
-            let add: BTreeSet<NodeId> = [r.id].into();
-            let resp = self
-                .0
-                .raft
-                .change_membership(openraft::ChangeMembers::AddVoterIds(add), false)
-                .await
-                .map_err(Error::from)?;
-            if let Some(m) = resp.membership {
-                latest = std::sync::Arc::new(StoredMembership::new(Some(resp.log_id), m));
-            }
-        }
-        Ok(Response::new(pb::AddNodeResponse {
-            members: members(&latest),
-        }))
+        self.caller(&req)?.require_admin()?;
+        Ok(Response::new(self.add(req.into_inner()).await?))
     }
 
     async fn backup(

@@ -95,22 +95,6 @@ impl Api {
         Ok(self.0.auth.caller(req)?)
     }
 
-    /// Lets through a request made with a cluster node's own credentials
-    /// (the ACL's peer_token, or a peer certificate), which may already
-    /// do anything to the cluster through its Raft port: a node that joins
-    /// by itself (`--join`) reads the membership and adds itself with
-    /// them. Any other caller must pass `check`.
-    pub fn peer_or<T>(
-        &self,
-        req: &tonic::Request<T>,
-        check: impl FnOnce(&Caller) -> Result<(), crate::auth::AuthError>,
-    ) -> Result<(), Error> {
-        if self.0.auth.current().is_some() && self.0.auth.check_peer(req).is_ok() {
-            return Ok(());
-        }
-        Ok(check(&self.caller(req)?)?)
-    }
-
     /// Proposes `command` and waits until it is applied here; returns its
     /// answer (refusals as errors). A reply of a kind the command never
     /// gets is a bug, answered `INTERNAL` from here.

@@ -39,6 +39,9 @@ pub struct RaftService {
     metrics: Arc<Metrics>,
     /// Set when the node stops: open replication streams end then.
     stopping: tokio::sync::watch::Receiver<bool>,
+    /// The client API, whose Members and AddNode a node joining by
+    /// itself calls here.
+    api: crate::api::Api,
 }
 
 impl RaftService {
@@ -52,6 +55,7 @@ impl RaftService {
         leadership: Arc<Leadership>,
         metrics: Arc<Metrics>,
         stopping: tokio::sync::watch::Receiver<bool>,
+        api: crate::api::Api,
     ) -> Self {
         RaftService {
             raft,
@@ -60,6 +64,7 @@ impl RaftService {
             leadership,
             metrics,
             stopping,
+            api,
         }
     }
 
@@ -397,6 +402,23 @@ impl RaftRpc for RaftService {
             )));
         }
         reply(self.raft.pre_vote(rpc).await)
+    }
+
+    async fn members(
+        &self,
+        req: Request<pb::MembersRequest>,
+    ) -> Result<Response<pb::MembersResponse>, Status> {
+        self.admit(&req).await?;
+        Ok(Response::new(self.api.membership()))
+    }
+
+    #[tracing::instrument(skip_all, fields(node = req.get_ref().id, addr = %req.get_ref().addr))]
+    async fn add_node(
+        &self,
+        req: Request<pb::AddNodeRequest>,
+    ) -> Result<Response<pb::AddNodeResponse>, Status> {
+        self.admit(&req).await?;
+        Ok(Response::new(self.api.add(req.into_inner()).await?))
     }
 
     async fn transfer_leader(

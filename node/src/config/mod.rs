@@ -54,10 +54,12 @@ pub struct Config {
     #[arg(long, env = "RAFTLOCK_INIT", num_args = 0, default_missing_value = "true",
           value_parser = clap::builder::FalseyValueParser::new())]
     pub init: Option<bool>,
-    /// Join the cluster whose nodes answer at these client addresses
-    /// (HOST:PORT,...) as a new member, by itself: while it is not a voter,
-    /// this node asks them to add it (`AddNode`: a learner, then a voter
-    /// once caught up), authenticating with the ACL's peer_token. Only a
+    /// Join the cluster whose nodes answer at these peer addresses
+    /// (HOST:PORT,...: their --peer-advertise, or their client address if
+    /// they have no separate peer listener) as a new member, by itself:
+    /// while it is not a voter, this node asks them to add it (a learner,
+    /// then a voter once caught up), with the credentials it uses towards
+    /// its peers (the ACL's peer_token, its TLS certificate). Only a
     /// node that started with an empty data directory, or that is a learner
     /// of the cluster (a join that was cut short), is added; one the
     /// cluster removed while it kept its data is not added again.

@@ -421,9 +421,46 @@ async fn the_raft_service_is_only_for_peers() {
         .await
         .expect_err("garbage");
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
-    // And the peer token is not a client identity.
-    let status = cluster_at(&leader)
+    // The membership and AddNode of a node joining by itself are there
+    // for peers only too, and answered with the peer token.
+    let status = raft
+        .members(as_token(pb::MembersRequest {}, "tok-ops"))
+        .await
+        .expect_err("not a peer");
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    let status = raft
+        .add_node(as_token(pb::AddNodeRequest::default(), "tok-ops"))
+        .await
+        .expect_err("not a peer");
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    let members = raft
+        .members(as_token(pb::MembersRequest {}, PEER_TOKEN))
+        .await
+        .expect("a peer reads the membership")
+        .into_inner();
+    assert_eq!(members.members.len(), 3, "{members:?}");
+    assert_ne!(members.leader_id, 0, "{members:?}");
+    let status = raft
+        .add_node(as_token(pb::AddNodeRequest::default(), PEER_TOKEN))
+        .await
+        .expect_err("node id 0");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    // And the peer token is not a client identity: not for the status,
+    // nor for the membership or AddNode on the client port (which the
+    // clients' network reaches).
+    let mut client_port = cluster_at(&leader);
+    let status = client_port
         .status(as_token(pb::StatusRequest {}, PEER_TOKEN))
+        .await
+        .expect_err("refused");
+    assert_eq!(status.code(), Code::Unauthenticated);
+    let status = client_port
+        .members(as_token(pb::MembersRequest {}, PEER_TOKEN))
+        .await
+        .expect_err("refused");
+    assert_eq!(status.code(), Code::Unauthenticated);
+    let status = client_port
+        .add_node(as_token(pb::AddNodeRequest::default(), PEER_TOKEN))
         .await
         .expect_err("refused");
     assert_eq!(status.code(), Code::Unauthenticated);
