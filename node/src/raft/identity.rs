@@ -237,6 +237,23 @@ mod tests {
         assert_eq!(identity.id(), THEIRS);
     }
 
+    /// Review of issue 45, item 4: the guard holds while the node is
+    /// empty, not only until it has adopted a cluster id (an unmarked RPC,
+    /// from a sender whose membership is older, adopts it), and whether or
+    /// not the RPC carries the cluster id.
+    #[tokio::test]
+    async fn the_guard_holds_while_the_node_is_empty_after_adopting() {
+        let identity = empty_node_2();
+        identity.check(&rpc(None)).await.expect("adopted, unmarked");
+        assert_eq!(identity.id(), THEIRS);
+        let refused = identity.check(&rpc(Some("2@7"))).await.unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+        let mut no_id = MetadataMap::new();
+        no_id.insert(VOTER_KEY, "2@7".parse().unwrap());
+        let refused = identity.check(&no_id).await.unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+    }
+
     #[tokio::test]
     async fn an_empty_node_may_join_as_a_learner_or_a_bootstrap_voter() {
         for mark in [None, Some("2@0"), Some("3@7"), Some("2@"), Some("junk")] {
