@@ -64,6 +64,9 @@ pub struct ClusterIdentity {
     refusals: Throttle<u64>,
     /// Refusals as a lost voter ([`VOTER_KEY`]), once a minute.
     lost_voter: Throttle<()>,
+    /// Set once the store was seen holding a vote or a log (it never
+    /// becomes empty again while the node runs).
+    has_data: std::sync::atomic::AtomicBool,
 }
 
 /// How often a refusal of RPCs from one foreign cluster is logged.
@@ -81,6 +84,7 @@ impl ClusterIdentity {
             adopt: tokio::sync::Mutex::new(()),
             refusals: Throttle::new(REFUSAL_LOG_EVERY),
             lost_voter: Throttle::new(REFUSAL_LOG_EVERY),
+            has_data: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -109,6 +113,12 @@ impl ClusterIdentity {
     /// none (unless the sender counts this empty node as a voter it must
     /// have been before: see [`VOTER_KEY`]), refuses another.
     pub async fn check(&self, metadata: &MetadataMap) -> Result<(), Status> {
+        // Before anything else, and for as long as the node is empty: an
+        // id adopted from an unmarked RPC (a sender with an older
+        // membership) lets nothing through.
+        if let Some(at) = self.lost_voter_at(metadata) {
+            return Err(self.lost_voter_refusal(at));
+        }
         let Some(value) = metadata.get(CLUSTER_ID_KEY) else {
             return Ok(());
         };
@@ -149,9 +159,20 @@ impl ClusterIdentity {
     /// A mark for another node id (a sender with a stale address book)
     /// or a malformed one says nothing.
     fn lost_voter_at(&self, metadata: &MetadataMap) -> Option<u64> {
+        if self.has_data.load(Ordering::Relaxed) {
+            return None;
+        }
         let (id, index) = metadata.get(VOTER_KEY)?.to_str().ok()?.split_once('@')?;
         let (id, index): (u64, u64) = (id.parse().ok()?, index.parse().ok()?);
-        (id == self.node && index > 0 && self.store.is_fresh()).then_some(index)
+        if id != self.node || index == 0 {
+            return None;
+        }
+        if !self.store.is_fresh() {
+            // A node with a vote or a log keeps one: not asked again.
+            self.has_data.store(true, Ordering::Relaxed);
+            return None;
+        }
+        Some(index)
     }
 
     /// The refusal of an RPC that counts this empty node as a voter of
