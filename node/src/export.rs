@@ -42,6 +42,24 @@ pub struct Exported {
     pub stats: Stats,
 }
 
+/// Whether the data directory `data_dir` of a stopped node is empty as
+/// `raftlockd run` counts it (no vote, no log entry: the node never took
+/// part in a cluster, and `--init` would bootstrap it), whatever files an
+/// interrupted first start left. Refused while a node runs on it.
+pub fn is_empty(data_dir: &Path) -> anyhow::Result<bool> {
+    let sled_dir = data_dir.join("sled");
+    if !sled_dir.exists() {
+        return Ok(true);
+    }
+    let db = open_db(&sled_dir).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot open {}: {e} (is a node still running on it? stop it first)",
+            sled_dir.display()
+        )
+    })?;
+    Ok(LogStore::new(db, &sled_dir)?.is_fresh())
+}
+
 /// Reads the data directory `data_dir` of a stopped node (refused while a
 /// node runs on it: sled holds a lock on its files) and makes a backup of
 /// everything in it.

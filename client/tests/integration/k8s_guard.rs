@@ -60,6 +60,17 @@ struct Pod {
     dir: tempfile::TempDir,
 }
 
+/// This build's raftlockd (built if need be).
+fn raftlockd() -> PathBuf {
+    raftlock_testkit::bins::workspace_bin(
+        "raftlock-node",
+        "raftlockd",
+        Path::new(env!("CARGO_BIN_EXE_raftlock")),
+        "RAFTLOCK_JEPSEN_RAFTLOCKD",
+        true,
+    )
+}
+
 impl Pod {
     /// raftlock-0's container: an empty data volume, the CA and the token
     /// as the Secrets would mount them.
@@ -69,8 +80,10 @@ impl Pod {
         std::fs::create_dir_all(&bin).expect("bin");
         std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_raftlock"), bin.join("raftlock"))
             .expect("raftlock on PATH");
+        // Records how `run` is exec'd; `data-state` is the real one.
         let stand_in = format!(
-            "#!/bin/sh\nprintf '%s ' \"$@\" > '{}'\n",
+            "#!/bin/sh\n[ \"$1\" != data-state ] || exec '{}' \"$@\"\nprintf '%s ' \"$@\" > '{}'\n",
+            raftlockd().display(),
             dir.path().join("exec").display()
         );
         std::fs::write(bin.join("raftlockd"), stand_in).expect("stand-in");
@@ -160,6 +173,36 @@ async fn the_guard_bootstraps_only_when_every_other_pod_is_fresh() {
         exec.contains(&format!("--peers 1={me}:7101/{me}:7201 --init")),
         "{o:#?}"
     );
+
+    // A first start cut short (raftlockd killed before it bootstrapped:
+    // its files exist, with no vote and no log) is still an empty volume.
+    let cut_short = Pod::new(&ca.pem(), TOKEN);
+    let data = cut_short.path("data");
+    let mut first = std::process::Command::new(raftlockd())
+        .args(["run", "--id", "1", "--insecure-peers", "--listen"])
+        .arg(format!(
+            "127.0.0.1:{}",
+            raftlock_testkit::ports::free_port()
+        ))
+        .arg("--data-dir")
+        .arg(&data)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("raftlockd");
+    raftlock_testkit::eventually(
+        "raftlockd to create its files",
+        Duration::from_secs(60),
+        || {
+            let sled = data.join("sled");
+            async move { sled.join("conf").exists().then_some(()) }
+        },
+    )
+    .await;
+    first.kill().expect("kill");
+    first.wait().expect("reaped");
+    let o = cut_short.start(&fresh).await;
+    let exec = o.exec.as_deref().unwrap_or_else(|| panic!("{o:#?}"));
+    assert!(exec.contains("--init"), "{o:#?}");
 
     // Any failure to find out is no licence to bootstrap.
     let other_ca = Ca::new("another CA");
@@ -282,13 +325,7 @@ impl StatefulSet {
         let client: Vec<String> = (0..PODS).map(|_| port()).collect();
         let peer: Vec<String> = (0..PODS).map(|_| port()).collect();
         let leaf = ca.issue("raftlock pod", &["127.0.0.1", "localhost"]);
-        let raftlockd = raftlock_testkit::bins::workspace_bin(
-            "raftlock-node",
-            "raftlockd",
-            Path::new(env!("CARGO_BIN_EXE_raftlock")),
-            "RAFTLOCK_JEPSEN_RAFTLOCKD",
-            true,
-        );
+        let raftlockd = raftlockd();
         let mut pods = Vec::new();
         for ordinal in 0..PODS {
             let pod = dir.path().join(format!("raftlock-{ordinal}"));

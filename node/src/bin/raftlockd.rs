@@ -80,6 +80,16 @@ enum Command {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Say whether a stopped node's data directory is empty as `run`
+    /// counts it: prints `empty` (no vote and no log entry: the node never
+    /// took part in a cluster, and `run --init` would bootstrap it, even if
+    /// an interrupted first start left files) or `used`; exits 0 for
+    /// either, 1 on an error (a node running on it, say).
+    DataState {
+        /// The stopped node's data directory.
+        #[arg(long)]
+        data_dir: PathBuf,
+    },
     /// Print the SHA-256 of a token read from stdin, for an ACL file's
     /// `sha256 = "..."` (so the file need not hold the token itself).
     HashToken,
@@ -170,6 +180,11 @@ async fn main() {
             fence_bump,
         } => restore(&file, &data_dir, fence_bump),
         Command::Export { data_dir, out } => export(&data_dir, &out).await,
+        Command::DataState { data_dir } => {
+            raftlock_node::export::is_empty(&data_dir).map(|empty| {
+                println!("{}", if empty { "empty" } else { "used" });
+            })
+        }
         Command::HashToken => hash_token(),
         Command::Probe { check, addr } => probe(check, &addr).await,
     };
