@@ -256,7 +256,12 @@ impl Joiner {
         } else {
             self.addrs.peer_addr.clone()
         };
-        tracing::info!(node = self.id, asked = %leader, "--join: asking to be added");
+        // Once a minute at INFO: a node catching up asks every round.
+        if complaints.pass("asking").is_some() {
+            tracing::info!(node = self.id, asked = %leader, "--join: asking to be added");
+        } else {
+            tracing::debug!(node = self.id, asked = %leader, "--join: asking to be added");
+        }
         let request = self.request(pb::AddNodeRequest {
             id: self.id,
             addr: self.addrs.addr.clone(),

@@ -184,7 +184,8 @@ impl ClusterIdentity {
              (membership at log index {at}): a voter that lost its data has forgotten the votes \
              it granted and the entries it acknowledged, and must not take part again under its \
              old id; remove it first (raftlock members remove {node}), then add it again \
-             (raftlock members add {node} ...)"
+             (raftlock members add {node} ...). A node made a voter before it ever ran is refused \
+             the same way: it cannot be told from one that lost its data"
         );
         if let Some(held_back) = self.lost_voter.pass(()) {
             tracing::error!(refused_since_last_line = held_back, "{why}");
