@@ -11,6 +11,7 @@ pub mod api;
 pub mod apply;
 pub mod auth;
 pub mod blocking;
+pub mod codec;
 pub mod config;
 pub mod console;
 pub mod error;

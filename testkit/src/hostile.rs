@@ -84,7 +84,7 @@ fn msg(data: Vec<u8>) -> pb::RaftMessage {
 }
 
 fn bin<T: serde::Serialize>(v: &T) -> Vec<u8> {
-    bincode::serialize(v).expect("openraft types serialize")
+    raftlock_node::codec::to_vec(v)
 }
 
 fn random_bytes(rng: &mut StdRng, n: usize) -> Vec<u8> {
@@ -379,7 +379,7 @@ mod tests {
             },
         ));
         assert!(head.len() < 100, "one small message: {} bytes", head.len());
-        let (vote, meta): (Vote, SnapshotMeta) = bincode::deserialize(&head).unwrap();
+        let (vote, meta): (Vote, SnapshotMeta) = raftlock_node::codec::decode(&head).unwrap();
         assert!(vote.committed);
         assert_eq!(meta.last_log_id.unwrap().index, 5);
         let r = append(
@@ -388,7 +388,7 @@ mod tests {
             vec![blank(7, 11), blank(7, 13)],
         );
         let back: openraft::raft::AppendEntriesRequest<TypeConfig> =
-            bincode::deserialize(&bin(&r)).unwrap();
+            raftlock_node::codec::decode(&bin(&r)).unwrap();
         assert_eq!(back.entries.len(), 2);
     }
 }

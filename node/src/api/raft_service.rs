@@ -179,7 +179,7 @@ fn snapshot_fits(have: usize, more: usize) -> bool {
 }
 
 fn decode<T: DeserializeOwned>(msg: &pb::RaftMessage) -> Result<T, Status> {
-    bincode::deserialize(&msg.data)
+    crate::codec::decode(&msg.data)
         .map_err(|e| Status::invalid_argument(format!("malformed raft message: {e}")))
 }
 
@@ -189,20 +189,20 @@ fn reply<T: Serialize, E: Serialize>(
 ) -> Result<Response<pb::RaftMessage>, Status> {
     let msg = match result {
         Ok(v) => pb::RaftMessage {
-            data: bincode::serialize(&v).map_err(internal)?,
+            data: crate::codec::encode(&v).map_err(internal)?,
             error: Vec::new(),
             ..Default::default()
         },
         Err(e) => pb::RaftMessage {
             data: Vec::new(),
-            error: bincode::serialize(&e).map_err(internal)?,
+            error: crate::codec::encode(&e).map_err(internal)?,
             ..Default::default()
         },
     };
     Ok(Response::new(msg))
 }
 
-fn internal(e: bincode::Error) -> Status {
+fn internal(e: crate::codec::Error) -> Status {
     Status::internal(format!("cannot encode raft reply: {e}"))
 }
 
@@ -320,12 +320,12 @@ impl RaftRpc for RaftService {
                     this.leadership.heard_from_leader(quorum_lost);
                 }
                 let msg = match result {
-                    Ok(answer) => bincode::serialize(&answer).map(|data| pb::RaftMessage {
+                    Ok(answer) => crate::codec::encode(&answer).map(|data| pb::RaftMessage {
                         data,
                         error: Vec::new(),
                         ..Default::default()
                     }),
-                    Err(fatal) => bincode::serialize(&openraft::error::RaftError::<
+                    Err(fatal) => crate::codec::encode(&openraft::error::RaftError::<
                         crate::raft::TypeConfig,
                     >::Fatal(fatal))
                     .map(|error| pb::RaftMessage {

@@ -67,7 +67,7 @@ struct SnapshotShared {
 fn encode_snapshot_file(meta: &SnapshotMeta, table: &LockTable, capacity: usize) -> Vec<u8> {
     let mut out = Vec::with_capacity(capacity);
     out.push(SNAPSHOT_FILE_VERSION);
-    bincode::serialize_into(&mut out, meta).expect("snapshot meta serializes");
+    crate::codec::encode_into(&mut out, meta).expect("snapshot meta serializes");
     // bincode writes a `Vec<u8>` as its length (u64, little-endian), then
     // the bytes.
     let len_at = out.len();
@@ -108,7 +108,7 @@ fn decode_snapshot(bytes: &[u8]) -> Result<SnapshotFile, String> {
     let bytes = checked(bytes)?;
     match bytes.split_first() {
         Some((&SNAPSHOT_FILE_VERSION, rest)) => {
-            bincode::deserialize(rest).map_err(|e| format!("corrupt snapshot: {e}"))
+            crate::codec::decode(rest).map_err(|e| format!("corrupt snapshot: {e}"))
         }
         Some((v, _)) => Err(format!("unsupported snapshot version {v}")),
         None => Err("empty snapshot".into()),
@@ -141,7 +141,7 @@ fn decode_snapshot_meta(bytes: &[u8]) -> Result<SnapshotMeta, String> {
         Some((&SNAPSHOT_FILE_VERSION, mut rest)) => {
             // `SnapshotFile` starts with its meta; reading from a reader
             // stops there.
-            bincode::deserialize_from(&mut rest).map_err(|e| format!("corrupt snapshot: {e}"))
+            crate::codec::decode_from(&mut rest).map_err(|e| format!("corrupt snapshot: {e}"))
         }
         Some((v, _)) => Err(format!("unsupported snapshot version {v}")),
         None => Err("empty snapshot".into()),
@@ -414,7 +414,7 @@ mod tests {
             last_membership: StoredMembership::default(),
         };
         let mut old = vec![SNAPSHOT_FILE_VERSION];
-        bincode::serialize_into(
+        crate::codec::encode_into(
             &mut old,
             &SnapshotFile {
                 meta: meta.clone(),

@@ -34,9 +34,9 @@ use std::time::Duration;
 use openraft::storage::{IOFlushed, RaftLogStorage};
 use openraft::{LogState, OptionalSend, RaftLogReader};
 use serde::de::DeserializeOwned;
-use serde::Serialize;
 
 use super::{Entry, LogId, NodeId, TypeConfig, Vote};
+use crate::codec::{decode_stored as decode, to_vec as encode};
 
 const KEY_VOTE: &str = "vote";
 const KEY_COMMITTED: &str = "committed";
@@ -296,14 +296,6 @@ impl MemDisk {
             Some(bytes) => decode(bytes).map(Some),
         }
     }
-}
-
-fn encode<T: Serialize>(v: &T) -> Vec<u8> {
-    bincode::serialize(v).expect("openraft types serialize")
-}
-
-fn decode<T: DeserializeOwned>(bytes: &[u8]) -> io::Result<T> {
-    bincode::deserialize(bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
 /// An append waiting for its sync.

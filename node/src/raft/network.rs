@@ -399,7 +399,7 @@ impl Peer {
         left_at: u64,
         within: Duration,
     ) {
-        let Ok(data) = bincode::serialize(rpc) else {
+        let Ok(data) = crate::codec::encode(rpc) else {
             return;
         };
         let (Ok(mut client), Ok(mut request)) = (
@@ -490,7 +490,8 @@ impl Peer {
         Req: Serialize,
         Resp: DeserializeOwned,
     {
-        let data = bincode::serialize(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let data =
+            crate::codec::encode(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let mut client = self.client()?;
         let request = self.request(pb::RaftMessage {
             data,
@@ -536,13 +537,13 @@ fn decode_reply<Resp: DeserializeOwned>(
     resp: &pb::RaftMessage,
 ) -> Result<Resp, RpcError> {
     if !resp.error.is_empty() {
-        let e: openraft::error::RaftError<TypeConfig> = bincode::deserialize(&resp.error)
+        let e: openraft::error::RaftError<TypeConfig> = crate::codec::decode(&resp.error)
             .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         return Err(RPCError::Unreachable(Unreachable::new(&Msg(format!(
             "node {target}: {e}"
         )))));
     }
-    bincode::deserialize(&resp.data).map_err(|e| RPCError::Network(NetworkError::new(&e)))
+    crate::codec::decode(&resp.data).map_err(|e| RPCError::Network(NetworkError::new(&e)))
 }
 
 impl RaftNetworkV2<TypeConfig> for Peer {
@@ -743,7 +744,7 @@ impl Peer {
                 // Serializing openraft's own types cannot fail; an empty
                 // message would be refused by the peer as malformed.
                 pb::RaftMessage {
-                    data: bincode::serialize(&rpc).unwrap_or_default(),
+                    data: crate::codec::encode(&rpc).unwrap_or_default(),
                     error: Vec::new(),
                     leader_quorum_lost: network.quorum_lost(),
                 }
@@ -852,7 +853,7 @@ impl Peer {
                 self.target
             ))))
         };
-        let head = bincode::serialize(&(&vote, &snapshot.meta)).map_err(|e| net(&e))?;
+        let head = crate::codec::encode(&(&vote, &snapshot.meta)).map_err(|e| net(&e))?;
         let chunk = super::SNAPSHOT_CHUNK_BYTES as usize;
         let data = snapshot.snapshot;
         let messages = std::iter::once(head)

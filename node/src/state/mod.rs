@@ -81,16 +81,16 @@ mod encoding_tests {
     #[test]
     fn bincode_bytes_are_the_same_as_a_plain_vec() {
         let data: Vec<u8> = (0..=255).collect();
-        let plain = bincode::serialize(&Plain(data.clone())).expect("encode");
-        let blob = bincode::serialize(&Blob(data.clone())).expect("encode");
+        let plain = crate::codec::encode(&Plain(data.clone())).expect("encode");
+        let blob = crate::codec::encode(&Blob(data.clone())).expect("encode");
         assert_eq!(plain, blob);
-        let back: Blob = bincode::deserialize(&plain).expect("decode");
+        let back: Blob = crate::codec::decode(&plain).expect("decode");
         assert_eq!(back.0, data);
         // JSON still round-trips.
         let json = serde_json::to_string(&Blob(vec![1, 2, 3])).expect("json");
         let back: Blob = serde_json::from_str(&json).expect("json back");
         assert_eq!(back.0, vec![1, 2, 3]);
         let truncated = &plain[..plain.len() - 1];
-        assert!(bincode::deserialize::<Blob>(truncated).is_err());
+        assert!(crate::codec::decode::<Blob>(truncated).is_err());
     }
 }

@@ -306,7 +306,7 @@ impl LockTable {
     /// caller that frames them without another copy.
     pub fn encode_snapshot_into(&self, out: &mut Vec<u8>) {
         out.push(SNAPSHOT_VERSION);
-        bincode::serialize_into(out, self).expect("serializing to a Vec cannot fail");
+        crate::codec::encode_into(out, self).expect("serializing to a Vec cannot fail");
     }
 
     /// Decodes a table written by [`to_snapshot`](Self::to_snapshot), or by
@@ -318,7 +318,7 @@ impl LockTable {
     /// table has floor 0), so backups of older clusters can be restored.
     pub fn from_snapshot(bytes: &[u8]) -> Result<Self, SnapshotError> {
         fn decode<T: serde::de::DeserializeOwned>(rest: &[u8]) -> Result<T, SnapshotError> {
-            bincode::deserialize(rest).map_err(|e| SnapshotError::Corrupt(e.to_string()))
+            crate::codec::decode(rest).map_err(|e| SnapshotError::Corrupt(e.to_string()))
         }
         let mut table = match bytes.split_first() {
             Some((&SNAPSHOT_VERSION, rest)) => decode::<LockTable>(rest)?,

@@ -13,9 +13,9 @@ use tokio::time::Instant;
 use openraft::storage::{IOFlushed, RaftLogStorage};
 use openraft::{LogState, OptionalSend, RaftLogReader};
 use serde::de::DeserializeOwned;
-use serde::Serialize;
 
 use super::{Entry, LogId, NodeId, TypeConfig, Vote, FORMAT_VERSION};
+use crate::codec::{decode_stored as decode, to_vec as encode};
 use crate::metrics::Metrics;
 
 const KEY_FORMAT: &[u8] = b"format";
@@ -328,14 +328,6 @@ impl Drop for Flusher {
             }
         }
     }
-}
-
-fn encode<T: Serialize>(v: &T) -> Vec<u8> {
-    bincode::serialize(v).expect("openraft types serialize")
-}
-
-fn decode<T: DeserializeOwned>(bytes: &[u8]) -> io::Result<T> {
-    bincode::deserialize(bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
 /// A sled error as an I/O error.

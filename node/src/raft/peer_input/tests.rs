@@ -30,7 +30,7 @@ fn members(voters: &[NodeId], nodes: &[NodeId]) -> Membership<NodeId, NodeAddrs>
             .map(|n| (*n, NodeAddrs::shared(format!("127.0.0.1:{}", 7100 + n))))
             .collect(),
     };
-    bincode::deserialize(&bincode::serialize(&wire).expect("encode")).expect("decode")
+    crate::codec::decode(&crate::codec::encode(&wire).expect("encode")).expect("decode")
 }
 
 fn entry(term: u64, node: NodeId, index: u64) -> Entry {

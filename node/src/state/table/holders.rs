@@ -157,9 +157,9 @@ mod holders_tests {
             h.insert(Fence(f), holder(f));
             map.insert(Fence(f), holder(f));
         }
-        let bytes = bincode::serialize(&h).expect("encodes");
-        assert_eq!(bytes, bincode::serialize(&map).expect("encodes"));
-        assert_eq!(bincode::deserialize::<Holders>(&bytes).expect("decodes"), h);
+        let bytes = crate::codec::encode(&h).expect("encodes");
+        assert_eq!(bytes, crate::codec::encode(&map).expect("encodes"));
+        assert_eq!(crate::codec::decode::<Holders>(&bytes).expect("decodes"), h);
     }
 
     #[test]

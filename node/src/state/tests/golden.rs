@@ -155,7 +155,7 @@ fn check(file: &str, text: String) {
 fn every_command_encodes_as_it_always_did() {
     let text: String = commands()
         .iter()
-        .map(|c| hex(&bincode::serialize(c).expect("encodes")) + "\n")
+        .map(|c| hex(&crate::codec::encode(c).expect("encodes")) + "\n")
         .collect();
     check("commands.hex", text);
     // And each line decodes back to its command.
@@ -165,7 +165,7 @@ fn every_command_encodes_as_it_always_did() {
             .map(|i| u8::from_str_radix(&line[i..i + 2], 16).expect("hex"))
             .collect();
         assert_eq!(
-            bincode::deserialize::<Command>(&bytes).expect("decodes"),
+            crate::codec::decode::<Command>(&bytes).expect("decodes"),
             command
         );
     }

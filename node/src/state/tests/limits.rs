@@ -35,12 +35,12 @@ fn name_length_edges() {
             end_delay("x", 1),
         ] {
             let bytes = with_name(&command, "x", bad);
-            let decoded = bincode::deserialize::<Command>(&bytes);
+            let decoded = crate::codec::decode::<Command>(&bytes);
             let err = decoded.expect_err("a bad name must not decode").to_string();
             assert!(err.contains("lock name must be"), "{err}");
             // The same bytes with a good name decode to the command.
             assert_eq!(
-                bincode::deserialize::<Command>(&with_name(&command, "x", "x")).expect("decodes"),
+                crate::codec::decode::<Command>(&with_name(&command, "x", "x")).expect("decodes"),
                 command
             );
         }
@@ -55,7 +55,7 @@ fn name_length_edges() {
 /// `command`'s bincode with the name `from` (the only string of that
 /// length and content in it) replaced by `to`.
 fn with_name(command: &Command, from: &str, to: &str) -> Vec<u8> {
-    let bytes = bincode::serialize(command).expect("encodes");
+    let bytes = crate::codec::encode(command).expect("encodes");
     let mut needle = (from.len() as u64).to_le_bytes().to_vec();
     needle.extend_from_slice(from.as_bytes());
     let at = bytes

@@ -268,13 +268,13 @@ fn commands_keep_their_place_in_the_log_encoding() {
         ),
     ];
     for (command, position) in cases {
-        let bytes = bincode::serialize(&command).expect("encodes");
+        let bytes = crate::codec::encode(&command).expect("encodes");
         assert_eq!(
             u32::from_le_bytes(bytes[..4].try_into().expect("4 bytes")),
             position,
             "{command:?}"
         );
-        let back: Command = bincode::deserialize(&bytes).expect("decodes");
+        let back: Command = crate::codec::decode(&bytes).expect("decodes");
         assert_eq!(back, command);
     }
 }

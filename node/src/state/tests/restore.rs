@@ -379,7 +379,7 @@ fn a_backup_in_the_previous_format_still_restores() {
         restoring: None,
     };
     let mut bytes = vec![crate::state::view::SNAPSHOT_VERSION_2];
-    bincode::serialize_into(&mut bytes, &v2).expect("encodes");
+    crate::codec::encode_into(&mut bytes, &v2).expect("encodes");
     let upgraded = LockTable::from_snapshot(&bytes).expect("decodes");
     // The same table, its replies' digests unknown (any retry matches).
     assert_eq!(

@@ -253,7 +253,7 @@ fn a_snapshot_in_format_3_still_decodes_and_its_closes_are_forgotten_first() {
             .collect(),
     };
     let mut bytes = vec![crate::state::view::SNAPSHOT_VERSION_3];
-    bincode::serialize_into(&mut bytes, &v3).expect("encodes");
+    crate::codec::encode_into(&mut bytes, &v3).expect("encodes");
     let mut upgraded = LockTable::from_snapshot(&bytes).expect("decodes");
     assert_eq!(upgraded.sessions, t.sessions);
     assert_eq!(upgraded.locks, t.locks);
