@@ -149,7 +149,9 @@ async fn nodes_started_with_join_add_themselves_and_a_wiped_one_only_once_remove
             async move { log.contains("--join is done").then_some(()) }
         })
         .await;
-        assert!(procs.read_log(id).contains("added to the cluster"));
+        // It asked (the answer to its AddNode can be lost while the
+        // change still commits: it is a voter either way).
+        assert!(procs.read_log(id).contains("--join: asking to be added"));
     }
 
     // Node 3 loses its data and starts again with --join: it stays out.
@@ -197,8 +199,18 @@ async fn nodes_started_with_join_add_themselves_and_a_wiped_one_only_once_remove
     let exited = procs.exited(2, WITHIN).await;
     let log = procs.read_log(2)[before..].to_string();
     assert!(exited.is_some_and(|s| s.success()), "{exited:?}: {log}");
-    assert!(log.contains("is not added again"), "{log}");
+    // Its joiner says so, unless the node learns first, from its peers,
+    // that it was removed, and exits.
+    assert!(
+        log.contains("is not added again") || log.contains("was removed from the cluster"),
+        "{log}"
+    );
     assert!(!log.contains("added to the cluster"), "{log}");
-    assert_eq!(voters_seen_by(&procs, 1).await, [1, 3]);
-    assert!(members_seen_by(&procs, 1).await.iter().all(|m| m.0 != 2));
+    // (A removal answered NotFound above may still be finishing its
+    // joint configuration.)
+    eventually("node 2 is no member", WITHIN, || async {
+        let members = members_seen_by(&procs, 1).await;
+        (members == [(1, true), (3, true)]).then_some(())
+    })
+    .await;
 }

@@ -691,12 +691,13 @@ async fn a_new_statefulset_forms_and_a_pod_that_lost_its_volume_rejoins_only_whe
 
     // The guide's replacement, as written: remove node 3, delete the
     // pod's volume and the pod; it comes back empty and adds itself. The
-    // pod says so once its AddNode is answered, which can be a moment
-    // after the membership that counts it is committed.
+    // pod says its join is done once it sees itself a voter, which can be
+    // a moment after the membership that counts it is committed.
     let before = set.log(2).len();
     set.run_guide("k8s-replace").await;
     set.wait_formed(&admin, within, "raftlock-2 joined again", |set| {
-        set.log(2)[before..].contains("--join: added to the cluster")
+        let log = &set.log(2)[before..];
+        log.contains("--join: asking to be added") && log.contains("--join is done")
     })
     .await;
 }
