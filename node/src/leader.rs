@@ -13,7 +13,7 @@
 //! followers' lease (`Config::enable_leader_restore`), without an election
 //! and without its own no-op entry, starting from the commit index it had
 //! saved, which can lag what it acknowledged. raftlock turns restore off
-//! (`node.rs`): a restored leader could also have lost the last entries it
+//! (`node/start.rs`): a restored leader could also have lost the last entries it
 //! sent before they reached its own disk, and would give their indexes to
 //! new commands (the harness saw one log id name two entries). The barrier
 //! stays as the one rule for every leader, however it got there: before it

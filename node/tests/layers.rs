@@ -138,9 +138,16 @@ fn modules_import_one_way_without_cycles() {
             found.join(" -> ")
         );
     }
-    for leaf in ["state", "metrics", "tls"] {
+    for leaf in ["codec", "metrics", "tls"] {
         assert_eq!(graph[leaf], BTreeSet::new(), "{leaf} must import no module");
     }
+    // The lock table encodes its snapshot through the one codec, and
+    // nothing else of the node.
+    assert_eq!(
+        graph["state"],
+        BTreeSet::from(["codec".to_string()]),
+        "state must import no module but codec"
+    );
 }
 
 #[test]
