@@ -131,7 +131,13 @@ async fn two_concurrent_locks_never_overlap() {
     for _ in 0..3 {
         runs.push(
             raftlock(&cluster.addrs().join(","))
-                .args(["lock", "overlap", "--", "sh", "-c", &script])
+                // The lease is counted by the smaller of the ttl and this
+                // grace: at the default 0.75 s, a keep-alive answer held
+                // up that long on a busy machine stops the command (exit
+                // 4, as it should; seen once in CI). Mutual exclusion is
+                // what this test is about.
+                .args(["lock", "overlap", "--end-on-disconnect", "8"])
+                .args(["--", "sh", "-c", &script])
                 .spawn()
                 .expect("spawn"),
         );
