@@ -22,9 +22,9 @@ pub fn encode<T: Serialize + ?Sized>(v: &T) -> Result<Vec<u8>, Error> {
     bincode::serialize(v)
 }
 
-/// `v`'s bytes, for the types whose encoding cannot fail (every type this
-/// crate stores: no maps with non-string keys are refused by bincode, and
-/// nothing is written to a fallible writer).
+/// `v`'s bytes, for the types whose encoding cannot fail: bincode fails
+/// only on a sequence of unknown length or a failing writer, and every
+/// type this crate stores has known lengths and goes into a `Vec`.
 pub fn to_vec<T: Serialize + ?Sized>(v: &T) -> Vec<u8> {
     encode(v).expect("raftlock's stored types always encode")
 }

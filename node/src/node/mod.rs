@@ -535,10 +535,9 @@ impl Node {
         }
     }
 
-    /// Stops serving and shuts Raft down, flushing what it has. Returns
-    /// once the data directory is closed (another node may open it then).
-    pub async fn shutdown(self) {
-        let _ = self.stop.send(true);
+    /// What both ways of stopping do once the servers are told to stop:
+    /// parked requests fail and the node's background tasks end.
+    fn end_work(&self) {
         self.shared
             .stopping
             .store(true, std::sync::atomic::Ordering::SeqCst);
@@ -546,6 +545,13 @@ impl Node {
         for t in &self.tasks {
             t.abort();
         }
+    }
+
+    /// Stops serving and shuts Raft down, flushing what it has. Returns
+    /// once the data directory is closed (another node may open it then).
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        self.end_work();
         let _ = self.raft.shutdown().await;
         let mut server = self.server;
         if tokio::time::timeout(Duration::from_secs(5), &mut server)
@@ -566,13 +572,7 @@ impl Node {
     pub async fn kill(self) {
         let _ = self.stop.send(true);
         self.server.abort();
-        self.shared
-            .stopping
-            .store(true, std::sync::atomic::Ordering::SeqCst);
-        self.shared.waiters.fail_all();
-        for t in &self.tasks {
-            t.abort();
-        }
+        self.end_work();
         let _ = self.raft.shutdown().await;
         Self::closed(self.raft, self.network, self.log_closed).await;
     }
