@@ -56,7 +56,7 @@ use tokio::sync::{oneshot, watch};
 
 use crate::apply::{Raft, Shared};
 use crate::error::Error;
-use crate::raft::backend::SyncFailure;
+use crate::raft::log_store::SyncFailure;
 use crate::raft::WatchReceiver as _;
 use crate::raft::{Batch, NodeAddrs, NodeId, RaftMetrics, TypeConfig};
 

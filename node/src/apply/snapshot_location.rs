@@ -9,7 +9,7 @@
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-use crate::raft::mem_log::MemDisk;
+use crate::raft::log_store::MemDisk;
 
 /// Where the latest snapshot is kept.
 #[derive(Clone, Debug)]

@@ -492,7 +492,7 @@ mod file_tests {
     /// torn or corrupted, as a real file is.
     #[tokio::test(start_paused = true)]
     async fn a_simulated_snapshot_file_is_replaced_whole_and_refused_when_damaged() {
-        use crate::raft::mem_log::MemDisk;
+        use crate::raft::log_store::MemDisk;
         let disk = MemDisk::new();
         let location = SnapshotLocation::Simulated(disk.clone());
         let shared = Shared::new_for_tests();
@@ -726,9 +726,10 @@ mod install_crash_tests {
                     persist(&sm.shared, &sm.snap, &sm.location, file_at(5))
                         .await
                         .expect("old snapshot");
-                    for i in 1..=8u64 {
-                        log.append_for_tests(i);
-                    }
+                    log.write_for_tests((1..=8u64).map(|i| crate::raft::Entry {
+                        log_id: log_id(i),
+                        payload: crate::raft::EntryPayload::Blank,
+                    }));
                     log.save_committed(Some(log_id(8))).await.expect("commit");
                 }
                 let what = format!("{order:?} crashed after {crash_after} steps");

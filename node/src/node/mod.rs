@@ -25,10 +25,8 @@ use crate::apply::state_machine::StateMachineStore;
 use crate::apply::Raft;
 use crate::apply::Shared;
 use crate::leader::Leadership;
-use crate::raft::backend::{Log, Storage};
 use crate::raft::identity::ClusterIdentity;
-use crate::raft::log_store::{open_db, LogStore};
-use crate::raft::mem_log::MemLogStore;
+use crate::raft::log_store::{LogStore, Storage};
 use crate::raft::network::Network;
 use crate::raft::WatchReceiver as _;
 use crate::raft::{LogId, NodeAddrs, NodeId, Vote};
@@ -262,7 +260,7 @@ pub struct NodeOptions {
     pub connector: Option<crate::transport::Connector>,
     /// Where the log is kept: sled in `data_dir` (the default), or a
     /// simulated disk (simulators).
-    pub storage: crate::raft::backend::Storage,
+    pub storage: crate::raft::log_store::Storage,
     /// Peer addresses of the cluster this node joins by itself (see
     /// [`crate::join`]); empty: it does not.
     pub join: Vec<String>,

@@ -319,7 +319,7 @@ impl Node {
 
 /// The log store a node starts on, and what starting it found.
 struct OpenedLog {
-    log: Log,
+    log: LogStore,
     /// Tells when every handle of the store is gone.
     closed: crate::raft::log_store::StoreClosed,
     /// Whether the store had no vote and no entry.
@@ -335,14 +335,7 @@ struct OpenedLog {
 /// id.
 async fn open_log(opts: &NodeOptions) -> anyhow::Result<OpenedLog> {
     std::fs::create_dir_all(&opts.data_dir)?;
-    let log: Log = match &opts.storage {
-        Storage::Sled => {
-            let sled_dir = opts.data_dir.join("sled");
-            let db = open_db(&sled_dir)?;
-            LogStore::with_faults(db, &sled_dir, opts.storage_faults.clone())?.into()
-        }
-        Storage::Memory(disk) => MemLogStore::open(disk.clone())?.into(),
-    };
+    let log = LogStore::of(&opts.storage, &opts.data_dir, opts.storage_faults.clone())?;
     let closed = log.closed();
     log.check_node_id(opts.id).await?;
     let fresh = log.is_fresh();

@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tonic::metadata::MetadataMap;
 use tonic::Status;
 
-use super::backend::Log;
+use super::log_store::LogStore;
 use crate::throttle::Throttle;
 
 /// Metadata key carrying the sender's cluster id (hex) on Raft RPCs.
@@ -57,7 +57,7 @@ pub struct ClusterIdentity {
     /// The id, 0 while unknown.
     id: AtomicU64,
     /// Durable home of the id.
-    store: Log,
+    store: LogStore,
     /// Serializes adoption.
     adopt: tokio::sync::Mutex<()>,
     /// Refusals are logged once a minute per foreign cluster.
@@ -74,8 +74,7 @@ pub const REFUSAL_LOG_EVERY: std::time::Duration = std::time::Duration::from_sec
 
 impl ClusterIdentity {
     /// The identity of node `node`, kept in `store`.
-    pub fn open(node: super::NodeId, store: impl Into<Log>) -> anyhow::Result<Self> {
-        let store = store.into();
+    pub fn open(node: super::NodeId, store: LogStore) -> anyhow::Result<Self> {
         let id = store.cluster_id()?.unwrap_or(0);
         Ok(ClusterIdentity {
             node,
@@ -218,7 +217,7 @@ fn refusal(ours: u64, theirs: u64) -> Status {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::raft::mem_log::{MemDisk, MemLogStore};
+    use crate::raft::log_store::{LogStore, MemDisk};
     use crate::raft::Vote;
     use openraft::storage::RaftLogStorage;
 
@@ -234,7 +233,7 @@ mod tests {
     }
 
     fn empty_node_2() -> ClusterIdentity {
-        let store = MemLogStore::open(MemDisk::new()).expect("open");
+        let store = LogStore::in_memory(MemDisk::new()).expect("open");
         ClusterIdentity::open(2, store).expect("identity")
     }
 
@@ -294,7 +293,7 @@ mod tests {
     #[tokio::test]
     async fn a_node_with_a_vote_adopts_even_when_marked_a_voter() {
         let disk = MemDisk::new();
-        let mut store = MemLogStore::open(disk.clone()).expect("open");
+        let mut store = LogStore::in_memory(disk.clone()).expect("open");
         store.save_vote(&Vote::new(3, 1)).await.expect("vote");
         let identity = ClusterIdentity::open(2, store).expect("identity");
         identity.check(&rpc(Some("2@7"))).await.expect("adopted");

@@ -15,15 +15,13 @@
 //! power loss (append, vote, truncate, purge) is on stable storage before it
 //! is acknowledged: sled's flush, then `fdatasync` of sled's `db` file and
 //! `fsync` of any new blob file and its directory (sled's own flush is only
-//! `sync_file_range`; see `log_store::DurableFiles`). Snapshots are files
+//! `sync_file_range`; see `log_store::sled_disk`). Snapshots are files
 //! written to a temporary name, synced, renamed and the directory synced.
 //! sled's background flusher is off and never relied on.
 
-pub mod backend;
 pub mod identity;
 pub mod links;
 pub mod log_store;
-pub mod mem_log;
 pub mod network;
 pub mod peer_input;
 pub mod runtime;

@@ -73,8 +73,9 @@ pub const STALE_STREAM_PAUSE: Duration = Duration::from_millis(50);
 /// the core switches a follower to a snapshot without telling the
 /// follower's replication task): an entry-less request whose next index is
 /// already purged here (`purged_next`: the first index not purged). The
-/// log gave the stream nothing to send (`Log::limited_get_log_entries` in
-/// [`backend`](super::backend)), and the stream would send the same empty
+/// log gave the stream nothing to send
+/// ([`LogStore`](super::log_store::LogStore)'s `limited_get_log_entries`),
+/// and the stream would send the same empty
 /// request every 10 ms without end; ended, the task takes up the core's
 /// current payload. A follower that matches the log exactly at the purge
 /// point is not stale (its next index is there), nor is a request from an
