@@ -5,8 +5,9 @@
 //!   held its lease valid (the harness's checkers, fence order and
 //!   linearizability among them, are `raftlock-check`'s: see
 //!   `crate::shared`);
-//! * every tick, on the nodes: one leader per term, committed entries never
-//!   change, a node's fence never goes back within one run of its process;
+//! * every tick, on the nodes: committed entries never change, replicas at
+//!   one applied index have one state, a node's fence never goes back
+//!   within one run of its process;
 //! * on the probers' answers: a `KeepAlive` answered "renewed" only for a
 //!   session whose end no node had applied when the ask was sent, and
 //!   health answered SERVING only by a node whose Raft core ran when the
@@ -67,6 +68,63 @@ impl Committed {
             Some(&(first_node, first)) if first != hash => Err(format!(
                 "committed entry {index} changed: node {first_node} applied {first:016x}, node \
                  {node} applied {hash:016x}"
+            )),
+            Some(_) => Ok(()),
+            None => {
+                self.at.insert(index, (node, hash));
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Replicas agree: the applied state (the lock table with its derived
+/// indexes, the membership, the last log id) at a log index is the same on
+/// every node and in every process, whichever way it got there (entries
+/// applied one by one, a snapshot installed from the leader, or a
+/// snapshot file loaded at start-up and the log replayed after it): the
+/// state machine is deterministic, and every node applies one chain of
+/// committed entries. Within one process the applied index never goes
+/// back (no entry applied twice). A node whose snapshot dropped part of
+/// the table, that replayed or skipped an entry, or that applied an entry
+/// no other node has, differs from the others at some index.
+#[derive(Debug, Default)]
+pub struct Replicas {
+    /// Per index: the first node seen there and its state's hash.
+    at: BTreeMap<u64, (u64, u64)>,
+    /// Per (node, incarnation): the applied index last observed.
+    last: BTreeMap<(u64, u64), u64>,
+}
+
+impl Replicas {
+    /// True unless process `incarnation` of `node` was already observed at
+    /// `index` (its state there is checked once).
+    pub fn wants(&self, node: u64, incarnation: u64, index: u64) -> bool {
+        self.last.get(&(node, incarnation)) != Some(&index)
+    }
+
+    /// Process `incarnation` of node `node` has applied up to `index`, and
+    /// its applied state hashes to `hash`.
+    pub fn observe(
+        &mut self,
+        node: u64,
+        incarnation: u64,
+        index: u64,
+        hash: u64,
+    ) -> Result<(), String> {
+        if let Some(&before) = self.last.get(&(node, incarnation)) {
+            if index < before {
+                return Err(format!(
+                    "replicas: node {node}'s applied index went back from {before} to {index} \
+                     (process {incarnation})"
+                ));
+            }
+        }
+        self.last.insert((node, incarnation), index);
+        match self.at.get(&index) {
+            Some(&(first_node, first)) if first != hash => Err(format!(
+                "replicas: at applied index {index} node {node} (process {incarnation}) has state \
+                 {hash:016x}, node {first_node} had {first:016x}"
             )),
             Some(_) => Ok(()),
             None => {
@@ -290,6 +348,31 @@ mod tests {
             until,
             valid: true,
         }
+    }
+
+    /// Two nodes at one index with different states, in any order of
+    /// processes, are caught; the same state at the same index, or a node
+    /// observed twice at an index, is not; a process whose applied index
+    /// goes back is.
+    #[test]
+    fn replicas_that_differ_at_an_index_are_caught() {
+        let mut r = Replicas::default();
+        assert!(r.wants(1, 0, 5));
+        r.observe(1, 0, 5, 0xaa).expect("first at 5");
+        assert!(!r.wants(1, 0, 5), "checked once per process and index");
+        r.observe(2, 0, 5, 0xaa).expect("the same state");
+        r.observe(2, 0, 7, 0xbb).expect("first at 7");
+        // A restarted node 1 (process 1), back at 5 from its snapshot and
+        // log: the same state is fine, another is not.
+        assert!(r.wants(1, 1, 5));
+        r.observe(1, 1, 5, 0xaa).expect("the same state after a restart");
+        let err = r.observe(3, 0, 7, 0xcc).expect_err("diverged");
+        assert!(
+            err.contains("at applied index 7 node 3") && err.contains("node 2 had"),
+            "{err}"
+        );
+        let err = r.observe(2, 0, 6, 0xdd).expect_err("went back");
+        assert!(err.contains("went back from 7 to 6"), "{err}");
     }
 
     #[test]

@@ -1100,6 +1100,7 @@ struct Ghost {
 #[derive(Default)]
 struct Watch {
     committed: oracle::Committed,
+    replicas: oracle::Replicas,
     fences: oracle::Fences,
     ended: oracle::Ended,
     cores: oracle::Cores,
@@ -1398,6 +1399,20 @@ impl Watch {
                 .insert((id, incarnation), applied.max(from - 1));
             let fence = node.shared.read(|a| a.table.stats().last_fence);
             self.fences.observe(id, incarnation, fence)?;
+            // The applied state, hashed once per process and index (its
+            // Debug form: every field, the derived ones included, which a
+            // snapshot must rebuild as applying the entries built them).
+            let replicas = &self.replicas;
+            let state = node.shared.read(|a| {
+                let index = a.index();
+                replicas.wants(id, incarnation, index).then(|| {
+                    let state = format!("{:?}|{:?}|{:?}", a.last_applied, a.membership, a.table);
+                    (index, fnv(state.as_bytes(), FNV_START))
+                })
+            });
+            if let Some((index, hash)) = state {
+                self.replicas.observe(id, incarnation, index, hash)?;
+            }
             // Every grant of the belief names, first seen applied (so
             // committed) on any node.
             let held: Vec<(String, u64, u64, Held)> = node.shared.read(|a| {
