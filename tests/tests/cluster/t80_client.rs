@@ -342,3 +342,70 @@ async fn a_failed_release_ends_the_holders_belief_and_can_be_retried() {
     assert!(!g.is_held());
     cluster.shutdown().await;
 }
+
+/// Another gRPC service on a dead node's port (a port taken again by
+/// another process, an older raftlock that lacks the call): it answers
+/// UNIMPLEMENTED, as does an HTTP/2 server that is not gRPC (tonic maps
+/// its 404 to UNIMPLEMENTED, "grpc-status header missing"). The client asks
+/// the other endpoints; only when every endpoint answers so does it give
+/// up, at once. (In a cluster run a killed node's port was taken by
+/// another test's server, and a `describe` failed with "Unimplemented:
+/// grpc-status header missing, mapped from HTTP status code 404".)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_endpoint_that_does_not_serve_the_call_is_passed_over() {
+    let cluster = TestCluster::start(3).await;
+    // A gRPC server with the health service only.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let other = listener.local_addr().expect("addr").to_string();
+    let (_reporter, health) = tonic_health::server::health_reporter();
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(health)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    let options = || raftlock_client::ClientOptions {
+        retry_deadline: Duration::from_secs(20),
+        ..Default::default()
+    };
+    let mut endpoints = vec![other.clone()];
+    endpoints.extend(cluster.addrs());
+    let client = raftlock_client::Client::with_options(endpoints, options()).expect("client");
+    assert_eq!(
+        client.describe("unserved/x").await.expect("describe"),
+        None,
+        "asked a node after the other service"
+    );
+    let session = client
+        .session(Duration::from_secs(10))
+        .await
+        .expect("session");
+    let held = session.lock("unserved/x").await.expect("lock");
+    held.release().await.expect("release");
+    session.close().await.expect("close");
+
+    // Given up long before its retry deadline (2 minutes here): the
+    // answer is the server's word, not a failure worth waiting out.
+    let alone = raftlock_client::Client::with_options(
+        vec![other],
+        raftlock_client::ClientOptions {
+            retry_deadline: Duration::from_secs(120),
+            ..Default::default()
+        },
+    )
+    .expect("client");
+    let started = Instant::now();
+    let err = alone
+        .describe("unserved/x")
+        .await
+        .expect_err("nothing serves it");
+    assert!(err.to_string().contains("Unimplemented"), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "given up at once, not at the retry deadline ({:?})",
+        started.elapsed()
+    );
+    server.abort();
+    cluster.shutdown().await;
+}
