@@ -648,6 +648,8 @@ impl Transport {
         let mut sent = false;
         let mut tried = Tried::default();
         let mut hops = 0;
+        // Endpoints that answered UNIMPLEMENTED in this call.
+        let mut unserved: Vec<String> = Vec::new();
         loop {
             let now = Instant::now();
             if now >= deadline {
@@ -732,6 +734,28 @@ impl Transport {
                     sent |= kind == Kind::Write;
                     self.forget_leader(&addr);
                     tried.note(&addr, describe(&status), None);
+                }
+                // Not a raftlock node, or one that does not serve this
+                // call: another service on a dead node's port (a port taken
+                // again), an older raftlock during an upgrade, an HTTP/2
+                // server that is not gRPC (tonic maps its 404 here,
+                // "grpc-status header missing"). Nothing was done there:
+                // ask the others; once every endpoint has answered so, the
+                // answer is theirs, at once.
+                Code::Unimplemented => {
+                    self.forget_leader(&addr);
+                    tried.note(
+                        &addr,
+                        format!("does not serve this call: {}", describe(&status)),
+                        None,
+                    );
+                    if !unserved.contains(&addr) {
+                        unserved.push(addr.clone());
+                    }
+                    if self.endpoints().iter().all(|e| unserved.contains(e)) {
+                        return Err(Error::from_status(&status, sent));
+                    }
+                    continue;
                 }
                 // A failure of this side's transport (an HTTP/2 protocol
                 // error on a connection the node dropped, say) arrives as a
