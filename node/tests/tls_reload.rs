@@ -142,3 +142,57 @@ async fn sighup_reloads_the_certificate_for_new_connections() {
     assert!(child.try_wait().expect("wait").is_none(), "still running");
     child.kill().await.expect("kill");
 }
+
+/// A SIGHUP that comes as soon as the node's port accepts connections,
+/// while the node is still starting (opening its store, bootstrapping), is
+/// a reload like any other: it never ends the node. The handler used to be
+/// installed only once the node served, and a SIGHUP in between ended the
+/// process, as the signal's default action does: CI's fresh-clone run of
+/// 8076513 failed the test above that way ("SIGHUP ended the node"), and a
+/// reload sent by a service manager right after a start would do the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sighup_while_the_node_starts_does_not_end_it() {
+    for round in 0..3 {
+        let dir = tempfile::tempdir().expect("dir");
+        let port = raftlock_testkit::ports::free_port();
+        let addr = format!("127.0.0.1:{port}");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_raftlockd"))
+            .args(["run", "--id", "1", "--init", "--listen", &addr])
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("raftlockd starts");
+        let pid = child.id().expect("pid");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        // The port accepts connections from its bind on, before the node
+        // serves.
+        while tokio::net::TcpStream::connect(&addr).await.is_err() {
+            assert!(
+                child.try_wait().expect("wait").is_none(),
+                "round {round}: exited before it listened"
+            );
+            assert!(Instant::now() < deadline, "round {round}: never listened");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        hangup(pid);
+        // It goes on to serve.
+        loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                panic!("round {round}: a SIGHUP while it started ended the node ({status})");
+            }
+            let served = match ClusterClient::connect(format!("http://{addr}")).await {
+                Ok(mut c) => c.status(pb::StatusRequest {}).await.is_ok(),
+                Err(_) => false,
+            };
+            if served {
+                break;
+            }
+            assert!(Instant::now() < deadline, "round {round}: never served");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        child.kill().await.expect("kill");
+    }
+}
