@@ -195,6 +195,9 @@ async fn main() {
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
+    // Before anything binds: from then on a SIGHUP is a reload, never the
+    // signal's default action (the end of the process).
+    let hangups = Hangups::install();
     let flags = args.settings;
     let file = match &args.config {
         Some(path) => Config::from_toml_file(path)?,
@@ -253,12 +256,15 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     let node = Node::start_with(opts, listeners).await?;
     // SIGHUP re-reads the ACL file and the TLS files (never ends the node).
-    tokio::spawn(reload_on_sighup(Reload {
-        auth,
-        acl_file: merged.acl_file.clone(),
-        tls: node.tls(),
-        settings: merged.clone(),
-    }));
+    tokio::spawn(reload_on_sighup(
+        hangups,
+        Reload {
+            auth,
+            acl_file: merged.acl_file.clone(),
+            tls: node.tls(),
+            settings: merged.clone(),
+        },
+    ));
     // READY=1 once it can serve, WATCHDOG=1 while its core runs.
     #[cfg(unix)]
     if let Some(notifier) = &notifier {
@@ -525,6 +531,10 @@ fn write_private(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
 }
 
 async fn dev(args: DevArgs) -> anyhow::Result<()> {
+    // As in `run`, before anything binds, when there is something to
+    // reload (without an ACL file SIGHUP ends `raftlockd dev`, as it ends
+    // a program whose terminal closes).
+    let hangups = args.acl_file.is_some().then(Hangups::install);
     anyhow::ensure!((1..=9).contains(&args.nodes), "--nodes must be 1..=9");
     let addr = |i: u64| format!("127.0.0.1:{}", u64::from(args.base_port) + i - 1);
     let peers: BTreeMap<u64, NodeAddrs> = (1..=args.nodes)
@@ -544,13 +554,16 @@ async fn dev(args: DevArgs) -> anyhow::Result<()> {
         Some(path) => Some(raftlock_node::auth::Acl::load(path)?),
     };
     let auth = Arc::new(Auth::new(acl));
-    if let Some(path) = args.acl_file.clone() {
-        tokio::spawn(reload_on_sighup(Reload {
-            auth: auth.clone(),
-            acl_file: Some(path),
-            tls: None,
-            settings: Config::default(),
-        }));
+    if let (Some(path), Some(hangups)) = (args.acl_file.clone(), hangups) {
+        tokio::spawn(reload_on_sighup(
+            hangups,
+            Reload {
+                auth: auth.clone(),
+                acl_file: Some(path),
+                tls: None,
+                settings: Config::default(),
+            },
+        ));
     }
     let mut nodes = Vec::new();
     for (i, listener) in listeners.into_iter().rev() {
@@ -679,17 +692,41 @@ struct Reload {
     settings: Config,
 }
 
+/// SIGHUPs, caught from the moment this is made: made before the node
+/// binds its ports, so that a reload sent as soon as the port answers
+/// (a service manager's, right after a start) does not end the process.
+struct Hangups {
+    #[cfg(unix)]
+    signal: Option<tokio::signal::unix::Signal>,
+}
+
+impl Hangups {
+    /// Catches SIGHUP from now on (the reloads wait until the node runs).
+    fn install() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            let signal = signal(SignalKind::hangup())
+                .map_err(|e| {
+                    tracing::warn!(%e, "cannot install a SIGHUP handler; nothing will be reloaded")
+                })
+                .ok();
+            Hangups { signal }
+        }
+        #[cfg(not(unix))]
+        Hangups {}
+    }
+}
+
 /// On every SIGHUP: reloads the ACL file (a file that does not parse is
 /// logged and the ACL in force stays; streams whose credentials the new one
 /// drops end at once) and the TLS certificate, key and CA (files the node
 /// would refuse at start are logged and the TLS in force stays; the new
 /// ones apply to connections made from then on).
-async fn reload_on_sighup(reload: Reload) {
+async fn reload_on_sighup(hangups: Hangups, reload: Reload) {
     #[cfg(unix)]
     {
-        use tokio::signal::unix::{signal, SignalKind};
-        let Ok(mut hup) = signal(SignalKind::hangup()) else {
-            tracing::warn!("cannot install a SIGHUP handler; nothing will be reloaded");
+        let Some(mut hup) = hangups.signal else {
             return;
         };
         while hup.recv().await.is_some() {
@@ -730,7 +767,7 @@ async fn reload_on_sighup(reload: Reload) {
     }
     #[cfg(not(unix))]
     {
-        let _ = reload;
+        let _ = (hangups, reload);
     }
 }
 
