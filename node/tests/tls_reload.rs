@@ -60,6 +60,27 @@ async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
     }
 }
 
+/// `raftlockd run` as a one-node cluster on a free loopback port, its data
+/// under `dir`, with `extra` arguments; its address and process.
+fn start_node(
+    dir: &std::path::Path,
+    extra: &[&std::ffi::OsStr],
+    stderr: std::process::Stdio,
+) -> (String, tokio::process::Child) {
+    let addr = format!("127.0.0.1:{}", raftlock_testkit::ports::free_port());
+    let child = Command::new(env!("CARGO_BIN_EXE_raftlockd"))
+        .args(["run", "--id", "1", "--init", "--listen", &addr])
+        .arg("--data-dir")
+        .arg(dir.join("data"))
+        .args(extra)
+        .stdout(std::process::Stdio::null())
+        .stderr(stderr)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("raftlockd starts");
+    (addr, child)
+}
+
 fn hangup(pid: u32) {
     let ok = std::process::Command::new("kill")
         .args(["-HUP", &pid.to_string()])
@@ -82,23 +103,15 @@ async fn sighup_reloads_the_certificate_for_new_connections() {
     std::fs::write(&cert, &old_cert).expect("write");
     std::fs::write(&key, &old_key).expect("write");
     std::fs::write(&ca_file, old_ca.pem()).expect("write");
-    let port = raftlock_testkit::ports::free_port();
-    let addr = format!("127.0.0.1:{port}");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_raftlockd"))
-        .args(["run", "--id", "1", "--init", "--listen", &addr])
-        .arg("--data-dir")
-        .arg(dir.path().join("data"))
-        .arg("--tls-cert")
-        .arg(&cert)
-        .arg("--tls-key")
-        .arg(&key)
-        .arg("--tls-ca")
-        .arg(&ca_file)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("raftlockd starts");
+    let tls: [&std::ffi::OsStr; 6] = [
+        "--tls-cert".as_ref(),
+        cert.as_ref(),
+        "--tls-key".as_ref(),
+        key.as_ref(),
+        "--tls-ca".as_ref(),
+        ca_file.as_ref(),
+    ];
+    let (addr, mut child) = start_node(dir.path(), &tls, std::process::Stdio::inherit());
     let pid = child.id().expect("pid");
     let old_pem = old_ca.pem();
     let new_pem = new_ca.pem();
@@ -154,17 +167,7 @@ async fn sighup_reloads_the_certificate_for_new_connections() {
 async fn a_sighup_while_the_node_starts_does_not_end_it() {
     for round in 0..3 {
         let dir = tempfile::tempdir().expect("dir");
-        let port = raftlock_testkit::ports::free_port();
-        let addr = format!("127.0.0.1:{port}");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_raftlockd"))
-            .args(["run", "--id", "1", "--init", "--listen", &addr])
-            .arg("--data-dir")
-            .arg(dir.path().join("data"))
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("raftlockd starts");
+        let (addr, mut child) = start_node(dir.path(), &[], std::process::Stdio::null());
         let pid = child.id().expect("pid");
         let deadline = Instant::now() + Duration::from_secs(60);
         // The port accepts connections from its bind on, before the node

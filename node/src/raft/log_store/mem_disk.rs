@@ -267,6 +267,14 @@ impl MemDisk {
         Ok(())
     }
 
+    /// [`sync`](Self::sync), its failure kept in `first` if it is the
+    /// process's first.
+    async fn sync_noting(&self, first: &OnceLock<String>) -> io::Result<()> {
+        let result = self.sync().await;
+        note_failure(first, &result);
+        result
+    }
+
     /// Opens the disk for one process's log store: its syncer is a task in
     /// the current tokio runtime.
     pub(super) fn open(&self) -> Arc<dyn Disk> {
@@ -280,8 +288,7 @@ impl MemDisk {
                     batch.push(more);
                 }
                 let started = Instant::now();
-                let result = disk.sync().await;
-                note_failure(&failure, &result);
+                let result = disk.sync_noting(&failure).await;
                 acknowledge(batch, &result, started);
             }
         });
@@ -309,11 +316,7 @@ impl Disk for Opened {
 
     fn sync(&self) -> SyncFuture {
         let (disk, failure) = (self.disk.clone(), self.first_failure.clone());
-        Box::pin(async move {
-            let result = disk.sync().await;
-            note_failure(&failure, &result);
-            result
-        })
+        Box::pin(async move { disk.sync_noting(&failure).await })
     }
 
     fn sync_later(&self, append: PendingAppend) -> io::Result<()> {
