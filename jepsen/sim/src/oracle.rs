@@ -15,6 +15,8 @@
 
 use std::collections::BTreeMap;
 
+use raftlock_node::raft::{LogId, Vote};
+
 /// One grant a worker was given, as the worker saw it (times in simulated
 /// milliseconds).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -74,6 +76,73 @@ impl Committed {
                 self.at.insert(index, (node, hash));
                 Ok(())
             }
+        }
+    }
+}
+
+/// A node never forgets what it acknowledged (issue 46): the entries it
+/// acknowledged in an AppendEntries answer, and the vote it answered them
+/// under, survive its crashes. Observed through the leader: its
+/// replication progress for a follower (openraft's `matched`) moves only
+/// on that follower's answers, so a leader with vote V reporting `matched`
+/// L for node F means F answered that it holds every entry up to L, and
+/// V, on disk.
+///
+/// Checked on the disk a crash left: its vote must not be below V; and if
+/// it is V (no later leader, which might have replaced entries that were
+/// never committed), the entry at L's index must be L, unless the node's
+/// snapshot or purge point covers that index. Only the newest
+/// acknowledgement per node is kept: a node whose vote is still V holds
+/// all of V's entries up to L when it holds L (logs that agree at an
+/// index agree before it).
+#[derive(Debug, Default)]
+pub struct Acknowledged {
+    /// Per node: the newest leader vote it acknowledged entries under, and
+    /// the last log id it acknowledged under that vote.
+    acked: BTreeMap<u64, (Vote, LogId)>,
+}
+
+impl Acknowledged {
+    /// A leader with vote `vote` counts `matched` as acknowledged by node
+    /// `node`.
+    pub fn observe(&mut self, node: u64, vote: &Vote, matched: &LogId) {
+        let newer = match self.acked.get(&node) {
+            None => true,
+            Some((v, l)) => vote > v || (vote == v && matched > l),
+        };
+        if newer {
+            self.acked.insert(node, (vote.clone(), matched.clone()));
+        }
+    }
+
+    /// Node `node` crashed, leaving `vote` on its disk, `log_id_at(i)` the
+    /// entry at index `i`, and its snapshot or purge point at `covered`.
+    pub fn check_crash(
+        &self,
+        node: u64,
+        vote: Option<&Vote>,
+        log_id_at: impl Fn(u64) -> Option<LogId>,
+        covered: u64,
+    ) -> Result<(), String> {
+        let Some((acked_vote, entry)) = self.acked.get(&node) else {
+            return Ok(());
+        };
+        if !vote.is_some_and(|v| v >= acked_vote) {
+            return Err(format!(
+                "acknowledged: node {node} answered appends under vote {acked_vote}, and after a \
+                 crash its disk has vote {vote:?}"
+            ));
+        }
+        if vote != Some(acked_vote) || entry.index <= covered {
+            return Ok(());
+        }
+        match log_id_at(entry.index) {
+            Some(found) if found == *entry => Ok(()),
+            found => Err(format!(
+                "acknowledged: node {node} answered that it held {entry} (vote {acked_vote}), and \
+                 after a crash its disk has {found:?} at index {} (snapshot or purge point {covered})",
+                entry.index
+            )),
         }
     }
 }
@@ -365,7 +434,8 @@ mod tests {
         // A restarted node 1 (process 1), back at 5 from its snapshot and
         // log: the same state is fine, another is not.
         assert!(r.wants(1, 1, 5));
-        r.observe(1, 1, 5, 0xaa).expect("the same state after a restart");
+        r.observe(1, 1, 5, 0xaa)
+            .expect("the same state after a restart");
         let err = r.observe(3, 0, 7, 0xcc).expect_err("diverged");
         assert!(
             err.contains("at applied index 7 node 3") && err.contains("node 2 had"),
@@ -373,6 +443,36 @@ mod tests {
         );
         let err = r.observe(2, 0, 6, 0xdd).expect_err("went back");
         assert!(err.contains("went back from 7 to 6"), "{err}");
+    }
+
+    #[test]
+    fn a_forgotten_acknowledgement_is_caught() {
+        use raftlock_node::raft::log_id;
+        let vote = Vote::new_committed(3, 1);
+        let mut acks = Acknowledged::default();
+        // Nothing acknowledged yet: any disk will do.
+        assert!(acks.check_crash(2, None, |_| None, 0).is_ok());
+        acks.observe(2, &vote, &log_id(3, 1, 10));
+        acks.observe(2, &vote, &log_id(3, 1, 8)); // an older answer, kept behind
+        let holds = |i| (i <= 10).then(|| log_id(3, 1, i));
+        assert!(acks.check_crash(2, Some(&vote), holds, 0).is_ok());
+        // The vote lost, the tail lost, the entry replaced under the same
+        // vote: each is caught.
+        let lost_vote = acks.check_crash(2, Some(&Vote::new_committed(2, 3)), holds, 0);
+        assert!(lost_vote.unwrap_err().contains("vote"));
+        let short = |i| (i <= 9).then(|| log_id(3, 1, i));
+        let lost_tail = acks.check_crash(2, Some(&vote), short, 0);
+        assert!(lost_tail.unwrap_err().contains("held"));
+        let other = |i| Some(log_id(2, 3, i));
+        assert!(acks.check_crash(2, Some(&vote), other, 0).is_err());
+        // Covered by its snapshot, or a later leader's vote (which may
+        // replace entries never committed): not this oracle's to judge.
+        assert!(acks.check_crash(2, Some(&vote), short, 10).is_ok());
+        assert!(acks
+            .check_crash(2, Some(&Vote::new_committed(4, 3)), short, 0)
+            .is_ok());
+        // Another node's acknowledgements are its own.
+        assert!(acks.check_crash(3, None, |_| None, 0).is_ok());
     }
 
     #[test]

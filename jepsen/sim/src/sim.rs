@@ -12,8 +12,8 @@ use std::time::Duration;
 use futures::StreamExt as _;
 use raftlock_client::{Client, ClientOptions};
 use raftlock_node::node::{Listeners, Node, NodeOptions, RaftTiming};
-use raftlock_node::raft::log_store::Storage;
 use raftlock_node::raft::log_store::MemDisk;
+use raftlock_node::raft::log_store::Storage;
 use raftlock_node::raft::{NodeAddrs, WatchReceiver as _};
 use raftlock_node::transport::{Conn, Connector, Listener};
 use rand::rngs::StdRng;
@@ -1101,6 +1101,9 @@ struct Ghost {
 struct Watch {
     committed: oracle::Committed,
     replicas: oracle::Replicas,
+    acknowledged: oracle::Acknowledged,
+    /// Per node: the disk's crashes already judged by `acknowledged`.
+    crashes: BTreeMap<u64, u64>,
     fences: oracle::Fences,
     ended: oracle::Ended,
     cores: oracle::Cores,
@@ -1287,6 +1290,37 @@ impl Watch {
     }
 
     /// Judges the probers' answers not judged yet.
+    /// Every disk that crashed since the last call still holds what its
+    /// node acknowledged (`oracle::Acknowledged`). A disk whose snapshot
+    /// file the crash damaged is left out: that node must not start, and
+    /// is replaced.
+    fn judge_crashes(
+        &mut self,
+        record: &Shared,
+        disks: &BTreeMap<u64, MemDisk>,
+    ) -> Result<(), String> {
+        for (id, disk) in disks {
+            let crashes = disk.crashes();
+            if self.crashes.insert(*id, crashes).unwrap_or(0) == crashes
+                || record.borrow().damaged.contains_key(id)
+            {
+                continue;
+            }
+            let snapshot = disk
+                .snapshot_file()
+                .and_then(|f| raftlock_node::apply::state_machine::snapshot_file_index(&f))
+                .unwrap_or(0);
+            let covered = snapshot.max(disk.purged_index());
+            self.acknowledged.check_crash(
+                *id,
+                disk.vote().as_ref(),
+                |i| disk.log_id(i),
+                covered,
+            )?;
+        }
+        Ok(())
+    }
+
     fn judge_answers(&mut self, record: &Shared) -> Result<(), String> {
         let (renewals, servings) = {
             let mut r = record.borrow_mut();
@@ -1341,6 +1375,11 @@ impl Watch {
                 );
             }
             if m.state == openraft::ServerState::Leader {
+                for (follower, matched) in m.replication.iter().flatten() {
+                    if let (true, Some(matched)) = (*follower != id, matched) {
+                        self.acknowledged.observe(*follower, &m.vote, matched);
+                    }
+                }
                 self.leader = Some(id);
                 record.borrow_mut().leader = Some(id);
                 let leases = &node.shared.leases;
@@ -1633,6 +1672,10 @@ pub fn run(settings: &Settings) -> Outcome {
     let mut faults = 0usize;
     let mut probing = false;
     let verdict = loop {
+        // The crashes of the last round, before any process runs again.
+        if let Err(e) = watch.judge_crashes(&record, &disks) {
+            break Err(e);
+        }
         match sim.step() {
             Ok(true) => break Ok(()),
             Ok(false) => {}

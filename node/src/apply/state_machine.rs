@@ -148,6 +148,16 @@ fn decode_snapshot_meta(bytes: &[u8]) -> Result<SnapshotMeta, String> {
     }
 }
 
+/// The last log index a snapshot file covers, if its checksum and format
+/// are good (for a simulator's oracles: what a node's snapshot file holds
+/// it need not keep in its log).
+pub fn snapshot_file_index(bytes: &[u8]) -> Option<u64> {
+    decode_snapshot_meta(bytes)
+        .ok()?
+        .last_log_id
+        .map(|l| l.index)
+}
+
 impl StateMachineStore {
     /// A store over `shared`, loading the snapshot kept at `location` (if
     /// there is one) into the shared table. A file that fails its checksum

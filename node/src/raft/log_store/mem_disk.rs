@@ -85,6 +85,8 @@ struct DiskState {
     /// The snapshot file (replaced whole; see
     /// [`MemDisk::replace_snapshot_file`]).
     snapshot: Option<Vec<u8>>,
+    /// Crashes so far.
+    crashes: u64,
 }
 
 /// A simulated disk holding one node's log. Clones share it; it outlives
@@ -197,6 +199,35 @@ impl MemDisk {
         self.state().live.log.get(&index).cloned()
     }
 
+    /// The vote on the disk as reads see it now (for a simulator's
+    /// oracles: a node never forgets a vote it acted on). `None` when
+    /// there is none, or it does not decode.
+    pub fn vote(&self) -> Option<super::Vote> {
+        let bytes = self.state().live.meta.get(super::KEY_VOTE).cloned()?;
+        super::decode(&bytes).ok()
+    }
+
+    /// The log id of the entry at `index` as reads see it now, if it is
+    /// there and decodes (for a simulator's oracles).
+    pub fn log_id(&self, index: u64) -> Option<super::LogId> {
+        let bytes = self.log_entry(index)?;
+        super::decode::<super::Entry>(&bytes).ok().map(|e| e.log_id)
+    }
+
+    /// The index up to which the log was purged (behind a snapshot), as
+    /// reads see it now; 0 when nothing was.
+    pub fn purged_index(&self) -> u64 {
+        let bytes = self.state().live.meta.get(super::KEY_LAST_PURGED).cloned();
+        bytes
+            .and_then(|b| super::decode::<super::LogId>(&b).ok())
+            .map_or(0, |l| l.index)
+    }
+
+    /// How many times the disk has crashed ([`MemDisk::crash`]).
+    pub fn crashes(&self) -> u64 {
+        self.state().crashes
+    }
+
     /// From now on syncs report success without making anything durable:
     /// a disk that ignores flushes, or a store that never syncs (the
     /// defect raftlock had in November). For showing that a simulator's
@@ -227,6 +258,7 @@ impl MemDisk {
         }
         s.live = s.durable.clone();
         s.failed = None;
+        s.crashes += 1;
     }
 
     fn write(&self, write: Write) -> io::Result<()> {
