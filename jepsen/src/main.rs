@@ -1,5 +1,5 @@
 //! `raftlock-jepsen`: runs raftlock under faults and checks what clients
-//! saw. See `jepsen/README.md`.
+//! saw. See `docs/testing/harness.md`.
 //!
 //! * `raftlock-jepsen run --nodes 3 --time-limit 60 --nemesis kill,pause,partition
 //!   --workload fenced-counter --concurrency 4 --seed 1 --out DIR`

@@ -170,7 +170,8 @@ async fn restart_fast(procs: &mut Procs, leader: u64) -> bool {
 /// followers had it) and restarted at once must not lead the same term
 /// again: it would hand the lost entry's index to a new command, and the
 /// replicas would hold two different entries under one log id (the
-/// harness found exactly that: `jepsen/README.md`, seed 24104). It comes
+/// harness found exactly that, seed 24104:
+/// `docs/history/2026-11-25-testing-harness-issue-24.md`). It comes
 /// back as a follower, and a leader is elected in a new term.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_leader_never_leads_its_old_term_again() {

@@ -1,6 +1,6 @@
 //! raftlock-sim: a whole raftlock cluster in one process, on turmoil's
 //! simulated time and network and an in-memory simulated disk, every run
-//! decided by one seed. See README.md.
+//! decided by one seed. See docs/testing/simulator.md.
 
 // The unit tests are the checkers' (belief, oracle, shared) and the
 // clock's. The simulation and its driver stay out of the test build: with
