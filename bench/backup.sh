@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Backup and restore at scale: a 3-node raftlock on 127.0.0.1 holding N
 # locks (default 1,000,000, held by sessions of an hour), then the three
-# operations of deploy/README.md's "Backup and restore", timed:
+# operations of docs/operations/backup-and-recovery.md's "Backup and
+# restore", timed:
 #
 #   1. `raftlock snapshot save FILE` on the full cluster (its size too);
 #   2. `raftlock snapshot inspect FILE` (no cluster);
@@ -15,8 +16,8 @@
 #
 # After 3 and 4 it checks that the restored cluster holds what the backup
 # holds (sessions, grants) and prints the largest node's peak RSS (VmHWM)
-# while it restored. Figures go to deploy/README.md by hand, with the
-# commit and the machine.
+# while it restored. Figures go to docs/operations/backup-and-recovery.md
+# by hand, with the commit and the machine.
 #
 #   bench/backup.sh [--locks N] [--sessions M] [--no-build]
 #

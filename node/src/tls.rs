@@ -278,8 +278,8 @@ fn refusal(e: &rustls::Error, host: Option<&str>) -> String {
             // through as an "other" error; its text names it.
             C::Other(other) if other.to_string().contains("UnsupportedCertVersion") => {
                 "tls_cert is not an X.509 v3 certificate (openssl x509 -req made it without \
-                 -extfile): peers refuse it; reissue it with v3 extensions (see the guide's \
-                 recipe)"
+                 -extfile): peers refuse it; reissue it with v3 extensions (see the \
+                 recipe in docs/operations/tls-and-acl.md)"
                     .into()
             }
             _ => "tls_cert would be refused by peers".into(),

@@ -5,7 +5,7 @@
 //! every lock it had committed is still held by the same session with the
 //! same fence, new fences are above every old one, and two new nodes make
 //! it three voters again. The drill's steps are the guide's block ("Losing
-//! a majority" in deploy/README.md), run as written. Along the way: export refuses a data directory a
+//! a majority" in docs/operations/backup-and-recovery.md), run as written. Along the way: export refuses a data directory a
 //! node runs on and a file that exists, and the flag refuses to act while
 //! another voter of the node's cluster still answers.
 

@@ -109,7 +109,7 @@ async fn a_removed_node_exits_with_status_0_whether_it_ran_or_was_down() {
 }
 
 /// A node removed, emptied and added back under the same id (the
-/// procedure deploy/README.md gives for Kubernetes, where the id is the
+/// procedure docs/operations/membership.md gives for Kubernetes, where the id is the
 /// pod's ordinal) replays the log from the start, its removal included:
 /// it must not take that old removal for its own and exit, as the first
 /// version of "a node that applies a membership without itself exits"

@@ -1,7 +1,8 @@
 //! The operations guide's shell blocks, as tests run them.
 //!
-//! A block the tests run is marked in `deploy/README.md` by an HTML
-//! comment on each side (invisible when the page is rendered):
+//! The guide is the pages of `docs/operations/` ([`PAGES`]). A block the
+//! tests run is marked in one of them by an HTML comment on each side
+//! (invisible when the page is rendered):
 //!
 //! ~~~text
 //! <!-- NAME start -->
@@ -15,16 +16,78 @@
 //! test can run them as they are written, with only what names a machine
 //! (addresses, paths, service managers) swapped for the test's own.
 
-/// The operations guide, as this build's tests see it.
-pub const GUIDE: &str = include_str!("../../deploy/README.md");
+/// The operations guide, as this build's tests see it: each page's path
+/// in the repository and its text.
+pub const PAGES: &[(&str, &str)] = &[
+    (
+        "docs/operations/README.md",
+        include_str!("../../docs/operations/README.md"),
+    ),
+    (
+        "docs/operations/deploy.md",
+        include_str!("../../docs/operations/deploy.md"),
+    ),
+    (
+        "docs/operations/configuration.md",
+        include_str!("../../docs/operations/configuration.md"),
+    ),
+    (
+        "docs/operations/tls-and-acl.md",
+        include_str!("../../docs/operations/tls-and-acl.md"),
+    ),
+    (
+        "docs/operations/membership.md",
+        include_str!("../../docs/operations/membership.md"),
+    ),
+    (
+        "docs/operations/backup-and-recovery.md",
+        include_str!("../../docs/operations/backup-and-recovery.md"),
+    ),
+    (
+        "docs/operations/upgrades.md",
+        include_str!("../../docs/operations/upgrades.md"),
+    ),
+    (
+        "docs/operations/monitoring.md",
+        include_str!("../../docs/operations/monitoring.md"),
+    ),
+    (
+        "docs/operations/console.md",
+        include_str!("../../docs/operations/console.md"),
+    ),
+];
+
+/// The path of the page of [`PAGES`] that holds the block marked `name`.
+/// Panics, naming the mark, if no page has its start mark, or more than
+/// one does.
+pub fn page_of(name: &str) -> &'static str {
+    let start = format!("<!-- {name} start -->");
+    let pages: Vec<&str> = PAGES
+        .iter()
+        .filter(|(_, text)| text.contains(&start))
+        .map(|(path, _)| *path)
+        .collect();
+    match pages.as_slice() {
+        [path] => path,
+        [] => panic!("the guide has no `{start}` (in none of docs/operations/*.md)"),
+        more => panic!("the guide has `{start}` in more than one page: {more:?}"),
+    }
+}
 
 /// The shell lines of the block marked `name` in the operations guide
 /// (between `<!-- NAME start -->` and `<!-- NAME end -->`, without the
-/// code fences), each ending in a newline. Panics, naming the mark, if
-/// either mark is missing or the block is empty: a test that runs a
-/// block must fail when the guide loses it.
+/// code fences), each ending in a newline, from whichever page of
+/// [`PAGES`] holds it. Panics, naming the mark, if either mark is
+/// missing, the start mark is in more than one page, or the block is
+/// empty: a test that runs a block must fail when the guide loses it.
 pub fn block(name: &str) -> String {
-    block_in(GUIDE, name)
+    let path = page_of(name);
+    let text = PAGES
+        .iter()
+        .find(|(p, _)| *p == path)
+        .map(|(_, text)| *text)
+        .expect("page_of names a page of PAGES");
+    block_in(text, name)
 }
 
 /// [`block`] of another Markdown text.
@@ -103,13 +166,21 @@ mod tests {
     }
 
     #[test]
+    #[should_panic(expected = "the guide has no `<!-- no-such-block start -->`")]
+    fn a_mark_in_no_page_fails_the_test() {
+        block("no-such-block");
+    }
+
+    #[test]
     fn the_guide_s_marked_blocks_are_found() {
-        for name in [
-            "tls-recipe",
-            "backup-save",
-            "backup-restore",
-            "majority-drill",
+        for (name, page) in [
+            ("tls-recipe", "docs/operations/tls-and-acl.md"),
+            ("k8s-replace", "docs/operations/membership.md"),
+            ("backup-save", "docs/operations/backup-and-recovery.md"),
+            ("backup-restore", "docs/operations/backup-and-recovery.md"),
+            ("majority-drill", "docs/operations/backup-and-recovery.md"),
         ] {
+            assert_eq!(page_of(name), page, "{name}");
             assert!(!block(name).is_empty(), "{name}");
         }
     }

@@ -795,7 +795,7 @@ async fn worker(
 }
 
 /// The operator replacing node `old` with node `new` (a fresh node on a
-/// fresh disk, already started by the driver), as `deploy/README.md` tells
+/// fresh disk, already started by the driver), as `docs/operations/membership.md` tells
 /// an operator to replace a node whose data cannot be trusted: `raftlock
 /// members remove OLD` on the leader, then `raftlock members add NEW`
 /// (learner, caught up, promoted). Each step is retried on every member
@@ -1710,7 +1710,7 @@ pub fn run(settings: &Settings) -> Outcome {
         // A removed node that never had itself among the voters of the
         // membership it uses (cut off since its first start, it never
         // received the cluster's membership) never asks for a vote, so it
-        // cannot learn of its removal: deploy/README.md ("Remove a node")
+        // cannot learn of its removal: docs/operations/membership.md ("Remove a node")
         // has the operator stop it by hand, as a learner that never
         // caught up.
         let unaware: Vec<u64> = {

@@ -56,7 +56,7 @@ pub(super) async fn restore(
     } else {
         "latest-backup"
     };
-    // What an operator does (deploy/README.md, "Backup and restore"): the
+    // What an operator does (docs/operations/backup-and-recovery.md, "Backup and restore"): the
     // server's default bump, which must cover what the cluster granted
     // after the backup and, for an older backup, everything an earlier
     // restore of it (or of a later backup) handed out since: the checkers

@@ -122,7 +122,8 @@ struct RunArgs {
     /// again with `raftlock members add`. Its old data is kept aside in
     /// DATA_DIR/before-force-new-cluster-UNIX_SECS. Does nothing on a node
     /// that is already its cluster's only voter; remove the flag once the
-    /// node runs (deploy/README.md, "Losing a majority").
+    /// node runs (docs/operations/backup-and-recovery.md, "Losing a
+    /// majority").
     #[arg(long)]
     force_new_cluster: bool,
     #[command(flatten)]
@@ -293,8 +294,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             // Kubernetes' OnFailure leave it stopped).
             tracing::warn!(
                 "{removed}; exiting. Delete its data directory; to bring the machine back, \
-                 add it again as deploy/README.md's \"Replace a dead node\" says (a new id; \
-                 under Kubernetes, its own id)"
+                 add it again as docs/operations/membership.md's \"Replace a dead node\" says \
+                 (a new id; under Kubernetes, its own id)"
             );
         }
     }

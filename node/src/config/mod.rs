@@ -110,7 +110,7 @@ pub struct Config {
     #[arg(long, env = "RAFTLOCK_METRICS_PREFIX_LABELS")]
     pub metrics_prefix_labels: Option<usize>,
     /// Turn access control on with this ACL file (tokens, rules, peer
-    /// token; see deploy/README.md). SIGHUP reloads it.
+    /// token; see docs/operations/tls-and-acl.md). SIGHUP reloads it.
     #[arg(long, env = "RAFTLOCK_ACL_FILE")]
     pub acl_file: Option<PathBuf>,
     /// Run a node of a multi-member cluster without peer authentication

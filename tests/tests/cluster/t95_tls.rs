@@ -362,7 +362,7 @@ async fn a_node_refuses_at_start_a_certificate_its_peers_would_refuse() {
         .await;
 }
 
-/// Issue 31, item 5: the openssl recipe in deploy/README.md ("TLS"), run
+/// Issue 31, item 5: the openssl recipe in docs/operations/tls-and-acl.md ("TLS"), run
 /// as it is written there (only the SANs changed to loopback), makes a CA,
 /// a node certificate the node accepts at start for an mTLS cluster of
 /// three, and a client certificate that cluster lets in.
