@@ -3,7 +3,8 @@
 # turn (round 1 before then after, round 2 after then before, ...), for
 # each workload, and prints one line per run: ops/s, the servers' CPU s
 # per 1,000 operations, the contended hand-off and the nodes' context
-# switches per 1,000 operations. See bench/README.md, "Cuts tried".
+# switches per 1,000 operations. See docs/performance/reproduce.md,
+# "Before and after one change".
 #
 #   bench/ab.sh BEFORE_DIR AFTER_DIR [--rounds N] [--workloads W,W] [--clients N]
 #               [--duration S] [--out DIR]

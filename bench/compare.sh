@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Side-by-side benchmark: a 3-node raftlock, a 3-node etcd 3.4 and one
 # Redis on 127.0.0.1, the same workloads against each in one run, ratios in
-# a table and bench/results/latest.json. See bench/README.md.
+# a table and bench/results/latest.json. See docs/performance/reproduce.md
+# (how to run it) and docs/performance/README.md (today's figures).
 #
 #   bench/compare.sh [--quick] [--rounds N] [--duration S] [--clients N]
 #                    [--workloads W,W…] [--rtt MS] [--no-scale] [--no-failover]

@@ -4,7 +4,8 @@
 # nodes with `perf record` for the measured window, and prints the samples
 # grouped by node, by crate (kernel, tokio, h2, malloc/free, raftlock, …),
 # the top kernel and user symbols, and every node thread's context
-# switches per 1,000 operations. See bench/README.md, "Profiling".
+# switches per 1,000 operations. See docs/performance/reproduce.md, "A
+# profile you can re-run".
 #
 #   bench/profile.sh [--workload uncontended|contended|semaphore|sessions|oneshot|multi]
 #                    [--clients N] [--duration S] [--freq HZ] [--out DIR]

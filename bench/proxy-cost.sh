@@ -3,8 +3,8 @@
 # (no persistence), then redis-benchmark PINGs to it directly, through the
 # proxy with no delay, and through the proxy with --delay-us D each way:
 # one connection (round-trip latency), then 64 (requests/s, and the
-# proxy's CPU per request from /proc/PID/stat). See bench/README.md, "A
-# datacenter's round trip".
+# proxy's CPU per request from /proc/PID/stat). See
+# docs/performance/datacenter-round-trip.md.
 #
 #   bench/proxy-cost.sh [--delay-us D] [--requests N]
 #

@@ -2,8 +2,8 @@
 # Where a raftlock write's time goes: starts a 3-node raftlock (3 x
 # `raftlockd run` on 127.0.0.1, data in a temp folder) and runs
 # `raftlock-bench run --trace-stages` for each workload and client count,
-# printing a per-stage p50/p99 table each time. See bench/README.md,
-# "Where a write's time goes".
+# printing a per-stage p50/p99 table each time. See
+# docs/performance/reproduce.md, "Where a write's time goes".
 #
 #   bench/stages.sh [--duration S] [--clients "1 64"] [--workloads "uncontended contended"] [--out DIR]
 #

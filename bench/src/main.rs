@@ -10,7 +10,8 @@
 //! ```
 //!
 //! `bench/compare.sh` starts all three systems and runs everything; see
-//! `bench/README.md` for what the figures mean and what limits them.
+//! `docs/performance/README.md` for what the figures mean and what limits
+//! them, and `docs/performance/reproduce.md` for how to run them.
 
 mod cpu;
 mod driver;

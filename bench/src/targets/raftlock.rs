@@ -23,7 +23,7 @@ pub async fn client(endpoints: &[String]) -> anyhow::Result<Client> {
 }
 
 /// Opens a session only its ttl ends (`end_on_disconnect` off), as every
-/// figure in bench/README.md was measured: the client's default grace
+/// figure in docs/performance/ was measured: the client's default grace
 /// (0.75 s) adds a keep-alive at once after each open and one every
 /// 0.25 s per session.
 pub async fn session(client: &Client, ttl: Duration) -> raftlock_client::Result<Session> {

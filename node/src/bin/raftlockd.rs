@@ -164,7 +164,7 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-/// The allocator (see bench/README.md, "Cuts tried").
+/// The allocator (see docs/performance/tuning.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
