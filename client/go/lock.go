@@ -99,7 +99,7 @@ type keepAliveResponse struct {
 // no answer in time (a failover, a busy node), the Guard is returned in
 // jeopardy: Valid is false until a later renewal is answered, and Lost is
 // closed if none is within the TTL count, as every first-party client
-// hands out a grant in jeopardy (README: Held, jeopardy, lost). Check
+// hands out a grant in jeopardy (docs/concepts/sessions-and-leases.md: Held, jeopardy, lost). Check
 // Valid before acting on the lock, not only the error.
 func (c *Client) Acquire(ctx context.Context, key string, o AcquireOptions) (*Guard, error) {
 	if err := checkKey(key); err != nil {

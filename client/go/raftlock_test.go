@@ -749,7 +749,7 @@ func TestLeaderKilledWhileHoldingAndWaiting(t *testing.T) {
 }
 
 // A released guard is not valid: the holder stops believing when it sends
-// the release (README, the lease rule), not when the lease it counted runs
+// the release (docs/concepts/sessions-and-leases.md, the lease rule), not when the lease it counted runs
 // out.
 func TestAReleasedGuardIsNotValid(t *testing.T) {
 	cl := shared(t)

@@ -5,7 +5,7 @@
 //! **The lease view.** A session counts its lease conservatively: from the
 //! moment it *sent* the last keep-alive the leader acknowledged, minus a
 //! safety margin. A session that ends with its process counts the smaller
-//! of its ttl and its grace (README, "The lease rule"): the leader ends it
+//! of its ttl and its grace (docs/concepts/sessions-and-leases.md, "The lease rule"): the leader ends it
 //! a grace after the stream that renewed it closes, and a paused process
 //! cannot tell when that happened; such a session renews every third of
 //! that length. The leader counts from when it processed that keep-alive
@@ -14,8 +14,8 @@
 //! lease ends before the cluster does. The count runs on this process's
 //! monotonic clock (`CLOCK_MONOTONIC`), which stops while the host is
 //! suspended: a client host that sleeps past its lease believes it on
-//! waking, until its next keep-alive is answered `expired` (see README,
-//! "Sessions and leases").
+//! waking, until its next keep-alive is answered `expired` (see
+//! docs/concepts/sessions-and-leases.md).
 //!
 //! **Held, jeopardy, lost.** While the count runs the lease is *held*. Once
 //! it has run out without a newer answer the lease is in *jeopardy*: the
@@ -459,7 +459,7 @@ async fn run(transport: WeakTransport, mut asks: mpsc::UnboundedReceiver<Ask>) {
     // open until a new stream has renewed: closing it would start the
     // leader's end-on-disconnect grace for every session it carried, and
     // if the leader comes back before a new stream renews them, the
-    // sessions of a live process would end. (README, the client duties:
+    // sessions of a live process would end. (docs/clients/writing-a-client.md:
     // open a replacement stream before closing a silent one.)
     let mut silent: Option<Silent> = None;
     loop {

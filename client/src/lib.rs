@@ -21,7 +21,7 @@
 //!   without cancelling anything, when its view stops saying held
 //!   ([`Session::invalid`]: jeopardy, which the next answered keep-alive
 //!   ends) and when the lease is lost for good ([`Session::lost`]); see
-//!   README, "Held, jeopardy, lost".
+//!   docs/concepts/sessions-and-leases.md, "Held, jeopardy, lost".
 //! * [`Guard`]s release on drop; `release()` is idempotent.
 //! * [`fence`] is what a downstream store embeds to refuse stale writers.
 //!

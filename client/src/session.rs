@@ -52,7 +52,7 @@ pub struct SessionOptions {
     /// 750 ms by default ([`DEFAULT_END_ON_DISCONNECT`]), as in the Go,
     /// Python and PHP clients: a killed process's locks pass on in about
     /// 0.8 s. The lease view then counts the smaller of the ttl and this
-    /// grace from each answered keep-alive (README, "The lease rule": a
+    /// grace from each answered keep-alive (docs/concepts/sessions-and-leases.md, "The lease rule": a
     /// paused process cannot tell when its stream was closed), and
     /// keep-alives go every third of that. A count that runs out while
     /// the session lives (a failover, a busy machine) is jeopardy, not

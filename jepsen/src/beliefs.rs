@@ -1,6 +1,6 @@
 //! The belief oracle (`beliefs` in `results.json`): while a client that
 //! follows the duties believes it holds a grant, nobody else holds it
-//! (README, "The lease rule").
+//! (docs/concepts/sessions-and-leases.md, "The lease rule").
 //!
 //! The `leases` workload's clients record, for every grant they were
 //! given, the spans during which they believed they held it, counted as

@@ -1,5 +1,5 @@
-//! A minimal HTTP/1.1 client for the nodes' HTTP/JSON API (README,
-//! "HTTP/JSON"): one `POST` with a JSON body on a connection of its own,
+//! A minimal HTTP/1.1 client for the nodes' HTTP/JSON API
+//! (docs/http.md): one `POST` with a JSON body on a connection of its own,
 //! as curl or a PHP client sends it, and the status, the headers and the
 //! JSON answer. Enough for the `leases` workload's HTTP clients; no
 //! keep-alive, no TLS.

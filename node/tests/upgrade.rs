@@ -41,7 +41,7 @@ async fn a_rolling_upgrade_from_the_previous_release_fails_no_lock() {
 
     // The load: each worker takes and releases its own name in a session
     // of its own, through the client (which follows the leader and
-    // retries as README's client duties say). A failure is any error the
+    // retries as docs/clients/writing-a-client.md duties say). A failure is any error the
     // client hands back.
     let client = raftlock_client::Client::connect(addrs.clone())
         .await

@@ -1,4 +1,5 @@
-//! Whole-cluster figures for README (a benchmark, not a test):
+//! Whole-cluster figures (a benchmark, not a test; the last the README
+//! quoted are in docs/history/2026-11-27-readme-performance.md):
 //!
 //! * throughput and latency of uncontended acquire+release pairs through a
 //!   3-node cluster on loopback, fsync on, from N concurrent clients;

@@ -1,6 +1,6 @@
 //! The limits the Go, Python and PHP clients check before sending are the
 //! cluster's (`node/src/state/limits.rs`), and they retry and back off as
-//! the Rust client does (README, "Follow the leader hint at once"). Each client keeps its own copy
+//! the Rust client does (docs/clients/writing-a-client.md, "Follow the leader hint at once"). Each client keeps its own copy
 //! in its own language, so nothing else ties them together: a limit
 //! changed in the node and not in a client makes that client refuse what
 //! the cluster takes, or send what it refuses with a transport error

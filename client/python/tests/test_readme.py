@@ -1,7 +1,7 @@
-"""The Python examples of client/python/README.md and of the top README's
-"Coming from RedisFairLock" run as written, each in a fresh process,
-against the suite's cluster (its addresses put in place of the README's
-127.0.0.1:7101-7103)."""
+"""The Python examples of client/python/README.md and of
+docs/clients/migrating.md's "Coming from RedisFairLock" run as written,
+each in a fresh process, against the suite's cluster (its addresses put in
+place of the READMEs' 127.0.0.1:7101-7103)."""
 
 import re
 import subprocess
@@ -27,14 +27,14 @@ def blocks(path, section=None):
 
 
 EXAMPLES = [("client/python/README.md", None, i, b) for i, b in enumerate(blocks("client/python/README.md"))] + [
-    ("README.md", "### Coming from RedisFairLock", i, b)
-    for i, b in enumerate(blocks("README.md", "### Coming from RedisFairLock"))
+    ("docs/clients/migrating.md", "## Coming from RedisFairLock", i, b)
+    for i, b in enumerate(blocks("docs/clients/migrating.md", "## Coming from RedisFairLock"))
 ]
 
 
 def test_the_readmes_have_runnable_examples():
     assert len([e for e in EXAMPLES if e[0] == "client/python/README.md"]) >= 4
-    assert len([e for e in EXAMPLES if e[0] == "README.md"]) == 1
+    assert len([e for e in EXAMPLES if e[0] == "docs/clients/migrating.md"]) == 1
     first = blocks("client/python/README.md")[0]
     # Install and a first lock in under ten lines.
     assert len([line for line in first.splitlines() if line.strip()]) + 1 < 10

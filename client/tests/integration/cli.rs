@@ -512,7 +512,7 @@ fn median(mut v: Vec<Duration>) -> Duration {
 /// keep-alive stream closes, long before its 30 s ttl: the next waiter,
 /// another process, runs at once. At the defaults (the Rust client's
 /// `end_on_disconnect`, 0.75 s): three rounds, their figures printed
-/// (client/README.md and README.md quote them).
+/// (docs/clients/rust.md quotes them).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_killed_holder_frees_its_lock_long_before_its_ttl() {
     let cluster = TestCluster::start(3).await;

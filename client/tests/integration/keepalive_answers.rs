@@ -299,8 +299,8 @@ async fn a_late_answer_is_never_credited_to_a_later_ask() {
 /// connection up) is replaced, and stays open until the new stream has
 /// renewed: closing it first would start the leader's end-on-disconnect
 /// grace for every session it carried, and a leader that comes back before
-/// a new stream renews them would end a live process's sessions (README's
-/// client duties: open a replacement stream before closing a silent one).
+/// a new stream renews them would end a live process's sessions (docs/clients/writing-a-client.md
+/// duties: open a replacement stream before closing a silent one).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_stream_stays_open_until_its_replacement_renews() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")

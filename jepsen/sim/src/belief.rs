@@ -1,4 +1,4 @@
-//! The belief oracle (README, "The lease rule"): while a client that
+//! The belief oracle (docs/concepts/sessions-and-leases.md, "The lease rule"): while a client that
 //! follows the duties believes it holds a grant, nobody else holds it.
 //!
 //! Every client of a run records, for every grant it was given, the span
@@ -140,7 +140,7 @@ impl Count {
     }
 
     /// A `SetSessionTtl` to a shorter ttl sent at `sent`: the count ends
-    /// at `sent + length_us` at the latest (README, "The lease rule").
+    /// at `sent + length_us` at the latest (docs/concepts/sessions-and-leases.md, "The lease rule").
     pub fn cut(&mut self, sent: u64, length_us: u64) {
         self.until = self.until.min(sent + length_us);
     }

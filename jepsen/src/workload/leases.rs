@@ -1,5 +1,5 @@
 //! The `leases` workload: clients that drive every path of the lease rule
-//! (README, "The lease rule") against the live cluster and record what
+//! (docs/concepts/sessions-and-leases.md, "The lease rule") against the live cluster and record what
 //! they believe, for the belief oracle ([`crate::beliefs`]).
 //!
 //! Every grant a client is given here is followed by a `belief` operation
@@ -923,7 +923,7 @@ impl Actor {
         self.sleep_until_ns(at).await;
         if new_ttl < ttl {
             // A shorter ttl: the count so far ends at the send + the new
-            // ttl at the latest (README, "The lease rule").
+            // ttl at the latest (docs/concepts/sessions-and-leases.md, "The lease rule").
             let now = self.now();
             h.cut(now, ms_ns(new_ttl));
         }
@@ -964,7 +964,7 @@ impl Actor {
             .await;
         let now = self.now();
         match called.reply {
-            // Counted with at most the ttl asked for (README, "The lease
+            // Counted with at most the ttl asked for (docs/concepts/sessions-and-leases.md, "The lease
             // rule": a shorter ttl caps every answer from its send on).
             Reply::Ok(ttl) => h.answered(called.sent, ms_ns(ttl.clamp(1, new_ttl)), now),
             Reply::Refused(tonic::Code::NotFound, _) => {

@@ -14,7 +14,7 @@
 //! leader's memory, after the leader has confirmed with a quorum that it is
 //! still the leader (see `api::locks`).
 //!
-//! **The lease rule** (README, "The lease rule"): a client believes its
+//! **The lease rule** (docs/concepts/sessions-and-leases.md, "The lease rule"): a client believes its
 //! lease until the send time of its last answered renewal plus the lease
 //! length (the ttl, or the smaller of the ttl and the grace of a session
 //! that ends with its process) less a margin. So this keeper never ends a
@@ -344,7 +344,7 @@ impl Leases {
                     // lease restarts at it, shorter or longer: a client
                     // that shortens its ttl counts every answer from the
                     // change's send on with the new ttl, and cuts its
-                    // count to that send + the new ttl (README, "The lease
+                    // count to that send + the new ttl (docs/concepts/sessions-and-leases.md, "The lease
                     // rule"), never later than this. A session whose end
                     // is under way stays ending (its `SetSessionTtl`
                     // answers `NOT_FOUND`).
@@ -1029,7 +1029,7 @@ mod tests {
 
     /// A ttl change restarts the lease at the new length when it applies,
     /// longer or shorter (the client's duty caps its count at the change's
-    /// send + the new ttl, README "The lease rule"); keep-alives then renew
+    /// send + the new ttl, docs/concepts/sessions-and-leases.md "The lease rule"); keep-alives then renew
     /// at the new length and never move the end earlier.
     #[tokio::test(start_paused = true)]
     async fn a_new_ttl_restarts_the_lease_at_its_length() {

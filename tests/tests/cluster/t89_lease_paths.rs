@@ -1,5 +1,5 @@
 //! The lease rule on every path that starts, renews or ends a lease
-//! (README, "The lease rule"): while a client that follows the duties
+//! (docs/concepts/sessions-and-leases.md, "The lease rule"): while a client that follows the duties
 //! believes it holds a grant, nobody else is granted it. Each test drives
 //! one path the way a client does and checks the leader against the
 //! client's own count: `SetSessionTtl` near the end of a lease and with a

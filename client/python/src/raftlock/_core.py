@@ -538,7 +538,7 @@ class Lease:
       start) plus the grace, less the margin; the client renews often
       enough (every grace/3) to keep it ahead.
 
-    Three states follow (README, "The lease rule"):
+    Three states follow (docs/concepts/sessions-and-leases.md, "The lease rule"):
 
     * **held** (:meth:`valid`): before both instants;
     * **jeopardy**: past them, but the ttl count (``lost_at``) has not run

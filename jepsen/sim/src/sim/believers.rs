@@ -1,4 +1,4 @@
-//! Clients that drive every path of the lease rule (README, "The lease
+//! Clients that drive every path of the lease rule (docs/concepts/sessions-and-leases.md, "The lease
 //! rule") and record what they believe, for the belief oracle
 //! (`crate::belief`).
 //!
