@@ -1043,7 +1043,8 @@ impl Actor {
         // Only a waiter that died unanswered is judged: an answer the node
         // wrote before it saw the connection end is one a live process
         // could have read (a holder killed after its grant keeps the lock
-        // for its ttl: README, HTTP has no stream).
+        // for its ttl unless a KeepAlive stream carried its session for
+        // `end_on_disconnect`: docs/http.md).
         let (answer, judged) = match &outcome {
             crate::http::Killed::Answered(a) => (Some(a), false),
             crate::http::Killed::AnsweredAfterKill(a) => (Some(a), false),
