@@ -58,7 +58,7 @@ use crate::apply::{Raft, Shared};
 use crate::error::Error;
 use crate::raft::log_store::SyncFailure;
 use crate::raft::WatchReceiver as _;
-use crate::raft::{Batch, NodeAddrs, NodeId, RaftMetrics, TypeConfig};
+use crate::raft::{Batch, NodeAddrs, NodeId, RaftMetrics, TypeConfig, Vote};
 
 /// How long a proposal waits for a newly elected leader's first quorum
 /// acknowledgement (openraft 0.10 refuses a leader's writes until then, as
@@ -99,6 +99,15 @@ pub enum Role {
     /// The Raft core has stopped (shutdown or a fatal error), or a sync of
     /// the log has failed.
     Stopped,
+}
+
+/// Whether node `id` leads the term of `vote`: the vote is its own and
+/// committed (granted by a quorum). This is what its log says of it, not
+/// what openraft's role says at this moment: the removal procedure
+/// ([`Node`](crate::node::Node)) asks it of the vote that stands beside a
+/// membership the node has applied.
+pub fn leads_term(id: NodeId, vote: &Vote) -> bool {
+    vote.is_committed() && vote.leader_id().node_id == id
 }
 
 /// The node's view of itself at one moment.
@@ -1006,6 +1015,13 @@ impl LeaderCheck {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_node_leads_the_term_of_its_own_committed_vote_only() {
+        assert!(leads_term(1, &Vote::new_committed(3, 1)));
+        assert!(!leads_term(1, &Vote::new(3, 1)), "a vote for itself, not yet granted");
+        assert!(!leads_term(1, &Vote::new_committed(3, 2)), "another node's term");
+    }
 
     fn view(role: Role) -> View {
         View {

@@ -607,8 +607,7 @@ fn removed_itself(
     effective: bool,
     vote: &Vote,
 ) -> Option<u64> {
-    let leads = vote.is_committed() && vote.leader_id().node_id == id;
-    (leads && !effective).then_some(applied_at?.index)
+    (crate::leader::leads_term(id, vote) && !effective).then_some(applied_at?.index)
 }
 
 #[cfg(test)]
