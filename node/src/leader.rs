@@ -1019,8 +1019,14 @@ mod tests {
     #[test]
     fn a_node_leads_the_term_of_its_own_committed_vote_only() {
         assert!(leads_term(1, &Vote::new_committed(3, 1)));
-        assert!(!leads_term(1, &Vote::new(3, 1)), "a vote for itself, not yet granted");
-        assert!(!leads_term(1, &Vote::new_committed(3, 2)), "another node's term");
+        assert!(
+            !leads_term(1, &Vote::new(3, 1)),
+            "a vote for itself, not yet granted"
+        );
+        assert!(
+            !leads_term(1, &Vote::new_committed(3, 2)),
+            "another node's term"
+        );
     }
 
     fn view(role: Role) -> View {
