@@ -80,6 +80,38 @@ impl Committed {
     }
 }
 
+/// Snapshot files agree: any two snapshot files that cover the same log
+/// index, on any nodes and in any processes, are byte-for-byte the same
+/// (issue 46). A snapshot file is the applied state's meta (last log id,
+/// membership) and table, encoded deterministically and checksummed, so a
+/// node that built or installed a different file at an index (state only
+/// one process has, an encoding that depends on the process, a snapshot
+/// of a state the log never produced) differs from the others there.
+#[derive(Debug, Default)]
+pub struct SnapshotFiles {
+    /// Per covered index: the first node seen with a file there, and the
+    /// file's hash.
+    at: BTreeMap<u64, (u64, u64)>,
+}
+
+impl SnapshotFiles {
+    /// Node `node` has a snapshot file covering up to `index`, hashing to
+    /// `hash`.
+    pub fn observe(&mut self, node: u64, index: u64, hash: u64) -> Result<(), String> {
+        match self.at.get(&index) {
+            Some(&(first_node, first)) if first != hash => Err(format!(
+                "snapshot files: node {node}'s file at index {index} hashes to {hash:016x}, node \
+                 {first_node}'s to {first:016x}"
+            )),
+            Some(_) => Ok(()),
+            None => {
+                self.at.insert(index, (node, hash));
+                Ok(())
+            }
+        }
+    }
+}
+
 /// A node never forgets what it acknowledged (issue 46): the entries it
 /// acknowledged in an AppendEntries answer, and the vote it answered them
 /// under, survive its crashes. Observed through the leader: its
@@ -443,6 +475,16 @@ mod tests {
         );
         let err = r.observe(2, 0, 6, 0xdd).expect_err("went back");
         assert!(err.contains("went back from 7 to 6"), "{err}");
+    }
+
+    #[test]
+    fn snapshot_files_that_differ_at_an_index_are_caught() {
+        let mut files = SnapshotFiles::default();
+        assert!(files.observe(1, 200, 0xaa).is_ok());
+        assert!(files.observe(2, 200, 0xaa).is_ok());
+        assert!(files.observe(2, 400, 0xbb).is_ok());
+        let e = files.observe(3, 200, 0xab).unwrap_err();
+        assert!(e.contains("index 200"), "{e}");
     }
 
     #[test]

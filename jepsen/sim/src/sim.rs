@@ -1103,6 +1103,10 @@ struct Watch {
     committed: oracle::Committed,
     replicas: oracle::Replicas,
     acknowledged: oracle::Acknowledged,
+    snapshot_files: oracle::SnapshotFiles,
+    /// Per node: the snapshot files its disk had written when last looked
+    /// at.
+    files_seen: BTreeMap<u64, u64>,
     /// Per node: the disk's crashes already judged by `acknowledged`.
     crashes: BTreeMap<u64, u64>,
     fences: oracle::Fences,
@@ -1291,6 +1295,32 @@ impl Watch {
     }
 
     /// Judges the probers' answers not judged yet.
+    /// Every snapshot file written since the last look agrees with the
+    /// other files at its index (`oracle::SnapshotFiles`). A file the
+    /// driver damaged fails its checksum and is not looked at.
+    fn check_snapshot_files(
+        &mut self,
+        record: &Shared,
+        disks: &BTreeMap<u64, MemDisk>,
+    ) -> Result<(), String> {
+        for (id, disk) in disks {
+            let written = disk.snapshot_files_written();
+            if self.files_seen.insert(*id, written).unwrap_or(0) == written
+                || record.borrow().damaged.contains_key(id)
+            {
+                continue;
+            }
+            let Some(file) = disk.snapshot_file() else {
+                continue;
+            };
+            if let Some(index) = raftlock_node::apply::state_machine::snapshot_file_index(&file) {
+                self.snapshot_files
+                    .observe(*id, index, fnv(&file, FNV_START))?;
+            }
+        }
+        Ok(())
+    }
+
     /// Every disk that crashed since the last call still holds what its
     /// node acknowledged (`oracle::Acknowledged`). A disk whose snapshot
     /// file the crash damaged is left out: that node must not start, and
@@ -1342,6 +1372,7 @@ impl Watch {
         disks: &BTreeMap<u64, MemDisk>,
         now: u64,
     ) -> Result<Vec<u64>, String> {
+        self.check_snapshot_files(record, disks)?;
         let mut ended_on_leader = Vec::new();
         let mut counting = false;
         let abandoned: Vec<u64> = record

@@ -87,6 +87,8 @@ struct DiskState {
     snapshot: Option<Vec<u8>>,
     /// Crashes so far.
     crashes: u64,
+    /// Snapshot files written so far.
+    snapshot_files: u64,
 }
 
 /// A simulated disk holding one node's log. Clones share it; it outlives
@@ -165,7 +167,14 @@ impl MemDisk {
             return Err(io::Error::from_raw_os_error(5));
         }
         s.snapshot = Some(bytes.to_vec());
+        s.snapshot_files += 1;
         Ok(())
+    }
+
+    /// How many snapshot files have replaced the one before (for a
+    /// simulator's oracles: read the file again only when it changed).
+    pub fn snapshot_files_written(&self) -> u64 {
+        self.state().snapshot_files
     }
 
     /// Keeps only the first `keep` bytes of the snapshot file (a torn
