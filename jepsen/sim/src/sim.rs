@@ -44,9 +44,9 @@ const SNAPSHOT_EVERY: u64 = 100;
 /// downtimes, fewer than in the longest (and than a fresh node lacks).
 /// With 20, openraft 0.10.0-alpha.37's replication tripped its own
 /// assertion about once in 600 seeds (a purge racing a restarted
-/// stream: docs/testing/simulator.md, "Known: openraft's replication
-/// reads a range a purge just removed"), which says nothing about
-/// raftlock.
+/// stream: docs/testing/simulator.md, "openraft's replication reads a
+/// range a purge just removed", worked around since), which says
+/// nothing about raftlock.
 const LOGS_TO_KEEP: u64 = 200;
 /// The lock every worker contends for.
 const LOCK: &str = "L";
