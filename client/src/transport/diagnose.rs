@@ -1,4 +1,6 @@
-//! Why a node could not be used: the record of a call's attempts, and telling refused connections, unresolved names and TLS trouble apart (with the TLS probes).
+//! Why a node could not be used: the record of a call's attempts, and
+//! telling refused connections, unresolved names and TLS trouble apart
+//! (with the TLS probes).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -1,4 +1,5 @@
-//! Faults on the nodes: kill, restart, wipe, disks, pause, clock rates, and healing them all.
+//! Faults on the nodes: kill, restart, wipe, disks, pause, clock rates, and
+//! healing them all.
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;

@@ -1,4 +1,5 @@
-//! The partition variants: which directions a partition of the members cuts.
+//! The partition variants: which directions a partition of the members
+//! cuts.
 
 use rand::rngs::StdRng;
 use rand::RngExt;

@@ -1,4 +1,5 @@
-//! A worker's cycles, one per kind of round: a lock, an atomic multi-lock, an upgrade, the semaphore, the fenced counter.
+//! A worker's cycles, one per kind of round: a lock, an atomic multi-lock,
+//! an upgrade, the semaphore, the fenced counter.
 
 use std::time::Duration;
 

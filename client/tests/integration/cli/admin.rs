@@ -1,4 +1,5 @@
-//! Operator commands: `snapshot save`/`inspect`, `members`, `session revoke`.
+//! Operator commands: `snapshot save`/`inspect`, `members`, `session
+//! revoke`.
 
 use std::time::Duration;
 

@@ -1,4 +1,5 @@
-//! Failing fast and saying why: unreachable or unresolvable endpoints, TLS mistakes.
+//! Failing fast and saying why: unreachable or unresolvable endpoints, TLS
+//! mistakes.
 
 use std::process::Stdio;
 use std::time::Duration;

@@ -1,4 +1,5 @@
-//! The command's process and `raftlock`'s own: the command dies with it, killed holders and waiters free their locks.
+//! The command's process and `raftlock`'s own: the command dies with it,
+//! killed holders and waiters free their locks.
 
 use std::time::Duration;
 

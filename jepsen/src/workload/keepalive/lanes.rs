@@ -1,4 +1,5 @@
-//! Keep-alive lanes (one stream per node, and the asks on it) and the probes of abandoned sessions.
+//! Keep-alive lanes (one stream per node, and the asks on it) and the
+//! probes of abandoned sessions.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;

@@ -1,4 +1,5 @@
-//! One prober: its cycle of open, keep alive, acquire, hold, then release and close or abandon.
+//! One prober: its cycle of open, keep alive, acquire, hold, then release
+//! and close or abandon.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};

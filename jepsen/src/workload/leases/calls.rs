@@ -1,4 +1,5 @@
-//! Calls: one attempt after another at the node that leads, and a task's process numbers.
+//! Calls: one attempt after another at the node that leads, and a task's
+//! process numbers.
 
 use std::collections::BTreeMap;
 use std::future::Future;

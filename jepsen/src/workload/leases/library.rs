@@ -1,4 +1,5 @@
-//! The Rust client's paths (`multi`, `upgrade`): beliefs from the library's own lease view.
+//! The Rust client's paths (`multi`, `upgrade`): beliefs from the library's
+//! own lease view.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -1,4 +1,5 @@
-//! The paths over one-call `Lock`s: ttl changes, retries, renewals, ghost waiters.
+//! The paths over one-call `Lock`s: ttl changes, retries, renewals, ghost
+//! waiters.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;

@@ -1,4 +1,5 @@
-//! The requests every path is made of: taking, holding and letting go of a grant.
+//! The requests every path is made of: taking, holding and letting go of a
+//! grant.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,4 +1,5 @@
-//! The `streams` path (a session that ends with its process, on flapping `KeepAlive` streams) and one-shot keep-alives.
+//! The `streams` path (a session that ends with its process, on flapping
+//! `KeepAlive` streams) and one-shot keep-alives.
 
 use std::time::Duration;
 

@@ -1,4 +1,5 @@
-//! Who may ask, and how much: credentials as over gRPC, checked before the body, bounded bodies, cross-site requests.
+//! Who may ask, and how much: credentials as over gRPC, checked before the
+//! body, bounded bodies, cross-site requests.
 
 use std::time::Duration;
 

@@ -1,4 +1,6 @@
-//! Connections: NDJSON watch streams, chunked keep-alive streams, a connection that closes mid-request, and followers that forward to the leader (or answer 503).
+//! Connections: NDJSON watch streams, chunked keep-alive streams, a
+//! connection that closes mid-request, and followers that forward to the
+//! leader (or answer 503).
 
 use std::time::Duration;
 

@@ -1,4 +1,5 @@
-//! Grants that end: a waiter gone around the hand-off, and revokes (waiting for the holder's count, across a leadership round trip).
+//! Grants that end: a waiter gone around the hand-off, and revokes (waiting
+//! for the holder's count, across a leadership round trip).
 
 use std::time::Duration;
 

@@ -1,4 +1,5 @@
-//! `end_on_disconnect` streams: counted again after a leadership round trip, two streams on one session, a session believed for its grace only.
+//! `end_on_disconnect` streams: counted again after a leadership round
+//! trip, two streams on one session, a session believed for its grace only.
 
 use std::time::Duration;
 
