@@ -29,15 +29,16 @@ mod disk;
 pub mod hostile;
 mod links;
 mod membership;
+mod partitions;
 mod restart;
 mod restore;
 
 use membership::membership;
+pub use partitions::partition_links;
 use restore::{restore, Backup};
 
 use crate::cluster::Cluster;
 use crate::history::{Process, Recorder, Type};
-use crate::proxy::Link;
 
 /// The kinds of fault.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -515,65 +516,6 @@ async fn start(
     Ok(started)
 }
 
-/// The directions to cut for a partition variant over `members` (shuffled).
-pub fn partition_links(variant: &str, members: &[u64], leader: u64, rng: &mut StdRng) -> Vec<Link> {
-    let both = |a: &[u64], b: &[u64]| -> Vec<Link> {
-        let mut out = Vec::new();
-        for &x in a {
-            for &y in b {
-                if x != y {
-                    out.push((x, y));
-                    out.push((y, x));
-                }
-            }
-        }
-        out
-    };
-    match variant {
-        "halves" => {
-            let (a, b) = members.split_at(members.len() / 2);
-            both(a, b)
-        }
-        "isolate-leader" => {
-            let rest: Vec<u64> = members.iter().copied().filter(|&m| m != leader).collect();
-            both(&[leader], &rest)
-        }
-        "bridge" => {
-            // Two halves that only one node (the bridge) can reach both of.
-            let n = members.len();
-            let bridge = n / 2;
-            let (a, b) = (&members[..bridge], &members[bridge + 1..]);
-            both(a, b)
-        }
-        "ring" => {
-            // Each node sees its nearest ring neighbours: with five, itself
-            // and one on each side, a majority, but no two the same one.
-            let n = members.len();
-            let reach = (n / 4).max(1);
-            let mut out = Vec::new();
-            for i in 0..n {
-                for j in 0..n {
-                    let d = (i + n - j) % n;
-                    let d = d.min(n - d);
-                    if i != j && d > reach {
-                        out.push((members[i], members[j]));
-                    }
-                }
-            }
-            out
-        }
-        _ => {
-            // one-way: the leader can hear but not be heard, or the reverse.
-            let rest: Vec<u64> = members.iter().copied().filter(|&m| m != leader).collect();
-            if rng.random_bool(0.5) {
-                rest.iter().map(|&r| (leader, r)).collect()
-            } else {
-                rest.iter().map(|&r| (r, leader)).collect()
-            }
-        }
-    }
-}
-
 async fn heal(
     cluster: &Arc<Mutex<Cluster>>,
     active: &Active,
@@ -675,110 +617,4 @@ pub fn windows_from_history(events: &[crate::history::Event]) -> Vec<Window> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn windows_are_rebuilt_from_the_history() {
-        use crate::history::Event;
-        let ev = |kind, f: &str, value: Value, t| Event {
-            process: Process::NEMESIS,
-            kind,
-            f: f.into(),
-            value,
-            time_ns: t,
-        };
-        let events = vec![
-            ev(
-                Type::Info,
-                "start-kill",
-                json!({"variant": "leader", "nodes": [2]}),
-                10,
-            ),
-            ev(Type::Info, "stop-kill", json!({}), 20),
-            ev(Type::Invoke, "add-node", json!({"node": 4}), 30),
-            ev(Type::Ok, "add-node", json!({"node": 4}), 40),
-            ev(Type::Info, "heal", json!({}), 50),
-        ];
-        let w = windows_from_history(&events);
-        assert_eq!(w.len(), 2);
-        assert_eq!(
-            (w[0].kind, w[0].variant.as_str(), w[0].nodes.clone()),
-            (NemesisKind::Kill, "leader", vec![2])
-        );
-        assert_eq!(
-            (w[1].kind, w[1].variant.as_str(), w[1].start_ns, w[1].end_ns),
-            (NemesisKind::Membership, "add", 30, 40)
-        );
-    }
-
-    #[test]
-    fn lists_parse() {
-        assert_eq!(
-            NemesisKind::parse_list("kill,pause").unwrap(),
-            vec![NemesisKind::Kill, NemesisKind::Pause]
-        );
-        assert_eq!(NemesisKind::parse_list("all").unwrap().len(), 12);
-        assert_eq!(
-            NemesisKind::parse_list("restart-fast,disk-error,client-link,hostile-peer").unwrap(),
-            vec![
-                NemesisKind::RestartFast,
-                NemesisKind::DiskError,
-                NemesisKind::ClientLink,
-                NemesisKind::HostilePeer
-            ]
-        );
-        assert_eq!(
-            NemesisKind::parse_list("restore,disk").unwrap(),
-            vec![
-                NemesisKind::Restore,
-                NemesisKind::LoseUnsynced,
-                NemesisKind::SlowDisk
-            ]
-        );
-        assert!(NemesisKind::parse_list("none").unwrap().is_empty());
-        // A long partition only when named: one would fill a short run.
-        assert!(!NemesisKind::parse_list("all")
-            .unwrap()
-            .contains(&NemesisKind::LongPartition));
-        assert_eq!(
-            NemesisKind::parse_list("long-partition,partition").unwrap(),
-            vec![NemesisKind::Partition, NemesisKind::LongPartition]
-        );
-        assert!(NemesisKind::parse_list("flood").is_err());
-    }
-
-    fn reach(links: &[Link], members: &[u64]) -> Vec<usize> {
-        members
-            .iter()
-            .map(|&m| {
-                members
-                    .iter()
-                    .filter(|&&o| o == m || !links.contains(&(m, o)))
-                    .count()
-            })
-            .collect()
-    }
-
-    #[test]
-    fn partitions_have_the_promised_shape() {
-        let mut rng = StdRng::seed_from_u64(1);
-        let five = [1, 2, 3, 4, 5];
-        // Ring: every node reaches exactly a majority (itself + 2).
-        assert_eq!(
-            reach(&partition_links("ring", &five, 1, &mut rng), &five),
-            vec![3; 5]
-        );
-        // Bridge: the middle node reaches everyone.
-        let bridge = partition_links("bridge", &five, 1, &mut rng);
-        assert_eq!(reach(&bridge, &five), vec![3, 3, 5, 3, 3]);
-        // Isolating the leader cuts it off both ways.
-        let iso = partition_links("isolate-leader", &five, 3, &mut rng);
-        assert_eq!(iso.len(), 8);
-        assert!(iso.iter().all(|&(a, b)| a == 3 || b == 3));
-        // One-way cuts only one direction.
-        let one = partition_links("one-way", &five, 3, &mut rng);
-        assert_eq!(one.len(), 4);
-        assert!(one.iter().all(|&(a, b)| !one.contains(&(b, a))));
-    }
-}
+mod tests;

@@ -3,7 +3,7 @@
 //! included, and the answer is the leader's, with the leader's address
 //! added so a client can go there next time. `Status` and `stale` reads
 //! are answered where they arrive. A forward cut off from the leader is
-//! not answered as done. (HTTP/JSON through a follower: t84_http.rs; a
+//! not answered as done. (HTTP/JSON through a follower: t84_http/connections.rs; a
 //! request already forwarded, which is never forwarded again, is refused
 //! naming the leader: t70_bad_input.)
 
