@@ -66,18 +66,26 @@ impl Committed {
     /// Node `node` has applied (so committed) an entry hashing to `hash` at
     /// `index`.
     pub fn observe(&mut self, node: u64, index: u64, hash: u64) -> Result<(), String> {
-        match self.at.get(&index) {
-            Some(&(first_node, first)) if first != hash => Err(format!(
+        match first_differing(&mut self.at, node, index, hash) {
+            Some((first_node, first)) => Err(format!(
                 "committed entry {index} changed: node {first_node} applied {first:016x}, node \
                  {node} applied {hash:016x}"
             )),
-            Some(_) => Ok(()),
-            None => {
-                self.at.insert(index, (node, hash));
-                Ok(())
-            }
+            None => Ok(()),
         }
     }
+}
+
+/// Records `hash` as the first seen at `index` (by `node`) if none was;
+/// gives the first (node, hash) seen there when it differs from `hash`.
+fn first_differing(
+    at: &mut BTreeMap<u64, (u64, u64)>,
+    node: u64,
+    index: u64,
+    hash: u64,
+) -> Option<(u64, u64)> {
+    let &mut (first_node, first) = at.entry(index).or_insert((node, hash));
+    (first != hash).then_some((first_node, first))
 }
 
 /// Snapshot files agree: any two snapshot files that cover the same log
@@ -98,16 +106,12 @@ impl SnapshotFiles {
     /// Node `node` has a snapshot file covering up to `index`, hashing to
     /// `hash`.
     pub fn observe(&mut self, node: u64, index: u64, hash: u64) -> Result<(), String> {
-        match self.at.get(&index) {
-            Some(&(first_node, first)) if first != hash => Err(format!(
+        match first_differing(&mut self.at, node, index, hash) {
+            Some((first_node, first)) => Err(format!(
                 "snapshot files: node {node}'s file at index {index} hashes to {hash:016x}, node \
                  {first_node}'s to {first:016x}"
             )),
-            Some(_) => Ok(()),
-            None => {
-                self.at.insert(index, (node, hash));
-                Ok(())
-            }
+            None => Ok(()),
         }
     }
 }
@@ -222,16 +226,12 @@ impl Replicas {
             }
         }
         self.last.insert((node, incarnation), index);
-        match self.at.get(&index) {
-            Some(&(first_node, first)) if first != hash => Err(format!(
+        match first_differing(&mut self.at, node, index, hash) {
+            Some((first_node, first)) => Err(format!(
                 "replicas: at applied index {index} node {node} (process {incarnation}) has state \
                  {hash:016x}, node {first_node} had {first:016x}"
             )),
-            Some(_) => Ok(()),
-            None => {
-                self.at.insert(index, (node, hash));
-                Ok(())
-            }
+            None => Ok(()),
         }
     }
 }
