@@ -1,7 +1,8 @@
 //! "Durable" means `fsync`/`fdatasync`, not a library's word "flush": a node
 //! runs under `strace`, and every write a client sees acknowledged must have
 //! been preceded, after it was sent, by an `fdatasync`/`fsync` of the file
-//! the Raft log lives in (sled's `db`).
+//! the Raft log lives in (sled's `db`) and of the mark beside it
+//! (`raftlock-mark`, which names the newest entry the log made durable).
 //!
 //! sled 0.34's own flush is `sync_file_range`, which neither flushes the
 //! device cache nor the file's size: this test fails on a node that only
@@ -177,15 +178,20 @@ async fn every_acknowledged_write_was_fdatasynced_first() {
     assert!(stopped.is_ok(), "raftlockd did not stop on SIGTERM");
 
     let trace = std::fs::read_to_string(&trace_path).expect("strace log");
-    let db = Path::new("sled").join("db");
-    let syncs = syncs_of(&trace, &db.to_string_lossy());
-    for (what, sent, acked) in &writes {
-        assert!(
-            syncs.iter().any(|t| t >= sent && t <= acked),
-            "{what} sent at {sent:.6} was acknowledged at {acked:.6} without an \
-             fsync/fdatasync of sled/db in between ({} such syncs in the whole run)",
-            syncs.len()
-        );
+    // The log's file, and the mark that names what it made durable (which
+    // a node checks its log against at start: it refuses a log that lost
+    // what it had made durable).
+    for file in ["db", "raftlock-mark"] {
+        let path = Path::new("sled").join(file);
+        let syncs = syncs_of(&trace, &path.to_string_lossy());
+        for (what, sent, acked) in &writes {
+            assert!(
+                syncs.iter().any(|t| t >= sent && t <= acked),
+                "{what} sent at {sent:.6} was acknowledged at {acked:.6} without an \
+                 fsync/fdatasync of sled/{file} in between ({} such syncs in the whole run)",
+                syncs.len()
+            );
+        }
     }
 }
 

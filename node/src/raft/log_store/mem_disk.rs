@@ -30,7 +30,13 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{acknowledge, note_failure, Disk, PendingAppend, SyncFuture, Write};
+use std::collections::VecDeque;
+
+use super::mark::Mark;
+use super::{acknowledge, note_failure, Disk, PendingAppend, SyncFuture, Write, KEY_VOTE};
+
+/// How many durable writes [`MemDisk::lose_newest`] can take back.
+const UNDOABLE: usize = 64;
 
 /// What the disk holds: the log by index and the meta keys.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -39,7 +45,64 @@ struct Image {
     meta: BTreeMap<&'static str, Vec<u8>>,
 }
 
+/// What undoes one write made durable.
+#[derive(Debug)]
+enum Undo {
+    /// Entries as they were (`None`: absent).
+    Log(Vec<(u64, Option<Vec<u8>>)>),
+    /// A meta key as it was.
+    Meta(&'static str, Option<Vec<u8>>),
+}
+
 impl Image {
+    /// Applies `write` and returns what undoes it.
+    fn apply_undoable(&mut self, write: &Write) -> Undo {
+        let undo = match write {
+            Write::Log(entries) => Undo::Log(
+                entries
+                    .iter()
+                    .map(|(i, _)| (*i, self.log.get(i).cloned()))
+                    .collect(),
+            ),
+            Write::Remove { from, to } => Undo::Log(
+                self.log
+                    .range(*from..=*to)
+                    .map(|(i, v)| (*i, Some(v.clone())))
+                    .collect(),
+            ),
+            Write::Meta(key, _) => Undo::Meta(key, self.meta.get(key).cloned()),
+        };
+        self.apply(write);
+        undo
+    }
+
+    fn undo(&mut self, undo: Undo) {
+        match undo {
+            Undo::Log(entries) => {
+                for (i, was) in entries {
+                    match was {
+                        Some(v) => self.log.insert(i, v),
+                        None => self.log.remove(&i),
+                    };
+                }
+            }
+            Undo::Meta(key, Some(v)) => {
+                self.meta.insert(key, v);
+            }
+            Undo::Meta(key, None) => {
+                self.meta.remove(key);
+            }
+        }
+    }
+
+    /// The mark of this image (see [`super::mark`]).
+    fn mark(&self) -> Mark {
+        Mark::of(
+            self.log.last_key_value().map(|(i, v)| (*i, v.as_slice())),
+            self.meta.get(KEY_VOTE).cloned(),
+        )
+    }
+
     fn apply(&mut self, write: &Write) {
         match write {
             Write::Log(entries) => {
@@ -89,6 +152,22 @@ struct DiskState {
     crashes: u64,
     /// Snapshot files written so far.
     snapshot_files: u64,
+    /// What undoes the newest durable writes, oldest first.
+    undo: VecDeque<Undo>,
+    /// The mark ([`super::mark`]): kept apart from the log, durable as
+    /// soon as it is written.
+    mark: Option<Mark>,
+}
+
+impl DiskState {
+    /// Makes `write` durable, keeping what undoes it.
+    fn make_durable(&mut self, write: &Write) {
+        let undo = self.durable.apply_undoable(write);
+        if self.undo.len() == UNDOABLE {
+            self.undo.pop_front();
+        }
+        self.undo.push_back(undo);
+    }
 }
 
 /// A simulated disk holding one node's log. Clones share it; it outlives
@@ -263,17 +342,43 @@ impl MemDisk {
         let mut s = self.state();
         let pending = std::mem::take(&mut s.pending);
         for write in pending.iter().take(keep) {
-            s.durable.apply(write);
+            s.make_durable(write);
         }
         s.live = s.durable.clone();
         s.failed = None;
         s.crashes += 1;
     }
 
+    /// Damage at rest, found by a node that was down: the newest `count`
+    /// durable writes (at most the last 64) are gone, as sled loses what
+    /// follows a damaged or truncated part of its file; the mark is kept
+    /// (it lives in a file of its own). Returns how many were lost.
+    pub fn lose_newest(&self, count: usize) -> usize {
+        let mut s = self.state();
+        let mut lost = 0;
+        while lost < count {
+            let Some(undo) = s.undo.pop_back() else { break };
+            s.durable.undo(undo);
+            lost += 1;
+        }
+        s.pending.clear();
+        s.live = s.durable.clone();
+        lost
+    }
+
     fn write(&self, write: Write) -> io::Result<()> {
         let mut s = self.state();
         if s.full {
             return Err(io::Error::from_raw_os_error(28));
+        }
+        // A write that removes or replaces the entry the mark names lowers
+        // the mark first (see `super::mark`).
+        let lower = s
+            .mark
+            .as_ref()
+            .and_then(|m| m.before(&write, |i| s.live.log.get(&i).cloned()));
+        if lower.is_some() {
+            s.mark = lower;
         }
         s.live.apply(&write);
         s.pending.push(write);
@@ -303,8 +408,9 @@ impl MemDisk {
         }
         let pending = std::mem::take(&mut s.pending);
         for write in &pending {
-            s.durable.apply(write);
+            s.make_durable(write);
         }
+        s.mark = Some(s.durable.mark());
         Ok(())
     }
 
@@ -337,6 +443,7 @@ impl MemDisk {
             disk: self.clone(),
             queue,
             first_failure,
+            mark: self.state().mark.clone(),
         })
     }
 }
@@ -348,6 +455,8 @@ struct Opened {
     queue: tokio::sync::mpsc::UnboundedSender<PendingAppend>,
     /// The first failed sync's error of this process.
     first_failure: Arc<OnceLock<String>>,
+    /// The mark when the process opened the disk.
+    mark: Option<Mark>,
 }
 
 impl Disk for Opened {
@@ -399,5 +508,9 @@ impl Disk for Opened {
 
     fn first_failure(&self) -> Arc<OnceLock<String>> {
         self.first_failure.clone()
+    }
+
+    fn opened_mark(&self) -> Option<Mark> {
+        self.mark.clone()
     }
 }

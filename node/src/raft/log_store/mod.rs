@@ -17,6 +17,9 @@
 //! Both run openraft's conformance suite and the store's own tests
 //! (`tests.rs`), so a rule is simulated exactly as production runs it.
 
+mod mark;
+#[cfg(test)]
+mod mark_tests;
 mod mem_disk;
 mod sled_disk;
 #[cfg(test)]
@@ -41,6 +44,7 @@ use super::{Entry, LogId, NodeId, TypeConfig, Vote};
 use crate::codec::{decode_stored as decode, to_vec as encode};
 use crate::metrics::Metrics;
 
+pub use mark::{Mark, MARK_FILE};
 pub use mem_disk::MemDisk;
 pub use sled_disk::{open_db, SledDisk, StorageFaults, DB_LOCK_WAIT};
 
@@ -110,6 +114,10 @@ pub trait Disk: Send + Sync + 'static {
     fn meta(&self, key: &'static str) -> io::Result<Option<Vec<u8>>>;
     /// Where the first failed sync's error is kept.
     fn first_failure(&self) -> Arc<OnceLock<String>>;
+    /// The mark ([`mark`]) the disk held when it was opened, if any. Every
+    /// sync makes a new one durable once what it names is; a write that
+    /// removes or replaces the entry it names lowers it first.
+    fn opened_mark(&self) -> Option<Mark>;
 }
 
 /// An append waiting for its sync.
@@ -145,6 +153,16 @@ fn acknowledge(batch: Vec<PendingAppend>, result: &io::Result<()>, started: Inst
                 .io_completed(Err(io::Error::new(e.kind(), e.to_string()))),
         }
     }
+}
+
+/// The refusal of a log that lost what it had made durable (`why`).
+fn lost(why: &str) -> String {
+    format!(
+        "the log lost data it had made durable ({why}): the disk damaged or dropped it, and \
+         sled keeps only what precedes damage. This node must not start on it, or it could undo \
+         what a majority decided: replace it (remove it from the cluster, then add a node with \
+         an empty data directory; see docs/operations/membership.md)"
+    )
 }
 
 /// Records a sync's failure as the disk's first, if it is (see
@@ -252,9 +270,13 @@ impl LogStore {
         let index = committed.flatten().map_or(0, |c| c.index);
         store.committed.store(index, Ordering::Relaxed);
         let purged: Option<LogId> = store.get_meta(KEY_LAST_PURGED)?;
-        store
-            .purged
-            .store(purged.map_or(0, |p| p.index + 1), Ordering::Relaxed);
+        let first_kept = purged.map_or(0, |p| p.index + 1);
+        store.purged.store(first_kept, Ordering::Relaxed);
+        if let Some(mark) = store.disk.opened_mark() {
+            let vote = store.disk.meta(KEY_VOTE)?;
+            mark.check(vote.as_deref(), first_kept, |i| store.disk.entry(i))
+                .map_err(|why| io::Error::new(io::ErrorKind::InvalidData, lost(&why)))?;
+        }
         Ok(store)
     }
 

@@ -15,7 +15,8 @@ use std::sync::{mpsc, Arc, Mutex, OnceLock};
 
 use tokio::time::Instant;
 
-use super::{acknowledge, Disk, PendingAppend, SyncFuture, Write};
+use super::mark::{Mark, MarkFile};
+use super::{acknowledge, Disk, PendingAppend, SyncFuture, Write, KEY_VOTE};
 use crate::raft::FORMAT_VERSION;
 
 pub(super) const KEY_FORMAT: &[u8] = b"format";
@@ -34,6 +35,9 @@ pub(super) const KEY_FORMAT: &[u8] = b"format";
 pub(super) struct DurableFiles {
     /// sled's main file.
     db: std::fs::File,
+    /// The trees the mark is taken from.
+    log: sled::Tree,
+    meta: sled::Tree,
     /// sled's directory of large items.
     blobs: PathBuf,
     /// What syncs share; held for a whole flush and sync, so syncs never
@@ -58,6 +62,9 @@ pub(super) struct SyncState {
     /// the pages the first one lost are gone (the "fsyncgate" PostgreSQL
     /// met in 2018); a node restarts (fail-stop) and reads what is on disk.
     failed: Option<String>,
+    /// The mark file ([`super::mark`]), and the mark it holds.
+    mark_file: Option<MarkFile>,
+    marked: Mark,
 }
 
 /// Faults a test injects into a node's log storage, as a failing disk
@@ -89,17 +96,77 @@ impl StorageFaults {
 }
 
 impl DurableFiles {
-    pub(super) fn open(dir: &Path, faults: StorageFaults) -> io::Result<Self> {
-        let db = std::fs::OpenOptions::new()
+    /// sled's files in `dir` and the mark file beside them; returns them
+    /// with the mark found there.
+    pub(super) fn open(
+        dir: &Path,
+        db: &sled::Db,
+        faults: StorageFaults,
+    ) -> io::Result<(Self, Option<Mark>)> {
+        let file = std::fs::OpenOptions::new()
             .read(true)
             .open(dir.join("db"))?;
-        Ok(DurableFiles {
-            db,
+        let (mark_file, found) = MarkFile::open(dir)?;
+        let files = DurableFiles {
+            db: file,
+            log: db.open_tree("log").map_err(sled_io)?,
+            meta: db.open_tree("meta").map_err(sled_io)?,
             blobs: dir.join("blobs"),
-            state: Mutex::default(),
+            state: Mutex::new(SyncState {
+                mark_file: Some(mark_file),
+                marked: found.clone().unwrap_or_default(),
+                ..SyncState::default()
+            }),
             first_failure: Arc::default(),
             faults,
-        })
+        };
+        Ok((files, found))
+    }
+
+    /// The mark of the log as it is now (see [`super::mark`]).
+    fn claim(&self) -> io::Result<Mark> {
+        let last = self.log.last().map_err(sled_io)?;
+        let vote = self.meta.get(KEY_VOTE.as_bytes()).map_err(sled_io)?;
+        Ok(Mark::of(
+            last.as_ref().map(|(k, v)| (index_of(k), v.as_ref())),
+            vote.map(|v| v.to_vec()),
+        ))
+    }
+
+    /// Makes `write` in sled; first, if it would remove or replace the
+    /// entry the mark names, lowers the mark durably, holding the sync
+    /// lock so that no sync takes a mark in between.
+    pub(super) fn write_marked(
+        &self,
+        write: Write,
+        apply: impl FnOnce(Write) -> io::Result<()>,
+    ) -> io::Result<()> {
+        let mut state = self.state.lock().expect("sync state lock poisoned");
+        let entry = |i: u64| {
+            self.log
+                .get(i.to_be_bytes())
+                .ok()
+                .flatten()
+                .map(|v| v.to_vec())
+        };
+        if let Some(lower) = state.marked.before(&write, entry) {
+            if let Some(first) = &state.failed {
+                return Err(io::Error::other(format!(
+                    "an earlier sync of the log failed ({first})"
+                )));
+            }
+            let stored = match state.mark_file.as_mut() {
+                Some(file) => file.store(&lower),
+                None => Ok(()),
+            };
+            if let Err(e) = &stored {
+                state.failed = Some(e.to_string());
+            }
+            super::note_failure(&self.first_failure, &stored);
+            stored?;
+            state.marked = lower;
+        }
+        apply(write)
     }
 
     /// sled's flush (which only `sync_file_range`s), then a real sync of
@@ -113,10 +180,19 @@ impl DurableFiles {
                  trusted to reach the disk"
             )));
         }
-        let result = db
-            .flush()
-            .map_err(sled_io)
-            .and_then(|_| self.sync(&mut state.synced_blobs));
+        let result = self.claim().and_then(|claim| {
+            db.flush().map_err(sled_io)?;
+            self.sync(&mut state.synced_blobs)?;
+            // The mark, once what it names is durable (and only when it
+            // changed: a sync of meta keys alone costs no second sync).
+            if claim != state.marked {
+                if let Some(file) = state.mark_file.as_mut() {
+                    file.store(&claim)?;
+                }
+                state.marked = claim;
+            }
+            Ok(())
+        });
         if let Err(e) = &result {
             state.failed = Some(e.to_string());
         }
@@ -160,6 +236,11 @@ impl DurableFiles {
     }
 }
 
+/// The log index a key of the `log` tree stands for.
+fn index_of(key: &[u8]) -> u64 {
+    u64::from_be_bytes(key.try_into().unwrap_or([0; 8]))
+}
+
 /// `fsync` of a directory, so entries created or renamed in it survive a
 /// power loss.
 pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
@@ -199,6 +280,15 @@ pub fn open_db(path: &Path) -> anyhow::Result<sled::Db> {
                      after {} s): stop the other raftlockd, or give this one its own directory",
                     path.display(),
                     DB_LOCK_WAIT.as_secs()
+                )
+            }
+            Err(e @ sled::Error::Corruption { .. }) => {
+                anyhow::bail!(
+                    "sled's files in {} are damaged ({e}). This node must not start on them, or \
+                     it could undo what a majority decided: replace it (remove it from the \
+                     cluster, then add a node with an empty data directory; see \
+                     docs/operations/membership.md)",
+                    path.display()
                 )
             }
             Err(e) => {
@@ -253,6 +343,8 @@ pub struct SledDisk {
     meta: sled::Tree,
     files: Arc<DurableFiles>,
     syncer: Syncer,
+    /// The mark found when the disk was opened.
+    mark: Option<Mark>,
 }
 
 /// The sync thread: it takes every append queued by the time it wakes,
@@ -281,7 +373,7 @@ impl SledDisk {
     pub fn open(db: sled::Db, dir: &Path, faults: StorageFaults) -> anyhow::Result<Self> {
         let log = db.open_tree("log")?;
         let meta = db.open_tree("meta")?;
-        let files = DurableFiles::open(dir, faults)
+        let (files, mark) = DurableFiles::open(dir, &db, faults)
             .map_err(|e| anyhow::anyhow!("cannot open sled's files in {}: {e}", dir.display()))?;
         let files = Arc::new(files);
         let (queue, pending) = mpsc::channel::<PendingAppend>();
@@ -307,12 +399,13 @@ impl SledDisk {
                 queue: Mutex::new(Some(queue)),
                 thread: Some(thread),
             },
+            mark,
         })
     }
 }
 
-impl Disk for SledDisk {
-    fn write(&self, write: Write) -> io::Result<()> {
+impl SledDisk {
+    fn write_unmarked(&self, write: Write) -> io::Result<()> {
         match write {
             // One entry (the usual case: a batch of commands) is one sled
             // write. Several go in as one atomic sled batch, so that a
@@ -343,6 +436,30 @@ impl Disk for SledDisk {
             Write::Meta(key, value) => self.meta.insert(key.as_bytes(), value).map(drop),
         }
         .map_err(sled_io)
+    }
+}
+
+impl Disk for SledDisk {
+    fn write(&self, write: Write) -> io::Result<()> {
+        // Appends past the end cannot touch the mark: no lock for them.
+        let past_end = match &write {
+            Write::Log(entries) => match (entries.first(), self.log.last().map_err(sled_io)?) {
+                (Some((first, _)), Some((last, _))) => *first > index_of(&last),
+                _ => true,
+            },
+            Write::Remove { .. } => false,
+            Write::Meta(..) => true,
+        };
+        if past_end {
+            self.write_unmarked(write)
+        } else {
+            self.files
+                .write_marked(write, |write| self.write_unmarked(write))
+        }
+    }
+
+    fn opened_mark(&self) -> Option<Mark> {
+        self.mark.clone()
     }
 
     fn sync(&self) -> SyncFuture {

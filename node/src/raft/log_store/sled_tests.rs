@@ -11,7 +11,7 @@ use super::*;
 fn large_items_land_in_blob_files_that_get_synced() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = open_db(dir.path()).expect("open");
-    let files = DurableFiles::open(dir.path(), StorageFaults::default()).expect("files");
+    let (files, _) = DurableFiles::open(dir.path(), &db, StorageFaults::default()).expect("files");
     db.insert(b"big", vec![7u8; 1 << 20]).expect("insert");
     files.durable(&db).expect("sync");
     let blobs: Vec<_> = std::fs::read_dir(dir.path().join("blobs"))

@@ -89,7 +89,7 @@ async fn openraft_storage_suite_on_memory() {
         .expect("suite passes");
 }
 
-fn blank(index: u64) -> Entry {
+pub(super) fn blank(index: u64) -> Entry {
     Entry {
         log_id: log_id(1, 1, index),
         payload: EntryPayload::Blank,
@@ -101,7 +101,7 @@ fn indexes(entries: &[Entry]) -> Vec<u64> {
 }
 
 /// Appends `indexes` and waits for their callback.
-async fn append(store: &mut LogStore, indexes: std::ops::RangeInclusive<u64>) {
+pub(super) async fn append(store: &mut LogStore, indexes: std::ops::RangeInclusive<u64>) {
     let (tx, rx) = TypeConfig::oneshot();
     store
         .append(indexes.map(blank), IOFlushed::<TypeConfig>::signal(tx))
