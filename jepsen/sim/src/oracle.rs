@@ -312,6 +312,37 @@ pub fn removed_nodes_exit(
     }
 }
 
+/// A node whose log lost, at rest, what it had acknowledged (`lost`: how
+/// the driver damaged it and what it forgot) must refuse to start; `Err`
+/// if process `incarnation` of node `id` started all the same.
+pub fn no_start_from_lost_log(id: u64, incarnation: u64, lost: Option<&str>) -> Result<(), String> {
+    match lost {
+        Some(how) => Err(format!(
+            "damaged log: node {id} started (process {incarnation}) from a log that {how}; it \
+             must refuse it"
+        )),
+        None => Ok(()),
+    }
+}
+
+/// A refusal of a node's log as one that lost what it had made durable
+/// (`refusal`: the start-up error) is right only on a disk the driver
+/// damaged at rest (`damaged_ever`); `Err` after an ordinary crash.
+pub fn log_refused_only_if_damaged(
+    id: u64,
+    damaged_ever: bool,
+    refusal: &str,
+) -> Result<(), String> {
+    if damaged_ever {
+        Ok(())
+    } else {
+        Err(format!(
+            "damaged log: node {id} refused a log the driver never damaged (crashes only): \
+             {refusal}"
+        ))
+    }
+}
+
 /// A node whose snapshot file the driver damaged (`damaged`: how) must
 /// refuse to start; `Err` if process `incarnation` of node `id` started
 /// all the same.

@@ -237,9 +237,18 @@ struct Record {
     /// Nodes whose snapshot file the driver tore or corrupted while they
     /// were down: they must refuse to start.
     damaged: BTreeMap<u64, String>,
-    /// Nodes that refused their damaged snapshot file at start (the
-    /// operator replaces them).
+    /// Nodes that refused their damaged snapshot file, or their log, at
+    /// start (the operator replaces them).
     refused: Vec<u64>,
+    /// Nodes whose newest durable log writes the driver took back while
+    /// they were down, not judged yet: how.
+    log_damage: BTreeMap<u64, String>,
+    /// Nodes whose log was ever damaged so (a refusal of the log is right
+    /// only there).
+    log_damaged_ever: std::collections::BTreeSet<u64>,
+    /// Nodes whose damaged log forgot what they had acknowledged: they
+    /// must refuse to start. How, and what they forgot.
+    lost_log: BTreeMap<u64, String>,
     /// Nodes removed from the cluster: never started again.
     retired: std::collections::BTreeSet<u64>,
     /// The operator's replacements finished: (removed, added).
@@ -418,6 +427,14 @@ async fn run_node(id: u64, disk: MemDisk, record: Shared, incarnation: u64) -> t
                 // The refusal a damaged snapshot file must meet: the
                 // operator replaces the node.
                 r.refused.push(id);
+            } else if e.contains("lost data it had made durable") {
+                // A log that lost what it had made durable: right only
+                // on a disk the driver damaged; the operator replaces it.
+                let ever = r.log_damaged_ever.contains(&id);
+                if let Err(v) = oracle::log_refused_only_if_damaged(id, ever, &e) {
+                    r.violation.get_or_insert(v);
+                }
+                r.refused.push(id);
             } else {
                 // As a process that exits at start: the supervisor
                 // restarts it.
@@ -428,6 +445,10 @@ async fn run_node(id: u64, disk: MemDisk, record: Shared, incarnation: u64) -> t
     };
     let damaged = record.borrow().damaged.get(&id).cloned();
     if let Err(v) = oracle::no_start_from_damaged(id, incarnation, damaged.as_deref()) {
+        record.borrow_mut().violation.get_or_insert(v);
+    }
+    let lost = record.borrow().lost_log.get(&id).cloned();
+    if let Err(v) = oracle::no_start_from_lost_log(id, incarnation, lost.as_deref()) {
         record.borrow_mut().violation.get_or_insert(v);
     }
     note(
@@ -1342,12 +1363,25 @@ impl Watch {
                 .and_then(|f| raftlock_node::apply::state_machine::snapshot_file_index(&f))
                 .unwrap_or(0);
             let covered = snapshot.max(disk.purged_index());
-            self.acknowledged.check_crash(
+            let judged = self.acknowledged.check_crash(
                 *id,
                 disk.vote().as_ref(),
                 |i| disk.log_id(i),
                 covered,
-            )?;
+            );
+            // A log the driver damaged at rest may have forgotten what it
+            // acknowledged: then the node must refuse to start.
+            let damage = record.borrow_mut().log_damage.remove(id);
+            match (damage, judged) {
+                (Some(how), Err(forgot)) => {
+                    note(record, format!("node {id}'s damaged log forgot: {forgot}"));
+                    record
+                        .borrow_mut()
+                        .lost_log
+                        .insert(*id, format!("{how} ({forgot})"));
+                }
+                (_, judged) => judged?,
+            }
         }
         Ok(())
     }
@@ -1407,9 +1441,12 @@ impl Watch {
                 );
             }
             if m.state == openraft::ServerState::Leader {
-                for (follower, matched) in m.replication.iter().flatten() {
-                    if let (true, Some(matched)) = (*follower != id, matched) {
-                        self.acknowledged.observe(*follower, &m.vote, matched);
+                // The leader's progress includes its own: what it counts
+                // as on its own disk (its own appends count towards a
+                // commit once synced).
+                for (node, matched) in m.replication.iter().flatten() {
+                    if let Some(matched) = matched {
+                        self.acknowledged.observe(*node, &m.vote, matched);
                     }
                 }
                 self.leader = Some(id);
@@ -2146,9 +2183,10 @@ fn apply_undo(
             }
             note(record, format!("restart node {id}"));
             sim.bounce(host(id));
-            // A node that refuses its damaged snapshot file stays down
-            // until the operator has replaced it.
-            if !record.borrow().damaged.contains_key(&id) {
+            // A node that refuses its damaged snapshot file or log stays
+            // down until the operator has replaced it.
+            let r = record.borrow();
+            if !r.damaged.contains_key(&id) && !r.lost_log.contains_key(&id) {
                 down.crashed.remove(&id);
             }
         }
@@ -2199,8 +2237,10 @@ fn crash(
     // disk lost its tail) or one bit flipped. One bit, as rot at rest
     // usually is: such a file often still decodes (a bit of a number, or
     // of an ASCII name that stays ASCII), and only the checksum refuses it.
+    let mut rotted = false;
     if after >= 1_000 && ops.random_bool(0.3) {
         if let Some(len) = disk.snapshot_file().map(|f| f.len()) {
+            rotted = true;
             let how = if ops.random_bool(0.5) {
                 let keep = ops.random_range(0..len);
                 disk.tear_snapshot_file(keep);
@@ -2213,6 +2253,24 @@ fn crash(
             };
             note(record, format!("node {id}'s snapshot file is {how}"));
             record.borrow_mut().damaged.insert(id, how);
+        }
+    }
+    // Or its log rots: sled keeps only what precedes damage in its file,
+    // so the newest durable writes are gone; the mark beside the log is
+    // not (a file of its own).
+    // (Decided from the draws already made, not new ones, so that the
+    // streams of every later fault stay as they were.)
+    let bytes = [now.to_le_bytes(), id.to_le_bytes(), after.to_le_bytes()].concat();
+    let draw = fnv(&bytes, FNV_START);
+    if after >= 1_000 && !rotted && draw % 5 == 0 {
+        let count = 1 + (draw >> 8) as usize % 8;
+        let lost = disk.lose_newest(count);
+        if lost > 0 {
+            let how = format!("lost its newest {lost} durable write(s) at rest");
+            note(record, format!("node {id}'s log {how}"));
+            let mut r = record.borrow_mut();
+            r.log_damage.insert(id, how);
+            r.log_damaged_ever.insert(id);
         }
     }
     down.crashed.insert(id);
