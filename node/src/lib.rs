@@ -21,6 +21,7 @@ pub mod leader;
 pub mod leases;
 pub mod metrics;
 pub mod node;
+pub mod proposals;
 pub mod raft;
 pub mod random;
 pub mod state;

@@ -15,7 +15,8 @@
 
 use std::collections::BTreeMap;
 
-use raftlock_node::raft::{LogId, Vote};
+use raftlock_node::raft::{Batch, Entry, EntryPayload, LogId, Vote};
+use raftlock_node::state::Command;
 
 /// One grant a worker was given, as the worker saw it (times in simulated
 /// milliseconds).
@@ -73,6 +74,74 @@ impl Committed {
             )),
             None => Ok(()),
         }
+    }
+}
+
+/// Exactly once at the log: no command is applied that nobody proposed,
+/// and none is in the committed log more often than it was proposed. A
+/// command is noted where it starts on its way to the log
+/// (`raftlock_node::proposals`: a client's request as the API takes it, a
+/// restore's parts, the leader's expiries), so the batcher, Raft, the
+/// codec and the log store all lie between the two counts. A client's
+/// retry is a proposal of its own (the table answers it from the
+/// remembered reply), so a request retried twice may be in the log twice.
+/// Every committed index is looked at once, on the disk of a node that
+/// has applied it; one that no disk holds any more (purged everywhere
+/// between two looks) is counted in `unseen`, not judged.
+#[derive(Debug, Default)]
+pub struct ExactlyOnce {
+    /// Per command (its encoding): times proposed, times seen committed.
+    counts: BTreeMap<Vec<u8>, (u64, u64)>,
+    /// The next log index to look at.
+    next: u64,
+    /// Committed indexes no disk held when looked at.
+    pub unseen: u64,
+}
+
+impl ExactlyOnce {
+    /// Commands proposed since the last call.
+    pub fn proposed(&mut self, commands: Vec<Command>) {
+        for c in commands {
+            self.counts
+                .entry(raftlock_node::codec::to_vec(&c))
+                .or_default()
+                .0 += 1;
+        }
+    }
+
+    /// The next committed index to look at.
+    pub fn next(&self) -> u64 {
+        self.next.max(1)
+    }
+
+    /// The committed entry at `index` (the next one), as a disk holds it
+    /// (`None`: no disk holds it any more).
+    pub fn committed(&mut self, index: u64, entry: Option<&[u8]>) -> Result<(), String> {
+        self.next = index + 1;
+        let Some(bytes) = entry else {
+            self.unseen += 1;
+            return Ok(());
+        };
+        let entry: Entry = raftlock_node::codec::decode(bytes).map_err(|e| {
+            format!("exactly once: the committed entry {index} does not decode: {e}")
+        })?;
+        let EntryPayload::Normal(Batch(commands)) = entry.payload else {
+            return Ok(());
+        };
+        for c in commands {
+            let key = raftlock_node::codec::to_vec(&c);
+            let (proposed, committed) = self.counts.entry(key).or_default();
+            *committed += 1;
+            if *committed > *proposed {
+                let mut what = format!("{c:?}");
+                what.truncate(300);
+                return Err(format!(
+                    "exactly once: committed entry {index} holds {what}, now {committed} time(s) \
+                     in the log but proposed {proposed} time(s)"
+                ));
+            }
+        }
+        Ok(())
     }
 }
 

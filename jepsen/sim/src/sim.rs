@@ -1124,6 +1124,7 @@ struct Watch {
     committed: oracle::Committed,
     replicas: oracle::Replicas,
     acknowledged: oracle::Acknowledged,
+    exactly_once: oracle::ExactlyOnce,
     snapshot_files: oracle::SnapshotFiles,
     /// Per node: the snapshot files its disk had written when last looked
     /// at.
@@ -1386,6 +1387,26 @@ impl Watch {
         Ok(())
     }
 
+    /// Every committed index not looked at yet, on the disk of a node that
+    /// has applied it, against the commands proposed so far
+    /// (`oracle::ExactlyOnce`).
+    fn check_exactly_once(
+        &mut self,
+        disks: &BTreeMap<u64, MemDisk>,
+        applied: &BTreeMap<u64, u64>,
+    ) -> Result<(), String> {
+        self.exactly_once.proposed(raftlock_node::proposals::take());
+        let top = applied.values().copied().max().unwrap_or(0);
+        for index in self.exactly_once.next()..=top {
+            let entry = applied
+                .iter()
+                .filter(|(_, a)| **a >= index)
+                .find_map(|(id, _)| disks[id].log_entry(index));
+            self.exactly_once.committed(index, entry.as_deref())?;
+        }
+        Ok(())
+    }
+
     fn judge_answers(&mut self, record: &Shared) -> Result<(), String> {
         let (renewals, servings) = {
             let mut r = record.borrow_mut();
@@ -1553,6 +1574,7 @@ impl Watch {
         if !counting {
             self.unsteady_at = now;
         }
+        self.check_exactly_once(disks, &applied)?;
         self.check_catch_up(record, &applied, leader_commit, now)?;
         Ok(ended_on_leader)
     }

@@ -123,6 +123,7 @@ impl Api {
         // not applied.
         self.0.leadership.may_write()?;
         let stages = &self.0.shared.metrics.stages;
+        crate::proposals::note([&command]);
         let submit = async {
             stages.record(Stage::Receive, received.elapsed(), 1);
             self.0.batcher.submit(command).await
@@ -212,6 +213,7 @@ impl Api {
                     },
                 )]));
             }
+            crate::proposals::note(entries.iter().flat_map(|b| &b.0));
             let written = tokio::select! {
                 written = self.write_in_order(entries) => written?,
                 _ = self.0.leadership.quorum_lost() => {

@@ -669,6 +669,7 @@ impl Leases {
             for chunk in due.chunks(MAX_BATCH) {
                 let commands: Vec<Command> = chunk.iter().map(TimerKey::command).collect();
                 let n = commands.len();
+                crate::proposals::note(&commands);
                 let proposed = propose(Batch(commands));
                 tokio::spawn(async move {
                     match proposed.await {
