@@ -19,7 +19,8 @@
 //! | `ghosts` | a waiter killed just before the hand-off kept the name: the next waiter was not granted it within 8 s while no fault was active (the `leases` workload's `ghost` path; see [`crate::beliefs::ghosts`]) |
 //! | `hostile-peer` | a node with peer authentication did not refuse a hostile Raft message with `UNAUTHENTICATED`, or one without it did not refuse another cluster's with `FAILED_PRECONDITION` (see [`crate::nemesis::hostile`]) |
 //! | `no-zombie` | a node said `SERVING` without following the cluster for too long, or was up at the end without serving (see [`crate::zombie`]) |
-//! | `node-exits` | a node exited on its own while its disk was not failing (see [`crate::zombie`]) |
+//! | `node-exits` | a node exited on its own while its disk was not failing and its log was not damaged (see [`crate::zombie`]) |
+//! | `log-rot` | a node started on a damaged log that lost what its mark names, refused one that did not, or did neither (see [`crate::nemesis::rot`]) |
 //!
 //! "Certainly held" and "believed": see [`raftlock_check::checker`].
 
@@ -216,6 +217,7 @@ pub fn check(input: &CheckInput) -> Checked {
     add("beliefs", crate::beliefs::check(input.ops, input.windows));
     add("ghosts", crate::beliefs::ghosts(input.ops, input.windows));
     add("hostile-peer", crate::nemesis::hostile::check(input.events));
+    add("log-rot", crate::nemesis::rot::check(input.events));
     add(
         "node-exits",
         crate::zombie::node_exits(input.events, input.windows),

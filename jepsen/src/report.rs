@@ -36,6 +36,7 @@ fn kind_color(k: NemesisKind) -> &'static str {
         NemesisKind::ClientLink => "#17becf",
         NemesisKind::HostilePeer => "#d62728",
         NemesisKind::LongPartition => "#1f3a5f",
+        NemesisKind::Rot => "#8c564b",
     }
 }
 

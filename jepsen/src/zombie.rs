@@ -255,7 +255,7 @@ pub fn no_zombie(events: &[Event]) -> (Value, Vec<Value>) {
 pub fn node_exits(events: &[Event], windows: &[Window]) -> (Value, Vec<Value>) {
     let disk: Vec<&Window> = windows
         .iter()
-        .filter(|w| w.kind == NemesisKind::DiskError)
+        .filter(|w| matches!(w.kind, NemesisKind::DiskError | NemesisKind::Rot))
         .collect();
     let removals: Vec<(u64, u64)> = events
         .iter()

@@ -426,6 +426,11 @@ impl Cluster {
         self.nodes[&id].proc.as_ref().is_some_and(Running::alive)
     }
 
+    /// Node `id`'s data directory (its sled files are in `sled/`).
+    pub fn data_dir(&self, id: u64) -> PathBuf {
+        self.nodes[&id].dir.join("data")
+    }
+
     /// True if node `id` is paused.
     pub fn is_paused(&self, id: u64) -> bool {
         self.nodes[&id].paused

@@ -94,7 +94,7 @@ pub(super) async fn membership(
 /// How a membership change on `target` ended, as the history records it:
 /// `ok` with the new members, `fail` for a definite refusal, `info` when the
 /// outcome is unknown (retryable error or timeout).
-fn change_outcome(
+pub(super) fn change_outcome(
     target: u64,
     r: &Result<raftlock_client::Result<Vec<raftlock_client::Member>>, tokio::time::error::Elapsed>,
 ) -> (Type, Value) {

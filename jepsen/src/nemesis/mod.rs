@@ -32,6 +32,7 @@ mod membership;
 mod partitions;
 mod restart;
 mod restore;
+pub mod rot;
 
 use membership::membership;
 pub use partitions::partition_links;
@@ -74,6 +75,10 @@ pub enum NemesisKind {
     /// found by keep-alive pings, never by a reset. Not part of `all`
     /// (one fault would fill a 30 s run): name it.
     LongPartition,
+    /// Damage at rest in a stopped follower's log (`sled/db` cut short or
+    /// a byte flipped); a node that refuses it is replaced. Not part of
+    /// `all` (each one replaces a node): name it. See [`rot`].
+    Rot,
 }
 
 /// How long a `long-partition` holds its partition (ms). A peer channel pings
@@ -110,12 +115,16 @@ impl NemesisKind {
                 "long-partition" => {
                     out.insert(NemesisKind::LongPartition);
                 }
+                "rot" => {
+                    out.insert(NemesisKind::Rot);
+                }
                 other => match ALL_KINDS.iter().find(|k| k.name() == other) {
                     Some(k) => {
                         out.insert(*k);
                     }
                     None => anyhow::bail!(
-                        "unknown nemesis {other:?} (expected {}, long-partition, disk, all or none)",
+                        "unknown nemesis {other:?} (expected {}, long-partition, rot, disk, all or \
+                         none)",
                         ALL_KINDS.map(NemesisKind::name).join(", ")
                     ),
                 },
@@ -140,6 +149,7 @@ impl NemesisKind {
             NemesisKind::ClientLink => "client-link",
             NemesisKind::HostilePeer => "hostile-peer",
             NemesisKind::LongPartition => "long-partition",
+            NemesisKind::Rot => "rot",
         }
     }
 
@@ -268,9 +278,10 @@ pub async fn run(
             NemesisKind::Kill | NemesisKind::LoseUnsynced => {
                 Duration::from_millis(rng.random_range(1000..=5000))
             }
-            NemesisKind::Membership | NemesisKind::Restore | NemesisKind::RestartFast => {
-                Duration::ZERO
-            }
+            NemesisKind::Membership
+            | NemesisKind::Restore
+            | NemesisKind::RestartFast
+            | NemesisKind::Rot => Duration::ZERO,
             // A moment to see what the messages did.
             NemesisKind::HostilePeer => Duration::from_millis(rng.random_range(1000..=3000)),
             NemesisKind::LongPartition => {
@@ -472,6 +483,7 @@ async fn start(
             disk::slow_disk(cluster, &members, l, majority, rng).await?
         }
         NemesisKind::RestartFast => restart::restart_fast(cluster, &members, leader, rng).await?,
+        NemesisKind::Rot => rot::rot(cluster, rec, &members, leader, rng).await?,
         NemesisKind::DiskError => {
             let l = pick_leader(rng);
             disk::disk_error(cluster, &members, l, majority, rng).await?
@@ -569,6 +581,8 @@ async fn heal(
 pub fn windows_from_history(events: &[crate::history::Event]) -> Vec<Window> {
     let kind_of = |name: &str| match name {
         "add-node" | "remove-node" => Some(NemesisKind::Membership),
+        "long-partition" => Some(NemesisKind::LongPartition),
+        "rot" => Some(NemesisKind::Rot),
         name => ALL_KINDS.iter().copied().find(|k| k.name() == name),
     };
     let mut open: std::collections::HashMap<String, (u64, Value)> = Default::default();

@@ -106,3 +106,56 @@ fn partitions_have_the_promised_shape() {
     assert_eq!(one.len(), 4);
     assert!(one.iter().all(|&(a, b)| !one.contains(&(b, a))));
 }
+
+/// The `log-rot` check: a start must match what the copy of the damaged
+/// files said, and a node must do one or the other.
+#[test]
+fn rot_outcomes_are_judged_against_the_copy() {
+    use crate::history::Event;
+    let outcome = |expected: Value, outcome: &str| Event {
+        process: Process::NEMESIS,
+        kind: Type::Info,
+        f: "rot-outcome".into(),
+        value: json!({"node": 2, "expected_refusal": expected, "outcome": outcome,
+                      "last_log_line": "raftlockd: something"}),
+        time_ns: 5,
+    };
+    let lost = json!("entry 7, which the mark names, is gone");
+    let fine = [
+        outcome(lost.clone(), "refused"),
+        outcome(Value::Null, "started"),
+        // A copy that could not be judged is not counted.
+        outcome(json!({"unknown": "no copy"}), "started"),
+    ];
+    let (summary, anomalies) = rot::check(&fine);
+    assert_eq!(anomalies, Vec::<Value>::new());
+    assert_eq!(
+        (summary["damaged"].clone(), summary["refused"].clone()),
+        (json!(3), json!(1))
+    );
+    for (event, says) in [
+        (outcome(lost.clone(), "started"), "started on a damaged log"),
+        (
+            outcome(Value::Null, "refused"),
+            "refused a damaged log that still holds",
+        ),
+        (outcome(lost, "exited"), "neither started nor refused"),
+        (
+            outcome(Value::Null, "undecided"),
+            "neither started nor refused",
+        ),
+    ] {
+        let (summary, anomalies) = rot::check(std::slice::from_ref(&event));
+        assert_eq!(summary["valid"], json!(false), "{event:?}");
+        let message = anomalies[0]["message"].as_str().unwrap_or("");
+        assert!(message.contains(says), "{message}");
+    }
+    // Named only: `all` leaves it out.
+    assert_eq!(
+        NemesisKind::parse_list("rot").unwrap(),
+        vec![NemesisKind::Rot]
+    );
+    assert!(!NemesisKind::parse_list("all")
+        .unwrap()
+        .contains(&NemesisKind::Rot));
+}
