@@ -246,3 +246,18 @@ async fn a_log_without_a_mark_file_opens_and_is_marked() {
     let (_, found) = super::mark::MarkFile::open(dir.path()).expect("mark");
     assert_eq!(found.and_then(|m| m.last).map(|(i, _)| i), Some(4));
 }
+
+/// The whole-log read at open goes chunk by chunk past the first chunk,
+/// from the purge point on.
+#[tokio::test]
+async fn a_log_longer_than_a_read_chunk_opens() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut store = reopen_sled(dir.path()).expect("open");
+    let last = 2 * READ_CHUNK + 10;
+    append(&mut store, 1..=last).await;
+    store.purge(blank(100).log_id).await.expect("purge");
+    drop(store);
+    let mut store = reopen_sled(dir.path()).expect("a long log opens");
+    let state = store.get_log_state().await.expect("state");
+    assert_eq!(state.last_log_id.map(|l| l.index), Some(last));
+}

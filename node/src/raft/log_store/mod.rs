@@ -54,6 +54,9 @@ const KEY_LAST_PURGED: &str = "last_purged";
 const KEY_NODE_ID: &str = "node_id";
 const KEY_CLUSTER_ID: &str = "cluster_id";
 
+/// How many indexes the whole-log read at open takes at a time.
+const READ_CHUNK: u64 = 1_024;
+
 /// Where a node keeps its log (`NodeOptions::storage`).
 #[derive(Clone, Debug, Default)]
 pub enum Storage {
@@ -165,6 +168,15 @@ fn lost(why: &str) -> String {
     )
 }
 
+/// The refusal of a log that cannot be read whole (`e`).
+fn unreadable(e: &io::Error) -> String {
+    format!(
+        "the log's files are damaged: reading the log failed ({e}). This node must not start on \
+         them, or it could undo what a majority decided: replace it (remove it from the cluster, \
+         then add a node with an empty data directory; see docs/operations/membership.md)"
+    )
+}
+
 /// Records a sync's failure as the disk's first, if it is (see
 /// [`Disk::first_failure`]).
 fn note_failure(first: &OnceLock<String>, result: &io::Result<()>) {
@@ -251,8 +263,25 @@ impl LogStore {
         match storage {
             Storage::Sled => {
                 let sled_dir = data_dir.join("sled");
-                let db = open_db(&sled_dir)?;
-                Self::with_faults(db, &sled_dir, faults)
+                // sled panics on some damage ("tried to serialize
+                // Uninitialized", met by the harness's rot nemesis): a
+                // refusal that says what to do, not a panic on every
+                // restart.
+                let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    let db = open_db(&sled_dir)?;
+                    Self::with_faults(db, &sled_dir, faults)
+                }));
+                opened.unwrap_or_else(|panic| {
+                    let why = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "a panic".into());
+                    anyhow::bail!(
+                        "{}",
+                        unreadable(&io::Error::other(format!("sled panicked: {why}")))
+                    )
+                })
             }
             Storage::Memory(disk) => Ok(Self::in_memory(disk.clone())?),
         }
@@ -277,7 +306,29 @@ impl LogStore {
             mark.check(vote.as_deref(), first_kept, |i| store.disk.entry(i))
                 .map_err(|why| io::Error::new(io::ErrorKind::InvalidData, lost(&why)))?;
         }
+        // Every entry kept, read once: sled finds some damage only when it
+        // reads the page (openraft's replay at start-up would then fail,
+        // and the node exit, on every restart, without saying what to do).
+        store
+            .read_whole(first_kept)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, unreadable(&e)))?;
         Ok(store)
+    }
+
+    /// Reads every entry from `first` on, [`READ_CHUNK`] indexes at a time
+    /// (so memory stays bounded however large the log).
+    fn read_whole(&self, first: u64) -> io::Result<()> {
+        let Some(last) = self.disk.last_entry()? else {
+            return Ok(());
+        };
+        let last = decode::<Entry>(&last)?.log_id.index;
+        let mut start = first;
+        while start <= last {
+            let end = start.saturating_add(READ_CHUNK);
+            self.disk.entries(start, Bound::Excluded(end))?;
+            start = end;
+        }
+        Ok(())
     }
 
     /// Never deletes entries the snapshot file on disk does not cover
