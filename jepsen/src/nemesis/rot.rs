@@ -124,9 +124,9 @@ fn flip(db: &Path, at: u64, mask: u8) -> anyhow::Result<()> {
 }
 
 /// Why the node must refuse its damaged log (`None`: it may start),
-/// judged on a copy of its files: sled refuses them, or the log lacks the
-/// entry the mark names (above the purge point) or holds another, or its
-/// vote is older than the mark's.
+/// judged on a copy of its files: sled refuses them or cannot read an
+/// entry kept, or the log lacks the entry the mark names (above the purge
+/// point) or holds another, or its vote is older than the mark's.
 fn expected_refusal(sled_dir: &Path) -> anyhow::Result<Option<String>> {
     // Beside the node's data directory (which may be the disk layer's
     // mount), removed afterwards.
@@ -137,7 +137,9 @@ fn expected_refusal(sled_dir: &Path) -> anyhow::Result<Option<String>> {
         .join("rot-copy");
     let _ = std::fs::remove_dir_all(&copy);
     std::fs::create_dir_all(&copy)?;
-    let judged = judge_copy(sled_dir, &copy);
+    // sled panics on some damage: the node must then refuse too.
+    let judged = std::panic::catch_unwind(|| judge_copy(sled_dir, &copy))
+        .unwrap_or_else(|_| Ok(Some("sled panics on the damaged files".into())));
     let _ = std::fs::remove_dir_all(&copy);
     judged
 }
@@ -172,11 +174,18 @@ fn judge_copy(sled_dir: &Path, copy: &Path) -> anyhow::Result<Option<String>> {
             return Ok(Some("its vote is older than the marked one".into()));
         }
     }
+    let purged = meta
+        .get("last_purged")?
+        .and_then(|v| raftlock_node::codec::decode::<raftlock_node::raft::LogId>(&v).ok())
+        .map_or(0u64, |l| l.index + 1);
+    // sled finds some damage only when it reads the page: every entry kept
+    // must read.
+    for item in log.range(purged.to_be_bytes()..) {
+        if let Err(e) = item {
+            return Ok(Some(format!("sled cannot read the log: {e}")));
+        }
+    }
     if let Some((index, _)) = mark.last {
-        let purged = meta
-            .get("last_purged")?
-            .and_then(|v| raftlock_node::codec::decode::<raftlock_node::raft::LogId>(&v).ok())
-            .map_or(0, |l| l.index + 1);
         if index >= purged {
             match log.get(index.to_be_bytes())? {
                 None => {
