@@ -2,6 +2,9 @@
 //! in-memory simulated disk) and lock workers (the real
 //! `raftlock-client`), on turmoil's network and clock in 1 ms ticks, with
 //! faults drawn from the seed; oracles checked every tick and at the end.
+//! [`run`] goes in steps: the nodes' hosts (`host`), the clients
+//! (`clients`, `operator`, `believers`, `holders`), and a loop of ticks
+//! that judges (`watch`) and injects faults (`faults`).
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -13,7 +16,7 @@ use raftlock_node::node::Node;
 use raftlock_node::raft::log_store::MemDisk;
 use raftlock_node::transport::{Conn, Connector};
 use rand::rngs::StdRng;
-use rand::{RngExt as _, SeedableRng as _};
+use rand::SeedableRng as _;
 
 use crate::belief;
 use crate::oracle::{self, Grant, Renewal, Serving};
@@ -27,10 +30,13 @@ mod host;
 mod operator;
 mod watch;
 
-use clients::{health_prober, hostile_peer, keepalive_asker, probe, session_opener, worker};
-use faults::{apply_undo, crash, inject, replace, Down, Undo};
+use clients::{start_believers, start_hostile_and_probe, start_workers};
+use faults::{
+    crash_at_a_moment, faults_off, hold_bound_links, maybe_inject, replace_or_fill, replacements,
+    supervise, undo_due, Down, Faults,
+};
 use host::start_host;
-use operator::restorer;
+use operator::start_restorer;
 use watch::Watch;
 
 /// The port every node serves on (each node is its own simulated host).
@@ -403,8 +409,104 @@ struct Ghost {
     gone: u64,
 }
 
+/// The simulated cluster the driver runs: turmoil's simulation (the
+/// nodes' hosts and the clients), what the run records, and the nodes'
+/// disks.
+struct Cluster<'a> {
+    sim: turmoil::Sim<'a>,
+    record: Shared,
+    disks: BTreeMap<u64, MemDisk>,
+}
+
 /// Runs one simulation.
 pub fn run(settings: &Settings) -> Outcome {
+    seed_thread(settings);
+    let faults_rng = StdRng::seed_from_u64(settings.seed ^ 0x5eed_fa17);
+    let sim = build_sim(settings);
+    let mut cluster = start_hosts(settings, sim);
+    // Membership changes, snapshot damage and full disks on every node
+    // draw from a stream of their own.
+    let mut ops_rng = StdRng::seed_from_u64(settings.seed ^ 0x0e7a_70b5);
+    start_restorer(settings, &mut cluster, &mut ops_rng);
+    let replacing: Option<(u64, u64)> = None;
+    let next_id = nodes() + 1;
+    let stop_ms = settings.duration_ms;
+    start_workers(settings, &mut cluster);
+    start_believers(settings, &mut cluster);
+    // The bound holder's links to the nodes are held at times (a network
+    // cut between a client and the cluster), drawn from a stream of their
+    // own so that the other faults stay as they were.
+    let links_rng = StdRng::seed_from_u64(settings.seed ^ 0x11_4c5);
+    let links_held_until = 0u64;
+    start_hostile_and_probe(settings, &mut cluster);
+    let mut watch = Watch::default();
+    let mut faults = Faults {
+        faults_rng,
+        ops_rng,
+        links_rng,
+        links_held_until,
+        undo: Vec::new(),
+        down: Down::default(),
+        count: 0,
+        probing: false,
+        replacing,
+        next_id,
+        stop_ms,
+    };
+    let verdict = loop {
+        // The crashes of the last round, before any process runs again.
+        if let Err(e) = watch.judge_crashes(&cluster.record, &cluster.disks) {
+            break Err(e);
+        }
+        match cluster.sim.step() {
+            Ok(true) => break Ok(()),
+            Ok(false) => {}
+            Err(e) => break Err(format!("a simulated host or client failed: {e}")),
+        }
+        if settings.stall_real_time {
+            stall_real_time();
+        }
+        let now = now_ms_of(&cluster.sim);
+        DRIVER_NOW.with(|n| n.set(now));
+        crate::wall_clock::set_ms(now);
+        let ended_on_leader = match watch.judge(&cluster.record, &cluster.disks, now) {
+            Ok(e) => e,
+            Err(e) => break Err(e),
+        };
+        if let Err(e) = removed_nodes(&mut cluster, &watch, now) {
+            break Err(e);
+        }
+        replacements(&mut cluster, &mut faults);
+        supervise(&mut cluster, &mut faults, now);
+        let leader = watch.leader;
+        crash_at_a_moment(
+            settings,
+            &mut cluster,
+            &mut faults,
+            leader,
+            &ended_on_leader,
+            now,
+        );
+        undo_due(&mut cluster, &mut faults, now);
+        faults_off(settings, &mut cluster, &mut faults, leader, now);
+        hold_bound_links(settings, &mut cluster, &mut faults, now);
+        maybe_inject(settings, &mut cluster, &mut faults, leader, now);
+        replace_or_fill(settings, &mut cluster, &mut faults, leader, now);
+    };
+    let (verdict, trace, grants) = final_checks(verdict, &mut watch, &cluster.record);
+    let hash = trace_hash(&trace);
+    tear_down(cluster);
+    Outcome {
+        verdict,
+        hash,
+        grants,
+        faults: faults.count,
+    }
+}
+
+/// Sets this thread up for the run: its settings, its clocks at 0, and
+/// every random choice of the node and client code seeded.
+fn seed_thread(settings: &Settings) {
     // Every run's wall clock starts at the same instant.
     crate::wall_clock::set_ms(0);
     // Every random choice of the node and client code on this thread (ids,
@@ -417,16 +519,25 @@ pub fn run(settings: &Settings) -> Outcome {
     // thread would finish at a time no seed decides.
     raftlock_node::blocking::run_inline();
     raftlock_client::random::seed(settings.seed.wrapping_add(1));
-    let mut faults_rng = StdRng::seed_from_u64(settings.seed ^ 0x5eed_fa17);
+}
+
+/// turmoil's simulation of the run: seeded, in 1 ms ticks, long enough
+/// for the load, the liveness phase and the catch-up.
+fn build_sim<'a>(settings: &Settings) -> turmoil::Sim<'a> {
     let total = Duration::from_millis(settings.duration_ms) + LIVENESS_BOUND * 2;
-    let mut sim = turmoil::Builder::new()
+    turmoil::Builder::new()
         .rng_seed(settings.seed)
         .tick_duration(Duration::from_millis(1))
         .simulation_duration(total + Duration::from_secs(10))
         .min_message_latency(Duration::from_micros(200))
         .max_message_latency(MAX_LATENCY)
         .tcp_capacity(1 << 16)
-        .build();
+        .build()
+}
+
+/// The first nodes, each on a fresh simulated disk (one that lies about
+/// its syncs with `lying_disks`), their hosts started in `sim`.
+fn start_hosts<'a>(settings: &Settings, mut sim: turmoil::Sim<'a>) -> Cluster<'a> {
     let record: Shared = Rc::default();
     record.borrow_mut().members = (1..=nodes()).collect();
     let mut disks = BTreeMap::new();
@@ -438,420 +549,58 @@ pub fn run(settings: &Settings) -> Outcome {
         disks.insert(id, disk.clone());
         start_host(&mut sim, id, disk, &record);
     }
-    // Membership changes, snapshot damage and full disks on every node
-    // draw from a stream of their own.
-    let mut ops_rng = StdRng::seed_from_u64(settings.seed ^ 0x0e7a_70b5);
-    // A quarter of the runs start from a restored backup whose fence
-    // counter is near the bound: a few hundred fences left (the run may
-    // use them all: grants must then be refused, never wrap or pass it),
-    // or up to a few hundred thousand.
-    if settings.faults && ops_rng.random_bool(0.25) {
-        let left = if ops_rng.random_bool(0.5) {
-            ops_rng.random_range(1..400)
-        } else {
-            ops_rng.random_range(400..300_000)
-        };
-        sim.client(
-            "restorer",
-            restorer(left, settings.duration_ms, record.clone()),
-        );
-    } else {
-        record.borrow_mut().ready = true;
-    }
-    let mut replacing: Option<(u64, u64)> = None;
-    let mut next_id = nodes() + 1;
-    let stop_ms = settings.duration_ms;
-    for n in 0..settings.workers {
-        let rng = StdRng::seed_from_u64(settings.seed.wrapping_mul(31).wrapping_add(n as u64));
-        sim.client(
-            format!("w{n}"),
-            worker(n, settings.workers, stop_ms, rng, record.clone()),
-        );
-    }
-    for n in 0..PROBERS {
-        sim.client(
-            format!("opener{n}"),
-            session_opener(n, stop_ms, record.clone()),
-        );
-    }
-    for id in 1..=nodes() {
-        sim.client(
-            format!("asker{id}"),
-            keepalive_asker(id, stop_ms, record.clone()),
-        );
-    }
-    sim.client("health", health_prober(stop_ms, record.clone()));
-    // The clients of the belief oracle: every path of the lease rule.
-    let paths: Vec<&'static str> = PATHS
-        .iter()
-        .copied()
-        .filter(|p| settings.drives(p))
-        .collect();
-    let raw: Vec<&'static str> = paths
-        .iter()
-        .copied()
-        .filter(|p| believers::RAW_PATHS.contains(p))
-        .collect();
-    if !raw.is_empty() {
-        sim.client(
-            "contender",
-            believers::contender(
-                stop_ms,
-                StdRng::seed_from_u64(settings.seed ^ 0xc0_e7e4),
-                record.clone(),
-            ),
-        );
-        for n in 0..BELIEVERS {
-            let rng = StdRng::seed_from_u64(settings.seed ^ (0xbe11_e7e0 + n as u64));
-            sim.client(
-                format!("b{n}"),
-                believers::believer(n, stop_ms, raw.clone(), rng, record.clone()),
-            );
-        }
-    }
-    record.borrow_mut().round_trips_allowed = settings.drives("transfer");
-    if settings.drives("transfer") {
-        sim.client(
-            "transferer",
-            believers::transferer(
-                stop_ms,
-                StdRng::seed_from_u64(settings.seed ^ 0x7a45_fe7e),
-                record.clone(),
-            ),
-        );
-    }
-    if settings.drives("revoke") {
-        sim.client(
-            "revoker",
-            believers::revoker(
-                stop_ms,
-                StdRng::seed_from_u64(settings.seed ^ 0x7e70_6e7e),
-                record.clone(),
-            ),
-        );
-    }
-    if settings.drives("bound") {
-        // Two, so that one's session ending passes the name to the other;
-        // only the first one's links are cut.
-        for (n, name) in [BOUND_HOLDER, "e1"].into_iter().enumerate() {
-            sim.client(
-                name,
-                holders::bound_holder(
-                    name,
-                    stop_ms,
-                    StdRng::seed_from_u64(settings.seed ^ (0xb0_0d + n as u64)),
-                    record.clone(),
-                ),
-            );
-        }
-    }
-    if settings.drives("library") {
-        sim.client(
-            "p0",
-            holders::path_holder(
-                0,
-                stop_ms,
-                StdRng::seed_from_u64(settings.seed ^ 0x9a_7400),
-                record.clone(),
-            ),
-        );
-    }
-    // The bound holder's links to the nodes are held at times (a network
-    // cut between a client and the cluster), drawn from a stream of their
-    // own so that the other faults stay as they were.
-    let mut links_rng = StdRng::seed_from_u64(settings.seed ^ 0x11_4c5);
-    let mut links_held_until = 0u64;
-    let hostile_rng = StdRng::seed_from_u64(settings.seed ^ 0x0bad_9ee4);
-    sim.client(
-        "hostile",
-        hostile_peer(stop_ms, hostile_rng, record.clone()),
-    );
-    // Registered now (it waits for the end of the faults): the run ends
-    // when every client has.
-    sim.client("probe", probe(stop_ms, record.clone()));
-    // Keeps the run going until every running member has caught up (the
-    // driver fails the run past CATCH_UP_BOUND).
-    sim.client("catch-up", {
-        let record = record.clone();
-        async move {
-            while !record.borrow().catch_up.is_some_and(|c| c.done) {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            Ok(())
-        }
-    });
-    let mut watch = Watch::default();
-    let mut undo: Vec<(u64, Undo)> = Vec::new();
-    let mut down = Down::default();
-    let mut faults = 0usize;
-    let mut probing = false;
-    let verdict = loop {
-        // The crashes of the last round, before any process runs again.
-        if let Err(e) = watch.judge_crashes(&record, &disks) {
-            break Err(e);
-        }
-        match sim.step() {
-            Ok(true) => break Ok(()),
-            Ok(false) => {}
-            Err(e) => break Err(format!("a simulated host or client failed: {e}")),
-        }
-        if settings.stall_real_time {
-            stall_real_time();
-        }
-        let now = now_ms_of(&sim);
-        DRIVER_NOW.with(|n| n.set(now));
-        crate::wall_clock::set_ms(now);
-        let ended_on_leader = match watch.tick(&record, &disks, now) {
-            Ok(e) => e,
-            Err(e) => break Err(e),
-        };
-        // The probers' answers so far, against what the nodes had applied
-        // (an answer is judged by its ask's send time, and everything the
-        // driver saw up to then is known by now).
-        if let Err(e) = watch.judge_answers(&record) {
-            break Err(e);
-        }
-        if let Err(e) = watch.judge_ghosts(&record, now) {
-            break Err(e);
-        }
-        if let Err(e) = watch.judge_dead(&record, now) {
-            break Err(e);
-        }
-        if let Some(v) = record.borrow_mut().violation.take() {
-            break Err(v);
-        }
-        // A removed node that never had itself among the voters of the
-        // membership it uses (cut off since its first start, it never
-        // received the cluster's membership) never asks for a vote, so it
-        // cannot learn of its removal: docs/operations/membership.md ("Remove a node")
-        // has the operator stop it by hand, as a learner that never
-        // caught up.
-        let unaware: Vec<u64> = {
-            let r = record.borrow();
-            r.removed_at
-                .keys()
-                .copied()
-                .filter(|id| r.nodes.contains_key(id) && !watch.knew_voter.contains(id))
-                .collect()
-        };
-        for id in unaware {
-            note(
-                &record,
-                format!(
-                    "operator: node {id} never had the cluster's membership, so it cannot learn \
-                     of its removal: stopped by hand"
-                ),
-            );
-            record.borrow_mut().nodes.remove(&id);
-            sim.crash(host(id));
-        }
-        // A removed node exits by itself (README), within the bound
-        // node/tests/removed_node.rs gives it.
-        let lingering = {
-            let r = record.borrow();
-            oracle::removed_nodes_exit(&r.removed_at, |id| r.nodes.contains_key(&id), now)
-        };
-        if let Err(e) = lingering {
-            break Err(e);
-        }
-        // A node that refused its damaged snapshot file is replaced.
-        let refused: Vec<u64> = record.borrow_mut().refused.drain(..).collect();
-        for old in refused {
-            if record.borrow().retired.contains(&old) {
-                continue;
-            }
-            if replacing.is_some() {
-                // One replacement at a time: this one waits its turn.
-                record.borrow_mut().refused.push(old);
-                continue;
-            }
-            replacing = Some(replace(
-                &mut sim,
-                &record,
-                &mut disks,
-                old,
-                &mut next_id,
-                stop_ms,
-                "its data cannot be trusted",
-            ));
-        }
-        let replaced: Vec<(u64, u64)> = record.borrow_mut().replaced.drain(..).collect();
-        for (old, new) in replaced {
-            note(&record, format!("operator: node {new} replaced node {old}"));
-            down.crashed.remove(&old);
-            replacing = None;
-        }
-        // The supervisor: a node whose process ended is restarted after
-        // 100-1000 ms (it may fail again at once if its disk still fails).
-        let exited: Vec<u64> = record.borrow_mut().exited.drain(..).collect();
-        for id in exited {
-            if record.borrow().retired.contains(&id) {
-                note(
-                    &record,
-                    format!("node {id} exited; it was removed: not restarted"),
-                );
-                sim.crash(host(id));
-                continue;
-            }
-            let disk = &disks[&id];
-            let pending = disk.pending_writes();
-            let keep = faults_rng.random_range(0..=pending);
-            let after = faults_rng.random_range(100..=1_000);
-            note(
-                &record,
-                format!(
-                    "node {id} exited (keeps {keep} of {pending} unsynced writes); the supervisor \
-                     restarts it in {after} ms"
-                ),
-            );
-            sim.crash(host(id));
-            disk.crash(keep);
-            down.crashed.insert(id);
-            undo.push((now + after, Undo::Bounce(id)));
-        }
-        // A moment worth a crash: the leader has just applied the end of a
-        // session a prober is about to ask it to renew.
-        if settings.faults && !probing && !ended_on_leader.is_empty() && down.is_empty() {
-            let member = |l: &u64| record.borrow().members.contains(l);
-            if let Some(leader) = watch
-                .leader
-                .filter(|_| faults_rng.random_bool(0.5))
-                .filter(member)
-            {
-                faults += 1;
-                let after = faults_rng.random_range(0..=300);
-                crash(
-                    &mut sim,
-                    &mut faults_rng,
-                    &mut ops_rng,
-                    &record,
-                    &disks[&leader],
-                    leader,
-                    after,
-                    &mut undo,
-                    &mut down,
-                    now,
-                );
-            }
-        }
-        // Undo faults that are due.
-        let mut i = 0;
-        while i < undo.len() {
-            if undo[i].0 <= now {
-                let (_, u) = undo.remove(i);
-                apply_undo(&mut sim, &record, &disks, u, &mut down);
-            } else {
-                i += 1;
-            }
-        }
-        if now >= stop_ms && !probing {
-            // Faults off: heal everything, then the liveness probe.
-            for (_, u) in undo.drain(..) {
-                apply_undo(&mut sim, &record, &disks, u, &mut down);
-            }
-            note(&record, "faults off; the liveness probe starts".into());
-            probing = true;
-            if settings.stranded_follower {
-                let stranded = {
-                    let r = record.borrow();
-                    r.members
-                        .iter()
-                        .rev()
-                        .find(|id| Some(**id) != watch.leader && r.nodes.contains_key(id))
-                        .copied()
-                };
-                if let Some(f) = stranded {
-                    for other in record.borrow().members.clone() {
-                        if other != f {
-                            sim.partition(host(f).as_str(), host(other).as_str());
-                        }
-                    }
-                    note(
-                        &record,
-                        format!("planted: node {f} is cut off from every node for good"),
-                    );
-                }
-            }
-        }
-        // While the bound holder holds its name, its links to every node
-        // are sometimes cut (held) for 11-14 s, past the ~10 s in which a
-        // node's HTTP/2 pings give its connection up: the leader may then
-        // end the session a grace later, long before its ttl.
-        let bound_holding = record.borrow().bound_holding;
-        if settings.faults
-            && !probing
-            && bound_holding
-            && now >= links_held_until
-            && now + 14_000 < stop_ms
-            && links_rng.random_bool(0.005)
-        {
-            let lasts = links_rng.random_range(11_000..14_000);
-            links_held_until = now + lasts;
-            note(
-                &record,
-                format!("hold {BOUND_HOLDER} <-> every node for {lasts} ms"),
-            );
-            for id in record.borrow().members.clone() {
-                sim.hold(BOUND_HOLDER, host(id).as_str());
-                undo.push((now + lasts, Undo::Release(BOUND_HOLDER.into(), host(id))));
-            }
-        }
-        if settings.faults && !probing && faults_rng.random_bool(0.002) {
-            faults += 1;
-            inject(
-                &mut sim,
-                &mut faults_rng,
-                &mut ops_rng,
-                &record,
-                &disks,
-                &mut undo,
-                &mut down,
-                watch.leader,
-                now,
-            );
-        }
-        // About once in 10 s: a member (the leader a third of the time)
-        // replaced by a fresh node while it runs; about once in 20 s: every
-        // node's disk full at once (the same workload fills every
-        // replica).
-        if settings.faults && !probing && down.is_empty() && replacing.is_none() {
-            if ops_rng.random_bool(0.000_1) {
-                faults += 1;
-                let members = record.borrow().members.clone();
-                let old = match watch.leader {
-                    Some(l) if ops_rng.random_bool(0.33) => l,
-                    _ => members[ops_rng.random_range(0..members.len())],
-                };
-                down.crashed.insert(old);
-                replacing = Some(replace(
-                    &mut sim,
-                    &record,
-                    &mut disks,
-                    old,
-                    &mut next_id,
-                    stop_ms,
-                    "a planned replacement",
-                ));
-            } else if ops_rng.random_bool(0.000_05) {
-                faults += 1;
-                let lasts = ops_rng.random_range(200..1_500);
-                note(
-                    &record,
-                    format!("every node's disk is full (writes fail with ENOSPC) for {lasts} ms"),
-                );
-                for id in record.borrow().members.clone() {
-                    disks[&id].fill();
-                    down.sick_disks.insert(id);
-                    undo.push((now + lasts, Undo::Heal(id)));
-                }
-            }
-        }
+    Cluster { sim, record, disks }
+}
+
+/// Removed nodes: one that cannot learn of its removal is stopped by hand,
+/// the others must exit by themselves.
+fn removed_nodes(cluster: &mut Cluster<'_>, watch: &Watch, now: u64) -> Result<(), String> {
+    let Cluster { sim, record, .. } = cluster;
+    // A removed node that never had itself among the voters of the
+    // membership it uses (cut off since its first start, it never
+    // received the cluster's membership) never asks for a vote, so it
+    // cannot learn of its removal: docs/operations/membership.md ("Remove a node")
+    // has the operator stop it by hand, as a learner that never
+    // caught up.
+    let unaware: Vec<u64> = {
+        let r = record.borrow();
+        r.removed_at
+            .keys()
+            .copied()
+            .filter(|id| r.nodes.contains_key(id) && !watch.knew_voter.contains(id))
+            .collect()
     };
+    for id in unaware {
+        note(
+            record,
+            format!(
+                "operator: node {id} never had the cluster's membership, so it cannot learn \
+                 of its removal: stopped by hand"
+            ),
+        );
+        record.borrow_mut().nodes.remove(&id);
+        sim.crash(host(id));
+    }
+    // A removed node exits by itself (README), within the bound
+    // node/tests/removed_node.rs gives it.
+    let r = record.borrow();
+    oracle::removed_nodes_exit(&r.removed_at, |id| r.nodes.contains_key(&id), now)
+}
+
+/// The checks at the end of the run, after the loop's `verdict`: the last
+/// tick's answers, a restore's fence bump, a probe refused for want of
+/// fences, and the checkers of the whole run. Returns the verdict, the
+/// trace and the workers' grants.
+fn final_checks(
+    verdict: Result<(), String>,
+    watch: &mut Watch,
+    record: &Shared,
+) -> (Result<(), String>, Vec<String>, usize) {
     // The answers of the last tick, if the run ended before they were
     // judged; a violation among them comes before the run's own failure
     // (a run that fails its liveness probe because a node lied about its
     // health is failed by the lie).
-    let verdict = match watch.judge_answers(&record) {
+    let verdict = match watch.judge_answers(record) {
         Err(e) => Err(e),
         Ok(()) => verdict,
     };
@@ -907,22 +656,27 @@ pub fn run(settings: &Settings) -> Outcome {
             Some(_) => Ok(()),
             None => Err("liveness: the probe never got the lock".into()),
         });
+    (verdict, trace, grants.len())
+}
+
+/// The trace's hash: equal for two runs of one seed.
+fn trace_hash(trace: &[String]) -> u64 {
     let mut hash = FNV_START;
-    for line in &trace {
+    for line in trace {
         hash = fnv(line.as_bytes(), hash);
         hash = fnv(b"\n", hash);
     }
+    hash
+}
+
+/// Lets go of the run: its nodes (and their tasks) before the next run,
+/// its data directory, its settings.
+fn tear_down(cluster: Cluster<'_>) {
     // Let go of the nodes (and their tasks) before the next run.
-    record.borrow_mut().nodes.clear();
-    drop(sim);
+    cluster.record.borrow_mut().nodes.clear();
+    drop(cluster.sim);
     let _ = std::fs::remove_dir_all(data_root());
     CURRENT.with(|c| *c.borrow_mut() = None);
-    Outcome {
-        verdict,
-        hash,
-        grants: grants.len(),
-        faults,
-    }
 }
 
 /// Now and then (about one step in 40) sleeps 0-3 ms of real time, both

@@ -1,13 +1,14 @@
 //! The simulated cluster's clients: the lock workers (the real Rust
 //! client), the keep-alive probers and the health prober (speaking the
-//! protocol themselves), the hostile peer, and the liveness probe.
+//! protocol themselves), the hostile peer, and the liveness probe; and
+//! the steps of a run that start them.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use raftlock_client::Client;
 use rand::rngs::StdRng;
-use rand::RngExt as _;
+use rand::{RngExt as _, SeedableRng as _};
 
 use raftlock_proto::v1 as pb;
 use raftlock_proto::v1::locks_client::LocksClient;
@@ -19,8 +20,9 @@ use serde_json::json;
 
 use super::host::{channel, Channels};
 use super::{
-    addr, believers, client_options, holders, nodes, note, now_ms, Shared, LIVENESS_BOUND, LOCK,
-    PROBE_ASKS_FOR_MS, PROBE_EVERY_MS, PROBE_GRACE_MS, PROBE_TTL_MS, SESSION_TTL,
+    addr, believers, client_options, holders, nodes, note, now_ms, Cluster, Settings, Shared,
+    BELIEVERS, BOUND_HOLDER, LIVENESS_BOUND, LOCK, PATHS, PROBERS, PROBE_ASKS_FOR_MS,
+    PROBE_EVERY_MS, PROBE_GRACE_MS, PROBE_TTL_MS, SESSION_TTL,
 };
 use crate::belief::Held;
 use crate::oracle::{Grant, Renewal, Serving};
@@ -390,4 +392,139 @@ pub(super) async fn probe(start_ms: u64, record: Shared) -> turmoil::Result {
             Err(_) => return Err("liveness: no grant within the bound".into()),
         }
     }
+}
+
+/// Starts the load: the lock workers, the keep-alive probers (an opener
+/// per prober, an asker per node) and the health prober.
+pub(super) fn start_workers(settings: &Settings, cluster: &mut Cluster<'_>) {
+    let Cluster { sim, record, .. } = cluster;
+    let stop_ms = settings.duration_ms;
+    for n in 0..settings.workers {
+        let rng = StdRng::seed_from_u64(settings.seed.wrapping_mul(31).wrapping_add(n as u64));
+        sim.client(
+            format!("w{n}"),
+            worker(n, settings.workers, stop_ms, rng, record.clone()),
+        );
+    }
+    for n in 0..PROBERS {
+        sim.client(
+            format!("opener{n}"),
+            session_opener(n, stop_ms, record.clone()),
+        );
+    }
+    for id in 1..=nodes() {
+        sim.client(
+            format!("asker{id}"),
+            keepalive_asker(id, stop_ms, record.clone()),
+        );
+    }
+    sim.client("health", health_prober(stop_ms, record.clone()));
+}
+
+/// Starts the belief oracle's clients on the paths `settings` drives.
+pub(super) fn start_believers(settings: &Settings, cluster: &mut Cluster<'_>) {
+    let Cluster { sim, record, .. } = cluster;
+    let stop_ms = settings.duration_ms;
+    // The clients of the belief oracle: every path of the lease rule.
+    let paths: Vec<&'static str> = PATHS
+        .iter()
+        .copied()
+        .filter(|p| settings.drives(p))
+        .collect();
+    let raw: Vec<&'static str> = paths
+        .iter()
+        .copied()
+        .filter(|p| believers::RAW_PATHS.contains(p))
+        .collect();
+    if !raw.is_empty() {
+        sim.client(
+            "contender",
+            believers::contender(
+                stop_ms,
+                StdRng::seed_from_u64(settings.seed ^ 0xc0_e7e4),
+                record.clone(),
+            ),
+        );
+        for n in 0..BELIEVERS {
+            let rng = StdRng::seed_from_u64(settings.seed ^ (0xbe11_e7e0 + n as u64));
+            sim.client(
+                format!("b{n}"),
+                believers::believer(n, stop_ms, raw.clone(), rng, record.clone()),
+            );
+        }
+    }
+    record.borrow_mut().round_trips_allowed = settings.drives("transfer");
+    if settings.drives("transfer") {
+        sim.client(
+            "transferer",
+            believers::transferer(
+                stop_ms,
+                StdRng::seed_from_u64(settings.seed ^ 0x7a45_fe7e),
+                record.clone(),
+            ),
+        );
+    }
+    if settings.drives("revoke") {
+        sim.client(
+            "revoker",
+            believers::revoker(
+                stop_ms,
+                StdRng::seed_from_u64(settings.seed ^ 0x7e70_6e7e),
+                record.clone(),
+            ),
+        );
+    }
+    if settings.drives("bound") {
+        // Two, so that one's session ending passes the name to the other;
+        // only the first one's links are cut.
+        for (n, name) in [BOUND_HOLDER, "e1"].into_iter().enumerate() {
+            sim.client(
+                name,
+                holders::bound_holder(
+                    name,
+                    stop_ms,
+                    StdRng::seed_from_u64(settings.seed ^ (0xb0_0d + n as u64)),
+                    record.clone(),
+                ),
+            );
+        }
+    }
+    if settings.drives("library") {
+        sim.client(
+            "p0",
+            holders::path_holder(
+                0,
+                stop_ms,
+                StdRng::seed_from_u64(settings.seed ^ 0x9a_7400),
+                record.clone(),
+            ),
+        );
+    }
+}
+
+/// Starts the hostile peer, the liveness probe (it waits for the end of
+/// the faults), and a client that keeps the run going until every running
+/// member has caught up.
+pub(super) fn start_hostile_and_probe(settings: &Settings, cluster: &mut Cluster<'_>) {
+    let Cluster { sim, record, .. } = cluster;
+    let stop_ms = settings.duration_ms;
+    let hostile_rng = StdRng::seed_from_u64(settings.seed ^ 0x0bad_9ee4);
+    sim.client(
+        "hostile",
+        hostile_peer(stop_ms, hostile_rng, record.clone()),
+    );
+    // Registered now (it waits for the end of the faults): the run ends
+    // when every client has.
+    sim.client("probe", probe(stop_ms, record.clone()));
+    // Keeps the run going until every running member has caught up (the
+    // driver fails the run past CATCH_UP_BOUND).
+    sim.client("catch-up", {
+        let record = record.clone();
+        async move {
+            while !record.borrow().catch_up.is_some_and(|c| c.done) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Ok(())
+        }
+    });
 }

@@ -1,6 +1,7 @@
 //! The faults the driver injects from the seed (partitions, held links,
 //! latency spikes, crashes with rot at rest, faulty disks, replacements),
-//! and how each is undone.
+//! how each is undone, and the driver loop's steps that inject and undo
+//! them, restart exited nodes and replace refused ones (on [`Faults`]).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -12,7 +13,7 @@ use rand::RngExt as _;
 use super::clients::keepalive_asker;
 use super::host::start_host;
 use super::operator::operator;
-use super::{fnv, host, note, Shared, FNV_START, MAX_LATENCY};
+use super::{fnv, host, note, Cluster, Settings, Shared, BOUND_HOLDER, FNV_START, MAX_LATENCY};
 
 /// A fault in force, to be undone at a time.
 pub(super) enum Undo {
@@ -331,4 +332,298 @@ pub(super) fn replace(
         operator(old, new, stop_ms, record.clone()),
     );
     (old, new)
+}
+
+/// The driver's faults as a run goes: their random streams, those in force
+/// (with when to undo them) and the nodes out of action, the replacement
+/// under way, and how many were injected.
+pub(super) struct Faults {
+    /// Partitions, holds, latency spikes, crashes, faulty disks, and the
+    /// supervisor's restarts.
+    pub(super) faults_rng: StdRng,
+    /// Membership changes, snapshot damage and full disks on every node.
+    pub(super) ops_rng: StdRng,
+    /// The bound holder's links held.
+    pub(super) links_rng: StdRng,
+    /// Until when (ms) the bound holder's links are held.
+    pub(super) links_held_until: u64,
+    pub(super) undo: Vec<(u64, Undo)>,
+    pub(super) down: Down,
+    /// Faults injected.
+    pub(super) count: usize,
+    /// Faults are off: the liveness probe runs.
+    pub(super) probing: bool,
+    /// The replacement under way: (old, new).
+    pub(super) replacing: Option<(u64, u64)>,
+    /// The id of the next fresh node.
+    pub(super) next_id: u64,
+    /// When (ms) the load and the faults stop.
+    pub(super) stop_ms: u64,
+}
+
+/// The operator's replacements: of a node that refused its damaged
+/// snapshot file (or log), one at a time; and those finished.
+pub(super) fn replacements(cluster: &mut Cluster<'_>, f: &mut Faults) {
+    let Cluster { sim, record, disks } = cluster;
+    // A node that refused its damaged snapshot file is replaced.
+    let refused: Vec<u64> = record.borrow_mut().refused.drain(..).collect();
+    for old in refused {
+        if record.borrow().retired.contains(&old) {
+            continue;
+        }
+        if f.replacing.is_some() {
+            // One replacement at a time: this one waits its turn.
+            record.borrow_mut().refused.push(old);
+            continue;
+        }
+        f.replacing = Some(replace(
+            sim,
+            record,
+            disks,
+            old,
+            &mut f.next_id,
+            f.stop_ms,
+            "its data cannot be trusted",
+        ));
+    }
+    let replaced: Vec<(u64, u64)> = record.borrow_mut().replaced.drain(..).collect();
+    for (old, new) in replaced {
+        note(record, format!("operator: node {new} replaced node {old}"));
+        f.down.crashed.remove(&old);
+        f.replacing = None;
+    }
+}
+
+/// The supervisor, restarting the nodes whose process ended.
+pub(super) fn supervise(cluster: &mut Cluster<'_>, f: &mut Faults, now: u64) {
+    let Cluster { sim, record, disks } = cluster;
+    // The supervisor: a node whose process ended is restarted after
+    // 100-1000 ms (it may fail again at once if its disk still fails).
+    let exited: Vec<u64> = record.borrow_mut().exited.drain(..).collect();
+    for id in exited {
+        if record.borrow().retired.contains(&id) {
+            note(
+                record,
+                format!("node {id} exited; it was removed: not restarted"),
+            );
+            sim.crash(host(id));
+            continue;
+        }
+        let disk = &disks[&id];
+        let pending = disk.pending_writes();
+        let keep = f.faults_rng.random_range(0..=pending);
+        let after = f.faults_rng.random_range(100..=1_000);
+        note(
+            record,
+            format!(
+                "node {id} exited (keeps {keep} of {pending} unsynced writes); the supervisor \
+                 restarts it in {after} ms"
+            ),
+        );
+        sim.crash(host(id));
+        disk.crash(keep);
+        f.down.crashed.insert(id);
+        f.undo.push((now + after, Undo::Bounce(id)));
+    }
+}
+
+/// Half the time, crashes the leader at a moment worth it.
+pub(super) fn crash_at_a_moment(
+    settings: &Settings,
+    cluster: &mut Cluster<'_>,
+    f: &mut Faults,
+    leader: Option<u64>,
+    ended_on_leader: &[u64],
+    now: u64,
+) {
+    let Cluster { sim, record, disks } = cluster;
+    // A moment worth a crash: the leader has just applied the end of a
+    // session a prober is about to ask it to renew.
+    if settings.faults && !f.probing && !ended_on_leader.is_empty() && f.down.is_empty() {
+        let member = |l: &u64| record.borrow().members.contains(l);
+        if let Some(leader) = leader
+            .filter(|_| f.faults_rng.random_bool(0.5))
+            .filter(member)
+        {
+            f.count += 1;
+            let after = f.faults_rng.random_range(0..=300);
+            crash(
+                sim,
+                &mut f.faults_rng,
+                &mut f.ops_rng,
+                record,
+                &disks[&leader],
+                leader,
+                after,
+                &mut f.undo,
+                &mut f.down,
+                now,
+            );
+        }
+    }
+}
+
+/// Undoes the faults that are due.
+pub(super) fn undo_due(cluster: &mut Cluster<'_>, f: &mut Faults, now: u64) {
+    let Cluster { sim, record, disks } = cluster;
+    // Undo faults that are due.
+    let mut i = 0;
+    while i < f.undo.len() {
+        if f.undo[i].0 <= now {
+            let (_, u) = f.undo.remove(i);
+            apply_undo(sim, record, disks, u, &mut f.down);
+        } else {
+            i += 1;
+        }
+    }
+}
+
+/// At the end of the load, faults off: every fault undone, the liveness
+/// probe's phase begun (and a follower cut off for good, planted, with
+/// `stranded_follower`).
+pub(super) fn faults_off(
+    settings: &Settings,
+    cluster: &mut Cluster<'_>,
+    f: &mut Faults,
+    leader: Option<u64>,
+    now: u64,
+) {
+    let Cluster { sim, record, disks } = cluster;
+    if now >= f.stop_ms && !f.probing {
+        // Faults off: heal everything, then the liveness probe.
+        for (_, u) in f.undo.drain(..) {
+            apply_undo(sim, record, disks, u, &mut f.down);
+        }
+        note(record, "faults off; the liveness probe starts".into());
+        f.probing = true;
+        if settings.stranded_follower {
+            let stranded = {
+                let r = record.borrow();
+                r.members
+                    .iter()
+                    .rev()
+                    .find(|id| Some(**id) != leader && r.nodes.contains_key(id))
+                    .copied()
+            };
+            if let Some(f) = stranded {
+                for other in record.borrow().members.clone() {
+                    if other != f {
+                        sim.partition(host(f).as_str(), host(other).as_str());
+                    }
+                }
+                note(
+                    record,
+                    format!("planted: node {f} is cut off from every node for good"),
+                );
+            }
+        }
+    }
+}
+
+/// Now and then, while the bound holder holds its name, its links to
+/// every node held.
+pub(super) fn hold_bound_links(
+    settings: &Settings,
+    cluster: &mut Cluster<'_>,
+    f: &mut Faults,
+    now: u64,
+) {
+    let Cluster { sim, record, .. } = cluster;
+    // While the bound holder holds its name, its links to every node
+    // are sometimes cut (held) for 11-14 s, past the ~10 s in which a
+    // node's HTTP/2 pings give its connection up: the leader may then
+    // end the session a grace later, long before its ttl.
+    let bound_holding = record.borrow().bound_holding;
+    if settings.faults
+        && !f.probing
+        && bound_holding
+        && now >= f.links_held_until
+        && now + 14_000 < f.stop_ms
+        && f.links_rng.random_bool(0.005)
+    {
+        let lasts = f.links_rng.random_range(11_000..14_000);
+        f.links_held_until = now + lasts;
+        note(
+            record,
+            format!("hold {BOUND_HOLDER} <-> every node for {lasts} ms"),
+        );
+        for id in record.borrow().members.clone() {
+            sim.hold(BOUND_HOLDER, host(id).as_str());
+            f.undo
+                .push((now + lasts, Undo::Release(BOUND_HOLDER.into(), host(id))));
+        }
+    }
+}
+
+/// About one tick in 500 while faults are on, one fault (`inject`).
+pub(super) fn maybe_inject(
+    settings: &Settings,
+    cluster: &mut Cluster<'_>,
+    f: &mut Faults,
+    leader: Option<u64>,
+    now: u64,
+) {
+    let Cluster { sim, record, disks } = cluster;
+    if settings.faults && !f.probing && f.faults_rng.random_bool(0.002) {
+        f.count += 1;
+        inject(
+            sim,
+            &mut f.faults_rng,
+            &mut f.ops_rng,
+            record,
+            disks,
+            &mut f.undo,
+            &mut f.down,
+            leader,
+            now,
+        );
+    }
+}
+
+/// Now and then, while no node is out of action, a planned replacement
+/// or every node's disk full.
+pub(super) fn replace_or_fill(
+    settings: &Settings,
+    cluster: &mut Cluster<'_>,
+    f: &mut Faults,
+    leader: Option<u64>,
+    now: u64,
+) {
+    let Cluster { sim, record, disks } = cluster;
+    // About once in 10 s: a member (the leader a third of the time)
+    // replaced by a fresh node while it runs; about once in 20 s: every
+    // node's disk full at once (the same workload fills every
+    // replica).
+    if settings.faults && !f.probing && f.down.is_empty() && f.replacing.is_none() {
+        if f.ops_rng.random_bool(0.000_1) {
+            f.count += 1;
+            let members = record.borrow().members.clone();
+            let old = match leader {
+                Some(l) if f.ops_rng.random_bool(0.33) => l,
+                _ => members[f.ops_rng.random_range(0..members.len())],
+            };
+            f.down.crashed.insert(old);
+            f.replacing = Some(replace(
+                sim,
+                record,
+                disks,
+                old,
+                &mut f.next_id,
+                f.stop_ms,
+                "a planned replacement",
+            ));
+        } else if f.ops_rng.random_bool(0.000_05) {
+            f.count += 1;
+            let lasts = f.ops_rng.random_range(200..1_500);
+            note(
+                record,
+                format!("every node's disk is full (writes fail with ENOSPC) for {lasts} ms"),
+            );
+            for id in record.borrow().members.clone() {
+                disks[&id].fill();
+                f.down.sick_disks.insert(id);
+                f.undo.push((now + lasts, Undo::Heal(id)));
+            }
+        }
+    }
 }

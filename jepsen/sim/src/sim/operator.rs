@@ -1,14 +1,18 @@
 //! The operator: replaces a node (removes it, then adds a fresh one), and
 //! restores a backup into the new cluster before any load, as the
-//! operations docs tell an operator to.
+//! operations docs tell an operator to (in a quarter of the runs:
+//! `start_restorer`).
 
 use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::RngExt as _;
 
 use raftlock_proto::v1 as pb;
 use raftlock_proto::v1::cluster_client::ClusterClient;
 
 use super::host::{applied_without, channel, Channels};
-use super::{addr, note, now_ms, Shared, LIVENESS_BOUND};
+use super::{addr, note, now_ms, Cluster, Settings, Shared, LIVENESS_BOUND};
 
 /// The operator replacing node `old` with node `new` (a fresh node on a
 /// fresh disk, already started by the driver), as `docs/operations/membership.md` tells
@@ -197,5 +201,28 @@ pub(super) async fn restorer(left: u64, stop_ms: u64, record: Shared) -> turmoil
             }
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Starts the restorer in a quarter of the runs (drawn from `ops_rng`);
+/// in the others the workers may start at once.
+pub(super) fn start_restorer(settings: &Settings, cluster: &mut Cluster<'_>, ops_rng: &mut StdRng) {
+    let Cluster { sim, record, .. } = cluster;
+    // A quarter of the runs start from a restored backup whose fence
+    // counter is near the bound: a few hundred fences left (the run may
+    // use them all: grants must then be refused, never wrap or pass it),
+    // or up to a few hundred thousand.
+    if settings.faults && ops_rng.random_bool(0.25) {
+        let left = if ops_rng.random_bool(0.5) {
+            ops_rng.random_range(1..400)
+        } else {
+            ops_rng.random_range(400..300_000)
+        };
+        sim.client(
+            "restorer",
+            restorer(left, settings.duration_ms, record.clone()),
+        );
+    } else {
+        record.borrow_mut().ready = true;
     }
 }

@@ -123,7 +123,7 @@ impl Watch {
     /// had its guard on that leader: a caller gone while no node held its
     /// call leaves its session to its ttl (seed 711267: the ghost's `Lock`
     /// was queued on node 2, which left the cluster while the call hung).
-    pub(super) fn judge_ghosts(&mut self, record: &Shared, now: u64) -> Result<(), String> {
+    fn judge_ghosts(&mut self, record: &Shared, now: u64) -> Result<(), String> {
         let due: Vec<Ghost> = {
             let mut r = record.borrow_mut();
             let (due, later) = std::mem::take(&mut r.ghosts)
@@ -176,7 +176,7 @@ impl Watch {
     /// them ended, nothing closed them) 2 s past their grace: none may be
     /// open on the node that leads, if it led in the same term since
     /// before the death (a new leader counts only its ttl).
-    pub(super) fn judge_dead(&mut self, record: &Shared, now: u64) -> Result<(), String> {
+    fn judge_dead(&mut self, record: &Shared, now: u64) -> Result<(), String> {
         let due: Vec<(u64, u64, u64)> = {
             let mut r = record.borrow_mut();
             let (due, later) = std::mem::take(&mut r.dead)
@@ -317,9 +317,31 @@ impl Watch {
         servings.iter().try_for_each(|s| self.cores.check(s))
     }
 
+    /// One tick's judging: the running nodes (`tick`), then the probers'
+    /// answers, the ghosts, the dead processes, and a violation a host
+    /// found. Returns what `tick` does.
+    pub(super) fn judge(
+        &mut self,
+        record: &Shared,
+        disks: &BTreeMap<u64, MemDisk>,
+        now: u64,
+    ) -> Result<Vec<u64>, String> {
+        let ended_on_leader = self.tick(record, disks, now)?;
+        // The probers' answers so far, against what the nodes had applied
+        // (an answer is judged by its ask's send time, and everything the
+        // driver saw up to then is known by now).
+        self.judge_answers(record)?;
+        self.judge_ghosts(record, now)?;
+        self.judge_dead(record, now)?;
+        if let Some(v) = record.borrow_mut().violation.take() {
+            return Err(v);
+        }
+        Ok(ended_on_leader)
+    }
+
     /// Checks the running nodes; returns the abandoned sessions whose end
     /// the leader applied this tick (a moment worth crashing it at).
-    pub(super) fn tick(
+    fn tick(
         &mut self,
         record: &Shared,
         disks: &BTreeMap<u64, MemDisk>,
