@@ -146,7 +146,7 @@ pub(super) fn crash(
     // streams of every later fault stay as they were.)
     let bytes = [now.to_le_bytes(), id.to_le_bytes(), after.to_le_bytes()].concat();
     let draw = fnv(&bytes, FNV_START);
-    if after >= 1_000 && !rotted && draw % 5 == 0 {
+    if after >= 1_000 && !rotted && draw.is_multiple_of(5) {
         let count = 1 + (draw >> 8) as usize % 8;
         let lost = disk.lose_newest(count);
         if lost > 0 {

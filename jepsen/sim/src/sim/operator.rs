@@ -60,17 +60,15 @@ pub(super) async fn operator(old: u64, new: u64, stop_ms: u64, record: Shared) -
                 // it, but that membership may not be committed yet (and a
                 // leader elected next may not have it): done once a leader
                 // has applied a membership without it.
-                Ok(Err(_)) => {
-                    if applied_without(&record, id, old) {
-                        note(
-                            &record,
-                            format!(
-                                "operator: node {old} is no member (node {id} leads and has \
-                                 applied a membership without it)"
-                            ),
-                        );
-                        break 'remove;
-                    }
+                Ok(Err(_)) if applied_without(&record, id, old) => {
+                    note(
+                        &record,
+                        format!(
+                            "operator: node {old} is no member (node {id} leads and has \
+                             applied a membership without it)"
+                        ),
+                    );
+                    break 'remove;
                 }
                 _ => {}
             }
