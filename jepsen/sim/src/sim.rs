@@ -511,7 +511,7 @@ fn seed_thread(settings: &Settings) {
     crate::wall_clock::set_ms(0);
     // Every random choice of the node and client code on this thread (ids,
     // nonces, jitter), of turmoil (latencies, tokio's scheduler), and of
-    // the faults below, comes from the seed.
+    // the run's faults (`faults`), comes from the seed.
     CURRENT.with(|c| *c.borrow_mut() = Some(settings.clone()));
     NODES.with(|n| n.set(settings.nodes));
     raftlock_node::random::seed(settings.seed);

@@ -214,7 +214,6 @@ impl Watch {
         Ok(())
     }
 
-    /// Judges the probers' answers not judged yet.
     /// Every snapshot file written since the last look agrees with the
     /// other files at its index (`oracle::SnapshotFiles`). A file the
     /// driver damaged fails its checksum and is not looked at.
@@ -305,6 +304,7 @@ impl Watch {
         Ok(())
     }
 
+    /// Judges the probers' answers not judged yet.
     pub(super) fn judge_answers(&mut self, record: &Shared) -> Result<(), String> {
         let (renewals, servings) = {
             let mut r = record.borrow_mut();
