@@ -242,7 +242,8 @@ fn sweep(
     }));
     let stop = AtomicBool::new(false);
     // (seed, flags, stalled) and the hash its run printed, if it passed.
-    let done: Mutex<Vec<(u64, Vec<String>, bool, Option<String>)>> = Mutex::new(Vec::new());
+    type Done = (u64, Vec<String>, bool, Option<String>);
+    let done: Mutex<Vec<Done>> = Mutex::new(Vec::new());
     let worker = || loop {
         if stop.load(Ordering::SeqCst)
             || run

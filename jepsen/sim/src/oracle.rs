@@ -216,7 +216,7 @@ impl Acknowledged {
             Some((v, l)) => vote > v || (vote == v && matched > l),
         };
         if newer {
-            self.acked.insert(node, (vote.clone(), matched.clone()));
+            self.acked.insert(node, (*vote, *matched));
         }
     }
 

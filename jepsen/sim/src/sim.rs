@@ -2,39 +2,42 @@
 //! in-memory simulated disk) and lock workers (the real
 //! `raftlock-client`), on turmoil's network and clock in 1 ms ticks, with
 //! faults drawn from the seed; oracles checked every tick and at the end.
+//! [`run`] goes in steps: the nodes' hosts (`host`), the clients
+//! (`clients`, `operator`, `believers`, `holders`), and a loop of ticks
+//! that judges (`watch`) and injects faults (`faults`).
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::rc::Rc;
-use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt as _;
-use raftlock_client::{Client, ClientOptions};
-use raftlock_node::node::{Listeners, Node, NodeOptions, RaftTiming};
+use raftlock_client::ClientOptions;
+use raftlock_node::node::Node;
 use raftlock_node::raft::log_store::MemDisk;
-use raftlock_node::raft::log_store::Storage;
-use raftlock_node::raft::{NodeAddrs, WatchReceiver as _};
-use raftlock_node::transport::{Conn, Connector, Listener};
+use raftlock_node::transport::{Conn, Connector};
 use rand::rngs::StdRng;
-use rand::{RngExt as _, SeedableRng as _};
+use rand::SeedableRng as _;
 
-use raftlock_node::state::SessionId;
-use raftlock_proto::v1 as pb;
-use raftlock_proto::v1::cluster_client::ClusterClient;
-use raftlock_proto::v1::locks_client::LocksClient;
-use tonic_health::pb::health_check_response::ServingStatus;
-use tonic_health::pb::health_client::HealthClient;
-
-use raftlock_check::history::Type;
-use serde_json::json;
-
-use crate::belief::{self, Held};
+use crate::belief;
 use crate::oracle::{self, Grant, Renewal, Serving};
 use crate::shared;
 
 mod believers;
+mod clients;
+mod faults;
 mod holders;
+mod host;
+mod operator;
+mod watch;
+
+use clients::{start_believers, start_hostile_and_probe, start_workers};
+use faults::{
+    crash_at_a_moment, faults_off, hold_bound_links, maybe_inject, replace_or_fill, replacements,
+    supervise, undo_due, Down, Faults,
+};
+use host::start_host;
+use operator::start_restorer;
+use watch::Watch;
 
 /// The port every node serves on (each node is its own simulated host).
 const PORT: u16 = 7001;
@@ -374,718 +377,6 @@ fn client_options() -> ClientOptions {
     }
 }
 
-/// Starts node `id` on the current simulated host over `disk`, registers
-/// it, and runs until its core fails.
-async fn run_node(id: u64, disk: MemDisk, record: Shared, incarnation: u64) -> turmoil::Result {
-    let listener = turmoil::net::TcpListener::bind(("0.0.0.0", PORT)).await?;
-    let conns = futures::stream::unfold(listener, |l| async move {
-        let next = l.accept().await.map(|(s, _)| Conn::new(s));
-        Some((next, l))
-    })
-    .boxed();
-    // The first nodes bootstrap from each other; one the operator adds
-    // later knows only itself until it is added.
-    let peers = if id <= nodes() {
-        (1..=nodes())
-            .map(|n| (n, NodeAddrs::shared(addr(n))))
-            .collect()
-    } else {
-        BTreeMap::from([(id, NodeAddrs::shared(addr(id)))])
-    };
-    let opts = NodeOptions {
-        id,
-        advertise: addr(id),
-        peer_advertise: None,
-        data_dir: data_root().join(format!("n{id}")),
-        peers,
-        init: id == 1,
-        timing: RaftTiming {
-            heartbeat: Duration::from_millis(100),
-            election_timeout: (Duration::from_millis(300), Duration::from_millis(500)),
-            // Snapshots often, and a short log behind them: a node back
-            // from a long downtime is sent a snapshot, and a crash may find
-            // one half written.
-            snapshot_every: SNAPSHOT_EVERY,
-            logs_to_keep: LOGS_TO_KEEP,
-        },
-        dial: BTreeMap::new(),
-        tls: None,
-        auth: Arc::new(raftlock_node::auth::Auth::new(None)),
-        storage_faults: Default::default(),
-        prefix_labels: Default::default(),
-        connector: Some(node_connector()),
-        storage: Storage::Memory(disk),
-        join: Vec::new(),
-    };
-    let node = match Node::start_with(opts, Listeners::client(Listener::Custom(conns))).await {
-        Ok(node) => Rc::new(node),
-        Err(e) => {
-            let e = e.to_string();
-            note(&record, format!("node {id} failed to start: {e}"));
-            let mut r = record.borrow_mut();
-            if r.damaged.contains_key(&id) && e.contains("snapshot file") {
-                // The refusal a damaged snapshot file must meet: the
-                // operator replaces the node.
-                r.refused.push(id);
-            } else if e.contains("lost data it had made durable") {
-                // A log that lost what it had made durable: right only
-                // on a disk the driver damaged; the operator replaces it.
-                let ever = r.log_damaged_ever.contains(&id);
-                if let Err(v) = oracle::log_refused_only_if_damaged(id, ever, &e) {
-                    r.violation.get_or_insert(v);
-                }
-                r.refused.push(id);
-            } else {
-                // As a process that exits at start: the supervisor
-                // restarts it.
-                r.exited.push(id);
-            }
-            return Ok(());
-        }
-    };
-    let damaged = record.borrow().damaged.get(&id).cloned();
-    if let Err(v) = oracle::no_start_from_damaged(id, incarnation, damaged.as_deref()) {
-        record.borrow_mut().violation.get_or_insert(v);
-    }
-    let lost = record.borrow().lost_log.get(&id).cloned();
-    if let Err(v) = oracle::no_start_from_lost_log(id, incarnation, lost.as_deref()) {
-        record.borrow_mut().violation.get_or_insert(v);
-    }
-    note(
-        &record,
-        format!("node {id} started (incarnation {incarnation})"),
-    );
-    record
-        .borrow_mut()
-        .nodes
-        .insert(id, (node.clone(), incarnation));
-    tokio::select! {
-        why = node.failed() => {
-            // Fail-stop: the process exits; the simulated supervisor (the
-            // driver) restarts it, as systemd's `Restart=always` would.
-            note(&record, format!("node {id} failed: {why}"));
-            let mut r = record.borrow_mut();
-            r.nodes.remove(&id);
-            r.exited.push(id);
-        }
-        why = node.removed() => {
-            // Exits 0, as `raftlockd run` does: not restarted.
-            note(&record, format!("node {id} exits: {why}"));
-            let mut r = record.borrow_mut();
-            r.nodes.remove(&id);
-            r.retired.insert(id);
-        }
-    }
-    Ok(())
-}
-
-/// Whether node `id` leads and has applied a membership without node `old`
-/// (applied, so committed), as the driver sees it.
-fn applied_without(record: &Shared, id: u64, old: u64) -> bool {
-    let Some(node) = record.borrow().nodes.get(&id).map(|(n, _)| n.clone()) else {
-        return false;
-    };
-    let m = node.raft.metrics().borrow_watched().clone();
-    let config = &m.membership_config;
-    let applied = m.last_applied.map_or(0, |l| l.index);
-    m.state == openraft::ServerState::Leader
-        && config.get_node(&old).is_none()
-        && config.log_id().as_ref().map_or(0, |l| l.index) <= applied
-}
-
-/// Channels to the members, made as they join.
-#[derive(Default)]
-struct Channels(BTreeMap<u64, tonic::transport::Channel>);
-
-impl Channels {
-    /// A channel to each member now.
-    fn of_members(&mut self, record: &Shared) -> Vec<(u64, tonic::transport::Channel)> {
-        let members = record.borrow().members.clone();
-        members
-            .into_iter()
-            .map(|id| (id, self.0.entry(id).or_insert_with(|| channel(id)).clone()))
-            .collect()
-    }
-}
-
-/// A gRPC channel to node `id` over the simulated network.
-fn channel(id: u64) -> tonic::transport::Channel {
-    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", addr(id)))
-        .expect("host:port is a valid URI")
-        .connect_timeout(Duration::from_millis(200));
-    node_connector().channel(&endpoint)
-}
-
-/// A keep-alive prober's opener, speaking the protocol itself: it opens a
-/// session with the smallest ttl on whichever node leads and abandons it
-/// at once (as a crashed holder would); the askers then ask every node to
-/// renew it.
-async fn session_opener(n: usize, stop_ms: u64, record: Shared) -> turmoil::Result {
-    until_ready(&record).await;
-    let mut chans = Channels::default();
-    while now_ms() < stop_ms {
-        let mut opened = None;
-        for (id, ch) in chans.of_members(&record) {
-            let req = pb::OpenSessionRequest {
-                ttl_ms: PROBE_TTL_MS,
-                ..Default::default()
-            };
-            let mut c = LocksClient::new(ch.clone());
-            if let Ok(Ok(r)) =
-                tokio::time::timeout(Duration::from_millis(300), c.open_session(req)).await
-            {
-                opened = Some((id, r.into_inner().session_id));
-                break;
-            }
-        }
-        let Some((by, session)) = opened else {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            continue;
-        };
-        note(
-            &record,
-            format!("opener {n}: session {session} opened on node {by}, abandoned"),
-        );
-        record.borrow_mut().abandoned.insert(session, now_ms());
-        // The next one once this one's lease has lapsed.
-        tokio::time::sleep(Duration::from_millis(PROBE_TTL_MS)).await;
-    }
-    Ok(())
-}
-
-/// A keep-alive asker for one node: once an abandoned session's lease has
-/// lapsed (its ttl and [`PROBE_GRACE_MS`] after the open was answered), it
-/// asks node `id` to
-/// renew it every [`PROBE_EVERY_MS`] for [`PROBE_ASKS_FOR_MS`]. A
-/// "renewed" answer is recorded with its ask's send time; the keep-alive
-/// oracle judges it against the ends the nodes applied. One asker per
-/// node, so a node that is down does not slow the asks to the others.
-async fn keepalive_asker(id: u64, stop_ms: u64, record: Shared) -> turmoil::Result {
-    let ch = channel(id);
-    let mut ask = 0u64;
-    while now_ms() < stop_ms {
-        let now = now_ms();
-        let due: Vec<u64> = record
-            .borrow()
-            .abandoned
-            .iter()
-            .filter(|(_, opened)| {
-                now >= *opened + PROBE_TTL_MS + PROBE_GRACE_MS
-                    && now < *opened + PROBE_TTL_MS + PROBE_GRACE_MS + PROBE_ASKS_FOR_MS
-            })
-            .map(|(s, _)| *s)
-            .collect();
-        for session in due {
-            ask += 1;
-            let sent = now_ms();
-            let req = pb::KeepAliveRequest {
-                session_id: session,
-                ask_id: ask,
-            };
-            let mut c = LocksClient::new(ch.clone());
-            let answer = tokio::time::timeout(Duration::from_millis(300), async {
-                let mut answers = c
-                    .keep_alive(futures::stream::iter([req]))
-                    .await?
-                    .into_inner();
-                answers.message().await
-            })
-            .await;
-            if let Ok(Ok(Some(a))) = answer {
-                if !a.expired && a.session_id == session {
-                    let answered = now_ms();
-                    note(
-                        &record,
-                        format!("asker: node {id} renewed session {session} (asked at {sent})"),
-                    );
-                    record.borrow_mut().renewals.push(Renewal {
-                        session,
-                        node: id,
-                        sent,
-                        answered,
-                    });
-                }
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(PROBE_EVERY_MS)).await;
-    }
-    Ok(())
-}
-
-/// A hostile peer: every 2-6 s, 1-4 Raft messages no member sends
-/// (`raftlock_testkit::hostile`: far-future terms, a snapshot beyond its
-/// vote, garbage snapshots, gaps, another cluster's id, ...) to random
-/// nodes, the leader half the time. The nodes must refuse them and live:
-/// a panic ends the run, a stopped core is the health oracle's.
-async fn hostile_peer(stop_ms: u64, mut rng: StdRng, record: Shared) -> turmoil::Result {
-    loop {
-        let pause = rng.random_range(2_000..6_000);
-        tokio::time::sleep(Duration::from_millis(pause)).await;
-        if now_ms() >= stop_ms {
-            return Ok(());
-        }
-        let members = record.borrow().members.clone();
-        let nodes: BTreeMap<u64, String> = members.iter().map(|id| (*id, addr(*id))).collect();
-        let leader = record.borrow().leader.filter(|l| members.contains(l));
-        for (kind, node, other) in raftlock_testkit::hostile::pick(&mut rng, &members, leader) {
-            let answer =
-                raftlock_testkit::hostile::send(&kind, channel(node), &nodes, other, &mut rng)
-                    .await;
-            let answer = match answer {
-                raftlock_testkit::hostile::Answer::Refused(s) => format!("{:?}", s.code()),
-                a => format!("{a:?}"),
-            };
-            note(
-                &record,
-                format!(
-                    "hostile: {kind}{} to node {node}: {answer}",
-                    if other.is_some() {
-                        " (another cluster)"
-                    } else {
-                        ""
-                    }
-                ),
-            );
-        }
-    }
-}
-
-/// The health prober: asks every node's gRPC health service (the
-/// readiness service `""` and the liveness one in turn) every
-/// [`PROBE_EVERY_MS`] and records each SERVING with the node's process
-/// when asked and when answered; the oracle judges them against the times
-/// the driver saw each process's Raft core stopped.
-async fn health_prober(stop_ms: u64, record: Shared) -> turmoil::Result {
-    let mut chans = Channels::default();
-    let mut round = 0u64;
-    while now_ms() < stop_ms {
-        round += 1;
-        let service = if round.is_multiple_of(2) {
-            String::new()
-        } else {
-            raftlock_node::leader::LIVENESS_SERVICE.to_string()
-        };
-        let asks = chans.of_members(&record).into_iter().map(|(id, ch)| {
-            let (record, service) = (record.clone(), service.clone());
-            let mut c = HealthClient::new(ch.clone());
-            async move {
-                let Some(incarnation_sent) = record.borrow().incarnation(id) else {
-                    return;
-                };
-                let sent = now_ms();
-                let req = tonic_health::pb::HealthCheckRequest { service };
-                let answer = tokio::time::timeout(Duration::from_millis(200), c.check(req)).await;
-                if let Ok(Ok(a)) = answer {
-                    if a.into_inner().status == ServingStatus::Serving as i32 {
-                        let incarnation_answered = record.borrow().incarnation(id).unwrap_or(0);
-                        record.borrow_mut().servings.push(Serving {
-                            node: id,
-                            incarnation_sent,
-                            incarnation_answered,
-                            sent,
-                        });
-                    }
-                }
-            }
-        });
-        futures::future::join_all(asks.collect::<Vec<_>>()).await;
-        tokio::time::sleep(Duration::from_millis(PROBE_EVERY_MS)).await;
-    }
-    Ok(())
-}
-
-/// A worker: sessions, and in each, lock / hold / release until `stop_ms`.
-/// Every operation goes into the shared history too (`shared::History`),
-/// as process `n`, then `n + workers`, `n + 2 * workers`, ... (a new one
-/// after each operation of unknown outcome, as in the harness).
-async fn worker(
-    n: usize,
-    workers: usize,
-    stop_ms: u64,
-    mut rng: StdRng,
-    record: Shared,
-) -> turmoil::Result {
-    until_ready(&record).await;
-    let endpoints: Vec<String> = (1..=nodes()).map(addr).collect();
-    let client = Client::with_options(endpoints, client_options())?;
-    let mut process = n as u64;
-    // Records an event of the current process; after an `info`, the
-    // worker goes on as a new one.
-    let mut history = |kind: Type, f: &str, value: serde_json::Value| {
-        record
-            .borrow_mut()
-            .history
-            .record(process, kind, f, value, now_ms());
-        if kind == Type::Info {
-            process += workers as u64;
-        }
-    };
-    let error = |e: &raftlock_client::Error| json!({ "error": e.to_string() });
-    while now_ms() < stop_ms {
-        history(Type::Invoke, "open", json!({}));
-        let session = match client.session(SESSION_TTL).await {
-            Ok(s) => {
-                history(Type::Ok, "open", json!({ "session": u64::from(s.id()) }));
-                s
-            }
-            Err(e) => {
-                history(shared::classify(&e), "open", error(&e));
-                note(&record, format!("worker {n}: no session: {e}"));
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let sid = u64::from(session.id());
-        let view = holders::View::of(&session);
-        while now_ms() < stop_ms && session.is_valid() {
-            let invoked = now_ms();
-            let acquire = json!({"lock": LOCK, "mode": "exclusive", "session": sid});
-            history(Type::Invoke, "acquire", acquire.clone());
-            match session.lock_timeout(LOCK, Duration::from_secs(3)).await {
-                Ok(guard) => {
-                    let granted = now_ms();
-                    let believed_from = believers::now_us();
-                    let fence = u64::from(guard.fence());
-                    let mut answer = acquire;
-                    answer["fence"] = json!(fence);
-                    history(Type::Ok, "acquire", answer);
-                    let hold = rng.random_range(1..60);
-                    tokio::time::sleep(Duration::from_millis(hold)).await;
-                    let until = now_ms();
-                    let valid = session.is_valid();
-                    holders::believed(
-                        &record,
-                        &format!("worker {n}"),
-                        "Rust client",
-                        LOCK,
-                        sid,
-                        fence,
-                        Held::Exclusive,
-                        believed_from,
-                        view.until(believers::now_us()),
-                    );
-                    note(
-                        &record,
-                        format!(
-                            "worker {n}: fence {fence} asked {invoked} granted {granted} until \
-                             {until} valid {valid}"
-                        ),
-                    );
-                    record.borrow_mut().grants.push(Grant {
-                        worker: n,
-                        fence,
-                        invoked,
-                        granted,
-                        until,
-                        valid,
-                    });
-                    history(
-                        Type::Invoke,
-                        "release",
-                        json!({"lock": LOCK, "fence": fence, "session": sid,
-                               "lease_until_ns": lease_until_ns(&session)}),
-                    );
-                    match guard.release().await {
-                        Ok(released) => {
-                            history(Type::Ok, "release", json!({ "released": released }))
-                        }
-                        Err(e) => history(shared::classify(&e), "release", error(&e)),
-                    }
-                }
-                Err(e) => {
-                    history(shared::classify(&e), "acquire", error(&e));
-                    note(&record, format!("worker {n}: lock failed: {e}"));
-                    tokio::time::sleep(Duration::from_millis(rng.random_range(5..50))).await;
-                }
-            }
-        }
-        history(Type::Invoke, "close", json!({ "session": sid }));
-        match session.close().await {
-            Ok(()) => history(Type::Ok, "close", json!({ "session": sid })),
-            // It ends at some unknown time (it expires: nobody renews it).
-            Err(e) => history(Type::Info, "close", error(&e)),
-        }
-    }
-    // Keep the client (and its connections) until the probe is done: a
-    // client torn down meanwhile closed its connections at times that
-    // varied from run to run of one seed.
-    while record.borrow().probe_granted.is_none() {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    Ok(())
-}
-
-/// The operator replacing node `old` with node `new` (a fresh node on a
-/// fresh disk, already started by the driver), as `docs/operations/membership.md` tells
-/// an operator to replace a node whose data cannot be trusted: `raftlock
-/// members remove OLD` on the leader, then `raftlock members add NEW`
-/// (learner, caught up, promoted). Each step is retried on every member
-/// until one takes it.
-async fn operator(old: u64, new: u64, stop_ms: u64, record: Shared) -> turmoil::Result {
-    let mut chans = Channels::default();
-    // Once faults are off, each step must be done within the liveness
-    // bound.
-    let overdue = |step: &str| -> turmoil::Result {
-        if now_ms() > stop_ms + LIVENESS_BOUND.as_millis() as u64 {
-            return Err(format!(
-                "liveness: the operator could not {step} within {LIVENESS_BOUND:?} of the end of \
-                 the faults"
-            )
-            .into());
-        }
-        Ok(())
-    };
-    'remove: loop {
-        overdue(&format!("remove node {old}"))?;
-        // The node itself too: a leader removes itself (and steps down).
-        for (id, ch) in chans.of_members(&record) {
-            let mut c = ClusterClient::new(ch.clone());
-            let req = pb::RemoveNodeRequest { id: old };
-            match tokio::time::timeout(Duration::from_secs(3), c.remove_node(req)).await {
-                Ok(Ok(_)) => {
-                    note(&record, format!("operator: node {id} removed node {old}"));
-                    break 'remove;
-                }
-                Ok(Err(e)) if e.code() != tonic::Code::NotFound => {
-                    note(
-                        &record,
-                        format!(
-                            "operator: remove node {old} on node {id}: {:?} {}",
-                            e.code(),
-                            e.message()
-                        ),
-                    );
-                }
-                // NotFound: not in the membership node `id` uses. An
-                // earlier attempt whose answer was lost may have removed
-                // it, but that membership may not be committed yet (and a
-                // leader elected next may not have it): done once a leader
-                // has applied a membership without it.
-                Ok(Err(_)) => {
-                    if applied_without(&record, id, old) {
-                        note(
-                            &record,
-                            format!(
-                                "operator: node {old} is no member (node {id} leads and has \
-                                 applied a membership without it)"
-                            ),
-                        );
-                        break 'remove;
-                    }
-                }
-                _ => {}
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    {
-        let mut r = record.borrow_mut();
-        r.retired.insert(old);
-        r.members.retain(|m| *m != old);
-        r.removed_at.insert(old, now_ms());
-    }
-    'add: loop {
-        overdue(&format!("add node {new}"))?;
-        // The new node too: promoted before an answer was lost, it may
-        // lead by now.
-        let mut to = chans.of_members(&record);
-        to.push((
-            new,
-            chans.0.entry(new).or_insert_with(|| channel(new)).clone(),
-        ));
-        for (id, ch) in to {
-            let mut c = ClusterClient::new(ch.clone());
-            let req = pb::AddNodeRequest {
-                id: new,
-                addr: addr(new),
-                catch_up_timeout_ms: 10_000,
-                ..Default::default()
-            };
-            match tokio::time::timeout(Duration::from_secs(12), c.add_node(req)).await {
-                Ok(Ok(_)) => {
-                    note(&record, format!("operator: node {id} added node {new}"));
-                    break 'add;
-                }
-                Ok(Err(e)) => note(
-                    &record,
-                    format!(
-                        "operator: add node {new} on node {id}: {:?} {}",
-                        e.code(),
-                        e.message()
-                    ),
-                ),
-                Err(_) => note(
-                    &record,
-                    format!("operator: add node {new} on node {id}: no answer"),
-                ),
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    overdue(&format!("add node {new}"))?;
-    let mut r = record.borrow_mut();
-    r.members.push(new);
-    r.replaced.push((old, new));
-    Ok(())
-}
-
-/// The operator restoring a backup into the new cluster before any load,
-/// with a fence bump that leaves `left` fences before the bound
-/// (`MAX_FENCE`): `Cluster.Backup` of the empty cluster on the leader,
-/// then `Cluster.Restore` of it with that bump, sent again as it was (the
-/// same `restore_id`) until a node answers. A retry of a restore that was
-/// installed while its answer was lost must be answered as installed,
-/// with the fence counter the restore set. The workers wait for it.
-async fn restorer(left: u64, stop_ms: u64, record: Shared) -> turmoil::Result {
-    use raftlock_node::state::limits::MAX_FENCE;
-    let mut chans = Channels::default();
-    let target = MAX_FENCE - left;
-    // The request, once made: every attempt sends it as it was.
-    let mut request: Option<pb::RestoreRequest> = None;
-    loop {
-        if now_ms() > stop_ms + LIVENESS_BOUND.as_millis() as u64 {
-            return Err("liveness: the restore was not done by the end of the run".into());
-        }
-        for (id, ch) in chans.of_members(&record) {
-            let mut c = ClusterClient::new(ch);
-            let req = match &request {
-                Some(req) => req.clone(),
-                None => {
-                    let Ok(Ok(backup)) = tokio::time::timeout(
-                        Duration::from_secs(2),
-                        c.backup(pb::BackupRequest {}),
-                    )
-                    .await
-                    else {
-                        continue;
-                    };
-                    let backup = backup.into_inner();
-                    let req = pb::RestoreRequest {
-                        snapshot: backup.snapshot,
-                        fence_bump: Some(target - backup.last_fence),
-                        restore_id: Some(raftlock_client::random::next_u64() | 1),
-                    };
-                    request = Some(req.clone());
-                    req
-                }
-            };
-            match tokio::time::timeout(Duration::from_secs(2), c.restore(req)).await {
-                Ok(Ok(r)) => {
-                    let r = r.into_inner();
-                    if r.last_fence != target {
-                        return Err(format!(
-                            "restorer: node {id} answered the restore with fence counter {}, \
-                             not the {target} it set (a retry must be answered as the restore \
-                             that was installed)",
-                            r.last_fence
-                        )
-                        .into());
-                    }
-                    note(
-                        &record,
-                        format!(
-                            "restorer: node {id} restored the backup, fence counter {} ({left} \
-                             before the bound)",
-                            r.last_fence
-                        ),
-                    );
-                    let mut rec = record.borrow_mut();
-                    rec.restored_fence = Some(r.last_fence);
-                    rec.ready = true;
-                    return Ok(());
-                }
-                Ok(Err(e)) => note(
-                    &record,
-                    format!("restorer: node {id}: {:?} {}", e.code(), e.message()),
-                ),
-                Err(_) => {}
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// Waits until the workers may start.
-async fn until_ready(record: &Shared) {
-    while !record.borrow().ready {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-/// The client's own view of when its session's lease ends, in simulated
-/// nanoseconds since the start of the run (0: it believes the lease gone),
-/// as the harness records it on a release.
-fn lease_until_ns(session: &raftlock_client::Session) -> u64 {
-    match *session.lease().borrow() {
-        raftlock_client::LeaseState::Valid(until) => {
-            let left = until.saturating_duration_since(tokio::time::Instant::now());
-            now_ms() * 1_000_000 + left.as_nanos() as u64
-        }
-        _ => 0,
-    }
-}
-
-/// The liveness probe: once faults are off, a fresh session gets the lock
-/// within [`LIVENESS_BOUND`].
-async fn probe(start_ms: u64, record: Shared) -> turmoil::Result {
-    tokio::time::sleep(Duration::from_millis(start_ms.saturating_sub(now_ms()))).await;
-    let endpoints: Vec<String> = record.borrow().members.iter().copied().map(addr).collect();
-    let client = Client::with_options(endpoints, client_options())?;
-    let started = now_ms();
-    let deadline = tokio::time::Instant::now() + LIVENESS_BOUND;
-    loop {
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        if left.is_zero() {
-            return Err("liveness: no grant within the bound".into());
-        }
-        let attempt = async {
-            let session = client.session(SESSION_TTL).await?;
-            let guard = session.lock_timeout(LOCK, left).await?;
-            Ok::<_, raftlock_client::Error>(u64::from(guard.fence()))
-        };
-        match tokio::time::timeout(left, attempt).await {
-            Ok(Ok(fence)) => {
-                note(
-                    &record,
-                    format!("probe: fence {fence} after {} ms", now_ms() - started),
-                );
-                record.borrow_mut().probe_granted = Some(fence);
-                return Ok(());
-            }
-            Ok(Err(raftlock_client::Error::ResourceExhausted(e)))
-                if record.borrow().restored_fence.is_some() && e.contains("largest fence") =>
-            {
-                // The refusal owed once fences have run out (the driver
-                // checks that they had).
-                note(&record, format!("probe: refused, fences ran out: {e}"));
-                let mut r = record.borrow_mut();
-                r.probe_exhausted = true;
-                r.probe_granted = Some(0);
-                return Ok(());
-            }
-            Ok(Err(e)) => {
-                note(&record, format!("probe: {e}"));
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(_) => return Err("liveness: no grant within the bound".into()),
-        }
-    }
-}
-
-/// A fault in force, to be undone at a time.
-enum Undo {
-    Repair(String, String),
-    Release(String, String),
-    Bounce(u64),
-    /// The disk of a node works again (syncs succeed for the process
-    /// opened after its next crash or exit; a sync error is sticky).
-    Heal(u64),
-    /// Messages from the first host reach the second again.
-    RepairOneway(String, String),
-    /// A link's latency is back to normal.
-    Calm(String, String),
-}
-
 /// FNV-1a, 64 bits: a stable hash of the trace across processes.
 fn fnv(bytes: &[u8], mut h: u64) -> u64 {
     for b in bytes {
@@ -1118,475 +409,109 @@ struct Ghost {
     gone: u64,
 }
 
-/// Oracles checked every tick on the running nodes.
-#[derive(Default)]
-struct Watch {
-    committed: oracle::Committed,
-    replicas: oracle::Replicas,
-    acknowledged: oracle::Acknowledged,
-    exactly_once: oracle::ExactlyOnce,
-    snapshot_files: oracle::SnapshotFiles,
-    /// Per node: the snapshot files its disk had written when last looked
-    /// at.
-    files_seen: BTreeMap<u64, u64>,
-    /// Per node: the disk's crashes already judged by `acknowledged`.
-    crashes: BTreeMap<u64, u64>,
-    fences: oracle::Fences,
-    ended: oracle::Ended,
-    cores: oracle::Cores,
-    /// The leader seen last (node id).
-    leader: Option<u64>,
-    /// Per node and incarnation: applied entries already checked.
-    checked: BTreeMap<(u64, u64), u64>,
-    /// The last (term, leader) each node reported, to trace changes.
-    seen: BTreeMap<u64, (u64, Option<u64>)>,
-    /// The nodes seen to have themselves among the voters of the
-    /// membership they use (in any process).
-    knew_voter: std::collections::BTreeSet<u64>,
-    /// Per node: since when (ms) it has led in its current term, and that
-    /// term (the ghost check needs a leader that did not change).
-    terms_since: BTreeMap<u64, (u64, u64)>,
-    /// The last tick (ms) at which no node led with its leases counting
-    /// (no leader, or a leader that lost touch with its quorum): the
-    /// liveness checks of ghosts and dead processes judge only what
-    /// happened after (the leader must have been able to write).
-    unsteady_at: u64,
-}
-
-impl Watch {
-    /// From the liveness probe's grant on: every member that runs applies,
-    /// within [`CATCH_UP_BOUND`], what the leader had committed at the
-    /// grant (`applied`: each running node's last applied index).
-    fn check_catch_up(
-        &mut self,
-        record: &Shared,
-        applied: &BTreeMap<u64, u64>,
-        leader_commit: Option<u64>,
-        now: u64,
-    ) -> Result<(), String> {
-        let mut r = record.borrow_mut();
-        if r.probe_granted.is_none() {
-            return Ok(());
-        }
-        let CatchUp { target, by, done } = match r.catch_up {
-            Some(c) => c,
-            None => {
-                let Some(target) = leader_commit else {
-                    return Ok(());
-                };
-                let c = CatchUp {
-                    target,
-                    by: now + CATCH_UP_BOUND.as_millis() as u64,
-                    done: false,
-                };
-                r.catch_up = Some(c);
-                c
-            }
-        };
-        if done {
-            return Ok(());
-        }
-        let behind: Vec<(u64, u64)> = r
-            .members
-            .iter()
-            .filter_map(|id| applied.get(id).map(|a| (*id, *a)))
-            .filter(|(_, a)| *a < target)
-            .collect();
-        if behind.is_empty() {
-            r.catch_up = Some(CatchUp {
-                target,
-                by,
-                done: true,
-            });
-            drop(r);
-            note(
-                record,
-                format!("every running member has applied index {target} (the leader's commit at the probe's grant)"),
-            );
-            return Ok(());
-        }
-        if now > by {
-            return Err(format!(
-                "liveness: members (node, applied) {behind:?} had not applied index {target}, the \
-                 leader's commit at the liveness probe's grant, {CATCH_UP_BOUND:?} later"
-            ));
-        }
-        Ok(())
-    }
-
-    /// Judges the ghost waiters gone 3 s ago or more: none of their
-    /// sessions (told apart by their ttl) may hold the name they waited
-    /// for on the node that leads, if it led in the same term from before
-    /// the ghost's `Lock` was sent (the wait was queued on it, and so was
-    /// the guard that closes its session when the call goes away) and
-    /// steadily since the `Lock` was sent (a leader that loses its quorum
-    /// in its term ends the parked call UNAVAILABLE, and its guard cannot
-    /// write the close). A wait queued by an earlier leader
-    /// had its guard on that leader: a caller gone while no node held its
-    /// call leaves its session to its ttl (seed 711267: the ghost's `Lock`
-    /// was queued on node 2, which left the cluster while the call hung).
-    fn judge_ghosts(&mut self, record: &Shared, now: u64) -> Result<(), String> {
-        let due: Vec<Ghost> = {
-            let mut r = record.borrow_mut();
-            let (due, later) = std::mem::take(&mut r.ghosts)
-                .into_iter()
-                .partition(|g| now * 1_000 >= g.gone + 3_000_000);
-            r.ghosts = later;
-            due
-        };
-        if due.is_empty() {
-            return Ok(());
-        }
-        let Some(leader) = self.leader else {
-            return Ok(());
-        };
-        let node = record.borrow().nodes.get(&leader).map(|(n, _)| n.clone());
-        let Some(node) = node else {
-            return Ok(());
-        };
-        for Ghost { name, sent, gone } in due {
-            let steady = self
-                .terms_since
-                .get(&leader)
-                .is_some_and(|(since, _)| since * 1_000 <= sent)
-                && self.unsteady_at * 1_000 < sent;
-            if !steady {
-                continue;
-            }
-            let kept = node.shared.read(|a| {
-                let name = raftlock_node::state::LockName::new(name.as_str()).ok()?;
-                let info = a.table.describe(&name)?;
-                info.holders.iter().find_map(|h| {
-                    a.table
-                        .session(h.session)
-                        .filter(|s| s.ttl_ms == believers::GHOST_TTL_MS)
-                        .map(|_| h.session.0)
-                })
-            });
-            if let Some(session) = kept {
-                return Err(format!(
-                    "ghost: a waiting Lock on {name:?} whose caller went away at {gone} us was \
-                     granted and its session {session} still holds it 3 s later on leader node \
-                     {leader} (the same term since its Lock was sent at {sent} us)"
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    /// Judges the sessions whose process died (every stream that renewed
-    /// them ended, nothing closed them) 2 s past their grace: none may be
-    /// open on the node that leads, if it led in the same term since
-    /// before the death (a new leader counts only its ttl).
-    fn judge_dead(&mut self, record: &Shared, now: u64) -> Result<(), String> {
-        let due: Vec<(u64, u64, u64)> = {
-            let mut r = record.borrow_mut();
-            let (due, later) = std::mem::take(&mut r.dead)
-                .into_iter()
-                .partition(|(_, gone, grace)| now * 1_000 >= gone + (grace + 2_000) * 1_000);
-            r.dead = later;
-            due
-        };
-        let Some(leader) = self.leader else {
-            return Ok(());
-        };
-        let node = record.borrow().nodes.get(&leader).map(|(n, _)| n.clone());
-        let Some(node) = node else {
-            return Ok(());
-        };
-        for (session, gone, grace) in due {
-            let steady = self
-                .terms_since
-                .get(&leader)
-                .is_some_and(|(since, _)| since * 1_000 <= gone)
-                && self.unsteady_at * 1_000 < gone;
-            if steady
-                && node
-                    .shared
-                    .read(|a| a.table.session(SessionId(session)).is_some())
-            {
-                return Err(format!(
-                    "process-bound session {session}: its last stream ended at {gone} us, its \
-                     grace is {grace} ms, and leader node {leader} (same term throughout) still \
-                     has it open at {} ms",
-                    now
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    /// Judges the probers' answers not judged yet.
-    /// Every snapshot file written since the last look agrees with the
-    /// other files at its index (`oracle::SnapshotFiles`). A file the
-    /// driver damaged fails its checksum and is not looked at.
-    fn check_snapshot_files(
-        &mut self,
-        record: &Shared,
-        disks: &BTreeMap<u64, MemDisk>,
-    ) -> Result<(), String> {
-        for (id, disk) in disks {
-            let written = disk.snapshot_files_written();
-            if self.files_seen.insert(*id, written).unwrap_or(0) == written
-                || record.borrow().damaged.contains_key(id)
-            {
-                continue;
-            }
-            let Some(file) = disk.snapshot_file() else {
-                continue;
-            };
-            if let Some(index) = raftlock_node::apply::state_machine::snapshot_file_index(&file) {
-                self.snapshot_files
-                    .observe(*id, index, fnv(&file, FNV_START))?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Every disk that crashed since the last call still holds what its
-    /// node acknowledged (`oracle::Acknowledged`). A disk whose snapshot
-    /// file the crash damaged is left out: that node must not start, and
-    /// is replaced.
-    fn judge_crashes(
-        &mut self,
-        record: &Shared,
-        disks: &BTreeMap<u64, MemDisk>,
-    ) -> Result<(), String> {
-        for (id, disk) in disks {
-            let crashes = disk.crashes();
-            if self.crashes.insert(*id, crashes).unwrap_or(0) == crashes
-                || record.borrow().damaged.contains_key(id)
-            {
-                continue;
-            }
-            let snapshot = disk
-                .snapshot_file()
-                .and_then(|f| raftlock_node::apply::state_machine::snapshot_file_index(&f))
-                .unwrap_or(0);
-            let covered = snapshot.max(disk.purged_index());
-            let judged = self.acknowledged.check_crash(
-                *id,
-                disk.vote().as_ref(),
-                |i| disk.log_id(i),
-                covered,
-            );
-            // A log the driver damaged at rest may have forgotten what it
-            // acknowledged: then the node must refuse to start.
-            let damage = record.borrow_mut().log_damage.remove(id);
-            match (damage, judged) {
-                (Some(how), Err(forgot)) => {
-                    note(record, format!("node {id}'s damaged log forgot: {forgot}"));
-                    record
-                        .borrow_mut()
-                        .lost_log
-                        .insert(*id, format!("{how} ({forgot})"));
-                }
-                (_, judged) => judged?,
-            }
-        }
-        Ok(())
-    }
-
-    /// Every committed index not looked at yet, on the disk of a node that
-    /// has applied it, against the commands proposed so far
-    /// (`oracle::ExactlyOnce`).
-    fn check_exactly_once(
-        &mut self,
-        disks: &BTreeMap<u64, MemDisk>,
-        applied: &BTreeMap<u64, u64>,
-    ) -> Result<(), String> {
-        self.exactly_once.proposed(raftlock_node::proposals::take());
-        let top = applied.values().copied().max().unwrap_or(0);
-        for index in self.exactly_once.next()..=top {
-            let entry = applied
-                .iter()
-                .filter(|(_, a)| **a >= index)
-                .find_map(|(id, _)| disks[id].log_entry(index));
-            self.exactly_once.committed(index, entry.as_deref())?;
-        }
-        Ok(())
-    }
-
-    fn judge_answers(&mut self, record: &Shared) -> Result<(), String> {
-        let (renewals, servings) = {
-            let mut r = record.borrow_mut();
-            (
-                std::mem::take(&mut r.renewals),
-                std::mem::take(&mut r.servings),
-            )
-        };
-        renewals.iter().try_for_each(|r| self.ended.check(r))?;
-        servings.iter().try_for_each(|s| self.cores.check(s))
-    }
-
-    /// Checks the running nodes; returns the abandoned sessions whose end
-    /// the leader applied this tick (a moment worth crashing it at).
-    fn tick(
-        &mut self,
-        record: &Shared,
-        disks: &BTreeMap<u64, MemDisk>,
-        now: u64,
-    ) -> Result<Vec<u64>, String> {
-        self.check_snapshot_files(record, disks)?;
-        let mut ended_on_leader = Vec::new();
-        let mut counting = false;
-        let abandoned: Vec<u64> = record
-            .borrow()
-            .abandoned
-            .keys()
-            .copied()
-            .filter(|s| !self.ended.has_ended(*s))
-            .collect();
-        let nodes: Vec<(u64, Rc<Node>, u64)> = record
-            .borrow()
-            .nodes
-            .iter()
-            .map(|(id, (n, inc))| (*id, n.clone(), *inc))
-            .collect();
-        let mut applied: BTreeMap<u64, u64> = BTreeMap::new();
-        let mut leader_commit = None;
-        for (id, node, incarnation) in nodes {
-            let m = node.raft.metrics().borrow_watched().clone();
-            applied.insert(id, m.last_applied.map_or(0, |l| l.index));
-            if m.state == openraft::ServerState::Leader {
-                leader_commit = Some(m.cluster_committed.map_or(0, |c| c.index));
-            }
-            if self.seen.get(&id) != Some(&(m.current_term, m.current_leader)) {
-                self.seen.insert(id, (m.current_term, m.current_leader));
-                note(
-                    record,
-                    format!(
-                        "node {id}: term {} leader {:?} ({:?})",
-                        m.current_term, m.current_leader, m.state
-                    ),
-                );
-            }
-            if m.state == openraft::ServerState::Leader {
-                // The leader's progress includes its own: what it counts
-                // as on its own disk (its own appends count towards a
-                // commit once synced).
-                for (node, matched) in m.replication.iter().flatten() {
-                    if let Some(matched) = matched {
-                        self.acknowledged.observe(*node, &m.vote, matched);
-                    }
-                }
-                self.leader = Some(id);
-                record.borrow_mut().leader = Some(id);
-                let leases = &node.shared.leases;
-                counting |= leases.is_active() && !leases.is_paused();
-                let same = self
-                    .terms_since
-                    .get(&id)
-                    .is_some_and(|(_, term)| *term == m.current_term);
-                if !same {
-                    self.terms_since.insert(id, (now, m.current_term));
-                }
-            } else {
-                self.terms_since.remove(&id);
-            }
-            if m.membership_config.voter_ids().any(|v| v == id) {
-                self.knew_voter.insert(id);
-            }
-            if m.running_state.is_err() && self.cores.observe_dead(id, incarnation, now) {
-                note(
-                    record,
-                    format!("node {id}'s Raft core has stopped (process {incarnation})"),
-                );
-            }
-            // A session is named by the command index of its open (within
-            // the log entry `open_entry` gives): a table that has applied
-            // that entry and lacks the session has applied its end.
-            let ended: Vec<u64> = node.shared.read(|a| {
-                abandoned
-                    .iter()
-                    .copied()
-                    .filter(|s| {
-                        oracle::open_entry(*s, a.table.index_floor())
-                            .is_some_and(|e| a.index() >= e)
-                            && a.table.session(SessionId(*s)).is_none()
-                    })
-                    .collect()
-            });
-            for s in ended {
-                if !self.ended.has_ended(s) {
-                    note(record, format!("node {id} applied the end of session {s}"));
-                    if m.state == openraft::ServerState::Leader {
-                        ended_on_leader.push(s);
-                    }
-                }
-                self.ended.observe(s, id, now);
-            }
-            let applied = m.last_applied.map_or(0, |l| l.index);
-            let from = self.checked.get(&(id, incarnation)).map_or(1, |c| c + 1);
-            for index in from..=applied {
-                let Some(bytes) = disks[&id].log_entry(index) else {
-                    continue;
-                };
-                self.committed.observe(id, index, fnv(&bytes, FNV_START))?;
-            }
-            self.checked
-                .insert((id, incarnation), applied.max(from - 1));
-            let fence = node.shared.read(|a| a.table.stats().last_fence);
-            self.fences.observe(id, incarnation, fence)?;
-            // The applied state, hashed once per process and index (its
-            // Debug form: every field, the derived ones included, which a
-            // snapshot must rebuild as applying the entries built them).
-            let replicas = &self.replicas;
-            let state = node.shared.read(|a| {
-                let index = a.index();
-                replicas.wants(id, incarnation, index).then(|| {
-                    let state = format!("{:?}|{:?}|{:?}", a.last_applied, a.membership, a.table);
-                    (index, fnv(state.as_bytes(), FNV_START))
-                })
-            });
-            if let Some((index, hash)) = state {
-                self.replicas.observe(id, incarnation, index, hash)?;
-            }
-            // Every grant of the belief names, first seen applied (so
-            // committed) on any node.
-            let held: Vec<(String, u64, u64, Held)> = node.shared.read(|a| {
-                BELIEF_NAMES
-                    .iter()
-                    .filter_map(|n| raftlock_node::state::LockName::new(*n).ok())
-                    .filter_map(|n| a.table.describe(&n))
-                    .flat_map(|info| {
-                        let name = info.name.as_str().to_string();
-                        info.holders.into_iter().map(move |h| {
-                            let held = match h.mode {
-                                raftlock_node::state::Mode::Shared => Held::Shared,
-                                _ => Held::Exclusive,
-                            };
-                            (name.clone(), h.fence.0, h.session.0, held)
-                        })
-                    })
-                    .collect()
-            });
-            let mut r = record.borrow_mut();
-            for (name, fence, session, held) in held {
-                r.granted.entry((name, fence)).or_insert(belief::Granted {
-                    session,
-                    held,
-                    seen: now * 1_000,
-                });
-            }
-            drop(r);
-        }
-        if !counting {
-            self.unsteady_at = now;
-        }
-        self.check_exactly_once(disks, &applied)?;
-        self.check_catch_up(record, &applied, leader_commit, now)?;
-        Ok(ended_on_leader)
-    }
+/// The simulated cluster the driver runs: turmoil's simulation (the
+/// nodes' hosts and the clients), what the run records, and the nodes'
+/// disks.
+struct Cluster<'a> {
+    sim: turmoil::Sim<'a>,
+    record: Shared,
+    disks: BTreeMap<u64, MemDisk>,
 }
 
 /// Runs one simulation.
 pub fn run(settings: &Settings) -> Outcome {
+    seed_thread(settings);
+    let faults_rng = StdRng::seed_from_u64(settings.seed ^ 0x5eed_fa17);
+    let sim = build_sim(settings);
+    let mut cluster = start_hosts(settings, sim);
+    // Membership changes, snapshot damage and full disks on every node
+    // draw from a stream of their own.
+    let mut ops_rng = StdRng::seed_from_u64(settings.seed ^ 0x0e7a_70b5);
+    start_restorer(settings, &mut cluster, &mut ops_rng);
+    let replacing: Option<(u64, u64)> = None;
+    let next_id = nodes() + 1;
+    let stop_ms = settings.duration_ms;
+    start_workers(settings, &mut cluster);
+    start_believers(settings, &mut cluster);
+    // The bound holder's links to the nodes are held at times (a network
+    // cut between a client and the cluster), drawn from a stream of their
+    // own so that the other faults stay as they were.
+    let links_rng = StdRng::seed_from_u64(settings.seed ^ 0x11_4c5);
+    let links_held_until = 0u64;
+    start_hostile_and_probe(settings, &mut cluster);
+    let mut watch = Watch::default();
+    let mut faults = Faults {
+        faults_rng,
+        ops_rng,
+        links_rng,
+        links_held_until,
+        undo: Vec::new(),
+        down: Down::default(),
+        count: 0,
+        probing: false,
+        replacing,
+        next_id,
+        stop_ms,
+    };
+    let verdict = loop {
+        // The crashes of the last round, before any process runs again.
+        if let Err(e) = watch.judge_crashes(&cluster.record, &cluster.disks) {
+            break Err(e);
+        }
+        match cluster.sim.step() {
+            Ok(true) => break Ok(()),
+            Ok(false) => {}
+            Err(e) => break Err(format!("a simulated host or client failed: {e}")),
+        }
+        if settings.stall_real_time {
+            stall_real_time();
+        }
+        let now = now_ms_of(&cluster.sim);
+        DRIVER_NOW.with(|n| n.set(now));
+        crate::wall_clock::set_ms(now);
+        let ended_on_leader = match watch.judge(&cluster.record, &cluster.disks, now) {
+            Ok(e) => e,
+            Err(e) => break Err(e),
+        };
+        if let Err(e) = removed_nodes(&mut cluster, &watch, now) {
+            break Err(e);
+        }
+        replacements(&mut cluster, &mut faults);
+        supervise(&mut cluster, &mut faults, now);
+        let leader = watch.leader;
+        crash_at_a_moment(
+            settings,
+            &mut cluster,
+            &mut faults,
+            leader,
+            &ended_on_leader,
+            now,
+        );
+        undo_due(&mut cluster, &mut faults, now);
+        faults_off(settings, &mut cluster, &mut faults, leader, now);
+        hold_bound_links(settings, &mut cluster, &mut faults, now);
+        maybe_inject(settings, &mut cluster, &mut faults, leader, now);
+        replace_or_fill(settings, &mut cluster, &mut faults, leader, now);
+    };
+    let (verdict, trace, grants) = final_checks(verdict, &mut watch, &cluster.record);
+    let hash = trace_hash(&trace);
+    tear_down(cluster);
+    Outcome {
+        verdict,
+        hash,
+        grants,
+        faults: faults.count,
+    }
+}
+
+/// Sets this thread up for the run: its settings, its clocks at 0, and
+/// every random choice of the node and client code seeded.
+fn seed_thread(settings: &Settings) {
     // Every run's wall clock starts at the same instant.
     crate::wall_clock::set_ms(0);
     // Every random choice of the node and client code on this thread (ids,
     // nonces, jitter), of turmoil (latencies, tokio's scheduler), and of
-    // the faults below, comes from the seed.
+    // the run's faults (`faults`), comes from the seed.
     CURRENT.with(|c| *c.borrow_mut() = Some(settings.clone()));
     NODES.with(|n| n.set(settings.nodes));
     raftlock_node::random::seed(settings.seed);
@@ -1594,16 +519,25 @@ pub fn run(settings: &Settings) -> Outcome {
     // thread would finish at a time no seed decides.
     raftlock_node::blocking::run_inline();
     raftlock_client::random::seed(settings.seed.wrapping_add(1));
-    let mut faults_rng = StdRng::seed_from_u64(settings.seed ^ 0x5eed_fa17);
+}
+
+/// turmoil's simulation of the run: seeded, in 1 ms ticks, long enough
+/// for the load, the liveness phase and the catch-up.
+fn build_sim<'a>(settings: &Settings) -> turmoil::Sim<'a> {
     let total = Duration::from_millis(settings.duration_ms) + LIVENESS_BOUND * 2;
-    let mut sim = turmoil::Builder::new()
+    turmoil::Builder::new()
         .rng_seed(settings.seed)
         .tick_duration(Duration::from_millis(1))
         .simulation_duration(total + Duration::from_secs(10))
         .min_message_latency(Duration::from_micros(200))
         .max_message_latency(MAX_LATENCY)
         .tcp_capacity(1 << 16)
-        .build();
+        .build()
+}
+
+/// The first nodes, each on a fresh simulated disk (one that lies about
+/// its syncs with `lying_disks`), their hosts started in `sim`.
+fn start_hosts<'a>(settings: &Settings, mut sim: turmoil::Sim<'a>) -> Cluster<'a> {
     let record: Shared = Rc::default();
     record.borrow_mut().members = (1..=nodes()).collect();
     let mut disks = BTreeMap::new();
@@ -1615,420 +549,58 @@ pub fn run(settings: &Settings) -> Outcome {
         disks.insert(id, disk.clone());
         start_host(&mut sim, id, disk, &record);
     }
-    // Membership changes, snapshot damage and full disks on every node
-    // draw from a stream of their own.
-    let mut ops_rng = StdRng::seed_from_u64(settings.seed ^ 0x0e7a_70b5);
-    // A quarter of the runs start from a restored backup whose fence
-    // counter is near the bound: a few hundred fences left (the run may
-    // use them all: grants must then be refused, never wrap or pass it),
-    // or up to a few hundred thousand.
-    if settings.faults && ops_rng.random_bool(0.25) {
-        let left = if ops_rng.random_bool(0.5) {
-            ops_rng.random_range(1..400)
-        } else {
-            ops_rng.random_range(400..300_000)
-        };
-        sim.client(
-            "restorer",
-            restorer(left, settings.duration_ms, record.clone()),
-        );
-    } else {
-        record.borrow_mut().ready = true;
-    }
-    let mut replacing: Option<(u64, u64)> = None;
-    let mut next_id = nodes() + 1;
-    let stop_ms = settings.duration_ms;
-    for n in 0..settings.workers {
-        let rng = StdRng::seed_from_u64(settings.seed.wrapping_mul(31).wrapping_add(n as u64));
-        sim.client(
-            format!("w{n}"),
-            worker(n, settings.workers, stop_ms, rng, record.clone()),
-        );
-    }
-    for n in 0..PROBERS {
-        sim.client(
-            format!("opener{n}"),
-            session_opener(n, stop_ms, record.clone()),
-        );
-    }
-    for id in 1..=nodes() {
-        sim.client(
-            format!("asker{id}"),
-            keepalive_asker(id, stop_ms, record.clone()),
-        );
-    }
-    sim.client("health", health_prober(stop_ms, record.clone()));
-    // The clients of the belief oracle: every path of the lease rule.
-    let paths: Vec<&'static str> = PATHS
-        .iter()
-        .copied()
-        .filter(|p| settings.drives(p))
-        .collect();
-    let raw: Vec<&'static str> = paths
-        .iter()
-        .copied()
-        .filter(|p| believers::RAW_PATHS.contains(p))
-        .collect();
-    if !raw.is_empty() {
-        sim.client(
-            "contender",
-            believers::contender(
-                stop_ms,
-                StdRng::seed_from_u64(settings.seed ^ 0xc0_e7e4),
-                record.clone(),
-            ),
-        );
-        for n in 0..BELIEVERS {
-            let rng = StdRng::seed_from_u64(settings.seed ^ (0xbe11_e7e0 + n as u64));
-            sim.client(
-                format!("b{n}"),
-                believers::believer(n, stop_ms, raw.clone(), rng, record.clone()),
-            );
-        }
-    }
-    record.borrow_mut().round_trips_allowed = settings.drives("transfer");
-    if settings.drives("transfer") {
-        sim.client(
-            "transferer",
-            believers::transferer(
-                stop_ms,
-                StdRng::seed_from_u64(settings.seed ^ 0x7a45_fe7e),
-                record.clone(),
-            ),
-        );
-    }
-    if settings.drives("revoke") {
-        sim.client(
-            "revoker",
-            believers::revoker(
-                stop_ms,
-                StdRng::seed_from_u64(settings.seed ^ 0x7e70_6e7e),
-                record.clone(),
-            ),
-        );
-    }
-    if settings.drives("bound") {
-        // Two, so that one's session ending passes the name to the other;
-        // only the first one's links are cut.
-        for (n, name) in [BOUND_HOLDER, "e1"].into_iter().enumerate() {
-            sim.client(
-                name,
-                holders::bound_holder(
-                    name,
-                    stop_ms,
-                    StdRng::seed_from_u64(settings.seed ^ (0xb0_0d + n as u64)),
-                    record.clone(),
-                ),
-            );
-        }
-    }
-    if settings.drives("library") {
-        sim.client(
-            "p0",
-            holders::path_holder(
-                0,
-                stop_ms,
-                StdRng::seed_from_u64(settings.seed ^ 0x9a_7400),
-                record.clone(),
-            ),
-        );
-    }
-    // The bound holder's links to the nodes are held at times (a network
-    // cut between a client and the cluster), drawn from a stream of their
-    // own so that the other faults stay as they were.
-    let mut links_rng = StdRng::seed_from_u64(settings.seed ^ 0x11_4c5);
-    let mut links_held_until = 0u64;
-    let hostile_rng = StdRng::seed_from_u64(settings.seed ^ 0x0bad_9ee4);
-    sim.client(
-        "hostile",
-        hostile_peer(stop_ms, hostile_rng, record.clone()),
-    );
-    // Registered now (it waits for the end of the faults): the run ends
-    // when every client has.
-    sim.client("probe", probe(stop_ms, record.clone()));
-    // Keeps the run going until every running member has caught up (the
-    // driver fails the run past CATCH_UP_BOUND).
-    sim.client("catch-up", {
-        let record = record.clone();
-        async move {
-            while !record.borrow().catch_up.is_some_and(|c| c.done) {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            Ok(())
-        }
-    });
-    let mut watch = Watch::default();
-    let mut undo: Vec<(u64, Undo)> = Vec::new();
-    let mut down = Down::default();
-    let mut faults = 0usize;
-    let mut probing = false;
-    let verdict = loop {
-        // The crashes of the last round, before any process runs again.
-        if let Err(e) = watch.judge_crashes(&record, &disks) {
-            break Err(e);
-        }
-        match sim.step() {
-            Ok(true) => break Ok(()),
-            Ok(false) => {}
-            Err(e) => break Err(format!("a simulated host or client failed: {e}")),
-        }
-        if settings.stall_real_time {
-            stall_real_time();
-        }
-        let now = now_ms_of(&sim);
-        DRIVER_NOW.with(|n| n.set(now));
-        crate::wall_clock::set_ms(now);
-        let ended_on_leader = match watch.tick(&record, &disks, now) {
-            Ok(e) => e,
-            Err(e) => break Err(e),
-        };
-        // The probers' answers so far, against what the nodes had applied
-        // (an answer is judged by its ask's send time, and everything the
-        // driver saw up to then is known by now).
-        if let Err(e) = watch.judge_answers(&record) {
-            break Err(e);
-        }
-        if let Err(e) = watch.judge_ghosts(&record, now) {
-            break Err(e);
-        }
-        if let Err(e) = watch.judge_dead(&record, now) {
-            break Err(e);
-        }
-        if let Some(v) = record.borrow_mut().violation.take() {
-            break Err(v);
-        }
-        // A removed node that never had itself among the voters of the
-        // membership it uses (cut off since its first start, it never
-        // received the cluster's membership) never asks for a vote, so it
-        // cannot learn of its removal: docs/operations/membership.md ("Remove a node")
-        // has the operator stop it by hand, as a learner that never
-        // caught up.
-        let unaware: Vec<u64> = {
-            let r = record.borrow();
-            r.removed_at
-                .keys()
-                .copied()
-                .filter(|id| r.nodes.contains_key(id) && !watch.knew_voter.contains(id))
-                .collect()
-        };
-        for id in unaware {
-            note(
-                &record,
-                format!(
-                    "operator: node {id} never had the cluster's membership, so it cannot learn \
-                     of its removal: stopped by hand"
-                ),
-            );
-            record.borrow_mut().nodes.remove(&id);
-            sim.crash(host(id));
-        }
-        // A removed node exits by itself (README), within the bound
-        // node/tests/removed_node.rs gives it.
-        let lingering = {
-            let r = record.borrow();
-            oracle::removed_nodes_exit(&r.removed_at, |id| r.nodes.contains_key(&id), now)
-        };
-        if let Err(e) = lingering {
-            break Err(e);
-        }
-        // A node that refused its damaged snapshot file is replaced.
-        let refused: Vec<u64> = record.borrow_mut().refused.drain(..).collect();
-        for old in refused {
-            if record.borrow().retired.contains(&old) {
-                continue;
-            }
-            if replacing.is_some() {
-                // One replacement at a time: this one waits its turn.
-                record.borrow_mut().refused.push(old);
-                continue;
-            }
-            replacing = Some(replace(
-                &mut sim,
-                &record,
-                &mut disks,
-                old,
-                &mut next_id,
-                stop_ms,
-                "its data cannot be trusted",
-            ));
-        }
-        let replaced: Vec<(u64, u64)> = record.borrow_mut().replaced.drain(..).collect();
-        for (old, new) in replaced {
-            note(&record, format!("operator: node {new} replaced node {old}"));
-            down.crashed.remove(&old);
-            replacing = None;
-        }
-        // The supervisor: a node whose process ended is restarted after
-        // 100-1000 ms (it may fail again at once if its disk still fails).
-        let exited: Vec<u64> = record.borrow_mut().exited.drain(..).collect();
-        for id in exited {
-            if record.borrow().retired.contains(&id) {
-                note(
-                    &record,
-                    format!("node {id} exited; it was removed: not restarted"),
-                );
-                sim.crash(host(id));
-                continue;
-            }
-            let disk = &disks[&id];
-            let pending = disk.pending_writes();
-            let keep = faults_rng.random_range(0..=pending);
-            let after = faults_rng.random_range(100..=1_000);
-            note(
-                &record,
-                format!(
-                    "node {id} exited (keeps {keep} of {pending} unsynced writes); the supervisor \
-                     restarts it in {after} ms"
-                ),
-            );
-            sim.crash(host(id));
-            disk.crash(keep);
-            down.crashed.insert(id);
-            undo.push((now + after, Undo::Bounce(id)));
-        }
-        // A moment worth a crash: the leader has just applied the end of a
-        // session a prober is about to ask it to renew.
-        if settings.faults && !probing && !ended_on_leader.is_empty() && down.is_empty() {
-            let member = |l: &u64| record.borrow().members.contains(l);
-            if let Some(leader) = watch
-                .leader
-                .filter(|_| faults_rng.random_bool(0.5))
-                .filter(member)
-            {
-                faults += 1;
-                let after = faults_rng.random_range(0..=300);
-                crash(
-                    &mut sim,
-                    &mut faults_rng,
-                    &mut ops_rng,
-                    &record,
-                    &disks[&leader],
-                    leader,
-                    after,
-                    &mut undo,
-                    &mut down,
-                    now,
-                );
-            }
-        }
-        // Undo faults that are due.
-        let mut i = 0;
-        while i < undo.len() {
-            if undo[i].0 <= now {
-                let (_, u) = undo.remove(i);
-                apply_undo(&mut sim, &record, &disks, u, &mut down);
-            } else {
-                i += 1;
-            }
-        }
-        if now >= stop_ms && !probing {
-            // Faults off: heal everything, then the liveness probe.
-            for (_, u) in undo.drain(..) {
-                apply_undo(&mut sim, &record, &disks, u, &mut down);
-            }
-            note(&record, "faults off; the liveness probe starts".into());
-            probing = true;
-            if settings.stranded_follower {
-                let stranded = {
-                    let r = record.borrow();
-                    r.members
-                        .iter()
-                        .rev()
-                        .find(|id| Some(**id) != watch.leader && r.nodes.contains_key(id))
-                        .copied()
-                };
-                if let Some(f) = stranded {
-                    for other in record.borrow().members.clone() {
-                        if other != f {
-                            sim.partition(host(f).as_str(), host(other).as_str());
-                        }
-                    }
-                    note(
-                        &record,
-                        format!("planted: node {f} is cut off from every node for good"),
-                    );
-                }
-            }
-        }
-        // While the bound holder holds its name, its links to every node
-        // are sometimes cut (held) for 11-14 s, past the ~10 s in which a
-        // node's HTTP/2 pings give its connection up: the leader may then
-        // end the session a grace later, long before its ttl.
-        let bound_holding = record.borrow().bound_holding;
-        if settings.faults
-            && !probing
-            && bound_holding
-            && now >= links_held_until
-            && now + 14_000 < stop_ms
-            && links_rng.random_bool(0.005)
-        {
-            let lasts = links_rng.random_range(11_000..14_000);
-            links_held_until = now + lasts;
-            note(
-                &record,
-                format!("hold {BOUND_HOLDER} <-> every node for {lasts} ms"),
-            );
-            for id in record.borrow().members.clone() {
-                sim.hold(BOUND_HOLDER, host(id).as_str());
-                undo.push((now + lasts, Undo::Release(BOUND_HOLDER.into(), host(id))));
-            }
-        }
-        if settings.faults && !probing && faults_rng.random_bool(0.002) {
-            faults += 1;
-            inject(
-                &mut sim,
-                &mut faults_rng,
-                &mut ops_rng,
-                &record,
-                &disks,
-                &mut undo,
-                &mut down,
-                watch.leader,
-                now,
-            );
-        }
-        // About once in 10 s: a member (the leader a third of the time)
-        // replaced by a fresh node while it runs; about once in 20 s: every
-        // node's disk full at once (the same workload fills every
-        // replica).
-        if settings.faults && !probing && down.is_empty() && replacing.is_none() {
-            if ops_rng.random_bool(0.000_1) {
-                faults += 1;
-                let members = record.borrow().members.clone();
-                let old = match watch.leader {
-                    Some(l) if ops_rng.random_bool(0.33) => l,
-                    _ => members[ops_rng.random_range(0..members.len())],
-                };
-                down.crashed.insert(old);
-                replacing = Some(replace(
-                    &mut sim,
-                    &record,
-                    &mut disks,
-                    old,
-                    &mut next_id,
-                    stop_ms,
-                    "a planned replacement",
-                ));
-            } else if ops_rng.random_bool(0.000_05) {
-                faults += 1;
-                let lasts = ops_rng.random_range(200..1_500);
-                note(
-                    &record,
-                    format!("every node's disk is full (writes fail with ENOSPC) for {lasts} ms"),
-                );
-                for id in record.borrow().members.clone() {
-                    disks[&id].fill();
-                    down.sick_disks.insert(id);
-                    undo.push((now + lasts, Undo::Heal(id)));
-                }
-            }
-        }
+    Cluster { sim, record, disks }
+}
+
+/// Removed nodes: one that cannot learn of its removal is stopped by hand,
+/// the others must exit by themselves.
+fn removed_nodes(cluster: &mut Cluster<'_>, watch: &Watch, now: u64) -> Result<(), String> {
+    let Cluster { sim, record, .. } = cluster;
+    // A removed node that never had itself among the voters of the
+    // membership it uses (cut off since its first start, it never
+    // received the cluster's membership) never asks for a vote, so it
+    // cannot learn of its removal: docs/operations/membership.md ("Remove a node")
+    // has the operator stop it by hand, as a learner that never
+    // caught up.
+    let unaware: Vec<u64> = {
+        let r = record.borrow();
+        r.removed_at
+            .keys()
+            .copied()
+            .filter(|id| r.nodes.contains_key(id) && !watch.knew_voter.contains(id))
+            .collect()
     };
+    for id in unaware {
+        note(
+            record,
+            format!(
+                "operator: node {id} never had the cluster's membership, so it cannot learn \
+                 of its removal: stopped by hand"
+            ),
+        );
+        record.borrow_mut().nodes.remove(&id);
+        sim.crash(host(id));
+    }
+    // A removed node exits by itself (README), within the bound
+    // node/tests/removed_node.rs gives it.
+    let r = record.borrow();
+    oracle::removed_nodes_exit(&r.removed_at, |id| r.nodes.contains_key(&id), now)
+}
+
+/// The checks at the end of the run, after the loop's `verdict`: the last
+/// tick's answers, a restore's fence bump, a probe refused for want of
+/// fences, and the checkers of the whole run. Returns the verdict, the
+/// trace and the workers' grants.
+fn final_checks(
+    verdict: Result<(), String>,
+    watch: &mut Watch,
+    record: &Shared,
+) -> (Result<(), String>, Vec<String>, usize) {
     // The answers of the last tick, if the run ended before they were
     // judged; a violation among them comes before the run's own failure
     // (a run that fails its liveness probe because a node lied about its
     // health is failed by the lie).
-    let verdict = match watch.judge_answers(&record) {
+    let verdict = match watch.judge_answers(record) {
         Err(e) => Err(e),
         Ok(()) => verdict,
     };
@@ -2084,70 +656,27 @@ pub fn run(settings: &Settings) -> Outcome {
             Some(_) => Ok(()),
             None => Err("liveness: the probe never got the lock".into()),
         });
+    (verdict, trace, grants.len())
+}
+
+/// The trace's hash: equal for two runs of one seed.
+fn trace_hash(trace: &[String]) -> u64 {
     let mut hash = FNV_START;
-    for line in &trace {
+    for line in trace {
         hash = fnv(line.as_bytes(), hash);
         hash = fnv(b"\n", hash);
     }
+    hash
+}
+
+/// Lets go of the run: its nodes (and their tasks) before the next run,
+/// its data directory, its settings.
+fn tear_down(cluster: Cluster<'_>) {
     // Let go of the nodes (and their tasks) before the next run.
-    record.borrow_mut().nodes.clear();
-    drop(sim);
+    cluster.record.borrow_mut().nodes.clear();
+    drop(cluster.sim);
     let _ = std::fs::remove_dir_all(data_root());
     CURRENT.with(|c| *c.borrow_mut() = None);
-    Outcome {
-        verdict,
-        hash,
-        grants: grants.len(),
-        faults,
-    }
-}
-
-/// Registers node `id`'s host over `disk`: its process starts now, and again
-/// at each bounce.
-fn start_host(sim: &mut turmoil::Sim<'_>, id: u64, disk: MemDisk, record: &Shared) {
-    let incarnation = Rc::new(RefCell::new(0u64));
-    let record = record.clone();
-    sim.host(host(id), move || {
-        let inc = {
-            let mut i = incarnation.borrow_mut();
-            *i += 1;
-            *i
-        };
-        run_node(id, disk.clone(), record.clone(), inc)
-    });
-}
-
-/// Starts replacing member `old` with a fresh node under the next unused
-/// id (its host and disk, its keep-alive asker, and the operator who
-/// removes `old` and adds it); returns (old, new).
-#[allow(clippy::too_many_arguments)]
-fn replace(
-    sim: &mut turmoil::Sim<'_>,
-    record: &Shared,
-    disks: &mut BTreeMap<u64, MemDisk>,
-    old: u64,
-    next_id: &mut u64,
-    stop_ms: u64,
-    why: &str,
-) -> (u64, u64) {
-    let new = *next_id;
-    *next_id += 1;
-    note(
-        record,
-        format!("operator: replace node {old} with node {new} ({why})"),
-    );
-    let disk = MemDisk::new();
-    disks.insert(new, disk.clone());
-    start_host(sim, new, disk, record);
-    sim.client(
-        format!("asker{new}"),
-        keepalive_asker(new, stop_ms, record.clone()),
-    );
-    sim.client(
-        format!("operator{new}"),
-        operator(old, new, stop_ms, record.clone()),
-    );
-    (old, new)
 }
 
 /// Now and then (about one step in 40) sleeps 0-3 ms of real time, both
@@ -2165,276 +694,4 @@ fn stall_real_time() {
 
 fn now_ms_of(sim: &turmoil::Sim<'_>) -> u64 {
     sim.elapsed().as_millis() as u64
-}
-
-/// The nodes out of action: crashed or exited (until restarted), and the
-/// one whose disk is faulty (until healed).
-#[derive(Default)]
-struct Down {
-    crashed: std::collections::BTreeSet<u64>,
-    sick_disks: std::collections::BTreeSet<u64>,
-}
-
-impl Down {
-    fn is_empty(&self) -> bool {
-        self.crashed.is_empty() && self.sick_disks.is_empty()
-    }
-}
-
-fn apply_undo(
-    sim: &mut turmoil::Sim<'_>,
-    record: &Shared,
-    disks: &BTreeMap<u64, MemDisk>,
-    u: Undo,
-    down: &mut Down,
-) {
-    match u {
-        Undo::Repair(a, b) => {
-            note(record, format!("repair {a} <-> {b}"));
-            sim.repair(a.as_str(), b.as_str());
-        }
-        Undo::Release(a, b) => {
-            note(record, format!("release {a} <-> {b}"));
-            sim.release(a.as_str(), b.as_str());
-        }
-        Undo::Bounce(id) => {
-            if record.borrow().retired.contains(&id) {
-                note(record, format!("node {id} was removed: not restarted"));
-                down.crashed.remove(&id);
-                return;
-            }
-            note(record, format!("restart node {id}"));
-            sim.bounce(host(id));
-            // A node that refuses its damaged snapshot file or log stays
-            // down until the operator has replaced it.
-            let r = record.borrow();
-            if !r.damaged.contains_key(&id) && !r.lost_log.contains_key(&id) {
-                down.crashed.remove(&id);
-            }
-        }
-        Undo::RepairOneway(a, b) => {
-            note(record, format!("repair {a} -> {b}"));
-            sim.repair_oneway(a.as_str(), b.as_str());
-        }
-        Undo::Calm(a, b) => {
-            note(record, format!("calm {a} <-> {b}"));
-            sim.set_link_max_message_latency(a.as_str(), b.as_str(), MAX_LATENCY);
-        }
-        Undo::Heal(id) => {
-            note(record, format!("node {id}'s disk works again"));
-            disks[&id].heal();
-            disks[&id].set_sync_latency(Duration::ZERO);
-            down.sick_disks.remove(&id);
-        }
-    }
-}
-
-/// Crashes node `id` (keeping a random prefix of its disk's unsynced
-/// writes) and restarts it after `after` ms.
-#[allow(clippy::too_many_arguments)]
-fn crash(
-    sim: &mut turmoil::Sim<'_>,
-    rng: &mut StdRng,
-    ops: &mut StdRng,
-    record: &Shared,
-    disk: &MemDisk,
-    id: u64,
-    after: u64,
-    undo: &mut Vec<(u64, Undo)>,
-    down: &mut Down,
-    now: u64,
-) {
-    let pending = disk.pending_writes();
-    let keep = rng.random_range(0..=pending);
-    note(
-        record,
-        format!(
-            "crash node {id} (keeps {keep} of {pending} unsynced writes), restart in {after} ms"
-        ),
-    );
-    record.borrow_mut().nodes.remove(&id);
-    sim.crash(host(id));
-    disk.crash(keep);
-    // While a node is down for long, its snapshot file may rot: torn (the
-    // disk lost its tail) or one bit flipped. One bit, as rot at rest
-    // usually is: such a file often still decodes (a bit of a number, or
-    // of an ASCII name that stays ASCII), and only the checksum refuses it.
-    let mut rotted = false;
-    if after >= 1_000 && ops.random_bool(0.3) {
-        if let Some(len) = disk.snapshot_file().map(|f| f.len()) {
-            rotted = true;
-            let how = if ops.random_bool(0.5) {
-                let keep = ops.random_range(0..len);
-                disk.tear_snapshot_file(keep);
-                format!("torn to {keep} of {len} bytes")
-            } else {
-                let at = ops.random_range(0..len);
-                let mask = 1u8 << ops.random_range(0..8);
-                disk.corrupt_snapshot_file(at, mask);
-                format!("corrupted (byte {at} of {len} xor {mask:#04x})")
-            };
-            note(record, format!("node {id}'s snapshot file is {how}"));
-            record.borrow_mut().damaged.insert(id, how);
-        }
-    }
-    // Or its log rots: sled keeps only what precedes damage in its file,
-    // so the newest durable writes are gone; the mark beside the log is
-    // not (a file of its own).
-    // (Decided from the draws already made, not new ones, so that the
-    // streams of every later fault stay as they were.)
-    let bytes = [now.to_le_bytes(), id.to_le_bytes(), after.to_le_bytes()].concat();
-    let draw = fnv(&bytes, FNV_START);
-    if after >= 1_000 && !rotted && draw % 5 == 0 {
-        let count = 1 + (draw >> 8) as usize % 8;
-        let lost = disk.lose_newest(count);
-        if lost > 0 {
-            let how = format!("lost its newest {lost} durable write(s) at rest");
-            note(record, format!("node {id}'s log {how}"));
-            let mut r = record.borrow_mut();
-            r.log_damage.insert(id, how);
-            r.log_damaged_ever.insert(id);
-        }
-    }
-    down.crashed.insert(id);
-    undo.push((now + after, Undo::Bounce(id)));
-}
-
-/// One fault, drawn from `rng`: a partition between two nodes (both ways
-/// or one way), a held link, a latency spike on a link, a crash (losing a random prefix of the disk's unsynced
-/// writes; the leader half the time) with a restart after 0-300 ms or
-/// after a long downtime, or a faulty disk for a while: every sync fails
-/// with EIO (a dying disk), every write fails with ENOSPC (a full one), or
-/// syncs are slow.
-#[allow(clippy::too_many_arguments)]
-fn inject(
-    sim: &mut turmoil::Sim<'_>,
-    rng: &mut StdRng,
-    ops: &mut StdRng,
-    record: &Shared,
-    disks: &BTreeMap<u64, MemDisk>,
-    undo: &mut Vec<(u64, Undo)>,
-    down: &mut Down,
-    leader: Option<u64>,
-    now: u64,
-) {
-    let members = record.borrow().members.clone();
-    let pick = rng.random_range(0..members.len());
-    let id = members[pick];
-    // The member after `id` (in id order, cyclically).
-    let next = members[(pick + 1) % members.len()];
-    match rng.random_range(0..6) {
-        4 => {
-            let other = next;
-            let (a, b) = (host(id), host(other));
-            let to = rng.random_range(20..300);
-            let lasts = rng.random_range(500..3_000);
-            note(
-                record,
-                format!("latency spike {a} <-> {b}: up to {to} ms for {lasts} ms"),
-            );
-            sim.set_link_max_message_latency(a.as_str(), b.as_str(), Duration::from_millis(to));
-            undo.push((now + lasts, Undo::Calm(a, b)));
-        }
-        5 => {
-            let other = members[rng.random_range(0..members.len())];
-            if other == id {
-                return;
-            }
-            let (a, b) = (host(id), host(other));
-            let lasts = rng.random_range(100..3_000);
-            note(
-                record,
-                format!("partition {a} -> {b} (one way) for {lasts} ms"),
-            );
-            sim.partition_oneway(a.as_str(), b.as_str());
-            undo.push((now + lasts, Undo::RepairOneway(a, b)));
-        }
-        0 => {
-            let other = next;
-            let (a, b) = (host(id), host(other));
-            let lasts = rng.random_range(100..3_000);
-            note(record, format!("partition {a} <-> {b} for {lasts} ms"));
-            sim.partition(a.as_str(), b.as_str());
-            undo.push((now + lasts, Undo::Repair(a, b)));
-        }
-        1 => {
-            let other = next;
-            let (a, b) = (host(id), host(other));
-            let lasts = rng.random_range(50..1_500);
-            note(record, format!("hold {a} <-> {b} for {lasts} ms"));
-            sim.hold(a.as_str(), b.as_str());
-            undo.push((now + lasts, Undo::Release(a, b)));
-        }
-        2 => {
-            if !down.is_empty() {
-                return;
-            }
-            let id = match leader {
-                Some(l) if rng.random_bool(0.5) => l,
-                _ => id,
-            };
-            let after = if rng.random_bool(0.7) {
-                rng.random_range(0..=300)
-            } else {
-                rng.random_range(1_000..8_000)
-            };
-            crash(
-                sim,
-                rng,
-                ops,
-                record,
-                &disks[&id],
-                id,
-                after,
-                undo,
-                down,
-                now,
-            );
-        }
-        _ => {
-            if !down.is_empty() {
-                return;
-            }
-            let disk = &disks[&id];
-            let lasts = rng.random_range(200..3_000);
-            if rng.random_bool(0.6) {
-                // Which of the three: from the draws already made (their
-                // sum modulo 3), not a new draw, so that adding a kind does
-                // not shift the stream of every later fault.
-                if (lasts + now).is_multiple_of(3) {
-                    note(
-                        record,
-                        format!("node {id}'s syncs fail (EIO, a dying disk) for {lasts} ms"),
-                    );
-                    disk.fail_syncs();
-                } else if (lasts + now) % 3 == 1 {
-                    note(
-                        record,
-                        format!(
-                            "node {id}'s disk is full, said at the sync (ENOSPC from fsync) for \
-                             {lasts} ms"
-                        ),
-                    );
-                    disk.fill_at_sync();
-                } else {
-                    note(
-                        record,
-                        format!(
-                            "node {id}'s disk is full (writes fail with ENOSPC) for {lasts} ms"
-                        ),
-                    );
-                    disk.fill();
-                }
-            } else {
-                let latency = rng.random_range(2..30);
-                note(
-                    record,
-                    format!("node {id}'s syncs take {latency} ms for {lasts} ms"),
-                );
-                disk.set_sync_latency(Duration::from_millis(latency));
-            }
-            down.sick_disks.insert(id);
-            undo.push((now + lasts, Undo::Heal(id)));
-        }
-    }
 }

@@ -30,7 +30,9 @@ use raftlock_proto::v1 as pb;
 use raftlock_proto::v1::cluster_client::ClusterClient;
 use raftlock_proto::v1::locks_client::LocksClient;
 
-use super::{addr, channel, note, now_ms, until_ready, Shared};
+use super::clients::until_ready;
+use super::host::channel;
+use super::{addr, note, now_ms, Shared};
 use crate::belief::{counted_length_us, Belief, Count, Held};
 
 mod keep_alive;

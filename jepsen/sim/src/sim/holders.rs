@@ -15,7 +15,8 @@ use rand::rngs::StdRng;
 use rand::RngExt as _;
 
 use super::believers::now_us;
-use super::{addr, client_options, nodes, note, now_ms, until_ready, Shared};
+use super::clients::until_ready;
+use super::{addr, client_options, nodes, note, now_ms, Shared};
 use crate::belief::{Belief, Held};
 
 /// The name the process-bound holder takes.
