@@ -162,18 +162,21 @@ fn acknowledge(batch: Vec<PendingAppend>, result: &io::Result<()>, started: Inst
 fn lost(why: &str) -> String {
     format!(
         "the log lost data it had made durable ({why}): the disk damaged or dropped it, and \
-         sled keeps only what precedes damage. This node must not start on it, or it could undo \
-         what a majority decided: replace it (remove it from the cluster, then add a node with \
-         an empty data directory; see docs/operations/membership.md)"
+         sled keeps only what precedes damage. This node must not start on it, {REPLACE_IT}"
     )
 }
+
+/// What every refusal of damaged data ends with: why not to start on it,
+/// and what to do.
+pub(super) const REPLACE_IT: &str = "or it could undo what a majority decided: replace it \
+     (remove it from the cluster, then add a node with an empty data directory; see \
+     docs/operations/membership.md)";
 
 /// The refusal of a log that cannot be read whole (`e`).
 fn unreadable(e: &io::Error) -> String {
     format!(
         "the log's files are damaged: reading the log failed ({e}). This node must not start on \
-         them, or it could undo what a majority decided: replace it (remove it from the cluster, \
-         then add a node with an empty data directory; see docs/operations/membership.md)"
+         them, {REPLACE_IT}"
     )
 }
 

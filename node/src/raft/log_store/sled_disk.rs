@@ -284,11 +284,9 @@ pub fn open_db(path: &Path) -> anyhow::Result<sled::Db> {
             }
             Err(e @ sled::Error::Corruption { .. }) => {
                 anyhow::bail!(
-                    "sled's files in {} are damaged ({e}). This node must not start on them, or \
-                     it could undo what a majority decided: replace it (remove it from the \
-                     cluster, then add a node with an empty data directory; see \
-                     docs/operations/membership.md)",
-                    path.display()
+                    "sled's files in {} are damaged ({e}). This node must not start on them, {}",
+                    path.display(),
+                    super::REPLACE_IT
                 )
             }
             Err(e) => {
