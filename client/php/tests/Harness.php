@@ -458,3 +458,46 @@ final class StandIn
         }
     }
 }
+
+/**
+ * A web server that does not serve raftlock's calls (tests/unserved.php):
+ * it answers every call with one status and body, and counts them.
+ */
+final class Unserving
+{
+    private $proc;
+    private string $log;
+    public int $port;
+
+    public function __construct(int $status, string $type, string $body)
+    {
+        $this->port = Cluster::freeBase(1);
+        $this->log = (string) tempnam(sys_get_temp_dir(), 'raftlock-php-unserved-');
+        $env = ['UNSERVED_STATUS' => (string) $status, 'UNSERVED_TYPE' => $type, 'UNSERVED_BODY' => $body, 'UNSERVED_LOG' => $this->log] + getenv();
+        $this->proc = proc_open([\PHP_BINARY, '-S', "127.0.0.1:$this->port", __DIR__.'/unserved.php'], [0 => ['file', '/dev/null', 'r'], 1 => ['file', '/dev/null', 'a'], 2 => ['file', '/dev/null', 'a']], $pipes, null, $env);
+        $ready = fn () => 'ready' === @file_get_contents("http://127.0.0.1:$this->port/ready", false, stream_context_create(['http' => ['timeout' => 5]]));
+        eventually(15, 'the stand-in web server up', $ready);
+    }
+
+    public function endpoint(): string
+    {
+        return "http://127.0.0.1:$this->port";
+    }
+
+    /** How many calls it was asked. */
+    public function asked(): int
+    {
+        clearstatcache();
+
+        return substr_count((string) file_get_contents($this->log), "\n");
+    }
+
+    public function __destruct()
+    {
+        if (\is_resource($this->proc)) {
+            proc_terminate($this->proc, 9);
+            proc_close($this->proc);
+        }
+        @unlink($this->log);
+    }
+}

@@ -1020,6 +1020,65 @@ function test_no_node_answering_gives_up_naming_the_nodes(Cluster $cl): void
     checkThrows(LockAcquiringException::class, 'Failed to acquire', fn () => $lock->acquire());
 }
 
+/**
+ * Endpoints that do not serve the call: another web service on a dead
+ * node's port (its 404 page), a raftlock without this route (an older
+ * version during an upgrade: 404 "no route"), a server answering 501.
+ *
+ * @return list<Unserving>
+ */
+function unserving(): array
+{
+    return [
+        new Unserving(404, 'text/html', '<html>404 Not Found</html>'),
+        new Unserving(404, 'application/json', '{"code":"NOT_FOUND","message":"no route POST /v1/locks/Lock"}'),
+        new Unserving(501, 'text/plain', 'Not Implemented'),
+    ];
+}
+
+// Nothing was done at such an endpoint, so the client asks the others, as
+// the Rust client does with UNIMPLEMENTED.
+function test_an_endpoint_that_does_not_serve_the_call_is_passed_over(Cluster $cl): void
+{
+    $standIns = unserving();
+    $eps = array_map(fn (Unserving $u) => $u->endpoint(), $standIns);
+    $c = new Client(implode(',', $eps).','.$cl->endpoints());
+    $r = $c->lock(name('unserved'), 10000);
+    check($r['acquired'], 'the lock, through endpoints that do not serve the call');
+    $c->unlock($r['session_id']);
+    foreach ($standIns as $i => $u) {
+        check($u->asked() > 0, "stand-in $i was never asked: the test does not test the pass-over");
+    }
+}
+
+// When none serves it, the call fails with UNIMPLEMENTED once each has
+// answered so, naming each, not after the retry timeout.
+function test_no_endpoint_serves_the_call_fails_with_unimplemented(Cluster $unused): void
+{
+    $standIns = unserving();
+    $eps = array_map(fn (Unserving $u) => $u->endpoint(), $standIns);
+    $c = new Client(implode(',', $eps), null, ['retry_timeout' => 600.0]);
+    $e = checkThrows(RaftlockException::class, 'no endpoint serves locks/Lock: ', fn () => $c->lock(name('unserved'), 10000));
+    checkSame('UNIMPLEMENTED', $e->getStatus(), 'status');
+    check(!$e->isUnreachable(), 'the endpoints answered: not isUnreachable()');
+    foreach ($standIns as $u) {
+        check(str_contains($e->getMessage(), $u->endpoint()), "the error names {$u->endpoint()}: {$e->getMessage()}");
+        checkSame(1, $u->asked(), "calls to {$u->endpoint()}");
+    }
+}
+
+// A raftlock NOT_FOUND that is not "no route" (a session that is gone) is
+// the cluster's answer: thrown at once, the other endpoints not asked.
+function test_a_session_not_found_is_not_passed_over(Cluster $unused): void
+{
+    $gone = new Unserving(404, 'application/json', '{"code":"NOT_FOUND","message":"session 7 not found"}');
+    $other = new Unserving(404, 'text/html', '<html>404 Not Found</html>');
+    $c = new Client($gone->endpoint().','.$other->endpoint());
+    $e = checkThrows(RaftlockException::class, 'session 7 not found', fn () => $c->lock(name('gone'), 10000));
+    checkSame('NOT_FOUND', $e->getStatus(), 'status');
+    checkSame(0, $other->asked(), 'calls to the other endpoint');
+}
+
 function test_bad_input_is_refused_clearly(Cluster $cl): void
 {
     foreach (['', ' , ', 'ftp://127.0.0.1:1', '127.0.0.1', 'http://127.0.0.1:1/path'] as $eps) {
