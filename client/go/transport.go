@@ -187,6 +187,8 @@ func (c *Client) call(ctx context.Context, rpc string, in, out interface{}, atte
 		// request (refused, or the name did not resolve); any other
 		// outcome clears them.
 		hopeless = map[string]int{}
+		// Endpoints that answered that they do not serve this call.
+		unserved = map[string]bool{}
 	)
 	note := func(base, what string) {
 		if _, seen := failures[base]; !seen {
@@ -257,6 +259,23 @@ func (c *Client) call(ctx context.Context, rpc string, in, out interface{}, atte
 			target = c.forget(target)
 			failed++
 			hints = 0
+		case notServed(a):
+			// Not a raftlock node, or one without this call: another
+			// service on a dead node's port, an older raftlock during an
+			// upgrade. Nothing was done there: ask the others at once;
+			// once every endpoint has answered so, that is the answer.
+			note(target, "does not serve this call: "+decodeError(a).Message)
+			unserved[target] = true
+			if c.servedNowhere(unserved) {
+				var parts []string
+				for _, base := range order {
+					parts = append(parts, base+": "+failures[base])
+				}
+				return &Error{Code: "UNIMPLEMENTED", Message: fmt.Sprintf("no endpoint serves %s: %s", rpc, strings.Join(parts, "; ")), HTTPStatus: a.status}
+			}
+			target = c.forget(target)
+			hints = 0
+			continue
 		case a.status == http.StatusGatewayTimeout || a.status == 499:
 			// DEADLINE_EXCEEDED or CANCELLED from the node: the outcome is
 			// unknown, and the same request (same nonce, same session)
@@ -292,6 +311,33 @@ func (c *Client) call(ctx context.Context, rpc string, in, out interface{}, atte
 			backoff = nextBackoff(backoff)
 		}
 	}
+}
+
+// notServed reports whether a says that its endpoint does not serve the
+// call at all: a 404 or 501 that is not a raftlock error (another
+// service), raftlock's own 404 for a route it does not have ("no route
+// ..."), or UNIMPLEMENTED. A raftlock NOT_FOUND about a session or lock is
+// an answer, not this.
+func notServed(a attempt) bool {
+	if a.status != http.StatusNotFound && a.status != http.StatusNotImplemented {
+		return false
+	}
+	var b errorBody
+	if err := json.Unmarshal(a.body, &b); err != nil || b.Code == "" {
+		return true
+	}
+	return b.Code == "UNIMPLEMENTED" || (b.Code == "NOT_FOUND" && strings.HasPrefix(b.Message, "no route "))
+}
+
+// servedNowhere reports whether every endpoint said it does not serve the
+// call.
+func (c *Client) servedNowhere(unserved map[string]bool) bool {
+	for _, e := range c.endpoints {
+		if !unserved[e] {
+			return false
+		}
+	}
+	return true
 }
 
 func decodeError(a attempt) *Error {

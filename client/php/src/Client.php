@@ -655,6 +655,8 @@ final class Client
         $backoff = self::INITIAL_BACKOFF;
         // Attempts in a row, per endpoint, that cannot have sent the request.
         $hopeless = [];
+        // Endpoints that answered that they do not serve this call.
+        $unserved = [];
         while (true) {
             $started = microtime(true);
             [$status, $headers, $answer, $error, $unsent] = $this->post($target, $rpc, $json, $attemptTimeout);
@@ -704,6 +706,24 @@ final class Client
                 $target = $this->forget($target);
                 ++$failed;
                 $hints = 0;
+            } elseif (self::notServed($status, $answer)) {
+                // Not a raftlock node, or one without this call: another
+                // service on a dead node's port, an older raftlock during
+                // an upgrade. Nothing was done there: ask the others at
+                // once; once every endpoint has answered so, that is the
+                // answer.
+                $failures[$target] = 'does not serve this call: '.self::errorOf($status, $answer)[1];
+                $unserved[$target] = true;
+                if ([] === array_diff($this->endpoints, array_keys($unserved))) {
+                    $parts = [];
+                    foreach ($failures as $node => $what) {
+                        $parts[] = "$node: $what";
+                    }
+                    throw new RaftlockException('UNIMPLEMENTED', "no endpoint serves $rpc: ".implode('; ', $parts), $status);
+                }
+                $target = $this->forget($target);
+                $hints = 0;
+                continue;
             } elseif (504 === $status || 499 === $status) {
                 // DEADLINE_EXCEEDED / CANCELLED: the outcome is unknown; the
                 // same request learns it.
@@ -811,6 +831,26 @@ final class Client
         }
 
         return [(int) curl_getinfo($h, \CURLINFO_RESPONSE_CODE), $headers, (string) curl_multi_getcontent($h), null, false];
+    }
+
+    /**
+     * Whether an answer says that its endpoint does not serve the call at
+     * all: a 404 or 501 that is not a raftlock error (another service),
+     * raftlock's own 404 for a route it does not have ("no route ..."), or
+     * UNIMPLEMENTED. A raftlock NOT_FOUND about a session or lock is an
+     * answer, not this.
+     */
+    private static function notServed(int $status, string $answer): bool
+    {
+        if (404 !== $status && 501 !== $status) {
+            return false;
+        }
+        $b = json_decode($answer, true);
+        if (!\is_array($b) || !isset($b['code'])) {
+            return true;
+        }
+
+        return 'UNIMPLEMENTED' === $b['code'] || ('NOT_FOUND' === $b['code'] && str_starts_with((string) ($b['message'] ?? ''), 'no route '));
     }
 
     /**

@@ -428,6 +428,8 @@ class Attempts:
         self.hops = 0
         self.tried: Dict[str, str] = {}
         self.refusals: Dict[str, int] = {}
+        # Endpoints that answered that they do not serve this call.
+        self.unserved: set = set()
 
     def budget(self, attempt_timeout: Optional[float]) -> Optional[float]:
         """How long the next attempt may take (None: no limit); raises the
@@ -484,6 +486,18 @@ class Attempts:
                     "no node accepts connections (each refused or did not resolve every attempt): " + self.summary()
                 )
             return self.pause()
+        if code == "UNIMPLEMENTED":
+            # Not a raftlock node, or one without this call: another
+            # service on a dead node's port, an older raftlock during an
+            # upgrade. Nothing was done there: ask the others at once; once
+            # every endpoint has answered so, that is the answer.
+            self.endpoints.forget(addr)
+            self.tried[addr] = f"does not serve this call: {details or code}"
+            self.refusals.pop(addr, None)
+            self.unserved.add(addr)
+            if all(e in self.unserved for e in self.endpoints.all):
+                raise error_for(code, "no endpoint serves the call: " + self.summary())
+            return 0.0
         if code in ("DEADLINE_EXCEEDED", "CANCELLED", "UNKNOWN"):
             self.sent |= self.write
             self.endpoints.forget(addr)
