@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use raftlock_node::raft::log_store::MemDisk;
+use raftlock_node::raft::WatchReceiver as _;
 use rand::rngs::StdRng;
 use rand::RngExt as _;
 
@@ -106,6 +107,9 @@ pub(super) fn crash(
     down: &mut Down,
     now: u64,
 ) {
+    // Rot at rest is a minority fault only while the others can outvote
+    // this node without it (judged before it goes).
+    let rot_allowed = others_outvote(record, id);
     let pending = disk.pending_writes();
     let keep = rng.random_range(0..=pending);
     note(
@@ -122,7 +126,7 @@ pub(super) fn crash(
     // usually is: such a file often still decodes (a bit of a number, or
     // of an ASCII name that stays ASCII), and only the checksum refuses it.
     let mut rotted = false;
-    if after >= 1_000 && ops.random_bool(0.3) {
+    if after >= 1_000 && ops.random_bool(0.3) && rot_allowed {
         if let Some(len) = disk.snapshot_file().map(|f| f.len()) {
             rotted = true;
             let how = if ops.random_bool(0.5) {
@@ -146,7 +150,7 @@ pub(super) fn crash(
     // streams of every later fault stay as they were.)
     let bytes = [now.to_le_bytes(), id.to_le_bytes(), after.to_le_bytes()].concat();
     let draw = fnv(&bytes, FNV_START);
-    if after >= 1_000 && !rotted && draw.is_multiple_of(5) {
+    if after >= 1_000 && !rotted && rot_allowed && draw.is_multiple_of(5) {
         let count = 1 + (draw >> 8) as usize % 8;
         let lost = disk.lose_newest(count);
         if lost > 0 {
@@ -159,6 +163,29 @@ pub(super) fn crash(
     }
     down.crashed.insert(id);
     undo.push((now + after, Undo::Bounce(id)));
+}
+
+/// Whether the cluster can lose node `id`'s data and go on: every other
+/// running member uses a membership it has applied (so committed) whose
+/// voters other than `id` are a majority of it. Rot on a node the others
+/// need for a majority (the only voter, before the first nodes joined:
+/// seed 3302566) is the loss of the majority, which only the disaster
+/// recovery of docs/operations/backup-and-recovery.md undoes, not a
+/// minority fault the cluster must survive by itself.
+pub(super) fn others_outvote(record: &Shared, id: u64) -> bool {
+    let r = record.borrow();
+    let mut others = r.nodes.iter().filter(|(other, _)| **other != id).peekable();
+    if others.peek().is_none() {
+        return false;
+    }
+    others.all(|(_, (node, _))| {
+        let m = node.raft.metrics().borrow_watched().clone();
+        let config = &m.membership_config;
+        let applied = m.last_applied.map_or(0, |l| l.index);
+        let voters: Vec<u64> = config.voter_ids().collect();
+        let without = voters.iter().filter(|v| **v != id).count();
+        config.log_id().as_ref().map_or(0, |l| l.index) <= applied && 2 * without > voters.len()
+    })
 }
 
 /// One fault, drawn from `rng`: a partition between two nodes (both ways
