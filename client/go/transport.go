@@ -196,6 +196,14 @@ func (c *Client) call(ctx context.Context, rpc string, in, out interface{}, atte
 		}
 		failures[base] = what
 	}
+	// Each node tried and its last error, in the order first tried.
+	tried := func() string {
+		var parts []string
+		for _, base := range order {
+			parts = append(parts, base+": "+failures[base])
+		}
+		return strings.Join(parts, "; ")
+	}
 	for {
 		started := time.Now()
 		a := c.post(ctx, target, rpc, body, attemptTimeout)
@@ -209,11 +217,7 @@ func (c *Client) call(ctx context.Context, rpc string, in, out interface{}, atte
 			note(target, why)
 			hopeless[target]++
 			if c.hopelessEverywhere(hopeless) {
-				var parts []string
-				for _, base := range order {
-					parts = append(parts, base+": "+failures[base])
-				}
-				return &Error{Code: "UNAVAILABLE", Message: fmt.Sprintf("no node accepts connections (each refused or did not resolve every attempt): %s", strings.Join(parts, "; ")), unreachable: true}
+				return &Error{Code: "UNAVAILABLE", Message: fmt.Sprintf("no node accepts connections (each refused or did not resolve every attempt): %s", tried()), unreachable: true}
 			}
 		} else {
 			for k := range hopeless {
@@ -267,11 +271,7 @@ func (c *Client) call(ctx context.Context, rpc string, in, out interface{}, atte
 			note(target, "does not serve this call: "+decodeError(a).Message)
 			unserved[target] = true
 			if c.servedNowhere(unserved) {
-				var parts []string
-				for _, base := range order {
-					parts = append(parts, base+": "+failures[base])
-				}
-				return &Error{Code: "UNIMPLEMENTED", Message: fmt.Sprintf("no endpoint serves %s: %s", rpc, strings.Join(parts, "; ")), HTTPStatus: a.status}
+				return &Error{Code: "UNIMPLEMENTED", Message: fmt.Sprintf("no endpoint serves %s: %s", rpc, tried()), HTTPStatus: a.status}
 			}
 			target = c.forget(target)
 			hints = 0
@@ -288,11 +288,7 @@ func (c *Client) call(ctx context.Context, rpc string, in, out interface{}, atte
 			return decodeError(a)
 		}
 		if time.Since(budgetStart) > c.retryTimeout {
-			var parts []string
-			for _, base := range order {
-				parts = append(parts, base+": "+failures[base])
-			}
-			return &Error{Code: "UNAVAILABLE", Message: fmt.Sprintf("no leader answered %s within %v (%s)", rpc, c.retryTimeout, strings.Join(parts, "; "))}
+			return &Error{Code: "UNAVAILABLE", Message: fmt.Sprintf("no leader answered %s within %v (%s)", rpc, c.retryTimeout, tried())}
 		}
 		if failed >= len(c.endpoints) {
 			failed = 0

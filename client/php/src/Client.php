@@ -672,11 +672,7 @@ final class Client
             if (null !== $error) {
                 $failures[$target] = $error;
                 if (self::hopelessEverywhere($this->endpoints, $hopeless)) {
-                    $parts = [];
-                    foreach ($failures as $node => $what) {
-                        $parts[] = "$node: $what";
-                    }
-                    throw new RaftlockException('UNAVAILABLE', 'no node accepts connections (each refused or did not resolve every attempt): '.implode('; ', $parts), 0, null, true);
+                    throw new RaftlockException('UNAVAILABLE', 'no node accepts connections (each refused or did not resolve every attempt): '.self::tried($failures), 0, null, true);
                 }
                 $target = $this->forget($target);
                 ++$failed;
@@ -715,11 +711,7 @@ final class Client
                 $failures[$target] = 'does not serve this call: '.self::errorOf($status, $answer)[1];
                 $unserved[$target] = true;
                 if ([] === array_diff($this->endpoints, array_keys($unserved))) {
-                    $parts = [];
-                    foreach ($failures as $node => $what) {
-                        $parts[] = "$node: $what";
-                    }
-                    throw new RaftlockException('UNIMPLEMENTED', "no endpoint serves $rpc: ".implode('; ', $parts), $status);
+                    throw new RaftlockException('UNIMPLEMENTED', "no endpoint serves $rpc: ".self::tried($failures), $status);
                 }
                 $target = $this->forget($target);
                 $hints = 0;
@@ -736,11 +728,7 @@ final class Client
                 throw new RaftlockException($e[0], $e[1], $status);
             }
             if (microtime(true) - $budgetStart > $this->retryTimeout) {
-                $parts = [];
-                foreach ($failures as $node => $what) {
-                    $parts[] = "$node: $what";
-                }
-                throw new RaftlockException('UNAVAILABLE', sprintf('no leader answered %s within %.1f s (%s)', $rpc, $this->retryTimeout, implode('; ', $parts)));
+                throw new RaftlockException('UNAVAILABLE', sprintf('no leader answered %s within %.1f s (%s)', $rpc, $this->retryTimeout, self::tried($failures)));
             }
             if ($failed >= \count($this->endpoints)) {
                 $failed = 0;
@@ -750,6 +738,21 @@ final class Client
                 $backoff = min(self::MAX_BACKOFF, $backoff * 2);
             }
         }
+    }
+
+    /**
+     * Each node tried and its last error, in the order first tried.
+     *
+     * @param array<string, string> $failures
+     */
+    private static function tried(array $failures): string
+    {
+        $parts = [];
+        foreach ($failures as $node => $what) {
+            $parts[] = "$node: $what";
+        }
+
+        return implode('; ', $parts);
     }
 
     /**
