@@ -214,3 +214,61 @@ async fn nodes_started_with_join_add_themselves_and_a_wiped_one_only_once_remove
     })
     .await;
 }
+
+/// A voter of the bootstrap membership that has not heard from the
+/// cluster yet is empty without having lost anything: it takes part once
+/// it comes, whatever membership changes it missed (the simulator's seed
+/// 3403419). On 0263ac2 the removal of node 2 while node 3 was still
+/// down put a joint membership that needs node 3 into the log; node 3,
+/// started then, refused every RPC as a voter that lost its data, and no
+/// leader could be elected again: the cluster stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bootstrap_voter_not_yet_started_joins_after_a_membership_change() {
+    // Bootstrapped with voters 1, 2 and 3 (`--init` with three
+    // `--peers`); node 3 does not start.
+    let mut procs = Procs::start_some(3, &[], &[1, 2]);
+    let leader = procs.leader().await;
+    assert!(lock_cycle(&procs.addr(leader), "two of three", 1)
+        .await
+        .is_some());
+
+    // The removal of node 2 needs node 3: its joint membership
+    // [{1,2,3},{1,3}] commits only with node 3's answer.
+    let addr = procs.addr(leader);
+    let removal = tokio::spawn(async move {
+        let mut c = ClusterClient::new(channel(&addr));
+        c.remove_node(pb::RemoveNodeRequest { id: 2 }).await
+    });
+    // It is in the leader's log, and cannot commit.
+    eventually("the joint membership waits for node 3", WITHIN, || {
+        let addr = procs.addr(leader);
+        async move {
+            let s = status(&addr).await?;
+            (s.last_log_index > s.commit_index).then_some(())
+        }
+    })
+    .await;
+
+    // Node 3 comes: it joins, the removal completes, the cluster works.
+    procs.spawn(3, false);
+    eventually("node 3 joins", WITHIN, || {
+        let log = procs.read_log(3);
+        async move { log.contains("joined cluster").then_some(()) }
+    })
+    .await;
+    // (The removal's answer may be lost while the change still commits.)
+    eventually("node 2 is removed", WITHIN, || async {
+        (members_seen_by(&procs, 1).await == [(1, true), (3, true)]).then_some(())
+    })
+    .await;
+    removal.abort();
+    assert!(
+        !procs.read_log(3).contains("members remove 3"),
+        "node 3 refused as a lost voter: {}",
+        procs.read_log(3)
+    );
+    let leader = procs.leader_among(&[1, 3]).await;
+    assert!(lock_cycle(&procs.addr(leader), "one and three", 2)
+        .await
+        .is_some());
+}

@@ -114,11 +114,37 @@ impl Procs {
         };
     }
 
+    /// Like [`start`](Self::start), but only the nodes in `running` are
+    /// started: the others are in every node's `--peers` (voters of the
+    /// bootstrap membership) and start later with [`spawn`](Self::spawn).
+    pub fn start_some(n: u64, extra: &[&str], running: &[u64]) -> Procs {
+        let mut procs = Self::configure(n, extra, BTreeMap::new(), "info", BTreeMap::new());
+        for &id in running {
+            procs.spawn(id, id == 1);
+        }
+        procs
+    }
+
     fn start_full(n: u64, extra: &[&str], dirs: BTreeMap<u64, PathBuf>, rust_log: &str) -> Procs {
         Self::start_full_with(n, extra, dirs, rust_log, BTreeMap::new())
     }
 
     fn start_full_with(
+        n: u64,
+        extra: &[&str],
+        dirs: BTreeMap<u64, PathBuf>,
+        rust_log: &str,
+        binaries: BTreeMap<u64, PathBuf>,
+    ) -> Procs {
+        let mut procs = Self::configure(n, extra, dirs, rust_log, binaries);
+        for id in 1..=n {
+            procs.spawn(id, id == 1);
+        }
+        procs
+    }
+
+    /// The processes of an `n`-node cluster, none started yet.
+    fn configure(
         n: u64,
         extra: &[&str],
         dirs: BTreeMap<u64, PathBuf>,
@@ -133,7 +159,7 @@ impl Procs {
             .map(|(id, a)| format!("{id}={a}"))
             .collect::<Vec<_>>()
             .join(",");
-        let mut procs = Procs {
+        Procs {
             dir: tempfile::tempdir().expect("dir"),
             addrs,
             peers,
@@ -145,11 +171,7 @@ impl Procs {
                 .collect(),
             rust_log: rust_log.to_string(),
             binaries,
-        };
-        for id in 1..=n {
-            procs.spawn(id, id == 1);
         }
-        procs
     }
 
     /// The data directory of node `id`.
