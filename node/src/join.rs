@@ -15,10 +15,11 @@
 //!   added again (the operator's removal stands; empty its data directory
 //!   to join as a new member);
 //! - a node the cluster counts as a voter is one, or is catching up to its
-//!   promotion; an empty one is a voter that lost its data, which its
-//!   cluster identity refuses to take part (see
-//!   [`VOTER_KEY`](crate::raft::identity::VOTER_KEY)) until the operator
-//!   removes its id, after which it is added again here.
+//!   promotion; an empty one that the cluster knows to have held data
+//!   lost it, and its cluster identity refuses to take part (see
+//!   [`VOTERS_WITH_DATA_KEY`](crate::raft::identity::VOTERS_WITH_DATA_KEY))
+//!   until the operator removes its id, after which it is added again
+//!   here.
 //!
 //! This is what lets every pod of a StatefulSet but the first start the
 //! same way, whether the set is new or a pod lost its volume.

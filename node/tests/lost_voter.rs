@@ -272,3 +272,30 @@ async fn a_bootstrap_voter_not_yet_started_joins_after_a_membership_change() {
         .await
         .is_some());
 }
+
+/// A voter of the bootstrap membership that has held data and lost it
+/// stays out too, with no membership change since the bootstrap: the
+/// cluster heard it answer. (Until 0263ac2 the guard could not tell such
+/// a voter from a new one.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bootstrap_voter_that_lost_its_data_stays_out() {
+    let mut procs = Procs::start(3, &[]);
+    let leader = procs.leader().await;
+    assert!(lock_cycle(&procs.addr(leader), "formed", 1).await.is_some());
+    let wiped = if leader == 3 { 2 } else { 3 };
+    procs.kill(wiped).await;
+    std::fs::remove_dir_all(procs.data_dir(wiped)).expect("wipe");
+    let before = procs.read_log(wiped).len();
+    procs.spawn(wiped, false);
+    let refusal = format!("raftlock members remove {wiped}");
+    eventually("the wiped voter refuses to take part", WITHIN, || {
+        let log = procs.read_log(wiped)[before..].to_string();
+        let refused = log.contains(&refusal);
+        async move { refused.then_some(()) }
+    })
+    .await;
+    assert!(members_seen_by(&procs, wiped).await.is_empty());
+    assert!(lock_cycle(&procs.addr(leader), "meanwhile", 2)
+        .await
+        .is_some());
+}

@@ -237,6 +237,7 @@ impl RaftRpc for RaftService {
             let stopping = self.stopping.clone();
             let raft = self.raft.clone();
             let auth = self.auth.clone();
+            let cluster = self.cluster.clone();
             let credential = Arc::new(credential);
             futures::stream::unfold(
                 (Some(inbound), acl_changes),
@@ -245,6 +246,7 @@ impl RaftRpc for RaftService {
                     let mut stopping = stopping.clone();
                     let raft = raft.clone();
                     let (auth, credential) = (auth.clone(), credential.clone());
+                    let cluster = cluster.clone();
                     async move {
                         let mut inbound = inbound?;
                         let next = loop {
@@ -276,6 +278,10 @@ impl RaftRpc for RaftService {
                             }
                         };
                         let at = Instant::now();
+                        if let Err(status) = cluster.check_named(&msg.voters_with_data) {
+                            *refused.lock().expect("refused lock poisoned") = Some(status);
+                            return None;
+                        }
                         let checked = decode::<
                             openraft::raft::AppendEntriesRequest<crate::raft::TypeConfig>,
                         >(&msg)

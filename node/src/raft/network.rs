@@ -118,8 +118,9 @@ pub struct Network {
     quorum_lost: Arc<std::sync::atomic::AtomicBool>,
     /// The first index the log has not purged (see [`ends_stale_stream`]).
     purged: Arc<std::sync::atomic::AtomicU64>,
-    /// This node's Raft metrics, once its Raft runs: every RPC to a voter
-    /// of its membership says so (see [`VOTER_KEY`](super::identity::VOTER_KEY)).
+    /// This node's Raft metrics, once its Raft runs: every RPC names the
+    /// voters of its membership that have held data (see
+    /// [`VOTERS_WITH_DATA_KEY`](super::identity::VOTERS_WITH_DATA_KEY)).
     membership: Arc<std::sync::OnceLock<super::MetricsWatch>>,
 }
 
@@ -167,12 +168,31 @@ impl Network {
         self
     }
 
-    /// From now on, every RPC to a voter of the membership in `metrics`
-    /// (this node's Raft's) is marked so (see
-    /// [`VOTER_KEY`](super::identity::VOTER_KEY)). Set once; later calls
-    /// change nothing.
+    /// From now on, every RPC names the voters of the membership in
+    /// `metrics` (this node's Raft's) that have held data (see
+    /// [`VOTERS_WITH_DATA_KEY`](super::identity::VOTERS_WITH_DATA_KEY)).
+    /// Set once; later calls change nothing.
     pub fn watch_membership(&self, metrics: super::MetricsWatch) {
         let _ = self.membership.set(metrics);
+    }
+
+    /// What this node's RPCs name as voters that have held data (see
+    /// [`VOTERS_WITH_DATA_KEY`](super::identity::VOTERS_WITH_DATA_KEY)).
+    fn voters_with_data(&self) -> Vec<NodeId> {
+        match (&self.cluster, self.membership.get()) {
+            (Some(cluster), Some(m)) => {
+                cluster.voters_with_data(&m.borrow_watched().membership_config)
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// Records that `peer` has held data (it answered with a log or a
+    /// granted vote).
+    fn saw_data(&self, peer: NodeId) {
+        if let Some(cluster) = &self.cluster {
+            cluster.saw_data(peer);
+        }
     }
 
     /// Whether this node, as leader, has lost its quorum now.
@@ -330,12 +350,12 @@ impl Peer {
                 .metadata_mut()
                 .insert(crate::raft::identity::CLUSTER_ID_KEY, id);
         }
-        if let Some(mark) = self.channel.0.membership.get().and_then(|m| {
-            crate::raft::identity::voter_mark(&m.borrow_watched().membership_config, self.target)
-        }) {
+        if let Some(named) =
+            super::identity::ClusterIdentity::named_header(&self.channel.0.voters_with_data())
+        {
             request
                 .metadata_mut()
-                .insert(crate::raft::identity::VOTER_KEY, mark);
+                .insert(crate::raft::identity::VOTERS_WITH_DATA_KEY, named);
         }
         if let Some(acl) = self.auth.current() {
             let value = format!("Bearer {}", acl.peer_token())
@@ -481,6 +501,8 @@ impl Peer {
             data,
             error: Vec::new(),
             leader_quorum_lost: matches!(rpc, Rpc::AppendEntries) && self.channel.0.quorum_lost(),
+            // (Named in the metadata: see `request`.)
+            ..Default::default()
         })?;
         let fut = async {
             match rpc {
@@ -510,6 +532,17 @@ impl Peer {
             Ok(Ok(resp)) => resp.into_inner(),
         };
         decode_reply(self.target, &resp)
+    }
+}
+
+/// Whether an answer to an AppendEntries shows the peer holding a log:
+/// it took the request's entries or matched its `prev_log_id`
+/// (`matched_something`: the request had either).
+fn holds_log(resp: &AppendEntriesResponse<TypeConfig>, matched_something: bool) -> bool {
+    match resp {
+        AppendEntriesResponse::Success => matched_something,
+        AppendEntriesResponse::PartialSuccess(upto) => upto.is_some(),
+        _ => false,
     }
 }
 
@@ -548,6 +581,9 @@ impl RaftNetworkV2<TypeConfig> for Peer {
             stages.sent(self.target, first, last, Instant::now());
         }
         let resp = self.call(Rpc::AppendEntries, &rpc, &option).await?;
+        if holds_log(&resp, rpc.prev_log_id.is_some() || carried.is_some()) {
+            self.channel.0.saw_data(self.target);
+        }
         let upto = match (&resp, carried) {
             (AppendEntriesResponse::Success, Some((_, last))) => Some(last),
             (AppendEntriesResponse::PartialSuccess(Some(upto)), Some(_)) => Some(upto.index),
@@ -622,7 +658,11 @@ impl RaftNetworkV2<TypeConfig> for Peer {
         rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RpcError> {
-        self.call(Rpc::Vote, &rpc, &option).await
+        let resp: VoteResponse<TypeConfig> = self.call(Rpc::Vote, &rpc, &option).await?;
+        if resp.vote_granted || resp.last_log_id.is_some() {
+            self.channel.0.saw_data(self.target);
+        }
+        Ok(resp)
     }
 
     /// A peer of an older build has no `PreVote` (`UNIMPLEMENTED`): that
@@ -634,11 +674,18 @@ impl RaftNetworkV2<TypeConfig> for Peer {
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RpcError> {
         let vote = rpc.vote;
-        self.call_or(Rpc::PreVote, &rpc, &option, |status| {
-            (status.code() == tonic::Code::Unimplemented)
-                .then(|| VoteResponse::new(vote, None, true))
-        })
-        .await
+        let resp: VoteResponse<TypeConfig> = self
+            .call_or(Rpc::PreVote, &rpc, &option, |status| {
+                (status.code() == tonic::Code::Unimplemented)
+                    .then(|| VoteResponse::new(vote, None, true))
+            })
+            .await?;
+        // A pre-vote is granted without being recorded: only a log says
+        // the peer has held data.
+        if resp.last_log_id.is_some() {
+            self.channel.0.saw_data(self.target);
+        }
+        Ok(resp)
     }
 
     async fn transfer_leader(

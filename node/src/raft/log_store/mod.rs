@@ -27,6 +27,7 @@ mod sled_tests;
 #[cfg(test)]
 mod tests;
 
+use std::collections::BTreeSet;
 use std::fmt::Debug;
 use std::future::Future;
 use std::io;
@@ -53,6 +54,7 @@ const KEY_COMMITTED: &str = "committed";
 const KEY_LAST_PURGED: &str = "last_purged";
 const KEY_NODE_ID: &str = "node_id";
 const KEY_CLUSTER_ID: &str = "cluster_id";
+const KEY_HELD_DATA: &str = "held_data";
 
 /// How many indexes the whole-log read at open takes at a time.
 const READ_CHUNK: u64 = 1_024;
@@ -425,6 +427,20 @@ impl LogStore {
     /// Records (durably) that this node belongs to cluster `id`.
     pub async fn set_cluster_id(&self, id: u64) -> io::Result<()> {
         self.disk.write(Write::Meta(KEY_CLUSTER_ID, encode(&id)))?;
+        self.flush().await
+    }
+
+    /// The nodes this node has known to hold data (a log or a vote) in
+    /// its cluster (see [`VOTERS_WITH_DATA_KEY`](crate::raft::identity::VOTERS_WITH_DATA_KEY)):
+    /// empty until recorded. A key older builds do not read: it changes
+    /// no format.
+    pub fn held_data(&self) -> io::Result<BTreeSet<NodeId>> {
+        Ok(self.get_meta(KEY_HELD_DATA)?.unwrap_or_default())
+    }
+
+    /// Records (durably) that the nodes in `nodes` have held data.
+    pub async fn set_held_data(&self, nodes: &BTreeSet<NodeId>) -> io::Result<()> {
+        self.disk.write(Write::Meta(KEY_HELD_DATA, encode(nodes)))?;
         self.flush().await
     }
 

@@ -78,6 +78,7 @@ impl Peer {
                     data: crate::codec::encode(&rpc).unwrap_or_default(),
                     error: Vec::new(),
                     leader_quorum_lost: network.quorum_lost(),
+                    voters_with_data: network.voters_with_data(),
                 }
             })
         };
@@ -158,6 +159,9 @@ impl Peer {
                     .pop_front();
                 let result: Result<StreamAppendResult<TypeConfig>, RpcError> =
                     decode_reply(target, &item);
+                if let Ok(Ok(Some(_))) = &result {
+                    channel.0.saw_data(target);
+                }
                 if let (Ok(Ok(Some(matched))), Some((_, Some((first, last))))) = (&result, sent) {
                     let upto = matched.index.min(last);
                     if upto >= first {
