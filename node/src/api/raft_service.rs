@@ -278,7 +278,7 @@ impl RaftRpc for RaftService {
                             }
                         };
                         let at = Instant::now();
-                        if let Err(status) = cluster.check_named(&msg.voters_with_data) {
+                        if let Err(status) = cluster.check_named(&msg.voters_with_data).await {
                             *refused.lock().expect("refused lock poisoned") = Some(status);
                             return None;
                         }

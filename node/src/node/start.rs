@@ -507,7 +507,7 @@ async fn open_log(opts: &NodeOptions) -> anyhow::Result<OpenedLog> {
     let closed = log.closed();
     log.check_node_id(opts.id).await?;
     let fresh = log.is_fresh();
-    let cluster = Arc::new(ClusterIdentity::open(opts.id, log.clone())?);
+    let cluster = Arc::new(ClusterIdentity::open(opts.id, log.clone()).await?);
     let started_empty = fresh && cluster.id() == 0;
     if opts.init && fresh {
         cluster.create().await?;

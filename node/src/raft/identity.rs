@@ -13,18 +13,21 @@
 //! [`VOTERS_WITH_DATA_KEY`], the voters of the sender's membership that
 //! the sender knows have held data: itself, each peer that has answered
 //! it with a log or a granted vote, and each that an RPC from another
-//! node named so (the names spread with every RPC, replication streams
-//! carrying them in every message, and each node keeps them in its data
-//! directory). A voter named so and found empty lost its data directory,
-//! with the votes it granted and the entries it acknowledged; taking part
-//! again could let a leader be elected twice in one term or an
-//! acknowledged entry be lost. It refuses the RPC (`FAILED_PRECONDITION`)
-//! and stays out until the cluster has removed its id; then it can be
+//! node of its cluster named so (the names spread with every RPC,
+//! replication streams carrying them in every message, and each node
+//! records them in its data directory before it acts on them). A voter
+//! named so and found empty lost its data directory, with the votes it
+//! granted and the entries it acknowledged; taking part again could let a
+//! leader be elected twice in one term or an acknowledged entry be lost.
+//! It refuses the RPC (`FAILED_PRECONDITION`) and stays out until the
+//! cluster has removed its id, as long as the RPCs it gets name it (one
+//! from a node that has not heard of its data lets it in); then it can be
 //! added again, as a learner (`raftlock members remove N`, then
-//! `raftlock members add N`), which names it no more until it has caught
-//! up. A voter no node has heard from yet (one of the bootstrap
-//! membership's, `--init` with several `--peers`, that has not started)
-//! is named by no one, and joins whatever membership changes it missed.
+//! `raftlock members add N`), which is named again once promoted (after
+//! it has caught up). A voter no node has heard from yet (one of the
+//! bootstrap membership's, `--init` with several `--peers`, that has not
+//! started) is named by no one, and joins whatever membership changes it
+//! missed.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -84,8 +87,19 @@ pub const REFUSAL_LOG_EVERY: std::time::Duration = std::time::Duration::from_sec
 
 impl ClusterIdentity {
     /// The identity of node `node`, kept in `store`.
-    pub fn open(node: super::NodeId, store: LogStore) -> anyhow::Result<Self> {
+    pub async fn open(node: super::NodeId, store: LogStore) -> anyhow::Result<Self> {
         let id = store.cluster_id()?.unwrap_or(0);
+        // A data directory with a log or a vote but no record of who held
+        // data comes from a build before the record: its first membership
+        // seeds it (see `Known::upgraded`).
+        let (nodes, upgraded) = match store.held_data()? {
+            Some(nodes) => (nodes, false),
+            None if store.is_fresh() => {
+                store.set_held_data(&Default::default()).await?;
+                (Default::default(), false)
+            }
+            None => (Default::default(), true),
+        };
         Ok(ClusterIdentity {
             node,
             id: AtomicU64::new(id),
@@ -94,7 +108,11 @@ impl ClusterIdentity {
             lost_voter: Throttle::new(REFUSAL_LOG_EVERY),
             has_data: std::sync::atomic::AtomicBool::new(false),
             held: Arc::new(Held {
-                known: std::sync::Mutex::new(store.held_data()?),
+                known: std::sync::Mutex::new(Known {
+                    nodes,
+                    dirty: false,
+                    upgraded,
+                }),
                 writing: tokio::sync::Mutex::new(()),
             }),
             store,
@@ -139,7 +157,7 @@ impl ClusterIdentity {
         // not heard of its data) lets nothing through.
         self.refuse_if_lost(&named)?;
         self.check_id(metadata).await?;
-        self.learn(named);
+        self.learn(named).await;
         Ok(())
     }
 
@@ -148,14 +166,14 @@ impl ClusterIdentity {
     /// [`check`](Self::check)ed when it opened): refused as
     /// [`check`](Self::check) refuses, else taken as known to have held
     /// data.
-    pub fn check_named(&self, named: &[super::NodeId]) -> Result<(), Status> {
+    pub async fn check_named(&self, named: &[super::NodeId]) -> Result<(), Status> {
         if named.len() > MAX_VOTERS_NAMED {
             return Err(Status::invalid_argument(format!(
                 "voters_with_data names more than {MAX_VOTERS_NAMED} nodes"
             )));
         }
         self.refuse_if_lost(named)?;
-        self.learn(named.iter().copied());
+        self.learn(named.iter().copied()).await;
         Ok(())
     }
 
@@ -192,41 +210,63 @@ impl ClusterIdentity {
 
     /// Records that `node` has held data: it answered this node with a
     /// log or a granted vote.
-    pub fn saw_data(&self, node: super::NodeId) {
-        self.learn([node]);
+    pub async fn saw_data(&self, node: super::NodeId) {
+        self.learn([node]).await;
     }
 
-    /// Takes the nodes in `nodes` as known to have held data; the ones
-    /// not known before are recorded in the data directory (in the
-    /// background: until then, a restart forgets them, and the next RPC
-    /// that names them teaches them again).
-    fn learn(&self, nodes: impl IntoIterator<Item = super::NodeId>) {
-        let mut known = self.held.known.lock().expect("held lock poisoned");
-        let before = known.len();
-        known.extend(nodes);
-        if known.len() == before {
+    /// Takes the nodes in `nodes` as known to have held data; any not
+    /// recorded yet in the data directory are recorded (durably) before
+    /// this returns. A failed recording is tried again at the next call.
+    async fn learn(&self, nodes: impl IntoIterator<Item = super::NodeId>) {
+        let dirty = {
+            let mut known = self.held.known.lock().expect("held lock poisoned");
+            let before = known.nodes.len();
+            known.nodes.extend(nodes);
+            known.dirty |= known.nodes.len() != before;
+            known.dirty
+        };
+        if !dirty {
             return;
         }
-        drop(known);
-        let (held, store) = (self.held.clone(), self.store.clone());
-        tokio::spawn(async move {
-            let _one = held.writing.lock().await;
-            let known = held.known.lock().expect("held lock poisoned").clone();
-            if let Err(e) = store.set_held_data(&known).await {
-                tracing::warn!("cannot record which nodes have held data: {e}");
+        let _one = self.held.writing.lock().await;
+        let nodes = {
+            let mut known = self.held.known.lock().expect("held lock poisoned");
+            if !known.dirty {
+                return;
             }
-        });
+            known.dirty = false;
+            known.nodes.clone()
+        };
+        if let Err(e) = self.store.set_held_data(&nodes).await {
+            tracing::warn!("cannot record which nodes have held data (tried again later): {e}");
+            self.held.known.lock().expect("held lock poisoned").dirty = true;
+        }
     }
 
     /// The voters of `membership` (this node's) that this node knows have
-    /// held data, itself included when it is one: what its RPCs name (see
+    /// held data, itself included when it is one (at most
+    /// [`MAX_VOTERS_NAMED`]): what its RPCs name (see
     /// [`VOTERS_WITH_DATA_KEY`]).
     pub fn voters_with_data(&self, membership: &super::StoredMembership) -> Vec<super::NodeId> {
-        let known = self.held.known.lock().expect("held lock poisoned");
+        let mut known = self.held.known.lock().expect("held lock poisoned");
+        if known.upgraded {
+            if let Some(at) = membership.log_id() {
+                // The first membership read from an upgraded data
+                // directory: the voters the builds before named (those of
+                // a membership after the bootstrap one) held data as far
+                // as they could tell. Recorded with the next name learned.
+                known.upgraded = false;
+                if at.index > 0 {
+                    known.nodes.extend(membership.membership().voter_ids());
+                    known.dirty = true;
+                }
+            }
+        }
         membership
             .membership()
             .voter_ids()
-            .filter(|v| *v == self.node || known.contains(v))
+            .filter(|v| *v == self.node || known.nodes.contains(v))
+            .take(MAX_VOTERS_NAMED)
             .collect()
     }
 
@@ -244,10 +284,21 @@ impl ClusterIdentity {
 
 /// The nodes a node knows to have held data.
 struct Held {
-    /// The nodes.
-    known: std::sync::Mutex<std::collections::BTreeSet<super::NodeId>>,
+    /// The nodes, and whether the data directory has them all.
+    known: std::sync::Mutex<Known>,
     /// Serializes their recording.
     writing: tokio::sync::Mutex<()>,
+}
+
+struct Known {
+    /// The nodes.
+    nodes: std::collections::BTreeSet<super::NodeId>,
+    /// Some are not recorded in the data directory yet.
+    dirty: bool,
+    /// The data directory comes from a build that kept no record (it had
+    /// a log or a vote, and no record, when this process started), and
+    /// no membership has been seen yet.
+    upgraded: bool,
 }
 
 impl ClusterIdentity {
@@ -322,20 +373,20 @@ mod tests {
         m
     }
 
-    fn node_2_on(disk: MemDisk) -> ClusterIdentity {
+    async fn node_2_on(disk: MemDisk) -> ClusterIdentity {
         let store = LogStore::in_memory(disk).expect("open");
-        ClusterIdentity::open(2, store).expect("identity")
+        ClusterIdentity::open(2, store).await.expect("identity")
     }
 
-    fn empty_node_2() -> ClusterIdentity {
-        node_2_on(MemDisk::new())
+    async fn empty_node_2() -> ClusterIdentity {
+        node_2_on(MemDisk::new()).await
     }
 
     /// Issue 45, item 4: an empty node the cluster names a voter that has
     /// held data refuses, adopts nothing, and says how to bring it back.
     #[tokio::test]
     async fn an_empty_node_named_a_voter_with_data_refuses() {
-        let identity = empty_node_2();
+        let identity = empty_node_2().await;
         for _ in 0..2 {
             let refused = identity.check(&rpc(Some("1,2,3"))).await.unwrap_err();
             assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
@@ -345,7 +396,7 @@ mod tests {
             );
             assert_eq!(identity.id(), 0, "nothing adopted");
             assert_eq!(identity.store.cluster_id().unwrap(), None);
-            let refused = identity.check_named(&[2]).unwrap_err();
+            let refused = identity.check_named(&[2]).await.unwrap_err();
             assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
         }
         // Removed, then added again: a learner, not named.
@@ -362,7 +413,7 @@ mod tests {
     /// it), and whether or not the RPC carries the cluster id.
     #[tokio::test]
     async fn the_guard_holds_while_the_node_is_empty_after_adopting() {
-        let identity = empty_node_2();
+        let identity = empty_node_2().await;
         identity
             .check(&rpc(None))
             .await
@@ -381,7 +432,7 @@ mod tests {
     #[tokio::test]
     async fn an_empty_node_not_named_joins() {
         for named in [None, Some("1"), Some("1,3"), Some(" 1 , 3 ")] {
-            let identity = empty_node_2();
+            let identity = empty_node_2().await;
             identity
                 .check(&rpc(named))
                 .await
@@ -400,21 +451,22 @@ mod tests {
             .join(",");
         let over = format!("{at_limit},9999");
         for bad in ["", "2@7", "junk", "1,,3", over.as_str()] {
-            let identity = empty_node_2();
+            let identity = empty_node_2().await;
             let refused = identity.check(&rpc(Some(bad))).await.unwrap_err();
             assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{bad:?}");
             assert_eq!(identity.id(), 0, "{bad:?}");
         }
-        let identity = empty_node_2();
+        let identity = empty_node_2().await;
         identity
             .check(&rpc(Some(&at_limit)))
             .await
             .expect("at the limit");
         let over: Vec<u64> = (0..=MAX_VOTERS_NAMED as u64).map(|i| i + 10).collect();
-        let refused = identity.check_named(&over).unwrap_err();
+        let refused = identity.check_named(&over).await.unwrap_err();
         assert_eq!(refused.code(), tonic::Code::InvalidArgument);
         identity
             .check_named(&over[..MAX_VOTERS_NAMED])
+            .await
             .expect("at the limit");
     }
 
@@ -425,59 +477,94 @@ mod tests {
         let disk = MemDisk::new();
         let mut store = LogStore::in_memory(disk.clone()).expect("open");
         store.save_vote(&Vote::new(3, 1)).await.expect("vote");
-        let identity = ClusterIdentity::open(2, store).expect("identity");
+        let identity = ClusterIdentity::open(2, store).await.expect("identity");
         identity.check(&rpc(Some("2"))).await.expect("adopted");
         assert_eq!(identity.id(), THEIRS);
-        identity.check_named(&[2]).expect("not empty");
+        identity.check_named(&[2]).await.expect("not empty");
+    }
+
+    fn membership(index: u64, voters: &[u64], all: &[u64]) -> crate::raft::StoredMembership {
+        use crate::raft::NodeAddrs;
+        let nodes = all
+            .iter()
+            .map(|id| (*id, NodeAddrs::shared(format!("n{id}:1"))))
+            .collect::<std::collections::BTreeMap<_, _>>();
+        let voters = voters.iter().copied().collect();
+        let m = openraft::Membership::new(vec![voters], nodes).expect("membership");
+        crate::raft::StoredMembership::new(Some(crate::raft::log_id(2, 1, index)), m)
     }
 
     /// What a node names: the voters of its membership it has seen hold
     /// data or was told of (itself among them when a voter), learners
-    /// and non-members never; what it learned survives a restart.
+    /// and non-members never; what it learned is recorded before it acts
+    /// on it, and survives a restart.
     #[tokio::test]
     async fn a_node_names_the_voters_it_knows_have_held_data() {
-        use crate::raft::{NodeAddrs, StoredMembership};
-        let nodes = |ids: &[u64]| -> std::collections::BTreeMap<u64, NodeAddrs> {
-            ids.iter()
-                .map(|id| (*id, NodeAddrs::shared(format!("n{id}:1"))))
-                .collect()
-        };
-        let voters = |ids: &[u64]| {
-            ids.iter()
-                .copied()
-                .collect::<std::collections::BTreeSet<_>>()
-        };
-        let membership = |v: &[u64], all: &[u64]| {
-            let m = openraft::Membership::new(vec![voters(v)], nodes(all)).expect("membership");
-            StoredMembership::new(Some(crate::raft::log_id(2, 1, 9)), m)
-        };
         let disk = MemDisk::new();
-        let identity = node_2_on(disk.clone());
-        let m = membership(&[1, 2, 3], &[1, 2, 3, 4]);
+        let identity = node_2_on(disk.clone()).await;
+        let m = membership(9, &[1, 2, 3], &[1, 2, 3, 4]);
         assert_eq!(identity.voters_with_data(&m), [2], "itself only");
-        identity.saw_data(4);
-        identity.saw_data(3);
+        identity.saw_data(4).await;
+        identity.saw_data(3).await;
         assert_eq!(identity.voters_with_data(&m), [2, 3], "4 is a learner");
         identity.check(&rpc(Some("1,4"))).await.expect("told");
         assert_eq!(identity.voters_with_data(&m), [1, 2, 3]);
-        let promoted = membership(&[1, 2, 3, 4], &[1, 2, 3, 4]);
+        let promoted = membership(12, &[1, 2, 3, 4], &[1, 2, 3, 4]);
         assert_eq!(identity.voters_with_data(&promoted), [1, 2, 3, 4]);
-        assert!(identity.voters_with_data(&membership(&[1], &[1])) == [1]);
-
-        // Recorded in the background; a restart reads it back.
-        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
-        let want: std::collections::BTreeSet<u64> = [1, 3, 4].into();
-        loop {
-            let store = LogStore::in_memory(disk.clone()).expect("open");
-            if store.held_data().expect("read") == want {
-                break;
-            }
-            assert!(tokio::time::Instant::now() < deadline, "not recorded");
-            tokio::task::yield_now().await;
-        }
-        let again = node_2_on(disk);
+        assert_eq!(identity.voters_with_data(&membership(14, &[1], &[1])), [1]);
+        let store = LogStore::in_memory(disk.clone()).expect("open");
+        assert_eq!(store.held_data().expect("read"), Some([1, 3, 4].into()));
+        let again = node_2_on(disk).await;
         assert_eq!(again.voters_with_data(&promoted), [1, 2, 3, 4]);
         assert_eq!(ClusterIdentity::named_header(&[]), None);
         assert_eq!(ClusterIdentity::named_header(&[1, 3]).unwrap(), "1,3");
+    }
+
+    /// A recording that failed (a full disk) is made at the next name
+    /// learned, known or not.
+    #[tokio::test]
+    async fn a_failed_recording_is_made_again() {
+        let disk = MemDisk::new();
+        let identity = node_2_on(disk.clone()).await;
+        disk.fill();
+        identity.saw_data(3).await;
+        let read = || LogStore::in_memory(disk.clone()).expect("open").held_data();
+        assert_eq!(read().expect("read"), Some([].into()), "not recorded");
+        disk.heal();
+        identity.saw_data(3).await;
+        assert_eq!(read().expect("read"), Some([3].into()));
+    }
+
+    /// A data directory of a build before the record (a log or a vote, no
+    /// record): the voters the builds before named, those of its first
+    /// membership after the bootstrap one, are taken as having held data;
+    /// with the bootstrap membership, none are (as before).
+    #[tokio::test]
+    async fn an_upgraded_data_directory_names_what_the_builds_before_did() {
+        for (index, named) in [(7, vec![1, 2, 3]), (0, vec![2])] {
+            let disk = MemDisk::new();
+            let mut store = LogStore::in_memory(disk.clone()).expect("open");
+            store.save_vote(&Vote::new(3, 1)).await.expect("vote");
+            let identity = ClusterIdentity::open(2, store).await.expect("identity");
+            let m = membership(index, &[1, 2, 3], &[1, 2, 3]);
+            assert_eq!(identity.voters_with_data(&m), named, "index {index}");
+            identity.saw_data(2).await;
+            let held = LogStore::in_memory(disk).expect("open").held_data();
+            let mut want: std::collections::BTreeSet<u64> = named.into_iter().collect();
+            want.insert(2);
+            assert_eq!(held.expect("read"), Some(want), "index {index}");
+        }
+        // A new data directory is recorded as such from the start: a
+        // restart before anything was learned seeds nothing.
+        let disk = MemDisk::new();
+        let identity = node_2_on(disk.clone()).await;
+        drop(identity);
+        let mut store = LogStore::in_memory(disk.clone()).expect("open");
+        store.save_vote(&Vote::new(3, 1)).await.expect("vote");
+        let identity = ClusterIdentity::open(2, store).await.expect("identity");
+        assert_eq!(
+            identity.voters_with_data(&membership(7, &[1, 2, 3], &[1, 2, 3])),
+            [2]
+        );
     }
 }

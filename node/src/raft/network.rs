@@ -189,9 +189,9 @@ impl Network {
 
     /// Records that `peer` has held data (it answered with a log or a
     /// granted vote).
-    fn saw_data(&self, peer: NodeId) {
+    async fn saw_data(&self, peer: NodeId) {
         if let Some(cluster) = &self.cluster {
-            cluster.saw_data(peer);
+            cluster.saw_data(peer).await;
         }
     }
 
@@ -582,7 +582,7 @@ impl RaftNetworkV2<TypeConfig> for Peer {
         }
         let resp = self.call(Rpc::AppendEntries, &rpc, &option).await?;
         if holds_log(&resp, rpc.prev_log_id.is_some() || carried.is_some()) {
-            self.channel.0.saw_data(self.target);
+            self.channel.0.saw_data(self.target).await;
         }
         let upto = match (&resp, carried) {
             (AppendEntriesResponse::Success, Some((_, last))) => Some(last),
@@ -660,7 +660,7 @@ impl RaftNetworkV2<TypeConfig> for Peer {
     ) -> Result<VoteResponse<TypeConfig>, RpcError> {
         let resp: VoteResponse<TypeConfig> = self.call(Rpc::Vote, &rpc, &option).await?;
         if resp.vote_granted || resp.last_log_id.is_some() {
-            self.channel.0.saw_data(self.target);
+            self.channel.0.saw_data(self.target).await;
         }
         Ok(resp)
     }
@@ -683,7 +683,7 @@ impl RaftNetworkV2<TypeConfig> for Peer {
         // A pre-vote is granted without being recorded: only a log says
         // the peer has held data.
         if resp.last_log_id.is_some() {
-            self.channel.0.saw_data(self.target);
+            self.channel.0.saw_data(self.target).await;
         }
         Ok(resp)
     }
@@ -713,6 +713,10 @@ impl RaftNetworkV2<TypeConfig> for Peer {
             other => StreamingError::Network(NetworkError::new(&other)),
         })?;
         let result = self.send_snapshot(vote, snapshot, cancel).await;
+        if result.is_ok() {
+            // The peer installed the snapshot: it holds data.
+            self.channel.0.saw_data(self.target).await;
+        }
         match &result {
             // Cancelled by openraft: says nothing about the peer.
             Err(StreamingError::Closed(_)) => {}

@@ -431,11 +431,11 @@ impl LogStore {
     }
 
     /// The nodes this node has known to hold data (a log or a vote) in
-    /// its cluster (see [`VOTERS_WITH_DATA_KEY`](crate::raft::identity::VOTERS_WITH_DATA_KEY)):
-    /// empty until recorded. A key older builds do not read: it changes
-    /// no format.
-    pub fn held_data(&self) -> io::Result<BTreeSet<NodeId>> {
-        Ok(self.get_meta(KEY_HELD_DATA)?.unwrap_or_default())
+    /// its cluster (see [`VOTERS_WITH_DATA_KEY`](crate::raft::identity::VOTERS_WITH_DATA_KEY)),
+    /// `None` until first recorded. A key older builds do not read: it
+    /// changes no format.
+    pub fn held_data(&self) -> io::Result<Option<BTreeSet<NodeId>>> {
+        self.get_meta(KEY_HELD_DATA)
     }
 
     /// Records (durably) that the nodes in `nodes` have held data.

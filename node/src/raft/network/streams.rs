@@ -160,7 +160,7 @@ impl Peer {
                 let result: Result<StreamAppendResult<TypeConfig>, RpcError> =
                     decode_reply(target, &item);
                 if let Ok(Ok(Some(_))) = &result {
-                    channel.0.saw_data(target);
+                    channel.0.saw_data(target).await;
                 }
                 if let (Ok(Ok(Some(matched))), Some((_, Some((first, last))))) = (&result, sent) {
                     let upto = matched.index.min(last);
