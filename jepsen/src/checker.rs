@@ -21,6 +21,7 @@
 //! | `no-zombie` | a node said `SERVING` without following the cluster for too long, or was up at the end without serving (see [`crate::zombie`]) |
 //! | `node-exits` | a node exited on its own while its disk was not failing and its log was not damaged (see [`crate::zombie`]) |
 //! | `log-rot` | a node started on a damaged log that lost what its mark names, refused one that did not, or did neither (see [`crate::nemesis::rot`]) |
+//! | `lost-disk` | a voter the cluster had heard from, wiped and started empty under its old id, took part (showed a term or a membership) instead of refusing, or did neither within 30 s (see [`crate::nemesis::lost_disk`]) |
 //!
 //! "Certainly held" and "believed": see [`raftlock_check::checker`].
 
@@ -218,6 +219,7 @@ pub fn check(input: &CheckInput) -> Checked {
     add("ghosts", crate::beliefs::ghosts(input.ops, input.windows));
     add("hostile-peer", crate::nemesis::hostile::check(input.events));
     add("log-rot", crate::nemesis::rot::check(input.events));
+    add("lost-disk", crate::nemesis::lost_disk::check(input.events));
     add(
         "node-exits",
         crate::zombie::node_exits(input.events, input.windows),

@@ -37,6 +37,7 @@ fn kind_color(k: NemesisKind) -> &'static str {
         NemesisKind::HostilePeer => "#d62728",
         NemesisKind::LongPartition => "#1f3a5f",
         NemesisKind::Rot => "#8c564b",
+        NemesisKind::LostDisk => "#7f7f7f",
     }
 }
 

@@ -30,8 +30,9 @@ pub struct RunArgs {
     pub time_limit: u64,
     /// Faults: comma-separated kill, pause, partition, clock, membership,
     /// restore, lose-unsynced, slow-disk (disk = both), restart-fast,
-    /// disk-error, client-link, hostile-peer, long-partition, rot, or all
-    /// (every kind but long-partition and rot) / none.
+    /// disk-error, client-link, hostile-peer, long-partition, rot,
+    /// lost-disk, or all (every kind but long-partition, rot and
+    /// lost-disk) / none.
     #[arg(long, default_value = "kill,pause,partition")]
     pub nemesis: String,
     /// fenced-counter, lock, semaphore, clients or leases.

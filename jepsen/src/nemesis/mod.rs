@@ -28,6 +28,7 @@ use tokio::time::Instant;
 mod disk;
 pub mod hostile;
 mod links;
+pub mod lost_disk;
 mod membership;
 mod partitions;
 mod restart;
@@ -79,6 +80,11 @@ pub enum NemesisKind {
     /// a byte flipped); a node that refuses it is replaced. Not part of
     /// `all` (each one replaces a node): name it. See [`rot`].
     Rot,
+    /// A follower's whole data directory lost; it comes back empty under
+    /// its old id and must refuse to take part; then it is replaced. Not
+    /// part of `all` (each one replaces a node): name it. See
+    /// [`lost_disk`].
+    LostDisk,
 }
 
 /// How long a `long-partition` holds its partition (ms). A peer channel pings
@@ -118,13 +124,16 @@ impl NemesisKind {
                 "rot" => {
                     out.insert(NemesisKind::Rot);
                 }
+                "lost-disk" => {
+                    out.insert(NemesisKind::LostDisk);
+                }
                 other => match ALL_KINDS.iter().find(|k| k.name() == other) {
                     Some(k) => {
                         out.insert(*k);
                     }
                     None => anyhow::bail!(
-                        "unknown nemesis {other:?} (expected {}, long-partition, rot, disk, all or \
-                         none)",
+                        "unknown nemesis {other:?} (expected {}, long-partition, rot, lost-disk, \
+                         disk, all or none)",
                         ALL_KINDS.map(NemesisKind::name).join(", ")
                     ),
                 },
@@ -150,6 +159,7 @@ impl NemesisKind {
             NemesisKind::HostilePeer => "hostile-peer",
             NemesisKind::LongPartition => "long-partition",
             NemesisKind::Rot => "rot",
+            NemesisKind::LostDisk => "lost-disk",
         }
     }
 
@@ -484,6 +494,7 @@ async fn start(
         }
         NemesisKind::RestartFast => restart::restart_fast(cluster, &members, leader, rng).await?,
         NemesisKind::Rot => rot::rot(cluster, rec, &members, leader, rng).await?,
+        NemesisKind::LostDisk => lost_disk::lost_disk(cluster, rec, &members, leader).await?,
         NemesisKind::DiskError => {
             let l = pick_leader(rng);
             disk::disk_error(cluster, &members, l, majority, rng).await?
@@ -583,6 +594,7 @@ pub fn windows_from_history(events: &[crate::history::Event]) -> Vec<Window> {
         "add-node" | "remove-node" => Some(NemesisKind::Membership),
         "long-partition" => Some(NemesisKind::LongPartition),
         "rot" => Some(NemesisKind::Rot),
+        "lost-disk" => Some(NemesisKind::LostDisk),
         name => ALL_KINDS.iter().copied().find(|k| k.name() == name),
     };
     let mut open: std::collections::HashMap<String, (u64, Value)> = Default::default();

@@ -246,9 +246,10 @@ async fn start_or_refuse(
     }
 }
 
-/// Replaces a node that refused its log: removes it from the cluster,
-/// wipes its data and adds it again. What each step answered.
-async fn replace(cluster: &Arc<Mutex<Cluster>>, rec: &Recorder, id: u64) -> Value {
+/// Replaces a node that refused its log (or, for `lost-disk`, its empty
+/// data directory): removes it from the cluster, wipes its data and adds
+/// it again. What each step answered.
+pub(super) async fn replace(cluster: &Arc<Mutex<Cluster>>, rec: &Recorder, id: u64) -> Value {
     let (admin, addr) = {
         let c = cluster.lock().await;
         (c.admin().clone(), c.addr(id))
