@@ -57,6 +57,13 @@ const LOCK: &str = "L";
 const SESSION_TTL: Duration = Duration::from_secs(2);
 /// The longest a message takes on a calm link (the shortest: 0.2 ms).
 const MAX_LATENCY: Duration = Duration::from_millis(5);
+
+/// How long a leader may go on hearing nothing over a connection before
+/// its HTTP/2 keep-alive closes it, ending the calls on it: a ping after
+/// 5 s of silence, unanswered for 5 s (`node::start`). A follower's
+/// cancel of a forwarded `Lock`, lost on a cut link, reaches the leader
+/// no sooner.
+const FORWARD_CUT_NOTICE: Duration = Duration::from_secs(10);
 /// How long the liveness phase may take to grant the lock, once every
 /// fault is healed (simulated).
 pub const LIVENESS_BOUND: Duration = Duration::from_secs(30);
@@ -278,6 +285,9 @@ struct Record {
     /// Ghost waiters: the name each waited for, when its `Lock` was sent
     /// and when its caller went away (us).
     ghosts: Vec<Ghost>,
+    /// Every link the faults cut (partitioned, both ways or one way), for
+    /// the ghost check.
+    cuts: Vec<Cut>,
     /// Leadership round trips the operator completed.
     round_trips: u64,
     /// Sessions that end with their process whose process died: the
@@ -403,10 +413,64 @@ struct CatchUp {
 struct Ghost {
     /// The name it waited for.
     name: String,
+    /// The node its `Lock` was sent to (a follower forwards it to the
+    /// leader).
+    via: u64,
     /// When its `Lock` was sent.
     sent: u64,
     /// When its caller went away.
     gone: u64,
+}
+
+/// A link the faults cut: from one host to the other,
+/// from when until when (simulated ms; `None` while it is cut). turmoil
+/// drops what is sent over a cut link, and its TCP never sends it again:
+/// every later segment on that connection, in that direction, waits
+/// behind the gap for good, so the receiver hears nothing more on it
+/// until its HTTP/2 keep-alive closes the connection.
+struct Cut {
+    hosts: (String, String),
+    from: u64,
+    until: Option<u64>,
+}
+
+impl Record {
+    /// Records that the link from host `a` to host `b` is cut from `now`
+    /// (ms), and from `b` to `a` too if `both`.
+    fn cut(&mut self, a: &str, b: &str, both: bool, now: u64) {
+        let ways: &[(&str, &str)] = if both { &[(a, b), (b, a)] } else { &[(a, b)] };
+        for (x, y) in ways {
+            self.cuts.push(Cut {
+                hosts: (x.to_string(), y.to_string()),
+                from: now,
+                until: None,
+            });
+        }
+    }
+
+    /// Records that the link between `a` and `b` is whole again at `now`
+    /// (ms): both ways, or only `a -> b` if `oneway` (a one-way cut of
+    /// `b -> a` stays).
+    fn mend(&mut self, a: &str, b: &str, oneway: bool, now: u64) {
+        for c in self.cuts.iter_mut().filter(|c| c.until.is_none()) {
+            let (x, y) = (c.hosts.0.as_str(), c.hosts.1.as_str());
+            if (x, y) == (a, b) || (!oneway && (x, y) == (b, a)) {
+                c.until = Some(now);
+            }
+        }
+    }
+
+    /// Whether the link between nodes `a` and `b` was cut (either way) at
+    /// any time from `from` to `to` (ms).
+    fn was_cut(&self, a: u64, b: u64, from: u64, to: u64) -> bool {
+        let (a, b) = (host(a), host(b));
+        self.cuts.iter().any(|c| {
+            let (x, y) = (&c.hosts.0, &c.hosts.1);
+            ((*x == a && *y == b) || (*x == b && *y == a))
+                && c.from <= to
+                && c.until.is_none_or(|u| u >= from)
+        })
+    }
 }
 
 /// The simulated cluster the driver runs: turmoil's simulation (the

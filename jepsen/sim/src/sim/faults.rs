@@ -50,11 +50,13 @@ pub(super) fn apply_undo(
     disks: &BTreeMap<u64, MemDisk>,
     u: Undo,
     down: &mut Down,
+    now: u64,
 ) {
     match u {
         Undo::Repair(a, b) => {
             note(record, format!("repair {a} <-> {b}"));
             sim.repair(a.as_str(), b.as_str());
+            record.borrow_mut().mend(&a, &b, false, now);
         }
         Undo::Release(a, b) => {
             note(record, format!("release {a} <-> {b}"));
@@ -78,6 +80,7 @@ pub(super) fn apply_undo(
         Undo::RepairOneway(a, b) => {
             note(record, format!("repair {a} -> {b}"));
             sim.repair_oneway(a.as_str(), b.as_str());
+            record.borrow_mut().mend(&a, &b, true, now);
         }
         Undo::Calm(a, b) => {
             note(record, format!("calm {a} <-> {b}"));
@@ -236,6 +239,7 @@ pub(super) fn inject(
                 format!("partition {a} -> {b} (one way) for {lasts} ms"),
             );
             sim.partition_oneway(a.as_str(), b.as_str());
+            record.borrow_mut().cut(&a, &b, false, now);
             undo.push((now + lasts, Undo::RepairOneway(a, b)));
         }
         0 => {
@@ -244,6 +248,7 @@ pub(super) fn inject(
             let lasts = rng.random_range(100..3_000);
             note(record, format!("partition {a} <-> {b} for {lasts} ms"));
             sim.partition(a.as_str(), b.as_str());
+            record.borrow_mut().cut(&a, &b, true, now);
             undo.push((now + lasts, Undo::Repair(a, b)));
         }
         1 => {
@@ -498,7 +503,7 @@ pub(super) fn undo_due(cluster: &mut Cluster<'_>, f: &mut Faults, now: u64) {
     while i < f.undo.len() {
         if f.undo[i].0 <= now {
             let (_, u) = f.undo.remove(i);
-            apply_undo(sim, record, disks, u, &mut f.down);
+            apply_undo(sim, record, disks, u, &mut f.down, now);
         } else {
             i += 1;
         }
@@ -519,7 +524,7 @@ pub(super) fn faults_off(
     if now >= f.stop_ms && !f.probing {
         // Faults off: heal everything, then the liveness probe.
         for (_, u) in f.undo.drain(..) {
-            apply_undo(sim, record, disks, u, &mut f.down);
+            apply_undo(sim, record, disks, u, &mut f.down, now);
         }
         note(record, "faults off; the liveness probe starts".into());
         f.probing = true;
@@ -533,9 +538,11 @@ pub(super) fn faults_off(
                     .copied()
             };
             if let Some(f) = stranded {
-                for other in record.borrow().members.clone() {
+                let members = record.borrow().members.clone();
+                for other in members {
                     if other != f {
                         sim.partition(host(f).as_str(), host(other).as_str());
+                        record.borrow_mut().cut(&host(f), &host(other), true, now);
                     }
                 }
                 note(

@@ -12,6 +12,7 @@ use raftlock_node::state::SessionId;
 
 use super::{
     believers, fnv, note, CatchUp, Ghost, Shared, BELIEF_NAMES, CATCH_UP_BOUND, FNV_START,
+    FORWARD_CUT_NOTICE,
 };
 use crate::belief::{self, Held};
 use crate::oracle;
@@ -123,26 +124,45 @@ impl Watch {
     /// had its guard on that leader: a caller gone while no node held its
     /// call leaves its session to its ttl (seed 711267: the ghost's `Lock`
     /// was queued on node 2, which left the cluster while the call hung).
+    ///
+    /// A `Lock` sent to a follower is forwarded to the leader over the
+    /// follower's connection to it. If that link was cut while the call
+    /// was in flight, the follower's cancel (or a frame before it) was
+    /// lost, and the leader learns that the call is gone only when its
+    /// HTTP/2 keep-alive closes the connection ([`FORWARD_CUT_NOTICE`]
+    /// later at most): such a ghost is judged that much later (seed
+    /// 3600294; the `Lock` rpc's comment in locks.proto says so).
     fn judge_ghosts(&mut self, record: &Shared, now: u64) -> Result<(), String> {
+        let leader = self.leader;
         let due: Vec<Ghost> = {
             let mut r = record.borrow_mut();
-            let (due, later) = std::mem::take(&mut r.ghosts)
-                .into_iter()
-                .partition(|g| now * 1_000 >= g.gone + 3_000_000);
+            let ghosts = std::mem::take(&mut r.ghosts);
+            let (due, later) = ghosts.into_iter().partition(|g| {
+                let mut wait = 3_000_000;
+                if leader.is_some_and(|l| {
+                    l != g.via && r.was_cut(g.via, l, g.sent / 1_000, g.gone / 1_000)
+                }) {
+                    wait += FORWARD_CUT_NOTICE.as_micros() as u64;
+                }
+                now * 1_000 >= g.gone + wait
+            });
             r.ghosts = later;
             due
         };
         if due.is_empty() {
             return Ok(());
         }
-        let Some(leader) = self.leader else {
+        let Some(leader) = leader else {
             return Ok(());
         };
         let node = record.borrow().nodes.get(&leader).map(|(n, _)| n.clone());
         let Some(node) = node else {
             return Ok(());
         };
-        for Ghost { name, sent, gone } in due {
+        for Ghost {
+            name, sent, gone, ..
+        } in due
+        {
             let steady = self
                 .terms_since
                 .get(&leader)
@@ -164,7 +184,7 @@ impl Watch {
             if let Some(session) = kept {
                 return Err(format!(
                     "ghost: a waiting Lock on {name:?} whose caller went away at {gone} us was \
-                     granted and its session {session} still holds it 3 s later on leader node \
+                     granted and its session {session} still holds it at {now} ms on leader node \
                      {leader} (the same term since its Lock was sent at {sent} us)"
                 ));
             }

@@ -42,7 +42,7 @@ pub(super) async fn ghost(client: &str, name: &str, http: bool, rng: &mut StdRng
     // way: the same as a holder killed, for its ttl (or grace) to end.
     let hold = rng.random_range(50..1_500) * 1_000;
     sleep_until_us((h.from + hold).min(h.count.until)).await;
-    kill_ghost(client, name, sent, &call, record);
+    kill_ghost(client, name, id, sent, &call, record);
     tokio::time::sleep(Duration::from_micros(rng.random_range(0..8_000))).await;
     let (end, session) = (now_us(), h.session);
     h.end(record, end);
@@ -50,10 +50,11 @@ pub(super) async fn ghost(client: &str, name: &str, http: bool, rng: &mut StdRng
 }
 
 /// Kills the ghost's call (its connection closes), and records when, if
-/// it was still waiting (its `Lock` was sent at `sent`).
+/// it was still waiting (its `Lock` was sent to node `via` at `sent`).
 fn kill_ghost(
     client: &str,
     name: &str,
+    via: u64,
     sent: u64,
     call: &tokio::task::JoinHandle<Answer<pb::LockResponse>>,
     record: &Shared,
@@ -73,6 +74,7 @@ fn kill_ghost(
     let gone = now_us();
     record.borrow_mut().ghosts.push(super::super::Ghost {
         name: name.to_string(),
+        via,
         sent,
         gone,
     });
