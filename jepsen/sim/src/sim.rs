@@ -58,12 +58,6 @@ const SESSION_TTL: Duration = Duration::from_secs(2);
 /// The longest a message takes on a calm link (the shortest: 0.2 ms).
 const MAX_LATENCY: Duration = Duration::from_millis(5);
 
-/// How long a leader may go on hearing nothing over a connection before
-/// its HTTP/2 keep-alive closes it, ending the calls on it: a ping after
-/// 5 s of silence, unanswered for 5 s (`node::start`). A follower's
-/// cancel of a forwarded `Lock`, lost on a cut link, reaches the leader
-/// no sooner.
-const FORWARD_CUT_NOTICE: Duration = Duration::from_secs(10);
 /// How long the liveness phase may take to grant the lock, once every
 /// fault is healed (simulated).
 pub const LIVENESS_BOUND: Duration = Duration::from_secs(30);
