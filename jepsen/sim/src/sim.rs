@@ -58,6 +58,11 @@ const SESSION_TTL: Duration = Duration::from_secs(2);
 /// The longest a message takes on a calm link (the shortest: 0.2 ms).
 const MAX_LATENCY: Duration = Duration::from_millis(5);
 
+/// The longest a message sent between nodes may still be on its way: a
+/// held link keeps it up to 1,500 ms (a latency spike, up to 300 ms), and
+/// a cut drops what is on its way (the ghost check).
+const CANCEL_IN_FLIGHT: Duration = Duration::from_millis(1_500);
+
 /// How long the liveness phase may take to grant the lock, once every
 /// fault is healed (simulated).
 pub const LIVENESS_BOUND: Duration = Duration::from_secs(30);
@@ -454,15 +459,12 @@ impl Record {
         }
     }
 
-    /// Whether the link between nodes `a` and `b` was cut (either way) at
-    /// any time from `from` to `to` (ms).
+    /// Whether the link from node `a` to node `b` was cut at any time from
+    /// `from` to `to` (ms).
     fn was_cut(&self, a: u64, b: u64, from: u64, to: u64) -> bool {
         let (a, b) = (host(a), host(b));
         self.cuts.iter().any(|c| {
-            let (x, y) = (&c.hosts.0, &c.hosts.1);
-            ((*x == a && *y == b) || (*x == b && *y == a))
-                && c.from <= to
-                && c.until.is_none_or(|u| u >= from)
+            c.hosts.0 == a && c.hosts.1 == b && c.from <= to && c.until.is_none_or(|u| u >= from)
         })
     }
 }

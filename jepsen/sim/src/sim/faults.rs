@@ -61,6 +61,8 @@ pub(super) fn apply_undo(
         Undo::Release(a, b) => {
             note(record, format!("release {a} <-> {b}"));
             sim.release(a.as_str(), b.as_str());
+            // Release heals both ways, a cut too.
+            record.borrow_mut().mend(&a, &b, false, now);
         }
         Undo::Bounce(id) => {
             if record.borrow().retired.contains(&id) {
@@ -257,6 +259,8 @@ pub(super) fn inject(
             let lasts = rng.random_range(50..1_500);
             note(record, format!("hold {a} <-> {b} for {lasts} ms"));
             sim.hold(a.as_str(), b.as_str());
+            // A held link keeps what is sent, a cut one no longer.
+            record.borrow_mut().mend(&a, &b, false, now);
             undo.push((now + lasts, Undo::Release(a, b)));
         }
         2 => {

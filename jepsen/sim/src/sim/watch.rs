@@ -11,7 +11,8 @@ use raftlock_node::raft::WatchReceiver as _;
 use raftlock_node::state::SessionId;
 
 use super::{
-    believers, fnv, note, CatchUp, Ghost, Shared, BELIEF_NAMES, CATCH_UP_BOUND, FNV_START,
+    believers, fnv, note, CatchUp, Ghost, Shared, BELIEF_NAMES, CANCEL_IN_FLIGHT, CATCH_UP_BOUND,
+    FNV_START,
 };
 use crate::belief::{self, Held};
 use crate::oracle;
@@ -125,16 +126,16 @@ impl Watch {
     /// was queued on node 2, which left the cluster while the call hung).
     ///
     /// A `Lock` sent to a follower is forwarded to the leader over the
-    /// follower's connection to it. If that link was cut while the call
-    /// was in flight, the follower's cancel (or a frame before it) was
-    /// lost: the leader learns that the call is gone only when its HTTP/2
-    /// keep-alive gives the connection up (turmoil never sends a dropped
-    /// segment again). A grant made before then is answered into the cut
-    /// link and stands, as for a caller whose host vanished: its session
-    /// keeps the name for its ttl. Such a ghost is not judged (seed
-    /// 3600294; the `Lock` rpc's comment in locks.proto says so; that the
-    /// keep-alive withdraws a wait not granted yet is
-    /// `node/tests/forwarded_wait.rs`).
+    /// follower's connection to it. If the way from the follower to the
+    /// leader was cut while the call was in flight (or while its cancel
+    /// was), the cancel was lost: turmoil never sends a dropped segment
+    /// again, and every later one waits behind the gap, so the leader
+    /// learns that the call is gone only when its HTTP/2 keep-alive gives
+    /// the connection up. A grant made before then stands, as for a caller
+    /// whose host vanished: the session (no grace) keeps the name for its
+    /// ttl. Such a ghost is not judged (seed 3600294; the `Lock` rpc's
+    /// comment in locks.proto says so; that the keep-alive withdraws a wait
+    /// not granted yet is `node/tests/forwarded_wait.rs`).
     fn judge_ghosts(&mut self, record: &Shared, now: u64) -> Result<(), String> {
         let due: Vec<Ghost> = {
             let mut r = record.borrow_mut();
@@ -166,10 +167,16 @@ impl Watch {
                 .get(&leader)
                 .is_some_and(|(since, _)| since * 1_000 <= sent)
                 && self.unsteady_at * 1_000 < sent;
+            // The cancel goes from `via` to the leader: lost if that way
+            // was cut when it was sent, or while it was on its way (a cut
+            // drops what is in flight or held on the link).
             let cut = via != leader
-                && record
-                    .borrow()
-                    .was_cut(via, leader, sent / 1_000, gone / 1_000);
+                && record.borrow().was_cut(
+                    via,
+                    leader,
+                    sent / 1_000,
+                    gone / 1_000 + CANCEL_IN_FLIGHT.as_millis() as u64,
+                );
             if !steady || cut {
                 continue;
             }
