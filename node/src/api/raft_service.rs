@@ -23,7 +23,7 @@ use crate::raft::links::{LEFT_KEY, REMOVED_KEY};
 use crate::raft::peer_input::{self, Local};
 use crate::raft::WatchReceiver as _;
 use crate::raft::{
-    NodeId, Snapshot, SnapshotMeta, StoredMembership, TypeConfig, Vote, MAX_SNAPSHOT_BYTES,
+    LogId, NodeId, Snapshot, SnapshotMeta, StoredMembership, TypeConfig, Vote, MAX_SNAPSHOT_BYTES,
 };
 use openraft::raft::{AppendEntriesResponse, StreamAppendError, VoteRequest};
 
@@ -103,8 +103,7 @@ impl RaftService {
         let metrics = self.raft.metrics();
         let committed = metrics.borrow_watched().committed_membership_config.clone();
         let candidate = rpc.vote.leader_id.node_id;
-        let last = rpc.last_log_id.map(|l| l.index);
-        let Some(at) = removed_at(&committed, candidate, last, left_at) else {
+        let Some(at) = removed_at(&committed, candidate, rpc.last_log_id, left_at) else {
             return Ok(());
         };
         let mut status = Status::failed_precondition(format!(
@@ -136,9 +135,12 @@ fn local_of(raft: &Raft) -> Local {
 /// shows that `candidate` has been removed: it leaves the candidate out,
 /// and either
 ///
-/// - the candidate's log ends before it (`last`: the index of its last
-///   entry): the candidate never saw the entry that removed it, as the
-///   leader stops replicating to a node once it removes it; or
+/// - the candidate's log cannot hold the entry that removed it (`last`:
+///   the id of its last entry): it ends before that index, or its last
+///   entry's term is older than that entry's (a leader without a quorum
+///   may have appended past the index, in an older term: seed 3802546 of
+///   the simulator). The leader stops replicating to a node once it
+///   removes it, so such a candidate would never see it; or
 /// - the candidate asks (a pre-vote marked [`LEFT_KEY`]), its own latest
 ///   membership (at log index `left_at`) no newer than `committed`: the
 ///   candidate holds its removal but not the word that it committed, and
@@ -146,25 +148,27 @@ fn local_of(raft: &Raft) -> Local {
 ///   its own eyes, a leader that handed its leadership over and was
 ///   removed by the next before hearing from it.
 ///
-/// Else `None`: a candidate whose log reaches the membership is left to
+/// Else `None`: a candidate whose log may hold the membership is left to
 /// openraft (it knows the membership; a newer one may have added it back),
 /// and one whose own latest membership is newer than this node's committed
 /// one is not shown removed here.
 fn removed_at(
     committed: &StoredMembership,
     candidate: NodeId,
-    last: Option<u64>,
+    last: Option<LogId>,
     left_at: Option<u64>,
 ) -> Option<u64> {
-    let at = committed.log_id().as_ref()?.index;
+    let removal = (*committed.log_id())?;
     if committed.membership().get_node(&candidate).is_some() {
         return None;
     }
     let shown = match left_at {
-        Some(left_at) => left_at <= at,
-        None => last.is_none_or(|last| last < at),
+        Some(left_at) => left_at <= removal.index,
+        // A log holding the entry at `removal` ends at or after it, in
+        // its term or a later one: log ids grow along a log.
+        None => last.is_none_or(|last| last.index < removal.index || last < removal),
     };
-    shown.then_some(at)
+    shown.then_some(removal.index)
 }
 
 /// A message refused by the peer-input checks (see [`peer_input`]).
@@ -507,13 +511,30 @@ mod tests {
     #[test]
     fn a_candidate_short_of_its_removal_is_refused() {
         let c = without_two();
-        assert_eq!(removed_at(&c, 2, Some(39), None), Some(40));
+        let at = |term, index| Some(crate::raft::log_id(term, 1, index));
+        assert_eq!(removed_at(&c, 2, at(3, 39), None), Some(40));
         assert_eq!(removed_at(&c, 2, None, None), Some(40));
-        assert_eq!(removed_at(&c, 2, Some(40), None), None);
-        assert_eq!(removed_at(&c, 2, Some(41), None), None);
-        assert_eq!(removed_at(&c, 3, Some(10), None), None, "a member");
+        assert_eq!(removed_at(&c, 2, at(3, 40), None), None);
+        assert_eq!(removed_at(&c, 2, at(3, 41), None), None);
+        assert_eq!(removed_at(&c, 2, at(4, 41), None), None);
+        assert_eq!(removed_at(&c, 3, at(3, 10), None), None, "a member");
         let none = StoredMembership::default();
         assert_eq!(removed_at(&none, 2, None, None), None, "no membership yet");
+    }
+
+    /// A candidate whose log runs past its removal's index in an older
+    /// term (a leader without a quorum appended there) cannot hold the
+    /// removal either (seed 3802546: node 3, leader of term 12 cut off,
+    /// was removed in term 13 below its last index, and its pre-votes
+    /// were refused without the marker, so it never exited).
+    #[test]
+    fn a_candidate_past_its_removal_in_an_older_term_is_refused() {
+        let c = without_two();
+        let at = |term, index| Some(crate::raft::log_id(term, 1, index));
+        assert_eq!(removed_at(&c, 2, at(2, 40), None), Some(40));
+        assert_eq!(removed_at(&c, 2, at(2, 45), None), Some(40));
+        assert_eq!(removed_at(&c, 2, at(2, 1_000), None), Some(40));
+        assert_eq!(removed_at(&c, 3, at(2, 45), None), None, "a member");
     }
 
     /// A node that asks, holding a membership without itself, is shown
@@ -524,10 +545,11 @@ mod tests {
     #[test]
     fn a_node_that_holds_its_removal_and_asks_is_refused() {
         let c = without_two();
-        assert_eq!(removed_at(&c, 2, Some(45), Some(40)), Some(40));
-        assert_eq!(removed_at(&c, 2, Some(45), Some(30)), Some(40));
-        assert_eq!(removed_at(&c, 2, Some(45), Some(41)), None);
-        assert_eq!(removed_at(&c, 3, Some(45), Some(40)), None, "a member");
+        let last = Some(crate::raft::log_id(3, 1, 45));
+        assert_eq!(removed_at(&c, 2, last, Some(40)), Some(40));
+        assert_eq!(removed_at(&c, 2, last, Some(30)), Some(40));
+        assert_eq!(removed_at(&c, 2, last, Some(41)), None);
+        assert_eq!(removed_at(&c, 3, last, Some(40)), None, "a member");
     }
 
     #[test]
