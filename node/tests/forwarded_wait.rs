@@ -25,7 +25,7 @@ mod procs;
 
 use std::time::{Duration, Instant};
 
-use procs::{eventually, locks, Procs};
+use procs::{describe, eventually, locks, Procs, BUSY_MACHINE_ELECTIONS};
 use raftlock_proto::v1 as pb;
 use raftlock_proto::v1::locks_client::LocksClient;
 use tonic::transport::Endpoint;
@@ -43,16 +43,6 @@ const HOLDER_TTL_MS: u64 = 300_000;
 /// bound: the keep-alive's 10 s plus room for a busy machine).
 const FREED_WITHIN: Duration = Duration::from_secs(60);
 
-/// Election timeouts long enough that the leader keeps its term on a
-/// busy machine (a new leader would leave the wait to the session's ttl:
-/// the old leader's guard cannot write the close).
-const ELECTIONS: &[&str] = &[
-    "--election-timeout-min-ms",
-    "1000",
-    "--election-timeout-max-ms",
-    "1500",
-];
-
 /// Whether process `pid` is stopped (state `T` in `/proc/<pid>/stat`):
 /// `kill -STOP` returns before the kernel has stopped every thread.
 fn stopped(pid: u32) -> bool {
@@ -62,18 +52,9 @@ fn stopped(pid: u32) -> bool {
     })
 }
 
-/// `Describe` of `name` on the node at `addr`: its holders' and waiters'
-/// sessions, if it answers.
+/// The sessions holding and waiting for `name` at `addr`, if it answers.
 async fn holders_and_waiters(addr: &str, name: &str) -> Option<(Vec<u64>, Vec<u64>)> {
-    let r = locks(addr)
-        .describe(pb::DescribeRequest {
-            name: name.into(),
-            stale: false,
-        })
-        .await
-        .ok()?
-        .into_inner();
-    let info = r.info.unwrap_or_default();
+    let info = describe(addr, name).await?;
     Some((
         info.holders.iter().map(|h| h.session_id).collect(),
         info.waiters.iter().map(|w| w.session_id).collect(),
@@ -82,7 +63,9 @@ async fn holders_and_waiters(addr: &str, name: &str) -> Option<(Vec<u64>, Vec<u6
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forwarded_wait_whose_follower_goes_silent_is_withdrawn_by_the_leaders_keep_alive() {
-    let procs = Procs::start(3, ELECTIONS);
+    // Long election timeouts: a new leader would leave the wait to the
+    // session's ttl (the old leader's guard cannot write the close).
+    let procs = Procs::start(3, BUSY_MACHINE_ELECTIONS);
     let leader = procs.leader().await;
     let follower = (1..=3).find(|id| *id != leader).expect("a follower");
     let (at_leader, at_follower) = (procs.addr(leader), procs.addr(follower));

@@ -13,7 +13,7 @@ mod procs;
 
 use std::time::Duration;
 
-use procs::{eventually, locks, status, Procs};
+use procs::{describe, eventually, locks, status, Procs};
 use raftlock_proto::v1 as pb;
 use raftlock_proto::v1::cluster_client::ClusterClient;
 
@@ -32,18 +32,12 @@ fn export(data_dir: &std::path::Path, out: &std::path::Path) -> std::process::Ou
 
 /// The holders of `name` at `addr`: (session, fence) pairs.
 async fn holders(addr: &str, name: &str) -> Option<Vec<(u64, u64)>> {
-    let d = locks(addr)
-        .describe(pb::DescribeRequest {
-            name: name.into(),
-            stale: false,
-        })
-        .await
-        .ok()?
-        .into_inner();
+    let info = describe(addr, name).await?;
     Some(
-        d.info
-            .map(|i| i.holders.iter().map(|h| (h.session_id, h.fence)).collect())
-            .unwrap_or_default(),
+        info.holders
+            .iter()
+            .map(|h| (h.session_id, h.fence))
+            .collect(),
     )
 }
 

@@ -56,6 +56,30 @@ pub fn locks(addr: &str) -> LocksClient<Channel> {
     LocksClient::new(channel(addr))
 }
 
+/// Election timeouts (ms) long enough that a node that hears from its
+/// leader does not time out on a busy machine: for tests about something
+/// other than an election.
+pub const BUSY_MACHINE_ELECTIONS: &[&str] = &[
+    "--election-timeout-min-ms",
+    "1000",
+    "--election-timeout-max-ms",
+    "1500",
+];
+
+/// A linearizable `Describe` of `name` at `addr`: its state (empty when
+/// nobody holds, waits for or delays it), if the node answers.
+pub async fn describe(addr: &str, name: &str) -> Option<pb::LockInfo> {
+    let r = locks(addr)
+        .describe(pb::DescribeRequest {
+            name: name.into(),
+            stale: false,
+        })
+        .await
+        .ok()?
+        .into_inner();
+    Some(r.info.unwrap_or_default())
+}
+
 /// `Status` of the node at `addr`, if it answers.
 pub async fn status(addr: &str) -> Option<pb::StatusResponse> {
     let mut c = ClusterClient::new(channel(addr));
