@@ -300,10 +300,12 @@ func (m *MultiGuard) Unlock(ctx context.Context) error { return m.g.Unlock(ctx) 
 // one from then on. Another reader upgrading the same key at the same
 // time makes this fail at once with an *Error of Code "ABORTED" (the two
 // would wait for each other forever), the read still held: release it
-// and take the key again. If the request fails in any other way, or ctx
+// and take the key again. If the request gets no answer (a transport
+// error, or UNAVAILABLE, DEADLINE_EXCEEDED, CANCELLED or UNKNOWN), or ctx
 // is cancelled, the upgrade is withdrawn with Cancel before Upgrade
-// returns, which also releases the lock if it had been granted: release
-// the Guard and start over.
+// returns, which also releases the lock if it had been granted. Valid
+// cannot tell which happened (it stays true), so do not act on the lock:
+// release the Guard and start over.
 func (g *Guard) Upgrade(ctx context.Context, try bool) error {
 	g.mu.Lock()
 	shared, fence, seq, released := g.shared, g.fence, g.nextSeq, g.released

@@ -135,8 +135,9 @@ impl Guard {
     /// guard's read is still held, unless the outcome was unknown
     /// ([`Error::Unavailable`], [`Error::Unknown`]): then the upgrade is
     /// cancelled in the background, and if it had been granted meanwhile
-    /// the lock is released; check [`is_held`](Guard::is_held) or release
-    /// and start over.
+    /// the lock is released. [`is_held`](Guard::is_held) cannot tell which
+    /// happened (it stays true), so do not act on the lock: release this
+    /// guard and start over.
     pub async fn upgrade(&self) -> Result<Guard> {
         self.upgrade_with(None).await
     }

@@ -432,7 +432,9 @@ class Lock:
         again. If the call fails any other way than by the cluster's
         refusal (``OutcomeUnknown``, ``Unavailable``, an interrupt), the
         upgrade is withdrawn with ``Cancel`` first, which also releases the
-        lock if the upgrade had been granted: release it and start over."""
+        lock if the upgrade had been granted; ``valid`` cannot tell which
+        happened (it stays True), so do not act on the lock: release it and
+        start over."""
         with self._mutex:
             if not self.held:
                 raise errors.RaftlockError(f"{self.name!r} is not held: acquire it first")
