@@ -269,6 +269,36 @@ def test_an_upgrade_whose_answer_is_lost_is_cancelled(client, name, monkeypatch)
     monkeypatch.undo()
     # Cancel released the upgraded grant (the read ended with the upgrade).
     assert client.describe(name) is None
+    # The lock holds nothing, and says so; it cannot be upgraded again.
+    assert not lock.valid
+    with pytest.raises(raftlock.RaftlockError, match="ended"):
+        lock.upgrade(timeout=0)
+    session.close()
+
+
+def test_an_upgrade_refused_and_unanswered_keeps_the_read(client, name, monkeypatch):
+    session = client.session(ttl=30)
+    other = client.session(ttl=30)
+    other.acquire(name, shared=True)
+    lock = session.acquire(name, shared=True)
+    real = client._t.call
+
+    def lose_the_answer(method, request, *args, **kw):
+        resp = real(method, request, *args, **kw)
+        if method == "Upgrade":
+            assert not resp.acquired
+            raise raftlock.OutcomeUnknown("the answer was lost")
+        return resp
+
+    monkeypatch.setattr(client._t, "call", lose_the_answer)
+    with pytest.raises(raftlock.OutcomeUnknown):
+        lock.upgrade(timeout=0)
+    monkeypatch.undo()
+    # Nothing was granted, so the Cancel withdrew nothing: the read is held.
+    assert len(client.describe(name).holders) == 2
+    assert lock.valid and lock.mode == "shared"
+    other.close()
+    assert lock.upgrade(timeout=0) is lock and lock.mode == "exclusive"
     session.close()
 
 
