@@ -368,6 +368,7 @@ type Guard struct {
 	isLost   bool
 	lost     chan struct{} // closed when isLost becomes true
 	released bool          // Unlock or Release was called: the holder no longer believes
+	ended    bool          // the grant ended without a Release (an upgrade withdrawn after it may have been granted)
 
 	releaseMu   sync.Mutex // one Unlock at a time
 	releaseDone bool       // an Unlock succeeded: later ones do nothing
@@ -426,11 +427,13 @@ func (g *Guard) Lost() <-chan struct{} { return g.lost }
 // lost and renewals go on; a renewal answered by the leader makes Valid
 // true again (a session the leader still renews was never ended, so no
 // one else was granted the lock meanwhile). It is false from the moment
-// Unlock or Release is called, and once the lock is lost.
+// Unlock or Release is called, once the lock is lost, and for good after
+// an Upgrade withdrawn with Cancel that may have released the grant (see
+// Upgrade).
 func (g *Guard) Valid() bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return !g.isLost && !g.released && time.Now().Before(g.leaseEnd)
+	return !g.isLost && !g.released && !g.ended && time.Now().Before(g.leaseEnd)
 }
 
 // LeaseEnd is when the client's count of the lease ends (Valid is false

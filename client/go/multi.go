@@ -303,16 +303,22 @@ func (m *MultiGuard) Unlock(ctx context.Context) error { return m.g.Unlock(ctx) 
 // and take the key again. If the request gets no answer (a transport
 // error, or UNAVAILABLE, DEADLINE_EXCEEDED, CANCELLED or UNKNOWN), or ctx
 // is cancelled, the upgrade is withdrawn with Cancel before Upgrade
-// returns, which also releases the lock if it had been granted. Valid
-// cannot tell which happened (it stays true), so do not act on the lock:
-// release the Guard and start over.
+// returns, which also releases the lock if it had been granted. The
+// client then asks the cluster (CheckFence) whether the read is still
+// held: if it is not, or that cannot be learnt, the Guard's grant has
+// ended: Valid is false for good and a later Upgrade or Downgrade is
+// refused (release the Guard and start over); if it is, the Guard goes
+// on holding the read.
 func (g *Guard) Upgrade(ctx context.Context, try bool) error {
 	g.mu.Lock()
-	shared, fence, seq, released := g.shared, g.fence, g.nextSeq, g.released
+	shared, fence, seq, released, ended := g.shared, g.fence, g.nextSeq, g.released, g.ended
 	g.nextSeq++
 	g.mu.Unlock()
 	if released {
 		return fmt.Errorf("raftlock: upgrade %q: the guard was released", g.key)
+	}
+	if ended {
+		return fmt.Errorf("raftlock: upgrade %q: the guard's grant ended (an earlier upgrade was withdrawn)", g.key)
 	}
 	if !shared {
 		return fmt.Errorf("raftlock: upgrade %q: only a shared lock can be upgraded", g.key)
@@ -344,7 +350,21 @@ func (g *Guard) Upgrade(ctx context.Context, try bool) error {
 		}
 		back, cancel := context.WithTimeout(context.Background(), g.c.retryTimeout)
 		defer cancel()
-		_ = g.c.call(back, "locks/Cancel", cancelRequest{SessionID: u64(g.session), Seq: u64(seq), Name: g.key}, nil, g.c.attemptTimeout())
+		cancelErr := g.c.call(back, "locks/Cancel", cancelRequest{SessionID: u64(g.session), Seq: u64(seq), Name: g.key}, nil, g.c.attemptTimeout())
+		// A granted upgrade ended the read, and the Cancel released the
+		// exclusive grant: the Guard then holds nothing. Only a Cancel
+		// that was applied settles the upgrade (one still on its way
+		// could be granted later), and only the cluster knows whether
+		// the read survived.
+		held := false
+		if cancelErr == nil {
+			held, _ = g.c.CheckFence(back, g.key, fence)
+		}
+		if !held {
+			g.mu.Lock()
+			g.ended = true
+			g.mu.Unlock()
+		}
 		if ctx.Err() != nil {
 			return fmt.Errorf("raftlock: upgrade %q: %w", g.key, ctx.Err())
 		}
@@ -369,11 +389,14 @@ func (g *Guard) Upgrade(ctx context.Context, try bool) error {
 // keeping its Fence (it only weakens); readers queued behind it come in.
 func (g *Guard) Downgrade(ctx context.Context) error {
 	g.mu.Lock()
-	shared, fence, seq, released := g.shared, g.fence, g.nextSeq, g.released
+	shared, fence, seq, released, ended := g.shared, g.fence, g.nextSeq, g.released, g.ended
 	g.nextSeq++
 	g.mu.Unlock()
 	if released {
 		return fmt.Errorf("raftlock: downgrade %q: the guard was released", g.key)
+	}
+	if ended {
+		return fmt.Errorf("raftlock: downgrade %q: the guard's grant ended (an upgrade was withdrawn)", g.key)
 	}
 	if shared || g.capacity != 0 {
 		return fmt.Errorf("raftlock: downgrade %q: only an exclusive lock can be downgraded", g.key)
