@@ -309,6 +309,32 @@ def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 60))
 
 
+def test_async_upgrade_granted_and_unanswered_leaves_the_lock_not_valid(cluster, name):
+    async def main():
+        async with raftlock.aio.Client(cluster.endpoints) as c:
+            async with c.session(ttl=30) as s:
+                lock = await s.acquire(name, shared=True)
+                real = c._t.call
+
+                async def lose_the_answer(method, request, *args, **kw):
+                    resp = await real(method, request, *args, **kw)
+                    if method == "Upgrade":
+                        assert resp.acquired
+                        raise raftlock.OutcomeUnknown("the answer was lost")
+                    return resp
+
+                c._t.call = lose_the_answer
+                with pytest.raises(raftlock.OutcomeUnknown):
+                    await lock.upgrade(timeout=0)
+                c._t.call = real
+                assert await c.describe(name) is None
+                assert not lock.valid
+                with pytest.raises(raftlock.RaftlockError, match="ended"):
+                    await lock.upgrade(timeout=0)
+
+    run(main())
+
+
 def test_async_acquire_all_and_upgrade_downgrade(cluster, name):
     a, b = name + "/a", name + "/b"
 

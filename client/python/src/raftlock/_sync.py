@@ -343,6 +343,9 @@ class Lock:
         self._fence: Optional[int] = None
         self._seq = 0
         self._released = False
+        # The grant may have ended without a release: an upgrade withdrawn
+        # with Cancel, unless the cluster showed the read still held.
+        self._ended = False
         self._release_done = False
         self._lost_at_release = False
         self._used = False
@@ -367,9 +370,11 @@ class Lock:
         False in jeopardy (no keep-alive answered within the grace count:
         the stream may have closed and the session ended a grace later; it
         turns True again when a keep-alive is answered, which proves the
-        session and its grants alive), once ``lost``, before the grant and
-        from ``release()`` on."""
-        return self._fence is not None and not self._released and self._session._lease.valid()
+        session and its grants alive), once ``lost``, before the grant,
+        from ``release()`` on, and for good once an upgrade withdrawn with
+        ``Cancel`` may have ended the grant (see ``upgrade``)."""
+        return (self._fence is not None and not self._released and not self._ended
+                and self._session._lease.valid())
 
     @property
     def lost(self) -> bool:
@@ -432,19 +437,26 @@ class Lock:
         again. If the call fails any other way than by the cluster's
         refusal (``OutcomeUnknown``, ``Unavailable``, an interrupt), the
         upgrade is withdrawn with ``Cancel`` first, which also releases the
-        lock if the upgrade had been granted; ``valid`` cannot tell which
-        happened (it stays True), so do not act on the lock: release it and
-        start over."""
+        lock if the upgrade had been granted; the client then asks the
+        cluster (``CheckFence``) whether the read is still held. If not, or
+        if that cannot be learnt, the grant has ended: ``valid`` is False
+        for good and a later upgrade or downgrade raises (release it and
+        start over); if so, the lock goes on holding the read."""
         with self._mutex:
             if not self.held:
                 raise errors.RaftlockError(f"{self.name!r} is not held: acquire it first")
+            if self._ended:
+                raise errors.RaftlockError(f"{self.name!r}: its grant ended (an upgrade was withdrawn)")
             if self._mode[0] != core.MODE_SHARED:
                 raise errors.InvalidArgument(f"only a shared lock can be upgraded; {self.name!r} is {self.mode}")
             fence = self._fence
-        new = self._session._upgrade(self.name, fence, timeout)
+        new = self._session._upgrade(self.name, fence, timeout, self._in_doubt)
         with self._mutex:
             self._fence, self._mode = new, (core.MODE_EXCLUSIVE, 0, 0)
         return self
+
+    def _in_doubt(self, doubt: bool) -> None:
+        self._ended = doubt
 
     def downgrade(self) -> "Lock":
         """Turns this held exclusive lock into a shared one, at once, and
@@ -453,6 +465,8 @@ class Lock:
         with self._mutex:
             if not self.held:
                 raise errors.RaftlockError(f"{self.name!r} is not held: acquire it first")
+            if self._ended:
+                raise errors.RaftlockError(f"{self.name!r}: its grant ended (an upgrade was withdrawn)")
             if self._mode[0] != core.MODE_EXCLUSIVE:
                 raise errors.InvalidArgument(f"only an exclusive lock can be downgraded; {self.name!r} is {self.mode}")
             fence = self._fence
@@ -621,8 +635,12 @@ class Session:
             raise errors.LeaseLost(f"session {self.id} was lost before {names!r} were granted")
         return held
 
-    def _upgrade(self, name: str, fence: int, timeout: Optional[float]) -> int:
-        """The exclusive grant's fence; raises NotAcquired past the timeout."""
+    def _upgrade(self, name: str, fence: int, timeout: Optional[float],
+                 in_doubt: Callable[[bool], None] = lambda _d: None) -> int:
+        """The exclusive grant's fence; raises NotAcquired past the timeout.
+        An upgrade whose outcome is unknown is withdrawn; ``in_doubt(True)``
+        is called first, and ``in_doubt(False)`` once the cluster shows the
+        read (``fence``) still held."""
         if self._closed:
             raise errors.RaftlockError(f"session {self.id} is closed")
         timeout_ms, wait = core.timeout_fields(timeout)
@@ -636,8 +654,16 @@ class Session:
             raise
         except BaseException:
             # Waiting or granted, maybe: withdraw it (a granted upgrade is
-            # released, the read with it).
-            self._cancel(name, seq)
+            # released, the read with it). Only a Cancel that was applied
+            # settles it (one still on its way could be granted later), and
+            # only the cluster knows whether the read survived.
+            in_doubt(True)
+            if self._cancel(name, seq):
+                try:
+                    if self._client.check_fence(name, fence):
+                        in_doubt(False)
+                except Exception as e:  # noqa: BLE001 - then it stays in doubt
+                    log.warning("could not learn whether %r is still held after a withdrawn upgrade (%s)", name, e)
             raise
         if not resp.acquired:
             raise errors.NotAcquired(name, timeout, core.not_upgraded(name, timeout))
@@ -682,7 +708,9 @@ class Session:
             raise errors.LeaseLost(f"session {self.id} was lost before {lock.name!r} was granted")
         return True
 
-    def _cancel(self, name: str, seq: int) -> None:
+    def _cancel(self, name: str, seq: int) -> bool:
+        """Withdraws the request ``seq``; False if the Cancel could not be
+        sent (then the session's end withdraws it)."""
         req = pb.CancelRequest(session_id=self.id, seq=seq, name=name)
         try:
             self._client._t.call("Cancel", req, True)
@@ -691,6 +719,8 @@ class Session:
         except Exception as e:  # noqa: BLE001 - the session's end withdraws it then
             log.warning("cancelling acquire %d of %r in session %d failed (%s); the session's end withdraws it",
                         seq, name, self.id, e)
+            return False
+        return True
 
     def _release(self, name: str, fence: int, quiet: bool = False) -> bool:
         req = pb.ReleaseRequest(session_id=self.id, seq=next(self._seqs), name=name, fence=fence)

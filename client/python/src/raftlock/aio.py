@@ -398,6 +398,7 @@ class Lock:
         self._fence: Optional[int] = None
         self._seq = 0
         self._released = False
+        self._ended = False  # as the sync Lock's
         self._release_done = False
         self._lost_at_release = False
         self._used = False
@@ -418,9 +419,11 @@ class Lock:
     def valid(self) -> bool:
         """True while the lock is held and the client's view of its lease
         holds (computed when read): act on the lock only while it is True.
-        False in jeopardy, once ``lost``, before the grant and from
-        ``release()`` on (see the sync ``Lock.valid``)."""
-        return self._fence is not None and not self._released and self._session._lease.valid()
+        False in jeopardy, once ``lost``, before the grant, from
+        ``release()`` on, and once a withdrawn upgrade may have ended the
+        grant (see the sync ``Lock.valid``)."""
+        return (self._fence is not None and not self._released and not self._ended
+                and self._session._lease.valid())
 
     @property
     def lost(self) -> bool:
@@ -470,20 +473,29 @@ class Lock:
         readers to leave, then ``NotAcquired`` (the read still held);
         ``Deadlock`` at once if another reader is upgrading it. A cancelled
         or unanswered upgrade is withdrawn with ``Cancel`` (which releases
-        the lock if it had been granted): release it and start over."""
+        the lock if it had been granted), and ``valid`` is False for good
+        unless the cluster shows the read still held (``CheckFence``): then
+        release it and start over."""
         if not self.held:
             raise errors.RaftlockError(f"{self.name!r} is not held: acquire it first")
+        if self._ended:
+            raise errors.RaftlockError(f"{self.name!r}: its grant ended (an upgrade was withdrawn)")
         if self._mode[0] != core.MODE_SHARED:
             raise errors.InvalidArgument(f"only a shared lock can be upgraded; {self.name!r} is {self.mode}")
-        self._fence = await self._session._upgrade(self.name, self._fence, timeout)
+        self._fence = await self._session._upgrade(self.name, self._fence, timeout, self._in_doubt)
         self._mode = (core.MODE_EXCLUSIVE, 0, 0)
         return self
+
+    def _in_doubt(self, doubt: bool) -> None:
+        self._ended = doubt
 
     async def downgrade(self) -> "Lock":
         """As the sync ``Lock.downgrade``: this held exclusive lock becomes
         shared at once, keeping its fence, and is returned."""
         if not self.held:
             raise errors.RaftlockError(f"{self.name!r} is not held: acquire it first")
+        if self._ended:
+            raise errors.RaftlockError(f"{self.name!r}: its grant ended (an upgrade was withdrawn)")
         if self._mode[0] != core.MODE_EXCLUSIVE:
             raise errors.InvalidArgument(f"only an exclusive lock can be downgraded; {self.name!r} is {self.mode}")
         await self._session._downgrade(self.name, self._fence)
@@ -638,7 +650,9 @@ class Session:
             raise errors.LeaseLost(f"session {self.id} was lost before {names!r} were granted")
         return held
 
-    async def _upgrade(self, name: str, fence: int, timeout: Optional[float]) -> int:
+    async def _upgrade(self, name: str, fence: int, timeout: Optional[float],
+                       in_doubt: Callable[[bool], None] = lambda _d: None) -> int:
+        """As the sync ``Session._upgrade``."""
         if self._closed:
             raise errors.RaftlockError(f"session {self.id} is closed")
         await self._client._settle(self.id, name)
@@ -652,7 +666,8 @@ class Session:
         except _REFUSALS:
             raise
         except BaseException:
-            await self._client._shielded(self._cancel(name, seq), (self.id, name))
+            in_doubt(True)
+            await self._client._shielded(self._withdraw_upgrade(name, seq, fence, in_doubt), (self.id, name))
             raise
         if not resp.acquired:
             raise errors.NotAcquired(name, timeout, core.not_upgraded(name, timeout))
@@ -700,7 +715,17 @@ class Session:
             raise errors.LeaseLost(f"session {self.id} was lost before {lock.name!r} was granted")
         return True
 
-    async def _cancel(self, name: str, seq: int) -> None:
+    async def _withdraw_upgrade(self, name: str, seq: int, fence: int, in_doubt: Callable[[bool], None]) -> None:
+        # As the sync client: only an applied Cancel settles the upgrade,
+        # and only the cluster knows whether the read survived.
+        if await self._cancel(name, seq):
+            try:
+                if await self._client.check_fence(name, fence):
+                    in_doubt(False)
+            except Exception as e:  # noqa: BLE001 - then it stays in doubt
+                log.warning("could not learn whether %r is still held after a withdrawn upgrade (%s)", name, e)
+
+    async def _cancel(self, name: str, seq: int) -> bool:
         req = pb.CancelRequest(session_id=self.id, seq=seq, name=name)
         try:
             await self._client._t.call("Cancel", req, True)
@@ -709,6 +734,8 @@ class Session:
         except Exception as e:  # noqa: BLE001 - the session's end withdraws it then
             log.warning("cancelling acquire %d of %r in session %d failed (%s); the session's end withdraws it",
                         seq, name, self.id, e)
+            return False
+        return True
 
     async def _release(self, name: str, fence: int, quiet: bool = False) -> bool:
         req = pb.ReleaseRequest(session_id=self.id, seq=next(self._seqs), name=name, fence=fence)
