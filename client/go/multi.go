@@ -348,22 +348,23 @@ func (g *Guard) Upgrade(ctx context.Context, try bool) error {
 		if errors.As(err, &e) && e.Code != "UNAVAILABLE" && e.Code != "UNKNOWN" && e.Code != "DEADLINE_EXCEEDED" && e.Code != "CANCELLED" {
 			return err // the cluster refused it: nothing changed
 		}
+		// A granted upgrade ended the read, and the Cancel releases the
+		// exclusive grant: the Guard then holds nothing. It is in doubt
+		// (not Valid) from now on, unless the cluster shows the read
+		// still held. Only a Cancel that was applied settles the upgrade
+		// (one still on its way could be granted later).
+		g.mu.Lock()
+		g.ended = true
+		g.mu.Unlock()
 		back, cancel := context.WithTimeout(context.Background(), g.c.retryTimeout)
 		defer cancel()
 		cancelErr := g.c.call(back, "locks/Cancel", cancelRequest{SessionID: u64(g.session), Seq: u64(seq), Name: g.key}, nil, g.c.attemptTimeout())
-		// A granted upgrade ended the read, and the Cancel released the
-		// exclusive grant: the Guard then holds nothing. Only a Cancel
-		// that was applied settles the upgrade (one still on its way
-		// could be granted later), and only the cluster knows whether
-		// the read survived.
-		held := false
 		if cancelErr == nil {
-			held, _ = g.c.CheckFence(back, g.key, fence)
-		}
-		if !held {
-			g.mu.Lock()
-			g.ended = true
-			g.mu.Unlock()
+			if held, err := g.c.CheckFence(back, g.key, fence); err == nil && held {
+				g.mu.Lock()
+				g.ended = false
+				g.mu.Unlock()
+			}
 		}
 		if ctx.Err() != nil {
 			return fmt.Errorf("raftlock: upgrade %q: %w", g.key, ctx.Err())
