@@ -479,8 +479,10 @@ class Lock:
         """Releases the grant (and ends the lock's own session). True if
         this call released it; False if it was released before, or was no
         longer held (its session expired). ``held`` is False from the call
-        on, whatever the outcome; if it raises (no node answered), calling
-        it again sends the release again."""
+        on, whatever the outcome. If it raises (no node answered): for a
+        lock in a session of yours, calling it again sends the release
+        again; a lock of its own session (``client.lock``) stopped renewing
+        that session at the first call, and its lease ends it."""
         with self._mutex:
             if self._fence is None or self._release_done:
                 return False

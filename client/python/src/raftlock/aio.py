@@ -505,8 +505,10 @@ class Lock:
     async def release(self) -> bool:
         """Releases the grant (and ends the lock's own session). True if
         this call released it. ``held`` is False from the call on, whatever
-        the outcome; if it raises (no node answered), calling it again
-        sends the release again."""
+        the outcome. If it raises (no node answered): for a lock in a
+        session of yours, calling it again sends the release again; a lock
+        of its own session stopped renewing it at the first call, and its
+        lease ends it."""
         if self._fence is None or self._release_done:
             return False
         if not self._released:
