@@ -6,6 +6,11 @@
 //! answer to the new ask would count S's lease from the new ask's send
 //! time, beyond what the leader renewed; the client's view must never end
 //! after the held ask's send time + ttl - margin.
+//!
+//! The same fake also plays a cluster whose answer to an `Upgrade` is lost
+//! (`UpgradeFake`): the read's guard must not say it holds while nobody
+//! knows whether the upgrade, granted and then withdrawn, took the read
+//! with it.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -40,7 +45,26 @@ struct State {
     streams: Mutex<u32>,
     /// "answer K" and "closed K" for stream K, in order (that fake).
     events: Mutex<Vec<String>>,
+    /// The third fake: every keep-alive is answered, an acquire grants a
+    /// read, and every upgrade's answer is lost.
+    upgrade: Option<UpgradeFake>,
 }
+
+/// What the upgrade fake answers and saw.
+#[derive(Default)]
+struct UpgradeFake {
+    /// What `CheckFence` answers for the read after the withdrawal: true
+    /// as if the upgrade had not been granted (the Cancel withdrew a
+    /// wait), false as if it had (the Cancel released it, the read ended
+    /// with the upgrade).
+    read_survives: bool,
+    /// Cancels and fence checks received.
+    cancels: Mutex<u32>,
+    checks: Mutex<u32>,
+}
+
+/// The fence of the read the upgrade fake grants.
+const READ_FENCE: u64 = 41;
 
 #[derive(Clone, Default)]
 struct Fake(Arc<State>);
@@ -115,6 +139,7 @@ impl Locks for Fake {
                 let n = asks.entry(ask.session_id).or_default();
                 *n += 1;
                 let answer = match (ask.session_id, *n) {
+                    _ if fake.0.upgrade.is_some() => Some(renewed(ask.session_id, ask.ask_id)),
                     (HELD_SESSION, 1) => Some(renewed(ask.session_id, ask.ask_id)),
                     (HELD_SESSION, 2) => {
                         *fake.0.held_at.lock().unwrap() = Some(Instant::now());
@@ -141,28 +166,46 @@ impl Locks for Fake {
         &self,
         _: Request<pb::CloseSessionRequest>,
     ) -> Result<Response<pb::CloseSessionResponse>, Status> {
-        Err(Status::unimplemented("fake"))
+        if self.0.upgrade.is_none() {
+            return Err(Status::unimplemented("fake"));
+        }
+        Ok(Response::new(pb::CloseSessionResponse::default()))
     }
 
     async fn acquire(
         &self,
         _: Request<pb::AcquireRequest>,
     ) -> Result<Response<pb::AcquireResponse>, Status> {
-        Err(Status::unimplemented("fake"))
+        if self.0.upgrade.is_none() {
+            return Err(Status::unimplemented("fake"));
+        }
+        Ok(Response::new(pb::AcquireResponse {
+            acquired: true,
+            fence: READ_FENCE,
+            mode: pb::Mode::Shared as i32,
+            ..Default::default()
+        }))
     }
 
     async fn release(
         &self,
         _: Request<pb::ReleaseRequest>,
     ) -> Result<Response<pb::ReleaseResponse>, Status> {
-        Err(Status::unimplemented("fake"))
+        if self.0.upgrade.is_none() {
+            return Err(Status::unimplemented("fake"));
+        }
+        Ok(Response::new(pb::ReleaseResponse::default()))
     }
 
     async fn cancel(
         &self,
         _: Request<pb::CancelRequest>,
     ) -> Result<Response<pb::CancelResponse>, Status> {
-        Err(Status::unimplemented("fake"))
+        let Some(u) = &self.0.upgrade else {
+            return Err(Status::unimplemented("fake"));
+        };
+        *u.cancels.lock().unwrap() += 1;
+        Ok(Response::new(pb::CancelResponse { cancelled: true }))
     }
 
     async fn describe(
@@ -181,9 +224,17 @@ impl Locks for Fake {
 
     async fn check_fence(
         &self,
-        _: Request<pb::CheckFenceRequest>,
+        req: Request<pb::CheckFenceRequest>,
     ) -> Result<Response<pb::CheckFenceResponse>, Status> {
-        Err(Status::unimplemented("fake"))
+        let Some(u) = &self.0.upgrade else {
+            return Err(Status::unimplemented("fake"));
+        };
+        *u.checks.lock().unwrap() += 1;
+        let current = req.get_ref().fence == READ_FENCE && u.read_survives;
+        Ok(Response::new(pb::CheckFenceResponse {
+            current,
+            ..Default::default()
+        }))
     }
 
     async fn lock(
@@ -211,7 +262,13 @@ impl Locks for Fake {
         &self,
         _: Request<pb::UpgradeRequest>,
     ) -> Result<Response<pb::AcquireResponse>, Status> {
-        Err(Status::unimplemented("fake"))
+        if self.0.upgrade.is_none() {
+            return Err(Status::unimplemented("fake"));
+        }
+        // Without `raftlock-not-leader`: it may have been applied.
+        Err(Status::unavailable(
+            "fake: the answer to this upgrade was lost",
+        ))
     }
 
     async fn downgrade(
@@ -348,4 +405,91 @@ async fn a_silent_stream_stays_open_until_its_replacement_renews() {
         matches!(*s.lease().borrow(), LeaseState::Valid(_)),
         "the session is not lost"
     );
+}
+
+/// An upgrade whose answer is lost (UNAVAILABLE without
+/// `raftlock-not-leader`: it may have been granted) is withdrawn with
+/// `Cancel`. If it had been granted, the Cancel released it and the read
+/// ended with it, so the read's guard must stop saying it holds, from the
+/// failed call on, until the cluster shows the read still held
+/// (`CheckFence`); when it does not, the guard's grant has ended for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_whose_answer_is_lost_leaves_the_read_in_doubt_until_checked() {
+    for read_survives in [false, true] {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let fake = Fake(Arc::new(State {
+            upgrade: Some(UpgradeFake {
+                read_survives,
+                ..UpgradeFake::default()
+            }),
+            ..State::default()
+        }));
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(LocksServer::new(fake.clone()))
+                .serve_with_incoming(TcpListenerStream::new(listener)),
+        );
+        let client = Client::with_options(
+            [addr.to_string()],
+            raftlock_client::ClientOptions {
+                retry_deadline: Duration::from_secs(1),
+                ..raftlock_client::ClientOptions::default()
+            },
+        )
+        .expect("client");
+        let s = client
+            .session_with(SessionOptions {
+                ttl: Duration::from_secs(30),
+                ..SessionOptions::default()
+            })
+            .await
+            .expect("session");
+        let read = s.read_lock("doc").await.expect("read");
+        assert!(read.is_held(), "the read is held before the upgrade");
+        let err = read
+            .upgrade_timeout(Duration::ZERO)
+            .await
+            .expect_err("every upgrade answer is lost");
+        assert!(
+            matches!(
+                err,
+                raftlock_client::Error::Unavailable(_) | raftlock_client::Error::Unknown(_)
+            ),
+            "{err:?}"
+        );
+        assert!(
+            !read.is_held(),
+            "read_survives={read_survives}: is_held() right after an upgrade of unknown outcome: \
+             the upgrade may have been granted, ending the read"
+        );
+        let u = fake.0.upgrade.as_ref().expect("upgrade fake");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while *u.checks.lock().unwrap() == 0 {
+            assert!(Instant::now() < deadline, "no CheckFence after the Cancel");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(*u.cancels.lock().unwrap(), 1, "the upgrade was withdrawn");
+        if read_survives {
+            while !read.is_held() {
+                assert!(
+                    Instant::now() < deadline,
+                    "the cluster showed the read held, but the guard never said so again"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        } else {
+            assert!(
+                !read.is_held(),
+                "the read ended, and the guard says it holds"
+            );
+            let again = read.upgrade_timeout(Duration::ZERO).await;
+            assert!(
+                matches!(again, Err(raftlock_client::Error::InvalidArgument(_))),
+                "a guard whose grant ended upgrades again: {again:?}"
+            );
+        }
+    }
 }
