@@ -38,6 +38,11 @@ struct GuardInner {
     /// reset for a retry (its outcome may be unknown: applied, and the
     /// name granted to another).
     release_started: AtomicBool,
+    /// The grant may have ended without a release: an upgrade of it was
+    /// withdrawn (its outcome unknown, or its call dropped), and the
+    /// cluster has not shown the read still held. Shared with the
+    /// withdrawal, which clears it if it does.
+    ended: Arc<AtomicBool>,
 }
 
 /// A held lock or set of semaphore permits. Released by
@@ -75,6 +80,7 @@ impl Guard {
                 value,
                 released: AtomicBool::new(false),
                 release_started: AtomicBool::new(false),
+                ended: Arc::new(AtomicBool::new(false)),
             }),
         }
     }
@@ -108,8 +114,12 @@ impl Guard {
     /// True while the session's lease view is valid and no release of the
     /// grant was sent (a release that failed still ends it: the holder
     /// stops believing when it sends the release, whatever the answer).
+    /// False, too, from an [`upgrade`](Guard::upgrade) of unknown outcome
+    /// on, unless the cluster then shows the read still held.
     pub fn is_held(&self) -> bool {
-        !self.given_up() && self.inner.session.is_valid()
+        !self.given_up()
+            && !self.inner.ended.load(Ordering::SeqCst)
+            && self.inner.session.is_valid()
     }
 
     /// True once the grant was released, replaced by an upgrade or
@@ -135,9 +145,13 @@ impl Guard {
     /// guard's read is still held, unless the outcome was unknown
     /// ([`Error::Unavailable`], [`Error::Unknown`]): then the upgrade is
     /// cancelled in the background, and if it had been granted meanwhile
-    /// the lock is released. [`is_held`](Guard::is_held) cannot tell which
-    /// happened (it stays true), so do not act on the lock: release this
-    /// guard and start over.
+    /// the lock is released (the read ended with the upgrade). From the
+    /// error on, [`is_held`](Guard::is_held) is false; once the Cancel is
+    /// applied the client asks the cluster (`CheckFence`) whether the read
+    /// is still held, and if so `is_held` is true again. If not, or if
+    /// that cannot be learnt, the grant has ended: `is_held` stays false
+    /// and a later upgrade or downgrade is refused; release this guard and
+    /// start over. The same holds if the upgrade's future is dropped.
     pub async fn upgrade(&self) -> Result<Guard> {
         self.upgrade_with(None).await
     }
@@ -162,10 +176,16 @@ impl Guard {
                 self.inner.name
             )));
         }
+        self.refuse_if_ended()?;
         let fence = self
             .inner
             .session
-            .upgrade(&self.inner.name, self.inner.fence, timeout)
+            .upgrade(
+                &self.inner.name,
+                self.inner.fence,
+                timeout,
+                &self.inner.ended,
+            )
             .await?;
         Ok(self.replaced_by(fence, Mode::Exclusive))
     }
@@ -187,11 +207,23 @@ impl Guard {
                 self.inner.name
             )));
         }
+        self.refuse_if_ended()?;
         self.inner
             .session
             .downgrade(&self.inner.name, self.inner.fence)
             .await?;
         Ok(self.replaced_by(self.inner.fence, Mode::Shared))
+    }
+
+    /// Refuses a request on a grant an upgrade's withdrawal may have ended.
+    fn refuse_if_ended(&self) -> Result<()> {
+        if self.inner.ended.load(Ordering::SeqCst) {
+            return Err(Error::InvalidArgument(format!(
+                "the grant on {} ended: an upgrade of it was withdrawn",
+                self.inner.name
+            )));
+        }
+        Ok(())
     }
 
     /// A guard for the grant that replaced this one; this one is spent

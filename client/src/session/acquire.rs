@@ -2,6 +2,8 @@
 //! downgrade, an atomic multi-lock. An acquire whose outcome the caller
 //! did not take is withdrawn (`Cancel`) in the background.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use raftlock_proto::v1 as pb;
@@ -52,6 +54,10 @@ struct PendingAcquire {
     name: String,
     seq: u64,
     armed: bool,
+    /// For an upgrade: the read it would replace and the read's guard's
+    /// `ended` flag. Withdrawn, the read is in doubt (it ended if the
+    /// upgrade had been granted) until the cluster shows it still held.
+    read: Option<(Fence, Arc<AtomicBool>)>,
 }
 
 impl Drop for PendingAcquire {
@@ -62,8 +68,19 @@ impl Drop for PendingAcquire {
         let session = self.session.clone();
         let name = self.name.clone();
         let seq = self.seq;
+        let read = self.read.take();
+        if let Some((_, ended)) = &read {
+            ended.store(true, Ordering::SeqCst);
+        }
         self.session.in_background(&self.name, async move {
-            cancel(&session, &name, seq).await;
+            let applied = cancel(&session, &name, seq).await;
+            // Only an applied Cancel settles the upgrade (one still on its
+            // way could be granted later).
+            if let (true, Some((fence, ended))) = (applied, read) {
+                if let Ok(true) = session.client().check_fence(&name, fence).await {
+                    ended.store(false, Ordering::SeqCst);
+                }
+            }
         });
     }
 }
@@ -72,8 +89,9 @@ impl Drop for PendingAcquire {
 /// idempotent, so transient failures are retried for as long as the
 /// session's lease could keep the wait alive (a ttl, at least the client's
 /// retry deadline); a final failure is logged: the session's end (expiry or
-/// close) withdraws the wait then.
-async fn cancel(session: &Session, name: &str, seq: u64) {
+/// close) withdraws the wait then. Whether the Cancel was applied (or the
+/// session had ended, which withdrew it).
+async fn cancel(session: &Session, name: &str, seq: u64) -> bool {
     let req = pb::CancelRequest {
         session_id: session.id().get(),
         seq,
@@ -90,17 +108,17 @@ async fn cancel(session: &Session, name: &str, seq: u64) {
             })
             .await;
         match result {
-            Ok(_) | Err(Error::SessionNotFound(_)) => return,
+            Ok(_) | Err(Error::SessionNotFound(_)) => return true,
             Err(e) if e.is_retryable() || matches!(e, Error::Internal(_)) => {
                 if Instant::now() >= deadline || !session.is_valid() {
                     tracing::warn!(name, seq, error = %e, "cancelling an abandoned acquire failed; the session's end will withdraw it");
-                    return;
+                    return false;
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             Err(e) => {
                 tracing::warn!(name, seq, error = %e, "cancelling an abandoned acquire was refused; the session's end will withdraw it");
-                return;
+                return false;
             }
         }
     }
@@ -164,6 +182,7 @@ impl Session {
             name: name.to_string(),
             seq,
             armed: true,
+            read: None,
         };
         let result = self
             .inner
@@ -215,6 +234,7 @@ impl Session {
         name: &str,
         fence: Fence,
         timeout: Option<Duration>,
+        read_ended: &Arc<AtomicBool>,
     ) -> Result<Fence> {
         // In jeopardy the request goes (keep-alives go on, and the grant
         // is handed out only once held); a lost or closed session asks
@@ -241,6 +261,7 @@ impl Session {
             name: name.to_string(),
             seq,
             armed: true,
+            read: Some((fence, read_ended.clone())),
         };
         let result = self
             .inner
@@ -348,6 +369,7 @@ impl Session {
                 .unwrap_or_default(),
             seq,
             armed: !locks.is_empty(),
+            read: None,
         };
         let result = self
             .inner
