@@ -98,9 +98,10 @@ type keepAliveResponse struct {
 // count from the request's send has mostly run out. If that renewal gets
 // no answer in time (a failover, a busy node), the Guard is returned in
 // jeopardy: Valid is false until a later renewal is answered, and Lost is
-// closed if none is within the TTL count, as every first-party client
-// hands out a grant in jeopardy (docs/concepts/sessions-and-leases.md: Held, jeopardy, lost). Check
-// Valid before acting on the lock, not only the error.
+// closed if none is within the TTL count (docs/concepts/sessions-and-leases.md:
+// Held, jeopardy, lost; the Python client does the same, the Rust client
+// waits until the grant is held again or lost). Check Valid before acting
+// on the lock, not only the error.
 func (c *Client) Acquire(ctx context.Context, key string, o AcquireOptions) (*Guard, error) {
 	if err := checkKey(key); err != nil {
 		return nil, err
