@@ -414,3 +414,43 @@ async fn a_restore_at_bootstrap_survives_its_leader_losing_the_quorum() {
     assert_eq!(status.sessions, SESSIONS, "the backup's sessions");
     cluster.shutdown().await;
 }
+
+/// A client that reaches the node restoring a backup at bootstrap (after
+/// `raftlockd restore`, or in the lost-majority drill's
+/// `--force-new-cluster`) must not beat the restore: a session opened
+/// between its parts makes the cluster non-empty, the restore is refused,
+/// and the cluster runs an empty table with fences from 1. The node
+/// refuses client writes (UNAVAILABLE) until the restore is over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_client_does_not_beat_a_restore_at_bootstrap() {
+    use raftlock_node::node::RESTORE_FILE;
+    // About 7 MB, some 110 parts of 64 KiB, 16 in flight at a time.
+    const SESSIONS: u64 = 100_000;
+    let table = raftlock_tests::table_of_sessions(SESSIONS);
+    let backup = raftlock_node::api::backup::write(&table, 1, 1, 0);
+    drop(table);
+    let cluster = TestCluster::start_seeded(1, &backup).await;
+    let dir = cluster.data_dir(1);
+    assert!(
+        dir.join(RESTORE_FILE).exists(),
+        "the restore was over before the client came ({} bytes were too few)",
+        backup.len()
+    );
+    let client = cluster.client().await;
+    let patience = raftlock_proto::backup::restore_patience(backup.len());
+    let _session = eventually("a session", patience, || async {
+        client.session(Duration::from_secs(60)).await.ok()
+    })
+    .await;
+    assert!(
+        !dir.join("restore.refused").exists(),
+        "the client's session beat the restore, which was refused: the cluster runs empty"
+    );
+    assert!(
+        dir.join("restore.applied").exists(),
+        "a session opened before the restore was over"
+    );
+    let status = client.status().await.expect("status");
+    assert_eq!(status.sessions, SESSIONS + 1, "the backup's sessions and ours");
+    cluster.shutdown().await;
+}
