@@ -59,6 +59,11 @@ pub struct ApiInner {
     pub auth: Arc<Auth>,
     /// The cluster's id (written into backups).
     pub cluster: Arc<crate::raft::identity::ClusterIdentity>,
+    /// A backup found in the data directory at start is being restored
+    /// (see `node::seed_from_backup`): client writes are refused until
+    /// it is over, so none makes the cluster non-empty first, which would
+    /// have the restore refused and the cluster run empty.
+    pub restoring: std::sync::atomic::AtomicBool,
 }
 
 /// The public services (`Locks`, `Cluster`); cheap to clone.
@@ -87,6 +92,7 @@ impl Api {
             watches: Arc::default(),
             auth,
             cluster,
+            restoring: std::sync::atomic::AtomicBool::new(false),
         }))
     }
 
@@ -118,6 +124,13 @@ impl Api {
     /// table's reply (refusals as errors) and the entry's log index.
     async fn write_command(&self, command: Command) -> Result<(Reply, u64), Error> {
         let received = tokio::time::Instant::now();
+        if self.0.restoring.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(Error::Unavailable(
+                "this node is restoring the backup found in its data directory; writes are \
+                 refused until it is applied (nothing was proposed): retry"
+                    .into(),
+            ));
+        }
         // A leader cut off from its quorum proposes nothing: it could not
         // commit, and another node may lead by now. Not proposed, so surely
         // not applied.

@@ -69,6 +69,18 @@ pub const RESTORE_BUMP_FILE: &str = "restore.fence_bump";
 /// backup, a cluster that is not empty) ends it as `restore.refused`; a
 /// node that gives up leaves the file in place, logged as an error.
 async fn seed_from_backup(api: Api, path: PathBuf) {
+    // However it ends (applied, refused, given up), client writes are
+    // taken from then on.
+    struct Restoring(Api);
+    impl Drop for Restoring {
+        fn drop(&mut self) {
+            self.0
+                 .0
+                .restoring
+                .store(false, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    let _restoring = Restoring(api.clone());
     let bump_path = path.with_file_name(RESTORE_BUMP_FILE);
     let fence_bump = match std::fs::read_to_string(&bump_path) {
         Ok(text) => match text.trim().parse::<u64>() {

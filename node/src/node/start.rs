@@ -44,6 +44,12 @@ impl Node {
         let storage = open_storage(&opts).await?;
         let (core, background) = start_raft(&opts, &tls, storage).await?;
         let api = build_api(&opts, &core);
+        if background.seed.is_some() {
+            // Before the client port serves (see `ApiInner::restoring`).
+            api.0
+                .restoring
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+        }
         let serving = serve_listeners(&opts, &tls, &core, &api, client, peer)?;
         let tasks = spawn_tasks(&opts, &core, &api, background, serving.health, metrics);
         Ok(Node {
