@@ -451,6 +451,10 @@ async fn a_client_does_not_beat_a_restore_at_bootstrap() {
         "a session opened before the restore was over"
     );
     let status = client.status().await.expect("status");
-    assert_eq!(status.sessions, SESSIONS + 1, "the backup's sessions and ours");
+    assert_eq!(
+        status.sessions,
+        SESSIONS + 1,
+        "the backup's sessions and ours"
+    );
     cluster.shutdown().await;
 }
