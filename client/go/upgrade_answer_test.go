@@ -1,6 +1,7 @@
 package raftlock
 
 import (
+	"context"
 	"errors"
 	"io"
 	"net/http"
@@ -34,6 +35,18 @@ func loseUpgrades(t *testing.T, endpoints string) (*Client, *loseUpgradeAnswers)
 	return newClient(t, endpoints, Options{RetryTimeout: 2 * time.Second, HTTPClient: &http.Client{Transport: lose}}), lose
 }
 
+// upgradeUnanswered tries an upgrade of r whose every answer lose throws
+// away, and checks that it failed and that an answer was indeed lost.
+func upgradeUnanswered(t *testing.T, ctx context.Context, r *Guard, lose *loseUpgradeAnswers) {
+	t.Helper()
+	if err := r.Upgrade(ctx, true); err == nil {
+		t.Fatal("Upgrade succeeded although its every answer was lost")
+	}
+	if lose.lost.Load() == 0 {
+		t.Fatal("no Upgrade answer was lost: the test did not do what it says")
+	}
+}
+
 // An upgrade the node granted but whose answer never came: the client
 // withdraws it with Cancel, which releases the exclusive grant, and the
 // shared one ended with the upgrade. The guard holds nothing, so it must
@@ -48,12 +61,7 @@ func TestAnUpgradeGrantedButUnansweredLeavesTheGuardNotValid(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Release()
-	if err := r.Upgrade(ctx, true); err == nil {
-		t.Fatal("Upgrade succeeded although its every answer was lost")
-	}
-	if lose.lost.Load() == 0 {
-		t.Fatal("no Upgrade answer was lost: the test did not do what it says")
-	}
+	upgradeUnanswered(t, ctx, r, lose)
 	if d := describe(t, c, k); d.Exists && len(d.Info.Holders) != 0 {
 		t.Fatalf("after the withdrawn upgrade: %+v, want nobody holding %s (Cancel releases the granted upgrade)", d, k)
 	}
@@ -83,12 +91,7 @@ func TestAnUpgradeRefusedButUnansweredKeepsTheRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Release()
-	if err := r.Upgrade(ctx, true); err == nil {
-		t.Fatal("Upgrade succeeded although its every answer was lost")
-	}
-	if lose.lost.Load() == 0 {
-		t.Fatal("no Upgrade answer was lost: the test did not do what it says")
-	}
+	upgradeUnanswered(t, ctx, r, lose)
 	if d := describe(t, c, k); len(d.Info.Holders) != 2 {
 		t.Fatalf("after the lost answer: %+v, want both reads held", d)
 	}

@@ -251,19 +251,25 @@ def test_upgrade_and_downgrade_refuse_the_wrong_mode(client, name):
         assert client.describe(name + "/r") is None
 
 
-def test_an_upgrade_whose_answer_is_lost_is_cancelled(client, name, monkeypatch):
-    session = client.session(ttl=30)
-    lock = session.acquire(name, shared=True)
+def lose_upgrade_answers(client, monkeypatch, granted):
+    """Throws away every Upgrade answer after the node applied it (checking
+    it was ``granted`` or not), raising ``OutcomeUnknown`` instead."""
     real = client._t.call
 
     def lose_the_answer(method, request, *args, **kw):
         resp = real(method, request, *args, **kw)
         if method == "Upgrade":
-            assert resp.acquired
+            assert resp.acquired == granted
             raise raftlock.OutcomeUnknown("the answer was lost")
         return resp
 
     monkeypatch.setattr(client._t, "call", lose_the_answer)
+
+
+def test_an_upgrade_whose_answer_is_lost_is_cancelled(client, name, monkeypatch):
+    session = client.session(ttl=30)
+    lock = session.acquire(name, shared=True)
+    lose_upgrade_answers(client, monkeypatch, granted=True)
     with pytest.raises(raftlock.OutcomeUnknown):
         lock.upgrade(timeout=0)
     monkeypatch.undo()
@@ -281,16 +287,7 @@ def test_an_upgrade_refused_and_unanswered_keeps_the_read(client, name, monkeypa
     other = client.session(ttl=30)
     other.acquire(name, shared=True)
     lock = session.acquire(name, shared=True)
-    real = client._t.call
-
-    def lose_the_answer(method, request, *args, **kw):
-        resp = real(method, request, *args, **kw)
-        if method == "Upgrade":
-            assert not resp.acquired
-            raise raftlock.OutcomeUnknown("the answer was lost")
-        return resp
-
-    monkeypatch.setattr(client._t, "call", lose_the_answer)
+    lose_upgrade_answers(client, monkeypatch, granted=False)
     with pytest.raises(raftlock.OutcomeUnknown):
         lock.upgrade(timeout=0)
     monkeypatch.undo()

@@ -292,18 +292,24 @@ impl Locks for Fake {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_late_answer_is_never_credited_to_a_later_ask() {
+/// Serves `fake` on a free loopback port; its address.
+async fn serve(fake: &Fake) -> std::net::SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
-    let fake = Fake::default();
     tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(LocksServer::new(fake.clone()))
             .serve_with_incoming(TcpListenerStream::new(listener)),
     );
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_answer_is_never_credited_to_a_later_ask() {
+    let fake = Fake::default();
+    let addr = serve(&fake).await;
     let client = Client::connect([addr.to_string()]).await.expect("client");
     // Renewed on the ttl's cadence only (no end-on-disconnect grace: that
     // renews at once after opening, an ask this fake does not expect).
@@ -360,19 +366,11 @@ async fn a_late_answer_is_never_credited_to_a_later_ask() {
 /// duties: open a replacement stream before closing a silent one).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_stream_stays_open_until_its_replacement_renews() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
     let fake = Fake(Arc::new(State {
         first_stream_goes_silent: true,
         ..State::default()
     }));
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(LocksServer::new(fake.clone()))
-            .serve_with_incoming(TcpListenerStream::new(listener)),
-    );
+    let addr = serve(&fake).await;
     let client = Client::connect([addr.to_string()]).await.expect("client");
     // The defaults: a session that ends with its process (grace 0.75 s),
     // renewed at once after opening and then every 0.25 s.
@@ -416,10 +414,6 @@ async fn a_silent_stream_stays_open_until_its_replacement_renews() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upgrade_whose_answer_is_lost_leaves_the_read_in_doubt_until_checked() {
     for read_survives in [false, true] {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
         let fake = Fake(Arc::new(State {
             upgrade: Some(UpgradeFake {
                 read_survives,
@@ -427,11 +421,7 @@ async fn an_upgrade_whose_answer_is_lost_leaves_the_read_in_doubt_until_checked(
             }),
             ..State::default()
         }));
-        tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(LocksServer::new(fake.clone()))
-                .serve_with_incoming(TcpListenerStream::new(listener)),
-        );
+        let addr = serve(&fake).await;
         let client = Client::with_options(
             [addr.to_string()],
             raftlock_client::ClientOptions {

@@ -351,6 +351,11 @@ async fn a_backup_above_four_mebibytes_is_taken_and_restored() {
     assert_eq!(names, LOCKS, "every held lock restored");
 }
 
+/// A backup of a table of `n` open sessions (`table_of_sessions`).
+fn backup_of_sessions(n: u64) -> Vec<u8> {
+    raftlock_node::api::backup::write(&raftlock_tests::table_of_sessions(n), 1, 1, 0)
+}
+
 /// This machine's clock, in microseconds since 1970 (the clock the
 /// in-process nodes' default fence bump reads).
 fn unix_micros() -> u64 {
@@ -374,9 +379,7 @@ async fn a_restore_at_bootstrap_survives_its_leader_losing_the_quorum() {
     // About 7 MB, some 110 parts of 64 KiB: many replication rounds, so the
     // partition below falls while parts are pending.
     const SESSIONS: u64 = 100_000;
-    let table = raftlock_tests::table_of_sessions(SESSIONS);
-    let backup = raftlock_node::api::backup::write(&table, 1, 1, 0);
-    drop(table);
+    let backup = backup_of_sessions(SESSIONS);
     let cluster = TestCluster::start_seeded_partitionable(3, &backup).await;
     let dir = cluster.data_dir(1);
     cluster.isolate(1);
@@ -426,9 +429,7 @@ async fn a_client_does_not_beat_a_restore_at_bootstrap() {
     use raftlock_node::node::RESTORE_FILE;
     // About 7 MB, some 110 parts of 64 KiB, 16 in flight at a time.
     const SESSIONS: u64 = 100_000;
-    let table = raftlock_tests::table_of_sessions(SESSIONS);
-    let backup = raftlock_node::api::backup::write(&table, 1, 1, 0);
-    drop(table);
+    let backup = backup_of_sessions(SESSIONS);
     let cluster = TestCluster::start_seeded(1, &backup).await;
     let dir = cluster.data_dir(1);
     assert!(
