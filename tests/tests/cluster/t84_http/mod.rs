@@ -293,7 +293,15 @@ async fn bad_requests_get_json_errors_and_change_nothing() {
     let unknown = post(&leader, "/v1/nothing", "{}").await;
     assert_eq!(unknown.status, 404);
     let get = http(&leader, "GET", "/v1/locks/Lock", &[], "").await;
-    assert_eq!(get.status, 405);
+    assert_eq!(
+        (get.status, &get.body["code"], get.header("allow")),
+        (405, &serde_json::json!("UNIMPLEMENTED"), Some("POST")),
+        "a known route with another method than POST: {}",
+        get.body
+    );
+    assert!(get.body["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("GET") && m.contains("POST")));
     let grpc = http(
         &leader,
         "POST",
