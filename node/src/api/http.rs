@@ -20,7 +20,9 @@
 //! * Answers: `200` with the response message (field names as in the
 //!   .proto, 64-bit integers as strings, as proto3 JSON writes them), or
 //!   the gRPC status as `{"code": "INVALID_ARGUMENT", "message": "..."}`
-//!   with the HTTP status grpc-gateway uses for that code. The leader hints
+//!   with the HTTP status grpc-gateway uses for that code (and `405` with
+//!   `Allow: POST`, code `UNIMPLEMENTED`, for a route's path called with
+//!   another method). The leader hints
 //!   of a "not the leader" answer come as headers (`raftlock-leader`,
 //!   `raftlock-leader-id`, `raftlock-not-leader`) and as `"leader"` in the
 //!   body.
@@ -61,8 +63,8 @@ pub const NDJSON: &str = "application/x-ndjson";
 /// The routes, to be merged beside the gRPC services.
 pub fn router(api: Api) -> Router {
     Router::new()
-        .route("/v1/locks/{rpc}", post(locks))
-        .route("/v1/cluster/{rpc}", post(cluster))
+        .route("/v1/locks/{rpc}", post(locks).fallback(not_post))
+        .route("/v1/cluster/{rpc}", post(cluster).fallback(not_post))
         .route("/v1/{*rest}", any(not_found))
         .with_state(api)
 }
@@ -113,6 +115,21 @@ async fn not_found(method: Method, uri: axum::http::Uri) -> Response {
         &format!("no route {method} {}", uri.path()),
         None,
     )
+}
+
+/// A route's path called with a method other than POST: 405, `Allow: POST`,
+/// and the JSON error every other refusal has.
+async fn not_post(method: Method, uri: axum::http::Uri) -> Response {
+    let mut answer = error(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "UNIMPLEMENTED",
+        &format!("{} takes POST, not {method}", uri.path()),
+        None,
+    );
+    answer
+        .headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static("POST"));
+    answer
 }
 
 /// The HTTP status grpc-gateway answers for `code`, and the code's name.
