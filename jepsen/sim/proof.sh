@@ -61,7 +61,10 @@ for name in "${names[@]}"; do
     [ -n "$expect" ] || { echo "   no line for $name in proof/seeds (the violation to look for)"; failed=1; continue; }
     found=""
     for seed in $(seq 1 300); do
-      if "$planted" --seed "$seed" 2>&1 | grep -q "^FAILED: .*$expect"; then found=$seed; break; fi
+      # A failing seed exits 1: keep its output, not the pipe's status
+      # (with pipefail a match in a failed run would read as no match).
+      out="$("$planted" --seed "$seed" 2>&1 || true)"
+      if grep -q "^FAILED: .*$expect" <<<"$out"; then found=$seed; break; fi
     done
     echo "   first seed that finds it: ${found:-none in 1..300}"
     [ -n "$found" ] || failed=1
