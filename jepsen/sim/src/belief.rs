@@ -12,7 +12,9 @@
 //!   conflict, never overlap;
 //! * no belief outlives the moment the cluster granted its name to another
 //!   session in a conflicting mode (a later fence first seen applied
-//!   before the belief ended).
+//!   before the belief ended), nor, for a read believed again after its
+//!   upgrade was withdrawn ([`AFTER_WITHDRAWN_UPGRADE`]), the moment the
+//!   cluster granted that upgrade (which ended the read).
 //!
 //! Times are simulated microseconds since the start of the run.
 
@@ -53,6 +55,12 @@ pub struct Belief {
     /// ... until this moment (exclusive).
     pub until: u64,
 }
+
+/// The path of a shared grant believed again after an upgrade of it of
+/// unknown outcome was withdrawn (`Cancel`): if that upgrade had been
+/// granted, the read ended with it, so its own session's later exclusive
+/// grant of the name ends this belief too.
+pub const AFTER_WITHDRAWN_UPGRADE: &str = "Rust client, read after a withdrawn upgrade";
 
 /// A grant as the cluster made it: first seen applied on any node.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -106,12 +114,14 @@ pub fn no_overlap(beliefs: &[Belief]) -> Result<(), String> {
 }
 
 /// No belief runs past the moment the cluster granted its name to another
-/// session in a conflicting mode.
+/// session in a conflicting mode (or, for [`AFTER_WITHDRAWN_UPGRADE`], to
+/// any session: its own upgrade ended the read).
 pub fn none_past_a_grant(beliefs: &[Belief], grants: &Grants) -> Result<(), String> {
     for b in beliefs.iter().filter(|b| b.from < b.until) {
         let later = grants.range((b.name.clone(), b.fence + 1)..=(b.name.clone(), u64::MAX));
         for ((_, fence), g) in later {
-            if g.session != b.session && g.held.conflicts(b.held) && g.seen < b.until {
+            let other = g.session != b.session || b.path == AFTER_WITHDRAWN_UPGRADE;
+            if other && g.held.conflicts(b.held) && g.seen < b.until {
                 return Err(format!(
                     "{} ({}) believed fence {} of session {} on {:?} until {} us, but the \
                      cluster had granted it to session {} with fence {} by {} us",
@@ -230,6 +240,34 @@ mod tests {
             },
         );
         assert_eq!(none_past_a_grant(&[a], &grants), Ok(()));
+    }
+
+    #[test]
+    fn a_read_believed_after_its_granted_upgrade_is_caught() {
+        let mut read = belief(1, 4, Held::Shared, 200, 300);
+        read.path = AFTER_WITHDRAWN_UPGRADE.into();
+        let upgrade = |seen| {
+            Grants::from([(
+                ("x".into(), 5),
+                Granted {
+                    session: 1,
+                    held: Held::Exclusive,
+                    seen,
+                },
+            )])
+        };
+        // The upgrade was granted (and then cancelled): the read ended.
+        assert!(none_past_a_grant(std::slice::from_ref(&read), &upgrade(150)).is_err());
+        // An exclusive grant of the session after the belief is another
+        // lock, taken once the read was released.
+        assert_eq!(
+            none_past_a_grant(std::slice::from_ref(&read), &upgrade(300)),
+            Ok(())
+        );
+        // Other paths' reads run until their upgrade is answered.
+        let mut shared = read.clone();
+        shared.path = "Rust client, shared".into();
+        assert_eq!(none_past_a_grant(&[shared], &upgrade(150)), Ok(()));
     }
 
     #[test]

@@ -490,15 +490,20 @@ pub(super) fn start_believers(settings: &Settings, cluster: &mut Cluster<'_>) {
         }
     }
     if settings.drives("library") {
-        sim.client(
-            "p0",
-            holders::path_holder(
-                0,
-                stop_ms,
-                StdRng::seed_from_u64(settings.seed ^ 0x9a_7400),
-                record.clone(),
-            ),
-        );
+        // Two, so that reads of `U` meet: an upgrade then waits for the
+        // other reader, and one withdrawn while waiting leaves the read
+        // held (the client must say so only once the cluster shows it).
+        for (n, host) in ["p0", "p1"].into_iter().enumerate() {
+            sim.client(
+                host,
+                holders::path_holder(
+                    n,
+                    stop_ms,
+                    StdRng::seed_from_u64(settings.seed ^ (0x9a_7400 + n as u64)),
+                    record.clone(),
+                ),
+            );
+        }
     }
 }
 

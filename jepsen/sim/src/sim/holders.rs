@@ -10,14 +10,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use raftlock_client::{Client, LeaseState, Session, SessionOptions};
+use raftlock_client::{Client, Error, Guard, LeaseState, Session, SessionOptions};
 use rand::rngs::StdRng;
 use rand::RngExt as _;
 
 use super::believers::now_us;
 use super::clients::until_ready;
 use super::{addr, client_options, nodes, note, now_ms, Shared};
-use crate::belief::{Belief, Held};
+use crate::belief::{Belief, Held, AFTER_WITHDRAWN_UPGRADE};
 
 /// The name the process-bound holder takes.
 pub(super) const BOUND: &str = "E";
@@ -97,6 +97,64 @@ pub(super) fn believed(
         from,
         until,
     });
+}
+
+/// An upgrade of `read` whose outcome is unknown, or whose future its
+/// caller dropped (`why`), so the client withdrew it: the read is in
+/// doubt (it ended if the upgrade had been granted), and the client says
+/// it is held again only once the cluster shows it current
+/// (`Guard::upgrade`). Right after the withdrawal `is_held`
+/// must be false (a violation otherwise); if it turns true within 5 s,
+/// the read is believed from then on, and the belief oracle checks it
+/// against the grants ([`AFTER_WITHDRAWN_UPGRADE`]).
+async fn withdrawn_upgrade(
+    record: &Shared,
+    who: &str,
+    session: &Session,
+    view: &View,
+    read: &Guard,
+    hold: Duration,
+    why: String,
+) {
+    let fence = read.fence().get();
+    note(
+        record,
+        format!("{who} upgrade of {UPGRADED} (fence {fence}) withdrawn: {why}"),
+    );
+    if read.is_held() {
+        record.borrow_mut().violation.get_or_insert(format!(
+            "{who}: the read of {UPGRADED} (fence {fence}) was still held right after its \
+             upgrade was withdrawn ({why}); it is in doubt until the cluster shows it"
+        ));
+        return;
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !read.is_held() && session.is_valid() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    if !read.is_held() {
+        return;
+    }
+    let from = now_us();
+    note(
+        record,
+        format!("{who} read of {UPGRADED} (fence {fence}) held again after the withdrawal"),
+    );
+    let until = tokio::time::Instant::now() + hold;
+    while read.is_held() && tokio::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    believed(
+        record,
+        who,
+        AFTER_WITHDRAWN_UPGRADE,
+        UPGRADED,
+        session.id().get(),
+        fence,
+        Held::Shared,
+        from,
+        view.until(now_us()),
+    );
 }
 
 /// Holds until `hold` has passed or the lease view says it may be lost.
@@ -238,7 +296,16 @@ pub(super) async fn path_holder(
                     };
                     let from = now_us();
                     hold_while_valid(&session, hold).await;
-                    let upgraded = read.upgrade_timeout(Duration::from_secs(1)).await;
+                    // A third of the upgrades are dropped by their caller
+                    // after a few ms: withdrawn (`Cancel`) whether or not
+                    // granted meanwhile, the read then in doubt.
+                    let drop_after = (rng.random_range(0..3) == 0)
+                        .then(|| Duration::from_millis(rng.random_range(1..40)));
+                    let upgrade = read.upgrade_timeout(Duration::from_secs(1));
+                    let upgraded = match drop_after {
+                        None => Some(upgrade.await),
+                        Some(after) => tokio::time::timeout(after, upgrade).await.ok(),
+                    };
                     // The shared grant is believed until the upgrade is
                     // answered (it ends with the exclusive grant).
                     let answered = now_us();
@@ -254,7 +321,7 @@ pub(super) async fn path_holder(
                         view.until(answered),
                     );
                     match upgraded {
-                        Ok(write) => {
+                        Some(Ok(write)) => {
                             hold_while_valid(&session, hold).await;
                             believed(
                                 &record,
@@ -269,7 +336,21 @@ pub(super) async fn path_holder(
                             );
                             let _ = write.release().await;
                         }
-                        Err(_) => {
+                        Some(Err(e)) => {
+                            if matches!(
+                                e,
+                                Error::Unavailable(_) | Error::Unknown(_) | Error::Internal(_)
+                            ) {
+                                let why = format!("outcome unknown: {e}");
+                                withdrawn_upgrade(&record, &who, &session, &view, &read, hold, why)
+                                    .await;
+                            }
+                            let _ = read.release().await;
+                        }
+                        None => {
+                            let why = format!("dropped after {drop_after:?}");
+                            withdrawn_upgrade(&record, &who, &session, &view, &read, hold, why)
+                                .await;
                             let _ = read.release().await;
                         }
                     }
