@@ -74,7 +74,7 @@ for name in "${names[@]}"; do
     [ "$pname" = "$name" ] || continue
     out="$("$planted" --seed "$seed" 2>&1 || true)"
     if grep -q "^FAILED: .*$expect" <<<"$out"; then
-      echo "   seed $seed with the defect: $(grep -m1 '^FAILED' <<<"$out" | cut -c1-160)"
+      echo "   seed $seed with the defect: $(grep -m1 "^FAILED" <<<"$out")"
     else
       echo "   seed $seed with the defect: NOT FOUND (expected FAILED: ...$expect)"
       grep -m1 -E '^FAILED|^seed' <<<"$out" || true
